@@ -1,0 +1,1 @@
+//! Benchmarks for SCD; see benches/benches.

@@ -1,0 +1,111 @@
+//! Model manifests: what a model folder says about itself.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// `manifest.json` written by `models/convert.py` (or by hand for an
+/// external export such as Hugging Face's `intfloat/e5-large-v2`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    /// Model name, e.g. `e5-small`.
+    pub name: String,
+    /// Embedding dimension.
+    pub dim: usize,
+    /// Longest input the model accepts, special tokens included.
+    pub max_tokens: usize,
+    /// Pooling; only `mean` is supported.
+    #[serde(default = "default_pooling")]
+    pub pooling: String,
+    /// Whether embeddings are L2-normalized.
+    #[serde(default = "default_true")]
+    pub normalize: bool,
+    /// Prefix for queries (E5: `query: `).
+    #[serde(default)]
+    pub query_prefix: String,
+    /// Prefix for passages (E5: `passage: `).
+    #[serde(default)]
+    pub passage_prefix: String,
+    /// Where the weights came from.
+    #[serde(default)]
+    pub source: serde_json::Value,
+    /// What the model is for (`default`, `speed measurement only`, ...).
+    #[serde(default)]
+    pub purpose: String,
+    /// sha256 of each output file.
+    #[serde(default)]
+    pub files: std::collections::BTreeMap<String, String>,
+    /// ONNX file name inside the folder.
+    #[serde(default = "default_onnx")]
+    pub onnx: String,
+}
+
+fn default_pooling() -> String {
+    "mean".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_onnx() -> String {
+    "model.onnx".into()
+}
+
+impl Manifest {
+    /// Reads `dir/manifest.json`.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let m: Manifest = serde_json::from_str(&text).map_err(|source| Error::Manifest { path: path.clone(), source })?;
+        if m.pooling != "mean" {
+            return Err(Error::invalid("manifest.pooling", format!("{:?} is not supported (only \"mean\")", m.pooling)));
+        }
+        if m.dim == 0 || m.max_tokens < 3 {
+            return Err(Error::invalid("manifest.dim/max_tokens", "must be positive (max_tokens >= 3)"));
+        }
+        Ok(m)
+    }
+}
+
+/// One model folder found under a models directory.
+#[derive(Debug, Clone)]
+pub struct ModelEntry {
+    /// The folder.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+/// Resolves `name` to a model folder: a path to a folder with a manifest, or
+/// a name under `models_dir`.
+pub fn resolve_model(models_dir: &Path, name: &str) -> Result<PathBuf> {
+    let direct = Path::new(name);
+    if direct.join("manifest.json").is_file() {
+        return Ok(direct.to_path_buf());
+    }
+    let dir = models_dir.join(name);
+    if dir.join("manifest.json").is_file() {
+        return Ok(dir);
+    }
+    Err(Error::ModelNotFound { name: name.to_string(), dir: models_dir.to_path_buf() })
+}
+
+/// Lists the models under `models_dir`, sorted by name. Folders without a
+/// readable manifest are skipped.
+pub fn list_models(models_dir: &Path) -> Result<Vec<ModelEntry>> {
+    let rd = match std::fs::read_dir(models_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(models_dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let dir = entry.path();
+        if let Ok(manifest) = Manifest::load(&dir) {
+            out.push(ModelEntry { dir, manifest });
+        }
+    }
+    out.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
+    Ok(out)
+}

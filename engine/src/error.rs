@@ -1,0 +1,124 @@
+//! The engine's one error type.
+
+use std::path::PathBuf;
+
+/// `Result` with the engine's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong inside the engine.
+///
+/// Variants carry their data in named fields so callers (the gRPC layer, the
+/// CLI) can map them to status codes and messages without parsing strings.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The ONNX Runtime shared library is not at the configured path.
+    #[error(
+        "ONNX Runtime library not found at {path}: set {env_var} to the libonnxruntime.so \
+         shipped in the pinned PyPI onnxruntime wheel (models/setup.sh installs it)"
+    )]
+    OrtLibraryMissing {
+        /// Where we looked.
+        path: PathBuf,
+        /// The environment variable that overrides the path.
+        env_var: &'static str,
+    },
+    /// The library exists but could not be loaded (wrong file, wrong version).
+    #[error("cannot load ONNX Runtime from {path} (set {env_var} to override): {source}")]
+    OrtLibraryLoad {
+        /// The library path.
+        path: PathBuf,
+        /// The environment variable that overrides the path.
+        env_var: &'static str,
+        /// What `ort` reported.
+        #[source]
+        source: ort::LoadDynamicError,
+    },
+    /// ONNX Runtime failed while building a session or running the model.
+    #[error("ONNX Runtime: {0}")]
+    Ort(#[from] ort::Error),
+    /// An execution provider was asked for and could not be registered.
+    #[error("execution provider {provider} is unavailable: {reason}")]
+    ProviderUnavailable {
+        /// Provider name, e.g. `cuda`.
+        provider: &'static str,
+        /// Why, including the library that failed to load where known.
+        reason: String,
+    },
+    /// No model folder with that name.
+    #[error("model {name:?} not found in {dir} (run models/setup.sh, or point --models-dir at a folder holding it)")]
+    ModelNotFound {
+        /// The model name asked for.
+        name: String,
+        /// The models folder searched.
+        dir: PathBuf,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A manifest is not valid JSON of the expected shape.
+    #[error("invalid model manifest {path}: {source}")]
+    Manifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The tokenizer failed to load or to encode.
+    #[error("tokenizer {path}: {source}")]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// What the tokenizers crate reported.
+        #[source]
+        source: tokenizers::Error,
+    },
+    /// The model graph does not have the inputs or outputs SCD needs.
+    #[error("model {path} is not usable: {reason}")]
+    ModelShape {
+        /// The ONNX file.
+        path: PathBuf,
+        /// What is missing or wrong.
+        reason: String,
+    },
+    /// An input is longer than the model accepts and the caller asked for an error.
+    #[error(
+        "texts[{index}] has {tokens} tokens, over the model's max_tokens {max_tokens}; \
+         ask for sliding windows to embed it whole"
+    )]
+    InputTooLong {
+        /// Index of the text in the request.
+        index: usize,
+        /// Its token count, prefix and special tokens included.
+        tokens: usize,
+        /// The model's limit.
+        max_tokens: usize,
+    },
+    /// A request argument is out of range; `field` names it, `limit` says the bound.
+    #[error("{field}: {message}")]
+    InvalidArgument {
+        /// The offending field, e.g. `budget`.
+        field: String,
+        /// What is wrong and what the limit is.
+        message: String,
+    },
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgument { field: field.into(), message: message.into() }
+    }
+
+    /// Wraps an I/O error with its path.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { path: path.into(), source }
+    }
+}

@@ -1,0 +1,24 @@
+//! # scd-engine
+//!
+//! Semantic Context Differentials (ATP paper §6): given a task and an agent's
+//! context, return the minimal sufficient context that fits the receiver's
+//! token budget, and the next chunks when the receiver asks for more.
+//!
+//! This crate is a plain library: no network, no async runtime. The service
+//! crate (`scd-service`) wraps it in gRPC and a CLI.
+//!
+//! * [`encoder`] — the [`Encoder`](encoder::Encoder) trait, the ONNX Runtime
+//!   encoder and a deterministic hash encoder for tests.
+//!
+//! ```
+//! use scd_engine::encoder::{Encoder, EncodeOptions, HashEncoder, InputKind};
+//! let enc = HashEncoder::new(128, 512);
+//! let task = enc.encode(&["why did the payment service time out"], &EncodeOptions::new(InputKind::Query)).unwrap();
+//! assert_eq!(task.row(0).len(), 128);
+//! ```
+#![warn(missing_docs)]
+
+pub mod encoder;
+mod error;
+
+pub use error::{Error, Result};

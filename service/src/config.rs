@@ -1,0 +1,62 @@
+//! Command-line and environment configuration shared by every command.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use scd_engine::encoder::{resolve_model, Device, OrtConfig, OrtEncoder, ORT_LIB_ENV};
+
+/// Where models and ONNX Runtime live, and how to run them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// Model name under --models-dir, or a path to a model folder.
+    #[arg(long, env = "SCD_MODEL", default_value = "e5-small", global = true)]
+    pub model: String,
+    /// Folder holding one sub-folder per model (made by models/setup.sh).
+    #[arg(long, env = "SCD_MODELS_DIR", default_value = "models/out", global = true)]
+    pub models_dir: PathBuf,
+    /// libonnxruntime.so from the pinned PyPI onnxruntime wheel.
+    #[arg(long, env = ORT_LIB_ENV, default_value = ".tools/ort/libonnxruntime.so", global = true)]
+    pub ort_lib: PathBuf,
+    /// ONNX Runtime intra-op threads (0 = one per core).
+    #[arg(long, env = "SCD_THREADS", default_value_t = 0, global = true)]
+    pub threads: usize,
+    /// Execution device: cpu, cuda or cuda:N.
+    #[arg(long, env = "SCD_DEVICE", default_value = "cpu", global = true)]
+    pub device: String,
+    /// Padded tokens per encoder call.
+    #[arg(long, env = "SCD_BATCH_TOKENS", default_value_t = 8192, global = true)]
+    pub batch_tokens: usize,
+}
+
+impl ModelArgs {
+    /// Parses `--device`.
+    pub fn device(&self) -> anyhow::Result<Device> {
+        match self.device.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            other => match other.strip_prefix("cuda:").map(str::parse::<i32>) {
+                Some(Ok(n)) if n >= 0 => Ok(Device::Cuda(n)),
+                _ => bail!("--device: expected cpu, cuda or cuda:N, got {other:?}"),
+            },
+        }
+    }
+
+    /// The checked ONNX Runtime configuration.
+    pub fn ort_config(&self) -> anyhow::Result<OrtConfig> {
+        if self.batch_tokens < 16 {
+            bail!("--batch-tokens: must be at least 16, got {}", self.batch_tokens);
+        }
+        let mut cfg = OrtConfig::new(&self.ort_lib);
+        cfg.intra_threads = self.threads;
+        cfg.device = self.device()?;
+        cfg.batch_tokens = self.batch_tokens;
+        Ok(cfg)
+    }
+
+    /// Loads the selected model.
+    pub fn load_encoder(&self) -> anyhow::Result<OrtEncoder> {
+        let dir = resolve_model(&self.models_dir, &self.model)?;
+        let cfg = self.ort_config()?;
+        OrtEncoder::load(&dir, &cfg).with_context(|| format!("loading model {}", dir.display()))
+    }
+}
