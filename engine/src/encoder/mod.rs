@@ -128,13 +128,7 @@ pub(crate) struct Sequence {
 
 /// Splits `content` into windows of at most `window` tokens and wraps each in
 /// the model's leading and trailing special tokens.
-pub(crate) fn windows(
-    text: usize,
-    lead: &[i64],
-    content: &[i64],
-    trail: &[i64],
-    window: usize,
-) -> Vec<Sequence> {
+pub(crate) fn windows(text: usize, lead: &[i64], content: &[i64], trail: &[i64], window: usize) -> Vec<Sequence> {
     let wrap = |part: &[i64]| {
         let mut ids = Vec::with_capacity(lead.len() + part.len() + trail.len());
         ids.extend_from_slice(lead);

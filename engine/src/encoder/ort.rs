@@ -17,7 +17,10 @@ use rayon::prelude::*;
 use tokenizers::Tokenizer;
 use tracing::{debug, info, instrument};
 
-use super::{l2_normalize, plan_batches, windows, EncodeOptions, Encoded, Encoder, InputKind, LongInputPolicy, Manifest, Sequence};
+use super::{
+    l2_normalize, plan_batches, windows, EncodeOptions, Encoded, Encoder, InputKind, LongInputPolicy, Manifest,
+    Sequence,
+};
 use crate::{Error, Result};
 
 /// Environment variable naming the ONNX Runtime library.
@@ -81,18 +84,22 @@ impl OrtRuntime {
     /// Loads the library at `lib_path` (first call) or returns the runtime
     /// already loaded. Asking for a second, different library is an error.
     pub fn load(lib_path: &Path) -> Result<OrtRuntime> {
+        if !lib_path.is_file() {
+            return Err(Error::OrtLibraryMissing { path: lib_path.to_path_buf(), env_var: ORT_LIB_ENV });
+        }
         let _guard = RUNTIME_INIT.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(rt) = RUNTIME.get() {
             if rt.lib_path != lib_path {
                 return Err(Error::invalid(
                     "ort_lib",
-                    format!("ONNX Runtime is already loaded from {}; cannot switch to {}", rt.lib_path.display(), lib_path.display()),
+                    format!(
+                        "ONNX Runtime is already loaded from {}; cannot switch to {}",
+                        rt.lib_path.display(),
+                        lib_path.display()
+                    ),
                 ));
             }
             return Ok(rt.clone());
-        }
-        if !lib_path.is_file() {
-            return Err(Error::OrtLibraryMissing { path: lib_path.to_path_buf(), env_var: ORT_LIB_ENV });
         }
         let builder = ort::init_from(lib_path).map_err(|source| Error::OrtLibraryLoad {
             path: lib_path.to_path_buf(),
@@ -149,9 +156,7 @@ impl OrtEncoder {
         let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
         // SCD decides what happens to long inputs; the tokenizer never truncates or pads.
-        tokenizer
-            .with_truncation(None)
-            .map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
+        tokenizer.with_truncation(None).map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
         tokenizer.with_padding(None);
 
         let (lead, trail) = special_frame(&tokenizer, &tokenizer_path)?;
@@ -163,9 +168,8 @@ impl OrtEncoder {
         if !onnx.is_file() {
             return Err(Error::ModelShape { path: onnx, reason: "file missing (run models/setup.sh)".into() });
         }
-        let mut builder = Session::builder(&rt.env)?
-            .with_optimization_level(GraphOptimizationLevel::Level3)
-            .map_err(builder_err)?;
+        let mut builder =
+            Session::builder(&rt.env)?.with_optimization_level(GraphOptimizationLevel::Level3).map_err(builder_err)?;
         if config.intra_threads > 0 {
             builder = builder.with_intra_threads(config.intra_threads).map_err(builder_err)?;
         }
@@ -176,10 +180,15 @@ impl OrtEncoder {
         let inputs: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
         for needed in ["input_ids", "attention_mask"] {
             if !inputs.iter().any(|n| n == needed) {
-                return Err(Error::ModelShape { path: onnx, reason: format!("no input named {needed} (inputs: {inputs:?})") });
+                return Err(Error::ModelShape {
+                    path: onnx,
+                    reason: format!("no input named {needed} (inputs: {inputs:?})"),
+                });
             }
         }
-        if let Some(other) = inputs.iter().find(|n| !["input_ids", "attention_mask", "token_type_ids"].contains(&n.as_str())) {
+        if let Some(other) =
+            inputs.iter().find(|n| !["input_ids", "attention_mask", "token_type_ids"].contains(&n.as_str()))
+        {
             return Err(Error::ModelShape { path: onnx, reason: format!("unexpected input {other}") });
         }
         let token_type_ids = inputs.iter().any(|n| n == "token_type_ids");
@@ -187,9 +196,13 @@ impl OrtEncoder {
         let output = if outputs.iter().any(|o| o == "last_hidden_state") {
             "last_hidden_state".to_string()
         } else {
-            outputs.first().cloned().ok_or_else(|| Error::ModelShape { path: onnx.clone(), reason: "no outputs".into() })?
+            outputs
+                .first()
+                .cloned()
+                .ok_or_else(|| Error::ModelShape { path: onnx.clone(), reason: "no outputs".into() })?
         };
-        let digest = manifest.files.get(&manifest.onnx).map(|h| h.chars().take(12).collect::<String>()).unwrap_or_default();
+        let digest =
+            manifest.files.get(&manifest.onnx).map(|h| h.chars().take(12).collect::<String>()).unwrap_or_default();
         let id = if digest.is_empty() { manifest.name.clone() } else { format!("{}@{digest}", manifest.name) };
         info!(model = %id, provider, token_type_ids, "encoder ready");
         Ok(Self {

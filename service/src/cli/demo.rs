@@ -32,11 +32,15 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
     let task = encoder.encode(&[args.task.as_str()], &EncodeOptions::new(InputKind::Query))?;
     let ctx = encoder.encode(SAMPLE, &EncodeOptions::new(InputKind::Passage))?;
     let embed_ms = t1.elapsed().as_millis();
-    let mut ranked: Vec<(f32, usize)> = (0..ctx.len())
-        .map(|i| (task.row(0).iter().zip(ctx.row(i)).map(|(a, b)| a * b).sum::<f32>(), i))
-        .collect();
+    let mut ranked: Vec<(f32, usize)> =
+        (0..ctx.len()).map(|i| (task.row(0).iter().zip(ctx.row(i)).map(|(a, b)| a * b).sum::<f32>(), i)).collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    println!("model {} on {} (dim {}), loaded in {load_ms} ms, embedded in {embed_ms} ms", encoder.model_id(), encoder.provider(), encoder.dim());
+    println!(
+        "model {} on {} (dim {}), loaded in {load_ms} ms, embedded in {embed_ms} ms",
+        encoder.model_id(),
+        encoder.provider(),
+        encoder.dim()
+    );
     println!("task: {}\n", args.task);
     for (score, i) in ranked {
         println!("{score:.4}  {}", SAMPLE[i]);

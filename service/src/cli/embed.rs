@@ -45,8 +45,12 @@ fn read_texts(args: &EmbedArgs) -> anyhow::Result<Vec<String>> {
             if line.trim().is_empty() {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("--input line {}: not JSON", n + 1))?;
-            let t = v.get("text").and_then(|t| t.as_str()).with_context(|| format!("--input line {}: no string field \"text\"", n + 1))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&line).with_context(|| format!("--input line {}: not JSON", n + 1))?;
+            let t = v
+                .get("text")
+                .and_then(|t| t.as_str())
+                .with_context(|| format!("--input line {}: no string field \"text\"", n + 1))?;
             texts.push(t.to_string());
         } else {
             texts.push(line);

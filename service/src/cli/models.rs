@@ -27,7 +27,10 @@ pub fn run(model: &ModelArgs, cmd: ModelsCommand) -> anyhow::Result<()> {
                     src.get("package").and_then(|v| v.as_str()).unwrap_or("?"),
                     src.get("version").and_then(|v| v.as_str()).unwrap_or("?")
                 );
-                println!("{:<16} {:>5} {:>10}  {:<28} {}", m.manifest.name, m.manifest.dim, m.manifest.max_tokens, source, m.manifest.purpose);
+                println!(
+                    "{:<16} {:>5} {:>10}  {:<28} {}",
+                    m.manifest.name, m.manifest.dim, m.manifest.max_tokens, source, m.manifest.purpose
+                );
             }
             Ok(())
         }

@@ -1,0 +1,26 @@
+# The two commands a newcomer runs (see README.md):
+#   make demo   compress a sample agent context with the default model
+#   make test   the whole test suite (format, lints, unit + integration tests)
+# Both install what they need first (models/setup.sh is idempotent).
+
+export SCD_ORT_LIB ?= $(CURDIR)/.tools/ort/libonnxruntime.so
+export SCD_MODELS_DIR ?= $(CURDIR)/models/out
+
+.PHONY: setup demo test bench build
+setup:
+	@models/setup.sh
+
+build: setup
+	cargo build --release -p scd-service
+
+demo: build
+	./target/release/scd demo
+
+test: setup
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	SCD_REQUIRE_MODELS=1 cargo test --workspace
+
+bench: setup
+	models/setup.sh e5-large-arch
+	cargo bench -p scd-benches
