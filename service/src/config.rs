@@ -23,8 +23,8 @@ pub struct ModelArgs {
     /// Execution device: cpu, cuda or cuda:N.
     #[arg(long, env = "SCD_DEVICE", default_value = "cpu", global = true)]
     pub device: String,
-    /// Padded tokens per encoder call.
-    #[arg(long, env = "SCD_BATCH_TOKENS", default_value_t = 8192, global = true)]
+    /// Padded tokens per encoder call (0 = the device's default: 512 on CPU, 16384 on CUDA).
+    #[arg(long, env = "SCD_BATCH_TOKENS", default_value_t = 0, global = true)]
     pub batch_tokens: usize,
 }
 
@@ -43,8 +43,8 @@ impl ModelArgs {
 
     /// The checked ONNX Runtime configuration.
     pub fn ort_config(&self) -> anyhow::Result<OrtConfig> {
-        if self.batch_tokens < 16 {
-            bail!("--batch-tokens: must be at least 16, got {}", self.batch_tokens);
+        if self.batch_tokens != 0 && self.batch_tokens < 16 {
+            bail!("--batch-tokens: must be 0 (device default) or at least 16, got {}", self.batch_tokens);
         }
         let mut cfg = OrtConfig::new(&self.ort_lib);
         cfg.intra_threads = self.threads;

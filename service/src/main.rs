@@ -30,6 +30,8 @@ enum Command {
     Models(cli::models::ModelsCommand),
     /// Rank sample context against a task: the README's first command.
     Demo(cli::demo::DemoArgs),
+    /// Measure encoder throughput (or memory over many calls); prints JSON.
+    BenchEncode(cli::bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),
+        Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
     }
 }
