@@ -13,7 +13,24 @@ fn root() -> PathBuf {
 
 /// Deterministic mixed-length passages (8 to ~300 words).
 fn mixed_texts(n: usize) -> Vec<String> {
-    let words = ["agent", "context", "budget", "token", "the", "receiver", "asks", "for", "more", "chunks", "when", "its", "confidence", "drops", "below", "threshold"];
+    let words = [
+        "agent",
+        "context",
+        "budget",
+        "token",
+        "the",
+        "receiver",
+        "asks",
+        "for",
+        "more",
+        "chunks",
+        "when",
+        "its",
+        "confidence",
+        "drops",
+        "below",
+        "threshold",
+    ];
     let mut state = 0x2545F4914F6CDD1Du64;
     (0..n)
         .map(|_| {
@@ -27,7 +44,9 @@ fn mixed_texts(n: usize) -> Vec<String> {
 }
 
 fn bench_encoders(c: &mut Criterion) {
-    let lib = std::env::var_os("SCD_ORT_LIB").map(PathBuf::from).unwrap_or_else(|| root().join(".tools/ort/libonnxruntime.so"));
+    let lib = std::env::var_os("SCD_ORT_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".tools/ort/libonnxruntime.so"));
     let models = std::env::var_os("SCD_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("models/out"));
     let texts = mixed_texts(32);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();

@@ -101,6 +101,20 @@ pub enum Error {
         /// The model's limit.
         max_tokens: usize,
     },
+    /// The required fields alone exceed the receiver's budget.
+    #[error("required fields need {needed} tokens, over the budget of {budget}")]
+    BudgetTooSmall {
+        /// Tokens the required fields need.
+        needed: usize,
+        /// The receiver's budget.
+        budget: usize,
+    },
+    /// No live session with that id (never opened, closed or expired).
+    #[error("unknown or expired session {session_id:?}")]
+    UnknownSession {
+        /// The id asked for.
+        session_id: String,
+    },
     /// A request argument is out of range; `field` names it, `limit` says the bound.
     #[error("{field}: {message}")]
     InvalidArgument {

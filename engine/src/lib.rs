@@ -9,6 +9,12 @@
 //!
 //! * [`encoder`] — the [`Encoder`](encoder::Encoder) trait, the ONNX Runtime
 //!   encoder and a deterministic hash encoder for tests.
+//! * [`context`] — fields, tasks and the receiver's [`ContextRequirement`](context::ContextRequirement).
+//! * [`chunk`] — structure-aware chunking by field kind.
+//! * [`score`] — SIMD cosine, BM25, calibration.
+//! * [`cache`] — the content-addressed embedding cache.
+//! * [`eval`] — dataset loaders and evidence coverage for `scd eval`.
+//! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
 //!
 //! ```
 //! use scd_engine::encoder::{Encoder, EncodeOptions, HashEncoder, InputKind};
@@ -18,7 +24,13 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod cache;
+pub mod chunk;
+pub mod context;
 pub mod encoder;
 mod error;
+pub mod eval;
+pub mod extract;
+pub mod score;
 
 pub use error::{Error, Result};

@@ -30,6 +30,10 @@ enum Command {
     Models(cli::models::ModelsCommand),
     /// Rank sample context against a task: the README's first command.
     Demo(cli::demo::DemoArgs),
+    /// Minimal sufficient context for a task under a token budget.
+    Compress(cli::compress::CompressArgs),
+    /// Evidence recall vs reduction on a QA dataset, against baselines.
+    Eval(cli::eval::EvalArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
 }
@@ -41,6 +45,8 @@ fn main() -> anyhow::Result<()> {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),
+        Command::Compress(args) => cli::compress::run(&cli.model, args),
+        Command::Eval(args) => cli::eval::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
     }
 }

@@ -28,7 +28,9 @@ pub struct BenchArgs {
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -39,7 +41,9 @@ pub fn run(model: &ModelArgs, args: BenchArgs) -> anyhow::Result<()> {
     let texts: Vec<String> = text
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).map(|v| v["text"].as_str().unwrap_or_default().to_string()))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).map(|v| v["text"].as_str().unwrap_or_default().to_string())
+        })
         .collect::<Result<_, _>>()
         .context("--input: expected JSONL with a \"text\" field")?;
     anyhow::ensure!(!texts.is_empty(), "--input: no texts");

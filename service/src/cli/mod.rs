@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod compress;
 pub mod demo;
 pub mod embed;
+pub mod eval;
 pub mod models;

@@ -1,0 +1,540 @@
+//! Structure-aware chunking: prose by sentences, code by blocks, logs around
+//! errors, JSON by key paths, chat by turns, tables by table. No chunk
+//! crosses a field; every chunk is a byte span of its field's content.
+
+use crate::context::{Field, FieldKind};
+
+/// A piece of one field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawChunk {
+    /// Byte span in the field's content.
+    pub start: usize,
+    /// End of the span (exclusive).
+    pub end: usize,
+    /// Heading in force (markdown heading, JSON path, table name).
+    pub heading: Option<String>,
+    /// Chunks with the same group belong together (a paragraph, a question
+    /// and its answer, a table).
+    pub group: usize,
+    /// The group's lead (first sentence of a paragraph, the question of a
+    /// chat exchange, a table's header).
+    pub lead: bool,
+    /// Names this chunk defines (functions, tables), for dependency links.
+    pub defines: Vec<String>,
+}
+
+/// Chunking parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkConfig {
+    /// Prose sentences are grouped up to about this many bytes (0: one sentence per chunk).
+    pub target_bytes: usize,
+}
+
+impl Default for ChunkConfig {
+    fn default() -> Self {
+        Self { target_bytes: 0 }
+    }
+}
+
+/// Splits a field into chunks according to its kind.
+pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
+    let text = field.content.as_str();
+    let mut out = match field.kind {
+        FieldKind::Prose => prose(text, cfg),
+        FieldKind::Code => code(text),
+        FieldKind::Log => log(text),
+        FieldKind::Json => json(text),
+        FieldKind::Chat => chat(text),
+        FieldKind::Table => table(text),
+    };
+    out.retain(|c| !text[c.start..c.end].trim().is_empty());
+    for c in &mut out {
+        trim_span(text, &mut c.start, &mut c.end);
+    }
+    out
+}
+
+fn trim_span(text: &str, start: &mut usize, end: &mut usize) {
+    let s = &text[*start..*end];
+    let lead = s.len() - s.trim_start().len();
+    let trail = s.len() - s.trim_end().len();
+    *start += lead;
+    *end -= trail;
+}
+
+/// Line spans (start, end without the newline).
+fn lines(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, b) in text.bytes().enumerate() {
+        if b == b'\n' {
+            out.push((start, i));
+            start = i + 1;
+        }
+    }
+    if start < text.len() {
+        out.push((start, text.len()));
+    }
+    out
+}
+
+/// Sentence spans of a paragraph: ends after `.`, `!`, `?` (or CJK stops)
+/// followed by whitespace and an upper-case letter, digit or quote.
+pub fn sentences(text: &str, offset: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    for i in 0..chars.len() {
+        let (pos, c) = chars[i];
+        let end = pos + c.len_utf8();
+        let cjk_stop = matches!(c, '。' | '！' | '？');
+        if !(matches!(c, '.' | '!' | '?') || cjk_stop) {
+            continue;
+        }
+        if cjk_stop {
+            out.push((offset + start, offset + end));
+            start = end;
+            continue;
+        }
+        // need whitespace then a sentence opener
+        let mut j = i + 1;
+        while j < chars.len() && matches!(chars[j].1, '"' | '\'' | ')' | '”' | '’') {
+            j += 1;
+        }
+        if j >= chars.len() || !chars[j].1.is_whitespace() {
+            continue;
+        }
+        let mut k = j;
+        while k < chars.len() && chars[k].1.is_whitespace() {
+            k += 1;
+        }
+        if k < chars.len() {
+            let n = chars[k].1;
+            if !(n.is_uppercase() || n.is_numeric() || matches!(n, '"' | '“' | '(' | '\'') || !n.is_alphabetic()) {
+                continue;
+            }
+            // common abbreviations do not end a sentence
+            let word_start = text[..pos]
+                .char_indices()
+                .rev()
+                .find(|(_, ch)| ch.is_whitespace())
+                .map(|(p, ch)| p + ch.len_utf8())
+                .unwrap_or(0);
+            let word = &text[word_start..pos];
+            if matches!(
+                word,
+                "Mr" | "Mrs"
+                    | "Ms"
+                    | "Dr"
+                    | "St"
+                    | "Jr"
+                    | "Sr"
+                    | "vs"
+                    | "e.g"
+                    | "i.e"
+                    | "etc"
+                    | "No"
+                    | "Inc"
+                    | "Co"
+                    | "Ltd"
+            ) || (word.len() == 1 && word.chars().all(|ch| ch.is_uppercase()))
+            {
+                continue;
+            }
+        }
+        let cut = chars.get(j).map(|&(p, _)| p).unwrap_or(text.len());
+        out.push((offset + start, offset + cut));
+        start = cut;
+    }
+    if start < text.len() {
+        out.push((offset + start, offset + text.len()));
+    }
+    out
+}
+
+fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
+    let mut out = Vec::new();
+    let mut heading: Option<String> = None;
+    let mut group = 0usize;
+    // paragraphs: blocks separated by blank lines; `#` lines are headings
+    let mut para: Vec<(usize, usize)> = Vec::new();
+    let flush =
+        |para: &mut Vec<(usize, usize)>, out: &mut Vec<RawChunk>, group: &mut usize, heading: &Option<String>| {
+            if para.is_empty() {
+                return;
+            }
+            let (s, e) = (para[0].0, para.last().unwrap().1);
+            let mut first = true;
+            let mut cur: Option<(usize, usize)> = None;
+            for (a, b) in sentences(&text[s..e], s) {
+                cur = match cur {
+                    Some((ca, _)) if cfg.target_bytes > 0 && b - ca <= cfg.target_bytes => Some((ca, b)),
+                    Some((ca, cb)) => {
+                        out.push(RawChunk {
+                            start: ca,
+                            end: cb,
+                            heading: heading.clone(),
+                            group: *group,
+                            lead: first,
+                            defines: vec![],
+                        });
+                        first = false;
+                        Some((a, b))
+                    }
+                    None => Some((a, b)),
+                };
+            }
+            if let Some((ca, cb)) = cur {
+                out.push(RawChunk {
+                    start: ca,
+                    end: cb,
+                    heading: heading.clone(),
+                    group: *group,
+                    lead: first,
+                    defines: vec![],
+                });
+            }
+            *group += 1;
+            para.clear();
+        };
+    for (s, e) in lines(text) {
+        let line = text[s..e].trim();
+        if line.is_empty() {
+            flush(&mut para, &mut out, &mut group, &heading);
+        } else if line.starts_with('#') {
+            flush(&mut para, &mut out, &mut group, &heading);
+            heading = Some(line.trim_start_matches('#').trim().to_string());
+            out.push(RawChunk { start: s, end: e, heading: heading.clone(), group, lead: true, defines: vec![] });
+            group += 1;
+        } else {
+            para.push((s, e));
+        }
+    }
+    flush(&mut para, &mut out, &mut group, &heading);
+    out
+}
+
+/// Name defined by a code line (`fn x`, `def x`, `class X`, `function x`, `struct X`).
+fn defined_name(line: &str) -> Option<String> {
+    let t = line.trim_start();
+    let t = t.strip_prefix("pub ").unwrap_or(t);
+    let t = t.strip_prefix("async ").unwrap_or(t);
+    for kw in ["fn ", "def ", "class ", "function ", "struct ", "enum ", "trait ", "interface ", "func ", "impl "] {
+        if let Some(rest) = t.strip_prefix(kw) {
+            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            if !name.is_empty() {
+                return Some(name);
+            }
+        }
+    }
+    None
+}
+
+fn code(text: &str) -> Vec<RawChunk> {
+    // a block starts at a non-indented line after a blank line, or at a definition
+    let mut out = Vec::new();
+    let mut cur: Option<RawChunk> = None;
+    let mut prev_blank = true;
+    for (i, (s, e)) in lines(text).into_iter().enumerate() {
+        let line = &text[s..e];
+        let blank = line.trim().is_empty();
+        let top = !blank && !line.starts_with(char::is_whitespace) && !line.trim_start().starts_with(['}', ')', ']']);
+        let def = defined_name(line).filter(|_| !line.starts_with(char::is_whitespace));
+        let starts = top && (prev_blank || def.is_some());
+        if starts || cur.is_none() {
+            if let Some(c) = cur.take() {
+                out.push(c);
+            }
+            cur = Some(RawChunk {
+                start: s,
+                end: e,
+                heading: def.clone(),
+                group: i,
+                lead: true,
+                defines: def.into_iter().collect(),
+            });
+        } else if let Some(c) = cur.as_mut() {
+            c.end = e;
+        }
+        prev_blank = blank;
+    }
+    out.extend(cur);
+    out
+}
+
+fn is_error_line(line: &str) -> bool {
+    let u = line.to_ascii_uppercase();
+    ["ERROR", "FATAL", "PANIC", "EXCEPTION", "TRACEBACK", "CRITICAL", "FAILED"].iter().any(|k| u.contains(k))
+}
+
+fn is_frame(line: &str) -> bool {
+    let t = line.trim_start();
+    line.starts_with(char::is_whitespace)
+        || t.starts_with("at ")
+        || t.starts_with("File \"")
+        || t.starts_with("Caused by")
+        || t.starts_with("...")
+}
+
+fn log(text: &str) -> Vec<RawChunk> {
+    // each entry is a line plus its continuation frames; an error entry is its own chunk,
+    // runs of ordinary entries are grouped (up to 4 lines)
+    let mut out: Vec<RawChunk> = Vec::new();
+    let mut group = 0;
+    let mut ordinary = 0;
+    for (s, e) in lines(text) {
+        let line = &text[s..e];
+        if line.trim().is_empty() {
+            continue;
+        }
+        if is_frame(line) {
+            if let Some(last) = out.last_mut() {
+                last.end = e;
+                continue;
+            }
+        }
+        let error = is_error_line(line);
+        match out.last_mut() {
+            Some(last) if !error && ordinary > 0 && ordinary < 4 => {
+                last.end = e;
+                ordinary += 1;
+            }
+            _ => {
+                group += 1;
+                out.push(RawChunk { start: s, end: e, heading: None, group, lead: true, defines: vec![] });
+                ordinary = usize::from(!error);
+            }
+        }
+    }
+    out
+}
+
+fn json(text: &str) -> Vec<RawChunk> {
+    // top-level keys of an object (by scanning, so spans stay exact); anything else by lines
+    let bytes = text.as_bytes();
+    let Ok(serde_json::Value::Object(_)) = serde_json::from_str::<serde_json::Value>(text) else {
+        return lines(text)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (s, e))| RawChunk { start: s, end: e, heading: None, group: i, lead: true, defines: vec![] })
+            .collect();
+    };
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut in_str = false;
+    let mut esc = false;
+    let mut entry_start: Option<usize> = None;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_str {
+            match (esc, b) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                if depth == 1 && entry_start.is_none() {
+                    entry_start = Some(i);
+                }
+                in_str = true;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    if let Some(s) = entry_start.take() {
+                        out.push(json_entry(text, s, i));
+                    }
+                }
+            }
+            b',' if depth == 1 => {
+                if let Some(s) = entry_start.take() {
+                    out.push(json_entry(text, s, i));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn json_entry(text: &str, start: usize, end: usize) -> RawChunk {
+    let key = text[start + 1..].split('"').next().unwrap_or("").to_string();
+    RawChunk { start, end, heading: Some(key.clone()), group: start, lead: true, defines: vec![key] }
+}
+
+fn chat(text: &str) -> Vec<RawChunk> {
+    // a turn is a `speaker:` line plus its continuation lines; a turn that
+    // asks a question and the next turn form one group
+    let mut turns: Vec<(usize, usize)> = Vec::new();
+    for (s, e) in lines(text) {
+        let line = &text[s..e];
+        if line.trim().is_empty() {
+            continue;
+        }
+        let speaker = line.split_once(':').is_some_and(|(who, _)| {
+            let who = who.trim();
+            !who.is_empty()
+                && who.len() <= 32
+                && !who.contains("//")
+                && who.chars().all(|c| c.is_alphanumeric() || " _-.".contains(c))
+        });
+        match turns.last_mut() {
+            Some(t) if !speaker => t.1 = e,
+            _ => turns.push((s, e)),
+        }
+    }
+    let mut out = Vec::new();
+    let mut group = 0;
+    let mut prev_question = false;
+    for (s, e) in turns {
+        let question = text[s..e].trim_end().ends_with('?');
+        let answers_prev = prev_question;
+        if !answers_prev {
+            group += 1;
+        }
+        out.push(RawChunk { start: s, end: e, heading: None, group, lead: !answers_prev, defines: vec![] });
+        prev_question = question && !answers_prev;
+    }
+    out
+}
+
+fn table(text: &str) -> Vec<RawChunk> {
+    // blocks separated by blank lines or starting at CREATE TABLE; a block
+    // names the table it defines
+    let mut out: Vec<RawChunk> = Vec::new();
+    let mut prev_blank = true;
+    for (s, e) in lines(text) {
+        let line = &text[s..e];
+        if line.trim().is_empty() {
+            prev_blank = true;
+            continue;
+        }
+        let name = table_name(line);
+        if prev_blank || name.is_some() || out.is_empty() {
+            out.push(RawChunk {
+                start: s,
+                end: e,
+                heading: name.clone(),
+                group: s,
+                lead: true,
+                defines: name.into_iter().collect(),
+            });
+        } else if let Some(last) = out.last_mut() {
+            last.end = e;
+        }
+        prev_blank = false;
+    }
+    out
+}
+
+fn table_name(line: &str) -> Option<String> {
+    let lower = line.to_ascii_lowercase();
+    let i = lower.find("create table")?;
+    let rest = line[i + 12..].trim_start();
+    let rest =
+        rest.strip_prefix("IF NOT EXISTS").or_else(|| rest.strip_prefix("if not exists")).unwrap_or(rest).trim_start();
+    let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '.').collect();
+    (!name.is_empty()).then_some(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(kind: FieldKind, content: &str) -> Field {
+        Field { name: "f".into(), kind, content: content.into(), confidential: false }
+    }
+
+    fn texts(f: &Field) -> Vec<String> {
+        chunk_field(f, ChunkConfig::default()).iter().map(|c| f.content[c.start..c.end].to_string()).collect()
+    }
+
+    #[test]
+    fn prose_splits_sentences_and_keeps_abbreviations() {
+        let f = field(
+            FieldKind::Prose,
+            "Dr. Smith arrived at 5 p.m. on Monday. He left early! Did he return?\n\nNew paragraph here.",
+        );
+        let t = texts(&f);
+        assert_eq!(
+            t,
+            vec!["Dr. Smith arrived at 5 p.m. on Monday.", "He left early!", "Did he return?", "New paragraph here."]
+        );
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert!(c[0].lead && !c[1].lead && c[3].lead);
+        assert_ne!(c[0].group, c[3].group);
+    }
+
+    #[test]
+    fn sentences_survive_multibyte_whitespace() {
+        let t = "He won in 1990\u{a0}A. Later\u{2003}B. came. Done.";
+        let spans = sentences(t, 0);
+        assert_eq!(spans.last().unwrap().1, t.len());
+        for (a, b) in spans {
+            assert!(t.is_char_boundary(a) && t.is_char_boundary(b));
+        }
+    }
+
+    #[test]
+    fn prose_groups_up_to_target() {
+        let f = field(FieldKind::Prose, "One a. Two b. Three c. Four d.");
+        let c = chunk_field(&f, ChunkConfig { target_bytes: 14 });
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn code_splits_at_definitions() {
+        let f = field(FieldKind::Code, "use x;\n\nfn charge(o: &Order) {\n    pool.get()\n}\n\nfn refund() {\n}\n");
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert_eq!(c.len(), 3);
+        assert_eq!(c[1].defines, vec!["charge".to_string()]);
+        assert!(f.content[c[1].start..c[1].end].ends_with('}'));
+    }
+
+    #[test]
+    fn log_keeps_stack_frames_with_their_error() {
+        let f = field(
+            FieldKind::Log,
+            "INFO start\nINFO ready\nERROR boom in charge\n    at payments::charge (src/pay.rs:10)\n    at main\nINFO retry",
+        );
+        let t = texts(&f);
+        assert_eq!(t.len(), 3);
+        assert!(t[1].starts_with("ERROR boom") && t[1].ends_with("at main"));
+    }
+
+    #[test]
+    fn json_chunks_by_top_level_key() {
+        let f = field(FieldKind::Json, r#"{"a": {"x": [1, 2]}, "b": "q,\"r\"", "c": 3}"#);
+        let c = chunk_field(&f, ChunkConfig::default());
+        let keys: Vec<_> = c.iter().map(|c| c.heading.clone().unwrap()).collect();
+        assert_eq!(keys, vec!["a", "b", "c"]);
+        assert_eq!(&f.content[c[1].start..c[1].end], r#""b": "q,\"r\"""#);
+    }
+
+    #[test]
+    fn chat_question_keeps_its_answer() {
+        let f =
+            field(FieldKind::Chat, "user: hi\nuser: where is the log?\nagent: in /var/log\nsee there\nuser: thanks");
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[1].group, c[2].group);
+        assert!(c[1].lead && !c[2].lead);
+        assert!(f.content[c[2].start..c[2].end].ends_with("see there"));
+        assert_ne!(c[2].group, c[3].group);
+    }
+
+    #[test]
+    fn table_chunks_by_create_table() {
+        let f = field(
+            FieldKind::Table,
+            "CREATE TABLE users (\n id int\n);\nCREATE TABLE charges (\n user_id int REFERENCES users\n);",
+        );
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[1].defines, vec!["charges".to_string()]);
+    }
+}

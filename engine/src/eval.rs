@@ -1,0 +1,314 @@
+//! Evaluation data: loaders for HotpotQA (official and Hugging Face
+//! layouts), SQuAD 2.0, MuSiQue and 2WikiMultihopQA, turned into contexts
+//! with gold evidence spans, and the coverage check that scores a selection.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::chunk::sentences;
+use crate::context::{Context, Field, FieldKind};
+use crate::{Error, Result};
+
+/// Which dataset layout to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dataset {
+    /// HotpotQA distractor: official JSON list or Hugging Face JSONL (detected).
+    HotpotQa,
+    /// SQuAD 2.0 (answerable questions; gold = sentences holding an answer).
+    Squad,
+    /// MuSiQue (gold = `is_supporting` paragraphs).
+    Musique,
+    /// 2WikiMultihopQA (gold = `supporting_facts`).
+    TwoWiki,
+}
+
+impl std::str::FromStr for Dataset {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "hotpotqa" => Ok(Self::HotpotQa),
+            "squad" => Ok(Self::Squad),
+            "musique" => Ok(Self::Musique),
+            "2wiki" => Ok(Self::TwoWiki),
+            other => Err(Error::invalid("dataset", format!("{other:?}: expected hotpotqa, squad, musique or 2wiki"))),
+        }
+    }
+}
+
+/// One evaluation example: a question, its context as fields (one per
+/// paragraph), the sentence spans of each field, and the gold evidence.
+#[derive(Debug, Clone)]
+pub struct Example {
+    /// Dataset id.
+    pub id: String,
+    /// The question (the task).
+    pub question: String,
+    /// One prose field per paragraph, named by its title.
+    pub context: Context,
+    /// Per field, the byte spans of its sentences.
+    pub sentences: Vec<Vec<(usize, usize)>>,
+    /// Gold evidence as (field, byte span) pairs.
+    pub gold: Vec<(usize, (usize, usize))>,
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+}
+
+fn bad(path: &Path, what: &str) -> Error {
+    Error::invalid("path", format!("{}: {what}", path.display()))
+}
+
+/// Builds an example from titled paragraphs given as sentence lists.
+fn from_paragraphs(
+    id: String,
+    question: String,
+    paras: Vec<(String, Vec<String>)>,
+    gold_sents: &[(String, usize)],
+) -> Example {
+    let mut fields = Vec::new();
+    let mut spans = Vec::new();
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for (title, sents) in &paras {
+        let mut content = String::new();
+        let mut sp = Vec::new();
+        for s in sents {
+            let s = s.trim();
+            if s.is_empty() {
+                sp.push((content.len(), content.len()));
+                continue;
+            }
+            if !content.is_empty() {
+                content.push(' ');
+            }
+            sp.push((content.len(), content.len() + s.len()));
+            content.push_str(s);
+        }
+        // titles can repeat within a context; field names cannot
+        let n = seen.entry(title.clone()).or_default();
+        *n += 1;
+        let name = if *n == 1 { title.clone() } else { format!("{title} ({})", n) };
+        fields.push(Field { name, kind: FieldKind::Prose, content, confidential: false });
+        spans.push(sp);
+    }
+    let mut gold = Vec::new();
+    for (title, sid) in gold_sents {
+        if let Some(fi) = paras.iter().position(|(t, _)| t == title) {
+            if let Some(&span) = spans[fi].get(*sid) {
+                if span.1 > span.0 {
+                    gold.push((fi, span));
+                }
+            }
+        }
+    }
+    Example { id, question, context: Context { fields }, sentences: spans, gold }
+}
+
+fn str_of(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+fn titled_sentences(ctx: &Value) -> Vec<(String, Vec<String>)> {
+    ctx.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| {
+                    let t = str_of(p.get(0)?);
+                    let s = p.get(1)?.as_array()?.iter().map(str_of).collect();
+                    Some((t, s))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Loads examples from `path` in `dataset`'s layout, at most `limit`.
+pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>> {
+    let text = read(path)?;
+    let mut out = Vec::new();
+    match dataset {
+        Dataset::HotpotQa | Dataset::TwoWiki => {
+            let records: Vec<Value> = if text.trim_start().starts_with('[') {
+                serde_json::from_str(&text).map_err(|_| bad(path, "not a JSON list"))?
+            } else {
+                text.lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(serde_json::from_str)
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|_| bad(path, "not JSONL"))?
+            };
+            for r in records.into_iter().take(limit) {
+                let id = str_of(r.get("_id").or_else(|| r.get("id")).unwrap_or(&Value::Null));
+                let question = str_of(&r["question"]);
+                let (paras, gold) = if r["context"].is_object() {
+                    // Hugging Face layout
+                    let titles: Vec<String> = r["context"]["title"]
+                        .as_array()
+                        .ok_or_else(|| bad(path, "context.title"))?
+                        .iter()
+                        .map(str_of)
+                        .collect();
+                    let sents = r["context"]["sentences"].as_array().ok_or_else(|| bad(path, "context.sentences"))?;
+                    let paras = titles
+                        .into_iter()
+                        .zip(
+                            sents
+                                .iter()
+                                .map(|s| s.as_array().map(|a| a.iter().map(str_of).collect()).unwrap_or_default()),
+                        )
+                        .collect();
+                    let st = r["supporting_facts"]["title"].as_array().cloned().unwrap_or_default();
+                    let si = r["supporting_facts"]["sent_id"].as_array().cloned().unwrap_or_default();
+                    (
+                        paras,
+                        st.iter()
+                            .zip(&si)
+                            .map(|(t, i)| (str_of(t), i.as_u64().unwrap_or(0) as usize))
+                            .collect::<Vec<_>>(),
+                    )
+                } else {
+                    let gold = r["supporting_facts"]
+                        .as_array()
+                        .ok_or_else(|| bad(path, "supporting_facts"))?
+                        .iter()
+                        .map(|p| (str_of(&p[0]), p[1].as_u64().unwrap_or(0) as usize))
+                        .collect();
+                    (titled_sentences(&r["context"]), gold)
+                };
+                out.push(from_paragraphs(id, question, paras, &gold));
+            }
+        }
+        Dataset::Musique => {
+            for line in text.lines().filter(|l| !l.trim().is_empty()).take(limit) {
+                let r: Value = serde_json::from_str(line).map_err(|_| bad(path, "not JSONL"))?;
+                let mut paras = Vec::new();
+                let mut supporting = Vec::new();
+                for p in r["paragraphs"].as_array().ok_or_else(|| bad(path, "paragraphs"))? {
+                    let body = str_of(&p["paragraph_text"]);
+                    let sents: Vec<String> =
+                        sentences(&body, 0).into_iter().map(|(a, b)| body[a..b].to_string()).collect();
+                    if p["is_supporting"].as_bool() == Some(true) {
+                        supporting.push(paras.len());
+                    }
+                    paras.push((str_of(&p["title"]), sents));
+                }
+                let mut ex = from_paragraphs(str_of(&r["id"]), str_of(&r["question"]), paras, &[]);
+                // gold unit: the whole supporting paragraph
+                ex.gold = supporting.into_iter().map(|fi| (fi, (0, ex.context.fields[fi].content.len()))).collect();
+                out.push(ex);
+            }
+        }
+        Dataset::Squad => {
+            let v: Value = serde_json::from_str(&text).map_err(|_| bad(path, "not JSON"))?;
+            'articles: for art in v["data"].as_array().ok_or_else(|| bad(path, "data"))? {
+                let title = str_of(&art["title"]);
+                let paras: Vec<&Value> = art["paragraphs"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+                for (pi, p) in paras.iter().enumerate() {
+                    for qa in p["qas"].as_array().cloned().unwrap_or_default() {
+                        if qa["is_impossible"].as_bool() == Some(true) {
+                            continue;
+                        }
+                        if out.len() >= limit {
+                            break 'articles;
+                        }
+                        // the answer's paragraph plus up to 9 neighbours of the same article
+                        let lo = pi.saturating_sub(5);
+                        let window: Vec<usize> = (lo..(lo + 10).min(paras.len())).collect();
+                        let mut fields = Vec::new();
+                        let mut spans = Vec::new();
+                        let mut gold = Vec::new();
+                        for &j in &window {
+                            let body = str_of(&paras[j]["context"]);
+                            let sp = sentences(&body, 0);
+                            if j == pi {
+                                for a in qa["answers"].as_array().cloned().unwrap_or_default() {
+                                    let start = a["answer_start"].as_u64().unwrap_or(0) as usize;
+                                    if let Some(&s) = sp.iter().find(|(x, y)| *x <= start && start < *y) {
+                                        let g = (fields.len(), s);
+                                        if !gold.contains(&g) {
+                                            gold.push(g);
+                                        }
+                                    }
+                                }
+                            }
+                            fields.push(Field {
+                                name: format!("{title} ¶{j}"),
+                                kind: FieldKind::Prose,
+                                content: body,
+                                confidential: false,
+                            });
+                            spans.push(sp);
+                        }
+                        out.push(Example {
+                            id: str_of(&qa["id"]),
+                            question: str_of(&qa["question"]),
+                            context: Context { fields },
+                            sentences: spans,
+                            gold,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(bad(path, "no examples"));
+    }
+    Ok(out)
+}
+
+/// Whether the selected spans of `field` cover `span`: at least `min_share`
+/// of its non-space bytes lie inside a selected span.
+pub fn covered(
+    selected: &[(usize, (usize, usize))],
+    content: &str,
+    field: usize,
+    span: (usize, usize),
+    min_share: f32,
+) -> bool {
+    let bytes = content.as_bytes();
+    let total = (span.0..span.1).filter(|&i| !bytes[i].is_ascii_whitespace()).count();
+    if total == 0 {
+        return true;
+    }
+    let inside = (span.0..span.1)
+        .filter(|&i| {
+            !bytes[i].is_ascii_whitespace() && selected.iter().any(|&(f, (a, b))| f == field && a <= i && i < b)
+        })
+        .count();
+    inside as f32 >= min_share * total as f32
+}
+
+/// Share of gold units an example's selection keeps (sentences must be
+/// covered whole; MuSiQue paragraphs at least half).
+pub fn evidence_recall(ex: &Example, selected: &[(usize, (usize, usize))], dataset: Dataset) -> (f32, bool) {
+    if ex.gold.is_empty() {
+        return (1.0, true);
+    }
+    let share = if dataset == Dataset::Musique { 0.5 } else { 0.999 };
+    let kept =
+        ex.gold.iter().filter(|&&(f, span)| covered(selected, &ex.context.fields[f].content, f, span, share)).count();
+    (kept as f32 / ex.gold.len() as f32, kept == ex.gold.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paragraphs_keep_sentence_spans_and_gold() {
+        let ex = from_paragraphs(
+            "x".into(),
+            "q".into(),
+            vec![("A".into(), vec!["One.".into(), " Two.".into()]), ("B".into(), vec!["Three.".into()])],
+            &[("A".into(), 1), ("B".into(), 0)],
+        );
+        assert_eq!(ex.context.fields[0].content, "One. Two.");
+        assert_eq!(ex.gold, vec![(0, (5, 9)), (1, (0, 6))]);
+        assert!(covered(&[(0, (5, 9))], "One. Two.", 0, (5, 9), 0.999));
+        assert!(!covered(&[(0, (0, 4))], "One. Two.", 0, (5, 9), 0.999));
+        let (r, all) = evidence_recall(&ex, &[(0, (5, 9))], Dataset::HotpotQa);
+        assert_eq!((r, all), (0.5, false));
+    }
+}

@@ -1,0 +1,311 @@
+//! `scd eval`: evidence recall vs token reduction on real QA data, for SCD
+//! and baselines (random, lead, BM25, plain dense sentence ranking) in the
+//! same run. Writes a table, a JSON report and an SVG plot.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use scd_engine::context::{ContextRequirement, Task};
+use scd_engine::encoder::{EncodeOptions, Encoder, InputKind, OrtEncoder};
+use scd_engine::eval::{evidence_recall, load, Dataset, Example};
+use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::score::{dot, Bm25};
+use serde::Serialize;
+
+use crate::config::ModelArgs;
+
+/// Arguments of `scd eval`.
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// hotpotqa, squad, musique or 2wiki.
+    #[arg(long)]
+    dataset: String,
+    /// Dataset files (read by path; several are concatenated).
+    #[arg(long, num_args = 1.., required = true)]
+    path: Vec<PathBuf>,
+    /// Budgets as fractions of each context's tokens.
+    #[arg(long, value_delimiter = ',', default_value = "0.2,0.25,0.33,0.5")]
+    budgets: Vec<f32>,
+    /// Examples per file at most.
+    #[arg(long, default_value_t = 200)]
+    limit: usize,
+    /// JSON report path.
+    #[arg(long, default_value = "eval_report.json")]
+    report: PathBuf,
+    /// SVG plot path (recall vs reduction per method).
+    #[arg(long, default_value = "eval_plot.svg")]
+    plot: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    method: String,
+    budget: f32,
+    evidence_recall: f32,
+    all_evidence_kept: f32,
+    reduction_ratio: f32,
+    r_theorem1: f32,
+    p50_ms: f64,
+    p95_ms: f64,
+    cache_hit_rate: Option<f64>,
+}
+
+#[derive(Default)]
+struct Acc {
+    recall: Vec<f32>,
+    all: Vec<f32>,
+    ratio: Vec<f32>,
+    r1: Vec<f32>,
+    ms: Vec<f64>,
+}
+
+fn pct(xs: &mut [f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    xs.sort_by(f64::total_cmp);
+    xs[((xs.len() - 1) as f64 * p).round() as usize]
+}
+
+fn mean(xs: &[f32]) -> f32 {
+    if xs.is_empty() {
+        0.0
+    } else {
+        xs.iter().sum::<f32>() / xs.len() as f32
+    }
+}
+
+/// Greedy fill in `order` under `budget`; returns selected sentence spans.
+fn fill(
+    order: &[usize],
+    units: &[(usize, (usize, usize), usize)],
+    budget: usize,
+) -> (Vec<(usize, (usize, usize))>, usize) {
+    let mut used = 0;
+    let mut sel = Vec::new();
+    for &i in order {
+        let (f, span, t) = units[i];
+        if used + t <= budget {
+            used += t;
+            sel.push((f, span));
+        }
+    }
+    (sel, used)
+}
+
+struct Baselines {
+    units: Vec<(usize, (usize, usize), usize)>,
+    dense: Vec<f32>,
+    bm25: Vec<f32>,
+    total: usize,
+}
+
+fn baselines(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
+    let mut units = Vec::new();
+    let mut texts = Vec::new();
+    for (f, spans) in ex.sentences.iter().enumerate() {
+        for &(a, b) in spans {
+            let t = &ex.context.fields[f].content[a..b];
+            if t.trim().is_empty() {
+                continue;
+            }
+            units.push((f, (a, b), enc.count_tokens(t)?));
+            texts.push(t);
+        }
+    }
+    let q = enc.encode(&[ex.question.as_str()], &EncodeOptions::new(InputKind::Query))?;
+    let e = enc.encode(&texts, &EncodeOptions::new(InputKind::Passage).with_windows())?;
+    let dense = (0..texts.len()).map(|i| dot(q.row(0), e.row(i))).collect();
+    let bm25 = Bm25::new(&texts).scores(&ex.question);
+    let total = units.iter().map(|u| u.2).sum();
+    Ok(Baselines { units, dense, bm25, total })
+}
+
+fn ranked(scores: &[f32]) -> Vec<usize> {
+    let mut o: Vec<usize> = (0..scores.len()).collect();
+    o.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    o
+}
+
+/// Runs `scd eval`.
+pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
+    let dataset: Dataset = args.dataset.parse()?;
+    for b in &args.budgets {
+        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
+    }
+    let mut examples = Vec::new();
+    for p in &args.path {
+        examples.extend(load(dataset, p, args.limit).with_context(|| format!("--path {}", p.display()))?);
+    }
+    let encoder = Arc::new(model.load_encoder()?);
+    let model_id = encoder.model_id().to_string();
+    let scd = Scd::new(encoder.clone(), ScdConfig::default());
+    let methods = ["scd", "dense", "bm25", "lead", "random"];
+    let mut acc: Vec<Vec<Acc>> =
+        methods.iter().map(|_| args.budgets.iter().map(|_| Acc::default()).collect()).collect();
+    let bar = ProgressBar::new(examples.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} examples {per_sec} eta {eta} {msg}")?);
+    let mut rng = 0x9E3779B97F4A7C15u64;
+    let mut hits_before = scd.cache_stats();
+    let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
+    for ex in &examples {
+        let t = Instant::now();
+        let base = baselines(&encoder, ex)?;
+        let base_ms = t.elapsed().as_secs_f64() * 1e3;
+        let dense_order = ranked(&base.dense);
+        let bm25_order = ranked(&base.bm25);
+        // lead: first sentences of every paragraph, then second ones, ...
+        let mut lead_order: Vec<usize> = (0..base.units.len()).collect();
+        let pos_in_field = |i: usize| base.units[..i].iter().filter(|u| u.0 == base.units[i].0).count();
+        lead_order.sort_by_key(|&i| (pos_in_field(i), i));
+        let mut random_order: Vec<usize> = (0..base.units.len()).collect();
+        for i in (1..random_order.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            random_order.swap(i, (rng % (i as u64 + 1)) as usize);
+        }
+        for (bi, &frac) in args.budgets.iter().enumerate() {
+            let budget = ((base.total as f32 * frac).floor() as usize).max(1);
+            let t = Instant::now();
+            let out = scd.compress(&CompressRequest {
+                task: Task::new(ex.question.clone()),
+                context: ex.context.clone(),
+                requirement: ContextRequirement::with_budget(budget),
+                session_id: None,
+            })?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let stats = scd.cache_stats();
+            scd_hits[bi].0 += stats.hits - hits_before.hits;
+            scd_hits[bi].1 += stats.misses - hits_before.misses;
+            hits_before = stats;
+            let sel: Vec<(usize, (usize, usize))> = out
+                .chunks
+                .iter()
+                .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
+                .collect();
+            let (r, all) = evidence_recall(ex, &sel, dataset);
+            let a = &mut acc[0][bi];
+            a.recall.push(r);
+            a.all.push(f32::from(u8::from(all)));
+            a.ratio.push(out.totals.reduction_ratio);
+            a.r1.push(out.totals.r_theorem1);
+            a.ms.push(ms);
+            for (mi, order) in [(1, &dense_order), (2, &bm25_order), (3, &lead_order), (4, &random_order)] {
+                let (sel, used) = fill(order, &base.units, budget);
+                let (r, all) = evidence_recall(ex, &sel, dataset);
+                let a = &mut acc[mi][bi];
+                a.recall.push(r);
+                a.all.push(f32::from(u8::from(all)));
+                a.ratio.push(if used == 0 { 0.0 } else { base.total as f32 / used as f32 });
+                a.r1.push(base.total as f32 / (used + encoder.dim()) as f32);
+                a.ms.push(if mi == 1 { base_ms } else { 0.0 });
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let mut rows = Vec::new();
+    for (mi, m) in methods.iter().enumerate() {
+        for (bi, &b) in args.budgets.iter().enumerate() {
+            let a = &mut acc[mi][bi];
+            let (h, mi_) = scd_hits[bi];
+            rows.push(Row {
+                method: m.to_string(),
+                budget: b,
+                evidence_recall: mean(&a.recall),
+                all_evidence_kept: mean(&a.all),
+                reduction_ratio: mean(&a.ratio),
+                r_theorem1: mean(&a.r1),
+                p50_ms: pct(&mut a.ms, 0.5),
+                p95_ms: pct(&mut a.ms, 0.95),
+                cache_hit_rate: (*m == "scd").then(|| h as f64 / (h + mi_).max(1) as f64),
+            });
+        }
+    }
+    println!("{} examples of {} with {model_id}", examples.len(), args.dataset);
+    println!(
+        "{:<8} {:>6} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6}",
+        "method", "budget", "recall", "all_kept", "reduction", "R", "p50_ms", "p95_ms", "cache"
+    );
+    for r in &rows {
+        println!(
+            "{:<8} {:>6.2} {:>8.3} {:>8.3} {:>9.2} {:>7.2} {:>8.1} {:>8.1} {:>6}",
+            r.method,
+            r.budget,
+            r.evidence_recall,
+            r.all_evidence_kept,
+            r.reduction_ratio,
+            r.r_theorem1,
+            r.p50_ms,
+            r.p95_ms,
+            r.cache_hit_rate.map(|h| format!("{h:.2}")).unwrap_or_default()
+        );
+    }
+    let report =
+        serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(), "results": rows});
+    std::fs::write(&args.report, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("--report {}", args.report.display()))?;
+    std::fs::write(&args.plot, svg(&rows, &args.dataset)).with_context(|| format!("--plot {}", args.plot.display()))?;
+    eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
+    Ok(())
+}
+
+/// Recall (y) vs reduction ratio (x), one line per method.
+fn svg(rows: &[Row], dataset: &str) -> String {
+    let (w, h, pad) = (640.0, 420.0, 50.0);
+    let xmax = rows.iter().map(|r| r.reduction_ratio).fold(1.0f32, f32::max).ceil().max(2.0);
+    let x = |v: f32| pad + (v - 1.0).max(0.0) / (xmax - 1.0) * (w - 2.0 * pad);
+    let y = |v: f32| h - pad - v * (h - 2.0 * pad);
+    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f"];
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='20' text-anchor='middle' font-size='14'>{dataset}: evidence recall vs token reduction</text>\n",
+        w / 2.0
+    );
+    s += &format!("<line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='black'/><line x1='{pad}' y1='{pad}' x2='{pad}' y2='{}' stroke='black'/>\n", h - pad, w - pad, h - pad, h - pad);
+    for i in 0..=5 {
+        let v = i as f32 / 5.0;
+        s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.1}</text><line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='#eee'/>\n", pad - 6.0, y(v) + 4.0, y(v), w - pad, y(v));
+    }
+    for i in 1..=(xmax as usize) {
+        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{i}x</text>\n", x(i as f32), h - pad + 18.0);
+    }
+    s += &format!(
+        "<text x='{}' y='{}' text-anchor='middle'>reduction ratio (context tokens / sent tokens)</text>\n",
+        w / 2.0,
+        h - 10.0
+    );
+    s += &format!(
+        "<text x='14' y='{}' transform='rotate(-90 14 {})' text-anchor='middle'>evidence recall</text>\n",
+        h / 2.0,
+        h / 2.0
+    );
+    let mut methods: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
+    methods.dedup();
+    for (mi, m) in methods.iter().enumerate() {
+        let c = colors[mi % colors.len()];
+        let mut pts: Vec<&Row> = rows.iter().filter(|r| r.method == *m).collect();
+        pts.sort_by(|a, b| a.reduction_ratio.total_cmp(&b.reduction_ratio));
+        let path: Vec<String> =
+            pts.iter().map(|r| format!("{:.1},{:.1}", x(r.reduction_ratio), y(r.evidence_recall))).collect();
+        s += &format!("<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n", path.join(" "));
+        for r in &pts {
+            s += &format!(
+                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>\n",
+                x(r.reduction_ratio),
+                y(r.evidence_recall)
+            );
+        }
+        s += &format!(
+            "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{m}</text>\n",
+            w - pad - 70.0,
+            pad + 16.0 * mi as f32,
+            w - pad - 55.0,
+            pad + 9.0 + 16.0 * mi as f32
+        );
+    }
+    s + "</svg>\n"
+}
