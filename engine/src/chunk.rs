@@ -482,7 +482,7 @@ mod tests {
     #[test]
     fn prose_groups_up_to_target() {
         let f = field(FieldKind::Prose, "One a. Two b. Three c. Four d.");
-        let c = chunk_field(&f, ChunkConfig { target_bytes: 14 });
+        let c = chunk_field(&f, ChunkConfig { target_bytes: 18 });
         assert_eq!(c.len(), 2);
     }
 

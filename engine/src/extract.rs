@@ -201,6 +201,10 @@ struct Prepared {
     confidential: bool,
     embedding: Arc<[f32]>,
     embed_text: String,
+    /// Names this chunk defines (functions, tables, JSON keys): link targets.
+    defines: Vec<String>,
+    /// Prose fields are documents whose name (title) is a link target.
+    titled: bool,
 }
 
 struct Session {
@@ -317,6 +321,8 @@ impl Scd {
                     lead: c.lead,
                     confidential: f.confidential,
                     embedding: Arc::from(Vec::new()),
+                    defines: c.defines.iter().map(|d| mention_key(d)).collect(),
+                    titled: f.kind == crate::context::FieldKind::Prose,
                 });
             }
         }
@@ -337,33 +343,39 @@ impl Scd {
         let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>()).scores(query);
         let (zd, zl) = (zscores(&dense), zscores(&bm25));
         let mut s: Vec<f32> = zd.iter().zip(&zl).map(|(d, l)| d + self.cfg.lexical_weight * l).collect();
-        // a field's best chunk lifts the rest of the field (pronouns, context)
-        let mut best: HashMap<usize, f32> = HashMap::new();
+        // a group's best chunk lifts the rest of its group (a paragraph's
+        // pronoun sentences, a question's answer, a table's columns)
+        let mut best: HashMap<(usize, usize), f32> = HashMap::new();
         for (c, &v) in chunks.iter().zip(&s) {
-            let e = best.entry(c.field).or_insert(f32::MIN);
+            let e = best.entry(c.group).or_insert(f32::MIN);
             *e = e.max(v);
         }
         for (c, v) in chunks.iter().zip(s.iter_mut()) {
-            *v += self.cfg.field_weight * best[&c.field];
+            *v += self.cfg.field_weight * best[&c.group];
         }
-        // links: fields named by the query or by the top chunks (bridge facts)
+        // links: documents (prose fields) named by the query or by the top
+        // chunks (bridge facts), and chunks defining a name they mention (a
+        // function in a log line, a table in a question)
         let mut order: Vec<usize> = (0..chunks.len()).collect();
         order.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
-        let mut sources = vec![query.to_lowercase()];
-        sources.extend(order.iter().take(self.cfg.link_sources).map(|&i| chunks[i].text.to_lowercase()));
-        let top_fields: HashSet<usize> = order.iter().take(self.cfg.link_sources).map(|&i| chunks[i].field).collect();
-        let linked: HashSet<usize> = field_names
+        let top: Vec<usize> = order.iter().take(self.cfg.link_sources).copied().collect();
+        let query_lower = query.to_lowercase();
+        let top_text: Vec<(usize, String)> =
+            top.iter().map(|&i| (chunks[i].field, chunks[i].text.to_lowercase())).collect();
+        let named_by = |key: &str, own_field: usize| {
+            mentions(&query_lower, key) || top_text.iter().any(|(f, t)| *f != own_field && mentions(t, key))
+        };
+        let linked_fields: HashSet<usize> = field_names
             .iter()
             .enumerate()
-            .filter(|(fi, name)| {
-                let key = mention_key(name);
-                sources.iter().enumerate().any(|(si, src)| (si == 0 || !top_fields.contains(fi)) && mentions(src, &key))
-            })
+            .filter(|(fi, name)| chunks.iter().any(|c| c.field == *fi && c.titled) && named_by(&mention_key(name), *fi))
             .map(|(fi, _)| fi)
             .collect();
         for (c, v) in chunks.iter().zip(s.iter_mut()) {
-            if linked.contains(&c.field) {
+            if linked_fields.contains(&c.field) {
                 *v += self.cfg.link_weight * if c.lead { 1.5 } else { 1.0 };
+            } else if c.defines.iter().any(|d| named_by(d, c.field)) {
+                *v += self.cfg.link_weight * 1.5;
             }
         }
         s

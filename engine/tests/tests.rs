@@ -245,3 +245,247 @@ fn cuda_without_feature_or_gpu_is_an_error_not_a_fallback() {
     let err = OrtEncoder::load(&dir, &cfg).unwrap_err();
     assert!(matches!(err, Error::ProviderUnavailable { provider: "cuda", .. }), "{err}");
 }
+
+// ---------------------------------------------------------------------------
+// extraction (paper §6): budgets, required/optional, confidentiality,
+// sessions, cache
+// ---------------------------------------------------------------------------
+
+mod extraction {
+    use std::sync::Arc;
+
+    use rand::{Rng, SeedableRng};
+    use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
+    use scd_engine::encoder::{Encoder, HashEncoder};
+    use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig};
+    use scd_engine::Error;
+    use serde_json::Value;
+
+    use super::root;
+
+    fn fixture() -> (Context, Value) {
+        let ctx = serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap())
+            .unwrap();
+        let gold =
+            serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context_gold.json")).unwrap())
+                .unwrap();
+        (ctx, gold)
+    }
+
+    fn hash_scd() -> Scd {
+        Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig::default())
+    }
+
+    fn req(task: &str, context: Context, budget: usize) -> CompressRequest {
+        CompressRequest {
+            task: Task::new(task),
+            context,
+            requirement: ContextRequirement::with_budget(budget),
+            session_id: None,
+        }
+    }
+
+    #[test]
+    fn budget_is_never_exceeded_on_random_contexts() {
+        let scd = hash_scd();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        let words = ["agent", "budget", "error", "pool", "charge", "user", "table", "log", "the", "retry", "timeout"];
+        let kinds =
+            [FieldKind::Prose, FieldKind::Code, FieldKind::Log, FieldKind::Chat, FieldKind::Table, FieldKind::Json];
+        for case in 0..60 {
+            let fields = (0..rng.random_range(1..5))
+                .map(|f| {
+                    let kind = kinds[rng.random_range(0..kinds.len())];
+                    let lines: Vec<String> = (0..rng.random_range(1..12))
+                        .map(|_| {
+                            let n = rng.random_range(1..14);
+                            let s: Vec<&str> = (0..n).map(|_| words[rng.random_range(0..words.len())]).collect();
+                            format!("{}.", s.join(" "))
+                        })
+                        .collect();
+                    Field { name: format!("f{f}"), kind, content: lines.join("\n"), confidential: rng.random_bool(0.2) }
+                })
+                .collect();
+            let budget = rng.random_range(1..120);
+            let out = scd.compress(&req("why did the charge time out", Context { fields }, budget)).unwrap();
+            assert!(out.totals.sent_tokens <= budget, "case {case}: {} > {budget}", out.totals.sent_tokens);
+            assert_eq!(out.totals.sent_tokens, out.chunks.iter().map(|c| c.tokens).sum::<usize>());
+            let mut ids: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
+            ids.dedup();
+            assert_eq!(ids.len(), out.chunks.len(), "no chunk twice");
+        }
+    }
+
+    #[test]
+    fn confidential_fields_never_leave() {
+        let (ctx, gold) = fixture();
+        let marker = gold["confidential_marker"].as_str().unwrap();
+        let scd = hash_scd();
+        let out = scd.compress(&req("what is the payment gateway key", ctx.clone(), 10_000)).unwrap();
+        let json = serde_json::to_string(&(&out.chunks, &out.dropped, &out.warnings)).unwrap();
+        assert!(!json.contains(marker) && !json.contains("api_keys"), "confidential text or field leaked");
+        let mut r = req("x", ctx.clone(), 1000);
+        r.requirement.required_fields = vec!["api_keys".into()];
+        let err = scd.compress(&r).unwrap_err().to_string();
+        assert!(!err.contains(marker), "{err}");
+        // not even through an adaptive request naming its chunk id
+        let mut r = req("payment key", ctx, 50);
+        r.session_id = Some("s-conf".into());
+        scd.compress(&r).unwrap();
+        let more = scd.request_more(&ContextRequest {
+            session_id: "s-conf".into(),
+            specific_question: "what is the gateway key".into(),
+            current_confidence: 0.1,
+            ..Default::default()
+        });
+        let text = format!("{more:?}");
+        assert!(!text.contains(marker));
+        let err = scd.request_more(&ContextRequest {
+            session_id: "s-conf".into(),
+            specific_question: "key".into(),
+            current_confidence: 0.1,
+            chunk_ids: vec!["api_keys#0".into()],
+            ..Default::default()
+        });
+        assert!(matches!(err, Err(Error::InvalidArgument { .. })));
+    }
+
+    #[test]
+    fn required_fields_come_first_and_must_fit() {
+        let (ctx, _) = fixture();
+        let scd = hash_scd();
+        let mut r = req("why do charges fail", ctx.clone(), 1000);
+        r.requirement.required_fields = vec!["db_schema".into()];
+        r.requirement.optional_fields = vec!["error_logs".into()];
+        let out = scd.compress(&r).unwrap();
+        let schema_chunks = out.chunks.iter().filter(|c| c.field == "db_schema").count();
+        assert_eq!(schema_chunks, 3, "required field sent whole");
+        assert!(out.chunks.iter().all(|c| c.field == "db_schema" || c.field == "error_logs"), "only requested fields");
+        r.requirement.max_context_tokens = 5;
+        match scd.compress(&r).unwrap_err() {
+            Error::BudgetTooSmall { needed, budget } => {
+                assert_eq!(budget, 5);
+                assert!(needed > 5);
+            }
+            other => panic!("expected BudgetTooSmall, got {other}"),
+        }
+        r.requirement.required_fields = vec!["nope".into()];
+        let err = scd.compress(&r).unwrap_err().to_string();
+        assert_eq!(err, "required_fields: unknown field \"nope\"");
+        r.requirement.required_fields = vec![];
+        r.requirement.max_context_tokens = 0;
+        assert_eq!(scd.compress(&r).unwrap_err().to_string(), "max_context_tokens: must be at least 1");
+        r.requirement.max_context_tokens = 10;
+        r.requirement.relevance_threshold = Some(f32::NAN);
+        assert!(scd
+            .compress(&r)
+            .unwrap_err()
+            .to_string()
+            .starts_with("relevance_threshold: must be a cosine in [-1, 1]"));
+    }
+
+    #[test]
+    fn adaptive_requests_never_resend_and_respect_confidence() {
+        let (ctx, _) = fixture();
+        let scd = hash_scd();
+        let mut r = req("why do charges fail at checkout", ctx, 40);
+        r.session_id = Some("task-1".into());
+        let first = scd.compress(&r).unwrap();
+        let mut seen: std::collections::HashSet<String> = first.chunks.iter().map(|c| c.id.clone()).collect();
+        let confident = scd
+            .request_more(&ContextRequest {
+                session_id: "task-1".into(),
+                specific_question: "which table".into(),
+                current_confidence: 0.9,
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(confident.chunks.is_empty() && confident.reason.unwrap().contains("threshold"));
+        let mut remaining = 40 - first.totals.sent_tokens;
+        for q in ["which table stores charges", "what code acquires the connection", "what did the user report"] {
+            let more = scd
+                .request_more(&ContextRequest {
+                    session_id: "task-1".into(),
+                    specific_question: q.into(),
+                    current_confidence: 0.3,
+                    ..Default::default()
+                })
+                .unwrap();
+            let used: usize = more.chunks.iter().map(|c| c.tokens).sum();
+            assert!(used <= remaining);
+            remaining -= used;
+            assert_eq!(more.remaining_tokens, remaining);
+            for c in more.chunks {
+                assert!(seen.insert(c.id.clone()), "chunk {} resent", c.id);
+            }
+        }
+        let unknown = scd.request_more(&ContextRequest {
+            session_id: "nope".into(),
+            specific_question: "x".into(),
+            current_confidence: 0.1,
+            ..Default::default()
+        });
+        assert!(matches!(unknown, Err(Error::UnknownSession { .. })));
+    }
+
+    #[test]
+    fn sessions_expire() {
+        let (ctx, _) = fixture();
+        let cfg = ScdConfig { session_ttl: std::time::Duration::from_millis(50), ..ScdConfig::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
+        let mut r = req("charges", ctx, 30);
+        r.session_id = Some("short".into());
+        scd.compress(&r).unwrap();
+        assert_eq!(scd.session_count(), 1);
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        let err = scd.request_more(&ContextRequest {
+            session_id: "short".into(),
+            specific_question: "x".into(),
+            current_confidence: 0.1,
+            ..Default::default()
+        });
+        assert!(matches!(err, Err(Error::UnknownSession { .. })));
+        assert_eq!(scd.session_count(), 0);
+    }
+
+    #[test]
+    fn grown_context_embeds_only_new_chunks() {
+        let (mut ctx, _) = fixture();
+        let scd = hash_scd();
+        scd.compress(&req("charges failing", ctx.clone(), 50)).unwrap();
+        let before = scd.cache_stats();
+        let log = ctx.fields.iter_mut().find(|f| f.name == "error_logs").unwrap();
+        log.content.push_str("\n2026-11-30T00:14:00Z ERROR payments::db: pool exhausted again");
+        scd.compress(&req("charges failing", ctx, 50)).unwrap();
+        let after = scd.cache_stats();
+        assert_eq!(after.misses - before.misses, 1, "only the new log chunk is embedded");
+        assert!(after.hits - before.hits >= 10, "{before:?} -> {after:?}");
+    }
+
+    #[test]
+    fn real_model_finds_the_evidence_in_the_fixture() {
+        let Some((enc, _)) = super::e5() else { return };
+        // a second encoder instance is not needed: wrap a fresh load through the same runtime
+        let dir = super::model_dir("e5-small").unwrap();
+        let mut cfg = scd_engine::encoder::OrtConfig::new(super::ort_lib());
+        cfg.intra_threads = 2;
+        let enc2 = scd_engine::encoder::OrtEncoder::load(&dir, &cfg).unwrap();
+        assert_eq!(enc2.model_id(), enc.model_id());
+        let scd = Scd::new(Arc::new(enc2), ScdConfig::default());
+        let (ctx, gold) = fixture();
+        let total: usize = ctx
+            .fields
+            .iter()
+            .filter(|f| !f.confidential)
+            .map(|f| scd.encoder().count_tokens(&f.content).unwrap())
+            .sum();
+        let budget = total * 55 / 100;
+        let out = scd.compress(&req(gold["task"].as_str().unwrap(), ctx, budget)).unwrap();
+        let sent: String = out.chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join("\n");
+        for g in gold["gold_substrings"].as_array().unwrap() {
+            assert!(sent.contains(g.as_str().unwrap()), "missing {g} in:\n{sent}");
+        }
+        assert!(out.totals.sent_tokens <= budget);
+        assert_eq!(out.task_embedding.len(), 384);
+    }
+}

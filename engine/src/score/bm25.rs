@@ -9,13 +9,26 @@ const STOP: &[&str] = &[
     "her", "him", "i", "you", "we", "our", "your",
 ];
 
-/// Lower-cased word terms without stop words.
+/// Lower-cased word terms without stop words, with plural and verb
+/// endings stripped (`charges`, `charged`, `charging` → `charg`).
 pub fn terms(text: &str) -> Vec<String> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
         .map(str::to_lowercase)
         .filter(|w| !STOP.contains(&w.as_str()))
+        .map(|w| stem(&w))
         .collect()
+}
+
+fn stem(w: &str) -> String {
+    for suffix in ["ing", "ies", "es", "ed", "s", "e"] {
+        if let Some(base) = w.strip_suffix(suffix) {
+            if base.chars().count() >= 3 {
+                return base.to_string();
+            }
+        }
+    }
+    w.to_string()
 }
 
 /// A BM25 index over a fixed set of documents.
