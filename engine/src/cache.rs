@@ -121,6 +121,12 @@ impl EmbeddingCache {
         }
     }
 
+    /// Counts `n` lookups answered by a higher-level cache (a prepared
+    /// context reused whole) as hits.
+    pub fn record_hits(&self, n: usize) {
+        self.hits.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// Counters and size.
     pub fn stats(&self) -> CacheStats {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());

@@ -31,6 +31,7 @@ use crate::cache::{CacheStats, EmbeddingCache};
 use crate::chunk::{chunk_field, ChunkConfig};
 use crate::context::{Context, ContextRequirement, Task};
 use crate::encoder::{EncodeOptions, Encoder, InputKind};
+use crate::index::{HnswIndex, HnswParams};
 use crate::score::{dot, zscores, Bm25};
 use crate::{Error, Result};
 
@@ -59,6 +60,15 @@ pub struct ScdConfig {
     pub session_ttl: Duration,
     /// Sessions held at once (oldest evicted).
     pub max_sessions: usize,
+    /// Prepared contexts (chunks, embeddings, BM25, HNSW) kept for reuse.
+    pub max_prepared_contexts: usize,
+    /// Contexts with at least this many chunks get an HNSW index; dense
+    /// scores are then computed exactly for its candidates only.
+    pub hnsw_min_chunks: usize,
+    /// Candidates taken from HNSW per query.
+    pub hnsw_candidates: usize,
+    /// HNSW parameters.
+    pub hnsw: HnswParams,
 }
 
 impl Default for ScdConfig {
@@ -75,6 +85,10 @@ impl Default for ScdConfig {
             confidence_threshold: 0.7,
             session_ttl: Duration::from_secs(1800),
             max_sessions: 10_000,
+            max_prepared_contexts: 32,
+            hnsw_min_chunks: 20_000,
+            hnsw_candidates: 1024,
+            hnsw: HnswParams::default(),
         }
     }
 }
@@ -207,9 +221,18 @@ struct Prepared {
     titled: bool,
 }
 
-struct Session {
-    field_names: Vec<String>,
+/// A context chunked, counted, embedded and indexed once, reused by every
+/// task asked of it.
+struct PreparedContext {
     chunks: Vec<Prepared>,
+    field_names: Vec<String>,
+    bm25: Bm25,
+    index: Option<HnswIndex>,
+    last_used: Mutex<Instant>,
+}
+
+struct Session {
+    context: Arc<PreparedContext>,
     sent: HashSet<usize>,
     remaining: usize,
     last_used: Instant,
@@ -220,6 +243,7 @@ pub struct Scd {
     encoder: Arc<dyn Encoder>,
     cache: EmbeddingCache,
     sessions: Mutex<HashMap<String, Session>>,
+    prepared: Mutex<HashMap<[u8; 32], Arc<PreparedContext>>>,
     cfg: ScdConfig,
 }
 
@@ -265,7 +289,13 @@ fn mentions(haystack_lower: &str, key: &str) -> bool {
 impl Scd {
     /// An engine over `encoder`.
     pub fn new(encoder: Arc<dyn Encoder>, cfg: ScdConfig) -> Self {
-        Self { cache: EmbeddingCache::new(cfg.cache_bytes), encoder, sessions: Mutex::new(HashMap::new()), cfg }
+        Self {
+            cache: EmbeddingCache::new(cfg.cache_bytes),
+            encoder,
+            sessions: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
+            cfg,
+        }
     }
 
     /// The encoder.
@@ -301,7 +331,53 @@ impl Scd {
         Ok(out.into_iter().map(|v| v.expect("filled")).collect())
     }
 
-    fn prepare(&self, ctx: &Context) -> Result<Vec<Prepared>> {
+    /// The prepared form of `ctx`, from the context cache when the same
+    /// context (names, kinds, contents, flags) was seen before.
+    fn prepare(&self, ctx: &Context) -> Result<Arc<PreparedContext>> {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.encoder.model_id().as_bytes());
+        for f in &ctx.fields {
+            h.update((f.name.len() as u64).to_le_bytes());
+            h.update(f.name.as_bytes());
+            h.update([f.kind as u8, u8::from(f.confidential)]);
+            h.update((f.content.len() as u64).to_le_bytes());
+            h.update(f.content.as_bytes());
+        }
+        let key: [u8; 32] = h.finalize().into();
+        if let Some(p) = self.prepared.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            *p.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            self.cache.record_hits(p.chunks.len());
+            return Ok(p.clone());
+        }
+        let chunks = self.prepare_chunks(ctx)?;
+        let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
+        let index = (chunks.len() >= self.cfg.hnsw_min_chunks)
+            .then(|| HnswIndex::build(&chunks.iter().map(|c| &*c.embedding).collect::<Vec<_>>(), self.cfg.hnsw));
+        let prepared = Arc::new(PreparedContext {
+            chunks,
+            field_names: ctx.fields.iter().map(|f| f.name.clone()).collect(),
+            bm25,
+            index,
+            last_used: Mutex::new(Instant::now()),
+        });
+        let mut cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= self.cfg.max_prepared_contexts {
+            let oldest = cache
+                .iter()
+                .min_by_key(|(_, p)| *p.last_used.lock().unwrap_or_else(|p| p.into_inner()))
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                cache.remove(&k);
+            }
+        }
+        if self.cfg.max_prepared_contexts > 0 {
+            cache.insert(key, prepared.clone());
+        }
+        Ok(prepared)
+    }
+
+    fn prepare_chunks(&self, ctx: &Context) -> Result<Vec<Prepared>> {
         let mut out = Vec::new();
         for (fi, f) in ctx.fields.iter().enumerate() {
             for (n, c) in chunk_field(f, self.cfg.chunk).into_iter().enumerate() {
@@ -335,12 +411,27 @@ impl Scd {
     }
 
     /// Fused, calibrated scores of every chunk for `query`, with links.
-    fn score(&self, chunks: &[Prepared], field_names: &[String], query_vec: &[f32], query: &str) -> Vec<f32> {
+    fn score(&self, ctx: &PreparedContext, query_vec: &[f32], query: &str) -> Vec<f32> {
+        let chunks = &ctx.chunks;
+        let field_names = &ctx.field_names;
         if chunks.is_empty() {
             return Vec::new();
         }
-        let dense: Vec<f32> = chunks.iter().map(|c| dot(query_vec, &c.embedding)).collect();
-        let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>()).scores(query);
+        let dense: Vec<f32> = match &ctx.index {
+            None => chunks.iter().map(|c| dot(query_vec, &c.embedding)).collect(),
+            Some(index) => {
+                // exact scores for the HNSW candidates; the rest sit just below them
+                let cand = index.search(query_vec, self.cfg.hnsw_candidates);
+                let mut d = vec![f32::NAN; chunks.len()];
+                for i in cand {
+                    d[i] = dot(query_vec, &chunks[i].embedding);
+                }
+                let floor = d.iter().copied().filter(|x| !x.is_nan()).fold(f32::INFINITY, f32::min) - 0.05;
+                d.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = floor);
+                d
+            }
+        };
+        let bm25 = ctx.bm25.scores(query);
         let (zd, zl) = (zscores(&dense), zscores(&bm25));
         let mut s: Vec<f32> = zd.iter().zip(&zl).map(|(d, l)| d + self.cfg.lexical_weight * l).collect();
         // a group's best chunk lifts the rest of its group (a paragraph's
@@ -400,15 +491,15 @@ impl Scd {
             }
         }
         let t0 = Instant::now();
-        let chunks = self.prepare(ctx)?;
+        let prepared = self.prepare(ctx)?;
+        let chunks = &prepared.chunks;
         let chunk_embed_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let task_text = req.task.text();
         let task_vec = self.embed_cached(&[task_text.as_str()], InputKind::Query)?.remove(0);
         let embed_ms = t1.elapsed().as_secs_f64() * 1e3;
         let t2 = Instant::now();
-        let field_names: Vec<String> = ctx.fields.iter().map(|f| f.name.clone()).collect();
-        let scores = self.score(&chunks, &field_names, &task_vec, &task_text);
+        let scores = self.score(&prepared, &task_vec, &task_text);
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
 
@@ -440,13 +531,13 @@ impl Scd {
             warnings.push("no chunk passed the relevance threshold".to_string());
         }
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        self.pack(&chunks, &order, budget, &mut selected, &mut used);
+        self.pack(chunks, &order, budget, &mut selected, &mut used);
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
         let out =
             self.assemble(ctx, &chunks, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
         if let Some(id) = &req.session_id {
-            self.store_session(id, &field_names, chunks, &selected, budget.saturating_sub(out.totals.sent_tokens))?;
+            self.store_session(id, prepared.clone(), &selected, budget.saturating_sub(out.totals.sent_tokens))?;
         }
         debug!(sent = out.totals.sent_tokens, ratio = out.totals.reduction_ratio, "compressed");
         Ok(out)
@@ -532,8 +623,7 @@ impl Scd {
     fn store_session(
         &self,
         id: &str,
-        names: &[String],
-        chunks: Vec<Prepared>,
+        context: Arc<PreparedContext>,
         selected: &[usize],
         remaining: usize,
     ) -> Result<()> {
@@ -550,13 +640,7 @@ impl Scd {
         }
         sessions.insert(
             id.to_string(),
-            Session {
-                field_names: names.to_vec(),
-                chunks,
-                sent: selected.iter().copied().collect(),
-                remaining,
-                last_used: Instant::now(),
-            },
+            Session { context, sent: selected.iter().copied().collect(), remaining, last_used: Instant::now() },
         );
         Ok(())
     }
@@ -597,12 +681,13 @@ impl Scd {
                 )),
             });
         }
-        let chunks = session.chunks.clone();
-        let names = session.field_names.clone();
+        let context = session.context.clone();
         drop(sessions);
+        let chunks = &context.chunks;
+        let names = &context.field_names;
         let query = format!("{} {}", req.specific_question, req.reasoning);
         let qvec = self.embed_cached(&[query.trim()], InputKind::Query)?.remove(0);
-        let scores = self.score(&chunks, &names, &qvec, &query);
+        let scores = self.score(&context, &qvec, &query);
 
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let session = sessions

@@ -31,6 +31,7 @@ pub mod encoder;
 mod error;
 pub mod eval;
 pub mod extract;
+pub mod index;
 pub mod score;
 
 pub use error::{Error, Result};
