@@ -217,8 +217,10 @@ struct Prepared {
     embed_text: String,
     /// Names this chunk defines (functions, tables, JSON keys): link targets.
     defines: Vec<String>,
-    /// Prose fields are documents whose name (title) is a link target.
-    titled: bool,
+    /// Lower-cased text, for mention matching.
+    lower: String,
+    /// Dropped-manifest stub.
+    stub: String,
 }
 
 /// A context chunked, counted, embedded and indexed once, reused by every
@@ -226,8 +228,12 @@ struct Prepared {
 struct PreparedContext {
     chunks: Vec<Prepared>,
     field_names: Vec<String>,
+    /// Per field: its title's mention key when it is a titled document.
+    field_keys: Vec<Option<String>>,
     bm25: Bm25,
     index: Option<HnswIndex>,
+    /// Per chunk, the chunks at least `redundancy_cosine` similar to it.
+    near_duplicates: Vec<Vec<u32>>,
     last_used: Mutex<Instant>,
 }
 
@@ -354,9 +360,16 @@ impl Scd {
         let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
         let index = (chunks.len() >= self.cfg.hnsw_min_chunks)
             .then(|| HnswIndex::build(&chunks.iter().map(|c| &*c.embedding).collect::<Vec<_>>(), self.cfg.hnsw));
+        let near_duplicates = self.near_duplicates(&chunks, index.as_ref());
         let prepared = Arc::new(PreparedContext {
+            near_duplicates,
             chunks,
             field_names: ctx.fields.iter().map(|f| f.name.clone()).collect(),
+            field_keys: ctx
+                .fields
+                .iter()
+                .map(|f| (f.kind == crate::context::FieldKind::Prose).then(|| mention_key(&f.name)))
+                .collect(),
             bm25,
             index,
             last_used: Mutex::new(Instant::now()),
@@ -375,6 +388,24 @@ impl Scd {
             cache.insert(key, prepared.clone());
         }
         Ok(prepared)
+    }
+
+    /// Pairs of near-duplicate chunks, found once per context: exactly below
+    /// the HNSW threshold, among each chunk's 16 nearest neighbours above it.
+    fn near_duplicates(&self, chunks: &[Prepared], index: Option<&HnswIndex>) -> Vec<Vec<u32>> {
+        use rayon::prelude::*;
+        let t = self.cfg.redundancy_cosine;
+        (0..chunks.len())
+            .into_par_iter()
+            .map(|i| {
+                let e = &chunks[i].embedding;
+                let close = |&j: &usize| j != i && dot(e, &chunks[j].embedding) >= t;
+                match index {
+                    Some(idx) => idx.search(e, 16).into_iter().filter(close).map(|j| j as u32).collect(),
+                    None => (0..chunks.len()).filter(close).map(|j| j as u32).collect(),
+                }
+            })
+            .collect()
     }
 
     fn prepare_chunks(&self, ctx: &Context) -> Result<Vec<Prepared>> {
@@ -398,7 +429,8 @@ impl Scd {
                     confidential: f.confidential,
                     embedding: Arc::from(Vec::new()),
                     defines: c.defines.iter().map(|d| mention_key(d)).collect(),
-                    titled: f.kind == crate::context::FieldKind::Prose,
+                    lower: f.content[c.start..c.end].to_lowercase(),
+                    stub: stub(&f.content[c.start..c.end]),
                 });
             }
         }
@@ -413,7 +445,6 @@ impl Scd {
     /// Fused, calibrated scores of every chunk for `query`, with links.
     fn score(&self, ctx: &PreparedContext, query_vec: &[f32], query: &str) -> Vec<f32> {
         let chunks = &ctx.chunks;
-        let field_names = &ctx.field_names;
         if chunks.is_empty() {
             return Vec::new();
         }
@@ -451,15 +482,15 @@ impl Scd {
         order.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
         let top: Vec<usize> = order.iter().take(self.cfg.link_sources).copied().collect();
         let query_lower = query.to_lowercase();
-        let top_text: Vec<(usize, String)> =
-            top.iter().map(|&i| (chunks[i].field, chunks[i].text.to_lowercase())).collect();
+        let top_text: Vec<(usize, &str)> = top.iter().map(|&i| (chunks[i].field, chunks[i].lower.as_str())).collect();
         let named_by = |key: &str, own_field: usize| {
             mentions(&query_lower, key) || top_text.iter().any(|(f, t)| *f != own_field && mentions(t, key))
         };
-        let linked_fields: HashSet<usize> = field_names
+        let linked_fields: HashSet<usize> = ctx
+            .field_keys
             .iter()
             .enumerate()
-            .filter(|(fi, name)| chunks.iter().any(|c| c.field == *fi && c.titled) && named_by(&mention_key(name), *fi))
+            .filter(|(fi, key)| key.as_deref().is_some_and(|k| named_by(k, *fi)))
             .map(|(fi, _)| fi)
             .collect();
         for (c, v) in chunks.iter().zip(s.iter_mut()) {
@@ -531,7 +562,7 @@ impl Scd {
             warnings.push("no chunk passed the relevance threshold".to_string());
         }
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        self.pack(chunks, &order, budget, &mut selected, &mut used);
+        self.pack(&prepared, &order, budget, &mut selected, &mut used);
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
         let out =
@@ -544,7 +575,8 @@ impl Scd {
     }
 
     /// Greedy packing by score with redundancy suppression and group closure.
-    fn pack(&self, chunks: &[Prepared], order: &[usize], budget: usize, selected: &mut Vec<usize>, used: &mut usize) {
+    fn pack(&self, ctx: &PreparedContext, order: &[usize], budget: usize, selected: &mut Vec<usize>, used: &mut usize) {
+        let chunks = &ctx.chunks;
         let mut chosen: HashSet<usize> = selected.iter().copied().collect();
         let leads: HashMap<(usize, usize), usize> =
             chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
@@ -552,8 +584,7 @@ impl Scd {
             if chosen.contains(&i) || *used + chunks[i].tokens > budget {
                 continue;
             }
-            let redundant =
-                chosen.iter().any(|&j| dot(&chunks[i].embedding, &chunks[j].embedding) >= self.cfg.redundancy_cosine);
+            let redundant = ctx.near_duplicates[i].iter().any(|&j| chosen.contains(&(j as usize)));
             if redundant {
                 continue;
             }
@@ -601,7 +632,7 @@ impl Scd {
             .map(|i| DroppedChunk {
                 field: ctx.fields[chunks[i].field].name.clone(),
                 id: chunks[i].id.clone(),
-                stub: stub(&chunks[i].text),
+                stub: chunks[i].stub.clone(),
                 tokens: chunks[i].tokens,
             })
             .collect();

@@ -1,49 +1,80 @@
-//! `scd demo`: embed a sample agent context and rank it against a task.
+//! `scd demo`: compress the sample agent context in `fixtures/` for a task,
+//! then ask for more context the way a receiver does mid-task.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
+use anyhow::Context as _;
+use scd_engine::context::{Context, ContextRequirement, Task};
+use scd_engine::encoder::Encoder;
+use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig};
 
 use crate::config::ModelArgs;
 
 /// Arguments of `scd demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// The task to rank the sample context against.
-    #[arg(long, default_value = "Why did the payment service fail to charge customers?")]
+    /// The task handed to the receiver.
+    #[arg(long, default_value = "Why are customer charges failing at checkout, and which code path and table are involved?")]
     task: String,
+    /// The sender's context.
+    #[arg(long, default_value = "fixtures/agent_context.json")]
+    context: PathBuf,
+    /// Receiver budget as a share of the context's tokens.
+    #[arg(long, default_value_t = 0.6)]
+    share: f32,
+    /// Send only chunks scoring at least this many standard deviations above
+    /// the context's mean (the rest of the budget stays for later requests).
+    #[arg(long, default_value_t = 0.0)]
+    min_relative_score: f32,
 }
-
-const SAMPLE: &[&str] = &[
-    "2026-11-30T00:12:03Z ERROR payments::db: connection pool exhausted (max=32) while charging order 8812",
-    "The marketing team moved the weekly sync to Thursday afternoon.",
-    "CREATE TABLE charges (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, amount_cents INT NOT NULL);",
-    "fn charge(order: &Order) -> Result<Receipt> { let conn = pool.get()?; conn.execute(INSERT_CHARGE, order) }",
-    "Our office plants are watered every Monday by the facilities team.",
-    "User: the checkout page spins forever. Agent: the payment service is timing out on database connections.",
-];
 
 /// Runs `scd demo`.
 pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.share > 0.0 && args.share <= 1.0, "--share: must be in (0, 1], got {}", args.share);
+    let raw = std::fs::read_to_string(&args.context).with_context(|| format!("--context {}", args.context.display()))?;
+    let context: Context = serde_json::from_str(&raw).context("--context: not a context JSON")?;
     let t0 = Instant::now();
-    let encoder = model.load_encoder()?;
-    let load_ms = t0.elapsed().as_millis();
-    let t1 = Instant::now();
-    let task = encoder.encode(&[args.task.as_str()], &EncodeOptions::new(InputKind::Query))?;
-    let ctx = encoder.encode(SAMPLE, &EncodeOptions::new(InputKind::Passage))?;
-    let embed_ms = t1.elapsed().as_millis();
-    let mut ranked: Vec<(f32, usize)> =
-        (0..ctx.len()).map(|i| (task.row(0).iter().zip(ctx.row(i)).map(|(a, b)| a * b).sum::<f32>(), i)).collect();
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    println!(
-        "model {} on {} (dim {}), loaded in {load_ms} ms, embedded in {embed_ms} ms",
-        encoder.model_id(),
-        encoder.provider(),
-        encoder.dim()
-    );
-    println!("task: {}\n", args.task);
-    for (score, i) in ranked {
-        println!("{score:.4}  {}", SAMPLE[i]);
+    let encoder = Arc::new(model.load_encoder()?);
+    println!("model {} on {} (dim {}), loaded in {} ms", encoder.model_id(), encoder.provider(), encoder.dim(), t0.elapsed().as_millis());
+    let scd = Scd::new(encoder.clone(), ScdConfig::default());
+    let total: usize = context.fields.iter().filter(|f| !f.confidential).map(|f| encoder.count_tokens(&f.content)).sum::<Result<_, _>>()?;
+    let budget = ((total as f32 * args.share) as usize).max(1);
+    let out = scd.compress(&CompressRequest {
+        task: Task::new(args.task.clone()),
+        context,
+        requirement: ContextRequirement {
+            min_relative_score: Some(args.min_relative_score),
+            ..ContextRequirement::with_budget(budget)
+        },
+        session_id: Some("demo".into()),
+    })?;
+    println!("task: {}\nbudget: {budget} of {total} tokens\n", args.task);
+    for c in &out.chunks {
+        println!("[{}] (score {:.2}, {} tokens)\n{}\n", c.id, c.score, c.tokens, c.text);
     }
+    println!(
+        "sent {} of {} tokens: {:.2}x reduction (R = {:.2}); {} chunks dropped, listed by id for later requests; {:.0} ms",
+        out.totals.sent_tokens,
+        out.totals.context_tokens,
+        out.totals.reduction_ratio,
+        out.totals.r_theorem1,
+        out.dropped.len(),
+        out.timings.prepare_ms + out.timings.task_embed_ms + out.timings.select_ms
+    );
+    let question = "What else happened in the logs after the error?";
+    let more = scd.request_more(&ContextRequest {
+        session_id: "demo".into(),
+        specific_question: question.into(),
+        current_confidence: 0.4,
+        reasoning: "need to know whether the failure persisted".into(),
+        chunk_ids: vec![],
+    })?;
+    println!("\nreceiver asks (confidence 0.4): {question}");
+    for c in &more.chunks {
+        println!("[{}] {}", c.id, c.text);
+    }
+    println!("{} new chunks, {} tokens of budget left{}", more.chunks.len(), more.remaining_tokens, more.reason.map(|r| format!(" ({r})")).unwrap_or_default());
     Ok(())
 }

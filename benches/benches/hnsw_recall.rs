@@ -1,0 +1,85 @@
+//! HNSW vs brute force on real e5-small embeddings (HotpotQA sentences,
+//! questions as queries): recall@10 at the default parameters and the query
+//! time of both at growing sizes, in the same run → crossover. Sizes beyond
+//! the real sentences (marked `aug`) add noisy copies of real embeddings
+//! (each real vector plus Gaussian noise of norm ~0.35, renormalized).
+//!
+//! Run: `cargo bench -p scd-benches --bench hnsw_recall`
+
+use std::time::Instant;
+
+use scd_benches::{hotpot_paragraphs, load_model};
+use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
+use scd_engine::index::{brute_force, recall_at_k, HnswIndex, HnswParams};
+
+fn main() {
+    let Some((paras, questions)) = hotpot_paragraphs() else {
+        eprintln!("skipping: ../shared/evaldata/hotpotqa absent");
+        return;
+    };
+    let Some(encoder) = load_model("e5-small") else { return };
+    let n_max: usize = std::env::var("SCD_BENCH_VECTORS").ok().and_then(|v| v.parse().ok()).unwrap_or(8000);
+    let mut sentences: Vec<String> = Vec::new();
+    for (title, body) in &paras {
+        for s in body.split(". ") {
+            if sentences.len() < n_max && s.len() > 20 {
+                sentences.push(format!("{title}: {s}"));
+            }
+        }
+    }
+    let t = Instant::now();
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let emb = encoder.encode(&refs, &EncodeOptions::new(InputKind::Passage).with_windows()).unwrap();
+    let qs: Vec<&str> = questions.iter().take(100).map(String::as_str).collect();
+    let q = encoder.encode(&qs, &EncodeOptions::new(InputKind::Query)).unwrap();
+    eprintln!("embedded {} sentences and {} questions in {:.0}s", emb.len(), q.len(), t.elapsed().as_secs_f64());
+    let real = emb.len();
+    let target: usize = std::env::var("SCD_BENCH_AUGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(65_536);
+    let mut all: Vec<Vec<f32>> = (0..real).map(|i| emb.row(i).to_vec()).collect();
+    let mut state = 0x853c49e6748fea9bu64;
+    let mut gauss = || {
+        // Box-Muller from a xorshift stream
+        let mut u = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32
+    };
+    while all.len() < target {
+        let base = &all[all.len() % real];
+        let scale = 0.35 / (base.len() as f32).sqrt();
+        let mut v: Vec<f32> = base.iter().map(|x| x + scale * gauss()).collect();
+        scd_engine::encoder::l2_normalize(&mut v);
+        all.push(v);
+    }
+    let params = HnswParams::default();
+    println!("params: M={} ef_construction={} ef_search={}", params.max_connections, params.ef_construction, params.ef_search);
+    println!("{:>7} {:>10} {:>12} {:>12} {:>10} data", "n", "recall@10", "brute_us", "hnsw_us", "build_ms");
+    let mut n = 1000;
+    loop {
+        let n_now = n.min(all.len());
+        let vecs: Vec<&[f32]> = all[..n_now].iter().map(Vec::as_slice).collect();
+        let t = Instant::now();
+        let idx = HnswIndex::build(&vecs, params);
+        let build_ms = t.elapsed().as_secs_f64() * 1e3;
+        let (mut rec, mut bt, mut ht) = (0.0, 0.0, 0.0);
+        for i in 0..q.len() {
+            let t = Instant::now();
+            let exact = brute_force(&vecs, q.row(i), 10);
+            bt += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let approx = idx.search(q.row(i), 10);
+            ht += t.elapsed().as_secs_f64();
+            rec += f64::from(recall_at_k(&approx, &exact));
+        }
+        let m = q.len() as f64;
+        let data = if n_now <= real { "real" } else { "aug" };
+        println!("{n_now:>7} {:>10.4} {:>12.1} {:>12.1} {:>10.0} {data}", rec / m, bt / m * 1e6, ht / m * 1e6, build_ms);
+        if n_now == all.len() {
+            break;
+        }
+        n *= 2;
+    }
+}
