@@ -55,7 +55,10 @@ fn main() {
         all.push(v);
     }
     let params = HnswParams::default();
-    println!("params: M={} ef_construction={} ef_search={}", params.max_connections, params.ef_construction, params.ef_search);
+    println!(
+        "params: M={} ef_construction={} ef_search={}",
+        params.max_connections, params.ef_construction, params.ef_search
+    );
     println!("{:>7} {:>10} {:>12} {:>12} {:>10} data", "n", "recall@10", "brute_us", "hnsw_us", "build_ms");
     let mut n = 1000;
     loop {
@@ -76,7 +79,13 @@ fn main() {
         }
         let m = q.len() as f64;
         let data = if n_now <= real { "real" } else { "aug" };
-        println!("{n_now:>7} {:>10.4} {:>12.1} {:>12.1} {:>10.0} {data}", rec / m, bt / m * 1e6, ht / m * 1e6, build_ms);
+        println!(
+            "{n_now:>7} {:>10.4} {:>12.1} {:>12.1} {:>10.0} {data}",
+            rec / m,
+            bt / m * 1e6,
+            ht / m * 1e6,
+            build_ms
+        );
         if n_now == all.len() {
             break;
         }

@@ -53,8 +53,11 @@ fn main() {
     let cold_s = t.elapsed().as_secs_f64();
     // baseline in the same run: encode exactly the chunk texts SCD embedded
     let chunk_texts: Vec<String> = {
-        let probe = Scd::new(encoder.clone(), ScdConfig { cache_bytes: 0, max_prepared_contexts: 0, ..ScdConfig::default() });
-        let all = probe.compress(&CompressRequest { requirement: ContextRequirement::with_budget(tokens * 2), ..req("x") }).unwrap();
+        let probe =
+            Scd::new(encoder.clone(), ScdConfig { cache_bytes: 0, max_prepared_contexts: 0, ..ScdConfig::default() });
+        let all = probe
+            .compress(&CompressRequest { requirement: ContextRequirement::with_budget(tokens * 2), ..req("x") })
+            .unwrap();
         all.chunks.iter().map(|c| format!("{}: {}", c.field, c.text)).collect()
     };
     let refs: Vec<&str> = chunk_texts.iter().map(String::as_str).collect();

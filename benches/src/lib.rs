@@ -30,9 +30,12 @@ pub fn load_model(name: &str) -> Option<OrtEncoder> {
     Some(OrtEncoder::load(&dir, &OrtConfig::new(ort_lib())).expect("model loads"))
 }
 
-/// HotpotQA (title, paragraph, question) triples from ../shared/evaldata, or
-/// None when the folder is absent.
-pub fn hotpot_paragraphs() -> Option<(Vec<(String, String)>, Vec<String>)> {
+/// Titled paragraphs (title, text).
+pub type Paragraphs = Vec<(String, String)>;
+
+/// HotpotQA paragraphs and questions from ../shared/evaldata, or None when
+/// the folder is absent.
+pub fn hotpot_paragraphs() -> Option<(Paragraphs, Vec<String>)> {
     let path = root().join("../shared/evaldata/hotpotqa/hotpot_hf_schema.jsonl");
     let text = std::fs::read_to_string(&path).ok()?;
     let mut paras = Vec::new();

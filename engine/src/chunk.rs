@@ -24,16 +24,10 @@ pub struct RawChunk {
 }
 
 /// Chunking parameters.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ChunkConfig {
     /// Prose sentences are grouped up to about this many bytes (0: one sentence per chunk).
     pub target_bytes: usize,
-}
-
-impl Default for ChunkConfig {
-    fn default() -> Self {
-        Self { target_bytes: 0 }
-    }
 }
 
 /// Splits a field into chunks according to its kind.

@@ -566,7 +566,7 @@ impl Scd {
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
         let out =
-            self.assemble(ctx, &chunks, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
+            self.assemble(ctx, chunks, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
         if let Some(id) = &req.session_id {
             self.store_session(id, prepared.clone(), &selected, budget.saturating_sub(out.totals.sent_tokens))?;
         }

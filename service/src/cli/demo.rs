@@ -16,7 +16,10 @@ use crate::config::ModelArgs;
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// The task handed to the receiver.
-    #[arg(long, default_value = "Why are customer charges failing at checkout, and which code path and table are involved?")]
+    #[arg(
+        long,
+        default_value = "Why are customer charges failing at checkout, and which code path and table are involved?"
+    )]
     task: String,
     /// The sender's context.
     #[arg(long, default_value = "fixtures/agent_context.json")]
@@ -33,13 +36,25 @@ pub struct DemoArgs {
 /// Runs `scd demo`.
 pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.share > 0.0 && args.share <= 1.0, "--share: must be in (0, 1], got {}", args.share);
-    let raw = std::fs::read_to_string(&args.context).with_context(|| format!("--context {}", args.context.display()))?;
+    let raw =
+        std::fs::read_to_string(&args.context).with_context(|| format!("--context {}", args.context.display()))?;
     let context: Context = serde_json::from_str(&raw).context("--context: not a context JSON")?;
     let t0 = Instant::now();
     let encoder = Arc::new(model.load_encoder()?);
-    println!("model {} on {} (dim {}), loaded in {} ms", encoder.model_id(), encoder.provider(), encoder.dim(), t0.elapsed().as_millis());
+    println!(
+        "model {} on {} (dim {}), loaded in {} ms",
+        encoder.model_id(),
+        encoder.provider(),
+        encoder.dim(),
+        t0.elapsed().as_millis()
+    );
     let scd = Scd::new(encoder.clone(), ScdConfig::default());
-    let total: usize = context.fields.iter().filter(|f| !f.confidential).map(|f| encoder.count_tokens(&f.content)).sum::<Result<_, _>>()?;
+    let total: usize = context
+        .fields
+        .iter()
+        .filter(|f| !f.confidential)
+        .map(|f| encoder.count_tokens(&f.content))
+        .sum::<Result<_, _>>()?;
     let budget = ((total as f32 * args.share) as usize).max(1);
     let out = scd.compress(&CompressRequest {
         task: Task::new(args.task.clone()),
@@ -75,6 +90,11 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
     for c in &more.chunks {
         println!("[{}] {}", c.id, c.text);
     }
-    println!("{} new chunks, {} tokens of budget left{}", more.chunks.len(), more.remaining_tokens, more.reason.map(|r| format!(" ({r})")).unwrap_or_default());
+    println!(
+        "{} new chunks, {} tokens of budget left{}",
+        more.chunks.len(),
+        more.remaining_tokens,
+        more.reason.map(|r| format!(" ({r})")).unwrap_or_default()
+    );
     Ok(())
 }
