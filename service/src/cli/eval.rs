@@ -78,12 +78,11 @@ fn mean(xs: &[f32]) -> f32 {
     }
 }
 
+/// Selected (field, byte span) pairs.
+type Selection = Vec<(usize, (usize, usize))>;
+
 /// Greedy fill in `order` under `budget`; returns selected sentence spans.
-fn fill(
-    order: &[usize],
-    units: &[(usize, (usize, usize), usize)],
-    budget: usize,
-) -> (Vec<(usize, (usize, usize))>, usize) {
+fn fill(order: &[usize], units: &[(usize, (usize, usize), usize)], budget: usize) -> (Selection, usize) {
     let mut used = 0;
     let mut sel = Vec::new();
     for &i in order {
@@ -182,7 +181,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             scd_hits[bi].0 += stats.hits - hits_before.hits;
             scd_hits[bi].1 += stats.misses - hits_before.misses;
             hits_before = stats;
-            let sel: Vec<(usize, (usize, usize))> = out
+            let sel: Selection = out
                 .chunks
                 .iter()
                 .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
