@@ -79,7 +79,7 @@ impl Default for ScdConfig {
             max_budget_tokens: 1 << 20,
             lexical_weight: 0.3,
             field_weight: 0.5,
-            link_weight: 0.8,
+            link_weight: 2.0,
             link_sources: 3,
             redundancy_cosine: 0.985,
             confidence_threshold: 0.7,

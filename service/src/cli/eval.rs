@@ -38,6 +38,21 @@ pub struct EvalArgs {
     /// SVG plot path (recall vs reduction per method).
     #[arg(long, default_value = "eval_plot.svg")]
     plot: PathBuf,
+    /// Only SCD, no baselines (faster while developing).
+    #[arg(long)]
+    scd_only: bool,
+    /// Override ScdConfig::lexical_weight.
+    #[arg(long)]
+    lexical_weight: Option<f32>,
+    /// Override ScdConfig::field_weight.
+    #[arg(long)]
+    field_weight: Option<f32>,
+    /// Override ScdConfig::link_weight.
+    #[arg(long)]
+    link_weight: Option<f32>,
+    /// Override ScdConfig::link_sources.
+    #[arg(long)]
+    link_sources: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -123,6 +138,22 @@ fn baselines(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
     Ok(Baselines { units, dense, bm25, total })
 }
 
+/// Sentence units and token totals only (no embeddings), for `--scd-only`.
+fn sentence_units(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
+    let mut units = Vec::new();
+    for (f, spans) in ex.sentences.iter().enumerate() {
+        for &(a, b) in spans {
+            let t = &ex.context.fields[f].content[a..b];
+            if !t.trim().is_empty() {
+                units.push((f, (a, b), enc.count_tokens(t)?));
+            }
+        }
+    }
+    let n = units.len();
+    let total = units.iter().map(|u| u.2).sum();
+    Ok(Baselines { units, dense: vec![0.0; n], bm25: vec![0.0; n], total })
+}
+
 fn ranked(scores: &[f32]) -> Vec<usize> {
     let mut o: Vec<usize> = (0..scores.len()).collect();
     o.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
@@ -141,8 +172,13 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     }
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();
-    let scd = Scd::new(encoder.clone(), ScdConfig::default());
-    let methods = ["scd", "dense", "bm25", "lead", "random"];
+    let mut cfg = ScdConfig::default();
+    cfg.lexical_weight = args.lexical_weight.unwrap_or(cfg.lexical_weight);
+    cfg.field_weight = args.field_weight.unwrap_or(cfg.field_weight);
+    cfg.link_weight = args.link_weight.unwrap_or(cfg.link_weight);
+    cfg.link_sources = args.link_sources.unwrap_or(cfg.link_sources);
+    let scd = Scd::new(encoder.clone(), cfg);
+    let methods: &[&str] = if args.scd_only { &["scd"] } else { &["scd", "dense", "bm25", "lead", "random"] };
     let mut acc: Vec<Vec<Acc>> =
         methods.iter().map(|_| args.budgets.iter().map(|_| Acc::default()).collect()).collect();
     let bar = ProgressBar::new(examples.len() as u64);
@@ -152,7 +188,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
     for ex in &examples {
         let t = Instant::now();
-        let base = baselines(&encoder, ex)?;
+        let base = if args.scd_only { sentence_units(&encoder, ex)? } else { baselines(&encoder, ex)? };
         let base_ms = t.elapsed().as_secs_f64() * 1e3;
         let dense_order = ranked(&base.dense);
         let bm25_order = ranked(&base.bm25);
@@ -194,6 +230,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             a.r1.push(out.totals.r_theorem1);
             a.ms.push(ms);
             for (mi, order) in [(1, &dense_order), (2, &bm25_order), (3, &lead_order), (4, &random_order)] {
+                if args.scd_only {
+                    break;
+                }
                 let (sel, used) = fill(order, &base.units, budget);
                 let (r, all) = evidence_recall(ex, &sel, dataset);
                 let a = &mut acc[mi][bi];
