@@ -676,6 +676,11 @@ impl Scd {
         Ok(())
     }
 
+    /// Closes a session; false when none was open under `id`.
+    pub fn close_session(&self, id: &str) -> bool {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id).is_some()
+    }
+
     /// Number of live sessions.
     pub fn session_count(&self) -> usize {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());

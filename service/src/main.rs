@@ -2,11 +2,8 @@
 //!
 //! Thin by design: parse arguments, install telemetry, call the engine.
 
-mod cli;
-mod config;
-mod telemetry;
-
 use clap::{Parser, Subcommand};
+use scd_service::{cli, config, telemetry};
 
 /// SCD: minimal sufficient context for AI agents.
 #[derive(Debug, Parser)]
@@ -34,19 +31,26 @@ enum Command {
     Compress(cli::compress::CompressArgs),
     /// Evidence recall vs reduction on a QA dataset, against baselines.
     Eval(cli::eval::EvalArgs),
+    /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
+    Serve(cli::serve::ServeArgs),
+    /// Call a running service.
+    Client(cli::client::ClientArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init(cli.log_format, "warn");
+    let level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
+    telemetry::init(cli.log_format, level);
     match cli.command {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),
         Command::Compress(args) => cli::compress::run(&cli.model, args),
         Command::Eval(args) => cli::eval::run(&cli.model, args),
+        Command::Serve(args) => cli::serve::run(&cli.model, args),
+        Command::Client(args) => cli::client::run(args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
     }
 }

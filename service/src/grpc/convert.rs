@@ -1,0 +1,110 @@
+//! pb ↔ engine conversions and the one mapping from engine errors to gRPC
+//! status codes.
+
+use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
+use scd_engine::extract::{Compressed, SelectedChunk};
+use tonic::{Code, Status};
+
+use super::pb;
+
+/// validation → INVALID_ARGUMENT, unknown session → NOT_FOUND, model
+/// problems → UNAVAILABLE, everything else → INTERNAL.
+pub fn status(err: scd_engine::Error) -> Status {
+    use scd_engine::Error as E;
+    let code = match &err {
+        E::InvalidArgument { .. } | E::InputTooLong { .. } | E::BudgetTooSmall { .. } => Code::InvalidArgument,
+        E::UnknownSession { .. } => Code::NotFound,
+        E::OrtLibraryMissing { .. }
+        | E::OrtLibraryLoad { .. }
+        | E::ProviderUnavailable { .. }
+        | E::ModelNotFound { .. }
+        | E::ModelShape { .. } => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    Status::new(code, err.to_string())
+}
+
+fn kind(k: i32) -> Result<FieldKind, Status> {
+    Ok(
+        match pb::FieldKind::try_from(k)
+            .map_err(|_| Status::invalid_argument(format!("fields[].kind: unknown value {k}")))?
+        {
+            pb::FieldKind::Prose => FieldKind::Prose,
+            pb::FieldKind::Code => FieldKind::Code,
+            pb::FieldKind::Log => FieldKind::Log,
+            pb::FieldKind::Json => FieldKind::Json,
+            pb::FieldKind::Chat => FieldKind::Chat,
+            pb::FieldKind::Table => FieldKind::Table,
+        },
+    )
+}
+
+/// A checked engine request from the wire.
+pub fn compress_request(
+    r: pb::CompressRequest,
+    max_fields: usize,
+) -> Result<scd_engine::extract::CompressRequest, Status> {
+    if r.fields.len() > max_fields {
+        return Err(Status::invalid_argument(format!(
+            "fields: {} fields, over the limit {max_fields}",
+            r.fields.len()
+        )));
+    }
+    let task = r.task.ok_or_else(|| Status::invalid_argument("task: required"))?;
+    let rq = r.requirement.ok_or_else(|| Status::invalid_argument("requirement: required"))?;
+    let fields = r
+        .fields
+        .into_iter()
+        .map(|f| Ok(Field { name: f.name, kind: kind(f.kind)?, content: f.content, confidential: f.confidential }))
+        .collect::<Result<Vec<_>, Status>>()?;
+    Ok(scd_engine::extract::CompressRequest {
+        task: Task {
+            description: task.description,
+            constraints: task.constraints,
+            output_schema: (!task.output_schema.is_empty()).then_some(task.output_schema),
+        },
+        context: Context { fields },
+        requirement: ContextRequirement {
+            required_fields: rq.required_fields,
+            optional_fields: rq.optional_fields,
+            max_context_tokens: rq.max_context_tokens as usize,
+            relevance_threshold: rq.relevance_threshold,
+            min_relative_score: rq.min_relative_score,
+        },
+        session_id: (!r.session_id.is_empty()).then_some(r.session_id),
+    })
+}
+
+/// A selected chunk on the wire.
+pub fn chunk(c: &SelectedChunk) -> pb::Chunk {
+    pb::Chunk {
+        field: c.field.clone(),
+        id: c.id.clone(),
+        start: c.span.0 as u32,
+        end: c.span.1 as u32,
+        text: c.text.clone(),
+        score: c.score,
+        tokens: c.tokens as u32,
+    }
+}
+
+/// A compression result on the wire.
+pub fn compress_response(out: Compressed, timing: pb::Timing) -> pb::CompressResponse {
+    pb::CompressResponse {
+        chunks: out.chunks.iter().map(chunk).collect(),
+        totals: Some(pb::Totals {
+            context_tokens: out.totals.context_tokens as u32,
+            sent_tokens: out.totals.sent_tokens as u32,
+            reduction_ratio: out.totals.reduction_ratio,
+            r_theorem1: out.totals.r_theorem1,
+        }),
+        dropped: out
+            .dropped
+            .into_iter()
+            .map(|d| pb::DroppedChunk { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens as u32 })
+            .collect(),
+        task_embedding: out.task_embedding,
+        warnings: out.warnings,
+        timing: Some(timing),
+    }
+}

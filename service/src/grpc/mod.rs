@@ -1,0 +1,417 @@
+//! The gRPC server: `scd.v1.Scd` plus `grpc.health.v1` and reflection, and
+//! Prometheus metrics over HTTP.
+//!
+//! CPU work never runs on the async runtime: embeddings go through the
+//! [`batcher`] thread; compression runs on `spawn_blocking` behind a
+//! semaphore. Every queue is bounded and a full one answers
+//! RESOURCE_EXHAUSTED with a retry hint.
+
+pub mod batcher;
+pub mod convert;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use scd_engine::encoder::{EncodeOptions, InputKind};
+use scd_engine::extract::{ContextRequest, Scd};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{oneshot, Semaphore};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use self::batcher::{Batcher, Job};
+use self::metrics::Metrics;
+
+/// Generated protobuf and gRPC code for `scd.v1`.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    tonic::include_proto!("scd.v1");
+}
+
+/// Encoded file descriptor set, for reflection.
+pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scd_descriptor.bin"));
+
+/// Per-request limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Texts per Embed request.
+    pub max_texts: usize,
+    /// Fields per Compress request.
+    pub max_fields: usize,
+    /// Largest request message.
+    pub max_request_bytes: usize,
+    /// Queued embed requests.
+    pub queue_size: usize,
+    /// Texts merged into one encoder call.
+    pub batch_texts: usize,
+    /// Compress/RequestContext calls running or waiting at once.
+    pub max_concurrent_compress: usize,
+}
+
+/// The `scd.v1.Scd` implementation.
+pub struct ScdService {
+    scd: Arc<Scd>,
+    batcher: Batcher,
+    compress_slots: Arc<Semaphore>,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+}
+
+fn overloaded(what: &str) -> Status {
+    let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after 100 ms"));
+    s.metadata_mut().insert("retry-after-ms", "100".parse().expect("ascii"));
+    s
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+impl ScdService {
+    /// A service over `scd`.
+    pub fn new(scd: Arc<Scd>, limits: Limits, metrics: Arc<Metrics>) -> Self {
+        let batcher = Batcher::start(scd.encoder().clone(), limits.queue_size, limits.batch_texts, metrics.clone());
+        Self {
+            compress_slots: Arc::new(Semaphore::new(limits.max_concurrent_compress.max(1))),
+            scd,
+            batcher,
+            limits,
+            metrics,
+        }
+    }
+
+    fn finish<T>(&self, method: &str, r: Result<T, Status>) -> Result<T, Status> {
+        self.metrics.request(method, r.as_ref().map(|_| tonic::Code::Ok).unwrap_or_else(|s| s.code()));
+        r
+    }
+
+    async fn embed_inner(&self, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, Status> {
+        let start = Instant::now();
+        if r.texts.is_empty() {
+            return Err(Status::invalid_argument("texts: must hold at least one text"));
+        }
+        if r.texts.len() > self.limits.max_texts {
+            return Err(Status::invalid_argument(format!(
+                "texts: {} texts, over the limit {}",
+                r.texts.len(),
+                self.limits.max_texts
+            )));
+        }
+        if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
+            return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
+        }
+        let kind = match pb::InputKind::try_from(r.kind) {
+            Ok(pb::InputKind::Query) => InputKind::Query,
+            Ok(pb::InputKind::Passage) => InputKind::Passage,
+            Err(_) => return Err(Status::invalid_argument(format!("kind: unknown value {}", r.kind))),
+        };
+        let mut opts = EncodeOptions::new(kind);
+        if r.windows {
+            opts = opts.with_windows();
+        }
+        let (tx, rx) = oneshot::channel();
+        self.batcher
+            .submit(Job { texts: r.texts, opts, reply: tx, queued: Instant::now() })
+            .map_err(|_| overloaded("embed"))?;
+        let (result, queue_ms) = rx.await.map_err(|_| Status::internal("encoder thread stopped"))?;
+        let enc = result.map_err(convert::status)?;
+        let total = ms(start);
+        self.metrics.stage("Embed", "queue", queue_ms);
+        self.metrics.stage("Embed", "inference", total - queue_ms);
+        Ok(pb::EmbedResponse {
+            embeddings: (0..enc.len())
+                .map(|i| pb::Embedding {
+                    values: enc.row(i).to_vec(),
+                    tokens: enc.tokens[i] as u32,
+                    windows: enc.windows[i] as u32,
+                })
+                .collect(),
+            model: self.scd.encoder().model_id().to_string(),
+            timing: Some(pb::Timing { queue_ms, inference_ms: total - queue_ms, selection_ms: 0.0, total_ms: total }),
+        })
+    }
+
+    /// Runs CPU-bound engine work off the runtime, behind the compress slots.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Scd) -> scd_engine::Result<T> + Send + 'static,
+    ) -> Result<(T, f64), Status> {
+        let queued = Instant::now();
+        let permit = self.compress_slots.clone().try_acquire_owned().map_err(|_| overloaded("compress"))?;
+        let scd = self.scd.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f(&scd)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+        .map_err(convert::status)?;
+        Ok((out, ms(queued)))
+    }
+
+    async fn compress_inner(&self, r: pb::CompressRequest) -> Result<pb::CompressResponse, Status> {
+        let req = convert::compress_request(r, self.limits.max_fields)?;
+        let (out, total) = self.blocking(move |scd| scd.compress(&req)).await?;
+        let t = out.timings;
+        self.metrics.stage("Compress", "inference", t.prepare_ms + t.task_embed_ms);
+        self.metrics.stage("Compress", "selection", t.select_ms);
+        let timing = pb::Timing {
+            queue_ms: (total - t.prepare_ms - t.task_embed_ms - t.select_ms).max(0.0),
+            inference_ms: t.prepare_ms + t.task_embed_ms,
+            selection_ms: t.select_ms,
+            total_ms: total,
+        };
+        Ok(convert::compress_response(out, timing))
+    }
+}
+
+type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::scd_server::Scd for Arc<ScdService> {
+    type EmbedStreamStream = EmbedStream;
+
+    async fn embed(&self, request: Request<pb::EmbedRequest>) -> Result<Response<pb::EmbedResponse>, Status> {
+        let r = self.embed_inner(request.into_inner()).await;
+        self.finish("Embed", r).map(Response::new)
+    }
+
+    async fn embed_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::EmbedRequest>>,
+    ) -> Result<Response<EmbedStream>, Status> {
+        let mut input = request.into_inner();
+        let me = self.clone();
+        let out = async_stream(move |tx| async move {
+            while let Some(item) = input.next().await {
+                let reply = match item {
+                    Ok(r) => me.embed_inner(r).await,
+                    Err(s) => Err(s),
+                };
+                let stop = reply.is_err();
+                let reply = me.finish("EmbedStream", reply);
+                if tx.send(reply).await.is_err() || stop {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(out))
+    }
+
+    async fn compress(&self, request: Request<pb::CompressRequest>) -> Result<Response<pb::CompressResponse>, Status> {
+        let r = self.compress_inner(request.into_inner()).await;
+        self.finish("Compress", r).map(Response::new)
+    }
+
+    async fn request_context(
+        &self,
+        request: Request<pb::ContextRequest>,
+    ) -> Result<Response<pb::ContextResponse>, Status> {
+        let r = request.into_inner();
+        let req = ContextRequest {
+            session_id: r.session_id,
+            specific_question: r.specific_question,
+            current_confidence: r.current_confidence,
+            reasoning: r.reasoning,
+            chunk_ids: r.chunk_ids,
+        };
+        let start = Instant::now();
+        let res = self.blocking(move |scd| scd.request_more(&req)).await.map(|(more, total)| pb::ContextResponse {
+            chunks: more.chunks.iter().map(convert::chunk).collect(),
+            remaining_tokens: more.remaining_tokens as u32,
+            reason: more.reason.unwrap_or_default(),
+            timing: Some(pb::Timing { queue_ms: 0.0, inference_ms: 0.0, selection_ms: ms(start), total_ms: total }),
+        });
+        self.finish("RequestContext", res).map(Response::new)
+    }
+
+    async fn open_session(
+        &self,
+        request: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let r = request.into_inner();
+        let res = async {
+            let mut c = r.compress.ok_or_else(|| Status::invalid_argument("compress: required"))?;
+            if c.session_id.is_empty() {
+                c.session_id = format!("s-{:016x}", rand_id());
+            }
+            let id = c.session_id.clone();
+            let result = self.compress_inner(c).await?;
+            Ok(pb::OpenSessionResponse { session_id: id, result: Some(result) })
+        }
+        .await;
+        self.finish("OpenSession", res).map(Response::new)
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let closed = self.scd.close_session(&request.into_inner().session_id);
+        self.finish("CloseSession", Ok(pb::CloseSessionResponse { closed })).map(Response::new)
+    }
+
+    async fn count_tokens(
+        &self,
+        request: Request<pb::CountTokensRequest>,
+    ) -> Result<Response<pb::CountTokensResponse>, Status> {
+        let texts = request.into_inner().texts;
+        let res = if texts.len() > self.limits.max_texts {
+            Err(Status::invalid_argument(format!(
+                "texts: {} texts, over the limit {}",
+                texts.len(),
+                self.limits.max_texts
+            )))
+        } else {
+            self.blocking(move |scd| texts.iter().map(|t| scd.encoder().count_tokens(t).map(|n| n as u32)).collect())
+                .await
+                .map(|(tokens, _)| pb::CountTokensResponse { tokens })
+        };
+        self.finish("CountTokens", res).map(Response::new)
+    }
+
+    async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+        let e = self.scd.encoder();
+        let cfg = self.scd.config();
+        let r = pb::InfoResponse {
+            model: e.model_id().to_string(),
+            dim: e.dim() as u32,
+            max_tokens: e.max_tokens() as u32,
+            provider: e.provider().to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            max_texts: self.limits.max_texts as u32,
+            max_fields: self.limits.max_fields as u32,
+            max_request_bytes: self.limits.max_request_bytes as u64,
+            max_budget_tokens: cfg.max_budget_tokens as u32,
+            confidence_threshold: cfg.confidence_threshold,
+            session_ttl_s: cfg.session_ttl.as_secs(),
+        };
+        self.finish("Info", Ok(r)).map(Response::new)
+    }
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}
+
+/// A stream fed by a spawned task through a bounded channel.
+fn async_stream<F, Fut>(f: F) -> EmbedStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::EmbedResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Serves Prometheus text on `addr` (`GET /metrics`), a minimal HTTP/1.1 responder.
+pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, service: Arc<ScdService>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else { continue };
+        let metrics = metrics.clone();
+        let service = service.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if head.starts_with("GET /metrics") {
+                let stats = service.scd.cache_stats();
+                let gauges = [
+                    ("scd_queue_depth", "Embed requests waiting for the encoder.", service.batcher.depth() as f64),
+                    ("scd_sessions", "Live sessions.", service.scd.session_count() as f64),
+                    ("scd_cache_hits", "Embedding cache hits.", stats.hits as f64),
+                    ("scd_cache_misses", "Embedding cache misses.", stats.misses as f64),
+                    ("scd_cache_bytes", "Embedding cache size in bytes.", stats.bytes as f64),
+                ];
+                ("200 OK", metrics.render(&gauges))
+            } else {
+                ("404 Not Found", "see /metrics\n".to_string())
+            };
+            let reply = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            let _ = sock.write_all(reply.as_bytes()).await;
+        });
+    }
+}
+
+/// Everything `serve` needs.
+pub struct ServeConfig {
+    /// gRPC listen address (port 0 picks one).
+    pub addr: SocketAddr,
+    /// Metrics listen address.
+    pub http_addr: Option<SocketAddr>,
+    /// Limits.
+    pub limits: Limits,
+}
+
+/// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests.
+pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(DESCRIPTOR)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
+    let local = listener.local_addr()?;
+    if let Some(http) = cfg.http_addr {
+        let l = tokio::net::TcpListener::bind(http).await?;
+        println!("metrics on http://{}/metrics", l.local_addr()?);
+        tokio::spawn(serve_metrics(l, metrics.clone(), service.clone()));
+    }
+    println!("listening on {local}");
+    // warm the model before reporting SERVING
+    let warm = scd.clone();
+    let health_setter = health.clone();
+    tokio::spawn(async move {
+        let ok = tokio::task::spawn_blocking(move || {
+            warm.encoder().encode(&["warm up"], &EncodeOptions::new(InputKind::Query))
+        })
+        .await
+        .map(|r| r.is_ok())
+        .unwrap_or(false);
+        if ok {
+            health_setter.set_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+            info!("model warm; SERVING");
+        } else {
+            warn!("warm-up failed; staying NOT_SERVING");
+        }
+    });
+    let svc = pb::scd_server::ScdServer::new(service)
+        .max_decoding_message_size(cfg.limits.max_request_bytes)
+        .max_encoding_message_size(64 << 20);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, shutdown_signal())
+        .await?;
+    info!("drained; bye");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    info!("shutting down: draining in-flight requests");
+}

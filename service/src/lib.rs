@@ -1,0 +1,11 @@
+//! # scd-service
+//!
+//! The `scd` binary's library: CLI subcommands ([`cli`]), configuration
+//! ([`config`]), the gRPC server and its client types ([`grpc`]), and the
+//! process's tracing subscriber ([`telemetry`]).
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod config;
+pub mod grpc;
+pub mod telemetry;
