@@ -35,6 +35,8 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Call a running service.
     Client(cli::client::ClientArgs),
+    /// Load-test a real server over loopback against the raw encoder; prints JSON.
+    BenchLoad(cli::load::LoadArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
 }
@@ -51,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(args) => cli::eval::run(&cli.model, args),
         Command::Serve(args) => cli::serve::run(&cli.model, args),
         Command::Client(args) => cli::client::run(args),
+        Command::BenchLoad(args) => cli::load::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
     }
 }

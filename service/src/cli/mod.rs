@@ -6,5 +6,6 @@ pub mod compress;
 pub mod demo;
 pub mod embed;
 pub mod eval;
+pub mod load;
 pub mod models;
 pub mod serve;
