@@ -25,11 +25,11 @@ pub struct DemoArgs {
     #[arg(long, default_value = "fixtures/agent_context.json")]
     context: PathBuf,
     /// Receiver budget as a share of the context's tokens.
-    #[arg(long, default_value_t = 0.6)]
+    #[arg(long, default_value_t = 0.8)]
     share: f32,
     /// Send only chunks scoring at least this many standard deviations above
     /// the context's mean (the rest of the budget stays for later requests).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.5)]
     min_relative_score: f32,
 }
 
