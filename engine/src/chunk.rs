@@ -23,6 +23,13 @@ pub struct RawChunk {
     pub defines: Vec<String>,
 }
 
+impl RawChunk {
+    /// A lead chunk of its own group that defines `name` (a function, a table).
+    fn block(start: usize, end: usize, group: usize, name: Option<String>) -> Self {
+        RawChunk { start, end, heading: name.clone(), group, lead: true, defines: name.into_iter().collect() }
+    }
+}
+
 /// Chunking parameters.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChunkConfig {
@@ -239,14 +246,7 @@ fn code(text: &str) -> Vec<RawChunk> {
             if let Some(c) = cur.take() {
                 out.push(c);
             }
-            cur = Some(RawChunk {
-                start: s,
-                end: e,
-                heading: def.clone(),
-                group: i,
-                lead: true,
-                defines: def.into_iter().collect(),
-            });
+            cur = Some(RawChunk::block(s, e, i, def));
         } else if let Some(c) = cur.as_mut() {
             c.end = e;
         }
@@ -409,14 +409,7 @@ fn table(text: &str) -> Vec<RawChunk> {
         }
         let name = table_name(line);
         if prev_blank || name.is_some() || out.is_empty() {
-            out.push(RawChunk {
-                start: s,
-                end: e,
-                heading: name.clone(),
-                group: s,
-                lead: true,
-                defines: name.into_iter().collect(),
-            });
+            out.push(RawChunk::block(s, e, s, name));
         } else if let Some(last) = out.last_mut() {
             last.end = e;
         }

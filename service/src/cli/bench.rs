@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
 
@@ -25,28 +24,10 @@ pub struct BenchArgs {
     calls: Option<usize>,
 }
 
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Runs `scd bench-encode`; prints one JSON summary on stdout.
 pub fn run(model: &ModelArgs, args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch > 0, "--batch: must be at least 1");
-    let text = std::fs::read_to_string(&args.input).with_context(|| format!("--input {}", args.input.display()))?;
-    let texts: Vec<String> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).map(|v| v["text"].as_str().unwrap_or_default().to_string())
-        })
-        .collect::<Result<_, _>>()
-        .context("--input: expected JSONL with a \"text\" field")?;
-    anyhow::ensure!(!texts.is_empty(), "--input: no texts");
+    let texts = super::read_jsonl_texts(&args.input, "--input")?;
     let encoder = model.load_encoder()?;
     let opts = EncodeOptions::new(InputKind::Passage).with_windows();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -54,13 +35,13 @@ pub fn run(model: &ModelArgs, args: BenchArgs) -> anyhow::Result<()> {
     if let Some(calls) = args.calls {
         let bar = ProgressBar::new(calls as u64);
         bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} calls {per_sec} {msg}")?);
-        let mut samples = vec![(0usize, rss_kib())];
+        let mut samples = vec![(0usize, super::rss_kib("self"))];
         let start = Instant::now();
         let mut tokens = 0usize;
         for c in 0..calls {
             tokens += encoder.encode(&[refs[c % refs.len()]], &opts)?.tokens[0];
             if (c + 1) % 1000 == 0 {
-                samples.push((c + 1, rss_kib()));
+                samples.push((c + 1, super::rss_kib("self")));
                 bar.set_message(format!("rss {} MiB", samples.last().unwrap().1 / 1024));
             }
             bar.inc(1);

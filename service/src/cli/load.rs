@@ -37,13 +37,14 @@ pub struct LoadArgs {
     serve_args: String,
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // fields after the parenthesised command name; utime and stime are the 12th and 13th of them
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -60,16 +61,7 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         args.clients > 0 && args.texts_per_request > 0,
         "--clients and --texts-per-request must be at least 1"
     );
-    let raw = std::fs::read_to_string(&args.input).with_context(|| format!("--input {}", args.input.display()))?;
-    let texts: Vec<String> = raw
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).map(|v| v["text"].as_str().unwrap_or_default().to_string())
-        })
-        .collect::<Result<_, _>>()
-        .context("--input: expected JSONL with a \"text\" field")?;
-    anyhow::ensure!(!texts.is_empty(), "--input: no texts");
+    let texts = super::read_jsonl_texts(&args.input, "--input")?;
 
     let mut child = Command::new(std::env::current_exe()?)
         .args(["--model", &model.model, "--models-dir"])
@@ -139,9 +131,10 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} s {msg}")?);
         let mut rss = Vec::new();
         let start = Instant::now();
+        let (client_cpu0, server_cpu0) = (cpu_seconds("self"), cpu_seconds(&pid.to_string()));
         while Instant::now() < end {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            rss.push(rss_kib(pid));
+            rss.push(super::rss_kib(&pid.to_string()));
             bar.set_position(start.elapsed().as_secs());
             bar.set_message(format!("rss {} MiB", rss.last().unwrap() / 1024));
         }
@@ -150,6 +143,9 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         }
         bar.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
+        let client_cpu = cpu_seconds("self") - client_cpu0;
+        let server_cpu = cpu_seconds(&pid.to_string()) - server_cpu0;
+        let per_minute: Vec<u64> = rss.iter().step_by(60).map(|k| k / 1024).collect();
         let mut l = lat.lock().unwrap().clone();
         let codes = codes.lock().unwrap().clone();
         anyhow::Ok(serde_json::json!({
@@ -158,7 +154,8 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
             "tokens_per_s": tokens.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
             "p50_ms": pct(&mut l, 0.5), "p95_ms": pct(&mut l, 0.95), "p99_ms": pct(&mut l, 0.99),
             "codes": codes,
-            "rss_mib": {"first": rss.first().copied().unwrap_or(0) / 1024, "last": rss.last().copied().unwrap_or(0) / 1024, "peak": rss.iter().max().copied().unwrap_or(0) / 1024},
+            "rss_mib": {"first": rss.first().copied().unwrap_or(0) / 1024, "last": rss.last().copied().unwrap_or(0) / 1024, "peak": rss.iter().max().copied().unwrap_or(0) / 1024, "every_minute": per_minute},
+            "cpu_seconds": {"load_generator": client_cpu, "server": server_cpu, "available": secs * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64},
         }))
     });
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();

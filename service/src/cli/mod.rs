@@ -9,3 +9,32 @@ pub mod eval;
 pub mod load;
 pub mod models;
 pub mod serve;
+
+use std::path::Path;
+
+use anyhow::Context as _;
+
+/// Texts from a JSONL file of `{"text": ...}` objects (`flag` names the option in errors).
+pub(crate) fn read_jsonl_texts(path: &Path, flag: &str) -> anyhow::Result<Vec<String>> {
+    let raw = std::fs::read_to_string(path).with_context(|| format!("{flag} {}", path.display()))?;
+    let texts: Vec<String> = raw
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).map(|v| v["text"].as_str().unwrap_or_default().to_string())
+        })
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{flag}: expected JSONL with a \"text\" field"))?;
+    anyhow::ensure!(!texts.is_empty(), "{flag}: no texts");
+    Ok(texts)
+}
+
+/// Resident memory of a process in KiB (0 when unknown); `self` for this one.
+pub(crate) fn rss_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
