@@ -165,20 +165,16 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
                 return;
             }
             let (s, e) = (para[0].0, para.last().unwrap().1);
+            let g = *group;
+            let sentence_chunk =
+                |start, end, lead| RawChunk { start, end, heading: heading.clone(), group: g, lead, defines: vec![] };
             let mut first = true;
             let mut cur: Option<(usize, usize)> = None;
             for (a, b) in sentences(&text[s..e], s) {
                 cur = match cur {
                     Some((ca, _)) if cfg.target_bytes > 0 && b - ca <= cfg.target_bytes => Some((ca, b)),
                     Some((ca, cb)) => {
-                        out.push(RawChunk {
-                            start: ca,
-                            end: cb,
-                            heading: heading.clone(),
-                            group: *group,
-                            lead: first,
-                            defines: vec![],
-                        });
+                        out.push(sentence_chunk(ca, cb, first));
                         first = false;
                         Some((a, b))
                     }
@@ -186,14 +182,7 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
                 };
             }
             if let Some((ca, cb)) = cur {
-                out.push(RawChunk {
-                    start: ca,
-                    end: cb,
-                    heading: heading.clone(),
-                    group: *group,
-                    lead: first,
-                    defines: vec![],
-                });
+                out.push(sentence_chunk(ca, cb, first));
             }
             *group += 1;
             para.clear();
