@@ -237,6 +237,21 @@ struct PreparedContext {
     last_used: Mutex<Instant>,
 }
 
+impl PreparedContext {
+    /// Chunk `i` as sent to the receiver, with its score.
+    fn selected(&self, i: usize, score: f32) -> SelectedChunk {
+        let c = &self.chunks[i];
+        SelectedChunk {
+            field: self.field_names[c.field].clone(),
+            id: c.id.clone(),
+            span: c.span,
+            text: c.text.clone(),
+            score,
+            tokens: c.tokens,
+        }
+    }
+}
+
 struct Session {
     context: Arc<PreparedContext>,
     sent: HashSet<usize>,
@@ -566,7 +581,7 @@ impl Scd {
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
         let out =
-            self.assemble(ctx, chunks, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
+            self.assemble(&prepared, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
         if let Some(id) = &req.session_id {
             self.store_session(id, prepared.clone(), &selected, budget.saturating_sub(out.totals.sent_tokens))?;
         }
@@ -606,38 +621,30 @@ impl Scd {
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         &self,
-        ctx: &Context,
-        chunks: &[Prepared],
+        prepared: &PreparedContext,
         selected: &[usize],
         scores: &[f32],
         task_vec: &[f32],
         warnings: Vec<String>,
         ms: (f64, f64, f64),
     ) -> Compressed {
+        let chunks = &prepared.chunks;
         let mut sel: Vec<usize> = selected.to_vec();
         sel.sort_unstable();
         let chosen: HashSet<usize> = sel.iter().copied().collect();
         let context_tokens: usize = chunks.iter().filter(|c| !c.confidential).map(|c| c.tokens).sum();
         let sent_tokens: usize = sel.iter().map(|&i| chunks[i].tokens).sum();
-        let to_selected = |i: usize| SelectedChunk {
-            field: ctx.fields[chunks[i].field].name.clone(),
-            id: chunks[i].id.clone(),
-            span: chunks[i].span,
-            text: chunks[i].text.clone(),
-            score: scores[i],
-            tokens: chunks[i].tokens,
-        };
         let dropped = (0..chunks.len())
             .filter(|i| !chosen.contains(i) && !chunks[*i].confidential)
             .map(|i| DroppedChunk {
-                field: ctx.fields[chunks[i].field].name.clone(),
+                field: prepared.field_names[chunks[i].field].clone(),
                 id: chunks[i].id.clone(),
                 stub: chunks[i].stub.clone(),
                 tokens: chunks[i].tokens,
             })
             .collect();
         Compressed {
-            chunks: sel.iter().map(|&i| to_selected(i)).collect(),
+            chunks: sel.iter().map(|&i| prepared.selected(i, scores[i])).collect(),
             totals: Totals {
                 context_tokens,
                 sent_tokens,
@@ -720,7 +727,6 @@ impl Scd {
         let context = session.context.clone();
         drop(sessions);
         let chunks = &context.chunks;
-        let names = &context.field_names;
         let query = format!("{} {}", req.specific_question, req.reasoning);
         let qvec = self.embed_cached(&[query.trim()], InputKind::Query)?.remove(0);
         let scores = self.score(&context, &qvec, &query);
@@ -779,17 +785,7 @@ impl Scd {
         }
         picked.sort_unstable();
         Ok(MoreContext {
-            chunks: picked
-                .iter()
-                .map(|&i| SelectedChunk {
-                    field: names[chunks[i].field].clone(),
-                    id: chunks[i].id.clone(),
-                    span: chunks[i].span,
-                    text: chunks[i].text.clone(),
-                    score: scores[i],
-                    tokens: chunks[i].tokens,
-                })
-                .collect(),
+            chunks: picked.iter().map(|&i| context.selected(i, scores[i])).collect(),
             remaining_tokens: session.remaining,
             reason,
         })

@@ -77,14 +77,6 @@ struct Acc {
     ms: Vec<f64>,
 }
 
-fn pct(xs: &mut [f64], p: f64) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    xs.sort_by(f64::total_cmp);
-    xs[((xs.len() - 1) as f64 * p).round() as usize]
-}
-
 fn mean(xs: &[f32]) -> f32 {
     if xs.is_empty() {
         0.0
@@ -118,27 +110,16 @@ struct Baselines {
 }
 
 fn baselines(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
-    let mut units = Vec::new();
-    let mut texts = Vec::new();
-    for (f, spans) in ex.sentences.iter().enumerate() {
-        for &(a, b) in spans {
-            let t = &ex.context.fields[f].content[a..b];
-            if t.trim().is_empty() {
-                continue;
-            }
-            units.push((f, (a, b), enc.count_tokens(t)?));
-            texts.push(t);
-        }
-    }
+    let mut base = sentence_units(enc, ex)?;
+    let texts: Vec<&str> = base.units.iter().map(|&(f, (a, b), _)| &ex.context.fields[f].content[a..b]).collect();
     let q = enc.encode(&[ex.question.as_str()], &EncodeOptions::new(InputKind::Query))?;
     let e = enc.encode(&texts, &EncodeOptions::new(InputKind::Passage).with_windows())?;
-    let dense = (0..texts.len()).map(|i| dot(q.row(0), e.row(i))).collect();
-    let bm25 = Bm25::new(&texts).scores(&ex.question);
-    let total = units.iter().map(|u| u.2).sum();
-    Ok(Baselines { units, dense, bm25, total })
+    base.dense = (0..texts.len()).map(|i| dot(q.row(0), e.row(i))).collect();
+    base.bm25 = Bm25::new(&texts).scores(&ex.question);
+    Ok(base)
 }
 
-/// Sentence units and token totals only (no embeddings), for `--scd-only`.
+/// Sentence units and token totals (scores zero until [`baselines`] fills them).
 fn sentence_units(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
     let mut units = Vec::new();
     for (f, spans) in ex.sentences.iter().enumerate() {
@@ -258,8 +239,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                 all_evidence_kept: mean(&a.all),
                 reduction_ratio: mean(&a.ratio),
                 r_theorem1: mean(&a.r1),
-                p50_ms: pct(&mut a.ms, 0.5),
-                p95_ms: pct(&mut a.ms, 0.95),
+                p50_ms: super::percentile(&mut a.ms, 0.5),
+                p95_ms: super::percentile(&mut a.ms, 0.95),
                 cache_hit_rate: (*m == "scd").then(|| h as f64 / (h + mi_).max(1) as f64),
             });
         }

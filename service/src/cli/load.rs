@@ -47,14 +47,6 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Runs `scd bench-load`.
 pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -152,7 +144,7 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
             "clients": args.clients, "seconds": secs, "texts_per_request": args.texts_per_request,
             "texts_per_s": done_texts.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
             "tokens_per_s": tokens.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
-            "p50_ms": pct(&mut l, 0.5), "p95_ms": pct(&mut l, 0.95), "p99_ms": pct(&mut l, 0.99),
+            "p50_ms": super::percentile(&mut l, 0.5), "p95_ms": super::percentile(&mut l, 0.95), "p99_ms": super::percentile(&mut l, 0.99),
             "codes": codes,
             "rss_mib": {"first": rss.first().copied().unwrap_or(0) / 1024, "last": rss.last().copied().unwrap_or(0) / 1024, "peak": rss.iter().max().copied().unwrap_or(0) / 1024, "every_minute": per_minute},
             "cpu_seconds": {"load_generator": client_cpu, "server": server_cpu, "available": secs * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64},

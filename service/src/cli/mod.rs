@@ -38,3 +38,12 @@ pub(crate) fn rss_kib(pid: &str) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The `p` quantile (0..=1) of `xs` by nearest rank; sorts `xs`; 0 when empty.
+pub(crate) fn percentile(xs: &mut [f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    xs.sort_by(f64::total_cmp);
+    xs[((xs.len() - 1) as f64 * p).round() as usize]
+}
