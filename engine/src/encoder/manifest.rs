@@ -31,6 +31,9 @@ pub struct Manifest {
     /// Where the weights came from.
     #[serde(default)]
     pub source: serde_json::Value,
+    /// Weight and activation precision (`fp32`, `fp16`).
+    #[serde(default = "default_precision")]
+    pub precision: String,
     /// What the model is for (`default`, `speed measurement only`, ...).
     #[serde(default)]
     pub purpose: String,
@@ -44,6 +47,9 @@ pub struct Manifest {
 
 fn default_pooling() -> String {
     "mean".into()
+}
+fn default_precision() -> String {
+    "fp32".into()
 }
 fn default_true() -> bool {
     true

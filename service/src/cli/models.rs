@@ -19,7 +19,7 @@ pub fn run(model: &ModelArgs, cmd: ModelsCommand) -> anyhow::Result<()> {
             if models.is_empty() {
                 eprintln!("no models in {} (run models/setup.sh)", model.models_dir.display());
             }
-            println!("{:<16} {:>5} {:>10}  {:<28} purpose", "name", "dim", "max_tokens", "source");
+            println!("{:<20} {:>5} {:>10} {:>5}  {:<28} purpose", "name", "dim", "max_tokens", "prec", "source");
             for m in models {
                 let src = &m.manifest.source;
                 let source = format!(
@@ -28,8 +28,13 @@ pub fn run(model: &ModelArgs, cmd: ModelsCommand) -> anyhow::Result<()> {
                     src.get("version").and_then(|v| v.as_str()).unwrap_or("?")
                 );
                 println!(
-                    "{:<16} {:>5} {:>10}  {:<28} {}",
-                    m.manifest.name, m.manifest.dim, m.manifest.max_tokens, source, m.manifest.purpose
+                    "{:<20} {:>5} {:>10} {:>5}  {:<28} {}",
+                    m.manifest.name,
+                    m.manifest.dim,
+                    m.manifest.max_tokens,
+                    m.manifest.precision,
+                    source,
+                    m.manifest.purpose
                 );
             }
             Ok(())
