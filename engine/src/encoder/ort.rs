@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use ort::environment::Environment;
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 use ort::value::Tensor;
@@ -65,6 +66,12 @@ pub struct OrtConfig {
     pub batch_tokens: usize,
     /// Rows per model call.
     pub max_batch: usize,
+    /// Run through IoBinding with the graph's pooled `sentence_embedding`
+    /// output when the model has one: only `[rows, dim]` leaves the device,
+    /// and on CUDA the inputs are staged in pinned host memory. `false` (or a
+    /// model without that output) runs plainly and pools `last_hidden_state`
+    /// on the host.
+    pub io_binding: bool,
 }
 
 impl OrtConfig {
@@ -77,7 +84,14 @@ impl OrtConfig {
 
     /// Defaults for CPU inference with the library at `lib_path`.
     pub fn new(lib_path: impl Into<PathBuf>) -> Self {
-        Self { lib_path: lib_path.into(), intra_threads: 0, device: Device::Cpu, batch_tokens: 0, max_batch: 64 }
+        Self {
+            lib_path: lib_path.into(),
+            intra_threads: 0,
+            device: Device::Cpu,
+            batch_tokens: 0,
+            max_batch: 64,
+            io_binding: true,
+        }
     }
 
     /// The batch token budget in effect.
@@ -143,6 +157,46 @@ fn builder_err(e: ort::Error<SessionBuilder>) -> Error {
     Error::Ort(e.into())
 }
 
+/// Name of the pooled output the models/ script adds to every graph.
+const POOLED_OUTPUT: &str = "sentence_embedding";
+
+/// The session and what runs beside it (behind one lock: ONNX Runtime's
+/// `Run` is thread-safe, but IoBinding runs are not).
+struct Runner {
+    session: Session,
+    /// Page-locked host memory for inputs (CUDA only).
+    pinned: Option<Allocator>,
+    /// Where bound outputs land: host memory (pinned on CUDA).
+    output_memory: Option<MemoryInfo<'static>>,
+}
+
+/// Texts tokenized and cut into windows: the CPU half of [`OrtEncoder::encode`],
+/// made by [`OrtEncoder::prepare`] so a caller can tokenize the next block
+/// while the model runs this one ([`OrtEncoder::run_prepared`]).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    seqs: Vec<Sequence>,
+    tokens: Vec<usize>,
+    windows: Vec<usize>,
+}
+
+impl Prepared {
+    /// Number of texts.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when there are no texts.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Tokens the model will see, summed over texts.
+    pub fn total_tokens(&self) -> usize {
+        self.tokens.iter().sum()
+    }
+}
+
 /// An E5/BERT-style ONNX encoder with masked mean pooling.
 pub struct OrtEncoder {
     manifest: Manifest,
@@ -151,9 +205,11 @@ pub struct OrtEncoder {
     tokenizer_path: PathBuf,
     lead: Vec<i64>,
     trail: Vec<i64>,
-    session: Mutex<Session>,
+    runner: Mutex<Runner>,
     token_type_ids: bool,
     output: String,
+    /// The graph's pooled output is used (through IoBinding).
+    bound: bool,
     provider: &'static str,
     batch_tokens: usize,
     max_batch: usize,
@@ -221,10 +277,12 @@ impl OrtEncoder {
                 .cloned()
                 .ok_or_else(|| Error::ModelShape { path: onnx.clone(), reason: "no outputs".into() })?
         };
+        let bound = config.io_binding && outputs.iter().any(|o| o == POOLED_OUTPUT);
+        let (pinned, output_memory) = if bound { bound_memory(&session, config.device)? } else { (None, None) };
         let digest =
             manifest.files.get(&manifest.onnx).map(|h| h.chars().take(12).collect::<String>()).unwrap_or_default();
         let id = if digest.is_empty() { manifest.name.clone() } else { format!("{}@{digest}", manifest.name) };
-        info!(model = %id, provider, token_type_ids, "encoder ready");
+        info!(model = %id, provider, token_type_ids, io_binding = bound, "encoder ready");
         Ok(Self {
             manifest,
             id,
@@ -232,9 +290,10 @@ impl OrtEncoder {
             tokenizer_path,
             lead,
             trail,
-            session: Mutex::new(session),
+            runner: Mutex::new(Runner { session, pinned, output_memory }),
             token_type_ids,
             output,
+            bound,
             provider,
             batch_tokens: config.effective_batch_tokens(),
             max_batch: config.max_batch.max(1),
@@ -263,16 +322,96 @@ impl OrtEncoder {
         }
     }
 
-    /// Runs one padded batch and returns the mean-pooled (unnormalized) rows.
-    fn run_batch(&self, seqs: &[&Sequence]) -> Result<Vec<Vec<f32>>> {
+    /// Padded tokens per model call in effect.
+    pub fn batch_tokens(&self) -> usize {
+        self.batch_tokens
+    }
+
+    /// True when batches run through IoBinding with the graph's pooled output.
+    pub fn uses_io_binding(&self) -> bool {
+        self.bound
+    }
+
+    /// Tokenizes `texts` and cuts over-long ones into windows (or fails with
+    /// [`Error::InputTooLong`] naming the text, per `opts`). Pure CPU work;
+    /// safe to run on another thread while [`OrtEncoder::run_prepared`] runs.
+    pub fn prepare(&self, texts: &[&str], opts: &EncodeOptions) -> Result<Prepared> {
+        let max = self.manifest.max_tokens;
+        let window = max - self.lead.len() - self.trail.len();
+        // rayon only pays off on larger batches: its idle workers spin and
+        // compete with ONNX Runtime's threads for the same cores
+        let tokenized: Vec<Result<Vec<u32>>> = if texts.len() >= PARALLEL_TOKENIZE_MIN {
+            texts.par_iter().map(|t| self.tokenize(t, opts.kind)).collect()
+        } else {
+            texts.iter().map(|t| self.tokenize(t, opts.kind)).collect()
+        };
+        let mut seqs = Vec::new();
+        let mut tokens = vec![0usize; texts.len()];
+        let mut nwin = vec![0usize; texts.len()];
+        for (i, ids) in tokenized.into_iter().enumerate() {
+            let ids: Vec<i64> = ids?.into_iter().map(i64::from).collect();
+            if ids.len() > max && opts.long_inputs == LongInputPolicy::Error {
+                return Err(Error::InputTooLong { index: i, tokens: ids.len(), max_tokens: max });
+            }
+            let content = &ids[self.lead.len()..ids.len() - self.trail.len()];
+            let w = windows(i, &self.lead, content, &self.trail, window);
+            tokens[i] = w.iter().map(|s| s.ids.len()).sum();
+            nwin[i] = w.len();
+            seqs.extend(w);
+        }
+        Ok(Prepared { seqs, tokens, windows: nwin })
+    }
+
+    /// Runs the model over prepared texts: length-sorted batches under the
+    /// token budget, window averages, normalization.
+    #[instrument(skip_all, fields(texts = prepared.len(), model = %self.id))]
+    pub fn run_prepared(&self, prepared: &Prepared) -> Result<Encoded> {
+        let dim = self.manifest.dim;
+        let n = prepared.len();
+        let seqs = &prepared.seqs;
+        let lens: Vec<usize> = seqs.iter().map(|s| s.ids.len()).collect();
+        let batches = plan_batches(&lens, self.batch_tokens, self.max_batch);
+        debug!(sequences = seqs.len(), batches = batches.len(), "encoding");
+        let mut acc = vec![0f32; n * dim];
+        let mut weight = vec![0f32; n];
+        for batch in &batches {
+            let group: Vec<&Sequence> = batch.iter().map(|&i| &seqs[i]).collect();
+            let pooled = self.run_batch(&group)?;
+            for (s, row) in group.iter().zip(pooled.chunks_exact(dim)) {
+                let out = &mut acc[s.text * dim..(s.text + 1) * dim];
+                out.iter_mut().zip(row).for_each(|(a, p)| *a += s.weight * p);
+                weight[s.text] += s.weight;
+            }
+        }
+        for (i, w) in weight.iter().enumerate() {
+            let row = &mut acc[i * dim..(i + 1) * dim];
+            if *w > 0.0 {
+                row.iter_mut().for_each(|a| *a /= w);
+            }
+            if self.manifest.normalize {
+                l2_normalize(row);
+            }
+        }
+        Ok(Encoded { dim, data: acc, tokens: prepared.tokens.clone(), windows: prepared.windows.clone() })
+    }
+
+    /// Runs one padded batch; returns `rows * dim` mean-pooled (unnormalized) floats.
+    fn run_batch(&self, seqs: &[&Sequence]) -> Result<Vec<f32>> {
         let rows = seqs.len();
         let len = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0);
+        let fill = |ids: &mut [i64], mask: &mut [i64]| {
+            for (r, s) in seqs.iter().enumerate() {
+                ids[r * len..r * len + s.ids.len()].copy_from_slice(&s.ids);
+                mask[r * len..r * len + s.ids.len()].iter_mut().for_each(|m| *m = 1);
+            }
+        };
+        let mut runner = self.runner.lock().unwrap_or_else(|p| p.into_inner());
+        if self.bound {
+            return self.run_bound(&mut runner, rows, len, fill);
+        }
         let mut ids = vec![0i64; rows * len];
         let mut mask = vec![0i64; rows * len];
-        for (r, s) in seqs.iter().enumerate() {
-            ids[r * len..r * len + s.ids.len()].copy_from_slice(&s.ids);
-            mask[r * len..r * len + s.ids.len()].iter_mut().for_each(|m| *m = 1);
-        }
+        fill(&mut ids, &mut mask);
         let mut inputs = ort::inputs![
             "input_ids" => Tensor::from_array(([rows, len], ids))?,
             "attention_mask" => Tensor::from_array(([rows, len], mask))?,
@@ -280,30 +419,84 @@ impl OrtEncoder {
         if self.token_type_ids {
             inputs.push(("token_type_ids".into(), Tensor::from_array(([rows, len], vec![0i64; rows * len]))?.into()));
         }
-        let mut session = self.session.lock().unwrap_or_else(|p| p.into_inner());
-        let outputs = session.run(inputs)?;
+        let outputs = runner.session.run(inputs)?;
         let (shape, hidden) = outputs[self.output.as_str()].try_extract_tensor::<f32>()?;
         let dim = self.manifest.dim;
-        if shape.len() != 3 || shape[0] as usize != rows || shape[1] as usize != len || shape[2] as usize != dim {
+        self.check_shape(shape, &[rows, len, dim])?;
+        let mut pooled = vec![0f32; rows * dim];
+        for (r, s) in seqs.iter().enumerate() {
+            let v = &mut pooled[r * dim..(r + 1) * dim];
+            let n = s.ids.len();
+            for t in 0..n {
+                let h = &hidden[(r * len + t) * dim..(r * len + t + 1) * dim];
+                v.iter_mut().zip(h).for_each(|(a, b)| *a += b);
+            }
+            v.iter_mut().for_each(|a| *a /= n as f32);
+        }
+        Ok(pooled)
+    }
+
+    /// The IoBinding path: inputs bound (from pinned memory on CUDA), only the
+    /// pooled `[rows, dim]` output bound to host memory.
+    fn run_bound(
+        &self,
+        runner: &mut Runner,
+        rows: usize,
+        len: usize,
+        fill: impl Fn(&mut [i64], &mut [i64]),
+    ) -> Result<Vec<f32>> {
+        let input = |runner: &Runner| -> Result<Tensor<i64>> {
+            Ok(match &runner.pinned {
+                Some(alloc) => {
+                    let mut t = Tensor::<i64>::new(alloc, [rows, len])?;
+                    t.extract_tensor_mut().1.fill(0);
+                    t
+                }
+                None => Tensor::from_array(([rows, len], vec![0i64; rows * len]))?,
+            })
+        };
+        let mut ids = input(runner)?;
+        let mut mask = input(runner)?;
+        fill(ids.extract_tensor_mut().1, mask.extract_tensor_mut().1);
+        let mut binding = runner.session.create_binding()?;
+        binding.bind_input("input_ids", &ids)?;
+        binding.bind_input("attention_mask", &mask)?;
+        if self.token_type_ids {
+            binding.bind_input("token_type_ids", &input(runner)?)?;
+        }
+        let memory = runner.output_memory.as_ref().expect("bound encoders have an output memory");
+        binding.bind_output_to_device(POOLED_OUTPUT, memory)?;
+        let outputs = runner.session.run_binding(&binding)?;
+        let (shape, pooled) = outputs[POOLED_OUTPUT].try_extract_tensor::<f32>()?;
+        self.check_shape(shape, &[rows, self.manifest.dim])?;
+        Ok(pooled.to_vec())
+    }
+
+    fn check_shape(&self, shape: &[i64], want: &[usize]) -> Result<()> {
+        if shape.len() != want.len() || shape.iter().zip(want).any(|(&a, &b)| a as usize != b) {
             return Err(Error::ModelShape {
                 path: self.manifest.onnx.clone().into(),
-                reason: format!("output shape {shape:?}, expected [{rows}, {len}, {dim}]"),
+                reason: format!("output shape {shape:?}, expected {want:?}"),
             });
         }
-        Ok(seqs
-            .iter()
-            .enumerate()
-            .map(|(r, s)| {
-                let mut v = vec![0f32; dim];
-                let n = s.ids.len();
-                for t in 0..n {
-                    let h = &hidden[(r * len + t) * dim..(r * len + t + 1) * dim];
-                    v.iter_mut().zip(h).for_each(|(a, b)| *a += b);
-                }
-                v.iter_mut().for_each(|a| *a /= n as f32);
-                v
-            })
-            .collect())
+        Ok(())
+    }
+}
+
+/// Memory for the IoBinding path: a pinned-input allocator and pinned output
+/// memory on CUDA; plain host output memory on CPU.
+fn bound_memory(session: &Session, device: Device) -> Result<(Option<Allocator>, Option<MemoryInfo<'static>>)> {
+    match device {
+        Device::Cpu => {
+            Ok((None, Some(MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?)))
+        }
+        Device::Cuda(id) => {
+            let input =
+                MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, MemoryType::CPUInput)?;
+            let output =
+                MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, MemoryType::CPUOutput)?;
+            Ok((Some(Allocator::new(session, input)?), Some(output)))
+        }
     }
 }
 
@@ -368,55 +561,8 @@ impl Encoder for OrtEncoder {
         Ok(enc.len())
     }
 
-    #[instrument(skip_all, fields(texts = texts.len(), model = %self.id))]
     fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<Encoded> {
-        let dim = self.manifest.dim;
-        let max = self.manifest.max_tokens;
-        let window = max - self.lead.len() - self.trail.len();
-        // rayon only pays off on larger batches: its idle workers spin and
-        // compete with ONNX Runtime's threads for the same cores
-        let tokenized: Vec<Result<Vec<u32>>> = if texts.len() >= PARALLEL_TOKENIZE_MIN {
-            texts.par_iter().map(|t| self.tokenize(t, opts.kind)).collect()
-        } else {
-            texts.iter().map(|t| self.tokenize(t, opts.kind)).collect()
-        };
-        let mut seqs = Vec::new();
-        let mut tokens = vec![0usize; texts.len()];
-        let mut nwin = vec![0usize; texts.len()];
-        for (i, ids) in tokenized.into_iter().enumerate() {
-            let ids: Vec<i64> = ids?.into_iter().map(i64::from).collect();
-            if ids.len() > max && opts.long_inputs == LongInputPolicy::Error {
-                return Err(Error::InputTooLong { index: i, tokens: ids.len(), max_tokens: max });
-            }
-            let content = &ids[self.lead.len()..ids.len() - self.trail.len()];
-            let w = windows(i, &self.lead, content, &self.trail, window);
-            tokens[i] = w.iter().map(|s| s.ids.len()).sum();
-            nwin[i] = w.len();
-            seqs.extend(w);
-        }
-        let lens: Vec<usize> = seqs.iter().map(|s| s.ids.len()).collect();
-        let batches = plan_batches(&lens, self.batch_tokens, self.max_batch);
-        debug!(sequences = seqs.len(), batches = batches.len(), "encoding");
-        let mut acc = vec![0f32; texts.len() * dim];
-        let mut weight = vec![0f32; texts.len()];
-        for batch in &batches {
-            let group: Vec<&Sequence> = batch.iter().map(|&i| &seqs[i]).collect();
-            for (s, pooled) in group.iter().zip(self.run_batch(&group)?) {
-                let row = &mut acc[s.text * dim..(s.text + 1) * dim];
-                row.iter_mut().zip(&pooled).for_each(|(a, p)| *a += s.weight * p);
-                weight[s.text] += s.weight;
-            }
-        }
-        for (i, w) in weight.iter().enumerate() {
-            let row = &mut acc[i * dim..(i + 1) * dim];
-            if *w > 0.0 {
-                row.iter_mut().for_each(|a| *a /= w);
-            }
-            if self.manifest.normalize {
-                l2_normalize(row);
-            }
-        }
-        Ok(Encoded { dim, data: acc, tokens, windows: nwin })
+        self.run_prepared(&self.prepare(texts, opts)?)
     }
 
     fn provider(&self) -> &str {
