@@ -20,6 +20,10 @@ test: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	SCD_REQUIRE_MODELS=1 cargo test --workspace
+	# the GPU build, without a GPU: it compiles, lints clean, and --device cuda
+	# fails naming what is missing instead of falling back to the CPU
+	cargo clippy -p scd-service --all-targets --features cuda -- -D warnings
+	SCD_REQUIRE_MODELS=1 cargo test -p scd-engine --features cuda --test tests cuda
 
 bench: setup
 	models/setup.sh e5-large-arch

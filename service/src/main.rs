@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Embed texts (one per input line) and print JSONL {text_index, tokens, windows, embedding}.
     Embed(cli::embed::EmbedArgs),
+    /// Embed a JSONL corpus into .npy or .jsonl: pipelined, resumable, with progress and a summary.
+    EmbedBatch(cli::embed_batch::EmbedBatchArgs),
     /// Model management.
     #[command(subcommand)]
     Models(cli::models::ModelsCommand),
@@ -47,6 +49,7 @@ fn main() -> anyhow::Result<()> {
     telemetry::init(cli.log_format, level);
     match cli.command {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
+        Command::EmbedBatch(args) => cli::embed_batch::run(&cli.model, args),
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),
         Command::Compress(args) => cli::compress::run(&cli.model, args),

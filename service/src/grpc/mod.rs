@@ -61,6 +61,16 @@ pub struct ScdService {
     metrics: Arc<Metrics>,
 }
 
+/// Requests of one EmbedStream queued ahead of the one being answered: a
+/// bulk client keeps the encoder busy without one stream taking the queue.
+const STREAM_WINDOW: usize = 4;
+
+/// An embed request waiting in the batcher.
+struct PendingEmbed {
+    rx: oneshot::Receiver<(scd_engine::Result<scd_engine::encoder::Encoded>, f64)>,
+    start: Instant,
+}
+
 fn overloaded(what: &str) -> Status {
     let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after 100 ms"));
     s.metadata_mut().insert("retry-after-ms", "100".parse().expect("ascii"));
@@ -90,6 +100,12 @@ impl ScdService {
     }
 
     async fn embed_inner(&self, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, Status> {
+        let pending = self.embed_submit(r)?;
+        self.embed_wait(pending).await
+    }
+
+    /// Validates an embed request and queues it for the batcher.
+    fn embed_submit(&self, r: pb::EmbedRequest) -> Result<PendingEmbed, Status> {
         let start = Instant::now();
         if r.texts.is_empty() {
             return Err(Status::invalid_argument("texts: must hold at least one text"));
@@ -117,9 +133,14 @@ impl ScdService {
         self.batcher
             .submit(Job { texts: r.texts, opts, reply: tx, queued: Instant::now() })
             .map_err(|_| overloaded("embed"))?;
-        let (result, queue_ms) = rx.await.map_err(|_| Status::internal("encoder thread stopped"))?;
+        Ok(PendingEmbed { rx, start })
+    }
+
+    /// Waits for a queued embed request's answer.
+    async fn embed_wait(&self, p: PendingEmbed) -> Result<pb::EmbedResponse, Status> {
+        let (result, queue_ms) = p.rx.await.map_err(|_| Status::internal("encoder thread stopped"))?;
         let enc = result.map_err(convert::status)?;
-        let total = ms(start);
+        let total = ms(p.start);
         self.metrics.stage("Embed", "queue", queue_ms);
         self.metrics.stage("Embed", "inference", total - queue_ms);
         Ok(pb::EmbedResponse {
@@ -185,11 +206,24 @@ impl pb::scd_server::Scd for Arc<ScdService> {
         request: Request<tonic::Streaming<pb::EmbedRequest>>,
     ) -> Result<Response<EmbedStream>, Status> {
         let mut input = request.into_inner();
+        // requests are validated and queued as they arrive (up to
+        // STREAM_WINDOW ahead) and answered in order
+        let (queued_tx, mut queued_rx) = tokio::sync::mpsc::channel::<Result<PendingEmbed, Status>>(STREAM_WINDOW);
+        let me = self.clone();
+        tokio::spawn(async move {
+            while let Some(item) = input.next().await {
+                let pending = item.and_then(|r| me.embed_submit(r));
+                let stop = pending.is_err();
+                if queued_tx.send(pending).await.is_err() || stop {
+                    break;
+                }
+            }
+        });
         let me = self.clone();
         let out = async_stream(move |tx| async move {
-            while let Some(item) = input.next().await {
-                let reply = match item {
-                    Ok(r) => me.embed_inner(r).await,
+            while let Some(pending) = queued_rx.recv().await {
+                let reply = match pending {
+                    Ok(p) => me.embed_wait(p).await,
                     Err(s) => Err(s),
                 };
                 let stop = reply.is_err();

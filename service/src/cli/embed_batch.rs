@@ -1,0 +1,596 @@
+//! `scd embed-batch`: a whole corpus through the encoder, resumably.
+//!
+//! The corpus is JSONL (`{"text": ..., "id": ...}` per line; blank lines are
+//! skipped, `id` is optional). Row `i` of the output is the `i`-th record:
+//!
+//! * `.npy`   float32 `[records, dim]`, written row by row after a header
+//!   that already holds the final shape;
+//! * `.jsonl` `{"index", "id"?, "tokens", "windows", "embedding"}` per line.
+//!
+//! Beside the output, `<output>.meta.json` names the model, the input's
+//! sha256 and the options. Re-running the same command finds the rows already
+//! written (the output file is the truth: a torn last row or line is cut
+//! off), checks the meta file matches, and embeds only the rest. A different
+//! model, input or option is an error unless `--overwrite` starts over.
+//!
+//! Memory stays bounded: one thread reads and tokenizes block `k+1` while the
+//! model runs block `k`; at most three blocks exist at once.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::sync_channel;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder, Prepared};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::ModelArgs;
+use crate::grpc::pb;
+
+/// Arguments of `scd embed-batch`.
+#[derive(Debug, clap::Args)]
+pub struct EmbedBatchArgs {
+    /// Corpus: JSONL with a "text" field per line (and optionally "id").
+    #[arg(long)]
+    input: PathBuf,
+    /// Output: `.npy` (float32 [records, dim]) or `.jsonl`. Re-running resumes it.
+    #[arg(long)]
+    output: PathBuf,
+    /// Embed as queries (E5 `query: ` prefix) instead of passages.
+    #[arg(long)]
+    query: bool,
+    /// Embed texts longer than the model's window as a weighted mean of
+    /// windows (default: stop, naming the line).
+    #[arg(long)]
+    windows: bool,
+    /// Records per block: the unit of pipelining, progress and resumption.
+    #[arg(long, env = "SCD_BLOCK_TEXTS", default_value_t = 2048)]
+    block_texts: usize,
+    /// Start over when --output holds a run with another model, input or options.
+    #[arg(long)]
+    overwrite: bool,
+    /// Embed through a running `scd serve` (e.g. http://127.0.0.1:50051)
+    /// instead of a local model; texts go over EmbedStream.
+    #[arg(long, env = "SCD_SERVER")]
+    server: Option<String>,
+    /// Texts per EmbedStream request with --server (at most the server's --max-texts).
+    #[arg(long, default_value_t = 64)]
+    request_texts: usize,
+    /// Also write the final summary as JSON to this file.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+}
+
+/// What `<output>.meta.json` records about a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct RunMeta {
+    model: String,
+    dim: usize,
+    kind: String,
+    windows: bool,
+    input_sha256: String,
+    records: usize,
+    format: String,
+}
+
+impl RunMeta {
+    /// The first field in which `self` (a previous run) differs from `now`.
+    fn difference(&self, now: &RunMeta) -> Option<String> {
+        let pairs = [
+            ("model", &self.model, &now.model),
+            ("input sha256", &self.input_sha256, &now.input_sha256),
+            ("kind", &self.kind, &now.kind),
+            ("format", &self.format, &now.format),
+        ];
+        if let Some((what, was, is)) = pairs.into_iter().find(|(_, a, b)| a != b) {
+            return Some(format!("{what} was {was}, now {is}"));
+        }
+        if self.dim != now.dim || self.records != now.records || self.windows != now.windows {
+            return Some(format!(
+                "dim/records/windows were {}/{}/{}, now {}/{}/{}",
+                self.dim, self.records, self.windows, now.dim, now.records, now.windows
+            ));
+        }
+        None
+    }
+}
+
+/// One corpus record.
+struct Record {
+    line: usize,
+    text: String,
+    id: Option<serde_json::Value>,
+}
+
+/// Counts the records of `path` and hashes its bytes, in one streaming pass.
+fn scan(path: &Path) -> anyhow::Result<(usize, String)> {
+    let f = File::open(path).with_context(|| format!("--input {}", path.display()))?;
+    let mut reader = BufReader::with_capacity(1 << 20, f);
+    let mut hash = Sha256::new();
+    let mut records = 0usize;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        hash.update(&line);
+        if line.iter().any(|b| !b.is_ascii_whitespace()) {
+            records += 1;
+        }
+    }
+    Ok((records, format!("{:x}", hash.finalize())))
+}
+
+/// Parses one JSONL line into a record (`line` is 1-based, for errors).
+fn parse(line: usize, raw: &str) -> anyhow::Result<Record> {
+    let v: serde_json::Value = serde_json::from_str(raw).with_context(|| format!("--input line {line}: not JSON"))?;
+    let text = v
+        .get("text")
+        .and_then(|t| t.as_str())
+        .with_context(|| format!("--input line {line}: no string field \"text\""))?;
+    ensure!(!text.trim().is_empty(), "--input line {line}: \"text\" is empty");
+    Ok(Record { line, text: text.to_string(), id: v.get("id").cloned() })
+}
+
+/// Where the vectors go.
+enum Sink {
+    Npy { file: BufWriter<File>, dim: usize },
+    Jsonl { file: BufWriter<File> },
+}
+
+/// The `.npy` v1.0 header for a float32 `[rows, dim]` array, padded to 64 bytes.
+fn npy_header(rows: usize, dim: usize) -> Vec<u8> {
+    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {dim}), }}");
+    let mut h = b"\x93NUMPY\x01\x00".to_vec();
+    let unpadded = h.len() + 2 + dict.len() + 1;
+    let pad = unpadded.div_ceil(64) * 64 - unpadded;
+    let len = (dict.len() + pad + 1) as u16;
+    h.extend_from_slice(&len.to_le_bytes());
+    h.extend_from_slice(dict.as_bytes());
+    h.extend(std::iter::repeat_n(b' ', pad));
+    h.push(b'\n');
+    h
+}
+
+impl Sink {
+    /// Opens `path` for `records` rows of `dim`; when `resume`, keeps the
+    /// whole rows already there and returns how many.
+    fn open(path: &Path, records: usize, dim: usize, resume: bool) -> anyhow::Result<(Sink, usize)> {
+        let npy = match path.extension().and_then(|e| e.to_str()) {
+            Some("npy") => true,
+            Some("jsonl") => false,
+            _ => bail!("--output {}: must end in .npy or .jsonl", path.display()),
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(!resume)
+            .open(path)
+            .with_context(|| format!("--output {}", path.display()))?;
+        let size = file.metadata()?.len();
+        let (keep, done) = if npy {
+            let header = npy_header(records, dim);
+            let row = 4 * dim as u64;
+            if resume && size >= header.len() as u64 {
+                let mut have = vec![0u8; header.len()];
+                file.read_exact(&mut have)?;
+                ensure!(
+                    have == header,
+                    "--output {}: the .npy header is not [{records}, {dim}] float32",
+                    path.display()
+                );
+                let done = ((size - header.len() as u64) / row).min(records as u64);
+                (header.len() as u64 + done * row, done as usize)
+            } else {
+                file.set_len(0)?;
+                file.write_all(&header)?;
+                (header.len() as u64, 0)
+            }
+        } else if resume {
+            complete_lines(&mut file)?
+        } else {
+            (0, 0)
+        };
+        file.set_len(keep)?;
+        file.seek(SeekFrom::Start(keep))?;
+        let file = BufWriter::with_capacity(1 << 20, file);
+        Ok((if npy { Sink::Npy { file, dim } } else { Sink::Jsonl { file } }, done))
+    }
+
+    /// Appends the rows of one block (records `first..`), then flushes.
+    fn write(&mut self, first: usize, records: &[Record], enc: &Encoded) -> anyhow::Result<()> {
+        match self {
+            Sink::Npy { file, dim } => {
+                debug_assert_eq!(enc.dim, *dim);
+                for v in &enc.data {
+                    file.write_all(&v.to_le_bytes())?;
+                }
+            }
+            Sink::Jsonl { file } => {
+                for (i, r) in records.iter().enumerate() {
+                    let mut line = serde_json::json!({
+                        "index": first + i,
+                        "tokens": enc.tokens[i],
+                        "windows": enc.windows[i],
+                        "embedding": enc.row(i),
+                    });
+                    if let Some(id) = &r.id {
+                        line["id"] = id.clone();
+                    }
+                    writeln!(file, "{line}")?;
+                }
+            }
+        }
+        match self {
+            Sink::Npy { file, .. } | Sink::Jsonl { file } => file.flush()?,
+        }
+        Ok(())
+    }
+}
+
+/// Length of the complete (newline-terminated) lines of `file` and their count.
+fn complete_lines(file: &mut File) -> anyhow::Result<(u64, usize)> {
+    file.seek(SeekFrom::Start(0))?;
+    let mut reader = BufReader::with_capacity(1 << 20, &mut *file);
+    let (mut keep, mut lines) = (0u64, 0usize);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf)?;
+        if n == 0 || buf.last() != Some(&b'\n') {
+            break;
+        }
+        keep += n as u64;
+        lines += 1;
+    }
+    Ok((keep, lines))
+}
+
+/// A running `scd serve`, called over EmbedStream.
+struct Remote {
+    rt: tokio::runtime::Runtime,
+    client: pb::scd_client::ScdClient<tonic::transport::Channel>,
+    info: pb::InfoResponse,
+    request_texts: usize,
+}
+
+impl Remote {
+    fn connect(addr: &str, request_texts: usize) -> anyhow::Result<Remote> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let (client, info) = rt.block_on(async {
+            let mut c = pb::scd_client::ScdClient::connect(addr.to_string())
+                .await
+                .with_context(|| format!("--server {addr}"))?;
+            let info = c.info(pb::InfoRequest {}).await.with_context(|| format!("--server {addr}: Info"))?;
+            anyhow::Ok((c, info.into_inner()))
+        })?;
+        Ok(Remote { rt, client, info, request_texts })
+    }
+
+    /// Embeds one block over EmbedStream, retrying (whole block) while the
+    /// server answers RESOURCE_EXHAUSTED.
+    fn embed(&mut self, texts: &[String], opts: &EncodeOptions) -> anyhow::Result<Encoded> {
+        let kind = match opts.kind {
+            InputKind::Query => pb::InputKind::Query,
+            InputKind::Passage => pb::InputKind::Passage,
+        } as i32;
+        let windows = opts.long_inputs == scd_engine::encoder::LongInputPolicy::Windows;
+        let requests: Vec<pb::EmbedRequest> =
+            texts.chunks(self.request_texts).map(|c| pb::EmbedRequest { texts: c.to_vec(), kind, windows }).collect();
+        let dim = self.info.dim as usize;
+        for attempt in 0.. {
+            let stream = tokio_stream::iter(requests.clone());
+            let mut client = self.client.clone();
+            let got: Result<Vec<pb::EmbedResponse>, tonic::Status> = self.rt.block_on(async move {
+                let mut replies = client.embed_stream(stream).await?.into_inner();
+                let mut out = Vec::new();
+                while let Some(r) = tokio_stream::StreamExt::next(&mut replies).await {
+                    out.push(r?);
+                }
+                Ok(out)
+            });
+            match got {
+                Ok(replies) => {
+                    let mut enc = Encoded { dim, data: Vec::new(), tokens: Vec::new(), windows: Vec::new() };
+                    for e in replies.into_iter().flat_map(|r| r.embeddings) {
+                        ensure!(e.values.len() == dim, "server sent a vector of {} values, not {dim}", e.values.len());
+                        enc.data.extend_from_slice(&e.values);
+                        enc.tokens.push(e.tokens as usize);
+                        enc.windows.push(e.windows as usize);
+                    }
+                    ensure!(enc.len() == texts.len(), "server answered {} of {} texts", enc.len(), texts.len());
+                    return Ok(enc);
+                }
+                Err(s) if s.code() == tonic::Code::ResourceExhausted && attempt < 100 => {
+                    let wait = s
+                        .metadata()
+                        .get("retry-after-ms")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(100u64);
+                    tracing::debug!(wait, "server busy; retrying the block");
+                    std::thread::sleep(Duration::from_millis(wait));
+                }
+                Err(s) => bail!("--server: {}: {}", s.code(), s.message()),
+            }
+        }
+        unreachable!("the retry loop returns or fails")
+    }
+}
+
+/// A block on its way from the reader to the model.
+struct Block {
+    first: usize,
+    records: Vec<Record>,
+    /// Tokenized ahead (local backend only).
+    prepared: Option<Prepared>,
+}
+
+/// Maps an engine error on block text `index` to the input line.
+fn block_error(e: scd_engine::Error, block: &Block) -> anyhow::Error {
+    match e {
+        scd_engine::Error::InputTooLong { index, tokens, max_tokens } => anyhow::anyhow!(
+            "--input line {}: {tokens} tokens, over the model's max_tokens {max_tokens}; pass --windows to embed it whole",
+            block.records[index].line
+        ),
+        other => other.into(),
+    }
+}
+
+/// The final summary (also the --summary-json file).
+#[derive(Debug, Serialize)]
+struct Summary {
+    output: PathBuf,
+    model: String,
+    provider: String,
+    records: usize,
+    embedded: usize,
+    skipped: usize,
+    tokens: usize,
+    seconds: f64,
+    tokens_per_s: f64,
+    texts_per_s: f64,
+    batch_tokens: usize,
+    io_binding: bool,
+    load_seconds: f64,
+}
+
+/// Runs `scd embed-batch`.
+pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
+    ensure!(args.block_texts > 0, "--block-texts: must be at least 1");
+    ensure!(args.request_texts > 0, "--request-texts: must be at least 1");
+    let started = Instant::now();
+    let (records, input_sha256) = scan(&args.input)?;
+    ensure!(records > 0, "--input {}: no records", args.input.display());
+    // exactly one of the two is set
+    let (local, mut remote) = match &args.server {
+        Some(addr) => (None, Some(Remote::connect(addr, args.request_texts)?)),
+        None => (Some(model.load_encoder()?), None),
+    };
+    let (model_id, dim, provider) = match (&local, &remote) {
+        (Some(e), _) => (e.model_id().to_string(), e.dim(), e.provider().to_string()),
+        (None, Some(r)) => (r.info.model.clone(), r.info.dim as usize, format!("{} (server)", r.info.provider)),
+        (None, None) => unreachable!("one backend is always set"),
+    };
+    let load_seconds = started.elapsed().as_secs_f64();
+    let mut opts = EncodeOptions::new(if args.query { InputKind::Query } else { InputKind::Passage });
+    if args.windows {
+        opts = opts.with_windows();
+    }
+    let meta = RunMeta {
+        model: model_id,
+        dim,
+        kind: if args.query { "query" } else { "passage" }.into(),
+        windows: args.windows,
+        input_sha256,
+        records,
+        format: args.output.extension().and_then(|e| e.to_str()).unwrap_or_default().to_string(),
+    };
+    let meta_path = PathBuf::from(format!("{}.meta.json", args.output.display()));
+    let resume = decide_resume(&args, &meta, &meta_path)?;
+    let (mut sink, done) = Sink::open(&args.output, records, meta.dim, resume)?;
+    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)? + "\n")
+        .with_context(|| format!("writing {}", meta_path.display()))?;
+
+    let bar = ProgressBar::new(records as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} texts  {msg}  elapsed {elapsed_precise} eta {eta}",
+    )?);
+    bar.set_position(done as u64);
+    let run_start = Instant::now();
+    let mut tokens = 0usize;
+    let mut embedded = 0usize;
+
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let (tx, rx) = sync_channel::<anyhow::Result<Block>>(1);
+        let local = local.as_ref();
+        let input = &args.input;
+        let block_texts = args.block_texts;
+        scope.spawn(move || {
+            let send_blocks = || -> anyhow::Result<()> {
+                let reader = BufReader::with_capacity(1 << 20, File::open(input)?);
+                let mut block = Vec::with_capacity(block_texts);
+                let mut index = 0usize;
+                let mut first = done;
+                for (n, line) in reader.lines().enumerate() {
+                    let line = line.with_context(|| format!("--input line {}: not UTF-8 text", n + 1))?;
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    index += 1;
+                    if index <= done {
+                        continue;
+                    }
+                    block.push(parse(n + 1, &line)?);
+                    if block.len() == block_texts {
+                        let records = std::mem::replace(&mut block, Vec::with_capacity(block_texts));
+                        let len = records.len();
+                        if tx.send(prepare(local, first, records, &opts)).is_err() {
+                            return Ok(());
+                        }
+                        first += len;
+                    }
+                }
+                if !block.is_empty() {
+                    let _ = tx.send(prepare(local, first, block, &opts));
+                }
+                Ok(())
+            };
+            if let Err(e) = send_blocks() {
+                let _ = tx.send(Err(e));
+            }
+        });
+        for block in rx {
+            let block = block?;
+            let enc = match (local, &mut remote, &block.prepared) {
+                (Some(e), _, Some(p)) => e.run_prepared(p).map_err(|e| block_error(e, &block))?,
+                (_, Some(r), _) => {
+                    let texts: Vec<String> = block.records.iter().map(|r| r.text.clone()).collect();
+                    r.embed(&texts, &opts).with_context(|| format!("--input lines {}..", block.records[0].line))?
+                }
+                _ => unreachable!("local blocks are prepared by the reader"),
+            };
+            sink.write(block.first, &block.records, &enc)?;
+            tokens += enc.tokens.iter().sum::<usize>();
+            embedded += block.records.len();
+            bar.inc(block.records.len() as u64);
+            let secs = run_start.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!("{:.0} tokens/s", tokens as f64 / secs));
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+
+    let seconds = run_start.elapsed().as_secs_f64();
+    let (batch_tokens, io_binding) = match &local {
+        Some(e) => (e.batch_tokens(), e.uses_io_binding()),
+        None => (0, false),
+    };
+    let summary = Summary {
+        output: args.output.clone(),
+        model: meta.model.clone(),
+        provider,
+        records,
+        embedded,
+        skipped: done,
+        tokens,
+        seconds,
+        tokens_per_s: tokens as f64 / seconds.max(1e-9),
+        texts_per_s: embedded as f64 / seconds.max(1e-9),
+        batch_tokens,
+        io_binding,
+        load_seconds,
+    };
+    eprintln!(
+        "embedded {} texts ({} already in {}), {} tokens in {:.2}s: {:.0} tokens/s, {:.1} texts/s; model {} on {}",
+        summary.embedded,
+        summary.skipped,
+        args.output.display(),
+        summary.tokens,
+        summary.seconds,
+        summary.tokens_per_s,
+        summary.texts_per_s,
+        summary.model,
+        summary.provider,
+    );
+    if let Some(path) = &args.summary_json {
+        std::fs::write(path, serde_json::to_string_pretty(&summary)? + "\n")
+            .with_context(|| format!("--summary-json {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Tokenizes a block ahead of the model when the encoder is local.
+fn prepare(
+    local: Option<&OrtEncoder>,
+    first: usize,
+    records: Vec<Record>,
+    opts: &EncodeOptions,
+) -> anyhow::Result<Block> {
+    let mut block = Block { first, records, prepared: None };
+    if let Some(enc) = local {
+        let texts: Vec<&str> = block.records.iter().map(|r| r.text.as_str()).collect();
+        match enc.prepare(&texts, opts) {
+            Ok(p) => block.prepared = Some(p),
+            Err(e) => return Err(block_error(e, &block)),
+        }
+    }
+    Ok(block)
+}
+
+/// Whether to resume `--output`: yes when its meta file matches this run;
+/// no when there is nothing there or --overwrite; an error otherwise.
+fn decide_resume(args: &EmbedBatchArgs, meta: &RunMeta, meta_path: &Path) -> anyhow::Result<bool> {
+    if !args.output.exists() || args.overwrite {
+        return Ok(false);
+    }
+    let previous: RunMeta = match std::fs::read_to_string(meta_path) {
+        Ok(text) => {
+            serde_json::from_str(&text).with_context(|| format!("{}: not a run record", meta_path.display()))?
+        }
+        Err(_) => bail!(
+            "--output {} exists but {} does not, so it cannot be resumed; pass --overwrite to replace it",
+            args.output.display(),
+            meta_path.display()
+        ),
+    };
+    if let Some(diff) = previous.difference(meta) {
+        bail!(
+            "--output {} holds another run ({diff}); pass --overwrite to start over or pick another --output",
+            args.output.display()
+        );
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_header_is_aligned_and_parsable() {
+        for (rows, dim) in [(1, 384), (123_456, 1024), (0, 8)] {
+            let h = npy_header(rows, dim);
+            assert_eq!(h.len() % 64, 0);
+            assert_eq!(&h[..8], b"\x93NUMPY\x01\x00");
+            let len = u16::from_le_bytes([h[8], h[9]]) as usize;
+            assert_eq!(10 + len, h.len());
+            let dict = std::str::from_utf8(&h[10..]).unwrap();
+            assert!(dict.contains(&format!("'shape': ({rows}, {dim})")) && dict.ends_with('\n'), "{dict}");
+        }
+    }
+
+    #[test]
+    fn meta_difference_names_the_field() {
+        let a = RunMeta {
+            model: "e5-small@1".into(),
+            dim: 384,
+            kind: "passage".into(),
+            windows: false,
+            input_sha256: "ab".into(),
+            records: 3,
+            format: "npy".into(),
+        };
+        assert_eq!(a.difference(&a.clone()), None);
+        let b = RunMeta { model: "e5-small-fp16@2".into(), ..a.clone() };
+        assert_eq!(a.difference(&b).unwrap(), "model was e5-small@1, now e5-small-fp16@2");
+        let c = RunMeta { records: 4, ..a.clone() };
+        assert!(a.difference(&c).unwrap().contains("3/false"));
+    }
+
+    #[test]
+    fn torn_jsonl_line_is_not_counted() {
+        let dir = std::env::temp_dir().join(format!("scd-lines-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("x.jsonl");
+        std::fs::write(&p, "{\"index\":0}\n{\"index\":1}\n{\"ind").unwrap();
+        let mut f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        assert_eq!(complete_lines(&mut f).unwrap(), (24, 2));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
