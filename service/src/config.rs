@@ -26,6 +26,13 @@ pub struct ModelArgs {
     /// Padded tokens per encoder call (0 = the device's default: 512 on CPU, 16384 on CUDA).
     #[arg(long, env = "SCD_BATCH_TOKENS", default_value_t = 0, global = true)]
     pub batch_tokens: usize,
+    /// Rows per encoder call (0 = the device's default: 64 on CPU, 1024 on CUDA).
+    #[arg(long, env = "SCD_MAX_BATCH_ROWS", default_value_t = 0, global = true)]
+    pub max_batch_rows: usize,
+    /// Run batches through IoBinding with the model's pooled output (`false`:
+    /// plain runs, pooling on the host).
+    #[arg(long, env = "SCD_IO_BINDING", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    pub io_binding: bool,
 }
 
 impl ModelArgs {
@@ -50,6 +57,8 @@ impl ModelArgs {
         cfg.intra_threads = self.threads;
         cfg.device = self.device()?;
         cfg.batch_tokens = self.batch_tokens;
+        cfg.io_binding = self.io_binding;
+        cfg.max_batch = self.max_batch_rows;
         Ok(cfg)
     }
 

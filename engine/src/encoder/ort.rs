@@ -64,7 +64,8 @@ pub struct OrtConfig {
     /// Padded tokens per model call (batch rows × longest row); 0 picks the
     /// device's default ([`OrtConfig::CPU_BATCH_TOKENS`] or [`OrtConfig::CUDA_BATCH_TOKENS`]).
     pub batch_tokens: usize,
-    /// Rows per model call.
+    /// Rows per model call; 0 picks the device's default
+    /// ([`OrtConfig::CPU_MAX_BATCH`] or [`OrtConfig::CUDA_MAX_BATCH`]).
     pub max_batch: usize,
     /// Run through IoBinding with the graph's pooled `sentence_embedding`
     /// output when the model has one: only `[rows, dim]` leaves the device,
@@ -82,6 +83,12 @@ impl OrtConfig {
     /// GPU default for [`OrtConfig::batch_tokens`].
     pub const CUDA_BATCH_TOKENS: usize = 16384;
 
+    /// CPU default for [`OrtConfig::max_batch`].
+    pub const CPU_MAX_BATCH: usize = 64;
+    /// GPU default for [`OrtConfig::max_batch`]: short texts still fill the
+    /// token budget.
+    pub const CUDA_MAX_BATCH: usize = 1024;
+
     /// Defaults for CPU inference with the library at `lib_path`.
     pub fn new(lib_path: impl Into<PathBuf>) -> Self {
         Self {
@@ -89,8 +96,17 @@ impl OrtConfig {
             intra_threads: 0,
             device: Device::Cpu,
             batch_tokens: 0,
-            max_batch: 64,
+            max_batch: 0,
             io_binding: true,
+        }
+    }
+
+    /// The rows-per-call cap in effect.
+    pub fn effective_max_batch(&self) -> usize {
+        match (self.max_batch, self.device) {
+            (0, Device::Cpu) => Self::CPU_MAX_BATCH,
+            (0, Device::Cuda(_)) => Self::CUDA_MAX_BATCH,
+            (n, _) => n,
         }
     }
 
@@ -296,7 +312,7 @@ impl OrtEncoder {
             bound,
             provider,
             batch_tokens: config.effective_batch_tokens(),
-            max_batch: config.max_batch.max(1),
+            max_batch: config.effective_max_batch(),
         })
     }
 
@@ -325,6 +341,11 @@ impl OrtEncoder {
     /// Padded tokens per model call in effect.
     pub fn batch_tokens(&self) -> usize {
         self.batch_tokens
+    }
+
+    /// Rows per model call in effect.
+    pub fn max_batch_rows(&self) -> usize {
+        self.max_batch
     }
 
     /// True when batches run through IoBinding with the graph's pooled output.

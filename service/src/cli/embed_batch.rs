@@ -60,6 +60,11 @@ pub struct EmbedBatchArgs {
     /// Texts per EmbedStream request with --server (at most the server's --max-texts).
     #[arg(long, default_value_t = 64)]
     request_texts: usize,
+    /// Embed this many texts from the start of the corpus before the clock
+    /// starts (results discarded): kernel selection and memory-pool growth
+    /// stay out of a throughput figure. Local model only.
+    #[arg(long, default_value_t = 0)]
+    warmup_texts: usize,
     /// Also write the final summary as JSON to this file.
     #[arg(long)]
     summary_json: Option<PathBuf>,
@@ -356,6 +361,7 @@ struct Summary {
     tokens_per_s: f64,
     texts_per_s: f64,
     batch_tokens: usize,
+    max_batch_rows: usize,
     io_binding: bool,
     load_seconds: f64,
 }
@@ -396,6 +402,10 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     let (mut sink, done) = Sink::open(&args.output, records, meta.dim, resume)?;
     std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)? + "\n")
         .with_context(|| format!("writing {}", meta_path.display()))?;
+
+    if let (Some(enc), true) = (&local, args.warmup_texts > 0) {
+        warm_up(enc, &args.input, args.warmup_texts, &opts)?;
+    }
 
     let bar = ProgressBar::new(records as u64);
     bar.set_style(ProgressStyle::with_template(
@@ -467,9 +477,9 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
 
     let seconds = run_start.elapsed().as_secs_f64();
-    let (batch_tokens, io_binding) = match &local {
-        Some(e) => (e.batch_tokens(), e.uses_io_binding()),
-        None => (0, false),
+    let (batch_tokens, max_batch_rows, io_binding) = match &local {
+        Some(e) => (e.batch_tokens(), e.max_batch_rows(), e.uses_io_binding()),
+        None => (0, 0, false),
     };
     let summary = Summary {
         output: args.output.clone(),
@@ -483,6 +493,7 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         tokens_per_s: tokens as f64 / seconds.max(1e-9),
         texts_per_s: embedded as f64 / seconds.max(1e-9),
         batch_tokens,
+        max_batch_rows,
         io_binding,
         load_seconds,
     };
@@ -502,6 +513,26 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&summary)? + "\n")
             .with_context(|| format!("--summary-json {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// Embeds the first `n` records of `input` and throws the vectors away.
+fn warm_up(enc: &OrtEncoder, input: &Path, n: usize, opts: &EncodeOptions) -> anyhow::Result<()> {
+    let reader = BufReader::new(File::open(input)?);
+    let mut records = Vec::with_capacity(n);
+    for (i, line) in reader.lines().enumerate() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            records.push(parse(i + 1, &line)?);
+        }
+        if records.len() == n {
+            break;
+        }
+    }
+    let block = prepare(Some(enc), 0, records, opts)?;
+    let started = Instant::now();
+    enc.run_prepared(block.prepared.as_ref().expect("prepared locally")).map_err(|e| block_error(e, &block))?;
+    tracing::info!(texts = block.records.len(), seconds = started.elapsed().as_secs_f64(), "warm-up done");
     Ok(())
 }
 
