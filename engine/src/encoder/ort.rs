@@ -16,7 +16,7 @@ use ort::session::Session;
 use ort::value::Tensor;
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
-use tracing::{debug, info, instrument};
+use tracing::{debug, info, instrument, warn};
 
 use super::{
     l2_normalize, plan_batches, windows, EncodeOptions, Encoded, Encoder, InputKind, LongInputPolicy, Manifest,
@@ -505,18 +505,18 @@ impl OrtEncoder {
 }
 
 /// Memory for the IoBinding path: a pinned-input allocator and pinned output
-/// memory on CUDA; plain host output memory on CPU.
+/// memory on CUDA; plain host output memory on CPU. Pinned memory is an
+/// optimization: when the provider offers none, inputs and outputs use plain
+/// host memory (ONNX Runtime copies them), with a warning.
 fn bound_memory(session: &Session, device: Device) -> Result<(Option<Allocator>, Option<MemoryInfo<'static>>)> {
-    match device {
-        Device::Cpu => {
-            Ok((None, Some(MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?)))
-        }
-        Device::Cuda(id) => {
-            let input =
-                MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, MemoryType::CPUInput)?;
-            let output =
-                MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, MemoryType::CPUOutput)?;
-            Ok((Some(Allocator::new(session, input)?), Some(output)))
+    let host = || MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default);
+    let Device::Cuda(id) = device else { return Ok((None, Some(host()?))) };
+    let pinned = |kind| MemoryInfo::new(AllocationDevice::CUDA_PINNED, id, AllocatorType::Device, kind);
+    match pinned(MemoryType::CPUInput).and_then(|m| Allocator::new(session, m)) {
+        Ok(alloc) => Ok((Some(alloc), Some(pinned(MemoryType::CPUOutput)?))),
+        Err(e) => {
+            warn!(error = %e, "no pinned host memory from the CUDA provider; binding plain host memory");
+            Ok((None, Some(host()?)))
         }
     }
 }
