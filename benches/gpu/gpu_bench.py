@@ -176,12 +176,12 @@ def torch_baseline(args) -> None:
 
 def report(results: Path, out: Path) -> None:
     rows = {}
-    for f in sorted(results.glob("*.json")):
+    for stem in sorted({f.stem for f in results.glob("*.json")} | {f.stem for f in results.glob("*.err")}):
+        f, err = results / f"{stem}.json", results / f"{stem}.err"
         try:
-            rows[f.stem] = json.loads(f.read_text())
-        except json.JSONDecodeError:
-            err = f.with_suffix(".err")
-            rows[f.stem] = {"error": (err.read_text() if err.exists() else f.read_text())[-500:]}
+            rows[stem] = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            rows[stem] = {"error": (err.read_text() if err.exists() else "no output")[-500:]}
     scd = {k: v for k, v in rows.items() if k.startswith("scd_") and "tokens_per_s" in v}
     torch_ = {k: v for k, v in rows.items() if k.startswith("torch_") and "tokens_per_s" in v}
     best_scd = max(scd.values(), key=lambda v: v["tokens_per_s"], default=None)

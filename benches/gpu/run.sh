@@ -56,21 +56,22 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 say "glibc $(ldd --version | head -1 | awk '{print $NF}'); missing libraries of the CUDA provider:"
 ldd "$W/ort/libonnxruntime_providers_cuda.so" | grep "not found" || echo "  none"
 
+failed() { # failed RC NAME: report a failed step (true) or nothing (false)
+  [ "$1" -eq 0 ] && return 1
+  [ "$1" -eq 124 ] && echo "timed out after ${STEP_S}s" >> "$R/$2.err"
+  say "  FAILED ($1): $(tail -3 "$R/$2.err")"
+}
 step() { # step NAME COMMAND... : stdout JSON -> $R/NAME.json, errors kept
   local name="$1"; shift
   say "$name"
-  if ! timeout "$STEP_S" "$@" > "$R/$name.json" 2> "$R/$name.err"; then
-    say "  FAILED: $(tail -3 "$R/$name.err")"
-  fi
+  timeout "$STEP_S" "$@" > "$R/$name.json" 2> "$R/$name.err"
+  failed $? "$name"
 }
 embed() { # embed NAME ARGS... : scd embed-batch, summary JSON as the result
   local name="$1"; shift
   say "$name"
-  if ! timeout "$STEP_S" "$SCD" embed-batch --overwrite --summary-json "$R/$name.json" "$@" 2> "$R/$name.err"; then
-    say "  FAILED: $(tail -3 "$R/$name.err")"
-  else
-    tail -1 "$R/$name.err"
-  fi
+  timeout "$STEP_S" "$SCD" embed-batch --overwrite --summary-json "$R/$name.json" "$@" 2> "$R/$name.err"
+  failed $? "$name" || tail -1 "$R/$name.err"
 }
 
 # --- weights generated here (2 GB never travel) ------------------------------------
