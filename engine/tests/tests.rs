@@ -237,22 +237,24 @@ fn missing_ort_library_is_a_clear_error() {
     assert!(msg.contains("/nonexistent/libonnxruntime.so") && msg.contains("SCD_ORT_LIB"), "{msg}");
 }
 
-#[test]
-fn cuda_without_feature_or_gpu_is_an_error_not_a_fallback() {
-    let Some(dir) = model_dir("e5-small") else { return };
+/// Loading e5-small on CUDA here, where it must fail.
+fn cuda_load_error() -> Option<Error> {
+    let dir = model_dir("e5-small")?;
     let mut cfg = OrtConfig::new(ort_lib());
     cfg.device = scd_engine::encoder::Device::Cuda(0);
-    let err = OrtEncoder::load(&dir, &cfg).unwrap_err();
+    Some(OrtEncoder::load(&dir, &cfg).unwrap_err())
+}
+
+#[test]
+fn cuda_without_feature_or_gpu_is_an_error_not_a_fallback() {
+    let Some(err) = cuda_load_error() else { return };
     assert!(matches!(err, Error::ProviderUnavailable { provider: "cuda", .. }), "{err}");
 }
 
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_with_a_cpu_only_library_names_what_is_missing() {
-    let Some(dir) = model_dir("e5-small") else { return };
-    let mut cfg = OrtConfig::new(ort_lib());
-    cfg.device = scd_engine::encoder::Device::Cuda(0);
-    let err = OrtEncoder::load(&dir, &cfg).unwrap_err();
+    let Some(err) = cuda_load_error() else { return };
     let msg = err.to_string();
     assert!(matches!(err, Error::ProviderUnavailable { provider: "cuda", .. }), "{msg}");
     assert!(msg.contains("libonnxruntime_providers_cuda.so"), "{msg}");

@@ -206,11 +206,6 @@ impl Prepared {
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
-
-    /// Tokens the model will see, summed over texts.
-    pub fn total_tokens(&self) -> usize {
-        self.tokens.iter().sum()
-    }
 }
 
 /// An E5/BERT-style ONNX encoder with masked mean pooling.

@@ -45,13 +45,7 @@ fn read_texts(args: &EmbedArgs) -> anyhow::Result<Vec<String>> {
             if line.trim().is_empty() {
                 continue;
             }
-            let v: serde_json::Value =
-                serde_json::from_str(&line).with_context(|| format!("--input line {}: not JSON", n + 1))?;
-            let t = v
-                .get("text")
-                .and_then(|t| t.as_str())
-                .with_context(|| format!("--input line {}: no string field \"text\"", n + 1))?;
-            texts.push(t.to_string());
+            texts.push(super::jsonl_text(n + 1, &line)?.0);
         } else {
             texts.push(line);
         }

@@ -133,13 +133,19 @@ fn scan(path: &Path) -> anyhow::Result<(usize, String)> {
 
 /// Parses one JSONL line into a record (`line` is 1-based, for errors).
 fn parse(line: usize, raw: &str) -> anyhow::Result<Record> {
-    let v: serde_json::Value = serde_json::from_str(raw).with_context(|| format!("--input line {line}: not JSON"))?;
-    let text = v
-        .get("text")
-        .and_then(|t| t.as_str())
-        .with_context(|| format!("--input line {line}: no string field \"text\""))?;
+    let (text, v) = super::jsonl_text(line, raw)?;
     ensure!(!text.trim().is_empty(), "--input line {line}: \"text\" is empty");
-    Ok(Record { line, text: text.to_string(), id: v.get("id").cloned() })
+    Ok(Record { line, text, id: v.get("id").cloned() })
+}
+
+/// The non-blank lines of `path`, with their 1-based numbers: one record each.
+fn record_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::Result<(usize, String)>>> {
+    let f = File::open(path).with_context(|| format!("--input {}", path.display()))?;
+    Ok(BufReader::with_capacity(1 << 20, f).lines().enumerate().filter_map(|(n, line)| match line {
+        Ok(l) if l.trim().is_empty() => None,
+        Ok(l) => Some(Ok((n + 1, l))),
+        Err(e) => Some(Err(anyhow::Error::new(e).context(format!("--input line {}: not UTF-8 text", n + 1)))),
+    }))
 }
 
 /// Where the vectors go.
@@ -423,20 +429,11 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         let block_texts = args.block_texts;
         scope.spawn(move || {
             let send_blocks = || -> anyhow::Result<()> {
-                let reader = BufReader::with_capacity(1 << 20, File::open(input)?);
                 let mut block = Vec::with_capacity(block_texts);
-                let mut index = 0usize;
                 let mut first = done;
-                for (n, line) in reader.lines().enumerate() {
-                    let line = line.with_context(|| format!("--input line {}: not UTF-8 text", n + 1))?;
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    index += 1;
-                    if index <= done {
-                        continue;
-                    }
-                    block.push(parse(n + 1, &line)?);
+                for item in record_lines(input)?.skip(done) {
+                    let (n, raw) = item?;
+                    block.push(parse(n, &raw)?);
                     if block.len() == block_texts {
                         let records = std::mem::replace(&mut block, Vec::with_capacity(block_texts));
                         let len = records.len();
@@ -518,17 +515,10 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
 
 /// Embeds the first `n` records of `input` and throws the vectors away.
 fn warm_up(enc: &OrtEncoder, input: &Path, n: usize, opts: &EncodeOptions) -> anyhow::Result<()> {
-    let reader = BufReader::new(File::open(input)?);
-    let mut records = Vec::with_capacity(n);
-    for (i, line) in reader.lines().enumerate() {
-        let line = line?;
-        if !line.trim().is_empty() {
-            records.push(parse(i + 1, &line)?);
-        }
-        if records.len() == n {
-            break;
-        }
-    }
+    let records = record_lines(input)?
+        .take(n)
+        .map(|r| r.and_then(|(line, raw)| parse(line, &raw)))
+        .collect::<anyhow::Result<_>>()?;
     let block = prepare(Some(enc), 0, records, opts)?;
     let started = Instant::now();
     enc.run_prepared(block.prepared.as_ref().expect("prepared locally")).map_err(|e| block_error(e, &block))?;

@@ -30,6 +30,18 @@ pub(crate) fn read_jsonl_texts(path: &Path, flag: &str) -> anyhow::Result<Vec<St
     Ok(texts)
 }
 
+/// The string field `"text"` of JSONL line `line` (1-based) of `--input`,
+/// and the whole object.
+pub(crate) fn jsonl_text(line: usize, raw: &str) -> anyhow::Result<(String, serde_json::Value)> {
+    let v: serde_json::Value = serde_json::from_str(raw).with_context(|| format!("--input line {line}: not JSON"))?;
+    let text = v
+        .get("text")
+        .and_then(|t| t.as_str())
+        .with_context(|| format!("--input line {line}: no string field \"text\""))?
+        .to_string();
+    Ok((text, v))
+}
+
 /// Resident memory of a process in KiB (0 when unknown); `self` for this one.
 pub(crate) fn rss_kib(pid: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
