@@ -25,7 +25,12 @@ pub enum FieldKind {
 }
 
 /// One named piece of an agent's context (`db_schema`, `error_logs`, ...).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Parsed strictly: an unknown key (`"confidental"`) or a `confidential`
+/// that is not a boolean is an error, never a silent default. `Debug`
+/// prints the content's size, never the content.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Field {
     /// Unique name within the context.
     pub name: String,
@@ -39,14 +44,102 @@ pub struct Field {
     pub confidential: bool,
 }
 
+impl std::fmt::Debug for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Field")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("confidential", &self.confidential)
+            .field("content", &Redacted(self.content.len()))
+            .finish()
+    }
+}
+
+/// Stands in for text in `Debug` output: `<N bytes>`.
+pub struct Redacted(pub usize);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes>", self.0)
+    }
+}
+
 /// An agent's whole context: `{"fields": [...]}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Context {
     /// The fields, in reading order.
     pub fields: Vec<Field>,
 }
 
+/// Size limits on one context, checked before any work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextLimits {
+    /// Fields per context.
+    pub max_fields: usize,
+    /// Bytes of one field's content.
+    pub max_field_bytes: usize,
+    /// Bytes of all contents together.
+    pub max_context_bytes: usize,
+}
+
+impl Default for ContextLimits {
+    fn default() -> Self {
+        Self { max_fields: 100_000, max_field_bytes: 4 << 20, max_context_bytes: 16 << 20 }
+    }
+}
+
+/// `Err` naming `field` and the offset when `text` holds a NUL byte: NUL in
+/// text is binary data sent by mistake, and is refused rather than guessed at.
+pub fn check_no_nul(field: impl Fn() -> String, text: &str) -> Result<()> {
+    match text.bytes().position(|b| b == 0) {
+        Some(at) => Err(Error::invalid(field(), format!("contains a NUL byte at offset {at}"))),
+        None => Ok(()),
+    }
+}
+
 impl Context {
+    /// Parses `{"fields": [...]}` strictly: unknown keys and wrongly typed
+    /// values are errors naming their path (`fields[2].confidential`).
+    pub fn from_json(json: &str) -> Result<Self> {
+        let de = &mut serde_json::Deserializer::from_str(json);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." { "context".to_string() } else { format!("context.{path}") };
+            Error::invalid(field, e.into_inner().to_string())
+        })
+    }
+
+    /// Checks names are non-empty and unique, and that no text holds a NUL
+    /// byte or goes over `limits`.
+    pub fn validate_within(&self, limits: &ContextLimits) -> Result<()> {
+        if self.fields.len() > limits.max_fields {
+            return Err(Error::invalid(
+                "context.fields",
+                format!("{} fields, over the limit {}", self.fields.len(), limits.max_fields),
+            ));
+        }
+        let mut total = 0usize;
+        for (i, f) in self.fields.iter().enumerate() {
+            if f.content.len() > limits.max_field_bytes {
+                return Err(Error::invalid(
+                    format!("context.fields[{i}].content"),
+                    format!("{} bytes, over the limit {}", f.content.len(), limits.max_field_bytes),
+                ));
+            }
+            total += f.content.len();
+            check_no_nul(|| format!("context.fields[{i}].name"), &f.name)?;
+            check_no_nul(|| format!("context.fields[{i}].content"), &f.content)?;
+        }
+        if total > limits.max_context_bytes {
+            return Err(Error::invalid(
+                "context",
+                format!("{total} bytes of content, over the limit {}", limits.max_context_bytes),
+            ));
+        }
+        self.validate()
+    }
+
     /// Checks names are non-empty and unique.
     pub fn validate(&self) -> Result<()> {
         let mut seen = std::collections::HashSet::new();
@@ -65,8 +158,10 @@ impl Context {
     }
 }
 
-/// The task handed to the receiver (paper step 1).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The task handed to the receiver (paper step 1). `Debug` prints sizes,
+/// never the text.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Task {
     /// What to do.
     pub description: String,
@@ -76,6 +171,16 @@ pub struct Task {
     /// Expected output schema, if any.
     #[serde(default)]
     pub output_schema: Option<String>,
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task")
+            .field("description", &Redacted(self.description.len()))
+            .field("constraints", &self.constraints.len())
+            .field("output_schema", &self.output_schema.as_ref().map(|s| Redacted(s.len())))
+            .finish()
+    }
 }
 
 impl Task {
@@ -101,6 +206,7 @@ impl Task {
 
 /// What the receiver asks for (paper step 2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ContextRequirement {
     /// Fields sent whole, first; if they do not fit the budget the request fails.
     #[serde(default)]

@@ -115,6 +115,18 @@ pub enum Error {
         /// The id asked for.
         session_id: String,
     },
+    /// The caller went away (client cancelled); the work stopped before `stage`.
+    #[error("cancelled during {stage}: the caller went away")]
+    Cancelled {
+        /// The stage that was about to run (chunk, embed, score, pack).
+        stage: &'static str,
+    },
+    /// The caller's deadline passed; the work stopped before `stage`.
+    #[error("deadline exceeded during {stage}")]
+    DeadlineExceeded {
+        /// The stage that was about to run.
+        stage: &'static str,
+    },
     /// A request argument is out of range; `field` names it, `limit` says the bound.
     #[error("{field}: {message}")]
     InvalidArgument {

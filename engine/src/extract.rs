@@ -28,6 +28,7 @@ use serde::Serialize;
 use tracing::{debug, instrument};
 
 use crate::cache::{CacheStats, EmbeddingCache};
+use crate::cancel::Cancel;
 use crate::chunk::{chunk_field, ChunkConfig};
 use crate::context::{Context, ContextRequirement, Task};
 use crate::encoder::{EncodeOptions, Encoder, InputKind};
@@ -274,6 +275,10 @@ impl std::fmt::Debug for Scd {
     }
 }
 
+/// Texts per encoder call when embedding a context's chunks: the unit
+/// between cancellation checks.
+pub const EMBED_SLICE: usize = 256;
+
 fn stub(text: &str) -> String {
     let words: Vec<&str> = text.split_whitespace().take(8).collect();
     let mut s = words.join(" ");
@@ -336,14 +341,21 @@ impl Scd {
 
     /// Embeds texts through the cache; only misses reach the encoder.
     pub fn embed_cached(&self, texts: &[&str], kind: InputKind) -> Result<Vec<Arc<[f32]>>> {
+        self.embed_cached_with(texts, kind, &Cancel::new())
+    }
+
+    /// [`Scd::embed_cached`], checking `cancel` before each encoder call of
+    /// at most [`EMBED_SLICE`] texts.
+    pub fn embed_cached_with(&self, texts: &[&str], kind: InputKind, cancel: &Cancel) -> Result<Vec<Arc<[f32]>>> {
         let kind_byte = u8::from(kind == InputKind::Query);
         let keys: Vec<_> = texts.iter().map(|t| EmbeddingCache::key(self.encoder.model_id(), kind_byte, t)).collect();
         let mut out: Vec<Option<Arc<[f32]>>> = keys.iter().map(|k| self.cache.get(k)).collect();
         let missing: Vec<usize> = (0..texts.len()).filter(|&i| out[i].is_none()).collect();
-        if !missing.is_empty() {
-            let refs: Vec<&str> = missing.iter().map(|&i| texts[i]).collect();
+        for slice in missing.chunks(EMBED_SLICE) {
+            cancel.check("embed")?;
+            let refs: Vec<&str> = slice.iter().map(|&i| texts[i]).collect();
             let enc = self.encoder.encode(&refs, &EncodeOptions::new(kind).with_windows())?;
-            for (j, &i) in missing.iter().enumerate() {
+            for (j, &i) in slice.iter().enumerate() {
                 let v: Arc<[f32]> = Arc::from(enc.row(j));
                 self.cache.put(keys[i], v.clone());
                 out[i] = Some(v);
@@ -354,7 +366,7 @@ impl Scd {
 
     /// The prepared form of `ctx`, from the context cache when the same
     /// context (names, kinds, contents, flags) was seen before.
-    fn prepare(&self, ctx: &Context) -> Result<Arc<PreparedContext>> {
+    fn prepare(&self, ctx: &Context, cancel: &Cancel) -> Result<Arc<PreparedContext>> {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(self.encoder.model_id().as_bytes());
@@ -371,7 +383,9 @@ impl Scd {
             self.cache.record_hits(p.chunks.len());
             return Ok(p.clone());
         }
-        let chunks = self.prepare_chunks(ctx)?;
+        cancel.check("chunk")?;
+        let chunks = self.prepare_chunks(ctx, cancel)?;
+        cancel.check("index")?;
         let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
         let index = (chunks.len() >= self.cfg.hnsw_min_chunks)
             .then(|| HnswIndex::build(&chunks.iter().map(|c| &*c.embedding).collect::<Vec<_>>(), self.cfg.hnsw));
@@ -423,7 +437,7 @@ impl Scd {
             .collect()
     }
 
-    fn prepare_chunks(&self, ctx: &Context) -> Result<Vec<Prepared>> {
+    fn prepare_chunks(&self, ctx: &Context, cancel: &Cancel) -> Result<Vec<Prepared>> {
         let mut out = Vec::new();
         for (fi, f) in ctx.fields.iter().enumerate() {
             for (n, c) in chunk_field(f, self.cfg.chunk).into_iter().enumerate() {
@@ -450,7 +464,7 @@ impl Scd {
             }
         }
         let texts: Vec<&str> = out.iter().map(|p| p.embed_text.as_str()).collect();
-        let vecs = self.embed_cached(&texts, InputKind::Passage)?;
+        let vecs = self.embed_cached_with(&texts, InputKind::Passage, cancel)?;
         for (p, v) in out.iter_mut().zip(vecs) {
             p.embedding = v;
         }
@@ -519,8 +533,14 @@ impl Scd {
     }
 
     /// Compresses a context for a task under the receiver's requirement.
-    #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]
     pub fn compress(&self, req: &CompressRequest) -> Result<Compressed> {
+        self.compress_with(req, &Cancel::new())
+    }
+
+    /// [`Scd::compress`] that stops with [`Error::Cancelled`] or
+    /// [`Error::DeadlineExceeded`] between stages once `cancel` says so.
+    #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]
+    pub fn compress_with(&self, req: &CompressRequest, cancel: &Cancel) -> Result<Compressed> {
         let ctx = &req.context;
         ctx.validate()?;
         let rq = &req.requirement;
@@ -537,14 +557,15 @@ impl Scd {
             }
         }
         let t0 = Instant::now();
-        let prepared = self.prepare(ctx)?;
+        let prepared = self.prepare(ctx, cancel)?;
         let chunks = &prepared.chunks;
         let chunk_embed_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let task_text = req.task.text();
-        let task_vec = self.embed_cached(&[task_text.as_str()], InputKind::Query)?.remove(0);
+        let task_vec = self.embed_cached_with(&[task_text.as_str()], InputKind::Query, cancel)?.remove(0);
         let embed_ms = t1.elapsed().as_secs_f64() * 1e3;
         let t2 = Instant::now();
+        cancel.check("score")?;
         let scores = self.score(&prepared, &task_vec, &task_text);
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
@@ -577,6 +598,7 @@ impl Scd {
             warnings.push("no chunk passed the relevance threshold".to_string());
         }
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        cancel.check("pack")?;
         self.pack(&prepared, &order, budget, &mut selected, &mut used);
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
@@ -699,8 +721,13 @@ impl Scd {
     /// Adaptive context request (paper §6.3): the next most relevant chunks
     /// for the question that the receiver has not seen, under the budget it
     /// has left. Never resends a chunk.
-    #[instrument(skip_all, fields(session = %req.session_id))]
     pub fn request_more(&self, req: &ContextRequest) -> Result<MoreContext> {
+        self.request_more_with(req, &Cancel::new())
+    }
+
+    /// [`Scd::request_more`] that stops between stages once `cancel` says so.
+    #[instrument(skip_all)]
+    pub fn request_more_with(&self, req: &ContextRequest, cancel: &Cancel) -> Result<MoreContext> {
         if !(0.0..=1.0).contains(&req.current_confidence) {
             return Err(Error::invalid(
                 "current_confidence",
@@ -728,7 +755,8 @@ impl Scd {
         drop(sessions);
         let chunks = &context.chunks;
         let query = format!("{} {}", req.specific_question, req.reasoning);
-        let qvec = self.embed_cached(&[query.trim()], InputKind::Query)?.remove(0);
+        let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
+        cancel.check("score")?;
         let scores = self.score(&context, &qvec, &query);
 
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());

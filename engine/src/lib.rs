@@ -13,6 +13,7 @@
 //! * [`chunk`] — structure-aware chunking by field kind.
 //! * [`score`] — SIMD cosine, BM25, calibration.
 //! * [`cache`] — the content-addressed embedding cache.
+//! * [`cancel`] — cooperative cancellation and deadlines between stages.
 //! * [`eval`] — dataset loaders and evidence coverage for `scd eval`.
 //! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
 //!
@@ -25,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod cancel;
 pub mod chunk;
 pub mod context;
 pub mod encoder;

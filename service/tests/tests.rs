@@ -4,11 +4,14 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn root() -> PathBuf {
+// Feature areas in their own files (under cases/, so cargo does not build
+// each as a separate test binary); they share the helpers below.
+
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn ready() -> bool {
+pub(crate) fn ready() -> bool {
     let ok = root().join("models/out/e5-small/reference.json").is_file()
         && root().join(".tools/ort/libonnxruntime.so").is_file();
     if !ok {
@@ -18,7 +21,7 @@ fn ready() -> bool {
     ok
 }
 
-fn scd(args: &[&str], stdin: &str) -> (bool, String, String) {
+pub(crate) fn scd(args: &[&str], stdin: &str) -> (bool, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
         .current_dir(root())
         .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
@@ -342,9 +345,9 @@ mod grpc {
 
     use super::{ready, root};
 
-    struct Server {
-        child: Child,
-        addr: String,
+    pub(crate) struct Server {
+        pub(crate) child: Child,
+        pub(crate) addr: String,
     }
 
     impl Drop for Server {
@@ -354,7 +357,7 @@ mod grpc {
         }
     }
 
-    fn start(extra: &[&str]) -> Server {
+    pub(crate) fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
             .current_dir(root())
             .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
@@ -376,7 +379,7 @@ mod grpc {
         Server { child, addr }
     }
 
-    async fn client(s: &Server) -> ScdClient<Channel> {
+    pub(crate) async fn client(s: &Server) -> ScdClient<Channel> {
         let ch = Channel::from_shared(s.addr.clone()).unwrap().connect().await.unwrap();
         // wait for SERVING (model loaded and warmed)
         let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
@@ -394,7 +397,7 @@ mod grpc {
         panic!("server never became SERVING");
     }
 
-    fn fixture_fields() -> Vec<pb::Field> {
+    pub(crate) fn fixture_fields() -> Vec<pb::Field> {
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap())
                 .unwrap();
@@ -419,7 +422,7 @@ mod grpc {
             .collect()
     }
 
-    fn compress_req(budget: u32, session: &str) -> pb::CompressRequest {
+    pub(crate) fn compress_req(budget: u32, session: &str) -> pb::CompressRequest {
         pb::CompressRequest {
             task: Some(pb::Task {
                 description: "Why are customer charges failing at checkout?".into(),
@@ -464,8 +467,13 @@ mod grpc {
         }
 
         // EmbedStream answers in order
-        let reqs: Vec<pb::EmbedRequest> =
-            (0..3).map(|i| pb::EmbedRequest { texts: vec!["x".repeat(i + 1)], kind: 0, windows: false }).collect();
+        let reqs: Vec<pb::EmbedRequest> = (0..3)
+            .map(|i| pb::EmbedRequest {
+                texts: vec!["x".repeat(i + 1)],
+                kind: pb::InputKind::Passage as i32,
+                windows: false,
+            })
+            .collect();
         let mut stream = c.embed_stream(tokio_stream::iter(reqs)).await.unwrap().into_inner();
         let mut n = 0;
         while let Some(item) = tokio_stream::StreamExt::next(&mut stream).await {
@@ -546,13 +554,15 @@ mod grpc {
         }
         let server = start(&["--max-texts", "4", "--max-request-bytes", "65536"]);
         let mut c = client(&server).await;
-        let embed = |texts: Vec<String>| pb::EmbedRequest { texts, kind: 0, windows: false };
+        let embed =
+            |texts: Vec<String>| pb::EmbedRequest { texts, kind: pb::InputKind::Passage as i32, windows: false };
         let cases: Vec<(pb::EmbedRequest, &str)> = vec![
             (embed(vec![]), "texts: must hold at least one text"),
             (embed(vec!["ok".into(), " ".into()]), "texts[1]: must not be empty"),
             (embed(vec!["a".into(); 5]), "texts: 5 texts, over the limit 4"),
             (embed(vec!["word ".repeat(700)]), "texts[0] has"),
             (pb::EmbedRequest { texts: vec!["a".into()], kind: 7, windows: false }, "kind: unknown value 7"),
+            (pb::EmbedRequest { texts: vec!["a".into()], kind: 0, windows: false }, "kind: required"),
         ];
         for (req, want) in cases {
             let err = c.embed(req).await.unwrap_err();
@@ -636,7 +646,9 @@ mod grpc {
         for _ in 0..24 {
             let mut c = c.clone();
             let texts = long.clone();
-            tasks.push(tokio::spawn(async move { c.embed(pb::EmbedRequest { texts, kind: 0, windows: true }).await }));
+            tasks.push(tokio::spawn(async move {
+                c.embed(pb::EmbedRequest { texts, kind: pb::InputKind::Passage as i32, windows: true }).await
+            }));
         }
         let mut ok = 0;
         let mut exhausted = 0;
@@ -667,13 +679,19 @@ mod grpc {
         for _ in 0..4 {
             let mut c = c.clone();
             let texts = texts.clone();
-            let h = tokio::spawn(async move { c.embed(pb::EmbedRequest { texts, kind: 0, windows: true }).await });
+            let h = tokio::spawn(async move {
+                c.embed(pb::EmbedRequest { texts, kind: pb::InputKind::Passage as i32, windows: true }).await
+            });
             tokio::time::sleep(Duration::from_millis(20)).await;
             h.abort();
         }
         let mut c = c.clone();
         let r = c
-            .embed(pb::EmbedRequest { texts: vec!["still here".into()], kind: 1, windows: false })
+            .embed(pb::EmbedRequest {
+                texts: vec!["still here".into()],
+                kind: pb::InputKind::Query as i32,
+                windows: false,
+            })
             .await
             .unwrap()
             .into_inner();

@@ -101,7 +101,7 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
                     let batch: Vec<String> = (0..k).map(|j| texts[(i + j) % texts.len()].clone()).collect();
                     i += k * 7;
                     let t = Instant::now();
-                    match client.embed(pb::EmbedRequest { texts: batch, kind: 0, windows: true }).await {
+                    match client.embed(pb::EmbedRequest { texts: batch, kind: pb::InputKind::Passage as i32, windows: true }).await {
                         Ok(r) => {
                             let r = r.into_inner();
                             lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3);

@@ -7,13 +7,16 @@ use tonic::{Code, Status};
 
 use super::pb;
 
-/// validation → INVALID_ARGUMENT, unknown session → NOT_FOUND, model
-/// problems → UNAVAILABLE, everything else → INTERNAL.
+/// validation → INVALID_ARGUMENT, unknown session → NOT_FOUND, cancelled →
+/// CANCELLED, deadline → DEADLINE_EXCEEDED, model problems → UNAVAILABLE,
+/// everything else → INTERNAL.
 pub fn status(err: scd_engine::Error) -> Status {
     use scd_engine::Error as E;
     let code = match &err {
         E::InvalidArgument { .. } | E::InputTooLong { .. } | E::BudgetTooSmall { .. } => Code::InvalidArgument,
         E::UnknownSession { .. } => Code::NotFound,
+        E::Cancelled { .. } => Code::Cancelled,
+        E::DeadlineExceeded { .. } => Code::DeadlineExceeded,
         E::OrtLibraryMissing { .. }
         | E::OrtLibraryLoad { .. }
         | E::ProviderUnavailable { .. }
@@ -24,11 +27,16 @@ pub fn status(err: scd_engine::Error) -> Status {
     Status::new(code, err.to_string())
 }
 
-fn kind(k: i32) -> Result<FieldKind, Status> {
+fn kind(i: usize, k: i32) -> Result<FieldKind, Status> {
     Ok(
         match pb::FieldKind::try_from(k)
-            .map_err(|_| Status::invalid_argument(format!("fields[].kind: unknown value {k}")))?
+            .map_err(|_| Status::invalid_argument(format!("fields[{i}].kind: unknown value {k}")))?
         {
+            pb::FieldKind::Unspecified => {
+                return Err(Status::invalid_argument(format!(
+                    "fields[{i}].kind: required (FIELD_KIND_PROSE, _CODE, _LOG, _JSON, _CHAT or _TABLE)"
+                )))
+            }
             pb::FieldKind::Prose => FieldKind::Prose,
             pb::FieldKind::Code => FieldKind::Code,
             pb::FieldKind::Log => FieldKind::Log,
@@ -55,7 +63,10 @@ pub fn compress_request(
     let fields = r
         .fields
         .into_iter()
-        .map(|f| Ok(Field { name: f.name, kind: kind(f.kind)?, content: f.content, confidential: f.confidential }))
+        .enumerate()
+        .map(|(i, f)| {
+            Ok(Field { name: f.name, kind: kind(i, f.kind)?, content: f.content, confidential: f.confidential })
+        })
         .collect::<Result<Vec<_>, Status>>()?;
     Ok(scd_engine::extract::CompressRequest {
         task: Task {

@@ -8,20 +8,21 @@
 
 pub mod batcher;
 pub mod convert;
+pub mod http;
 pub mod metrics;
+mod server;
 
-use std::net::SocketAddr;
+pub use server::{serve, ServeConfig};
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::{ContextRequest, Scd};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
 
 use self::batcher::{Batcher, Job};
 use self::metrics::Metrics;
@@ -54,8 +55,8 @@ pub struct Limits {
 
 /// The `scd.v1.Scd` implementation.
 pub struct ScdService {
-    scd: Arc<Scd>,
-    batcher: Batcher,
+    pub(crate) scd: Arc<Scd>,
+    pub(crate) batcher: Batcher,
     compress_slots: Arc<Semaphore>,
     limits: Limits,
     metrics: Arc<Metrics>,
@@ -123,6 +124,9 @@ impl ScdService {
         let kind = match pb::InputKind::try_from(r.kind) {
             Ok(pb::InputKind::Query) => InputKind::Query,
             Ok(pb::InputKind::Passage) => InputKind::Passage,
+            Ok(pb::InputKind::Unspecified) => {
+                return Err(Status::invalid_argument("kind: required (INPUT_KIND_QUERY or INPUT_KIND_PASSAGE)"))
+            }
             Err(_) => return Err(Status::invalid_argument(format!("kind: unknown value {}", r.kind))),
         };
         let mut opts = EncodeOptions::new(kind);
@@ -344,108 +348,4 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(f(tx));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
-}
-
-/// Serves Prometheus text on `addr` (`GET /metrics`), a minimal HTTP/1.1 responder.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, service: Arc<ScdService>) {
-    loop {
-        let Ok((mut sock, _)) = listener.accept().await else { continue };
-        let metrics = metrics.clone();
-        let service = service.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = sock.read(&mut buf).await.unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if head.starts_with("GET /metrics") {
-                let stats = service.scd.cache_stats();
-                let gauges = [
-                    ("scd_queue_depth", "Embed requests waiting for the encoder.", service.batcher.depth() as f64),
-                    ("scd_sessions", "Live sessions.", service.scd.session_count() as f64),
-                    ("scd_cache_hits", "Embedding cache hits.", stats.hits as f64),
-                    ("scd_cache_misses", "Embedding cache misses.", stats.misses as f64),
-                    ("scd_cache_bytes", "Embedding cache size in bytes.", stats.bytes as f64),
-                ];
-                ("200 OK", metrics.render(&gauges))
-            } else {
-                ("404 Not Found", "see /metrics\n".to_string())
-            };
-            let reply = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-            let _ = sock.write_all(reply.as_bytes()).await;
-        });
-    }
-}
-
-/// Everything `serve` needs.
-pub struct ServeConfig {
-    /// gRPC listen address (port 0 picks one).
-    pub addr: SocketAddr,
-    /// Metrics listen address.
-    pub http_addr: Option<SocketAddr>,
-    /// Limits.
-    pub limits: Limits,
-}
-
-/// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests.
-pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::default());
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
-    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(DESCRIPTOR)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
-    let local = listener.local_addr()?;
-    if let Some(http) = cfg.http_addr {
-        let l = tokio::net::TcpListener::bind(http).await?;
-        println!("metrics on http://{}/metrics", l.local_addr()?);
-        tokio::spawn(serve_metrics(l, metrics.clone(), service.clone()));
-    }
-    println!("listening on {local}");
-    // warm the model before reporting SERVING
-    let warm = scd.clone();
-    let health_setter = health.clone();
-    tokio::spawn(async move {
-        let ok = tokio::task::spawn_blocking(move || {
-            warm.encoder().encode(&["warm up"], &EncodeOptions::new(InputKind::Query))
-        })
-        .await
-        .map(|r| r.is_ok())
-        .unwrap_or(false);
-        if ok {
-            health_setter.set_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
-            info!("model warm; SERVING");
-        } else {
-            warn!("warm-up failed; staying NOT_SERVING");
-        }
-    });
-    let svc = pb::scd_server::ScdServer::new(service)
-        .max_decoding_message_size(cfg.limits.max_request_bytes)
-        .max_encoding_message_size(64 << 20);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, shutdown_signal())
-        .await?;
-    info!("drained; bye");
-    Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    info!("shutting down: draining in-flight requests");
 }
