@@ -1,24 +1,14 @@
-//! Content-addressed embedding cache: (model id, normalized text) → vector,
-//! bounded in bytes, least recently used evicted first.
+//! Content-addressed embedding cache: (model id, input kind, normalized
+//! text) → vector, bounded in bytes. A `moka` cache (TinyLFU admission,
+//! weighed by bytes) rather than a hand-written LRU.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use moka::sync::Cache;
 use sha2::{Digest, Sha256};
 
 type Key = [u8; 32];
-
-struct Entry {
-    vector: Arc<[f32]>,
-    last_used: u64,
-}
-
-struct Inner {
-    map: HashMap<Key, Entry>,
-    bytes: usize,
-    tick: u64,
-}
 
 /// Hit/miss counters and size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,8 +25,7 @@ pub struct CacheStats {
 
 /// A thread-safe, byte-bounded embedding cache.
 pub struct EmbeddingCache {
-    inner: Mutex<Inner>,
-    max_bytes: usize,
+    cache: Option<Cache<Key, Arc<[f32]>>>,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -47,17 +36,19 @@ impl std::fmt::Debug for EmbeddingCache {
     }
 }
 
+/// Bytes an entry costs beyond its floats (key, bookkeeping).
 const ENTRY_OVERHEAD: usize = 32 + 48;
+
+fn weight(v: &Arc<[f32]>) -> u32 {
+    u32::try_from(v.len() * 4 + ENTRY_OVERHEAD).unwrap_or(u32::MAX)
+}
 
 impl EmbeddingCache {
     /// A cache holding at most `max_bytes` (0 disables caching).
     pub fn new(max_bytes: usize) -> Self {
-        Self {
-            inner: Mutex::new(Inner { map: HashMap::new(), bytes: 0, tick: 0 }),
-            max_bytes,
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-        }
+        let cache = (max_bytes > 0)
+            .then(|| Cache::builder().max_capacity(max_bytes as u64).weigher(|_, v: &Arc<[f32]>| weight(v)).build());
+        Self { cache, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
     }
 
     /// The key of `text` under `model`: whitespace-normalized text.
@@ -76,48 +67,16 @@ impl EmbeddingCache {
 
     /// The cached vector, counting a hit or a miss.
     pub fn get(&self, key: &Key) -> Option<Arc<[f32]>> {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.tick += 1;
-        let tick = inner.tick;
-        match inner.map.get_mut(key) {
-            Some(e) => {
-                e.last_used = tick;
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                Some(e.vector.clone())
-            }
-            None => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        }
+        let v = self.cache.as_ref().and_then(|c| c.get(key));
+        let counter = if v.is_some() { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+        v
     }
 
-    /// Stores a vector, evicting the least recently used past the bound.
+    /// Stores a vector; the cache evicts past its byte bound.
     pub fn put(&self, key: Key, vector: Arc<[f32]>) {
-        let size = vector.len() * 4 + ENTRY_OVERHEAD;
-        if size > self.max_bytes {
-            return;
-        }
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.tick += 1;
-        let tick = inner.tick;
-        if let Some(old) = inner.map.insert(key, Entry { vector, last_used: tick }) {
-            inner.bytes -= old.vector.len() * 4 + ENTRY_OVERHEAD;
-        }
-        inner.bytes += size;
-        if inner.bytes > self.max_bytes {
-            // evict the oldest quarter of the entries beyond the bound in one pass
-            let mut ages: Vec<(u64, Key)> = inner.map.iter().map(|(k, e)| (e.last_used, *k)).collect();
-            ages.sort_unstable();
-            let target = self.max_bytes - self.max_bytes / 4;
-            for (_, k) in ages {
-                if inner.bytes <= target {
-                    break;
-                }
-                if let Some(e) = inner.map.remove(&k) {
-                    inner.bytes -= e.vector.len() * 4 + ENTRY_OVERHEAD;
-                }
-            }
+        if let Some(c) = &self.cache {
+            c.insert(key, vector);
         }
     }
 
@@ -127,14 +86,20 @@ impl EmbeddingCache {
         self.hits.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Counters and size.
+    /// Counters and size (size after pending evictions are applied).
     pub fn stats(&self) -> CacheStats {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (entries, bytes) = match &self.cache {
+            Some(c) => {
+                c.run_pending_tasks();
+                (c.entry_count() as usize, c.weighted_size() as usize)
+            }
+            None => (0, 0),
+        };
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
-            entries: inner.map.len(),
-            bytes: inner.bytes,
+            entries,
+            bytes,
         }
     }
 }
@@ -145,10 +110,12 @@ mod tests {
 
     #[test]
     fn hits_misses_and_byte_bound() {
-        let c = EmbeddingCache::new(10 * (16 + ENTRY_OVERHEAD));
+        let bound = 10 * (16 + ENTRY_OVERHEAD);
+        let c = EmbeddingCache::new(bound);
         let k = EmbeddingCache::key("m", 0, "a  b\nc");
         assert_eq!(k, EmbeddingCache::key("m", 0, "a b c"), "whitespace-normalized");
         assert_ne!(k, EmbeddingCache::key("other", 0, "a b c"));
+        assert_ne!(k, EmbeddingCache::key("m", 1, "a b c"), "query and passage differ");
         assert!(c.get(&k).is_none());
         c.put(k, Arc::from(vec![1.0f32; 4]));
         assert_eq!(&*c.get(&k).unwrap(), &[1.0; 4]);
@@ -156,7 +123,16 @@ mod tests {
             c.put(EmbeddingCache::key("m", 0, &i.to_string()), Arc::from(vec![0.0f32; 4]));
         }
         let s = c.stats();
-        assert!(s.bytes <= 10 * (16 + ENTRY_OVERHEAD), "{s:?}");
+        assert!(s.bytes <= bound && s.entries <= 10, "{s:?}");
         assert_eq!((s.hits, s.misses), (1, 1));
+    }
+
+    #[test]
+    fn zero_bytes_disables_the_cache() {
+        let c = EmbeddingCache::new(0);
+        let k = EmbeddingCache::key("m", 0, "x");
+        c.put(k, Arc::from(vec![1.0f32; 4]));
+        assert!(c.get(&k).is_none());
+        assert_eq!(c.stats().entries, 0);
     }
 }

@@ -189,6 +189,34 @@ impl Task {
         Self { description: description.into(), ..Self::default() }
     }
 
+    /// Checks the task is non-empty, within `max_bytes` (all its text) and
+    /// `max_constraints`, and free of NUL bytes.
+    pub fn validate(&self, max_bytes: usize, max_constraints: usize) -> Result<()> {
+        if self.description.trim().is_empty() {
+            return Err(Error::invalid("task.description", "must not be empty"));
+        }
+        if self.constraints.len() > max_constraints {
+            return Err(Error::invalid(
+                "task.constraints",
+                format!("{} constraints, over the limit {max_constraints}", self.constraints.len()),
+            ));
+        }
+        let bytes = self.description.len()
+            + self.constraints.iter().map(String::len).sum::<usize>()
+            + self.output_schema.as_ref().map_or(0, String::len);
+        if bytes > max_bytes {
+            return Err(Error::invalid("task", format!("{bytes} bytes, over the limit {max_bytes}")));
+        }
+        check_no_nul(|| "task.description".into(), &self.description)?;
+        for (i, c) in self.constraints.iter().enumerate() {
+            check_no_nul(|| format!("task.constraints[{i}]"), c)?;
+        }
+        if let Some(schema) = &self.output_schema {
+            check_no_nul(|| "task.output_schema".into(), schema)?;
+        }
+        Ok(())
+    }
+
     /// The text embedded as `e_task`: description, constraints, schema.
     pub fn text(&self) -> String {
         let mut s = self.description.trim().to_string();
@@ -238,8 +266,9 @@ impl ContextRequirement {
         }
     }
 
-    /// Checks the numbers and that every named field exists in `ctx`.
-    pub fn validate(&self, ctx: &Context, max_budget: usize) -> Result<()> {
+    /// Checks the numbers (the named fields are checked against the context
+    /// when it is split into public and confidential fields).
+    pub fn validate(&self, max_budget: usize) -> Result<()> {
         if self.max_context_tokens == 0 {
             return Err(Error::invalid("max_context_tokens", "must be at least 1"));
         }
@@ -257,13 +286,6 @@ impl ContextRequirement {
         if let Some(t) = self.min_relative_score {
             if !t.is_finite() {
                 return Err(Error::invalid("min_relative_score", "must be finite"));
-            }
-        }
-        for (list, what) in [(&self.required_fields, "required_fields"), (&self.optional_fields, "optional_fields")] {
-            for name in list.iter() {
-                if !ctx.fields.iter().any(|f| &f.name == name) {
-                    return Err(Error::invalid(what, format!("unknown field {name:?}")));
-                }
             }
         }
         Ok(())

@@ -115,6 +115,27 @@ pub enum Error {
         /// The id asked for.
         session_id: String,
     },
+    /// The session exists but the caller may not use it: wrong token, or
+    /// another caller's session. One message for both, so it tells nothing.
+    #[error("session {session_id:?}: the session_token does not match, or the session belongs to another caller")]
+    SessionForbidden {
+        /// The id asked for.
+        session_id: String,
+    },
+    /// The session was evicted, expired or closed; `cause` says which.
+    #[error("session {session_id:?} is gone: {cause}")]
+    SessionGone {
+        /// The id asked for.
+        session_id: String,
+        /// Why it is gone.
+        cause: &'static str,
+    },
+    /// A follow-up compress named a session opened on another context.
+    #[error("session {session_id:?} was opened on another context; open a new session for this one")]
+    SessionContextMismatch {
+        /// The id asked for.
+        session_id: String,
+    },
     /// The caller went away (client cancelled); the work stopped before `stage`.
     #[error("cancelled during {stage}: the caller went away")]
     Cancelled {

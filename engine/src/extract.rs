@@ -14,14 +14,14 @@
 //! }]};
 //! let out = scd.compress(&CompressRequest {
 //!     task: Task::new("why did the payment service time out"),
-//!     context, requirement: ContextRequirement::with_budget(8), session_id: None,
+//!     context, requirement: ContextRequirement::with_budget(8), session: None,
 //! }).unwrap();
 //! assert_eq!(out.chunks[0].text, "The payment service timed out.");
 //! assert!(out.totals.sent_tokens <= 8);
 //! ```
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -30,10 +30,11 @@ use tracing::{debug, instrument};
 use crate::cache::{CacheStats, EmbeddingCache};
 use crate::cancel::Cancel;
 use crate::chunk::{chunk_field, ChunkConfig};
-use crate::context::{Context, ContextRequirement, Task};
+use crate::context::{check_no_nul, Context, ContextLimits, ContextRequirement, Field, Redacted, Task};
 use crate::encoder::{EncodeOptions, Encoder, InputKind};
 use crate::index::{HnswIndex, HnswParams};
-use crate::score::{dot, zscores, Bm25};
+use crate::score::{dedup, dot, zscores, Bm25};
+use crate::session::{SessionGrant, SessionLimits, SessionStats, SessionStore};
 use crate::{Error, Result};
 
 /// Tuning and limits of the extractor.
@@ -59,10 +60,23 @@ pub struct ScdConfig {
     pub confidence_threshold: f32,
     /// Session lifetime since last use.
     pub session_ttl: Duration,
-    /// Sessions held at once (oldest evicted).
+    /// Sessions held at once (least recently used evicted, never silently).
     pub max_sessions: usize,
-    /// Prepared contexts (chunks, embeddings, BM25, HNSW) kept for reuse.
-    pub max_prepared_contexts: usize,
+    /// Bytes all sessions may hold together (each counts its whole context).
+    pub session_bytes: usize,
+    /// Bytes of prepared contexts (chunks, embeddings, BM25, HNSW) kept for reuse.
+    pub prepared_cache_bytes: usize,
+    /// Limits on a context's size, checked before any work.
+    pub context_limits: ContextLimits,
+    /// Tokens of a context's non-confidential content, checked after
+    /// counting and before embedding.
+    pub max_context_tokens: usize,
+    /// Bytes of a task (description, constraints and schema together).
+    pub max_task_bytes: usize,
+    /// Tokens of a task's embedded text.
+    pub max_task_tokens: usize,
+    /// Constraints on a task.
+    pub max_constraints: usize,
     /// Contexts with at least this many chunks get an HNSW index; dense
     /// scores are then computed exactly for its candidates only.
     pub hnsw_min_chunks: usize,
@@ -86,7 +100,13 @@ impl Default for ScdConfig {
             confidence_threshold: 0.7,
             session_ttl: Duration::from_secs(1800),
             max_sessions: 10_000,
-            max_prepared_contexts: 32,
+            session_bytes: 1 << 30,
+            prepared_cache_bytes: 512 << 20,
+            context_limits: ContextLimits::default(),
+            max_context_tokens: 1 << 20,
+            max_task_bytes: 64 << 10,
+            max_task_tokens: 4096,
+            max_constraints: 256,
             hnsw_min_chunks: 20_000,
             hnsw_candidates: 1024,
             hnsw: HnswParams::default(),
@@ -103,8 +123,32 @@ pub struct CompressRequest {
     pub context: Context,
     /// What the receiver can take.
     pub requirement: ContextRequirement,
-    /// Keep a ledger under this id for adaptive requests.
-    pub session_id: Option<String>,
+    /// Open (or continue) a session for adaptive requests.
+    pub session: Option<SessionRequest>,
+}
+
+/// Open a session with a compression, or continue one.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SessionRequest {
+    /// The id: `None` opens a new session with 128 random bits; an id that
+    /// is not live opens a session under it; a live id continues it (the
+    /// token and the context must match).
+    pub id: Option<String>,
+    /// The secret returned when the session was opened (to continue one).
+    pub token: Option<String>,
+    /// Who calls, when the transport knows (TLS client certificate, DID);
+    /// a session opened with one can only be used by the same caller.
+    pub caller: Option<String>,
+}
+
+impl std::fmt::Debug for SessionRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRequest")
+            .field("id", &self.id)
+            .field("token", &self.token.as_ref().map(|_| "<secret>"))
+            .field("caller", &self.caller)
+            .finish()
+    }
 }
 
 /// A chunk sent to the receiver.
@@ -174,6 +218,10 @@ pub struct Compressed {
     pub task_embedding: Vec<f32>,
     /// Things the receiver should know (threshold dropped everything, ...).
     pub warnings: Vec<String>,
+    /// Names of the confidential fields withheld (names only, never content).
+    pub withheld: Vec<String>,
+    /// The session opened or continued, when one was asked for.
+    pub session: Option<SessionGrant>,
     /// Timings.
     pub timings: Timings,
 }
@@ -189,11 +237,16 @@ pub struct MoreContext {
     pub reason: Option<String>,
 }
 
-/// An adaptive request (paper §6.3 ContextRequest).
-#[derive(Debug, Clone, Default)]
+/// An adaptive request (paper §6.3 ContextRequest). `Debug` prints sizes
+/// of the question and reasoning, never their text.
+#[derive(Clone, Default)]
 pub struct ContextRequest {
     /// The session (task id) from a compress call.
     pub session_id: String,
+    /// The secret returned with the session.
+    pub session_token: String,
+    /// Who calls, when the transport knows.
+    pub caller: Option<String>,
     /// What the receiver needs.
     pub specific_question: String,
     /// Its confidence, in [0, 1].
@@ -204,7 +257,21 @@ pub struct ContextRequest {
     pub chunk_ids: Vec<String>,
 }
 
-#[derive(Debug, Clone)]
+impl std::fmt::Debug for ContextRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextRequest")
+            .field("session_id", &self.session_id)
+            .field("session_token", &"<secret>")
+            .field("caller", &self.caller)
+            .field("specific_question", &Redacted(self.specific_question.len()))
+            .field("current_confidence", &self.current_confidence)
+            .field("reasoning", &Redacted(self.reasoning.len()))
+            .field("chunk_ids", &self.chunk_ids)
+            .finish()
+    }
+}
+
+#[derive(Clone)]
 struct Prepared {
     field: usize,
     id: String,
@@ -213,7 +280,6 @@ struct Prepared {
     group: (usize, usize),
     lead: bool,
     tokens: usize,
-    confidential: bool,
     embedding: Arc<[f32]>,
     embed_text: String,
     /// Names this chunk defines (functions, tables, JSON keys): link targets.
@@ -224,8 +290,10 @@ struct Prepared {
     stub: String,
 }
 
-/// A context chunked, counted, embedded and indexed once, reused by every
-/// task asked of it.
+/// The non-confidential part of a context chunked, counted, embedded and
+/// indexed once, reused by every task asked of it. Confidential fields never
+/// reach it: they are split off before, so nothing here (the encoder, the
+/// caches, BM25, links, sessions) ever sees their text.
 struct PreparedContext {
     chunks: Vec<Prepared>,
     field_names: Vec<String>,
@@ -235,7 +303,10 @@ struct PreparedContext {
     index: Option<HnswIndex>,
     /// Per chunk, the chunks at least `redundancy_cosine` similar to it.
     near_duplicates: Vec<Vec<u32>>,
-    last_used: Mutex<Instant>,
+    /// Fingerprint of the fields it was built from (model + public fields).
+    key: [u8; 32],
+    /// About how much memory it holds.
+    bytes: usize,
 }
 
 impl PreparedContext {
@@ -253,20 +324,46 @@ impl PreparedContext {
     }
 }
 
-struct Session {
+/// A session's ledger: what the receiver holds and the budget it has left.
+struct Ledger {
     context: Arc<PreparedContext>,
     sent: HashSet<usize>,
     remaining: usize,
-    last_used: Instant,
 }
 
 /// The SCD engine: an encoder, an embedding cache and session ledgers.
 pub struct Scd {
     encoder: Arc<dyn Encoder>,
     cache: EmbeddingCache,
-    sessions: Mutex<HashMap<String, Session>>,
-    prepared: Mutex<HashMap<[u8; 32], Arc<PreparedContext>>>,
+    sessions: SessionStore<Ledger>,
+    prepared: moka::sync::Cache<[u8; 32], Arc<PreparedContext>>,
     cfg: ScdConfig,
+}
+
+/// A context with its confidential fields split off: `public` is all any
+/// later stage sees; `withheld` are the confidential fields' names.
+struct Split<'a> {
+    public: Vec<&'a Field>,
+    withheld: Vec<String>,
+}
+
+impl<'a> Split<'a> {
+    fn new(ctx: &'a Context) -> Self {
+        let (public, secret): (Vec<&Field>, Vec<&Field>) = ctx.fields.iter().partition(|f| !f.confidential);
+        Self { public, withheld: secret.into_iter().map(|f| f.name.clone()).collect() }
+    }
+
+    /// Position of public field `name`; confidential or unknown names are
+    /// errors naming `what` (the requirement list).
+    fn index(&self, names: &HashMap<&str, usize>, name: &str, what: &str) -> Result<usize> {
+        match names.get(name) {
+            Some(&i) => Ok(i),
+            None if self.withheld.iter().any(|w| w == name) => {
+                Err(Error::invalid(what, format!("field {name:?} is confidential and is never sent")))
+            }
+            None => Err(Error::invalid(what, format!("unknown field {name:?}"))),
+        }
+    }
 }
 
 impl std::fmt::Debug for Scd {
@@ -315,13 +412,16 @@ fn mentions(haystack_lower: &str, key: &str) -> bool {
 impl Scd {
     /// An engine over `encoder`.
     pub fn new(encoder: Arc<dyn Encoder>, cfg: ScdConfig) -> Self {
-        Self {
-            cache: EmbeddingCache::new(cfg.cache_bytes),
-            encoder,
-            sessions: Mutex::new(HashMap::new()),
-            prepared: Mutex::new(HashMap::new()),
-            cfg,
-        }
+        let sessions = SessionStore::new(SessionLimits {
+            ttl: cfg.session_ttl,
+            max_sessions: cfg.max_sessions,
+            max_bytes: cfg.session_bytes,
+        });
+        let prepared = moka::sync::Cache::builder()
+            .max_capacity(cfg.prepared_cache_bytes as u64)
+            .weigher(|_, p: &Arc<PreparedContext>| u32::try_from(p.bytes).unwrap_or(u32::MAX))
+            .build();
+        Self { cache: EmbeddingCache::new(cfg.cache_bytes), encoder, sessions, prepared, cfg }
     }
 
     /// The encoder.
@@ -364,82 +464,77 @@ impl Scd {
         Ok(out.into_iter().map(|v| v.expect("filled")).collect())
     }
 
-    /// The prepared form of `ctx`, from the context cache when the same
-    /// context (names, kinds, contents, flags) was seen before.
-    fn prepare(&self, ctx: &Context, cancel: &Cancel) -> Result<Arc<PreparedContext>> {
+    /// The prepared form of the public fields, from the context cache when
+    /// the same fields (names, kinds, contents) were seen before.
+    fn prepare(&self, fields: &[&Field], cancel: &Cancel) -> Result<Arc<PreparedContext>> {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(self.encoder.model_id().as_bytes());
-        for f in &ctx.fields {
+        for f in fields {
             h.update((f.name.len() as u64).to_le_bytes());
             h.update(f.name.as_bytes());
-            h.update([f.kind as u8, u8::from(f.confidential)]);
+            h.update([f.kind as u8]);
             h.update((f.content.len() as u64).to_le_bytes());
             h.update(f.content.as_bytes());
         }
         let key: [u8; 32] = h.finalize().into();
-        if let Some(p) = self.prepared.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            *p.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        if let Some(p) = self.prepared.get(&key) {
             self.cache.record_hits(p.chunks.len());
-            return Ok(p.clone());
+            return Ok(p);
         }
         cancel.check("chunk")?;
-        let chunks = self.prepare_chunks(ctx, cancel)?;
+        let chunks = self.prepare_chunks(fields, cancel)?;
         cancel.check("index")?;
         let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
-        let index = (chunks.len() >= self.cfg.hnsw_min_chunks)
-            .then(|| HnswIndex::build(&chunks.iter().map(|c| &*c.embedding).collect::<Vec<_>>(), self.cfg.hnsw));
-        let near_duplicates = self.near_duplicates(&chunks, index.as_ref());
+        let vectors: Vec<&[f32]> = chunks.iter().map(|c| &*c.embedding).collect();
+        let index = (chunks.len() >= self.cfg.hnsw_min_chunks).then(|| HnswIndex::build(&vectors, self.cfg.hnsw));
+        let near_duplicates = self.near_duplicates(&vectors, index.as_ref());
+        let dim = self.encoder.dim();
+        let bytes = 256
+            + chunks
+                .iter()
+                .map(|c| 160 + c.text.len() * 3 + c.embed_text.len() + c.stub.len() + c.id.len() + dim * 4)
+                .sum::<usize>()
+            + near_duplicates.iter().map(|l| 24 + l.len() * 4).sum::<usize>()
+            + index.as_ref().map_or(0, |i| i.len() * (dim * 4 + 24 * 8 * 2));
         let prepared = Arc::new(PreparedContext {
             near_duplicates,
             chunks,
-            field_names: ctx.fields.iter().map(|f| f.name.clone()).collect(),
-            field_keys: ctx
-                .fields
+            field_names: fields.iter().map(|f| f.name.clone()).collect(),
+            field_keys: fields
                 .iter()
                 .map(|f| (f.kind == crate::context::FieldKind::Prose).then(|| mention_key(&f.name)))
                 .collect(),
             bm25,
             index,
-            last_used: Mutex::new(Instant::now()),
+            key,
+            bytes,
         });
-        let mut cache = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= self.cfg.max_prepared_contexts {
-            let oldest = cache
-                .iter()
-                .min_by_key(|(_, p)| *p.last_used.lock().unwrap_or_else(|p| p.into_inner()))
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                cache.remove(&k);
-            }
-        }
-        if self.cfg.max_prepared_contexts > 0 {
-            cache.insert(key, prepared.clone());
-        }
+        self.prepared.insert(key, prepared.clone());
         Ok(prepared)
     }
 
-    /// Pairs of near-duplicate chunks, found once per context: exactly below
-    /// the HNSW threshold, among each chunk's 16 nearest neighbours above it.
-    fn near_duplicates(&self, chunks: &[Prepared], index: Option<&HnswIndex>) -> Vec<Vec<u32>> {
+    /// Near-duplicate chunks, found once per context: among each chunk's 16
+    /// nearest neighbours when there is an HNSW index, otherwise by
+    /// [`dedup::near_duplicates`] (exact for small contexts, LSH above).
+    fn near_duplicates(&self, vectors: &[&[f32]], index: Option<&HnswIndex>) -> Vec<Vec<u32>> {
         use rayon::prelude::*;
         let t = self.cfg.redundancy_cosine;
-        (0..chunks.len())
-            .into_par_iter()
-            .map(|i| {
-                let e = &chunks[i].embedding;
-                let close = |&j: &usize| j != i && dot(e, &chunks[j].embedding) >= t;
-                match index {
-                    Some(idx) => idx.search(e, 16).into_iter().filter(close).map(|j| j as u32).collect(),
-                    None => (0..chunks.len()).filter(close).map(|j| j as u32).collect(),
-                }
-            })
-            .collect()
+        match index {
+            Some(idx) => (0..vectors.len())
+                .into_par_iter()
+                .map(|i| {
+                    let close = |&j: &usize| j != i && dot(vectors[i], vectors[j]) >= t;
+                    idx.search(vectors[i], 16).into_iter().filter(close).map(|j| j as u32).collect()
+                })
+                .collect(),
+            None => dedup::near_duplicates(vectors, t),
+        }
     }
 
-    fn prepare_chunks(&self, ctx: &Context, cancel: &Cancel) -> Result<Vec<Prepared>> {
+    fn prepare_chunks(&self, fields: &[&Field], cancel: &Cancel) -> Result<Vec<Prepared>> {
         let mut out = Vec::new();
-        for (fi, f) in ctx.fields.iter().enumerate() {
+        for (fi, f) in fields.iter().enumerate() {
             for (n, c) in chunk_field(f, self.cfg.chunk).into_iter().enumerate() {
                 let text = f.content[c.start..c.end].to_string();
                 let label = match &c.heading {
@@ -455,13 +550,19 @@ impl Scd {
                     text,
                     group: (fi, c.group),
                     lead: c.lead,
-                    confidential: f.confidential,
                     embedding: Arc::from(Vec::new()),
                     defines: c.defines.iter().map(|d| mention_key(d)).collect(),
                     lower: f.content[c.start..c.end].to_lowercase(),
                     stub: stub(&f.content[c.start..c.end]),
                 });
             }
+        }
+        let total: usize = out.iter().map(|p| p.tokens).sum();
+        if total > self.cfg.max_context_tokens {
+            return Err(Error::invalid(
+                "context",
+                format!("{total} tokens of non-confidential content, over the limit {}", self.cfg.max_context_tokens),
+            ));
         }
         let texts: Vec<&str> = out.iter().map(|p| p.embed_text.as_str()).collect();
         let vecs = self.embed_cached_with(&texts, InputKind::Passage, cancel)?;
@@ -542,26 +643,41 @@ impl Scd {
     #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]
     pub fn compress_with(&self, req: &CompressRequest, cancel: &Cancel) -> Result<Compressed> {
         let ctx = &req.context;
-        ctx.validate()?;
+        ctx.validate_within(&self.cfg.context_limits)?;
         let rq = &req.requirement;
-        rq.validate(ctx, self.cfg.max_budget_tokens)?;
-        if req.task.description.trim().is_empty() {
-            return Err(Error::invalid("task.description", "must not be empty"));
+        rq.validate(self.cfg.max_budget_tokens)?;
+        req.task.validate(self.cfg.max_task_bytes, self.cfg.max_constraints)?;
+        let split = Split::new(ctx);
+        let names: HashMap<&str, usize> = split.public.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
+        let required: HashSet<usize> =
+            rq.required_fields.iter().map(|n| split.index(&names, n, "required_fields")).collect::<Result<_>>()?;
+        let listed: HashSet<usize> =
+            rq.optional_fields.iter().map(|n| split.index(&names, n, "optional_fields")).collect::<Result<_>>()?;
+        let optional = if rq.required_fields.is_empty() && rq.optional_fields.is_empty() {
+            (0..split.public.len()).collect()
+        } else {
+            listed
+        };
+        let task_text = req.task.text();
+        let task_tokens = self.encoder.count_tokens(&task_text)?;
+        if task_tokens > self.cfg.max_task_tokens {
+            return Err(Error::invalid(
+                "task",
+                format!("{task_tokens} tokens, over the limit {}", self.cfg.max_task_tokens),
+            ));
         }
-        for name in &rq.required_fields {
-            if ctx.fields.iter().any(|f| &f.name == name && f.confidential) {
-                return Err(Error::invalid(
-                    "required_fields",
-                    format!("field {name:?} is confidential and is never sent"),
-                ));
+        let continued = match &req.session {
+            Some(SessionRequest { id: Some(id), token, caller }) if self.sessions.contains(id) => {
+                Some(self.sessions.get(id, token.as_deref().unwrap_or(""), caller.as_deref())?)
             }
-        }
+            _ => None,
+        };
+
         let t0 = Instant::now();
-        let prepared = self.prepare(ctx, cancel)?;
+        let prepared = self.prepare(&split.public, cancel)?;
         let chunks = &prepared.chunks;
         let chunk_embed_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
-        let task_text = req.task.text();
         let task_vec = self.embed_cached_with(&[task_text.as_str()], InputKind::Query, cancel)?.remove(0);
         let embed_ms = t1.elapsed().as_secs_f64() * 1e3;
         let t2 = Instant::now();
@@ -570,13 +686,6 @@ impl Scd {
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
 
-        let required: HashSet<usize> =
-            rq.required_fields.iter().filter_map(|n| ctx.fields.iter().position(|f| &f.name == n)).collect();
-        let optional: HashSet<usize> = if rq.required_fields.is_empty() && rq.optional_fields.is_empty() {
-            (0..ctx.fields.len()).collect()
-        } else {
-            rq.optional_fields.iter().filter_map(|n| ctx.fields.iter().position(|f| &f.name == n)).collect()
-        };
         let needed: usize = chunks.iter().filter(|c| required.contains(&c.field)).map(|c| c.tokens).sum();
         if needed > budget {
             return Err(Error::BudgetTooSmall { needed, budget });
@@ -585,8 +694,7 @@ impl Scd {
         let mut used = needed;
         let eligible = |i: usize| {
             let c = &chunks[i];
-            !c.confidential
-                && optional.contains(&c.field)
+            optional.contains(&c.field)
                 && !required.contains(&c.field)
                 && rq.relevance_threshold.is_none_or(|t| dot(&task_vec, &c.embedding) >= t)
         };
@@ -602,11 +710,33 @@ impl Scd {
         self.pack(&prepared, &order, budget, &mut selected, &mut used);
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
-        let out =
+        let mut out =
             self.assemble(&prepared, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
-        if let Some(id) = &req.session_id {
-            self.store_session(id, prepared.clone(), &selected, budget.saturating_sub(out.totals.sent_tokens))?;
-        }
+        out.withheld = split.withheld;
+        let remaining = budget.saturating_sub(out.totals.sent_tokens);
+        out.session = match (&req.session, continued) {
+            (None, _) => None,
+            (Some(sr), Some(entry)) => {
+                if entry.context_key() != &prepared.key {
+                    let id = sr.id.clone().unwrap_or_default();
+                    return Err(Error::SessionContextMismatch { session_id: id });
+                }
+                let mut ledger = entry.lock();
+                ledger.sent.extend(selected.iter().copied());
+                ledger.remaining = remaining;
+                Some(SessionGrant {
+                    id: sr.id.clone().unwrap_or_default(),
+                    token: sr.token.clone().unwrap_or_default(),
+                })
+            }
+            (Some(sr), None) => Some(self.sessions.open(
+                sr.id.clone(),
+                sr.caller.clone(),
+                prepared.key,
+                prepared.bytes + 8 * chunks.len(),
+                Ledger { context: prepared.clone(), sent: selected.iter().copied().collect(), remaining },
+            )?),
+        };
         debug!(sent = out.totals.sent_tokens, ratio = out.totals.reduction_ratio, "compressed");
         Ok(out)
     }
@@ -631,7 +761,7 @@ impl Scd {
             // closure: a chunk brings its group's lead (a paragraph's first
             // sentence, a chat answer's question) when that fits
             if let Some(&l) = leads.get(&chunks[i].group) {
-                if !chosen.contains(&l) && !chunks[l].confidential && *used + chunks[l].tokens <= budget {
+                if !chosen.contains(&l) && *used + chunks[l].tokens <= budget {
                     chosen.insert(l);
                     selected.push(l);
                     *used += chunks[l].tokens;
@@ -654,10 +784,10 @@ impl Scd {
         let mut sel: Vec<usize> = selected.to_vec();
         sel.sort_unstable();
         let chosen: HashSet<usize> = sel.iter().copied().collect();
-        let context_tokens: usize = chunks.iter().filter(|c| !c.confidential).map(|c| c.tokens).sum();
+        let context_tokens: usize = chunks.iter().map(|c| c.tokens).sum();
         let sent_tokens: usize = sel.iter().map(|&i| chunks[i].tokens).sum();
         let dropped = (0..chunks.len())
-            .filter(|i| !chosen.contains(i) && !chunks[*i].confidential)
+            .filter(|i| !chosen.contains(i))
             .map(|i| DroppedChunk {
                 field: prepared.field_names[chunks[i].field].clone(),
                 id: chunks[i].id.clone(),
@@ -676,46 +806,21 @@ impl Scd {
             dropped,
             task_embedding: task_vec.to_vec(),
             warnings,
+            withheld: Vec::new(),
+            session: None,
             timings: Timings { prepare_ms: ms.0, task_embed_ms: ms.1, select_ms: ms.2 },
         }
     }
 
-    fn store_session(
-        &self,
-        id: &str,
-        context: Arc<PreparedContext>,
-        selected: &[usize],
-        remaining: usize,
-    ) -> Result<()> {
-        if id.is_empty() || id.len() > 256 {
-            return Err(Error::invalid("session_id", "must be 1 to 256 bytes"));
-        }
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let ttl = self.cfg.session_ttl;
-        sessions.retain(|_, s| s.last_used.elapsed() < ttl);
-        if sessions.len() >= self.cfg.max_sessions && !sessions.contains_key(id) {
-            if let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) {
-                sessions.remove(&oldest);
-            }
-        }
-        sessions.insert(
-            id.to_string(),
-            Session { context, sent: selected.iter().copied().collect(), remaining, last_used: Instant::now() },
-        );
-        Ok(())
+    /// Closes a session; `Ok(false)` when none was open under `id`. The
+    /// token (and the caller, for a session bound to one) must match.
+    pub fn close_session(&self, id: &str, token: &str, caller: Option<&str>) -> Result<bool> {
+        self.sessions.close(id, token, caller)
     }
 
-    /// Closes a session; false when none was open under `id`.
-    pub fn close_session(&self, id: &str) -> bool {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id).is_some()
-    }
-
-    /// Number of live sessions.
-    pub fn session_count(&self) -> usize {
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let ttl = self.cfg.session_ttl;
-        sessions.retain(|_, s| s.last_used.elapsed() < ttl);
-        sessions.len()
+    /// Live sessions, their bytes, evictions and expiries.
+    pub fn session_stats(&self) -> SessionStats {
+        self.sessions.stats()
     }
 
     /// Adaptive context request (paper §6.3): the next most relevant chunks
@@ -734,13 +839,19 @@ impl Scd {
                 format!("must be in [0, 1], got {}", req.current_confidence),
             ));
         }
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let ttl = self.cfg.session_ttl;
-        let Some(session) = sessions.get_mut(&req.session_id).filter(|s| s.last_used.elapsed() < ttl) else {
-            sessions.remove(&req.session_id);
-            return Err(Error::UnknownSession { session_id: req.session_id.clone() });
-        };
-        session.last_used = Instant::now();
+        check_no_nul(|| "specific_question".into(), &req.specific_question)?;
+        check_no_nul(|| "reasoning".into(), &req.reasoning)?;
+        let query = format!("{} {}", req.specific_question, req.reasoning);
+        if query.len() > self.cfg.max_task_bytes {
+            return Err(Error::invalid(
+                "specific_question",
+                format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.max_task_bytes),
+            ));
+        }
+        let entry = self.sessions.get(&req.session_id, &req.session_token, req.caller.as_deref())?;
+        // this session's own lock, held through scoring: concurrent requests
+        // on one session take turns, so none can pick a chunk another sends
+        let mut session = entry.lock();
         if req.current_confidence >= self.cfg.confidence_threshold {
             return Ok(MoreContext {
                 chunks: vec![],
@@ -752,23 +863,16 @@ impl Scd {
             });
         }
         let context = session.context.clone();
-        drop(sessions);
         let chunks = &context.chunks;
-        let query = format!("{} {}", req.specific_question, req.reasoning);
         let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
         cancel.check("score")?;
         let scores = self.score(&context, &qvec, &query);
-
-        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        let session = sessions
-            .get_mut(&req.session_id)
-            .ok_or_else(|| Error::UnknownSession { session_id: req.session_id.clone() })?;
         let mut picked = Vec::new();
         let mut reason = None;
         // explicit ids first, then by relevance
         let mut order: Vec<usize> = Vec::new();
         for id in &req.chunk_ids {
-            match chunks.iter().position(|c| &c.id == id && !c.confidential) {
+            match chunks.iter().position(|c| &c.id == id) {
                 Some(i) => order.push(i),
                 None => return Err(Error::invalid("chunk_ids", format!("unknown chunk id {id:?}"))),
             }
@@ -776,7 +880,7 @@ impl Scd {
         if req.specific_question.trim().is_empty() && order.is_empty() {
             return Err(Error::invalid("specific_question", "must not be empty (or name chunk_ids)"));
         }
-        let mut ranked: Vec<usize> = (0..chunks.len()).filter(|i| !chunks[*i].confidential).collect();
+        let mut ranked: Vec<usize> = (0..chunks.len()).collect();
         ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         let explicit = order.len();
         order.extend(ranked);

@@ -16,6 +16,7 @@
 //! * [`cancel`] — cooperative cancellation and deadlines between stages.
 //! * [`eval`] — dataset loaders and evidence coverage for `scd eval`.
 //! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
+//! * [`session`] — bounded, unguessable sessions bound to their creators.
 //!
 //! ```
 //! use scd_engine::encoder::{Encoder, EncodeOptions, HashEncoder, InputKind};
@@ -35,5 +36,6 @@ pub mod eval;
 pub mod extract;
 pub mod index;
 pub mod score;
+pub mod session;
 
 pub use error::{Error, Result};

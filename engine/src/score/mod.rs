@@ -9,6 +9,7 @@
 //! ```
 
 mod bm25;
+pub mod dedup;
 
 pub use bm25::{terms, Bm25};
 

@@ -2,7 +2,7 @@
 //! status codes.
 
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
-use scd_engine::extract::{Compressed, SelectedChunk};
+use scd_engine::extract::{Compressed, SelectedChunk, SessionRequest};
 use tonic::{Code, Status};
 
 use super::pb;
@@ -14,7 +14,9 @@ pub fn status(err: scd_engine::Error) -> Status {
     use scd_engine::Error as E;
     let code = match &err {
         E::InvalidArgument { .. } | E::InputTooLong { .. } | E::BudgetTooSmall { .. } => Code::InvalidArgument,
-        E::UnknownSession { .. } => Code::NotFound,
+        E::UnknownSession { .. } | E::SessionGone { .. } => Code::NotFound,
+        E::SessionForbidden { .. } => Code::PermissionDenied,
+        E::SessionContextMismatch { .. } => Code::FailedPrecondition,
         E::Cancelled { .. } => Code::Cancelled,
         E::DeadlineExceeded { .. } => Code::DeadlineExceeded,
         E::OrtLibraryMissing { .. }
@@ -47,10 +49,12 @@ fn kind(i: usize, k: i32) -> Result<FieldKind, Status> {
     )
 }
 
-/// A checked engine request from the wire.
+/// A checked engine request from the wire; `caller` is the transport's
+/// verified identity of the client (its TLS certificate), if any.
 pub fn compress_request(
     r: pb::CompressRequest,
     max_fields: usize,
+    caller: Option<String>,
 ) -> Result<scd_engine::extract::CompressRequest, Status> {
     if r.fields.len() > max_fields {
         return Err(Status::invalid_argument(format!(
@@ -82,7 +86,11 @@ pub fn compress_request(
             relevance_threshold: rq.relevance_threshold,
             min_relative_score: rq.min_relative_score,
         },
-        session_id: (!r.session_id.is_empty()).then_some(r.session_id),
+        session: (!r.session_id.is_empty()).then(|| SessionRequest {
+            id: Some(r.session_id),
+            token: (!r.session_token.is_empty()).then_some(r.session_token),
+            caller,
+        }),
     })
 }
 
@@ -117,5 +125,8 @@ pub fn compress_response(out: Compressed, timing: pb::Timing) -> pb::CompressRes
         task_embedding: out.task_embedding,
         warnings: out.warnings,
         timing: Some(timing),
+        session_id: out.session.as_ref().map(|g| g.id.clone()).unwrap_or_default(),
+        session_token: out.session.map(|g| g.token).unwrap_or_default(),
+        withheld_fields: out.withheld,
     }
 }

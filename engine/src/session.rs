@@ -1,0 +1,361 @@
+//! Sessions (paper §6.3): what a receiver already holds of one context, so
+//! adaptive requests send only chunks it has not seen.
+//!
+//! * **Unguessable and bound to their creator.** A session opened without
+//!   an id gets one from 128 random bits; every session gets a 128-bit
+//!   secret token, returned once at open and required by every later use
+//!   (adaptive requests, close, a follow-up compress). When the transport
+//!   knows the caller (a TLS client certificate, a DID), the session is also
+//!   bound to that identity.
+//! * **Bounded.** A `moka` cache bounded by idle time and by bytes: each
+//!   session weighs what it holds (its prepared context, counted in full for
+//!   every session that holds it, so the bound is conservative), and at
+//!   least `max_bytes / max_sessions`, so the count bound holds too.
+//! * **Never silently gone.** An evicted, expired or closed session leaves a
+//!   tombstone; its owner's next call says which of these happened.
+//! * **One lock per session.** Concurrent requests on one session serialize
+//!   on its own mutex (never a global one), so no chunk is sent twice.
+//!
+//! ```
+//! use std::time::Duration;
+//! use scd_engine::session::{SessionLimits, SessionStore};
+//! let store: SessionStore<Vec<u32>> = SessionStore::new(SessionLimits {
+//!     ttl: Duration::from_secs(60), max_sessions: 10, max_bytes: 1 << 20,
+//! });
+//! let grant = store.open(None, None, [0; 32], 100, vec![]).unwrap();
+//! assert_eq!(grant.id.len(), 34); // "s-" + 128 bits in hex
+//! assert!(store.get(&grant.id, &grant.token, None).is_ok());
+//! assert!(store.get(&grant.id, "guessed", None).is_err());
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use moka::notification::RemovalCause;
+use moka::policy::EvictionPolicy;
+use moka::sync::Cache;
+use rand::Rng;
+use tracing::warn;
+
+use crate::{Error, Result};
+
+/// Bounds on the sessions one engine holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Lifetime after last use.
+    pub ttl: Duration,
+    /// Sessions held at once.
+    pub max_sessions: usize,
+    /// Bytes held by all sessions together.
+    pub max_bytes: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self { ttl: Duration::from_secs(1800), max_sessions: 10_000, max_bytes: 1 << 30 }
+    }
+}
+
+/// What a caller gets when it opens a session: the id and the secret token
+/// every later use must present.
+#[derive(Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SessionGrant {
+    /// The session id.
+    pub id: String,
+    /// The secret (128 random bits, hex).
+    pub token: String,
+}
+
+impl std::fmt::Debug for SessionGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionGrant").field("id", &self.id).field("token", &"<secret>").finish()
+    }
+}
+
+/// Counters of the store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    /// Live sessions.
+    pub live: u64,
+    /// Bytes they weigh.
+    pub bytes: u64,
+    /// Sessions evicted to stay under the bounds.
+    pub evicted: u64,
+    /// Sessions expired after their idle time.
+    pub expired: u64,
+}
+
+/// One live session: its identity checks and its state behind its own lock.
+pub struct SessionEntry<S> {
+    token: String,
+    owner: Option<String>,
+    context_key: [u8; 32],
+    weight: u32,
+    state: Mutex<S>,
+}
+
+impl<S> SessionEntry<S> {
+    /// Locks this session's state (poison is recovered: the state is a ledger).
+    pub fn lock(&self) -> MutexGuard<'_, S> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fingerprint of the context the session was opened on.
+    pub fn context_key(&self) -> &[u8; 32] {
+        &self.context_key
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    evicted: AtomicU64,
+    expired: AtomicU64,
+    last_warn_s: AtomicU64,
+}
+
+/// Sessions holding state `S`, bounded and bound to their creators.
+pub struct SessionStore<S> {
+    live: Cache<String, Arc<SessionEntry<S>>>,
+    gone: Cache<String, &'static str>,
+    counters: Arc<Counters>,
+    limits: SessionLimits,
+}
+
+impl<S> std::fmt::Debug for SessionStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionStore").field("limits", &self.limits).finish()
+    }
+}
+
+fn random_hex() -> String {
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+/// Constant-time equality, so a token cannot be guessed byte by byte.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Checks a client-chosen session id.
+pub fn check_session_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::invalid("session_id", "must be 1 to 256 printable ASCII characters"));
+    }
+    Ok(())
+}
+
+impl<S: Send + Sync + 'static> SessionStore<S> {
+    /// An empty store.
+    pub fn new(limits: SessionLimits) -> Self {
+        let counters = Arc::new(Counters::default());
+        let gone: Cache<String, &'static str> =
+            Cache::builder().max_capacity(100_000).time_to_live(limits.ttl.max(Duration::from_secs(3600))).build();
+        let (c, g) = (counters.clone(), gone.clone());
+        let live = Cache::builder()
+            .max_capacity(limits.max_bytes as u64)
+            .weigher(|_, e: &Arc<SessionEntry<S>>| e.weight)
+            .time_to_idle(limits.ttl)
+            .eviction_policy(EvictionPolicy::lru())
+            .eviction_listener(move |id: Arc<String>, _, cause| {
+                let why = match cause {
+                    RemovalCause::Size => {
+                        c.evicted.fetch_add(1, Ordering::Relaxed);
+                        let now = now_s();
+                        let last = c.last_warn_s.load(Ordering::Relaxed);
+                        if now >= last + 10
+                            && c.last_warn_s.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+                        {
+                            warn!(
+                                evicted_total = c.evicted.load(Ordering::Relaxed),
+                                "sessions evicted to stay under the session memory/count bound"
+                            );
+                        }
+                        "evicted to keep sessions under the server's memory and count bounds"
+                    }
+                    RemovalCause::Expired => {
+                        c.expired.fetch_add(1, Ordering::Relaxed);
+                        "expired after its idle time"
+                    }
+                    RemovalCause::Explicit => "closed",
+                    RemovalCause::Replaced => return,
+                };
+                g.insert((*id).clone(), why);
+            })
+            .build();
+        Self { live, gone, counters, limits }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &SessionLimits {
+        &self.limits
+    }
+
+    /// What one session over `bytes` of state weighs against the bound.
+    fn weight(&self, bytes: usize) -> Result<u32> {
+        let floor = self.limits.max_bytes / self.limits.max_sessions.max(1);
+        let w = bytes.max(floor);
+        if w > self.limits.max_bytes {
+            return Err(Error::invalid(
+                "session",
+                format!("the context needs {w} bytes of session memory, over the limit {}", self.limits.max_bytes),
+            ));
+        }
+        Ok(u32::try_from(w).unwrap_or(u32::MAX))
+    }
+
+    /// Opens a session holding `state` (about `bytes` of memory) for the
+    /// context fingerprinted by `context_key`. `id`: the caller's choice, or
+    /// `None` for 128 random bits. An id already live is refused: continue
+    /// it with [`SessionStore::get`].
+    pub fn open(
+        &self,
+        id: Option<String>,
+        caller: Option<String>,
+        context_key: [u8; 32],
+        bytes: usize,
+        state: S,
+    ) -> Result<SessionGrant> {
+        let id = match id {
+            Some(id) => {
+                check_session_id(&id)?;
+                id
+            }
+            None => format!("s-{}", random_hex()),
+        };
+        let token = random_hex();
+        let entry = Arc::new(SessionEntry {
+            token: token.clone(),
+            owner: caller,
+            context_key,
+            weight: self.weight(bytes)?,
+            state: Mutex::new(state),
+        });
+        let fresh = self.live.entry(id.clone()).or_insert_with(|| entry).is_fresh();
+        if !fresh {
+            return Err(Error::SessionForbidden { session_id: id });
+        }
+        self.gone.invalidate(&id);
+        Ok(SessionGrant { id, token })
+    }
+
+    /// True when `id` names a live session (whoever owns it).
+    pub fn contains(&self, id: &str) -> bool {
+        self.live.contains_key(id)
+    }
+
+    /// The live session `id`, if `token` (and `caller`, when the session has
+    /// an owner) match. A missing session says whether it was evicted,
+    /// expired or closed, when the store still remembers.
+    pub fn get(&self, id: &str, token: &str, caller: Option<&str>) -> Result<Arc<SessionEntry<S>>> {
+        if id.is_empty() {
+            return Err(Error::invalid("session_id", "must not be empty"));
+        }
+        let Some(entry) = self.live.get(id) else {
+            return Err(match self.gone.get(id) {
+                Some(cause) => Error::SessionGone { session_id: id.to_string(), cause },
+                None => Error::UnknownSession { session_id: id.to_string() },
+            });
+        };
+        let owner_ok = entry.owner.as_deref().is_none_or(|o| caller == Some(o));
+        if !same_secret(&entry.token, token) || !owner_ok {
+            return Err(Error::SessionForbidden { session_id: id.to_string() });
+        }
+        Ok(entry)
+    }
+
+    /// Closes a session; `Ok(false)` when none is live under `id`.
+    pub fn close(&self, id: &str, token: &str, caller: Option<&str>) -> Result<bool> {
+        match self.get(id, token, caller) {
+            Ok(_) => {
+                self.live.invalidate(id);
+                Ok(true)
+            }
+            Err(Error::UnknownSession { .. } | Error::SessionGone { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Counters, after pending evictions are applied.
+    pub fn stats(&self) -> SessionStats {
+        self.live.run_pending_tasks();
+        SessionStats {
+            live: self.live.entry_count(),
+            bytes: self.live.weighted_size(),
+            evicted: self.counters.evicted.load(Ordering::Relaxed),
+            expired: self.counters.expired.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(max_sessions: usize, max_bytes: usize) -> SessionStore<u32> {
+        SessionStore::new(SessionLimits { ttl: Duration::from_secs(60), max_sessions, max_bytes })
+    }
+
+    #[test]
+    fn generated_ids_are_128_random_bits_and_distinct() {
+        let s = store(100, 1 << 20);
+        let a = s.open(None, None, [0; 32], 10, 0).unwrap();
+        let b = s.open(None, None, [0; 32], 10, 0).unwrap();
+        assert_ne!(a.id, b.id);
+        assert_ne!(a.token, b.token);
+        assert!(a.id.starts_with("s-") && a.id[2..].len() == 32 && u128::from_str_radix(&a.id[2..], 16).is_ok());
+        assert!(!format!("{a:?}").contains(&a.token), "Debug hides the token");
+    }
+
+    #[test]
+    fn token_and_owner_are_checked() {
+        let s = store(100, 1 << 20);
+        let g = s.open(Some("mine".into()), Some("alice".into()), [0; 32], 10, 7).unwrap();
+        assert_eq!(*s.get("mine", &g.token, Some("alice")).unwrap().lock(), 7);
+        for (token, caller) in [("x", Some("alice")), (g.token.as_str(), Some("bob")), (g.token.as_str(), None)] {
+            let e = s.get("mine", token, caller).err().unwrap();
+            assert!(matches!(e, Error::SessionForbidden { .. }), "{e}");
+        }
+        // an id already live cannot be taken over by opening it again
+        assert!(matches!(s.open(Some("mine".into()), None, [1; 32], 10, 0), Err(Error::SessionForbidden { .. })));
+        assert!(matches!(s.close("mine", "x", Some("alice")), Err(Error::SessionForbidden { .. })));
+        assert!(s.close("mine", &g.token, Some("alice")).unwrap());
+        let e = s.get("mine", &g.token, Some("alice")).err().unwrap();
+        assert_eq!(e.to_string(), "session \"mine\" is gone: closed");
+        assert!(matches!(s.get("", "", None), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(s.open(Some("bad id\n".into()), None, [0; 32], 1, 0), Err(Error::InvalidArgument { .. })));
+    }
+
+    #[test]
+    fn bounded_by_count_and_bytes_and_eviction_is_not_silent() {
+        // 4 sessions at most by count (1000 / 4 = 250 bytes each at least)
+        let s = store(4, 1000);
+        let grants: Vec<_> = (0..6).map(|i| s.open(None, None, [0; 32], 10, i).unwrap()).collect();
+        let st = s.stats();
+        assert!(st.live <= 4 && st.bytes <= 1000, "{st:?}");
+        assert!(st.evicted >= 2, "{st:?}");
+        let first = s.get(&grants[0].id, &grants[0].token, None).err().unwrap();
+        assert!(first.to_string().contains("evicted to keep sessions under"), "{first}");
+        // by bytes: one session of 600 bytes leaves room for one of 250, not two
+        let s = store(100, 1000);
+        s.open(None, None, [0; 32], 600, 0).unwrap();
+        s.open(None, None, [0; 32], 250, 0).unwrap();
+        s.open(None, None, [0; 32], 250, 0).unwrap();
+        assert!(s.stats().bytes <= 1000);
+        let e = s.open(None, None, [0; 32], 5000, 0).err().unwrap();
+        assert_eq!(e.to_string(), "session: the context needs 5000 bytes of session memory, over the limit 1000");
+    }
+
+    #[test]
+    fn sessions_expire_after_idle_time() {
+        let s =
+            SessionStore::new(SessionLimits { ttl: Duration::from_millis(50), max_sessions: 10, max_bytes: 1 << 20 });
+        let g = s.open(None, None, [0; 32], 10, 0u8).unwrap();
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(s.get(&g.id, &g.token, None).is_err());
+    }
+}
