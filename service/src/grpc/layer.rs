@@ -30,7 +30,7 @@ use tonic::{Code, Status};
 use super::metrics::Metrics;
 
 /// Handlers stop this much before the caller's deadline (see the module docs).
-pub const MARGIN: Duration = Duration::from_millis(2);
+pub const MARGIN: Duration = Duration::from_millis(5);
 
 /// When a request must be answered, from its `grpc-timeout`, less [`MARGIN`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,9 +2,17 @@
 //! Prometheus metrics over HTTP.
 //!
 //! CPU work never runs on the async runtime: embeddings go through the
-//! [`batcher`] thread; compression runs on `spawn_blocking` behind a
-//! semaphore. Every queue is bounded and a full one answers
-//! RESOURCE_EXHAUSTED with a retry hint.
+//! [`batcher`] thread (token-budget batches, fail-stop); compression runs on
+//! `spawn_blocking` behind a semaphore. Every queue is bounded and a full one
+//! answers RESOURCE_EXHAUSTED with a retry hint (logged at most once per 10 s
+//! per kind, [`ratelog`]).
+//!
+//! A caller's `grpc-timeout` reaches handlers as a [`layer::Deadline`]: an
+//! embed request still queued at its deadline is answered DEADLINE_EXCEEDED
+//! and skipped by the batcher; Compress/RequestContext pass a
+//! `Cancel::with_deadline` and a cancel-on-drop guard to the engine, which
+//! stops at its next stage boundary and frees the slot. Outcomes of every RPC
+//! are counted once, in [`layer`]; [`metrics`] lists the series.
 
 pub mod batcher;
 pub mod codec;

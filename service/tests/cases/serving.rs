@@ -194,6 +194,7 @@ async fn queue_depth_gauge_stays_within_the_queue_and_returns_to_zero() {
     }
     assert!(ok > 0 && scrapes > 3, "ok {ok}, full {full}, scrapes {scrapes}");
     assert!(max_depth <= 4.0, "scd_queue_depth reached {max_depth}, over --queue-size 4");
+    eprintln!("scd_queue_depth peaked at {max_depth} over {scrapes} scrapes; {ok} ok, {full} refused");
     let m = scrape(&s).await;
     assert_eq!(metric(&m, "scd_queue_depth", &[]), 0.0, "{m}");
     assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "embed_queue_full")]), full as f64);
@@ -260,6 +261,7 @@ async fn idle_http_connections_are_closed_and_metrics_still_answer() {
     }
     let t = Instant::now();
     let m = scrape(&s).await;
+    let answered = t.elapsed();
     assert!(m.contains("scd_requests_total"), "{m}");
     assert!(t.elapsed() < Duration::from_secs(1), "/metrics took {:?} beside 200 idle connections", t.elapsed());
     // gRPC is unaffected
@@ -274,6 +276,7 @@ async fn idle_http_connections_are_closed_and_metrics_still_answer() {
         assert!(n == 0 || String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"), "{n} bytes");
     }
     assert!(t.elapsed() < Duration::from_secs(4));
+    eprintln!("/metrics answered in {answered:?} beside 200 idle connections; all 200 closed {:?} after", t.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,6 +571,7 @@ async fn overload_logs_a_few_lines_and_counts_every_rejection() {
     assert!(exhausted >= 50, "only {exhausted} of 300 were refused");
     let lines = stderr.lines().filter(|l| l.contains("embed queue full")).count();
     assert!((1..=3).contains(&lines), "{lines} rejection lines for {exhausted} rejections:\n{stderr}");
+    eprintln!("{exhausted} of 300 requests refused; {lines} WARN line(s) about it");
     assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "embed_queue_full")]), exhausted as f64, "{m}");
     assert_eq!(
         metric(&m, "scd_requests_total", &[("method", "Embed"), ("code", "ResourceExhausted")]),
