@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
+#[path = "cases/serving.rs"]
+mod serving;
 
 pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -466,22 +468,28 @@ mod grpc {
             assert!(e.timing.unwrap().total_ms > 0.0);
         }
 
-        // EmbedStream answers in order
-        let reqs: Vec<pb::EmbedRequest> = (0..3)
-            .map(|i| pb::EmbedRequest {
-                texts: vec!["x".repeat(i + 1)],
+        // EmbedStream answers in order: longest text first, so a reply out of
+        // order shows as a token count out of order
+        let lens = [40usize, 5, 20, 1, 30, 10];
+        let reqs: Vec<pb::EmbedRequest> = lens
+            .iter()
+            .map(|&n| pb::EmbedRequest {
+                texts: vec!["word ".repeat(n)],
                 kind: pb::InputKind::Passage as i32,
                 windows: false,
             })
             .collect();
         let mut stream = c.embed_stream(tokio_stream::iter(reqs)).await.unwrap().into_inner();
-        let mut n = 0;
+        let mut tokens = Vec::new();
         while let Some(item) = tokio_stream::StreamExt::next(&mut stream).await {
             let item = item.unwrap();
             assert_eq!(item.embeddings.len(), 1);
-            n += 1;
+            tokens.push(item.embeddings[0].tokens as usize);
         }
-        assert_eq!(n, 3);
+        // "word" is one token; the passage prefix and specials add the same to each
+        let extra = tokens[3] - 1;
+        let want: Vec<usize> = lens.iter().map(|n| n + extra).collect();
+        assert_eq!(tokens, want, "replies in request order");
 
         // Compress, sessions, adaptive requests
         let out = c.compress(compress_req(120, "")).await.unwrap().into_inner();
@@ -569,9 +577,14 @@ mod grpc {
             assert_eq!(err.code(), Code::InvalidArgument, "{want}: {err:?}");
             assert!(err.message().starts_with(want), "{:?} does not start with {want:?}", err.message());
         }
-        // oversized message
+        // oversized message: bad input, naming the size and the flag
         let err = c.embed(embed(vec!["x".repeat(100_000)])).await.unwrap_err();
-        assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message().starts_with("request is 1000")
+                && err.message().ends_with("over the limit 65536 (--max-request-bytes)"),
+            "{err:?}"
+        );
 
         let with = |f: &dyn Fn(&mut pb::CompressRequest)| {
             let mut r = compress_req(100, "");

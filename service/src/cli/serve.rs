@@ -7,6 +7,7 @@ use std::time::Duration;
 use scd_engine::extract::{Scd, ScdConfig};
 
 use crate::config::ModelArgs;
+use crate::grpc::http::HttpLimits;
 use crate::grpc::{serve, Limits, ServeConfig};
 
 /// Arguments of `scd serve`.
@@ -21,9 +22,20 @@ pub struct ServeArgs {
     /// Embed requests that may wait for the encoder; more are RESOURCE_EXHAUSTED.
     #[arg(long, env = "SCD_QUEUE_SIZE", default_value_t = 256)]
     queue_size: usize,
-    /// Texts merged into one encoder call.
+    /// Texts (rows) merged into one encoder call at most.
     #[arg(long, env = "SCD_BATCH_TEXTS", default_value_t = 64)]
     batch_texts: usize,
+    /// Tokens merged into one encoder call at most (each text's tokens plus 2
+    /// specials); a single request over it runs alone.
+    #[arg(long, env = "SCD_MAX_BATCH_TOKENS", default_value_t = 8192)]
+    max_batch_tokens: usize,
+    /// Connections to --http-addr open at once; more are closed on accept.
+    #[arg(long, env = "SCD_HTTP_MAX_CONNECTIONS", default_value_t = 256)]
+    http_max_connections: usize,
+    /// Milliseconds an HTTP connection has to send a complete request head
+    /// (idle keep-alive connections included) before it is closed.
+    #[arg(long, env = "SCD_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000)]
+    http_header_timeout_ms: u64,
     /// Compress / RequestContext calls in flight at once; more are RESOURCE_EXHAUSTED.
     #[arg(long, env = "SCD_MAX_CONCURRENT_COMPRESS", default_value_t = 8)]
     max_concurrent_compress: usize,
@@ -51,6 +63,9 @@ pub struct ServeArgs {
 pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.queue_size > 0, "--queue-size: must be at least 1");
     anyhow::ensure!(args.max_texts > 0 && args.max_fields > 0, "--max-texts/--max-fields: must be at least 1");
+    anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens: must be at least 1");
+    anyhow::ensure!(args.http_max_connections > 0, "--http-max-connections: must be at least 1");
+    anyhow::ensure!(args.http_header_timeout_ms > 0, "--http-header-timeout-ms: must be at least 1");
     let encoder = Arc::new(model.load_encoder()?);
     let cfg = ScdConfig {
         cache_bytes: args.cache_bytes,
@@ -65,8 +80,13 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_request_bytes: args.max_request_bytes,
         queue_size: args.queue_size,
         batch_texts: args.batch_texts.max(1),
+        max_batch_tokens: args.max_batch_tokens,
         max_concurrent_compress: args.max_concurrent_compress,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(serve(scd, ServeConfig { addr: args.addr, http_addr: args.http_addr, limits }))
+    let http = HttpLimits {
+        max_connections: args.http_max_connections,
+        header_timeout: Duration::from_millis(args.http_header_timeout_ms),
+    };
+    rt.block_on(serve(scd, ServeConfig { addr: args.addr, http_addr: args.http_addr, limits, http }))
 }

@@ -1,18 +1,34 @@
 //! Dynamic batching (after TEI's `core/src/queue.rs`): embed requests from
 //! many clients wait in one bounded queue; a dedicated thread drains it into
-//! encoder batches of up to `batch_texts` texts, runs them, and answers each
-//! request on its own channel. A full queue is refused at once
-//! (RESOURCE_EXHAUSTED); requests whose caller has gone are dropped unrun.
+//! encoder batches bounded by a token budget (`--max-batch-tokens`, the
+//! tokens of every text plus 2 specials each; the first request always runs,
+//! alone if it is over) and a row cap (`--batch-texts`), runs them, and
+//! answers each request on its own channel.
+//!
+//! - A full queue is refused at once (RESOURCE_EXHAUSTED).
+//! - Requests whose caller has gone or whose deadline passed are dropped
+//!   before encoding and counted in `scd_jobs_dropped_total{reason}`.
+//! - The thread is fail-stop: if the encoder panics (or the thread ends for
+//!   any other reason) the batch in flight is answered INTERNAL, queued
+//!   requests UNAVAILABLE, the cause is logged at ERROR and published on
+//!   [`Batcher::stopped_signal`] (the server turns health NOT_SERVING), and
+//!   every later request is refused UNAVAILABLE naming the cause.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder};
-use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, warn};
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::Status;
+use tracing::{debug, error};
 
 use super::metrics::Metrics;
+use super::ratelog::RateLimitedWarn;
+
+/// The answer to a job: embeddings or a status, and the time it spent queued (ms).
+pub type Reply = (Result<Encoded, Status>, f64);
 
 /// One embed request in the queue.
 pub struct Job {
@@ -20,10 +36,23 @@ pub struct Job {
     pub texts: Vec<String>,
     /// Prefix and long-input policy.
     pub opts: EncodeOptions,
-    /// Where the answer goes, with the time spent queued (ms).
-    pub reply: oneshot::Sender<(scd_engine::Result<Encoded>, f64)>,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<Reply>,
     /// When it was queued.
     pub queued: Instant,
+    /// Past this the job is dropped unrun.
+    pub deadline: Option<Instant>,
+}
+
+/// Queue and batch bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    /// Requests that may wait.
+    pub queue_size: usize,
+    /// Texts (rows) per encoder call.
+    pub batch_texts: usize,
+    /// Tokens per encoder call, 2 specials per text included.
+    pub max_batch_tokens: usize,
 }
 
 /// Handle to the batching thread.
@@ -31,97 +60,71 @@ pub struct Job {
 pub struct Batcher {
     tx: mpsc::Sender<Job>,
     depth: Arc<AtomicUsize>,
+    stopped: watch::Receiver<Option<String>>,
+}
+
+static QUEUE_FULL: RateLimitedWarn = RateLimitedWarn::new("embed_queue_full");
+
+/// Why a submission was refused.
+pub enum Refused {
+    /// The queue is full: retry later.
+    Full,
+    /// The encoder thread has stopped, with its cause.
+    Stopped(String),
 }
 
 impl Batcher {
-    /// Starts the batching thread over `encoder` with a queue of `queue_size` requests.
-    pub fn start(encoder: Arc<dyn Encoder>, queue_size: usize, batch_texts: usize, metrics: Arc<Metrics>) -> Self {
-        let (tx, mut rx) = mpsc::channel::<Job>(queue_size.max(1));
+    /// Starts the batching thread over `encoder`.
+    pub fn start(encoder: Arc<dyn Encoder>, limits: BatchLimits, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = mpsc::channel::<Job>(limits.queue_size.max(1));
         let depth = Arc::new(AtomicUsize::new(0));
-        let d = depth.clone();
+        let (stop_tx, stopped) = watch::channel(None);
+        let mut worker = Worker { rx, encoder, limits, metrics, depth: depth.clone(), pending: None };
         std::thread::Builder::new()
             .name("scd-batcher".into())
             .spawn(move || {
-                let mut pending: Option<Job> = None;
-                loop {
-                    let first = match pending.take() {
-                        Some(j) => j,
-                        None => match rx.blocking_recv() {
-                            Some(j) => j,
-                            None => return,
-                        },
-                    };
-                    d.fetch_sub(1, Ordering::Relaxed);
-                    // gather compatible jobs already waiting, up to the batch size
-                    let mut jobs = vec![first];
-                    let mut n = jobs[0].texts.len();
-                    while n < batch_texts {
-                        match rx.try_recv() {
-                            Ok(j) => {
-                                d.fetch_sub(1, Ordering::Relaxed);
-                                if j.opts != jobs[0].opts {
-                                    pending = Some(j);
-                                    break;
-                                }
-                                n += j.texts.len();
-                                jobs.push(j);
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    jobs.retain(|j| !j.reply.is_closed());
-                    if jobs.is_empty() {
-                        continue;
-                    }
-                    let started = Instant::now();
-                    let texts: Vec<&str> = jobs.iter().flat_map(|j| j.texts.iter().map(String::as_str)).collect();
-                    let opts = jobs[0].opts;
-                    metrics.batch(texts.len());
-                    // one call for the whole batch; on error (e.g. one over-long text)
-                    // each job runs alone so only the faulty request fails
-                    let whole = encoder.encode(&texts, &opts);
-                    match whole {
-                        Ok(enc) => {
-                            metrics.tokens(enc.tokens.iter().sum());
-                            let mut at = 0;
-                            for j in jobs {
-                                let k = j.texts.len();
-                                let part = Encoded {
-                                    dim: enc.dim,
-                                    data: enc.data[at * enc.dim..(at + k) * enc.dim].to_vec(),
-                                    tokens: enc.tokens[at..at + k].to_vec(),
-                                    windows: enc.windows[at..at + k].to_vec(),
-                                };
-                                at += k;
-                                let queued = (started - j.queued).as_secs_f64() * 1e3;
-                                let _ = j.reply.send((Ok(part), queued));
-                            }
-                        }
-                        Err(e) => {
-                            debug!(error = %e, "batch failed; retrying its requests one by one");
-                            for j in jobs {
-                                let refs: Vec<&str> = j.texts.iter().map(String::as_str).collect();
-                                let queued = (started - j.queued).as_secs_f64() * 1e3;
-                                let _ = j.reply.send((encoder.encode(&refs, &j.opts), queued));
-                            }
-                        }
-                    }
+                let cause = match catch_unwind(AssertUnwindSafe(|| worker.run())) {
+                    Ok(Ok(())) => return, // every sender gone: the server is shutting down
+                    Ok(Err(cause)) => cause,
+                    Err(panic) => format!("panicked: {}", panic_message(&*panic)),
+                };
+                error!(cause = %cause, "encoder thread stopped; embed requests now fail UNAVAILABLE");
+                let _ = stop_tx.send(Some(cause.clone()));
+                worker.rx.close();
+                let unavailable = || Status::unavailable(format!("encoder thread stopped: {cause}"));
+                if let Some((j, _)) = worker.pending.take() {
+                    let _ = j.reply.send((Err(unavailable()), 0.0));
+                }
+                while let Ok(j) = worker.rx.try_recv() {
+                    worker.depth.fetch_sub(1, Ordering::Relaxed);
+                    let _ = j.reply.send((Err(unavailable()), 0.0));
                 }
             })
             .expect("spawn batcher thread");
-        Self { tx, depth }
+        Self { tx, depth, stopped }
     }
 
-    /// Queues a job; `Err` when the queue is full.
-    pub fn submit(&self, job: Job) -> Result<(), Job> {
+    /// Queues a job.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        if let Some(cause) = self.stopped() {
+            return Err(Refused::Stopped(cause));
+        }
+        // counted before it can be received, so the worker's decrement never
+        // runs ahead of this increment
+        self.depth.fetch_add(1, Ordering::Relaxed);
         match self.tx.try_send(job) {
-            Ok(()) => {
-                self.depth.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(mpsc::error::TrySendError::Full(j)) | Err(mpsc::error::TrySendError::Closed(j)) => {
-                warn!("embed queue full");
-                Err(j)
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.depth.fetch_sub(1, Ordering::Relaxed);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => {
+                        QUEUE_FULL.hit("embed queue full");
+                        Err(Refused::Full)
+                    }
+                    mpsc::error::TrySendError::Closed(_) => {
+                        Err(Refused::Stopped(self.stopped().unwrap_or_else(|| "queue closed".into())))
+                    }
+                }
             }
         }
     }
@@ -129,5 +132,176 @@ impl Batcher {
     /// Requests waiting.
     pub fn depth(&self) -> usize {
         self.depth.load(Ordering::Relaxed)
+    }
+
+    /// Why the encoder thread stopped, once it has.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.borrow().clone()
+    }
+
+    /// Changes to `Some(cause)` when the encoder thread stops.
+    pub fn stopped_signal(&self) -> watch::Receiver<Option<String>> {
+        self.stopped.clone()
+    }
+}
+
+/// The state of the batching thread.
+struct Worker {
+    rx: mpsc::Receiver<Job>,
+    encoder: Arc<dyn Encoder>,
+    limits: BatchLimits,
+    metrics: Arc<Metrics>,
+    depth: Arc<AtomicUsize>,
+    /// A live job taken from the queue that did not fit the last batch, with its tokens.
+    pending: Option<(Job, usize)>,
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".into())
+}
+
+impl Worker {
+    /// Drops a job whose deadline passed or whose caller left; `None` if dropped.
+    fn alive(&self, j: Job) -> Option<Job> {
+        if j.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.metrics.job_dropped("deadline");
+            let _ = j.reply.send((Err(Status::deadline_exceeded("deadline passed while queued for the encoder")), 0.0));
+            return None;
+        }
+        if j.reply.is_closed() {
+            self.metrics.job_dropped("cancelled");
+            return None;
+        }
+        Some(j)
+    }
+
+    /// The job's tokens with 2 specials per text; counted here, off the runtime.
+    fn tokens(&self, j: &Job) -> usize {
+        j.texts.iter().map(|t| self.encoder.count_tokens(t).unwrap_or(0) + 2).sum()
+    }
+
+    /// The next live job from the queue, waiting when `block`.
+    fn next(&mut self, block: bool) -> Option<(Job, usize)> {
+        loop {
+            let j = if block { self.rx.blocking_recv()? } else { self.rx.try_recv().ok()? };
+            self.depth.fetch_sub(1, Ordering::Relaxed);
+            if let Some(j) = self.alive(j) {
+                let n = self.tokens(&j);
+                return Some((j, n));
+            }
+        }
+    }
+
+    /// Encodes under `catch_unwind`; `Err` holds the panic's message.
+    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<scd_engine::Result<Encoded>, String> {
+        self.metrics.encoded(texts.len(), 0);
+        let r = catch_unwind(AssertUnwindSafe(|| self.encoder.encode(texts, opts)))
+            .map_err(|p| format!("encoder panicked: {}", panic_message(&*p)))?;
+        if let Ok(enc) = &r {
+            self.metrics.encoded(0, enc.tokens.iter().sum());
+        }
+        Ok(r)
+    }
+
+    /// Batches until every sender is gone (`Ok`) or the encoder panics (`Err(cause)`).
+    fn run(&mut self) -> Result<(), String> {
+        loop {
+            let first = match self.pending.take() {
+                Some(p) => p,
+                None => match self.next(true) {
+                    Some(p) => p,
+                    None => return Ok(()),
+                },
+            };
+            let (mut rows, mut tokens) = (first.0.texts.len(), first.1);
+            let opts = first.0.opts;
+            let mut jobs = vec![first.0];
+            while let Some((j, n)) = self.next(false) {
+                if j.opts != opts
+                    || rows + j.texts.len() > self.limits.batch_texts
+                    || tokens + n > self.limits.max_batch_tokens
+                {
+                    self.pending = Some((j, n));
+                    break;
+                }
+                rows += j.texts.len();
+                tokens += n;
+                jobs.push(j);
+            }
+            // the last check before the encoder: nobody waits for these any more
+            let before = jobs.len();
+            let jobs: Vec<Job> = jobs.into_iter().filter_map(|j| self.alive(j)).collect();
+            if jobs.is_empty() {
+                continue;
+            }
+            if jobs.len() != before {
+                tokens = jobs.iter().map(|j| self.tokens(j)).sum();
+            }
+            self.batch(jobs, tokens, &opts)?;
+        }
+    }
+
+    /// Runs one batch and answers its jobs.
+    fn batch(&self, jobs: Vec<Job>, tokens: usize, opts: &EncodeOptions) -> Result<(), String> {
+        let started = Instant::now();
+        let texts: Vec<&str> = jobs.iter().flat_map(|j| j.texts.iter().map(String::as_str)).collect();
+        self.metrics.batch(texts.len(), tokens);
+        for j in &jobs {
+            self.metrics.queue_wait((started - j.queued).as_secs_f64());
+        }
+        let queued = |j: &Job| (started - j.queued).as_secs_f64() * 1e3;
+        // one call for the whole batch; on error (e.g. one over-long text)
+        // each job runs alone so only the faulty request fails
+        let whole = match self.encode(&texts, opts) {
+            Ok(r) => r,
+            Err(cause) => {
+                for j in jobs {
+                    let q = queued(&j);
+                    let _ = j.reply.send((Err(Status::internal(cause.clone())), q));
+                }
+                return Err(cause);
+            }
+        };
+        match whole {
+            Ok(enc) => {
+                let mut at = 0;
+                for j in jobs {
+                    let k = j.texts.len();
+                    let part = Encoded {
+                        dim: enc.dim,
+                        data: enc.data[at * enc.dim..(at + k) * enc.dim].to_vec(),
+                        tokens: enc.tokens[at..at + k].to_vec(),
+                        windows: enc.windows[at..at + k].to_vec(),
+                    };
+                    at += k;
+                    let q = queued(&j);
+                    let _ = j.reply.send((Ok(part), q));
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, "batch failed; retrying its requests one by one");
+                let mut jobs = jobs.into_iter();
+                while let Some(j) = jobs.next() {
+                    let refs: Vec<&str> = j.texts.iter().map(String::as_str).collect();
+                    let q = queued(&j);
+                    match self.encode(&refs, &j.opts) {
+                        Ok(r) => {
+                            let _ = j.reply.send((r.map_err(super::convert::status), q));
+                        }
+                        Err(cause) => {
+                            for j in std::iter::once(j).chain(jobs) {
+                                let q = queued(&j);
+                                let _ = j.reply.send((Err(Status::internal(cause.clone())), q));
+                            }
+                            return Err(cause);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -1,37 +1,86 @@
-//! The HTTP listener (`--http-addr`): Prometheus metrics at `/metrics`.
+//! The HTTP listener (`--http-addr`): Prometheus metrics at `GET /metrics`,
+//! served by axum over hyper's HTTP/1.1 connection driver with
+//!
+//! - a header read timeout (`--http-header-timeout-ms`): a connection that
+//!   sends no complete request head in time, including an idle keep-alive
+//!   one, is closed;
+//! - a cap on connection lifetime ([`MAX_CONNECTION_AGE`]);
+//! - a connection limit (`--http-max-connections`): past it new connections
+//!   are closed at once and counted in `scd_rejected_total{kind="http_connections"}`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
+use tracing::debug;
 
-use super::metrics::Metrics;
+use super::ratelog::RateLimitedWarn;
 use super::ScdService;
 
-/// Serves Prometheus text on `addr` (`GET /metrics`), a minimal HTTP/1.1 responder.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, service: Arc<ScdService>) {
+/// Longest time one HTTP connection is kept, whatever it does.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
+
+/// HTTP listener settings.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpLimits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Time a connection has to send a complete request head.
+    pub header_timeout: Duration,
+}
+
+static CONN_LIMIT: RateLimitedWarn = RateLimitedWarn::new("http_connections");
+static ACCEPT: RateLimitedWarn = RateLimitedWarn::new("http_accept");
+
+async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
+    let stats = service.scd.cache_stats();
+    let gauges = [
+        ("scd_queue_depth", service.batcher.depth() as f64),
+        ("scd_sessions", service.scd.session_count() as f64),
+        ("scd_cache_hits", stats.hits as f64),
+        ("scd_cache_misses", stats.misses as f64),
+        ("scd_cache_bytes", stats.bytes as f64),
+    ];
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&gauges))
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve_metrics(listener: tokio::net::TcpListener, service: Arc<ScdService>, limits: HttpLimits) {
+    let router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
-        let Ok((mut sock, _)) = listener.accept().await else { continue };
-        let metrics = metrics.clone();
-        let service = service.clone();
+        let sock = match listener.accept().await {
+            Ok((sock, _)) => sock,
+            Err(e) => {
+                // e.g. out of file descriptors: back off instead of spinning
+                ACCEPT.hit(&format!("metrics listener accept failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            service.metrics.rejected("http_connections");
+            CONN_LIMIT.hit("metrics listener at --http-max-connections; connection closed");
+            drop(sock);
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = sock.read(&mut buf).await.unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if head.starts_with("GET /metrics") {
-                let stats = service.scd.cache_stats();
-                let gauges = [
-                    ("scd_queue_depth", "Embed requests waiting for the encoder.", service.batcher.depth() as f64),
-                    ("scd_sessions", "Live sessions.", service.scd.session_count() as f64),
-                    ("scd_cache_hits", "Embedding cache hits.", stats.hits as f64),
-                    ("scd_cache_misses", "Embedding cache misses.", stats.misses as f64),
-                    ("scd_cache_bytes", "Embedding cache size in bytes.", stats.bytes as f64),
-                ];
-                ("200 OK", metrics.render(&gauges))
-            } else {
-                ("404 Not Found", "see /metrics\n".to_string())
-            };
-            let reply = format!("HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-            let _ = sock.write_all(reply.as_bytes()).await;
+            let _permit = permit;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(sock), svc);
+            match tokio::time::timeout(MAX_CONNECTION_AGE, conn).await {
+                Ok(Err(e)) => debug!(error = %e, "metrics connection ended"),
+                Err(_) => debug!("metrics connection closed at its maximum age"),
+                Ok(Ok(())) => {}
+            }
         });
     }
 }

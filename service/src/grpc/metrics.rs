@@ -1,72 +1,118 @@
 //! Prometheus metrics, served as text on `--http-addr` at `/metrics`.
+//!
+//! Each server owns a `metrics-exporter-prometheus` recorder (not the
+//! process-global one, so several servers in one process, as in the tests,
+//! keep separate counts) and renders its handle on each scrape.
+//!
+//! | metric | kind | labels |
+//! | --- | --- | --- |
+//! | `scd_requests_total` | counter | `method`, `code`: every finished RPC, including ones rejected before a handler ran |
+//! | `scd_request_duration_seconds` | histogram | `method` |
+//! | `scd_stage_seconds` | histogram | `method`, `stage` (`queue`, `inference`, `selection`) |
+//! | `scd_queue_wait_seconds` | histogram | time an embed request waited for the encoder |
+//! | `scd_batch_texts`, `scd_batch_tokens` | histogram | texts and tokens (+2 specials per text) per encoder batch |
+//! | `scd_encoder_texts_total`, `scd_encoder_tokens_total` | counter | texts fed to the encoder, tokens it reported |
+//! | `scd_jobs_dropped_total` | counter | `reason` (`deadline`, `cancelled`): embed requests dropped unrun |
+//! | `scd_rejected_total` | counter | `kind` (`embed_queue_full`, `compress_slots_full`, `http_connections`) |
+//! | `scd_queue_depth`, `scd_sessions`, `scd_cache_*` | gauge | |
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use metrics::{counter, gauge, histogram, Counter, Histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-/// (method, stage) → (seconds summed, count).
-type StageSums = BTreeMap<(String, &'static str), (f64, u64)>;
+/// Latency buckets in seconds.
+const SECONDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
-/// Counters and sums the server keeps.
-#[derive(Default)]
+/// The server's recorder and the handles it updates on hot paths.
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String), u64>>,
-    durations: Mutex<StageSums>,
-    batches: AtomicU64,
-    batch_texts: AtomicU64,
-    tokens: AtomicU64,
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    queue_wait: Histogram,
+    batch_texts: Histogram,
+    batch_tokens: Histogram,
+    encoder_texts: Counter,
+    encoder_tokens: Counter,
 }
 
 impl Metrics {
-    /// Counts a finished request by method and status code.
-    pub fn request(&self, method: &str, code: tonic::Code) {
-        *self
-            .requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((method.to_string(), format!("{code:?}")))
-            .or_default() += 1;
+    /// A recorder whose `scd_batch_tokens` buckets include `max_batch_tokens`
+    /// exactly, so a scrape shows whether any batch went over the budget.
+    pub fn new(max_batch_tokens: usize) -> Self {
+        let mut tokens: Vec<f64> = (4..=16).map(|p| f64::from(1u32 << p)).collect();
+        tokens.push(max_batch_tokens as f64);
+        tokens.sort_by(f64::total_cmp);
+        tokens.dedup();
+        let texts: Vec<f64> = (0..=10).map(|p| f64::from(1u32 << p)).collect();
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(SECONDS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full("scd_batch_tokens".into()), &tokens))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full("scd_batch_texts".into()), &texts))
+            .expect("bucket lists are non-empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        let (queue_wait, batch_texts, batch_texts_h, encoder_texts, encoder_tokens) =
+            metrics::with_local_recorder(&recorder, || {
+                (
+                    histogram!("scd_queue_wait_seconds"),
+                    histogram!("scd_batch_texts"),
+                    histogram!("scd_batch_tokens"),
+                    counter!("scd_encoder_texts_total"),
+                    counter!("scd_encoder_tokens_total"),
+                )
+            });
+        Self { recorder, handle, queue_wait, batch_texts, batch_tokens: batch_texts_h, encoder_texts, encoder_tokens }
     }
 
-    /// Adds a stage duration in milliseconds.
-    pub fn stage(&self, method: &str, stage: &'static str, ms: f64) {
-        let mut d = self.durations.lock().unwrap_or_else(|p| p.into_inner());
-        let e = d.entry((method.to_string(), stage)).or_default();
-        e.0 += ms / 1e3;
-        e.1 += 1;
+    /// Counts a finished RPC by method and status code, with its duration.
+    pub fn request(&self, method: &str, code: tonic::Code, seconds: f64) {
+        metrics::with_local_recorder(&self.recorder, || {
+            counter!("scd_requests_total", "method" => method.to_string(), "code" => format!("{code:?}")).increment(1);
+            histogram!("scd_request_duration_seconds", "method" => method.to_string()).record(seconds);
+        });
     }
 
-    /// Counts an encoder batch of `texts` texts.
-    pub fn batch(&self, texts: usize) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.batch_texts.fetch_add(texts as u64, Ordering::Relaxed);
+    /// Records a stage duration in milliseconds.
+    pub fn stage(&self, method: &'static str, stage: &'static str, ms: f64) {
+        metrics::with_local_recorder(&self.recorder, || {
+            histogram!("scd_stage_seconds", "method" => method, "stage" => stage).record(ms / 1e3);
+        });
     }
 
-    /// Counts tokens fed to the encoder.
-    pub fn tokens(&self, n: usize) {
-        self.tokens.fetch_add(n as u64, Ordering::Relaxed);
+    /// Time an embed request waited in the queue.
+    pub fn queue_wait(&self, seconds: f64) {
+        self.queue_wait.record(seconds);
     }
 
-    /// Prometheus text exposition, with gauges given by the caller.
-    pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
-        let mut s = String::new();
-        s += "# HELP scd_requests_total Finished gRPC requests by method and status code.\n# TYPE scd_requests_total counter\n";
-        for ((m, c), n) in self.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            s += &format!("scd_requests_total{{method=\"{m}\",code=\"{c}\"}} {n}\n");
-        }
-        s += "# HELP scd_stage_seconds Time per request stage.\n# TYPE scd_stage_seconds summary\n";
-        for ((m, st), (sum, n)) in self.durations.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            s += &format!("scd_stage_seconds_sum{{method=\"{m}\",stage=\"{st}\"}} {sum}\nscd_stage_seconds_count{{method=\"{m}\",stage=\"{st}\"}} {n}\n");
-        }
-        s += &format!(
-            "# TYPE scd_batches_total counter\nscd_batches_total {}\n# TYPE scd_batch_texts_total counter\nscd_batch_texts_total {}\n# TYPE scd_encoder_tokens_total counter\nscd_encoder_tokens_total {}\n",
-            self.batches.load(Ordering::Relaxed),
-            self.batch_texts.load(Ordering::Relaxed),
-            self.tokens.load(Ordering::Relaxed)
-        );
-        for (name, help, v) in gauges {
-            s += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n");
-        }
-        s
+    /// An encoder batch of `texts` texts holding `tokens` tokens (specials included).
+    pub fn batch(&self, texts: usize, tokens: usize) {
+        self.batch_texts.record(texts as f64);
+        self.batch_tokens.record(tokens as f64);
+    }
+
+    /// Texts handed to the encoder and the tokens it reported.
+    pub fn encoded(&self, texts: usize, tokens: usize) {
+        self.encoder_texts.increment(texts as u64);
+        self.encoder_tokens.increment(tokens as u64);
+    }
+
+    /// An embed request dropped before encoding.
+    pub fn job_dropped(&self, reason: &'static str) {
+        metrics::with_local_recorder(&self.recorder, || {
+            counter!("scd_jobs_dropped_total", "reason" => reason).increment(1)
+        });
+    }
+
+    /// A request or connection refused for load.
+    pub fn rejected(&self, kind: &'static str) {
+        metrics::with_local_recorder(&self.recorder, || counter!("scd_rejected_total", "kind" => kind).increment(1));
+    }
+
+    /// Prometheus text exposition, after setting the gauges given by the caller.
+    pub fn render(&self, gauges: &[(&'static str, f64)]) -> String {
+        metrics::with_local_recorder(&self.recorder, || {
+            for (name, v) in gauges {
+                gauge!(*name).set(*v);
+            }
+        });
+        self.handle.render()
     }
 }

@@ -2,30 +2,44 @@
 //! Prometheus metrics over HTTP.
 //!
 //! CPU work never runs on the async runtime: embeddings go through the
-//! [`batcher`] thread; compression runs on `spawn_blocking` behind a
-//! semaphore. Every queue is bounded and a full one answers
-//! RESOURCE_EXHAUSTED with a retry hint.
+//! [`batcher`] thread (token-budget batches, fail-stop); compression runs on
+//! `spawn_blocking` behind a semaphore. Every queue is bounded and a full one
+//! answers RESOURCE_EXHAUSTED with a retry hint (logged at most once per 10 s
+//! per kind, [`ratelog`]).
+//!
+//! A caller's `grpc-timeout` reaches handlers as a [`layer::Deadline`]: an
+//! embed request still queued at its deadline is answered DEADLINE_EXCEEDED
+//! and skipped by the batcher; Compress/RequestContext pass a
+//! `Cancel::with_deadline` and a cancel-on-drop guard to the engine, which
+//! stops at its next stage boundary and frees the slot. Outcomes of every RPC
+//! are counted once, in [`layer`]; [`metrics`] lists the series.
 
 pub mod batcher;
+pub mod codec;
 pub mod convert;
 pub mod http;
+pub mod layer;
 pub mod metrics;
+pub mod ratelog;
 mod server;
 
-pub use server::{serve, ServeConfig};
+pub use server::{serve, serve_on, ServeConfig};
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::{ContextRequest, Scd};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use self::batcher::{Batcher, Job};
+use self::batcher::{BatchLimits, Batcher, Job, Refused, Reply};
+use self::layer::Deadline;
 use self::metrics::Metrics;
+use self::ratelog::RateLimitedWarn;
 
 /// Generated protobuf and gRPC code for `scd.v1`.
 #[allow(missing_docs, clippy::all)]
@@ -47,8 +61,11 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// Queued embed requests.
     pub queue_size: usize,
-    /// Texts merged into one encoder call.
+    /// Texts (rows) merged into one encoder call at most.
     pub batch_texts: usize,
+    /// Tokens (2 specials per text included) merged into one encoder call at
+    /// most; a single request over it runs alone.
+    pub max_batch_tokens: usize,
     /// Compress/RequestContext calls running or waiting at once.
     pub max_concurrent_compress: usize,
 }
@@ -59,7 +76,7 @@ pub struct ScdService {
     pub(crate) batcher: Batcher,
     compress_slots: Arc<Semaphore>,
     limits: Limits,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// Requests of one EmbedStream queued ahead of the one being answered: a
@@ -68,8 +85,39 @@ const STREAM_WINDOW: usize = 4;
 
 /// An embed request waiting in the batcher.
 struct PendingEmbed {
-    rx: oneshot::Receiver<(scd_engine::Result<scd_engine::encoder::Encoded>, f64)>,
+    rx: oneshot::Receiver<Reply>,
     start: Instant,
+}
+
+static COMPRESS_FULL: RateLimitedWarn = RateLimitedWarn::new("compress_slots_full");
+
+/// The caller's deadline, from `grpc-timeout` (see [`layer`]).
+fn deadline<T>(r: &Request<T>) -> Option<Instant> {
+    r.extensions().get::<Deadline>().map(|d| d.0)
+}
+
+fn deadline_exceeded(while_: &str, start: Instant) -> Status {
+    Status::deadline_exceeded(format!("deadline exceeded after {:.0} ms {while_}", ms(start)))
+}
+
+/// Waits for `f`, or answers DEADLINE_EXCEEDED at `deadline`.
+async fn until<T>(
+    deadline: Option<Instant>,
+    while_: &str,
+    start: Instant,
+    f: impl std::future::Future<Output = T>,
+) -> Result<T, Status> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.into(), f).await.map_err(|_| deadline_exceeded(while_, start)),
+        None => Ok(f.await),
+    }
+}
+
+fn empty_session(id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(Status::invalid_argument("session_id: must not be empty"));
+    }
+    Ok(())
 }
 
 fn overloaded(what: &str) -> Status {
@@ -85,7 +133,12 @@ fn ms(since: Instant) -> f64 {
 impl ScdService {
     /// A service over `scd`.
     pub fn new(scd: Arc<Scd>, limits: Limits, metrics: Arc<Metrics>) -> Self {
-        let batcher = Batcher::start(scd.encoder().clone(), limits.queue_size, limits.batch_texts, metrics.clone());
+        let batch = BatchLimits {
+            queue_size: limits.queue_size,
+            batch_texts: limits.batch_texts,
+            max_batch_tokens: limits.max_batch_tokens,
+        };
+        let batcher = Batcher::start(scd.encoder().clone(), batch, metrics.clone());
         Self {
             compress_slots: Arc::new(Semaphore::new(limits.max_concurrent_compress.max(1))),
             scd,
@@ -95,18 +148,18 @@ impl ScdService {
         }
     }
 
-    fn finish<T>(&self, method: &str, r: Result<T, Status>) -> Result<T, Status> {
-        self.metrics.request(method, r.as_ref().map(|_| tonic::Code::Ok).unwrap_or_else(|s| s.code()));
-        r
+    /// The handle to the batching thread.
+    pub fn batcher(&self) -> &Batcher {
+        &self.batcher
     }
 
-    async fn embed_inner(&self, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, Status> {
-        let pending = self.embed_submit(r)?;
-        self.embed_wait(pending).await
+    async fn embed_inner(&self, r: pb::EmbedRequest, deadline: Option<Instant>) -> Result<pb::EmbedResponse, Status> {
+        let pending = self.embed_submit(r, deadline)?;
+        self.embed_wait(pending, deadline).await
     }
 
     /// Validates an embed request and queues it for the batcher.
-    fn embed_submit(&self, r: pb::EmbedRequest) -> Result<PendingEmbed, Status> {
+    fn embed_submit(&self, r: pb::EmbedRequest, deadline: Option<Instant>) -> Result<PendingEmbed, Status> {
         let start = Instant::now();
         if r.texts.is_empty() {
             return Err(Status::invalid_argument("texts: must hold at least one text"));
@@ -134,16 +187,27 @@ impl ScdService {
             opts = opts.with_windows();
         }
         let (tx, rx) = oneshot::channel();
-        self.batcher
-            .submit(Job { texts: r.texts, opts, reply: tx, queued: Instant::now() })
-            .map_err(|_| overloaded("embed"))?;
+        self.batcher.submit(Job { texts: r.texts, opts, reply: tx, queued: Instant::now(), deadline }).map_err(
+            |e| match e {
+                Refused::Full => {
+                    self.metrics.rejected("embed_queue_full");
+                    overloaded("embed")
+                }
+                Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
+            },
+        )?;
         Ok(PendingEmbed { rx, start })
     }
 
-    /// Waits for a queued embed request's answer.
-    async fn embed_wait(&self, p: PendingEmbed) -> Result<pb::EmbedResponse, Status> {
-        let (result, queue_ms) = p.rx.await.map_err(|_| Status::internal("encoder thread stopped"))?;
-        let enc = result.map_err(convert::status)?;
+    /// Waits for a queued embed request's answer; dropping this future (or
+    /// the deadline) drops the receiver, and the batcher skips the job.
+    async fn embed_wait(&self, p: PendingEmbed, deadline: Option<Instant>) -> Result<pb::EmbedResponse, Status> {
+        let got = until(deadline, "waiting for the encoder", p.start, p.rx).await?;
+        let (result, queue_ms) = match got {
+            Ok(r) => r,
+            Err(_) => return Err(self.stopped_status().await),
+        };
+        let enc = result?;
         let total = ms(p.start);
         self.metrics.stage("Embed", "queue", queue_ms);
         self.metrics.stage("Embed", "inference", total - queue_ms);
@@ -160,27 +224,53 @@ impl ScdService {
         })
     }
 
+    /// The status for a request whose reply channel closed: the encoder
+    /// thread stopped (its cause is published just after it drops the jobs).
+    async fn stopped_status(&self) -> Status {
+        let mut signal = self.batcher.stopped_signal();
+        let cause = tokio::time::timeout(Duration::from_secs(1), signal.wait_for(|c| c.is_some()))
+            .await
+            .ok()
+            .and_then(|r| r.ok().and_then(|c| c.clone()));
+        Status::unavailable(format!("encoder thread stopped: {}", cause.as_deref().unwrap_or("unknown cause")))
+    }
+
     /// Runs CPU-bound engine work off the runtime, behind the compress slots.
+    /// Past `deadline` (or when this future is dropped) the work is told to
+    /// stop at its next stage boundary, which frees the slot.
     async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Scd) -> scd_engine::Result<T> + Send + 'static,
+        deadline: Option<Instant>,
+        f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
     ) -> Result<(T, f64), Status> {
         let queued = Instant::now();
-        let permit = self.compress_slots.clone().try_acquire_owned().map_err(|_| overloaded("compress"))?;
+        let permit = self.compress_slots.clone().try_acquire_owned().map_err(|_| {
+            self.metrics.rejected("compress_slots_full");
+            COMPRESS_FULL.hit("compress slots full");
+            overloaded("compress")
+        })?;
+        let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
+        let guard = cancel.guard();
         let scd = self.scd.clone();
-        let out = tokio::task::spawn_blocking(move || {
+        let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            f(&scd)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("worker failed: {e}")))?
-        .map_err(convert::status)?;
+            f(&scd, &cancel)
+        });
+        let out = until(deadline, "in the engine", queued, task)
+            .await?
+            .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+            .map_err(convert::status)?;
+        guard.disarm();
         Ok((out, ms(queued)))
     }
 
-    async fn compress_inner(&self, r: pb::CompressRequest) -> Result<pb::CompressResponse, Status> {
+    async fn compress_inner(
+        &self,
+        r: pb::CompressRequest,
+        deadline: Option<Instant>,
+    ) -> Result<pb::CompressResponse, Status> {
         let req = convert::compress_request(r, self.limits.max_fields)?;
-        let (out, total) = self.blocking(move |scd| scd.compress(&req)).await?;
+        let (out, total) = self.blocking(deadline, move |scd, cancel| scd.compress_with(&req, cancel)).await?;
         let t = out.timings;
         self.metrics.stage("Compress", "inference", t.prepare_ms + t.task_embed_ms);
         self.metrics.stage("Compress", "selection", t.select_ms);
@@ -201,14 +291,15 @@ impl pb::scd_server::Scd for Arc<ScdService> {
     type EmbedStreamStream = EmbedStream;
 
     async fn embed(&self, request: Request<pb::EmbedRequest>) -> Result<Response<pb::EmbedResponse>, Status> {
-        let r = self.embed_inner(request.into_inner()).await;
-        self.finish("Embed", r).map(Response::new)
+        let d = deadline(&request);
+        self.embed_inner(request.into_inner(), d).await.map(Response::new)
     }
 
     async fn embed_stream(
         &self,
         request: Request<tonic::Streaming<pb::EmbedRequest>>,
     ) -> Result<Response<EmbedStream>, Status> {
+        let d = deadline(&request);
         let mut input = request.into_inner();
         // requests are validated and queued as they arrive (up to
         // STREAM_WINDOW ahead) and answered in order
@@ -216,7 +307,7 @@ impl pb::scd_server::Scd for Arc<ScdService> {
         let me = self.clone();
         tokio::spawn(async move {
             while let Some(item) = input.next().await {
-                let pending = item.and_then(|r| me.embed_submit(r));
+                let pending = item.and_then(|r| me.embed_submit(r, d));
                 let stop = pending.is_err();
                 if queued_tx.send(pending).await.is_err() || stop {
                     break;
@@ -227,11 +318,10 @@ impl pb::scd_server::Scd for Arc<ScdService> {
         let out = async_stream(move |tx| async move {
             while let Some(pending) = queued_rx.recv().await {
                 let reply = match pending {
-                    Ok(p) => me.embed_wait(p).await,
+                    Ok(p) => me.embed_wait(p, d).await,
                     Err(s) => Err(s),
                 };
                 let stop = reply.is_err();
-                let reply = me.finish("EmbedStream", reply);
                 if tx.send(reply).await.is_err() || stop {
                     break;
                 }
@@ -241,15 +331,17 @@ impl pb::scd_server::Scd for Arc<ScdService> {
     }
 
     async fn compress(&self, request: Request<pb::CompressRequest>) -> Result<Response<pb::CompressResponse>, Status> {
-        let r = self.compress_inner(request.into_inner()).await;
-        self.finish("Compress", r).map(Response::new)
+        let d = deadline(&request);
+        self.compress_inner(request.into_inner(), d).await.map(Response::new)
     }
 
     async fn request_context(
         &self,
         request: Request<pb::ContextRequest>,
     ) -> Result<Response<pb::ContextResponse>, Status> {
+        let d = deadline(&request);
         let r = request.into_inner();
+        empty_session(&r.session_id)?;
         let req = ContextRequest {
             session_id: r.session_id,
             specific_question: r.specific_question,
@@ -258,19 +350,28 @@ impl pb::scd_server::Scd for Arc<ScdService> {
             chunk_ids: r.chunk_ids,
         };
         let start = Instant::now();
-        let res = self.blocking(move |scd| scd.request_more(&req)).await.map(|(more, total)| pb::ContextResponse {
-            chunks: more.chunks.iter().map(convert::chunk).collect(),
-            remaining_tokens: more.remaining_tokens as u32,
-            reason: more.reason.unwrap_or_default(),
-            timing: Some(pb::Timing { queue_ms: 0.0, inference_ms: 0.0, selection_ms: ms(start), total_ms: total }),
-        });
-        self.finish("RequestContext", res).map(Response::new)
+        let res =
+            self.blocking(d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(|(more, total)| {
+                pb::ContextResponse {
+                    chunks: more.chunks.iter().map(convert::chunk).collect(),
+                    remaining_tokens: more.remaining_tokens as u32,
+                    reason: more.reason.unwrap_or_default(),
+                    timing: Some(pb::Timing {
+                        queue_ms: 0.0,
+                        inference_ms: 0.0,
+                        selection_ms: ms(start),
+                        total_ms: total,
+                    }),
+                }
+            });
+        res.map(Response::new)
     }
 
     async fn open_session(
         &self,
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
+        let d = deadline(&request);
         let r = request.into_inner();
         let res = async {
             let mut c = r.compress.ok_or_else(|| Status::invalid_argument("compress: required"))?;
@@ -278,25 +379,27 @@ impl pb::scd_server::Scd for Arc<ScdService> {
                 c.session_id = format!("s-{:016x}", rand_id());
             }
             let id = c.session_id.clone();
-            let result = self.compress_inner(c).await?;
+            let result = self.compress_inner(c, d).await?;
             Ok(pb::OpenSessionResponse { session_id: id, result: Some(result) })
         }
         .await;
-        self.finish("OpenSession", res).map(Response::new)
+        res.map(Response::new)
     }
 
     async fn close_session(
         &self,
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        let closed = self.scd.close_session(&request.into_inner().session_id);
-        self.finish("CloseSession", Ok(pb::CloseSessionResponse { closed })).map(Response::new)
+        let id = request.into_inner().session_id;
+        empty_session(&id)?;
+        Ok(Response::new(pb::CloseSessionResponse { closed: self.scd.close_session(&id) }))
     }
 
     async fn count_tokens(
         &self,
         request: Request<pb::CountTokensRequest>,
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
+        let d = deadline(&request);
         let texts = request.into_inner().texts;
         let res = if texts.len() > self.limits.max_texts {
             Err(Status::invalid_argument(format!(
@@ -305,11 +408,13 @@ impl pb::scd_server::Scd for Arc<ScdService> {
                 self.limits.max_texts
             )))
         } else {
-            self.blocking(move |scd| texts.iter().map(|t| scd.encoder().count_tokens(t).map(|n| n as u32)).collect())
-                .await
-                .map(|(tokens, _)| pb::CountTokensResponse { tokens })
+            self.blocking(d, move |scd, _| {
+                texts.iter().map(|t| scd.encoder().count_tokens(t).map(|n| n as u32)).collect()
+            })
+            .await
+            .map(|(tokens, _)| pb::CountTokensResponse { tokens })
         };
-        self.finish("CountTokens", res).map(Response::new)
+        res.map(Response::new)
     }
 
     async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
@@ -328,7 +433,7 @@ impl pb::scd_server::Scd for Arc<ScdService> {
             confidence_threshold: cfg.confidence_threshold,
             session_ttl_s: cfg.session_ttl.as_secs(),
         };
-        self.finish("Info", Ok(r)).map(Response::new)
+        Ok(Response::new(r))
     }
 }
 
