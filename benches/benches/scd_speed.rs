@@ -42,7 +42,7 @@ fn main() {
         task: Task::new(task),
         context: context.clone(),
         requirement: ContextRequirement::with_budget(tokens / 3),
-        session_id: None,
+        session: None,
     };
     eprintln!("context: {} fields, {tokens} tokens", context.fields.len());
 
@@ -54,7 +54,7 @@ fn main() {
     // baseline in the same run: encode exactly the chunk texts SCD embedded
     let chunk_texts: Vec<String> = {
         let probe =
-            Scd::new(encoder.clone(), ScdConfig { cache_bytes: 0, max_prepared_contexts: 0, ..ScdConfig::default() });
+            Scd::new(encoder.clone(), ScdConfig { cache_bytes: 0, prepared_cache_bytes: 0, ..ScdConfig::default() });
         let all = probe
             .compress(&CompressRequest { requirement: ContextRequirement::with_budget(tokens * 2), ..req("x") })
             .unwrap();

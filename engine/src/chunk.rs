@@ -31,10 +31,21 @@ impl RawChunk {
 }
 
 /// Chunking parameters.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct ChunkConfig {
     /// Prose sentences are grouped up to about this many bytes (0: one sentence per chunk).
     pub target_bytes: usize,
+    /// Longest chunk in bytes: a longer one (a sentence with no end, a huge
+    /// function, a megabyte log line) is cut at line breaks, else at
+    /// whitespace, else at a character boundary, into pieces of one group
+    /// led by the first, so every piece can fit a budget.
+    pub max_chunk_bytes: usize,
+}
+
+impl Default for ChunkConfig {
+    fn default() -> Self {
+        Self { target_bytes: 0, max_chunk_bytes: 2048 }
+    }
 }
 
 /// Splits a field into chunks according to its kind.
@@ -51,6 +62,58 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     out.retain(|c| !text[c.start..c.end].trim().is_empty());
     for c in &mut out {
         trim_span(text, &mut c.start, &mut c.end);
+    }
+    if out.iter().any(|c| c.end - c.start > cfg.max_chunk_bytes.max(1)) {
+        out = out.into_iter().flat_map(|c| split_long(text, c, cfg.max_chunk_bytes.max(1))).collect();
+    }
+    out
+}
+
+/// Cuts `c` into pieces of at most `max` bytes (see [`ChunkConfig::max_chunk_bytes`]).
+fn split_long(text: &str, c: RawChunk, max: usize) -> Vec<RawChunk> {
+    if c.end - c.start <= max {
+        return vec![c];
+    }
+    let mut out = Vec::new();
+    let mut start = c.start;
+    while start < c.end {
+        let mut end = if c.end - start <= max {
+            c.end
+        } else {
+            let mut limit = start + max;
+            while !text.is_char_boundary(limit) {
+                limit -= 1;
+            }
+            let window = &text[start..limit];
+            // the last line break, else the last whitespace, in the second half
+            let half = window.len() / 2;
+            let cut = window.rfind('\n').filter(|&i| i >= half).or_else(|| {
+                window.char_indices().rev().find(|&(i, ch)| i >= half && ch.is_whitespace()).map(|(i, _)| i)
+            });
+            match cut {
+                Some(i) => start + i,
+                None if limit > start => limit,
+                // one character longer than max: take it whole
+                None => start + text[start..].chars().next().map_or(1, char::len_utf8),
+            }
+        };
+        let (mut s, mut e) = (start, end);
+        trim_span(text, &mut s, &mut e);
+        if s < e {
+            let first = out.is_empty();
+            out.push(RawChunk {
+                start: s,
+                end: e,
+                heading: c.heading.clone(),
+                group: c.group,
+                lead: c.lead && first,
+                defines: if first { c.defines.clone() } else { Vec::new() },
+            });
+        }
+        if end <= start {
+            end = start + 1;
+        }
+        start = end;
     }
     out
 }
@@ -430,6 +493,29 @@ mod tests {
     }
 
     #[test]
+    fn long_chunks_are_cut_within_bounds_at_breaks() {
+        let line = "pool timeout ".repeat(80_000); // a megabyte line, no sentence end
+        let f = field(FieldKind::Prose, &line);
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert!(c.len() >= line.len() / 2048);
+        assert!(c.iter().all(|c| c.end - c.start <= 2048), "within bounds");
+        assert!(c.iter().all(|c| c.end == line.trim_end().len() || line[c.end..].starts_with(' ')), "no word cut");
+        assert!(c[0].lead && c[1..].iter().all(|x| !x.lead && x.group == c[0].group));
+        assert!(c.windows(2).all(|w| w[0].end <= w[1].start), "in order, no overlap");
+        // code is cut at line breaks; text without any break at char boundaries
+        let code = (0..400).map(|i| format!("    let x{i} = {i};\n")).collect::<String>();
+        let f = field(FieldKind::Code, &format!("fn big() {{\n{code}}}\n"));
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert!(c.len() > 1 && c.iter().all(|c| c.end - c.start <= 2048));
+        assert_eq!(c[0].defines, vec!["big".to_string()]);
+        assert!(c.iter().all(|x| f.content[x.start..x.end].ends_with(';') || f.content[x.start..x.end].ends_with('}')));
+        let f = field(FieldKind::Log, &"é".repeat(5000));
+        let c = chunk_field(&f, ChunkConfig { target_bytes: 0, max_chunk_bytes: 1001 });
+        assert!(c.iter().all(|c| c.end - c.start <= 1001));
+        assert_eq!(c.iter().map(|c| c.end - c.start).sum::<usize>(), 10_000, "nothing lost");
+    }
+
+    #[test]
     fn prose_splits_sentences_and_keeps_abbreviations() {
         let f = field(
             FieldKind::Prose,
@@ -458,7 +544,7 @@ mod tests {
     #[test]
     fn prose_groups_up_to_target() {
         let f = field(FieldKind::Prose, "One a. Two b. Three c. Four d.");
-        let c = chunk_field(&f, ChunkConfig { target_bytes: 18 });
+        let c = chunk_field(&f, ChunkConfig { target_bytes: 18, ..ChunkConfig::default() });
         assert_eq!(c.len(), 2);
     }
 

@@ -105,7 +105,7 @@ impl Context {
         let de = &mut serde_json::Deserializer::from_str(json);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let field = if path == "." { "context".to_string() } else { format!("context.{path}") };
+            let field = if path == "." || path == "?" { "context".to_string() } else { format!("context.{path}") };
             Error::invalid(field, e.into_inner().to_string())
         })
     }

@@ -510,7 +510,9 @@ impl Scd {
             key,
             bytes,
         });
-        self.prepared.insert(key, prepared.clone());
+        if self.cfg.prepared_cache_bytes > 0 {
+            self.prepared.insert(key, prepared.clone());
+        }
         Ok(prepared)
     }
 

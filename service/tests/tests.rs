@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
+#[path = "cases/cli.rs"]
+mod cli;
 #[path = "cases/serving.rs"]
 mod serving;
 
@@ -433,6 +435,7 @@ mod grpc {
             fields: fixture_fields(),
             requirement: Some(pb::ContextRequirement { max_context_tokens: budget, ..Default::default() }),
             session_id: session.into(),
+            ..Default::default()
         }
     }
 
@@ -502,11 +505,34 @@ mod grpc {
             .await
             .unwrap()
             .into_inner();
-        assert!(!open.session_id.is_empty());
-        let sent: Vec<String> = open.result.unwrap().chunks.iter().map(|c| c.id.clone()).collect();
+        // a server-chosen id: 128 random bits, with its secret token
+        assert_eq!(open.session_id.len(), 34, "{}", open.session_id);
+        assert_eq!(open.session_token.len(), 32);
+        let result = open.result.unwrap();
+        assert_eq!((&result.session_id, &result.session_token), (&open.session_id, &open.session_token));
+        assert_eq!(result.withheld_fields, vec!["api_keys".to_string()]);
+        let sent: Vec<String> = result.chunks.iter().map(|c| c.id.clone()).collect();
+        // knowing the id is not enough
+        let stolen = c
+            .request_context(pb::ContextRequest {
+                session_id: open.session_id.clone(),
+                session_token: "0".repeat(32),
+                specific_question: "what happened".into(),
+                current_confidence: 0.3,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(stolen.code(), Code::PermissionDenied, "{stolen:?}");
+        let err = c
+            .close_session(pb::CloseSessionRequest { session_id: open.session_id.clone(), ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
         let more = c
             .request_context(pb::ContextRequest {
                 session_id: open.session_id.clone(),
+                session_token: open.session_token.clone(),
                 specific_question: "what happened after the error in the logs".into(),
                 current_confidence: 0.3,
                 ..Default::default()
@@ -516,7 +542,10 @@ mod grpc {
             .into_inner();
         assert!(more.chunks.iter().all(|c| !sent.contains(&c.id)), "no resend");
         let closed = c
-            .close_session(pb::CloseSessionRequest { session_id: open.session_id.clone() })
+            .close_session(pb::CloseSessionRequest {
+                session_id: open.session_id.clone(),
+                session_token: open.session_token.clone(),
+            })
             .await
             .unwrap()
             .into_inner();
@@ -524,6 +553,7 @@ mod grpc {
         let gone = c
             .request_context(pb::ContextRequest {
                 session_id: open.session_id,
+                session_token: open.session_token,
                 specific_question: "x".into(),
                 current_confidence: 0.1,
                 ..Default::default()

@@ -103,6 +103,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                         fields,
                         requirement: Some(pb::ContextRequirement { max_context_tokens: budget, ..Default::default() }),
                         session_id: session,
+                        session_token: String::new(),
                     })
                     .await?
                     .into_inner();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::extract::{CompressRequest, Compressed, Scd, ScdConfig};
+use serde::Deserialize;
 
 use crate::config::ModelArgs;
 
@@ -28,22 +29,29 @@ pub struct CompressArgs {
     /// Context JSON `{"fields": [{"name", "kind", "content", "confidential"}]}`; `-` reads stdin.
     #[arg(long, required_unless_present = "batch")]
     context: Option<PathBuf>,
-    /// The receiver's budget in tokens (hard limit).
-    #[arg(long, required_unless_present = "batch")]
-    budget: Option<usize>,
-    /// Fields sent whole, first (comma-separated).
+    /// The receiver's budget in tokens (hard limit, at least 1). With
+    /// --batch: the budget of lines that give none.
+    #[arg(long, required_unless_present = "batch", value_parser = clap::value_parser!(u64).range(1..))]
+    budget: Option<u64>,
+    /// Fields sent whole, first (comma-separated). With --batch: the
+    /// default of lines that give no "required".
     #[arg(long, value_delimiter = ',')]
     required: Vec<String>,
-    /// Fields that fill the rest by relevance (comma-separated).
+    /// Fields that fill the rest by relevance (comma-separated). With
+    /// --batch: the default of lines that give no "optional".
     #[arg(long, value_delimiter = ',')]
     optional: Vec<String>,
-    /// Absolute cosine threshold (paper's relevance_threshold).
-    #[arg(long)]
+    /// Absolute cosine threshold in [-1, 1] (paper's relevance_threshold).
+    #[arg(long, allow_negative_numbers = true)]
     threshold: Option<f32>,
     /// Calibrated threshold in standard deviations of the context's scores.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     min_relative_score: Option<f32>,
-    /// JSONL of {"task", "context", "budget"} objects; one result per line, model loaded once.
+    /// JSONL of {"task", "context", "budget", "required", "optional",
+    /// "threshold", "min_relative_score"} objects (budget and the rest
+    /// default to the flags); one result per line, model loaded once. A bad
+    /// line gets {"line", "error"} in its place and the others are answered;
+    /// the exit status is the number of failed lines (at most 100).
     #[arg(long, conflicts_with_all = ["task", "context"])]
     batch: Option<PathBuf>,
     /// Output format.
@@ -51,11 +59,49 @@ pub struct CompressArgs {
     format: Format,
 }
 
+/// One line of `--batch`, parsed strictly (unknown keys are errors).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchLine {
+    task: String,
+    context: Context,
+    budget: Option<u64>,
+    required: Option<Vec<String>>,
+    optional: Option<Vec<String>>,
+    threshold: Option<f32>,
+    min_relative_score: Option<f32>,
+}
+
+/// Parses one line of `--batch` into a request, the flags
+/// giving what the line leaves out. Errors name the key.
+pub(crate) fn parse_batch_line(raw: &str, defaults: &CompressArgs) -> anyhow::Result<CompressRequest> {
+    let de = &mut serde_json::Deserializer::from_str(raw);
+    let line: BatchLine = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." || path == "?" {
+            anyhow::anyhow!("{}", e.into_inner())
+        } else {
+            anyhow::anyhow!("{path}: {}", e.into_inner())
+        }
+    })?;
+    let budget = line.budget.or(defaults.budget).context("budget: missing (give it on the line or with --budget)")?;
+    anyhow::ensure!(budget >= 1, "budget: must be at least 1");
+    let requirement = ContextRequirement {
+        required_fields: line.required.unwrap_or_else(|| defaults.required.clone()),
+        optional_fields: line.optional.unwrap_or_else(|| defaults.optional.clone()),
+        max_context_tokens: usize::try_from(budget).unwrap_or(usize::MAX),
+        relevance_threshold: line.threshold.or(defaults.threshold),
+        min_relative_score: line.min_relative_score.or(defaults.min_relative_score),
+    };
+    Ok(CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None })
+}
+
 fn to_json(out: &Compressed) -> serde_json::Value {
     serde_json::json!({
         "chunks": out.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens, "span": [c.span.0, c.span.1]})).collect::<Vec<_>>(),
         "totals": out.totals,
         "dropped": out.dropped,
+        "withheld_fields": out.withheld,
         "task_embedding": out.task_embedding,
         "warnings": out.warnings,
         "timings_ms": out.timings,
@@ -83,32 +129,57 @@ fn print(out: &Compressed, format: Format, w: &mut impl Write) -> anyhow::Result
     Ok(())
 }
 
+/// Checks the flags that need no model, so a typo fails at once.
+fn check_args(args: &CompressArgs) -> anyhow::Result<()> {
+    if let Some(t) = args.threshold {
+        anyhow::ensure!(
+            t.is_finite() && (-1.0..=1.0).contains(&t),
+            "--threshold: must be a cosine in [-1, 1], got {t}"
+        );
+    }
+    if let Some(t) = args.min_relative_score {
+        anyhow::ensure!(t.is_finite(), "--min-relative-score: must be finite");
+    }
+    if let Some(batch) = &args.batch {
+        anyhow::ensure!(batch.is_file(), "--batch {}: no such file", batch.display());
+    }
+    if let Some(path) = &args.context {
+        anyhow::ensure!(path.as_os_str() == "-" || path.is_file(), "--context {}: no such file", path.display());
+    }
+    Ok(())
+}
+
 /// Runs `scd compress`.
 pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
+    check_args(&args)?;
     let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;
+        let (mut total, mut failed) = (0usize, 0usize);
         for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
-            let line = line?;
+            let line = line.with_context(|| format!("--batch line {}", n + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
-            let v: serde_json::Value =
-                serde_json::from_str(&line).with_context(|| format!("--batch line {}: not JSON", n + 1))?;
-            let task = v["task"].as_str().with_context(|| format!("--batch line {}: no string \"task\"", n + 1))?;
-            let context: Context = serde_json::from_value(v["context"].clone())
-                .with_context(|| format!("--batch line {}: bad \"context\"", n + 1))?;
-            let budget =
-                v["budget"].as_u64().with_context(|| format!("--batch line {}: no integer \"budget\"", n + 1))?
-                    as usize;
-            let out = scd.compress(&CompressRequest {
-                task: Task::new(task),
-                context,
-                requirement: ContextRequirement::with_budget(budget),
-                session_id: None,
-            })?;
-            print(&out, args.format, &mut stdout)?;
+            total += 1;
+            let result = parse_batch_line(&line, &args).and_then(|r| Ok(scd.compress(&r)?));
+            match result {
+                Ok(out) => print(&out, args.format, &mut stdout)?,
+                Err(e) => {
+                    failed += 1;
+                    let msg = format!("{e:#}");
+                    match args.format {
+                        Format::Json => writeln!(stdout, "{}", serde_json::json!({"line": n + 1, "error": msg}))?,
+                        Format::Text => writeln!(stdout, "-- line {}: error: {msg}", n + 1)?,
+                    }
+                }
+            }
+        }
+        stdout.flush()?;
+        if failed > 0 {
+            eprintln!("{failed} of {total} lines failed (exit status {})", failed.min(100));
+            std::process::exit(failed.min(100) as i32);
         }
         return Ok(());
     }
@@ -121,15 +192,14 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     } else {
         raw = std::fs::read_to_string(&path).with_context(|| format!("--context {}", path.display()))?;
     }
-    let context: Context = serde_json::from_str(&raw)
-        .context("--context: expected {\"fields\": [{\"name\", \"kind\", \"content\", \"confidential\"}]}")?;
+    let context = Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?;
     let requirement = ContextRequirement {
         required_fields: args.required,
         optional_fields: args.optional,
-        max_context_tokens: budget,
+        max_context_tokens: usize::try_from(budget).unwrap_or(usize::MAX),
         relevance_threshold: args.threshold,
         min_relative_score: args.min_relative_score,
     };
-    let out = scd.compress(&CompressRequest { task: Task::new(task), context, requirement, session_id: None })?;
+    let out = scd.compress(&CompressRequest { task: Task::new(task), context, requirement, session: None })?;
     print(&out, args.format, &mut stdout)
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::encoder::Encoder;
-use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig};
+use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, SessionRequest};
 
 use crate::config::ModelArgs;
 
@@ -38,7 +38,7 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.share > 0.0 && args.share <= 1.0, "--share: must be in (0, 1], got {}", args.share);
     let raw =
         std::fs::read_to_string(&args.context).with_context(|| format!("--context {}", args.context.display()))?;
-    let context: Context = serde_json::from_str(&raw).context("--context: not a context JSON")?;
+    let context = Context::from_json(&raw).context("--context")?;
     let t0 = Instant::now();
     let encoder = Arc::new(model.load_encoder()?);
     println!(
@@ -63,8 +63,9 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
             min_relative_score: Some(args.min_relative_score),
             ..ContextRequirement::with_budget(budget)
         },
-        session_id: Some("demo".into()),
+        session: Some(SessionRequest::default()),
     })?;
+    let session = out.session.clone().context("the engine opened a session")?;
     println!("task: {}\nbudget: {budget} of {total} tokens\n", args.task);
     for c in &out.chunks {
         println!("[{}] (score {:.2}, {} tokens)\n{}\n", c.id, c.score, c.tokens, c.text);
@@ -80,7 +81,9 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
     );
     let question = "What else happened in the logs after the error?";
     let more = scd.request_more(&ContextRequest {
-        session_id: "demo".into(),
+        session_id: session.id,
+        session_token: session.token,
+        caller: None,
         specific_question: question.into(),
         current_confidence: 0.4,
         reasoning: "need to know whether the failure persisted".into(),

@@ -191,7 +191,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                 task: Task::new(ex.question.clone()),
                 context: ex.context.clone(),
                 requirement: ContextRequirement::with_budget(budget),
-                session_id: None,
+                session: None,
             })?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             let stats = scd.cache_stats();

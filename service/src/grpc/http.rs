@@ -39,9 +39,13 @@ static ACCEPT: RateLimitedWarn = RateLimitedWarn::new("http_accept");
 
 async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     let stats = service.scd.cache_stats();
+    let sessions = service.scd.session_stats();
     let gauges = [
         ("scd_queue_depth", service.batcher.depth() as f64),
-        ("scd_sessions", service.scd.session_count() as f64),
+        ("scd_sessions", sessions.live as f64),
+        ("scd_session_bytes", sessions.bytes as f64),
+        ("scd_sessions_evicted", sessions.evicted as f64),
+        ("scd_sessions_expired", sessions.expired as f64),
         ("scd_cache_hits", stats.hits as f64),
         ("scd_cache_misses", stats.misses as f64),
         ("scd_cache_bytes", stats.bytes as f64),

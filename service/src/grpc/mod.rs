@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, InputKind};
-use scd_engine::extract::{ContextRequest, Scd};
+use scd_engine::extract::{ContextRequest, Scd, SessionRequest};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -264,12 +264,19 @@ impl ScdService {
         Ok((out, ms(queued)))
     }
 
+    /// Compress; `open` opens a session even when the request names no id
+    /// (OpenSession: the engine draws 128 random bits).
     async fn compress_inner(
         &self,
         r: pb::CompressRequest,
         deadline: Option<Instant>,
+        caller: Option<String>,
+        open: bool,
     ) -> Result<pb::CompressResponse, Status> {
-        let req = convert::compress_request(r, self.limits.max_fields)?;
+        let mut req = convert::compress_request(r, self.limits.max_fields, caller.clone())?;
+        if open && req.session.is_none() {
+            req.session = Some(SessionRequest { id: None, token: None, caller });
+        }
         let (out, total) = self.blocking(deadline, move |scd, cancel| scd.compress_with(&req, cancel)).await?;
         let t = out.timings;
         self.metrics.stage("Compress", "inference", t.prepare_ms + t.task_embed_ms);
@@ -331,19 +338,21 @@ impl pb::scd_server::Scd for Arc<ScdService> {
     }
 
     async fn compress(&self, request: Request<pb::CompressRequest>) -> Result<Response<pb::CompressResponse>, Status> {
-        let d = deadline(&request);
-        self.compress_inner(request.into_inner(), d).await.map(Response::new)
+        let (d, who) = (deadline(&request), caller(&request));
+        self.compress_inner(request.into_inner(), d, who, false).await.map(Response::new)
     }
 
     async fn request_context(
         &self,
         request: Request<pb::ContextRequest>,
     ) -> Result<Response<pb::ContextResponse>, Status> {
-        let d = deadline(&request);
+        let (d, who) = (deadline(&request), caller(&request));
         let r = request.into_inner();
         empty_session(&r.session_id)?;
         let req = ContextRequest {
             session_id: r.session_id,
+            session_token: r.session_token,
+            caller: who,
             specific_question: r.specific_question,
             current_confidence: r.current_confidence,
             reasoning: r.reasoning,
@@ -371,16 +380,16 @@ impl pb::scd_server::Scd for Arc<ScdService> {
         &self,
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
-        let d = deadline(&request);
+        let (d, who) = (deadline(&request), caller(&request));
         let r = request.into_inner();
         let res = async {
-            let mut c = r.compress.ok_or_else(|| Status::invalid_argument("compress: required"))?;
-            if c.session_id.is_empty() {
-                c.session_id = format!("s-{:016x}", rand_id());
-            }
-            let id = c.session_id.clone();
-            let result = self.compress_inner(c, d).await?;
-            Ok(pb::OpenSessionResponse { session_id: id, result: Some(result) })
+            let c = r.compress.ok_or_else(|| Status::invalid_argument("compress: required"))?;
+            let result = self.compress_inner(c, d, who, true).await?;
+            Ok(pb::OpenSessionResponse {
+                session_id: result.session_id.clone(),
+                session_token: result.session_token.clone(),
+                result: Some(result),
+            })
         }
         .await;
         res.map(Response::new)
@@ -390,9 +399,12 @@ impl pb::scd_server::Scd for Arc<ScdService> {
         &self,
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
-        let id = request.into_inner().session_id;
-        empty_session(&id)?;
-        Ok(Response::new(pb::CloseSessionResponse { closed: self.scd.close_session(&id) }))
+        let who = caller(&request);
+        let r = request.into_inner();
+        empty_session(&r.session_id)?;
+        let closed =
+            self.scd.close_session(&r.session_id, &r.session_token, who.as_deref()).map_err(convert::status)?;
+        Ok(Response::new(pb::CloseSessionResponse { closed }))
     }
 
     async fn count_tokens(
@@ -437,11 +449,10 @@ impl pb::scd_server::Scd for Arc<ScdService> {
     }
 }
 
-fn rand_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
-    h.finish()
+/// The caller's verified identity, when the transport has one (a TLS
+/// client certificate); sessions opened with one are bound to it.
+fn caller<T>(_request: &Request<T>) -> Option<String> {
+    None
 }
 
 /// A stream fed by a spawned task through a bounded channel.

@@ -384,7 +384,7 @@ async fn undecodable_oversized_and_sessionless_requests_are_invalid_argument() {
         .await
         .unwrap_err();
     assert_eq!((err.code(), err.message()), (Code::InvalidArgument, "session_id: must not be empty"));
-    let err = c.close_session(pb::CloseSessionRequest { session_id: String::new() }).await.unwrap_err();
+    let err = c.close_session(pb::CloseSessionRequest::default()).await.unwrap_err();
     assert_eq!((err.code(), err.message()), (Code::InvalidArgument, "session_id: must not be empty"));
 
     let m = scrape(&s).await;
@@ -464,7 +464,7 @@ fn big_compress(tag: &str) -> pb::CompressRequest {
         task: Some(pb::Task { description: "Why are charges failing?".into(), ..Default::default() }),
         fields: (0..4).map(field).collect(),
         requirement: Some(pb::ContextRequirement { max_context_tokens: 200, ..Default::default() }),
-        session_id: String::new(),
+        ..Default::default()
     }
 }
 

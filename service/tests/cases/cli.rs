@@ -1,0 +1,161 @@
+//! CLI hardening: strict context JSON, per-line errors in `compress --batch`,
+//! arguments checked before the model loads, adversarial input.
+
+use crate::{ready, root, scd};
+
+fn fixture() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("scd-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_misspelled_confidential_key_is_an_error_not_a_leak() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("typo");
+    let mut ctx = fixture();
+    // the secret field with "confidental" (typo): today's bug sent its text
+    let secret = ctx["fields"].as_array_mut().unwrap().iter_mut().find(|f| f["name"] == "api_keys").unwrap();
+    let obj = secret.as_object_mut().unwrap();
+    obj.remove("confidential");
+    obj.insert("confidental".into(), true.into());
+    let path = dir.join("ctx.json");
+    std::fs::write(&path, ctx.to_string()).unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, stdout, stderr) =
+        scd(&["compress", "--task", "what is the gateway key", "--context", p, "--budget", "500"], "");
+    assert!(!ok && !stdout.contains("sk_live_SECRET_4242"), "{stdout}");
+    assert!(stderr.contains("context.fields[4].confidental: unknown field `confidental`"), "{stderr}");
+    // a string "true" is not a boolean
+    let mut ctx = fixture();
+    ctx["fields"][4]["confidential"] = "true".into();
+    std::fs::write(&path, ctx.to_string()).unwrap();
+    let (ok, stdout, stderr) = scd(&["compress", "--task", "key", "--context", p, "--budget", "500"], "");
+    assert!(!ok && !stdout.contains("sk_live_SECRET_4242"));
+    assert!(
+        stderr.contains("context.fields[4].confidential: invalid type: string \"true\", expected a boolean"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn batch_answers_good_lines_and_names_bad_ones() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("batch");
+    let ctx = fixture();
+    let good = serde_json::json!({"task": "which table stores charges", "context": ctx});
+    let mut dup = ctx.clone();
+    let first = dup["fields"][0].clone();
+    dup["fields"].as_array_mut().unwrap().push(first);
+    let lines = [
+        good.to_string(),
+        "{not json".to_string(),
+        serde_json::json!({"task": "x", "context": dup, "budget": 50}).to_string(),
+        serde_json::json!({"task": "x", "context": ctx, "budget": 50, "bugdet": 3}).to_string(),
+        serde_json::json!({"task": "x", "context": ctx, "budget": -5}).to_string(),
+        serde_json::json!({"task": "why do charges fail", "context": ctx, "budget": 30, "required": ["error_logs"]})
+            .to_string(),
+        String::new(),
+        good.to_string(),
+    ];
+    let path = dir.join("batch.jsonl");
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    // --budget is the default for lines without one
+    let (ok, stdout, stderr) = scd(&["compress", "--batch", path.to_str().unwrap(), "--budget", "60"], "");
+    assert!(!ok);
+    let out: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(out.len(), 7, "one answer per non-blank line: {stdout}");
+    assert!(out[0]["totals"]["sent_tokens"].as_u64().unwrap() <= 60);
+    assert_eq!(out[1]["line"], 2);
+    assert!(out[1]["error"].as_str().unwrap().starts_with("key must be a string at line 1 column 2"), "{}", out[1]);
+    assert_eq!(out[2]["line"], 3);
+    assert!(out[2]["error"].as_str().unwrap().contains("context.fields[5].name: duplicate field name \"db_schema\""));
+    assert!(out[3]["error"].as_str().unwrap().starts_with("bugdet: unknown field `bugdet`"), "{}", out[3]);
+    assert!(out[4]["error"].as_str().unwrap().starts_with("budget: invalid value: integer `-5`"), "{}", out[4]);
+    // "required" on the line wins over the (absent) flag; a budget too small for it is that line's error
+    assert!(out[5]["error"].as_str().unwrap().starts_with("required fields need"), "{}", out[5]);
+    assert!(out[6]["chunks"].is_array());
+    assert!(stderr.contains("5 of 7 lines failed (exit status 5)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_fail_before_the_model_loads() {
+    // a missing ONNX Runtime would fail the run later: these must fail first
+    let no_ort = ["--ort-lib", "/nonexistent/libonnxruntime.so"];
+    let cases: [(&[&str], &str); 4] = [
+        (&["compress", "--task", "t", "--context", "fixtures/agent_context.json", "--budget", "0"], "--budget"),
+        (&["compress", "--task", "t", "--context", "fixtures/agent_context.json", "--budget", "-3"], "'-3'"),
+        (
+            &[
+                "compress",
+                "--task",
+                "t",
+                "--context",
+                "fixtures/agent_context.json",
+                "--budget",
+                "9",
+                "--threshold",
+                "2",
+            ],
+            "--threshold: must be a cosine in [-1, 1], got 2",
+        ),
+        (&["compress", "--task", "t", "--context", "nope.json", "--budget", "9"], "--context nope.json: no such file"),
+    ];
+    for (args, want) in cases {
+        let all: Vec<&str> = no_ort.iter().chain(args.iter()).copied().collect();
+        let (ok, _, stderr) = scd(&all, "");
+        assert!(!ok && stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("ONNX Runtime"), "{args:?} reached the model: {stderr}");
+    }
+}
+
+#[test]
+fn adversarial_contexts_get_clear_errors() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("adversarial");
+    let path = dir.join("ctx.json");
+    let p = path.to_str().unwrap();
+    let run = |ctx: String| {
+        std::fs::write(&path, ctx).unwrap();
+        scd(&["compress", "--task", "why", "--context", p, "--budget", "400"], "")
+    };
+    // 10k-deep nesting where a string belongs: a clear type error, no stack overflow
+    let deep = format!("{{\"fields\": [{{\"name\": {}{}}}]}}", "[".repeat(10_000), "]".repeat(10_000));
+    let (ok, _, stderr) = run(deep);
+    assert!(!ok && stderr.contains("context.fields[0].name: invalid type: sequence, expected a string"), "{stderr}");
+    // 10k-deep nesting inside a JSON field's content is chunked by lines and answered
+    let nested = serde_json::json!({"fields": [{"name": "doc", "kind": "json",
+        "content": format!("{}{}", "[".repeat(2_000), "]".repeat(2_000))}]});
+    let (ok, _, stderr) = run(nested.to_string());
+    assert!(ok, "{stderr}");
+    // a NUL byte
+    let nul = serde_json::json!({"fields": [{"name": "a", "content": "ok\u{0}x"}]}).to_string();
+    let (ok, _, stderr) = run(nul);
+    assert!(!ok && stderr.contains("context.fields[0].content: contains a NUL byte at offset 2"), "{stderr}");
+    // a field over the per-field byte limit
+    let big = serde_json::json!({"fields": [{"name": "a", "content": "word ".repeat(1 << 20)}]}).to_string();
+    let (ok, _, stderr) = run(big);
+    assert!(!ok && stderr.contains("context.fields[0].content: 5242880 bytes, over the limit 4194304"), "{stderr}");
+    // a long single-line field (no sentence end) is cut into pieces, so
+    // some of it fits the budget (the megabyte case is a chunker unit test)
+    let line = serde_json::json!({"fields": [{"name": "a", "content": "pool timeout ".repeat(5_000)}]}).to_string();
+    let (ok, stdout, stderr) = run(line);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let sent = v["totals"]["sent_tokens"].as_u64().unwrap();
+    assert!(sent > 0 && sent <= 400, "{sent}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
