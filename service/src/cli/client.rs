@@ -189,7 +189,13 @@ impl Conn {
                 Err(s) => s,
             };
             let Some(floor) = retryable(&err, idempotent).filter(|_| attempt < self.retries) else {
-                return Err(status_error(what, &err, attempt));
+                let e = status_error(what, &err, attempt);
+                let plaintext = self.endpoint.uri().scheme_str() == Some("http");
+                return Err(if plaintext && err.message().contains("h2 protocol error") {
+                    e.context("the server may speak TLS: use an https:// --addr with --ca-cert")
+                } else {
+                    e
+                });
             };
             let wait = backoff(attempt, floor);
             warn!(call = what, code = ?err.code(), attempt = attempt + 1, of = self.retries, wait_ms = wait.as_millis() as u64, "retrying: {}", err.message());

@@ -379,6 +379,10 @@ async fn tls_and_mtls_admit_exactly_the_right_clients() {
     // (b) a plaintext client does not
     let err = info(server.plain()).await.unwrap_err();
     assert!(!err.is_empty());
+    let plain = format!("http://127.0.0.1:{}", server.port);
+    let (ok, _, stderr) =
+        tokio::task::block_in_place(|| scd(&["client", "--retries", "0", "--addr", &plain, "info"], ""));
+    assert!(!ok && stderr.contains("the server may speak TLS: use an https:// --addr with --ca-cert"), "{stderr}");
     // (d) `scd client --ca-cert ... info`, by name and by IP with --tls-domain
     for (addr, domain) in [
         (format!("https://localhost:{}", server.port), None),
