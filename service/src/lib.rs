@@ -2,10 +2,11 @@
 //!
 //! The `scd` binary's library: CLI subcommands ([`cli`]), configuration
 //! ([`config`]), the gRPC server and its client types ([`grpc`]), and the
-//! process's tracing subscriber ([`telemetry`]).
+//! process's tracing subscriber ([`telemetry`]), and TLS ([`tls`]).
 #![warn(missing_docs)]
 
 pub mod cli;
 pub mod config;
 pub mod grpc;
 pub mod telemetry;
+pub mod tls;

@@ -1,20 +1,40 @@
 //! `scd client`: a small gRPC client for scripts and tests.
+//!
+//! Plaintext (`http://`) or TLS (`https://` with `--ca-cert`, plus
+//! `--client-cert`/`--client-key` for mTLS). Every call is retried with
+//! exponential backoff and jitter on UNAVAILABLE, broken connections and
+//! RESOURCE_EXHAUSTED (waiting at least the server's `retry-after-ms`),
+//! never on INVALID_ARGUMENT and the like.
 
+use std::future::Future;
+use std::io::{BufRead as _, Write as _};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
+use scd_engine::context::{Context, FieldKind};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Status};
+use tracing::warn;
 
 use crate::grpc::pb;
+use crate::tls;
 
 /// Client subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ClientCommand {
     /// Server info.
     Info,
-    /// Embed texts given as arguments.
+    /// Embed texts given as arguments (one request), or every line of
+    /// --input (one request per line, one JSON line out per request, in order,
+    /// then {"count": N}).
     Embed {
         /// Texts.
+        #[arg(conflicts_with = "input")]
         texts: Vec<String>,
+        /// JSONL file of {"text": ...} objects, one request per line.
+        #[arg(long)]
+        input: Option<PathBuf>,
         /// Query prefix.
         #[arg(long)]
         query: bool,
@@ -30,15 +50,21 @@ pub enum ClientCommand {
         /// Budget in tokens.
         #[arg(long)]
         budget: u32,
-        /// Keep a session under this id.
+        /// Open (or, with --token, continue) a session under this id.
         #[arg(long, default_value = "")]
         session: String,
+        /// The session's secret, printed when it was opened.
+        #[arg(long, env = "SCD_SESSION_TOKEN", default_value = "")]
+        token: String,
     },
     /// Adaptive request on a session.
     More {
         /// Session id.
         #[arg(long)]
         session: String,
+        /// The session's secret, printed by the compress that opened it.
+        #[arg(long, env = "SCD_SESSION_TOKEN")]
+        token: String,
         /// The question.
         #[arg(long)]
         question: String,
@@ -54,73 +80,293 @@ pub struct ClientArgs {
     /// Server address.
     #[arg(long, env = "SCD_CLIENT_ADDR", default_value = "http://127.0.0.1:50051")]
     addr: String,
+    /// CA certificate (PEM) that signed the server's certificate; needs an https:// --addr.
+    #[arg(long, env = "SCD_CLIENT_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// Client certificate (PEM) for mTLS; with --client-key.
+    #[arg(long, env = "SCD_CLIENT_CERT")]
+    client_cert: Option<PathBuf>,
+    /// Client private key (PEM) for mTLS; with --client-cert.
+    #[arg(long, env = "SCD_CLIENT_KEY")]
+    client_key: Option<PathBuf>,
+    /// Name the server's certificate must carry (default: the host of --addr).
+    #[arg(long, env = "SCD_TLS_DOMAIN")]
+    tls_domain: Option<String>,
+    /// Retries per call on UNAVAILABLE, broken connections and RESOURCE_EXHAUSTED
+    /// (backoff 100 ms doubling, capped at 2 s, with jitter).
+    #[arg(long, env = "SCD_CLIENT_RETRIES", default_value_t = 5)]
+    retries: u32,
     #[command(subcommand)]
     command: ClientCommand,
 }
 
-fn kind(k: &str) -> i32 {
+/// The wire kind of an engine field kind.
+fn field_kind(k: FieldKind) -> pb::FieldKind {
     match k {
-        "code" => pb::FieldKind::Code as i32,
-        "log" => pb::FieldKind::Log as i32,
-        "json" => pb::FieldKind::Json as i32,
-        "chat" => pb::FieldKind::Chat as i32,
-        "table" => pb::FieldKind::Table as i32,
-        _ => pb::FieldKind::Prose as i32,
+        FieldKind::Prose => pb::FieldKind::Prose,
+        FieldKind::Code => pb::FieldKind::Code,
+        FieldKind::Log => pb::FieldKind::Log,
+        FieldKind::Json => pb::FieldKind::Json,
+        FieldKind::Chat => pb::FieldKind::Chat,
+        FieldKind::Table => pb::FieldKind::Table,
     }
 }
 
-/// Runs `scd client ...`; prints one JSON object.
+/// The fields of a context file, parsed strictly by the engine's own type
+/// (unknown keys and non-boolean `confidential` are errors).
+fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
+    let raw = std::fs::read_to_string(path).with_context(|| format!("--context {}", path.display()))?;
+    let ctx = Context::from_json(&raw).map_err(|e| anyhow::anyhow!("--context {}: {e}", path.display()))?;
+    Ok(ctx
+        .fields
+        .into_iter()
+        .map(|f| pb::Field {
+            name: f.name,
+            kind: field_kind(f.kind) as i32,
+            content: f.content,
+            confidential: f.confidential,
+        })
+        .collect())
+}
+
+/// Whether a failed call may be retried, and how long to wait at least.
+///
+/// UNAVAILABLE (server down, draining, not reachable) and RESOURCE_EXHAUSTED
+/// (queue full; wait its `retry-after-ms`) always; a connection that broke
+/// under the call (a transport error, reported as UNKNOWN, INTERNAL or
+/// CANCELLED with a source) only for `idempotent` calls. A status the server
+/// answered (INVALID_ARGUMENT, NOT_FOUND, ...) never.
+pub(crate) fn retryable(s: &Status, idempotent: bool) -> Option<Duration> {
+    match s.code() {
+        Code::Unavailable => Some(Duration::ZERO),
+        Code::ResourceExhausted => Some(Duration::from_millis(
+            s.metadata().get("retry-after-ms").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0),
+        )),
+        Code::Unknown | Code::Internal | Code::Cancelled if idempotent && std::error::Error::source(s).is_some() => {
+            Some(Duration::ZERO)
+        }
+        _ => None,
+    }
+}
+
+/// Backoff before retry `attempt` (0-based): 100 ms doubling, capped at 2 s,
+/// with jitter in its upper half; never below `floor`.
+pub(crate) fn backoff(attempt: u32, floor: Duration) -> Duration {
+    let base = 100u64.saturating_mul(1 << attempt.min(5)).min(2_000);
+    let jittered = Duration::from_millis(rand::random_range(base / 2..=base));
+    jittered.max(floor)
+}
+
+/// A reconnecting client: the channel is built lazily, and rebuilt after a
+/// broken connection.
+struct Conn {
+    endpoint: Endpoint,
+    client: pb::scd_client::ScdClient<Channel>,
+    retries: u32,
+}
+
+impl Conn {
+    fn new(addr: &str, tls: Option<ClientTlsConfig>, retries: u32) -> anyhow::Result<Self> {
+        let mut endpoint = Endpoint::from_shared(addr.to_string())
+            .with_context(|| format!("--addr {addr}: not a URI"))?
+            .connect_timeout(Duration::from_secs(5));
+        if let Some(tls) = tls {
+            endpoint =
+                endpoint.tls_config(tls).map_err(|e| anyhow::anyhow!("--addr {addr}: {}", tls::error_chain(&e)))?;
+        }
+        let client = Self::client(&endpoint);
+        Ok(Self { endpoint, client, retries })
+    }
+
+    fn client(endpoint: &Endpoint) -> pb::scd_client::ScdClient<Channel> {
+        pb::scd_client::ScdClient::new(endpoint.connect_lazy()).max_decoding_message_size(64 << 20)
+    }
+
+    /// Runs `call` with retries (see [`retryable`]).
+    async fn call<T, F, Fut>(&mut self, what: &str, idempotent: bool, mut call: F) -> anyhow::Result<T>
+    where
+        F: FnMut(pb::scd_client::ScdClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut attempt = 0;
+        loop {
+            let err = match call(self.client.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) => s,
+            };
+            let Some(floor) = retryable(&err, idempotent).filter(|_| attempt < self.retries) else {
+                let e = status_error(what, &err, attempt);
+                let plaintext = self.endpoint.uri().scheme_str() == Some("http");
+                return Err(if plaintext && err.message().contains("h2 protocol error") {
+                    e.context("the server may speak TLS: use an https:// --addr with --ca-cert")
+                } else {
+                    e
+                });
+            };
+            let wait = backoff(attempt, floor);
+            warn!(call = what, code = ?err.code(), attempt = attempt + 1, of = self.retries, wait_ms = wait.as_millis() as u64, "retrying: {}", err.message());
+            if err.code() != Code::ResourceExhausted {
+                // the connection may be gone: start a fresh one
+                self.client = Self::client(&self.endpoint);
+            }
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
+    }
+}
+
+fn status_error(what: &str, s: &Status, retries: u32) -> anyhow::Error {
+    let detail = std::error::Error::source(s).map(|e| format!(" ({})", tls::error_chain(e))).unwrap_or_default();
+    let tries = if retries > 0 { format!(" after {retries} retries") } else { String::new() };
+    anyhow::anyhow!("{what}: {:?}: {}{detail}{tries}", s.code(), s.message())
+}
+
+fn embedding_json(e: &pb::Embedding) -> serde_json::Value {
+    serde_json::json!({"tokens": e.tokens, "windows": e.windows, "embedding": e.values})
+}
+
+/// `embed --input`: one request per JSONL line, one JSON line out per request.
+async fn embed_file(c: &mut Conn, path: &std::path::Path, kind: i32) -> anyhow::Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("--input {}", path.display()))?;
+    let mut out = std::io::stdout().lock();
+    let mut count = 0usize;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("--input {}: line {}", path.display(), i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (text, _) = super::jsonl_text(i + 1, &line)?;
+        let r = c
+            .call(&format!("--input line {}", i + 1), true, |mut cl| {
+                let texts = vec![text.clone()];
+                async move { cl.embed(pb::EmbedRequest { texts, kind, windows: true }).await }
+            })
+            .await?;
+        let e = r.embeddings.first().context("server answered no embedding")?;
+        let mut v = embedding_json(e);
+        v["line"] = (i + 1).into();
+        writeln!(out, "{v}")?;
+        out.flush()?;
+        count += 1;
+    }
+    writeln!(out, "{}", serde_json::json!({ "count": count }))?;
+    Ok(())
+}
+
+/// Runs `scd client ...`; prints one JSON object (or JSON lines for `embed --input`).
 pub fn run(args: ClientArgs) -> anyhow::Result<()> {
+    let tls = tls::client_config(
+        &args.addr,
+        &tls::ClientTlsFiles {
+            ca_cert: args.ca_cert.clone(),
+            client_cert: args.client_cert.clone(),
+            client_key: args.client_key.clone(),
+            domain: args.tls_domain.clone(),
+        },
+    )?;
+    let fields = match &args.command {
+        ClientCommand::Compress { context, .. } => read_context(context)?,
+        _ => Vec::new(),
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let mut c = pb::scd_client::ScdClient::connect(args.addr.clone()).await.with_context(|| format!("--addr {}", args.addr))?;
+        let mut c = Conn::new(&args.addr, tls, args.retries)?;
         let out = match args.command {
             ClientCommand::Info => {
-                let r = c.info(pb::InfoRequest {}).await?.into_inner();
+                let r = c.call("Info", true, |mut cl| async move { cl.info(pb::InfoRequest {}).await }).await?;
                 serde_json::json!({"model": r.model, "dim": r.dim, "max_tokens": r.max_tokens, "provider": r.provider, "version": r.version})
             }
-            ClientCommand::Embed { texts, query } => {
+            ClientCommand::Embed { input: Some(path), query, .. } => {
                 let kind = if query { pb::InputKind::Query } else { pb::InputKind::Passage } as i32;
-                let r = c.embed(pb::EmbedRequest { texts, kind, windows: true }).await?.into_inner();
+                return embed_file(&mut c, &path, kind).await;
+            }
+            ClientCommand::Embed { texts, query, input: None } => {
+                let kind = if query { pb::InputKind::Query } else { pb::InputKind::Passage } as i32;
+                let r = c
+                    .call("Embed", true, |mut cl| {
+                        let texts = texts.clone();
+                        async move { cl.embed(pb::EmbedRequest { texts, kind, windows: true }).await }
+                    })
+                    .await?;
                 serde_json::json!({"model": r.model, "embeddings": r.embeddings.iter().map(|e| serde_json::json!({"tokens": e.tokens, "embedding": e.values})).collect::<Vec<_>>()})
             }
-            ClientCommand::Compress { task, context, budget, session } => {
-                let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&context).with_context(|| format!("--context {}", context.display()))?)?;
-                let fields = v["fields"]
-                    .as_array()
-                    .context("--context: no \"fields\" array")?
-                    .iter()
-                    .map(|f| pb::Field {
-                        name: f["name"].as_str().unwrap_or_default().into(),
-                        kind: kind(f["kind"].as_str().unwrap_or("prose")),
-                        content: f["content"].as_str().unwrap_or_default().into(),
-                        confidential: f["confidential"].as_bool().unwrap_or(false),
-                    })
-                    .collect();
+            ClientCommand::Compress { task, budget, session, token, .. } => {
+                // a retry after the server opened the session would find it
+                // taken: only session-less or continuing calls are idempotent
+                let idempotent = session.is_empty() || !token.is_empty();
+                let req = pb::CompressRequest {
+                    task: Some(pb::Task { description: task, ..Default::default() }),
+                    fields,
+                    requirement: Some(pb::ContextRequirement { max_context_tokens: budget, ..Default::default() }),
+                    session_id: session,
+                    session_token: token,
+                };
                 let r = c
-                    .compress(pb::CompressRequest {
-                        task: Some(pb::Task { description: task, ..Default::default() }),
-                        fields,
-                        requirement: Some(pb::ContextRequirement { max_context_tokens: budget, ..Default::default() }),
-                        session_id: session,
-                        session_token: String::new(),
+                    .call("Compress", idempotent, |mut cl| {
+                        let req = req.clone();
+                        async move { cl.compress(req).await }
                     })
-                    .await?
-                    .into_inner();
+                    .await?;
                 let t = r.totals.unwrap_or_default();
                 serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens})).collect::<Vec<_>>(),
                     "totals": {"context_tokens": t.context_tokens, "sent_tokens": t.sent_tokens, "reduction_ratio": t.reduction_ratio, "r_theorem1": t.r_theorem1},
-                    "dropped": r.dropped.iter().map(|d| serde_json::json!({"field": d.field, "id": d.id, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>()})
+                    "dropped": r.dropped.iter().map(|d| serde_json::json!({"field": d.field, "id": d.id, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
+                    "withheld_fields": r.withheld_fields, "session_id": r.session_id, "session_token": r.session_token})
             }
-            ClientCommand::More { session, question, confidence } => {
+            ClientCommand::More { session, token, question, confidence } => {
+                let req = pb::ContextRequest {
+                    session_id: session,
+                    session_token: token,
+                    specific_question: question,
+                    current_confidence: confidence,
+                    ..Default::default()
+                };
+                // advances the session: not retried when the connection broke under it
                 let r = c
-                    .request_context(pb::ContextRequest { session_id: session, specific_question: question, current_confidence: confidence, ..Default::default() })
-                    .await?
-                    .into_inner();
+                    .call("RequestContext", false, |mut cl| {
+                        let req = req.clone();
+                        async move { cl.request_context(req).await }
+                    })
+                    .await?;
                 serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"id": c.id, "text": c.text, "tokens": c.tokens})).collect::<Vec<_>>(), "remaining_tokens": r.remaining_tokens, "reason": r.reason})
             }
         };
         println!("{out}");
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        assert_eq!(retryable(&Status::unavailable("down"), false), Some(Duration::ZERO));
+        let mut busy = Status::resource_exhausted("queue full");
+        busy.metadata_mut().insert("retry-after-ms", "250".parse().unwrap());
+        assert_eq!(retryable(&busy, false), Some(Duration::from_millis(250)));
+        for code in [Code::InvalidArgument, Code::NotFound, Code::PermissionDenied, Code::Unauthenticated] {
+            assert_eq!(retryable(&Status::new(code, "no"), true), None, "{code:?}");
+        }
+        // an UNKNOWN the server answered (no transport source) is not retried
+        assert_eq!(retryable(&Status::unknown("handler said so"), true), None);
+        let broken = Status::from_error(Box::new(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset")));
+        assert_eq!(broken.code(), Code::Unknown);
+        assert_eq!(retryable(&broken, true), Some(Duration::ZERO));
+        assert_eq!(retryable(&broken, false), None);
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps_at_two_seconds() {
+        for _ in 0..100 {
+            let b0 = backoff(0, Duration::ZERO).as_millis();
+            assert!((50..=100).contains(&b0), "{b0}");
+            let b3 = backoff(3, Duration::ZERO).as_millis();
+            assert!((400..=800).contains(&b3), "{b3}");
+            let b9 = backoff(9, Duration::ZERO).as_millis();
+            assert!((1000..=2000).contains(&b9), "{b9}");
+        }
+        assert_eq!(backoff(0, Duration::from_millis(700)), Duration::from_millis(700));
+    }
 }

@@ -1,14 +1,17 @@
 //! `scd serve`: the gRPC service.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
 use crate::config::ModelArgs;
 use crate::grpc::http::HttpLimits;
 use crate::grpc::{serve, Limits, ServeConfig};
+use crate::tls;
 
 /// Arguments of `scd serve`.
 #[derive(Debug, clap::Args)]
@@ -57,20 +60,96 @@ pub struct ServeArgs {
     /// Sessions held at once.
     #[arg(long, env = "SCD_MAX_SESSIONS", default_value_t = 10_000)]
     max_sessions: usize,
+    /// Bytes all sessions may hold together (each counts the whole prepared
+    /// context it refers to); past it the least recently used are evicted,
+    /// and their owners are told so.
+    #[arg(long, env = "SCD_SESSION_BYTES", default_value_t = 1 << 30)]
+    session_bytes: usize,
+    /// Tokens of one Compress request's non-confidential context.
+    #[arg(long, env = "SCD_MAX_CONTEXT_TOKENS", default_value_t = 262_144)]
+    max_context_tokens: usize,
+    /// Bytes of one field's content.
+    #[arg(long, env = "SCD_MAX_FIELD_BYTES", default_value_t = 4 << 20)]
+    max_field_bytes: usize,
+    /// TLS certificate chain (PEM); with --tls-key the server speaks TLS only.
+    #[arg(long, env = "SCD_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM: PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long, env = "SCD_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// mTLS: clients must present a certificate signed by this CA (PEM).
+    #[arg(long, env = "SCD_CLIENT_CA")]
+    client_ca: Option<PathBuf>,
+    /// After SIGTERM / Ctrl-C, seconds to let calls in flight finish before exiting anyway.
+    #[arg(long, env = "SCD_DRAIN_TIMEOUT_S", default_value_t = 30.0)]
+    drain_timeout: f64,
 }
 
-/// Runs `scd serve`.
+/// Checks every argument that can be checked without the model.
+fn check(args: &ServeArgs) -> anyhow::Result<()> {
+    for (flag, v) in [
+        ("--queue-size", args.queue_size),
+        ("--batch-texts", args.batch_texts),
+        ("--max-concurrent-compress", args.max_concurrent_compress),
+        ("--max-texts", args.max_texts),
+        ("--max-fields", args.max_fields),
+        ("--max-request-bytes", args.max_request_bytes),
+        ("--max-sessions", args.max_sessions),
+        ("--max-batch-tokens", args.max_batch_tokens),
+        ("--http-max-connections", args.http_max_connections),
+        ("--http-header-timeout-ms", args.http_header_timeout_ms as usize),
+        ("--session-bytes", args.session_bytes),
+        ("--max-context-tokens", args.max_context_tokens),
+        ("--max-field-bytes", args.max_field_bytes),
+    ] {
+        anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
+    }
+    anyhow::ensure!(
+        args.drain_timeout.is_finite() && (0.0..=86_400.0).contains(&args.drain_timeout),
+        "--drain-timeout {}: must be between 0 and 86400 seconds",
+        args.drain_timeout
+    );
+    if let Some(http) = args.http_addr {
+        anyhow::ensure!(
+            http.port() == 0 || http != args.addr,
+            "--http-addr {http}: same address as --addr; give the metrics their own port"
+        );
+    }
+    Ok(())
+}
+
+/// Binds `addr` for `flag` (`--addr`, `--http-addr`) serving `what`
+/// (`gRPC`, `HTTP metrics`): a port in use is named as such.
+fn bind(flag: &str, what: &str, addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => anyhow::anyhow!("{flag} {addr} ({what}) is already in use"),
+        _ => anyhow::anyhow!("{flag} {addr} ({what}): cannot listen: {e}"),
+    })
+}
+
+/// Runs `scd serve`: checks the arguments and TLS files, binds the
+/// listeners, and only then loads the model.
 pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.queue_size > 0, "--queue-size: must be at least 1");
-    anyhow::ensure!(args.max_texts > 0 && args.max_fields > 0, "--max-texts/--max-fields: must be at least 1");
-    anyhow::ensure!(args.max_batch_tokens > 0, "--max-batch-tokens: must be at least 1");
-    anyhow::ensure!(args.http_max_connections > 0, "--http-max-connections: must be at least 1");
-    anyhow::ensure!(args.http_header_timeout_ms > 0, "--http-header-timeout-ms: must be at least 1");
+    check(&args)?;
+    let tls = tls::server_config(&tls::ServerTlsFiles {
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        client_ca: args.client_ca.clone(),
+    })?;
+    let listener = bind("--addr", "gRPC", args.addr)?;
+    let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
     let encoder = Arc::new(model.load_encoder()?);
     let cfg = ScdConfig {
         cache_bytes: args.cache_bytes,
         session_ttl: Duration::from_secs(args.session_ttl_s),
         max_sessions: args.max_sessions,
+        session_bytes: args.session_bytes,
+        max_context_tokens: args.max_context_tokens,
+        context_limits: ContextLimits {
+            max_fields: args.max_fields,
+            max_field_bytes: args.max_field_bytes,
+            max_context_bytes: args.max_request_bytes,
+        },
         ..ScdConfig::default()
     };
     let scd = Arc::new(Scd::new(encoder, cfg));
@@ -79,7 +158,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_fields: args.max_fields,
         max_request_bytes: args.max_request_bytes,
         queue_size: args.queue_size,
-        batch_texts: args.batch_texts.max(1),
+        batch_texts: args.batch_texts,
         max_batch_tokens: args.max_batch_tokens,
         max_concurrent_compress: args.max_concurrent_compress,
     };
@@ -88,5 +167,18 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.http_max_connections,
         header_timeout: Duration::from_millis(args.http_header_timeout_ms),
     };
-    rt.block_on(serve(scd, ServeConfig { addr: args.addr, http_addr: args.http_addr, limits, http }))
+    let served = rt.block_on(serve(
+        scd,
+        ServeConfig {
+            listener,
+            http_listener,
+            limits,
+            http,
+            tls,
+            drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+        },
+    ));
+    // calls cut by the drain timeout may still hold blocking threads: do not wait for them
+    rt.shutdown_timeout(Duration::from_millis(200));
+    served
 }

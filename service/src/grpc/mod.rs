@@ -451,8 +451,8 @@ impl pb::scd_server::Scd for Arc<ScdService> {
 
 /// The caller's verified identity, when the transport has one (a TLS
 /// client certificate); sessions opened with one are bound to it.
-fn caller<T>(_request: &Request<T>) -> Option<String> {
-    None
+fn caller<T>(request: &Request<T>) -> Option<String> {
+    crate::tls::caller_identity(request)
 }
 
 /// A stream fed by a spawned task through a bounded channel.

@@ -1,12 +1,20 @@
 //! Starting, serving and draining: `scd.v1.Scd` with health and reflection
-//! on one listener, metrics on the HTTP one.
+//! on one listener (plaintext, TLS or mTLS), metrics on the HTTP one.
+//!
+//! Drain: on SIGTERM or Ctrl-C health turns NOT_SERVING (for `""` and
+//! `scd.v1.Scd`) at once, new calls are refused with UNAVAILABLE while the
+//! listener stays open (so probes read NOT_SERVING), calls in flight finish,
+//! then the server stops; after `drain_timeout` it stops anyway and logs how
+//! many calls it cut.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::Scd;
+use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
@@ -15,41 +23,36 @@ use super::layer::ObserveLayer;
 use super::metrics::Metrics;
 use super::{pb, Limits, ScdService, DESCRIPTOR};
 
-/// Everything `serve` needs.
+/// Everything `serve` needs. The listeners are bound by the caller, so a
+/// port in use is reported (naming its flag) before the model loads.
 pub struct ServeConfig {
-    /// gRPC listen address (port 0 picks one).
-    pub addr: SocketAddr,
-    /// Metrics listen address.
-    pub http_addr: Option<SocketAddr>,
+    /// gRPC listener.
+    pub listener: std::net::TcpListener,
+    /// Metrics listener.
+    pub http_listener: Option<std::net::TcpListener>,
     /// Limits.
     pub limits: Limits,
     /// Metrics listener limits.
     pub http: HttpLimits,
+    /// TLS (and mTLS when it names a client CA); `None` serves plaintext.
+    pub tls: Option<ServerTlsConfig>,
+    /// Longest wait for calls in flight after SIGTERM before exiting anyway.
+    pub drain_timeout: Duration,
 }
 
-/// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests.
+/// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
+/// (see the module docs).
 pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
-    let http = match cfg.http_addr {
-        Some(a) => Some(tokio::net::TcpListener::bind(a).await?),
-        None => None,
-    };
-    serve_on(scd, cfg, listener, http, shutdown_signal()).await
+    serve_on(scd, cfg, shutdown_signal()).await
 }
 
-/// Serves on listeners already bound (`cfg.addr` and `cfg.http_addr` are
-/// not used) until `shutdown` completes; tests run a server in-process with
-/// this.
-pub async fn serve_on(
-    scd: Arc<Scd>,
-    cfg: ServeConfig,
-    listener: tokio::net::TcpListener,
-    http: Option<tokio::net::TcpListener>,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
+/// [`serve`] until `shutdown` completes instead of a signal; tests run a
+/// server in-process with this.
+pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new(cfg.limits.max_batch_tokens));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+    health.set_service_status("", ServingStatus::NotServing).await;
     let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
     let reflection = || {
@@ -59,12 +62,16 @@ pub async fn serve_on(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    let listener = tokio_listener(cfg.listener)?;
     let local = listener.local_addr()?;
-    if let Some(l) = http {
+    if let Some(http) = cfg.http_listener {
+        let l = tokio_listener(http)?;
         println!("metrics on http://{}/metrics", l.local_addr()?);
         tokio::spawn(serve_metrics(l, service.clone(), cfg.http));
     }
     println!("listening on {local}");
+    info!(addr = %local, tls = cfg.tls.is_some(), "gRPC listener");
+    let drain = Drain::default();
     // fail-stop: a dead encoder thread makes the whole server NOT_SERVING
     let mut stopped = service.batcher().stopped_signal();
     let stop_health = health.clone();
@@ -80,6 +87,7 @@ pub async fn serve_on(
     let warm = scd.clone();
     let batcher_alive = service.clone();
     let health_setter = health.clone();
+    let warm_drain = drain.clone();
     tokio::spawn(async move {
         let ok = tokio::task::spawn_blocking(move || {
             warm.encoder().encode(&["warm up"], &EncodeOptions::new(InputKind::Query))
@@ -87,27 +95,77 @@ pub async fn serve_on(
         .await
         .map(|r| r.is_ok())
         .unwrap_or(false);
-        if ok && batcher_alive.batcher().stopped().is_none() {
-            health_setter.set_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
-            info!("model warm; SERVING");
-        } else {
+        if !ok || batcher_alive.batcher().stopped().is_some() {
             warn!("warm-up failed; staying NOT_SERVING");
+        } else if warm_drain.is_draining() {
+            info!("model warm, but draining; staying NOT_SERVING");
+        } else {
+            health_setter.set_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+            health_setter.set_service_status("", ServingStatus::Serving).await;
+            info!("model warm; SERVING");
         }
     });
     let svc = pb::scd_server::ScdServer::new(service)
         .max_decoding_message_size(cfg.limits.max_request_bytes)
         .max_encoding_message_size(64 << 20);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = cfg.tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = builder
+        .layer(DrainLayer(drain.clone()))
         .layer(ObserveLayer::new(metrics))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
-    info!("drained; bye");
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => return r.map_err(Into::into),
+        () = shutdown => {}
+    }
+    // drain: refuse new calls, report NOT_SERVING, let calls in flight finish
+    drain.start();
+    health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+    health.set_service_status("", ServingStatus::NotServing).await;
+    info!(
+        in_flight = drain.in_flight(),
+        timeout_s = cfg.drain_timeout.as_secs_f64(),
+        "draining: NOT_SERVING, refusing new calls"
+    );
+    let drained = tokio::time::timeout(cfg.drain_timeout, async {
+        tokio::select! {
+            r = &mut server => return r,
+            () = drain.idle() => {}
+        }
+        let _ = stop_tx.send(());
+        (&mut server).await
+    })
+    .await;
+    match drained {
+        Ok(r) => {
+            r?;
+            info!("drained; bye");
+        }
+        Err(_) => warn!(
+            cut = drain.in_flight(),
+            timeout_s = cfg.drain_timeout.as_secs_f64(),
+            "drain timeout: exiting with {} call(s) still in flight",
+            drain.in_flight()
+        ),
+    }
     Ok(())
+}
+
+/// A bound std listener as a tokio one.
+fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    l.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(l)
 }
 
 async fn shutdown_signal() {
@@ -124,4 +182,139 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
     info!("shutting down: draining in-flight requests");
+}
+
+// ---------------------------------------------------------------------------
+// Drain: count calls in flight, refuse new ones once draining
+// ---------------------------------------------------------------------------
+
+/// Calls in flight and whether the server is draining. Health and
+/// reflection are neither counted nor refused (a health Watch stream lives
+/// as long as its client, and probes must read NOT_SERVING while draining).
+#[derive(Clone, Default)]
+struct Drain(Arc<DrainState>);
+
+#[derive(Default)]
+struct DrainState {
+    draining: AtomicBool,
+    in_flight: AtomicUsize,
+}
+
+/// Held while one call runs (until its response body ends).
+struct InFlight(Arc<DrainState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drain {
+    fn start(&self) {
+        self.0.draining.store(true, Ordering::SeqCst);
+    }
+
+    fn is_draining(&self) -> bool {
+        self.0.draining.load(Ordering::SeqCst)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.0.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Counts a new call, or `None` when draining.
+    fn enter(&self) -> Option<InFlight> {
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(self.0.clone());
+        (!self.is_draining()).then_some(guard)
+    }
+
+    /// Resolves when no call is in flight.
+    async fn idle(&self) {
+        while self.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn exempt(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.") || path.starts_with("/grpc.reflection.")
+}
+
+#[derive(Clone)]
+struct DrainLayer(Drain);
+
+impl<S> tower_layer::Layer<S> for DrainLayer {
+    type Service = DrainService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DrainService { inner, drain: self.0.clone() }
+    }
+}
+
+#[derive(Clone)]
+struct DrainService<S> {
+    inner: S,
+    drain: Drain,
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for DrainService<S>
+where
+    S: tonic::codegen::Service<
+        tonic::codegen::http::Request<B>,
+        Response = tonic::codegen::http::Response<tonic::body::Body>,
+    >,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        if exempt(req.uri().path()) {
+            return Box::pin(self.inner.call(req));
+        }
+        let Some(guard) = self.drain.enter() else {
+            let refused = tonic::Status::unavailable("server is draining (shutting down); retry on another replica");
+            return Box::pin(std::future::ready(Ok(refused.into_http())));
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|body| tonic::body::Body::new(Guarded { body, _guard: guard })))
+        })
+    }
+}
+
+/// A response body that holds its call's [`InFlight`] until it ends.
+struct Guarded {
+    body: tonic::body::Body,
+    _guard: InFlight,
+}
+
+impl http_body::Body for Guarded {
+    type Data = tonic::codegen::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }

@@ -91,14 +91,21 @@ struct InProc {
 }
 
 async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> InProc {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let h = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let h = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let (grpc, http_addr) = (l.local_addr().unwrap(), h.local_addr().unwrap());
     let scd = Arc::new(Scd::new(encoder, ScdConfig::default()));
-    let cfg = ServeConfig { addr: grpc, http_addr: Some(http_addr), limits, http };
+    let cfg = ServeConfig {
+        listener: l,
+        http_listener: Some(h),
+        limits,
+        http,
+        tls: None,
+        drain_timeout: Duration::from_secs(1),
+    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        serve_on(scd, cfg, l, Some(h), async {
+        serve_on(scd, cfg, async {
             let _ = stopped.await;
         })
         .await

@@ -1,0 +1,610 @@
+//! Transport security and lifecycle of `scd serve` / `scd client`: TLS and
+//! mTLS, argument checks before the model loads, drain on SIGTERM, and a
+//! client that survives a server killed mid-load.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+use scd_service::grpc::pb;
+use scd_service::grpc::pb::scd_client::ScdClient;
+use scd_service::tls::{caller_identity, cert_identity, client_config, server_config, ClientTlsFiles, ServerTlsFiles};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+use crate::{ready, root, scd};
+
+const NO_ORT: &str = "/nonexistent/libonnxruntime.so";
+
+/// A fresh scratch folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("scd-lifecycle-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+// ---------------------------------------------------------------------------
+// Test PKI: two CAs, a server certificate and two client certificates
+// ---------------------------------------------------------------------------
+
+struct Pki {
+    ca: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+    client_der: Vec<u8>,
+    rogue_cert: PathBuf,
+    rogue_key: PathBuf,
+}
+
+fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
+}
+
+/// A leaf certificate signed by `issuer`: (cert PEM, key PEM, cert DER).
+fn leaf(
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    sans: &[&str],
+    usage: ExtendedKeyUsagePurpose,
+) -> (String, String, Vec<u8>) {
+    let mut p = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, sans[0]);
+    p.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem(), cert.der().to_vec())
+}
+
+fn pki(dir: &Path) -> Pki {
+    let ca1 = ca("scd test CA");
+    let rogue_ca = ca("some other CA");
+    let write = |name: &str, body: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, body).unwrap();
+        p
+    };
+    let (sc, sk, _) = leaf(&ca1, &["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth);
+    let (cc, ck, client_der) = leaf(&ca1, &["scd-test-client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let (rc, rk, _) = leaf(&rogue_ca, &["scd-test-client"], ExtendedKeyUsagePurpose::ClientAuth);
+    Pki {
+        ca: write("ca.pem", &ca1.pem()),
+        server_cert: write("server.pem", &sc),
+        server_key: write("server.key", &sk),
+        client_cert: write("client.pem", &cc),
+        client_key: write("client.key", &ck),
+        client_der,
+        rogue_cert: write("rogue.pem", &rc),
+        rogue_key: write("rogue.key", &rk),
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// A server process whose stderr (its log) we keep
+// ---------------------------------------------------------------------------
+
+struct Serve {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(dir: &Path, name: &str, args: &[&str]) -> Serve {
+        let log = dir.join(format!("{name}.log"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
+            .current_dir(root())
+            .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
+            .env("SCD_MODELS_DIR", root().join("models/out"))
+            .env("SCD_THREADS", "2")
+            .arg("serve")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let port = loop {
+            let line =
+                lines.next().unwrap_or_else(|| panic!("server exited: {}", std::fs::read_to_string(&log).unwrap()));
+            if let Some(a) = line.unwrap().strip_prefix("listening on ") {
+                break a.rsplit(':').next().unwrap().parse().unwrap();
+            }
+        };
+        Serve { child, port, log }
+    }
+
+    fn plain(&self) -> Endpoint {
+        Endpoint::from_shared(format!("http://127.0.0.1:{}", self.port)).unwrap()
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap().success();
+        assert!(ok, "kill -TERM");
+    }
+
+    /// Waits up to `limit` for the process to exit; its status.
+    fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+async fn health(ch: Channel, service: &str) -> Result<i32, tonic::Status> {
+    HealthClient::new(ch).check(HealthCheckRequest { service: service.into() }).await.map(|r| r.into_inner().status)
+}
+
+/// Connects over `ep` and waits until `scd.v1.Scd` is SERVING.
+async fn serving(ep: Endpoint) -> ScdClient<Channel> {
+    for _ in 0..1200 {
+        if let Ok(ch) = ep.connect().await {
+            if health(ch.clone(), "scd.v1.Scd").await.ok() == Some(ServingStatus::Serving as i32) {
+                return ScdClient::new(ch).max_decoding_message_size(64 << 20);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server never became SERVING");
+}
+
+/// Connects over `ep` and calls Info: the error as text.
+async fn info(ep: Endpoint) -> Result<pb::InfoResponse, String> {
+    let ch = ep.connect().await.map_err(|e| format!("connect: {e:?}"))?;
+    ScdClient::new(ch).info(pb::InfoRequest {}).await.map(|r| r.into_inner()).map_err(|e| format!("{e:?}"))
+}
+
+fn tls_endpoint(port: u16, pki: &Pki, identity: Option<(&Path, &Path)>) -> Endpoint {
+    let files = ClientTlsFiles {
+        ca_cert: Some(pki.ca.clone()),
+        client_cert: identity.map(|i| i.0.into()),
+        client_key: identity.map(|i| i.1.into()),
+        domain: Some("localhost".into()),
+    };
+    let addr = format!("https://127.0.0.1:{port}");
+    Endpoint::from_shared(addr.clone()).unwrap().tls_config(client_config(&addr, &files).unwrap().unwrap()).unwrap()
+}
+
+// ---------------------------------------------------------------------------
+// Argument checks: before the model loads (a missing ONNX Runtime proves it)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn serve_checks_arguments_and_tls_files_before_loading_the_model() {
+    let dir = scratch("args");
+    let pki = pki(&dir);
+    let junk = dir.join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let missing = dir.join("missing.pem");
+    let (sc, sk, ca, cc, ck, j, m) = (
+        s(&pki.server_cert),
+        s(&pki.server_key),
+        s(&pki.ca),
+        s(&pki.client_cert),
+        s(&pki.client_key),
+        s(&junk),
+        s(&missing),
+    );
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec!["--queue-size", "0"], "--queue-size 0: must be at least 1".into()),
+        (vec!["--batch-texts", "0"], "--batch-texts 0: must be at least 1".into()),
+        (vec!["--max-concurrent-compress", "0"], "--max-concurrent-compress 0: must be at least 1".into()),
+        (vec!["--max-request-bytes", "0"], "--max-request-bytes 0: must be at least 1".into()),
+        (vec!["--drain-timeout=-1"], "--drain-timeout -1: must be between 0 and 86400 seconds".into()),
+        (vec!["--tls-cert", sc], "--tls-cert needs --tls-key (the two are given together)".into()),
+        (vec!["--tls-key", sk], "--tls-key needs --tls-cert (the two are given together)".into()),
+        (vec!["--client-ca", ca], "--client-ca needs --tls-cert and --tls-key (mTLS runs over TLS)".into()),
+        (vec!["--tls-cert", m, "--tls-key", sk], format!("--tls-cert {m}")),
+        (vec!["--tls-cert", j, "--tls-key", sk], format!("--tls-cert {j}: holds no PEM CERTIFICATE block")),
+        (vec!["--tls-cert", sc, "--tls-key", j], format!("--tls-key {j}: no PEM private key")),
+        (
+            vec!["--tls-cert", sc, "--tls-key", sk, "--client-ca", j],
+            format!("--client-ca {j}: holds no PEM CERTIFICATE block"),
+        ),
+        // a key that belongs to another certificate
+        (vec!["--tls-cert", sc, "--tls-key", ck], format!("--tls-cert {sc} / --tls-key {ck}: ")),
+        (vec!["--tls-cert", cc, "--tls-key", sk], format!("--tls-cert {cc} / --tls-key {sk}: ")),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["--ort-lib", NO_ORT, "serve", "--addr", "127.0.0.1:0"];
+        args.extend(&extra);
+        let (ok, _, stderr) = scd(&args, "");
+        assert!(!ok, "{extra:?} was accepted");
+        assert!(stderr.contains(&want), "{extra:?}: want {want:?} in {stderr}");
+        assert!(!stderr.contains("SCD_ORT_LIB"), "{extra:?}: the model was loaded before the check: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn port_in_use_names_the_flag_and_the_listener() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let (ok, _, stderr) = scd(&["--ort-lib", NO_ORT, "serve", "--addr", &addr], "");
+    assert!(!ok);
+    assert!(stderr.contains(&format!("--addr {addr} (gRPC) is already in use")), "{stderr}");
+    assert!(!stderr.contains("SCD_ORT_LIB"), "bound after loading the model: {stderr}");
+    let (ok, _, stderr) = scd(&["--ort-lib", NO_ORT, "serve", "--addr", "127.0.0.1:0", "--http-addr", &addr], "");
+    assert!(!ok);
+    assert!(stderr.contains(&format!("--http-addr {addr} (HTTP metrics) is already in use")), "{stderr}");
+    assert!(!stderr.contains("SCD_ORT_LIB"), "bound after loading the model: {stderr}");
+}
+
+// ---------------------------------------------------------------------------
+// Client context parsing and retry policy (no server needed)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn client_compress_refuses_a_misspelled_context_key() {
+    // Needs the engine's strict `Context` (deny_unknown_fields).
+    let dir = scratch("ctx");
+    let ctx = dir.join("typo.json");
+    std::fs::write(
+        &ctx,
+        r#"{"fields": [{"name": "secret", "kind": "prose", "content": "sk_live_X", "confidental": true}]}"#,
+    )
+    .unwrap();
+    // nothing listens on the address: the file is refused before connecting
+    let addr = format!("http://127.0.0.1:{}", free_port());
+    let (ok, _, stderr) =
+        scd(&["client", "--addr", &addr, "compress", "--task", "t", "--context", s(&ctx), "--budget", "50"], "");
+    assert!(!ok);
+    assert!(stderr.contains(&format!("--context {}", ctx.display())) && stderr.contains("confidental"), "{stderr}");
+    assert!(!stderr.contains("sk_live_X"), "content leaked into the error: {stderr}");
+    std::fs::write(&ctx, r#"{"fields": [{"name": "a", "kind": "prose", "content": "x", "confidential": "yes"}]}"#)
+        .unwrap();
+    let (ok, _, stderr) =
+        scd(&["client", "--addr", &addr, "compress", "--task", "t", "--context", s(&ctx), "--budget", "50"], "");
+    assert!(!ok && stderr.contains("confidential"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn client_gives_up_after_its_retries_when_nothing_listens() {
+    let addr = format!("http://127.0.0.1:{}", free_port());
+    let t = Instant::now();
+    let (ok, _, stderr) = scd(&["client", "--addr", &addr, "--retries", "2", "info"], "");
+    assert!(!ok);
+    assert!(stderr.contains("Info: Unavailable") && stderr.contains("after 2 retries"), "{stderr}");
+    assert_eq!(stderr.matches("retrying").count(), 2, "{stderr}");
+    // backoff: 50..100 ms, then 100..200 ms
+    assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+}
+
+// ---------------------------------------------------------------------------
+// caller_identity: the verified client certificate, in process
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caller_identity_is_the_verified_client_certificate() {
+    let dir = scratch("identity");
+    let pki = pki(&dir);
+    let tls = server_config(&ServerTlsFiles {
+        cert: Some(pki.server_cert.clone()),
+        key: Some(pki.server_key.clone()),
+        client_ca: Some(pki.ca.clone()),
+    })
+    .unwrap()
+    .unwrap();
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let record = seen.clone();
+    let (_, health_service) = tonic_health::server::health_reporter();
+    let svc = tonic::service::interceptor::InterceptedService::new(health_service, move |req: tonic::Request<()>| {
+        record.lock().unwrap().push(caller_identity(&req));
+        Ok(req)
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(tls)
+            .unwrap()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let ch = tls_endpoint(port, &pki, Some((&pki.client_cert, &pki.client_key))).connect().await.unwrap();
+    assert_eq!(health(ch, "").await.unwrap(), ServingStatus::Serving as i32);
+    let want = cert_identity(&pki.client_der);
+    assert!(want.starts_with("x509:sha256:") && want.len() == 12 + 64, "{want}");
+    assert_eq!(*seen.lock().unwrap(), vec![Some(want)]);
+    // a certificate from another CA never reaches the handler
+    let rogue = tls_endpoint(port, &pki, Some((&pki.rogue_cert, &pki.rogue_key)));
+    let refused = match rogue.connect().await {
+        Ok(ch) => health(ch, "").await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused);
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// TLS and mTLS against the real server
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mtls_admit_exactly_the_right_clients() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("tls");
+    let pki = pki(&dir);
+    let server = Serve::start(
+        &dir,
+        "tls",
+        &["--addr", "127.0.0.1:0", "--tls-cert", s(&pki.server_cert), "--tls-key", s(&pki.server_key)],
+    );
+    // (a) a TLS client trusting the CA reaches Info
+    let mut c = serving(tls_endpoint(server.port, &pki, None)).await;
+    assert_eq!(c.info(pb::InfoRequest {}).await.unwrap().into_inner().dim, 384);
+    // (b) a plaintext client does not
+    let err = info(server.plain()).await.unwrap_err();
+    assert!(!err.is_empty());
+    let plain = format!("http://127.0.0.1:{}", server.port);
+    let (ok, _, stderr) =
+        tokio::task::block_in_place(|| scd(&["client", "--retries", "0", "--addr", &plain, "info"], ""));
+    assert!(!ok && stderr.contains("the server may speak TLS: use an https:// --addr with --ca-cert"), "{stderr}");
+    // (d) `scd client --ca-cert ... info`, by name and by IP with --tls-domain
+    for (addr, domain) in [
+        (format!("https://localhost:{}", server.port), None),
+        (format!("https://127.0.0.1:{}", server.port), Some("localhost")),
+    ] {
+        let mut args = vec!["client", "--addr", &addr, "--ca-cert", s(&pki.ca)];
+        if let Some(d) = domain {
+            args.extend(["--tls-domain", d]);
+        }
+        args.push("info");
+        let (ok, stdout, stderr) = tokio::task::block_in_place(|| scd(&args, ""));
+        assert!(ok, "{addr}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(v["dim"], 384);
+    }
+    // a client that does not trust the server's CA is refused
+    let (ok, _, stderr) = tokio::task::block_in_place(|| {
+        scd(
+            &[
+                "client",
+                "--retries",
+                "0",
+                "--addr",
+                &format!("https://localhost:{}", server.port),
+                "--ca-cert",
+                s(&pki.client_cert),
+                "info",
+            ],
+            "",
+        )
+    });
+    assert!(!ok, "{stderr}");
+
+    // (c) mTLS: only clients with a certificate from --client-ca
+    let mtls = Serve::start(
+        &dir,
+        "mtls",
+        &[
+            "--addr",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(&pki.server_cert),
+            "--tls-key",
+            s(&pki.server_key),
+            "--client-ca",
+            s(&pki.ca),
+        ],
+    );
+    let mut c = serving(tls_endpoint(mtls.port, &pki, Some((&pki.client_cert, &pki.client_key)))).await;
+    assert!(c.info(pb::InfoRequest {}).await.is_ok());
+    let no_cert = info(tls_endpoint(mtls.port, &pki, None)).await;
+    assert!(no_cert.is_err(), "a client without a certificate got in");
+    let rogue = info(tls_endpoint(mtls.port, &pki, Some((&pki.rogue_cert, &pki.rogue_key)))).await;
+    assert!(rogue.is_err(), "a client with another CA's certificate got in");
+    let addr = format!("https://localhost:{}", mtls.port);
+    let base = ["client", "--retries", "0", "--addr", &addr, "--ca-cert", s(&pki.ca)];
+    let with_cert =
+        [&base[..], &["--client-cert", s(&pki.client_cert), "--client-key", s(&pki.client_key), "info"]].concat();
+    let (ok, _, stderr) = tokio::task::block_in_place(|| scd(&with_cert, ""));
+    assert!(ok, "{stderr}");
+    let without = [&base[..], &["info"]].concat();
+    let (ok, _, _) = tokio::task::block_in_place(|| scd(&without, ""));
+    assert!(!ok, "scd client without a certificate got in");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// Drain on SIGTERM
+// ---------------------------------------------------------------------------
+
+/// An Embed request that keeps the encoder busy for a while: `n` texts of
+/// `words` words each, with windows.
+fn slow_embed(n: usize, words: usize) -> pb::EmbedRequest {
+    pb::EmbedRequest {
+        texts: (0..n).map(|i| format!("{i} ") + &"drain the queue before exit ".repeat(words / 5)).collect(),
+        kind: pb::InputKind::Passage as i32,
+        windows: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_calls_in_flight_and_refuses_new_ones() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("drain");
+    let mut server = Serve::start(&dir, "drain", &["--addr", "127.0.0.1:0", "--drain-timeout", "120"]);
+    let c = serving(server.plain()).await;
+    let req = slow_embed(12, 300);
+    let n = req.texts.len();
+    let mut inflight = c.clone();
+    let t0 = Instant::now();
+    let call = tokio::spawn(async move { inflight.embed(req).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!call.is_finished(), "the slow request finished before SIGTERM; make it slower");
+    server.sigterm();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // while draining: NOT_SERVING on a fresh connection, for "" and the service
+    let fresh = server.plain().connect().await.expect("listener stays open while draining");
+    assert_eq!(health(fresh.clone(), "").await.unwrap(), ServingStatus::NotServing as i32);
+    assert_eq!(health(fresh.clone(), "scd.v1.Scd").await.unwrap(), ServingStatus::NotServing as i32);
+    // and a new call is refused (fresh connection and the existing one)
+    let err = ScdClient::new(fresh).info(pb::InfoRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("draining"), "{err:?}");
+    assert!(!call.is_finished(), "the slow request finished during the checks; make it slower");
+    let err = c.clone().info(pb::InfoRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    // the call in flight completes
+    let r = call.await.unwrap().expect("the call in flight completes").into_inner();
+    assert_eq!(r.embeddings.len(), n);
+    let took = t0.elapsed();
+    // and the process exits 0, well within the drain timeout
+    let st = server.wait_exit(Duration::from_secs(30)).expect("server exits after draining");
+    assert!(st.success(), "{st:?}: {}", server.log());
+    let log = server.log();
+    assert!(log.contains("draining") && log.contains("drained; bye"), "{log}");
+    eprintln!("drain: in-flight call took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_bounds_the_exit() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("drain-timeout");
+    let mut server = Serve::start(&dir, "drain-timeout", &["--addr", "127.0.0.1:0", "--drain-timeout", "1"]);
+    let c = serving(server.plain()).await;
+    let mut inflight = c.clone();
+    let call = tokio::spawn(async move { inflight.embed(slow_embed(256, 2000)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = Instant::now();
+    server.sigterm();
+    let st = server.wait_exit(Duration::from_secs(15)).expect("the drain timeout bounds the exit");
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(6), "exit took {took:?} with --drain-timeout 1");
+    assert!(took >= Duration::from_millis(900), "exit took {took:?}: did not wait for the drain");
+    assert!(st.success(), "{st:?}");
+    let log = server.log();
+    assert!(log.contains("drain timeout: exiting with 1 call(s) still in flight"), "{log}");
+    assert!(call.await.unwrap().is_err(), "the cut call cannot have succeeded");
+    eprintln!("drain timeout 1 s: exited after {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// A client that survives a server killed mid-load and restarted
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_loses_no_request_when_the_server_is_killed_and_restarted() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("restart");
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = Serve::start(&dir, "first", &["--addr", &addr]);
+    let _ = serving(server.plain()).await;
+    let lines = 200;
+    let input = dir.join("texts.jsonl");
+    let body: String = (0..lines)
+        .map(|i| {
+            serde_json::json!({ "text": format!("request {i}: ") + &"restart the server mid load ".repeat(12) })
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(&input, body).unwrap();
+    let client_log = dir.join("client.log");
+    let mut client = Command::new(env!("CARGO_BIN_EXE_scd"))
+        .args(["client", "--addr", &format!("http://{addr}"), "--retries", "12", "embed", "--input", s(&input)])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&client_log).unwrap())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = client.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            if tx.send(l.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = Vec::new();
+    while out.len() < 50 {
+        out.push(rx.recv_timeout(Duration::from_secs(60)).expect("client replies"));
+    }
+    // SIGKILL mid-load, then restart on the same port
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let restarted = Serve::start(&dir, "second", &["--addr", &addr]);
+    assert_eq!(restarted.port, port);
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(120)) {
+        out.push(l);
+    }
+    let st = tokio::task::block_in_place(|| client.wait()).unwrap();
+    let log = std::fs::read_to_string(&client_log).unwrap();
+    assert!(st.success(), "{st:?}: {log}");
+    assert!(log.contains("retrying"), "the kill did not hit the client mid-load: {log}");
+    assert_eq!(out.len(), lines + 1, "one line per request and the count");
+    for (i, l) in out[..lines].iter().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["line"], i + 1, "in order");
+        assert_eq!(v["embedding"].as_array().unwrap().len(), 384);
+    }
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out[lines]).unwrap()["count"], lines);
+    let retries = log.matches("retrying").count();
+    eprintln!("restart: {retries} retries");
+
+    // a request the server refuses as invalid is not retried
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"text\": \"fine\"}\n{\"text\": \" \"}\n").unwrap();
+    let (ok, stdout, stderr) = tokio::task::block_in_place(|| {
+        scd(&["client", "--addr", &format!("http://{addr}"), "embed", "--input", s(&bad)], "")
+    });
+    assert!(!ok);
+    assert_eq!(stdout.lines().count(), 1, "the first line was answered: {stdout}");
+    assert!(stderr.contains("--input line 2: InvalidArgument") && !stderr.contains("retrying"), "{stderr}");
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
+}
