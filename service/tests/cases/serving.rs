@@ -598,11 +598,7 @@ fn python_grpcio_reflection_v1alpha_resolves_the_service() {
         .status()
         .is_ok_and(|s| s.success());
     if !has_grpcio {
-        let required = std::env::var("CI").is_ok_and(|v| v == "true")
-            || std::env::var("SCD_REQUIRE_MODELS").is_ok_and(|v| v == "1");
-        assert!(!required, "{} lacks grpcio/grpcio-reflection; run models/setup.sh", python.display());
-        eprintln!("SKIP: the venv lacks grpcio; run models/setup.sh");
-        return;
+        return crate::skip(&format!("{} lacks grpcio/grpcio-reflection; run models/setup.sh", python.display()));
     }
     let server = crate::grpc::start(&[]);
     let rt = tokio::runtime::Runtime::new().unwrap();
