@@ -71,6 +71,9 @@ pub struct ServeArgs {
     /// Bytes of one field's content.
     #[arg(long, env = "SCD_MAX_FIELD_BYTES", default_value_t = 4 << 20)]
     max_field_bytes: usize,
+    /// Bytes of one Embed / CountTokens text.
+    #[arg(long, env = "SCD_MAX_TEXT_BYTES", default_value_t = 1 << 20)]
+    max_text_bytes: usize,
     /// TLS certificate chain (PEM); with --tls-key the server speaks TLS only.
     #[arg(long, env = "SCD_TLS_CERT")]
     tls_cert: Option<PathBuf>,
@@ -101,6 +104,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         ("--session-bytes", args.session_bytes),
         ("--max-context-tokens", args.max_context_tokens),
         ("--max-field-bytes", args.max_field_bytes),
+        ("--max-text-bytes", args.max_text_bytes),
     ] {
         anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
     }
@@ -155,6 +159,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     let scd = Arc::new(Scd::new(encoder, cfg));
     let limits = Limits {
         max_texts: args.max_texts,
+        max_text_bytes: args.max_text_bytes,
         max_fields: args.max_fields,
         max_request_bytes: args.max_request_bytes,
         queue_size: args.queue_size,

@@ -55,6 +55,8 @@ pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scd_desc
 pub struct Limits {
     /// Texts per Embed request.
     pub max_texts: usize,
+    /// Bytes of one Embed / CountTokens text.
+    pub max_text_bytes: usize,
     /// Fields per Compress request.
     pub max_fields: usize,
     /// Largest request message.
@@ -164,13 +166,7 @@ impl ScdService {
         if r.texts.is_empty() {
             return Err(Status::invalid_argument("texts: must hold at least one text"));
         }
-        if r.texts.len() > self.limits.max_texts {
-            return Err(Status::invalid_argument(format!(
-                "texts: {} texts, over the limit {}",
-                r.texts.len(),
-                self.limits.max_texts
-            )));
-        }
+        self.check_texts(&r.texts)?;
         if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
             return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
         }
@@ -197,6 +193,30 @@ impl ScdService {
             },
         )?;
         Ok(PendingEmbed { rx, start })
+    }
+
+    /// Count, size and NUL checks shared by Embed and CountTokens: the work
+    /// and memory of one request stay bounded.
+    fn check_texts(&self, texts: &[String]) -> Result<(), Status> {
+        let l = &self.limits;
+        if texts.len() > l.max_texts {
+            return Err(Status::invalid_argument(format!(
+                "texts: {} texts, over the limit {}",
+                texts.len(),
+                l.max_texts
+            )));
+        }
+        for (i, t) in texts.iter().enumerate() {
+            if t.len() > l.max_text_bytes {
+                return Err(Status::invalid_argument(format!(
+                    "texts[{i}]: {} bytes, over the limit {} (--max-text-bytes)",
+                    t.len(),
+                    l.max_text_bytes
+                )));
+            }
+            scd_engine::context::check_no_nul(|| format!("texts[{i}]"), t).map_err(convert::status)?;
+        }
+        Ok(())
     }
 
     /// Waits for a queued embed request's answer; dropping this future (or
@@ -413,12 +433,8 @@ impl pb::scd_server::Scd for Arc<ScdService> {
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
         let d = deadline(&request);
         let texts = request.into_inner().texts;
-        let res = if texts.len() > self.limits.max_texts {
-            Err(Status::invalid_argument(format!(
-                "texts: {} texts, over the limit {}",
-                texts.len(),
-                self.limits.max_texts
-            )))
+        let res = if let Err(s) = self.check_texts(&texts) {
+            Err(s)
         } else {
             self.blocking(d, move |scd, _| {
                 texts.iter().map(|t| scd.encoder().count_tokens(t).map(|n| n as u32)).collect()

@@ -159,3 +159,61 @@ fn adversarial_contexts_get_clear_errors() {
     assert!(sent > 0 && sent <= 400, "{sent}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_grpc_requests_are_invalid_argument_and_nothing_else_is_lost() {
+    use scd_service::grpc::pb;
+    use tonic::Code;
+    if !ready() {
+        return;
+    }
+    let server = crate::grpc::start(&[]);
+    let mut c = crate::grpc::client(&server).await;
+    let open = c
+        .open_session(pb::OpenSessionRequest { compress: Some(crate::grpc::compress_req(200, "")) })
+        .await
+        .unwrap()
+        .into_inner();
+    let tiny = |i: usize| pb::Field {
+        name: format!("f{i}"),
+        kind: pb::FieldKind::Prose as i32,
+        content: "x.".into(),
+        confidential: false,
+    };
+    let with = |f: &dyn Fn(&mut pb::CompressRequest)| {
+        let mut r = crate::grpc::compress_req(100, "");
+        f(&mut r);
+        r
+    };
+    let cases: Vec<(pb::CompressRequest, &str)> = vec![
+        (with(&|r| r.fields = (0..100_000).map(tiny).collect()), "fields: 100000 fields, over the limit 256"),
+        (with(&|r| r.fields[0].content.push('\0')), "context.fields[0].content: contains a NUL byte at offset"),
+        (
+            with(&|r| r.task.as_mut().unwrap().constraints = vec!["be brief".into(); 10_000]),
+            "task.constraints: 10000 constraints, over the limit 256",
+        ),
+        (with(&|r| r.fields[0].kind = 0), "fields[0].kind: required"),
+        (with(&|r| r.requirement.as_mut().unwrap().max_context_tokens = 0), "max_context_tokens: must be at least 1"),
+        (with(&|r| r.session_id = "bad id\n".into()), "session_id: must be 1 to 256 printable ASCII characters"),
+    ];
+    for (req, want) in cases {
+        let err = c.compress(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{want}: {err:?}");
+        assert!(err.message().starts_with(want), "{:?} does not start with {want:?}", err.message());
+    }
+    let big = "word ".repeat(300_000);
+    let err = c.count_tokens(pb::CountTokensRequest { texts: vec!["ok".into(), big] }).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_eq!(err.message(), "texts[1]: 1500000 bytes, over the limit 1048576 (--max-text-bytes)");
+    // the session opened before is intact
+    let more = c
+        .request_context(pb::ContextRequest {
+            session_id: open.session_id,
+            session_token: open.session_token,
+            specific_question: "which table stores charges".into(),
+            current_confidence: 0.2,
+            ..Default::default()
+        })
+        .await;
+    assert!(more.is_ok(), "{more:?}");
+}

@@ -70,6 +70,7 @@ impl Encoder for TestEncoder {
 fn limits() -> Limits {
     Limits {
         max_texts: 256,
+        max_text_bytes: 1 << 20,
         max_fields: 256,
         max_request_bytes: 16 << 20,
         queue_size: 256,
