@@ -372,6 +372,9 @@ impl std::fmt::Debug for Scd {
     }
 }
 
+/// Chunk ids one adaptive request may name.
+pub const MAX_CHUNK_IDS: usize = 1024;
+
 /// Texts per encoder call when embedding a context's chunks: the unit
 /// between cancellation checks.
 pub const EMBED_SLICE: usize = 256;
@@ -873,8 +876,15 @@ impl Scd {
         let mut reason = None;
         // explicit ids first, then by relevance
         let mut order: Vec<usize> = Vec::new();
+        if req.chunk_ids.len() > MAX_CHUNK_IDS {
+            return Err(Error::invalid(
+                "chunk_ids",
+                format!("{} ids, over the limit {MAX_CHUNK_IDS}", req.chunk_ids.len()),
+            ));
+        }
+        let by_id: HashMap<&str, usize> = chunks.iter().enumerate().map(|(i, c)| (c.id.as_str(), i)).collect();
         for id in &req.chunk_ids {
-            match chunks.iter().position(|c| &c.id == id) {
+            match by_id.get(id.as_str()).copied() {
                 Some(i) => order.push(i),
                 None => return Err(Error::invalid("chunk_ids", format!("unknown chunk id {id:?}"))),
             }

@@ -792,6 +792,15 @@ mod hardening {
         assert!(matches!(ask("0123", Some("alice")), Err(Error::SessionForbidden { .. })));
         assert!(matches!(ask(&g.token, Some("bob")), Err(Error::SessionForbidden { .. })));
         assert!(ask(&g.token, Some("alice")).is_ok());
+        let many = scd.request_more(&ContextRequest {
+            session_id: g.id.clone(),
+            session_token: g.token.clone(),
+            caller: Some("alice".into()),
+            chunk_ids: vec!["f0#0".into(); 1025],
+            current_confidence: 0.1,
+            ..Default::default()
+        });
+        assert_eq!(many.unwrap_err().to_string(), "chunk_ids: 1025 ids, over the limit 1024");
         assert!(matches!(scd.close_session(&g.id, &g.token, Some("bob")), Err(Error::SessionForbidden { .. })));
         // the owner continues it on the same context, not on another
         assert!(open(Some("shared-name"), Some(&g.token), Some("alice"), &ctx).is_ok());
