@@ -345,7 +345,7 @@ mod extraction {
         Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig::default())
     }
 
-    fn req(task: &str, context: Context, budget: usize) -> CompressRequest {
+    pub(super) fn req(task: &str, context: Context, budget: usize) -> CompressRequest {
         CompressRequest {
             task: Task::new(task),
             context,
@@ -542,10 +542,12 @@ mod hardening {
     use std::sync::{Arc, Mutex};
 
     use rand::{Rng, SeedableRng};
-    use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
+    use scd_engine::context::{Context, Field, FieldKind};
     use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, HashEncoder};
     use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, SessionRequest};
     use scd_engine::Error;
+
+    use super::extraction::req;
 
     /// Records every text the engine asks it to embed or count.
     struct Spy {
@@ -591,15 +593,6 @@ mod hardening {
             })
             .collect();
         Field { name, kind: kinds[rng.random_range(0..kinds.len())], content: lines.join("\n"), confidential }
-    }
-
-    fn req(task: &str, context: Context, budget: usize) -> CompressRequest {
-        CompressRequest {
-            task: Task::new(task),
-            context,
-            requirement: ContextRequirement::with_budget(budget),
-            session: None,
-        }
     }
 
     #[test]

@@ -366,6 +366,12 @@ async fn caller_identity_is_the_verified_client_certificate() {
 // TLS and mTLS against the real server
 // ---------------------------------------------------------------------------
 
+/// `scd serve` with TLS and `--client-ca` (mTLS) from `pki`.
+fn start_mtls(dir: &Path, name: &str, pki: &Pki) -> Serve {
+    let args = ["--addr", "127.0.0.1:0", "--tls-cert", s(&pki.server_cert), "--tls-key", s(&pki.server_key)];
+    Serve::start(dir, name, &[&args[..], &["--client-ca", s(&pki.ca)]].concat())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_mtls_admit_exactly_the_right_clients() {
     if !ready() {
@@ -422,20 +428,7 @@ async fn tls_and_mtls_admit_exactly_the_right_clients() {
     assert!(!ok, "{stderr}");
 
     // (c) mTLS: only clients with a certificate from --client-ca
-    let mtls = Serve::start(
-        &dir,
-        "mtls",
-        &[
-            "--addr",
-            "127.0.0.1:0",
-            "--tls-cert",
-            s(&pki.server_cert),
-            "--tls-key",
-            s(&pki.server_key),
-            "--client-ca",
-            s(&pki.ca),
-        ],
-    );
+    let mtls = start_mtls(&dir, "mtls", &pki);
     let mut c = serving(tls_endpoint(mtls.port, &pki, Some((&pki.client_cert, &pki.client_key)))).await;
     assert!(c.info(pb::InfoRequest {}).await.is_ok());
     let no_cert = info(tls_endpoint(mtls.port, &pki, None)).await;
@@ -623,20 +616,7 @@ async fn sessions_opened_over_mtls_are_bound_to_the_client_certificate() {
     }
     let dir = scratch("mtls-sessions");
     let pki = pki(&dir);
-    let server = Serve::start(
-        &dir,
-        "mtls-sessions",
-        &[
-            "--addr",
-            "127.0.0.1:0",
-            "--tls-cert",
-            s(&pki.server_cert),
-            "--tls-key",
-            s(&pki.server_key),
-            "--client-ca",
-            s(&pki.ca),
-        ],
-    );
+    let server = start_mtls(&dir, "mtls-sessions", &pki);
     let mut alice = serving(tls_endpoint(server.port, &pki, Some((&pki.client_cert, &pki.client_key)))).await;
     let mut bob = serving(tls_endpoint(server.port, &pki, Some((&pki.other_cert, &pki.other_key)))).await;
     let open = alice
