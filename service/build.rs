@@ -13,6 +13,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .codec_path("crate::grpc::codec::ScdCodec")
+        // these carry content or secrets: grpc/redact.rs prints sizes instead
+        .skip_debug([
+            ".scd.v1.Field",
+            ".scd.v1.Task",
+            ".scd.v1.CompressRequest",
+            ".scd.v1.CompressResponse",
+            ".scd.v1.ContextRequest",
+            ".scd.v1.EmbedRequest",
+            ".scd.v1.CountTokensRequest",
+            ".scd.v1.CloseSessionRequest",
+            ".scd.v1.OpenSessionResponse",
+        ])
         .compile_fds(fds)?;
     Ok(())
 }

@@ -21,6 +21,7 @@ pub mod http;
 pub mod layer;
 pub mod metrics;
 pub mod ratelog;
+mod redact;
 mod server;
 
 pub use server::{serve, serve_on, ServeConfig};

@@ -126,9 +126,14 @@ impl Drop for Serve {
 
 impl Serve {
     fn start(dir: &Path, name: &str, args: &[&str]) -> Serve {
+        Self::start_with_env(dir, name, args, &[])
+    }
+
+    fn start_with_env(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Serve {
         let log = dir.join(format!("{name}.log"));
         let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
             .current_dir(root())
+            .envs(env.iter().copied())
             .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
             .env("SCD_MODELS_DIR", root().join("models/out"))
             .env("SCD_THREADS", "2")
@@ -642,5 +647,45 @@ async fn sessions_opened_over_mtls_are_bound_to_the_client_certificate() {
         .unwrap_err();
     assert_eq!(closed.code(), tonic::Code::PermissionDenied);
     assert!(alice.request_context(ask(open.session_token.clone())).await.is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Nothing a client sends as content reaches the log, even at trace level:
+/// not a confidential field, not the task, not a question, not a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_logs_carry_no_request_content() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("trace-log");
+    let mut server = Serve::start_with_env(&dir, "trace", &["--addr", "127.0.0.1:0"], &[("RUST_LOG", "trace")]);
+    let mut c = serving(server.plain()).await;
+    let mut req = crate::grpc::compress_req(120, "");
+    req.task.as_mut().unwrap().description = "TASK-SECRET-7 why are charges failing".into();
+    req.fields[4].content = "CONFIDENTIAL-SECRET-9 sk_live".into();
+    assert!(req.fields[4].confidential);
+    let open = c.open_session(pb::OpenSessionRequest { compress: Some(req) }).await.unwrap().into_inner();
+    c.request_context(pb::ContextRequest {
+        session_id: open.session_id.clone(),
+        session_token: open.session_token.clone(),
+        specific_question: "QUESTION-SECRET-3 which table".into(),
+        current_confidence: 0.2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // a rejected request logs too
+    let mut bad = crate::grpc::compress_req(0, "");
+    bad.task.as_mut().unwrap().description = "REJECTED-SECRET-5".into();
+    assert!(c.compress(bad).await.is_err());
+    server.sigterm();
+    server.wait_exit(Duration::from_secs(30)).expect("server exits");
+    let log = server.log();
+    assert!(log.lines().count() > 20, "trace logging produced lines: {log}");
+    for secret in
+        ["TASK-SECRET-7", "CONFIDENTIAL-SECRET-9", "QUESTION-SECRET-3", "REJECTED-SECRET-5", &open.session_token]
+    {
+        assert!(!log.contains(secret), "{secret} leaked into the log");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
