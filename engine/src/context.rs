@@ -83,6 +83,9 @@ pub struct ContextLimits {
     pub max_context_bytes: usize,
 }
 
+/// Longest field name in bytes (a name labels every chunk of its field).
+pub const MAX_FIELD_NAME_BYTES: usize = 256;
+
 impl Default for ContextLimits {
     fn default() -> Self {
         Self { max_fields: 100_000, max_field_bytes: 4 << 20, max_context_bytes: 16 << 20 }
@@ -102,12 +105,15 @@ impl Context {
     /// Parses `{"fields": [...]}` strictly: unknown keys and wrongly typed
     /// values are errors naming their path (`fields[2].confidential`).
     pub fn from_json(json: &str) -> Result<Self> {
-        let de = &mut serde_json::Deserializer::from_str(json);
-        serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_str(json);
+        let ctx: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let field = if path == "." || path == "?" { "context".to_string() } else { format!("context.{path}") };
             Error::invalid(field, e.into_inner().to_string())
-        })
+        })?;
+        // one JSON document, nothing after it
+        de.end().map_err(|e| Error::invalid("context", e.to_string()))?;
+        Ok(ctx)
     }
 
     /// Checks names are non-empty and unique, and that no text holds a NUL
@@ -125,6 +131,12 @@ impl Context {
                 return Err(Error::invalid(
                     format!("context.fields[{i}].content"),
                     format!("{} bytes, over the limit {}", f.content.len(), limits.max_field_bytes),
+                ));
+            }
+            if f.name.len() > MAX_FIELD_NAME_BYTES {
+                return Err(Error::invalid(
+                    format!("context.fields[{i}].name"),
+                    format!("{} bytes, over the limit {MAX_FIELD_NAME_BYTES}", f.name.len()),
                 ));
             }
             total += f.content.len();

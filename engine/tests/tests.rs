@@ -686,6 +686,8 @@ mod hardening {
             .unwrap_err()
             .to_string()
             .starts_with("context.fields[0].kind: unknown variant `poem`"));
+        let trailing = r#"{"fields": []} {"fields": []}"#;
+        assert!(Context::from_json(trailing).unwrap_err().to_string().starts_with("context: trailing characters"));
         let ok = Context::from_json(r#"{"fields": [{"name": "k", "content": "x", "confidential": true}]}"#).unwrap();
         assert!(ok.fields[0].confidential && ok.fields[0].kind == FieldKind::Prose);
     }
@@ -874,6 +876,10 @@ mod hardening {
             (
                 req("t", Context { fields: vec![f("a", "ok\0no".into())] }, 10),
                 "context.fields[0].content: contains a NUL byte at offset 2",
+            ),
+            (
+                req("t", Context { fields: vec![f(&"n".repeat(257), "x".into())] }, 10),
+                "context.fields[0].name: 257 bytes, over the limit 256",
             ),
             (
                 req("t", Context { fields: vec![f("a", "w ".repeat(45))] }, 10),
