@@ -33,6 +33,8 @@ pub mod encoder;
 mod error;
 pub mod eval;
 pub mod extract;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod index;
 pub mod score;
 

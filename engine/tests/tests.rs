@@ -654,3 +654,218 @@ mod loaders {
         assert!(err.contains("scd_bad_eval.json") && err.contains("not JSON"), "{err}");
     }
 }
+
+/// The fuzz target bodies (`scd_engine::fuzz`) on seeded random and
+/// adversarial inputs, so the invariants the fuzzer checks also run in
+/// `cargo test`; and a linearity check of the chunkers on bad shapes.
+mod fuzz_bodies {
+    use std::time::{Duration, Instant};
+
+    use rand::{Rng, SeedableRng};
+    use scd_engine::chunk::ChunkConfig;
+    use scd_engine::fuzz::{check_chunks, chunkers, context_json, KINDS};
+
+    /// Pieces that steer the chunkers into their branches.
+    const PIECES: &[&str] = &[
+        ". ",
+        ".",
+        "!",
+        "?",
+        " ",
+        "\n",
+        "\n\n",
+        "\r\n",
+        "\t",
+        "# ",
+        "## Head",
+        "Dr.",
+        "e.g.",
+        "A",
+        "b",
+        "7",
+        "\"",
+        "'",
+        ")",
+        "”",
+        "“",
+        "(",
+        "。",
+        "！",
+        "\u{a0}",
+        "\u{2003}",
+        "é",
+        "日本",
+        "fn charge(",
+        "pub async fn x",
+        "def y",
+        "class Z",
+        "    ",
+        "}",
+        "{",
+        "[",
+        "]",
+        ",",
+        ":",
+        "\\",
+        "\"k\": ",
+        "user: ",
+        "agent:",
+        "where?",
+        "ERROR ",
+        "panic",
+        "  at ",
+        "File \"",
+        "Caused by",
+        "...",
+        "CREATE TABLE ",
+        "if not exists",
+        "users",
+        "\0",
+        "\u{feff}",
+        "\u{200b}",
+        "\u{1f600}",
+    ];
+
+    fn structured(rng: &mut impl Rng, max_pieces: usize) -> Vec<u8> {
+        let n = rng.random_range(0..max_pieces);
+        let mut out = vec![rng.random::<u8>()];
+        for _ in 0..n {
+            out.extend_from_slice(PIECES[rng.random_range(0..PIECES.len())].as_bytes());
+        }
+        out
+    }
+
+    fn bytes(rng: &mut impl Rng, max_len: usize) -> Vec<u8> {
+        let n = rng.random_range(0..max_len);
+        (0..n).map(|_| rng.random()).collect()
+    }
+
+    #[test]
+    fn chunkers_keep_span_invariants_on_random_inputs() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..3000 {
+            chunkers(&structured(&mut rng, 80));
+            chunkers(&bytes(&mut rng, 200));
+        }
+    }
+
+    /// Adversarial shapes of about `n` bytes: a long line, deep nesting, runs of `.` with
+    /// no spaces, NUL bytes, invalid UTF-8, a huge heading over many
+    /// sentences, many tiny lines.
+    fn shapes(n: usize) -> Vec<(&'static str, String)> {
+        vec![
+            ("one long line", "word ".repeat(n / 5)),
+            ("dots without spaces", ".".repeat(n)),
+            ("dot-letter without spaces", "a.".repeat(n / 2)),
+            ("dot-space runs", ". ".repeat(n / 2)),
+            ("sentences", "Go on. ".repeat(n / 7)),
+            ("abbreviations", "Dr. e.g. A. ".repeat(n / 12)),
+            ("nested arrays", "[".repeat(n / 2) + &"]".repeat(n / 2)),
+            ("nested objects", "{\"a\":".repeat(n / 5)),
+            (
+                "wide object",
+                format!("{{{}\"z\":0}}", (0..n / 12).map(|i| format!("\"k{i}\":[1],")).collect::<String>()),
+            ),
+            ("blank lines", "\n".repeat(n)),
+            ("tiny lines", "x\n".repeat(n / 2)),
+            ("frames", format!("ERROR x\n{}", "  at y\n".repeat(n / 7))),
+            ("errors", "ERROR x\n".repeat(n / 8)),
+            ("speakers", "user: where?\n".repeat(n / 13)),
+            ("definitions", "fn a() {}\n".repeat(n / 10)),
+            ("tables", "CREATE TABLE t (x int);\n".repeat(n / 24)),
+            ("huge heading then sentences", format!("# {}\n{}", "h".repeat(n / 2), "Go. ".repeat(n / 8))),
+            ("NUL bytes", "\0".repeat(n)),
+            ("quotes after dots", ".\"".repeat(n / 2)),
+            ("wide whitespace", "A.\u{2003}".repeat(n / 5)),
+        ]
+    }
+
+    #[test]
+    fn chunkers_keep_span_invariants_on_adversarial_shapes() {
+        let mut all = shapes(1 << 18);
+        all.push(("megabyte line", "Go on".repeat(1 << 18)));
+        for (name, text) in all {
+            let t = Instant::now();
+            for kind in KINDS {
+                check_chunks(&text, kind, ChunkConfig::default());
+            }
+            eprintln!("{name}: {} bytes, six chunkers in {:?}", text.len(), t.elapsed());
+        }
+        let mut invalid = vec![0u8];
+        invalid.extend(std::iter::repeat_n([0xff, b'.', 0xc3, b' ', 0xe6, 0x97, b'A'], 50_000).flatten());
+        chunkers(&invalid);
+    }
+
+    /// Best of three timings of all six chunkers over `text`.
+    fn time(text: &str) -> Duration {
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                for kind in KINDS {
+                    check_chunks(text, kind, ChunkConfig::default());
+                }
+                t.elapsed()
+            })
+            .min()
+            .unwrap()
+    }
+
+    /// Chunking 8x the bytes must take about 8x the time, not 64x: the
+    /// ratio must stay under 24 for every shape (linear ones measure 7-10).
+    /// A ratio over it is measured again, up to three times, so a busy
+    /// machine does not fail the test; a quadratic chunker fails every time
+    /// (the uncapped prose heading measured over 30).
+    #[test]
+    fn chunkers_are_near_linear_on_bad_shapes() {
+        let n = 1 << 15;
+        let (small, large) = (shapes(n), shapes(8 * n));
+        for ((name, a), (_, b)) in small.iter().zip(&large) {
+            let ratio = || {
+                let (ta, tb) = (time(a), time(b));
+                (tb.as_secs_f64() / ta.as_secs_f64().max(1e-4), ta, tb)
+            };
+            let (r, ta, tb) = (0..3).map(|_| ratio()).find(|r| r.0 < 24.0).unwrap_or_else(ratio);
+            eprintln!("{name}: {} bytes {ta:?}, {} bytes {tb:?}, ratio {r:.1}", a.len(), b.len());
+            assert!(r < 24.0, "{name}: {} bytes {ta:?}, {} bytes {tb:?}, ratio {r:.1}", a.len(), b.len());
+        }
+    }
+
+    #[test]
+    fn context_json_holds_on_random_and_adversarial_inputs() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let kinds = ["prose", "code", "log", "json", "chat", "table", "Prose", ""];
+        for _ in 0..2000 {
+            let fields: Vec<String> = (0..rng.random_range(0..5))
+                .map(|i| {
+                    let content = String::from_utf8_lossy(&structured(&mut rng, 30)).into_owned();
+                    let mut f = serde_json::json!({"name": format!("f{}", i % 3), "content": content});
+                    if rng.random_bool(0.8) {
+                        f["kind"] = kinds[rng.random_range(0..kinds.len())].into();
+                    }
+                    if rng.random_bool(0.3) {
+                        f["confidential"] = rng.random_bool(0.5).into();
+                    }
+                    if rng.random_bool(0.05) {
+                        f["confidental"] = true.into();
+                    }
+                    f.to_string()
+                })
+                .collect();
+            let doc = format!("{{\"fields\": [{}]}}", fields.join(","));
+            context_json(doc.as_bytes());
+            // cut short or flipped, the same text must still not panic
+            let cut = rng.random_range(0..=doc.len());
+            context_json(&doc.as_bytes()[..cut]);
+            context_json(&bytes(&mut rng, 100));
+        }
+        let deep = format!("{{\"fields\": {}{}}}", "[".repeat(10_000), "]".repeat(10_000));
+        context_json(deep.as_bytes());
+        let tiny: Vec<String> =
+            (0..100_000).map(|i| format!("{{\"name\":\"f{i}\",\"kind\":\"json\",\"content\":\"{{}}\"}}")).collect();
+        context_json(format!("{{\"fields\": [{}]}}", tiny.join(",")).as_bytes());
+        let big = format!("{{\"fields\": [{{\"name\": \"a\", \"content\": \"{}\"}}]}}", "Go. ".repeat(1 << 18));
+        context_json(big.as_bytes());
+        context_json(b"{\"fields\": [{\"name\": \"a\", \"content\": \"x\\u0000y\"}]}");
+        context_json(b"{\"fields\": [{\"name\": \"a\", \"content\": \"\xff\"}]}");
+    }
+}
