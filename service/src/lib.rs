@@ -7,5 +7,7 @@
 
 pub mod cli;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod grpc;
 pub mod telemetry;

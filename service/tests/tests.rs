@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
+#[path = "cases/fuzz.rs"]
+mod fuzz;
 
 pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

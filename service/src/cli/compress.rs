@@ -83,6 +83,24 @@ fn print(out: &Compressed, format: Format, w: &mut impl Write) -> anyhow::Result
     Ok(())
 }
 
+/// The request on line `line_no` (1-based) of `--batch`: a JSON object with
+/// a string `task`, a `context` and an integer `budget`.
+pub(crate) fn parse_batch_line(line_no: usize, raw: &str) -> anyhow::Result<CompressRequest> {
+    let v: serde_json::Value =
+        serde_json::from_str(raw).with_context(|| format!("--batch line {line_no}: not JSON"))?;
+    let task = v["task"].as_str().with_context(|| format!("--batch line {line_no}: no string \"task\""))?;
+    let context: Context = serde_json::from_value(v["context"].clone())
+        .with_context(|| format!("--batch line {line_no}: bad \"context\""))?;
+    let budget =
+        v["budget"].as_u64().with_context(|| format!("--batch line {line_no}: no integer \"budget\""))? as usize;
+    Ok(CompressRequest {
+        task: Task::new(task),
+        context,
+        requirement: ContextRequirement::with_budget(budget),
+        session_id: None,
+    })
+}
+
 /// Runs `scd compress`.
 pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
@@ -94,20 +112,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            let v: serde_json::Value =
-                serde_json::from_str(&line).with_context(|| format!("--batch line {}: not JSON", n + 1))?;
-            let task = v["task"].as_str().with_context(|| format!("--batch line {}: no string \"task\"", n + 1))?;
-            let context: Context = serde_json::from_value(v["context"].clone())
-                .with_context(|| format!("--batch line {}: bad \"context\"", n + 1))?;
-            let budget =
-                v["budget"].as_u64().with_context(|| format!("--batch line {}: no integer \"budget\"", n + 1))?
-                    as usize;
-            let out = scd.compress(&CompressRequest {
-                task: Task::new(task),
-                context,
-                requirement: ContextRequirement::with_budget(budget),
-                session_id: None,
-            })?;
+            let out = scd.compress(&parse_batch_line(n + 1, &line)?)?;
             print(&out, args.format, &mut stdout)?;
         }
         return Ok(());

@@ -2,6 +2,7 @@
 //! status codes.
 
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
+use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::{Compressed, SelectedChunk};
 use tonic::{Code, Status};
 
@@ -84,6 +85,32 @@ pub fn compress_request(
         },
         session_id: (!r.session_id.is_empty()).then_some(r.session_id),
     })
+}
+
+/// The checked texts and options of an embed request from the wire.
+pub fn embed_request(r: pb::EmbedRequest, max_texts: usize) -> Result<(Vec<String>, EncodeOptions), Status> {
+    if r.texts.is_empty() {
+        return Err(Status::invalid_argument("texts: must hold at least one text"));
+    }
+    if r.texts.len() > max_texts {
+        return Err(Status::invalid_argument(format!("texts: {} texts, over the limit {max_texts}", r.texts.len())));
+    }
+    if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
+        return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
+    }
+    let kind = match pb::InputKind::try_from(r.kind) {
+        Ok(pb::InputKind::Query) => InputKind::Query,
+        Ok(pb::InputKind::Passage) => InputKind::Passage,
+        Ok(pb::InputKind::Unspecified) => {
+            return Err(Status::invalid_argument("kind: required (INPUT_KIND_QUERY or INPUT_KIND_PASSAGE)"))
+        }
+        Err(_) => return Err(Status::invalid_argument(format!("kind: unknown value {}", r.kind))),
+    };
+    let mut opts = EncodeOptions::new(kind);
+    if r.windows {
+        opts = opts.with_windows();
+    }
+    Ok((r.texts, opts))
 }
 
 /// A selected chunk on the wire.

@@ -18,7 +18,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::{ContextRequest, Scd};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
@@ -108,35 +107,9 @@ impl ScdService {
     /// Validates an embed request and queues it for the batcher.
     fn embed_submit(&self, r: pb::EmbedRequest) -> Result<PendingEmbed, Status> {
         let start = Instant::now();
-        if r.texts.is_empty() {
-            return Err(Status::invalid_argument("texts: must hold at least one text"));
-        }
-        if r.texts.len() > self.limits.max_texts {
-            return Err(Status::invalid_argument(format!(
-                "texts: {} texts, over the limit {}",
-                r.texts.len(),
-                self.limits.max_texts
-            )));
-        }
-        if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
-            return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
-        }
-        let kind = match pb::InputKind::try_from(r.kind) {
-            Ok(pb::InputKind::Query) => InputKind::Query,
-            Ok(pb::InputKind::Passage) => InputKind::Passage,
-            Ok(pb::InputKind::Unspecified) => {
-                return Err(Status::invalid_argument("kind: required (INPUT_KIND_QUERY or INPUT_KIND_PASSAGE)"))
-            }
-            Err(_) => return Err(Status::invalid_argument(format!("kind: unknown value {}", r.kind))),
-        };
-        let mut opts = EncodeOptions::new(kind);
-        if r.windows {
-            opts = opts.with_windows();
-        }
+        let (texts, opts) = convert::embed_request(r, self.limits.max_texts)?;
         let (tx, rx) = oneshot::channel();
-        self.batcher
-            .submit(Job { texts: r.texts, opts, reply: tx, queued: Instant::now() })
-            .map_err(|_| overloaded("embed"))?;
+        self.batcher.submit(Job { texts, opts, reply: tx, queued: Instant::now() }).map_err(|_| overloaded("embed"))?;
         Ok(PendingEmbed { rx, start })
     }
 
