@@ -210,3 +210,28 @@ fn grpc_convert_pipeline_keeps_budget_and_confidentiality() {
     };
     assert_eq!(grpc_convert_stage(&with_tag(0, &r)), Stage::Compressed(1));
 }
+
+/// The committed seed corpora (and any crash inputs kept beside them) pass
+/// every body; the fixture request goes through the whole pipeline.
+#[test]
+fn seed_corpora_pass_their_bodies() {
+    let seeds = crate::root().join("service/fuzz/seeds");
+    let bodies: [(&str, fn(&[u8])); 4] = [
+        ("chunkers", scd_engine::fuzz::chunkers),
+        ("context_json", scd_engine::fuzz::context_json),
+        ("jsonl", jsonl),
+        ("grpc_convert", grpc_convert),
+    ];
+    for (target, body) in bodies {
+        let dir = seeds.join(target);
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).collect();
+        assert!(files.len() >= 3, "{}: {} seeds", dir.display(), files.len());
+        for f in files {
+            body(&std::fs::read(f.unwrap().path()).unwrap());
+        }
+    }
+    let fixture = std::fs::read(seeds.join("grpc_convert/compress_fixture")).unwrap();
+    assert!(matches!(grpc_convert_stage(&fixture), Stage::Compressed(n) if n > 0));
+    let unset = std::fs::read(seeds.join("grpc_convert/compress_unset_kind")).unwrap();
+    assert_eq!(grpc_convert_stage(&unset), Stage::Rejected);
+}
