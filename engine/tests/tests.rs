@@ -868,4 +868,71 @@ mod fuzz_bodies {
         context_json(b"{\"fields\": [{\"name\": \"a\", \"content\": \"x\\u0000y\"}]}");
         context_json(b"{\"fields\": [{\"name\": \"a\", \"content\": \"\xff\"}]}");
     }
+
+    // Findings outside chunk.rs, for the owners of those files: each test
+    // fails today and passes with the fix named in its `ignore` reason.
+
+    /// Found by the `context_json` fuzz target in 3 s (minimized input in
+    /// `service/fuzz/findings/context_json-trailing-characters`).
+    #[test]
+    #[ignore = "finding: Context::from_json accepts characters after the JSON (fix: call Deserializer::end)"]
+    fn context_json_rejects_trailing_characters() {
+        assert!(scd_engine::context::Context::from_json("{\"fields\":[]}x").is_err());
+        context_json(b"{\"fields\":[]}x");
+    }
+
+    /// Best-of-two wall time of `Scd::compress` (hash encoder) on one
+    /// field; None when the request is refused as invalid.
+    fn compress_time(name: &str, kind: scd_engine::context::FieldKind, content: String) -> Option<Duration> {
+        use scd_engine::context::{Context, ContextRequirement, Field, Task};
+        use scd_engine::encoder::HashEncoder;
+        use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+        let req = CompressRequest {
+            task: Task::new("why did it fail"),
+            context: Context { fields: vec![Field { name: name.into(), kind, content, confidential: false }] },
+            requirement: ContextRequirement::with_budget(100),
+            session_id: None,
+        };
+        let mut best = Duration::MAX;
+        for _ in 0..2 {
+            let scd = Scd::new(std::sync::Arc::new(HashEncoder::new(384, 512)), ScdConfig::default());
+            let t = Instant::now();
+            match scd.compress(&req) {
+                Ok(_) => best = best.min(t.elapsed()),
+                Err(scd_engine::Error::InvalidArgument { .. }) => return None,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        Some(best)
+    }
+
+    /// Identical log lines: 4x the lines must take under 8x the time.
+    /// Measured in release: 2,500 / 5,000 / 10,000 lines took 0.7 / 3.4 /
+    /// 14.1 s (110 KB of input, 500 MB peak): every chunk is a near
+    /// duplicate of every other, and `near_duplicates` keeps all n² pairs.
+    #[test]
+    #[ignore = "finding: compress is quadratic in identical chunks (extract.rs near_duplicates keeps every pair)"]
+    fn compress_is_near_linear_in_repeated_lines() {
+        let t = |n| compress_time("logs", scd_engine::context::FieldKind::Log, "ERROR same\n".repeat(n));
+        let (a, b) = (t(1000).unwrap(), t(4000).unwrap());
+        assert!(b.as_secs_f64() < 8.0 * a.as_secs_f64(), "1000 lines {a:?}, 4000 lines {b:?}");
+    }
+
+    /// A long field name: 8x the name must not take 8x the time, since the
+    /// content is the same. Measured in release with 4,000 chunks: a 1 KB
+    /// name took 4.6 s, an 8 KB name 14.7 s; the name is copied into every
+    /// chunk's id and embedded text, so name bytes x chunks is quadratic in
+    /// the request size (fix: a limit on name length in `validate`; the test
+    /// passes when the long name is refused).
+    #[test]
+    #[ignore = "finding: field names have no length limit and are copied into every chunk"]
+    fn compress_cost_does_not_scale_with_name_length() {
+        let content: String = (0..1000).map(|i| format!("ERROR e{i}\n")).collect();
+        let t = |n| compress_time(&"n".repeat(n), scd_engine::context::FieldKind::Log, content.clone());
+        let a = t(128).expect("a 128-byte name is valid");
+        // refusing the long name is a fix too
+        if let Some(b) = t(8192) {
+            assert!(b.as_secs_f64() < 3.0 * a.as_secs_f64(), "128 B name {a:?}, 8 KB name {b:?}");
+        }
+    }
 }
