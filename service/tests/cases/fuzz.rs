@@ -216,7 +216,8 @@ fn grpc_convert_pipeline_keeps_budget_and_confidentiality() {
 #[test]
 fn seed_corpora_pass_their_bodies() {
     let seeds = crate::root().join("service/fuzz/seeds");
-    let bodies: [(&str, fn(&[u8])); 4] = [
+    type Body = fn(&[u8]);
+    let bodies: [(&str, Body); 4] = [
         ("chunkers", scd_engine::fuzz::chunkers),
         ("context_json", scd_engine::fuzz::context_json),
         ("jsonl", jsonl),
