@@ -256,7 +256,7 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
             flush(&mut para, &mut out, &mut group, &heading);
         } else if line.starts_with('#') {
             flush(&mut para, &mut out, &mut group, &heading);
-            heading = Some(line.trim_start_matches('#').trim().to_string());
+            heading = Some(heading_text(line));
             out.push(RawChunk { start: s, end: e, heading: heading.clone(), group, lead: true, defines: vec![] });
             group += 1;
         } else {
@@ -265,6 +265,17 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
     }
     flush(&mut para, &mut out, &mut group, &heading);
     out
+}
+
+/// Longest heading kept, in bytes: every chunk under a heading carries a
+/// copy, so an unbounded one makes chunking quadratic in memory.
+const MAX_HEADING_BYTES: usize = 256;
+
+/// The text of a `#` heading line, cut to [`MAX_HEADING_BYTES`] on a char boundary.
+fn heading_text(line: &str) -> String {
+    let h = line.trim_start_matches('#').trim();
+    let cut = (0..=h.len().min(MAX_HEADING_BYTES)).rev().find(|&i| h.is_char_boundary(i)).unwrap_or(0);
+    h[..cut].to_string()
 }
 
 /// Name defined by a code line (`fn x`, `def x`, `class X`, `function x`, `struct X`).
@@ -538,6 +549,16 @@ mod tests {
         assert_eq!(spans.last().unwrap().1, t.len());
         for (a, b) in spans {
             assert!(t.is_char_boundary(a) && t.is_char_boundary(b));
+        }
+    }
+
+    #[test]
+    fn long_heading_is_cut_on_a_char_boundary() {
+        let text = format!("# {}\nOne. Two.", "é".repeat(200));
+        let c = chunk_field(&field(FieldKind::Prose, &text), ChunkConfig::default());
+        assert_eq!(c.len(), 3);
+        for ch in &c {
+            assert_eq!(ch.heading.as_deref(), Some("é".repeat(128).as_str()));
         }
     }
 

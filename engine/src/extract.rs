@@ -301,7 +301,12 @@ struct PreparedContext {
     field_keys: Vec<Option<String>>,
     bm25: Bm25,
     index: Option<HnswIndex>,
-    /// Per chunk, the chunks at least `redundancy_cosine` similar to it.
+    /// Per chunk, its distinct embedding (bit-identical chunks, such as a
+    /// repeated log line, share one): an index into `near_duplicates`.
+    distinct: Vec<u32>,
+    /// Per distinct embedding, the other distinct ones at least
+    /// `redundancy_cosine` similar to it. Identical chunks are one entry, so
+    /// a thousand copies of a line cost one, not a million pairs.
     near_duplicates: Vec<Vec<u32>>,
     /// Fingerprint of the fields it was built from (model + public fields).
     key: [u8; 32],
@@ -370,6 +375,27 @@ impl std::fmt::Debug for Scd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scd").field("model", &self.encoder.model_id()).field("cache", &self.cache).finish()
     }
+}
+
+/// For each vector, the index of its distinct value (bit-identical vectors
+/// share one), and the first vector of each distinct value.
+fn distinct_vectors(vectors: &[&[f32]]) -> (Vec<u32>, Vec<usize>) {
+    use sha2::{Digest, Sha256};
+    let mut first: HashMap<[u8; 32], u32> = HashMap::new();
+    let mut unique = Vec::new();
+    let distinct = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut h = Sha256::new();
+            v.iter().for_each(|x| h.update(x.to_le_bytes()));
+            *first.entry(h.finalize().into()).or_insert_with(|| {
+                unique.push(i);
+                (unique.len() - 1) as u32
+            })
+        })
+        .collect();
+    (distinct, unique)
 }
 
 /// Chunk ids one adaptive request may name.
@@ -491,7 +517,8 @@ impl Scd {
         let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
         let vectors: Vec<&[f32]> = chunks.iter().map(|c| &*c.embedding).collect();
         let index = (chunks.len() >= self.cfg.hnsw_min_chunks).then(|| HnswIndex::build(&vectors, self.cfg.hnsw));
-        let near_duplicates = self.near_duplicates(&vectors, index.as_ref());
+        let (distinct, unique) = distinct_vectors(&vectors);
+        let near_duplicates = self.near_duplicates(&vectors, &distinct, &unique, index.as_ref());
         let dim = self.encoder.dim();
         let bytes = 256
             + chunks
@@ -499,8 +526,10 @@ impl Scd {
                 .map(|c| 160 + c.text.len() * 3 + c.embed_text.len() + c.stub.len() + c.id.len() + dim * 4)
                 .sum::<usize>()
             + near_duplicates.iter().map(|l| 24 + l.len() * 4).sum::<usize>()
+            + distinct.len() * 4
             + index.as_ref().map_or(0, |i| i.len() * (dim * 4 + 24 * 8 * 2));
         let prepared = Arc::new(PreparedContext {
+            distinct,
             near_duplicates,
             chunks,
             field_names: fields.iter().map(|f| f.name.clone()).collect(),
@@ -519,21 +548,36 @@ impl Scd {
         Ok(prepared)
     }
 
-    /// Near-duplicate chunks, found once per context: among each chunk's 16
+    /// Near-duplicate pairs among the distinct embeddings (`unique`: the
+    /// first chunk of each), found once per context: among each one's 16
     /// nearest neighbours when there is an HNSW index, otherwise by
     /// [`dedup::near_duplicates`] (exact for small contexts, LSH above).
-    fn near_duplicates(&self, vectors: &[&[f32]], index: Option<&HnswIndex>) -> Vec<Vec<u32>> {
+    fn near_duplicates(
+        &self,
+        vectors: &[&[f32]],
+        distinct: &[u32],
+        unique: &[usize],
+        index: Option<&HnswIndex>,
+    ) -> Vec<Vec<u32>> {
         use rayon::prelude::*;
         let t = self.cfg.redundancy_cosine;
         match index {
-            Some(idx) => (0..vectors.len())
+            Some(idx) => (0..unique.len())
                 .into_par_iter()
-                .map(|i| {
-                    let close = |&j: &usize| j != i && dot(vectors[i], vectors[j]) >= t;
-                    idx.search(vectors[i], 16).into_iter().filter(close).map(|j| j as u32).collect()
+                .map(|u| {
+                    let v = vectors[unique[u]];
+                    let mut near: Vec<u32> = idx
+                        .search(v, 16)
+                        .into_iter()
+                        .map(|j| distinct[j])
+                        .filter(|&d| d as usize != u && dot(v, vectors[unique[d as usize]]) >= t)
+                        .collect();
+                    near.sort_unstable();
+                    near.dedup();
+                    near
                 })
                 .collect(),
-            None => dedup::near_duplicates(vectors, t),
+            None => dedup::near_duplicates(&unique.iter().map(|&i| vectors[i]).collect::<Vec<_>>(), t),
         }
     }
 
@@ -750,16 +794,20 @@ impl Scd {
     fn pack(&self, ctx: &PreparedContext, order: &[usize], budget: usize, selected: &mut Vec<usize>, used: &mut usize) {
         let chunks = &ctx.chunks;
         let mut chosen: HashSet<usize> = selected.iter().copied().collect();
+        // the distinct embeddings already sent: a chunk identical or near to one is redundant
+        let mut sent: HashSet<u32> = selected.iter().map(|&i| ctx.distinct[i]).collect();
         let leads: HashMap<(usize, usize), usize> =
             chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
         for &i in order {
             if chosen.contains(&i) || *used + chunks[i].tokens > budget {
                 continue;
             }
-            let redundant = ctx.near_duplicates[i].iter().any(|&j| chosen.contains(&(j as usize)));
+            let d = ctx.distinct[i];
+            let redundant = sent.contains(&d) || ctx.near_duplicates[d as usize].iter().any(|j| sent.contains(j));
             if redundant {
                 continue;
             }
+            sent.insert(d);
             chosen.insert(i);
             selected.push(i);
             *used += chunks[i].tokens;
@@ -767,6 +815,7 @@ impl Scd {
             // sentence, a chat answer's question) when that fits
             if let Some(&l) = leads.get(&chunks[i].group) {
                 if !chosen.contains(&l) && *used + chunks[l].tokens <= budget {
+                    sent.insert(ctx.distinct[l]);
                     chosen.insert(l);
                     selected.push(l);
                     *used += chunks[l].tokens;

@@ -34,6 +34,8 @@ pub mod encoder;
 mod error;
 pub mod eval;
 pub mod extract;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod index;
 pub mod score;
 pub mod session;

@@ -7,6 +7,8 @@
 
 pub mod cli;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod grpc;
 pub mod telemetry;
 pub mod tls;

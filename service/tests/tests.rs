@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 // each as a separate test binary); they share the helpers below.
 #[path = "cases/cli.rs"]
 mod cli;
+#[path = "cases/fuzz.rs"]
+mod fuzz;
 #[path = "cases/lifecycle.rs"]
 mod lifecycle;
 #[path = "cases/serving.rs"]

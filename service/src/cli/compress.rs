@@ -72,9 +72,31 @@ pub(crate) struct BatchLine {
     min_relative_score: Option<f32>,
 }
 
-/// Parses one line of `--batch` into a request, the flags
-/// giving what the line leaves out. Errors name the key.
-pub(crate) fn parse_batch_line(raw: &str, defaults: &CompressArgs) -> anyhow::Result<CompressRequest> {
+/// What `--batch` lines leave out, from the flags.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BatchDefaults {
+    pub budget: Option<u64>,
+    pub required: Vec<String>,
+    pub optional: Vec<String>,
+    pub threshold: Option<f32>,
+    pub min_relative_score: Option<f32>,
+}
+
+impl CompressArgs {
+    fn batch_defaults(&self) -> BatchDefaults {
+        BatchDefaults {
+            budget: self.budget,
+            required: self.required.clone(),
+            optional: self.optional.clone(),
+            threshold: self.threshold,
+            min_relative_score: self.min_relative_score,
+        }
+    }
+}
+
+/// Parses one line of `--batch` into a request, `defaults` giving what the
+/// line leaves out. Errors name the key.
+pub(crate) fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<CompressRequest> {
     let de = &mut serde_json::Deserializer::from_str(raw);
     let line: BatchLine = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
@@ -157,13 +179,14 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;
         let (mut total, mut failed) = (0usize, 0usize);
+        let defaults = args.batch_defaults();
         for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
             let line = line.with_context(|| format!("--batch line {}", n + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
             total += 1;
-            let result = parse_batch_line(&line, &args).and_then(|r| Ok(scd.compress(&r)?));
+            let result = parse_batch_line(&line, &defaults).and_then(|r| Ok(scd.compress(&r)?));
             match result {
                 Ok(out) => print(&out, args.format, &mut stdout)?,
                 Err(e) => {

@@ -18,6 +18,11 @@ use anyhow::Context as _;
 /// Texts from a JSONL file of `{"text": ...}` objects (`flag` names the option in errors).
 pub(crate) fn read_jsonl_texts(path: &Path, flag: &str) -> anyhow::Result<Vec<String>> {
     let raw = std::fs::read_to_string(path).with_context(|| format!("{flag} {}", path.display()))?;
+    parse_jsonl_texts(&raw, flag)
+}
+
+/// Texts of JSONL `raw`, read from option `flag` (see [`read_jsonl_texts`]).
+pub(crate) fn parse_jsonl_texts(raw: &str, flag: &str) -> anyhow::Result<Vec<String>> {
     let texts: Vec<String> = raw
         .lines()
         .filter(|l| !l.trim().is_empty())

@@ -2,6 +2,7 @@
 //! status codes.
 
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
+use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::{Compressed, SelectedChunk, SessionRequest};
 use tonic::{Code, Status};
 
@@ -92,6 +93,52 @@ pub fn compress_request(
             caller,
         }),
     })
+}
+
+/// Count, size and NUL checks of the texts of an Embed or CountTokens
+/// request: the work and memory of one request stay bounded.
+pub fn check_texts(texts: &[String], max_texts: usize, max_text_bytes: usize) -> Result<(), Status> {
+    if texts.len() > max_texts {
+        return Err(Status::invalid_argument(format!("texts: {} texts, over the limit {max_texts}", texts.len())));
+    }
+    for (i, t) in texts.iter().enumerate() {
+        if t.len() > max_text_bytes {
+            return Err(Status::invalid_argument(format!(
+                "texts[{i}]: {} bytes, over the limit {max_text_bytes} (--max-text-bytes)",
+                t.len()
+            )));
+        }
+        scd_engine::context::check_no_nul(|| format!("texts[{i}]"), t).map_err(status)?;
+    }
+    Ok(())
+}
+
+/// The checked texts and options of an embed request from the wire.
+pub fn embed_request(
+    r: pb::EmbedRequest,
+    max_texts: usize,
+    max_text_bytes: usize,
+) -> Result<(Vec<String>, EncodeOptions), Status> {
+    if r.texts.is_empty() {
+        return Err(Status::invalid_argument("texts: must hold at least one text"));
+    }
+    check_texts(&r.texts, max_texts, max_text_bytes)?;
+    if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
+        return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
+    }
+    let kind = match pb::InputKind::try_from(r.kind) {
+        Ok(pb::InputKind::Query) => InputKind::Query,
+        Ok(pb::InputKind::Passage) => InputKind::Passage,
+        Ok(pb::InputKind::Unspecified) => {
+            return Err(Status::invalid_argument("kind: required (INPUT_KIND_QUERY or INPUT_KIND_PASSAGE)"))
+        }
+        Err(_) => return Err(Status::invalid_argument(format!("kind: unknown value {}", r.kind))),
+    };
+    let mut opts = EncodeOptions::new(kind);
+    if r.windows {
+        opts = opts.with_windows();
+    }
+    Ok((r.texts, opts))
 }
 
 /// A selected chunk on the wire.

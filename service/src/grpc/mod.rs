@@ -31,7 +31,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use scd_engine::cancel::Cancel;
-use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::extract::{ContextRequest, Scd, SessionRequest};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
@@ -164,60 +163,16 @@ impl ScdService {
     /// Validates an embed request and queues it for the batcher.
     fn embed_submit(&self, r: pb::EmbedRequest, deadline: Option<Instant>) -> Result<PendingEmbed, Status> {
         let start = Instant::now();
-        if r.texts.is_empty() {
-            return Err(Status::invalid_argument("texts: must hold at least one text"));
-        }
-        self.check_texts(&r.texts)?;
-        if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
-            return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
-        }
-        let kind = match pb::InputKind::try_from(r.kind) {
-            Ok(pb::InputKind::Query) => InputKind::Query,
-            Ok(pb::InputKind::Passage) => InputKind::Passage,
-            Ok(pb::InputKind::Unspecified) => {
-                return Err(Status::invalid_argument("kind: required (INPUT_KIND_QUERY or INPUT_KIND_PASSAGE)"))
-            }
-            Err(_) => return Err(Status::invalid_argument(format!("kind: unknown value {}", r.kind))),
-        };
-        let mut opts = EncodeOptions::new(kind);
-        if r.windows {
-            opts = opts.with_windows();
-        }
+        let (texts, opts) = convert::embed_request(r, self.limits.max_texts, self.limits.max_text_bytes)?;
         let (tx, rx) = oneshot::channel();
-        self.batcher.submit(Job { texts: r.texts, opts, reply: tx, queued: Instant::now(), deadline }).map_err(
-            |e| match e {
-                Refused::Full => {
-                    self.metrics.rejected("embed_queue_full");
-                    overloaded("embed")
-                }
-                Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
-            },
-        )?;
-        Ok(PendingEmbed { rx, start })
-    }
-
-    /// Count, size and NUL checks shared by Embed and CountTokens: the work
-    /// and memory of one request stay bounded.
-    fn check_texts(&self, texts: &[String]) -> Result<(), Status> {
-        let l = &self.limits;
-        if texts.len() > l.max_texts {
-            return Err(Status::invalid_argument(format!(
-                "texts: {} texts, over the limit {}",
-                texts.len(),
-                l.max_texts
-            )));
-        }
-        for (i, t) in texts.iter().enumerate() {
-            if t.len() > l.max_text_bytes {
-                return Err(Status::invalid_argument(format!(
-                    "texts[{i}]: {} bytes, over the limit {} (--max-text-bytes)",
-                    t.len(),
-                    l.max_text_bytes
-                )));
+        self.batcher.submit(Job { texts, opts, reply: tx, queued: Instant::now(), deadline }).map_err(|e| match e {
+            Refused::Full => {
+                self.metrics.rejected("embed_queue_full");
+                overloaded("embed")
             }
-            scd_engine::context::check_no_nul(|| format!("texts[{i}]"), t).map_err(convert::status)?;
-        }
-        Ok(())
+            Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
+        })?;
+        Ok(PendingEmbed { rx, start })
     }
 
     /// Waits for a queued embed request's answer; dropping this future (or
@@ -434,7 +389,7 @@ impl pb::scd_server::Scd for Arc<ScdService> {
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
         let d = deadline(&request);
         let texts = request.into_inner().texts;
-        let res = if let Err(s) = self.check_texts(&texts) {
+        let res = if let Err(s) = convert::check_texts(&texts, self.limits.max_texts, self.limits.max_text_bytes) {
             Err(s)
         } else {
             self.blocking(d, move |scd, _| {

@@ -1,0 +1,161 @@
+//! Fuzz target bodies of the service's parsers, shared by the cargo-fuzz
+//! driver (`service/fuzz`) and the seeded tests (`tests/cases/fuzz.rs`).
+//!
+//! Each body takes arbitrary bytes and checks its invariants with `assert!`:
+//! a panic is a finding. Not part of the API.
+//!
+//! ```
+//! scd_service::fuzz::jsonl(b"{\"text\": \"a\"}\n{\"task\": \"t\", \"context\": {\"fields\": []}, \"budget\": 5}\n");
+//! scd_service::fuzz::grpc_convert(b"\x01\x0a\x01a\x10\x01");
+//! ```
+
+use std::sync::Arc;
+
+use prost::Message;
+use scd_engine::chunk::ChunkConfig;
+use scd_engine::context::ContextLimits;
+use scd_engine::encoder::{HashEncoder, InputKind};
+use scd_engine::extract::{Scd, ScdConfig};
+use tonic::Code;
+
+use crate::cli::compress::{parse_batch_line, BatchDefaults};
+use crate::cli::{jsonl_text, parse_jsonl_texts};
+use crate::grpc::{convert, pb};
+
+/// Fields a fuzzed compress request may hold (the server's limit is a flag).
+pub const MAX_FIELDS: usize = 256;
+/// Texts a fuzzed embed request may hold.
+pub const MAX_TEXTS: usize = 64;
+/// Contents up to this many bytes in all also go through the whole engine
+/// pipeline (with the hash encoder); larger ones stop after the checks.
+pub const PIPELINE_BYTES: usize = 16 << 10;
+
+/// The CLI's JSONL readers: `--jsonl`/`--queries` texts (`parse_jsonl_texts`),
+/// `embed --input` lines (`jsonl_text`) and `compress --batch` lines
+/// (`parse_batch_line`), each line of the input through each parser. Errors
+/// must name the option and the line.
+pub fn jsonl(data: &[u8]) {
+    let raw = String::from_utf8_lossy(data);
+    match parse_jsonl_texts(&raw, "--jsonl") {
+        Ok(texts) => assert_eq!(texts.len(), raw.lines().filter(|l| !l.trim().is_empty()).count()),
+        Err(e) => assert!(e.to_string().starts_with("--jsonl"), "error does not name the option: {e}"),
+    }
+    for (i, line) in raw.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let n = i + 1;
+        match jsonl_text(n, line) {
+            Ok((text, v)) => assert_eq!(v["text"].as_str(), Some(text.as_str())),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.starts_with(&format!("--input line {n}: ")), "error does not name the line: {msg}");
+            }
+        }
+        // the line number goes into the {"line", "error"} object beside the message
+        match parse_batch_line(line, &BatchDefaults::default()) {
+            Ok(req) => {
+                let v: serde_json::Value = serde_json::from_str(line).expect("parsed once already");
+                assert_eq!(v["task"].as_str(), Some(req.task.description.as_str()));
+                assert_eq!(v["budget"].as_u64(), Some(req.requirement.max_context_tokens as u64));
+                let known = ["task", "context", "budget", "required", "optional", "threshold", "min_relative_score"];
+                assert!(v.as_object().is_some_and(|o| o.keys().all(|k| known.contains(&k.as_str()))), "strict keys");
+            }
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+}
+
+/// The gRPC request conversion: the first byte picks the message (even:
+/// `CompressRequest`, odd: `EmbedRequest`), the rest is decoded with prost
+/// and converted as the server does. A rejection must be INVALID_ARGUMENT;
+/// an accepted compress request goes on through the engine's checks, the
+/// chunkers and (when small) the whole pipeline with the hash encoder,
+/// whose answer must respect the budget, the spans and confidentiality.
+pub fn grpc_convert(data: &[u8]) {
+    grpc_convert_stage(data);
+}
+
+/// How far a [`grpc_convert`] input got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// Not a message.
+    Undecoded,
+    /// Refused by the conversion, the limits or the engine (INVALID_ARGUMENT).
+    Rejected,
+    /// An embed request accepted.
+    Embed,
+    /// Converted and chunked, too large for the pipeline stage.
+    Chunked,
+    /// Compressed by the whole pipeline; this many chunks sent.
+    Compressed(usize),
+}
+
+/// [`grpc_convert`], saying how far the input got (for tests that check
+/// their inputs reach the deep stages).
+pub fn grpc_convert_stage(data: &[u8]) -> Stage {
+    let Some((&which, rest)) = data.split_first() else { return Stage::Undecoded };
+    if which % 2 == 1 {
+        let Ok(r) = pb::EmbedRequest::decode(rest) else { return Stage::Undecoded };
+        let kind = r.kind;
+        match convert::embed_request(r.clone(), MAX_TEXTS, 1 << 20) {
+            Ok((texts, opts)) => {
+                assert!(!texts.is_empty() && texts.len() <= MAX_TEXTS && texts == r.texts);
+                assert!(texts.iter().all(|t| !t.trim().is_empty()));
+                let want = if kind == pb::InputKind::Query as i32 { InputKind::Query } else { InputKind::Passage };
+                assert_eq!(opts.kind, want, "input kind {kind} mapped wrongly");
+            }
+            Err(s) => {
+                assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+                return Stage::Rejected;
+            }
+        }
+        return Stage::Embed;
+    }
+    let Ok(r) = pb::CompressRequest::decode(rest) else { return Stage::Undecoded };
+    let n_fields = r.fields.len();
+    let req = match convert::compress_request(r, MAX_FIELDS, None) {
+        Ok(req) => req,
+        Err(s) => {
+            assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+            return Stage::Rejected;
+        }
+    };
+    assert_eq!(req.context.fields.len(), n_fields);
+    let ctx = &req.context;
+    if ctx.validate_within(&ContextLimits::default()).is_err() {
+        return Stage::Rejected;
+    }
+    for f in &ctx.fields {
+        scd_engine::fuzz::check_chunks(&f.content, f.kind, ChunkConfig::default());
+    }
+    let total: usize = ctx.fields.iter().map(|f| f.content.len() + f.name.len()).sum();
+    if total > PIPELINE_BYTES {
+        return Stage::Chunked;
+    }
+    let scd = Scd::new(
+        Arc::new(HashEncoder::new(32, 128)),
+        ScdConfig { cache_bytes: 1 << 20, prepared_cache_bytes: 0, ..ScdConfig::default() },
+    );
+    let out = match scd.compress(&req) {
+        Ok(out) => out,
+        Err(e) => {
+            let s = convert::status(e);
+            assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+            return Stage::Rejected;
+        }
+    };
+    let budget = req.requirement.max_context_tokens;
+    assert!(out.totals.sent_tokens <= budget, "sent {} tokens over the budget {budget}", out.totals.sent_tokens);
+    assert_eq!(out.chunks.iter().map(|c| c.tokens).sum::<usize>(), out.totals.sent_tokens);
+    for c in &out.chunks {
+        let f = ctx.fields.iter().find(|f| f.name == c.field).expect("a chunk names its field");
+        assert!(!f.confidential, "chunk {} of confidential field {:?} sent", c.id, f.name);
+        assert_eq!(f.content.get(c.span.0..c.span.1), Some(c.text.as_str()), "chunk {} text is not its span", c.id);
+    }
+    for d in &out.dropped {
+        let f = ctx.fields.iter().find(|f| f.name == d.field).expect("a dropped chunk names its field");
+        assert!(!f.confidential, "dropped chunk {} of confidential field {:?} listed", d.id, f.name);
+    }
+    Stage::Compressed(out.chunks.len())
+}
