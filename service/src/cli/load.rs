@@ -234,8 +234,11 @@ pub(crate) fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     Some(lower + (upper - lower) * (rank - below) / (count - below))
 }
 
+/// One sample of a text scrape: metric name, labels, value.
+type Sample<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+
 /// Splits `name{a="x",b="y"} value` into name, labels and value.
-fn parse_sample(line: &str) -> Option<(&str, Vec<(&str, &str)>, f64)> {
+fn parse_sample(line: &str) -> Option<Sample<'_>> {
     let (series, value) = line.rsplit_once(' ')?;
     let value = match value {
         "+Inf" => f64::INFINITY,
