@@ -1,7 +1,11 @@
 //! `scd bench-load`: N concurrent gRPC clients for a fixed time against a
 //! real `scd serve` over loopback; throughput, latency percentiles, errors by
 //! code and the server's peak RSS; then the raw encoder on the same texts in
-//! the same run, and the ratio.
+//! the same run, and the ratio. The spawned server also gets a metrics
+//! listener; at the end its `/metrics` is scraped and the p50/p99 of each
+//! server-side histogram (estimated from the buckets, as Prometheus'
+//! `histogram_quantile` does) and `scd_requests_total` by method and code are
+//! added to the JSON.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -60,19 +64,24 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         .arg(&model.models_dir)
         .arg("--ort-lib")
         .arg(&model.ort_lib)
-        .args(["--threads", &model.threads.to_string(), "serve", "--addr", "127.0.0.1:0"])
+        .args(["--threads", &model.threads.to_string(), "serve", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(args.serve_args.split_whitespace())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
     let pid = child.id();
     let mut lines = BufReader::new(child.stdout.take().context("server stdout")?).lines();
+    let mut metrics_addr = None;
     let addr = loop {
         let line = lines.next().context("server exited before listening")??;
+        if let Some(a) = line.strip_prefix("metrics on http://") {
+            metrics_addr = a.strip_suffix("/metrics").map(str::to_string);
+        }
         if let Some(a) = line.strip_prefix("listening on ") {
             break format!("http://{a}");
         }
     };
+    let metrics_addr = metrics_addr.context("server printed no \"metrics on http://ADDR/metrics\" line")?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let texts = Arc::new(texts);
     let result = rt.block_on(async {
@@ -150,9 +159,15 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
             "cpu_seconds": {"load_generator": client_cpu, "server": server_cpu, "available": secs * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64},
         }))
     });
+    // scrape before the server goes; a failed scrape is reported, not fatal
+    let scraped = scrape_metrics(&metrics_addr);
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = child.wait();
     let mut summary = result?;
+    summary["server_metrics"] = match scraped {
+        Ok(text) => server_summary(&text),
+        Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+    };
     // raw encoder on the same texts, same process settings, after the server is gone
     let encoder = model.load_encoder()?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -173,4 +188,158 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     summary["served_over_raw"] = serde_json::json!(served / raw_tps);
     println!("{summary}");
     Ok(())
+}
+
+/// `GET /metrics` over HTTP/1.0 (close-delimited, no chunking); the body.
+fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("metrics listener {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").context("metrics response has no header end")?;
+    anyhow::ensure!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "metrics scrape: {}",
+        head.lines().next().unwrap_or("")
+    );
+    Ok(body.to_string())
+}
+
+/// One histogram series' cumulative buckets `(le, count)`, `le` ascending,
+/// the last one `+Inf`.
+type Buckets = Vec<(f64, f64)>;
+
+/// The `q`-quantile estimated from cumulative buckets the way Prometheus'
+/// `histogram_quantile` does: find the bucket holding rank `q · total` and
+/// interpolate linearly inside it (the first bucket starts at 0 when its
+/// bound is positive; a rank in the `+Inf` bucket answers the highest finite
+/// bound). None without observations.
+pub(crate) fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 || !(0.0..=1.0).contains(&q) {
+        return None;
+    }
+    let rank = q * total;
+    let i = buckets.iter().position(|&(_, c)| c >= rank)?;
+    let (upper, count) = buckets[i];
+    if upper.is_infinite() {
+        return Some(buckets.get(i.wrapping_sub(1)).map_or(0.0, |b| b.0));
+    }
+    let (lower, below) = if i == 0 { (if upper > 0.0 { 0.0 } else { upper }, 0.0) } else { buckets[i - 1] };
+    if count == below {
+        return Some(upper);
+    }
+    Some(lower + (upper - lower) * (rank - below) / (count - below))
+}
+
+/// One sample of a text scrape: metric name, labels, value.
+type Sample<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+
+/// Splits `name{a="x",b="y"} value` into name, labels and value.
+fn parse_sample(line: &str) -> Option<Sample<'_>> {
+    let (series, value) = line.rsplit_once(' ')?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        v => v.parse().ok()?,
+    };
+    let (name, labels) = match series.split_once('{') {
+        Some((n, rest)) => (n, rest.strip_suffix('}')?),
+        None => (series, ""),
+    };
+    // label values here never contain commas or quotes (methods, codes, numbers)
+    let labels = labels
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| l.split_once('=').map(|(k, v)| (k, v.trim_matches('"'))))
+        .collect();
+    Some((name, labels, value))
+}
+
+/// From a Prometheus text scrape: p50/p99 and count of the request, queue and
+/// batch histograms (per label set), and `scd_requests_total` by method and code.
+fn server_summary(text: &str) -> serde_json::Value {
+    const HISTOGRAMS: [&str; 4] =
+        ["scd_request_duration_seconds", "scd_queue_wait_seconds", "scd_batch_texts", "scd_batch_tokens"];
+    let mut hist: BTreeMap<(String, String), Buckets> = BTreeMap::new();
+    let mut requests = BTreeMap::<String, serde_json::Value>::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, labels, value)) = parse_sample(line) else { continue };
+        if let Some(h) = name.strip_suffix("_bucket").filter(|h| HISTOGRAMS.contains(h)) {
+            let le = labels.iter().find(|(k, _)| *k == "le").and_then(|(_, v)| match *v {
+                "+Inf" => Some(f64::INFINITY),
+                v => v.parse::<f64>().ok(),
+            });
+            let Some(le) = le else { continue };
+            let rest: Vec<String> =
+                labels.iter().filter(|(k, _)| *k != "le").map(|(k, v)| format!("{k}={v}")).collect();
+            hist.entry((h.to_string(), rest.join(","))).or_default().push((le, value));
+        } else if name == "scd_requests_total" {
+            let get = |key: &str| labels.iter().find(|(k, _)| *k == key).map_or("", |(_, v)| *v).to_string();
+            requests.insert(format!("{}/{}", get("method"), get("code")), serde_json::json!(value));
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for ((name, labels), mut b) in hist {
+        b.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let key = if labels.is_empty() { name } else { format!("{name}{{{labels}}}") };
+        out.insert(
+            key,
+            serde_json::json!({
+                "count": b.last().map_or(0.0, |x| x.1),
+                "p50": bucket_quantile(0.5, &b),
+                "p99": bucket_quantile(0.99, &b),
+            }),
+        );
+    }
+    serde_json::json!({ "histograms": out, "requests_total": requests })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_quantile_interpolates_like_histogram_quantile() {
+        // 10 observations ≤ 1, 30 more ≤ 2, 60 more ≤ 4, none above
+        let b = [(1.0, 10.0), (2.0, 40.0), (4.0, 100.0), (f64::INFINITY, 100.0)];
+        // rank 50 lies in (2, 4]: 2 + 2 · (50 − 40) / 60
+        assert!((bucket_quantile(0.5, &b).unwrap() - (2.0 + 2.0 * 10.0 / 60.0)).abs() < 1e-12);
+        // rank 5 in the first bucket, which starts at 0
+        assert!((bucket_quantile(0.05, &b).unwrap() - 0.5).abs() < 1e-12);
+        // rank 99 in (2, 4]
+        assert!((bucket_quantile(0.99, &b).unwrap() - (2.0 + 2.0 * 59.0 / 60.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bucket_quantile_in_inf_bucket_answers_highest_finite_bound() {
+        let b = [(1.0, 10.0), (2.0, 20.0), (f64::INFINITY, 100.0)];
+        assert_eq!(bucket_quantile(0.5, &b), Some(2.0));
+    }
+
+    #[test]
+    fn bucket_quantile_without_observations_is_none() {
+        assert_eq!(bucket_quantile(0.5, &[(1.0, 0.0), (f64::INFINITY, 0.0)]), None);
+        assert_eq!(bucket_quantile(0.5, &[]), None);
+    }
+
+    #[test]
+    fn server_summary_reads_histograms_and_request_counts() {
+        let text = "# TYPE scd_request_duration_seconds histogram\n\
+            scd_request_duration_seconds_bucket{method=\"embed\",le=\"1\"} 10\n\
+            scd_request_duration_seconds_bucket{method=\"embed\",le=\"2\"} 40\n\
+            scd_request_duration_seconds_bucket{method=\"embed\",le=\"4\"} 100\n\
+            scd_request_duration_seconds_bucket{method=\"embed\",le=\"+Inf\"} 100\n\
+            scd_request_duration_seconds_sum{method=\"embed\"} 250\n\
+            scd_request_duration_seconds_count{method=\"embed\"} 100\n\
+            scd_requests_total{method=\"embed\",code=\"Ok\"} 98\n\
+            scd_requests_total{method=\"embed\",code=\"ResourceExhausted\"} 2\n";
+        let s = server_summary(text);
+        let h = &s["histograms"]["scd_request_duration_seconds{method=embed}"];
+        assert_eq!(h["count"], 100.0);
+        assert!((h["p50"].as_f64().unwrap() - (2.0 + 2.0 * 10.0 / 60.0)).abs() < 1e-12);
+        assert_eq!(s["requests_total"]["embed/Ok"], 98.0);
+        assert_eq!(s["requests_total"]["embed/ResourceExhausted"], 2.0);
+    }
 }

@@ -1,0 +1,402 @@
+//! How the engine's own work grows with the context: chunking, token
+//! counting, BM25, near-duplicate detection, HNSW, scoring and packing.
+//!
+//! * **tokens**: one context of paragraph-sized prose fields (8 sentences
+//!   each) drawn from the HotpotQA paragraphs in `../shared/evaldata`,
+//!   shuffled and repeated with a seeded RNG, 1k → 1M tokens (×4 apart);
+//! * **fields**: 10 → 100k fields of one or two sentences each.
+//!
+//! The encoder is the deterministic [`HashEncoder`] (384 dims), so the
+//! model's cost (linear by construction, measured in `encoder` and
+//! `scd_speed`) does not hide the engine's. Limits are lifted
+//! (`max_context_tokens`, `context_limits`, `max_budget_tokens`).
+//!
+//! For each size: **cold** = a fresh `Scd` compressing the context (wall
+//! time, and `prepare_ms` / `select_ms` from `Compressed.timings`); **warm** =
+//! a new task on the same, already prepared context (`prepare_ms +
+//! task_embed_ms + select_ms`, median of 3 tasks). Cold is the median of 3
+//! runs below 200k tokens and a single run above (multi-second runs; criterion
+//! adds nothing there). Every size runs with the default config (HNSW from
+//! 20,000 chunks) and, from 16k chunks up, also with HNSW off so the LSH
+//! near-duplicate path shows. A stage split (same chunks, outside `Scd`):
+//! chunk, encode (hash), BM25 build, near-duplicates (brute force up to
+//! 2,048 chunks, LSH above); the HNSW build is the difference between the
+//! default and the HNSW-off `prepare_ms` of the same context (building it a
+//! second time here would double the longest runs).
+//!
+//! Run: `cargo bench -p scd-benches --bench context_scale`. Writes
+//! `benches/results/context_scale.{txt,json,svg}`. `SCD_SCALE_MAX_TOKENS` /
+//! `SCD_SCALE_MAX_FIELDS` cap the sizes for a quick check. The default-config
+//! run is skipped above `SCD_SCALE_HNSW_MAX_CHUNKS` (80,000) chunks: building
+//! HNSW took 65 s at 44k chunks and 144 s at 61k on the 2-core machine, so the
+//! 100k-field context (~150k chunks) runs with HNSW off only.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use scd_benches::{hotpot_paragraphs, root};
+use scd_engine::chunk::{chunk_field, ChunkConfig};
+use scd_engine::context::{Context, ContextLimits, ContextRequirement, Field, FieldKind, Task};
+use scd_engine::encoder::{EncodeOptions, Encoder, HashEncoder, InputKind};
+use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::score::{dedup, Bm25};
+
+/// A small seeded RNG (xorshift64*), enough for shuffling.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn config(hnsw: bool) -> ScdConfig {
+    ScdConfig {
+        max_context_tokens: usize::MAX,
+        max_budget_tokens: usize::MAX,
+        context_limits: ContextLimits {
+            max_fields: usize::MAX,
+            max_field_bytes: usize::MAX,
+            max_context_bytes: usize::MAX,
+        },
+        prepared_cache_bytes: 4 << 30,
+        cache_bytes: 4 << 30,
+        hnsw_min_chunks: if hnsw { ScdConfig::default().hnsw_min_chunks } else { usize::MAX },
+        ..ScdConfig::default()
+    }
+}
+
+/// Sentences of the HotpotQA paragraphs (split at ". ").
+fn sentences(paras: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (_, body) in paras {
+        let mut rest = body.as_str();
+        while let Some(i) = rest.find(". ") {
+            out.push(rest[..=i].trim().to_string());
+            rest = &rest[i + 2..];
+        }
+        if !rest.trim().is_empty() {
+            out.push(rest.trim().to_string());
+        }
+    }
+    out.retain(|s| s.split_whitespace().count() >= 4);
+    out
+}
+
+/// Fields of `per_field` sentences (or 1–2 when `per_field` is 0) drawn from a
+/// seeded shuffle, until `stop(tokens, fields)`.
+fn build(
+    sents: &[String],
+    enc: &HashEncoder,
+    per_field: usize,
+    seed: u64,
+    stop: impl Fn(usize, usize) -> bool,
+) -> (Context, usize) {
+    let mut rng = Rng(seed);
+    let mut order: Vec<usize> = (0..sents.len()).collect();
+    rng.shuffle(&mut order);
+    let mut pos = 0;
+    let mut fields = Vec::new();
+    let mut tokens = 0;
+    while !stop(tokens, fields.len()) {
+        let k = if per_field == 0 { 1 + rng.below(2) } else { per_field };
+        let mut content = String::new();
+        for _ in 0..k {
+            if pos == order.len() {
+                rng.shuffle(&mut order);
+                pos = 0;
+            }
+            if !content.is_empty() {
+                content.push(' ');
+            }
+            content.push_str(&sents[order[pos]]);
+            pos += 1;
+        }
+        tokens += enc.count_tokens(&content).unwrap();
+        fields.push(Field {
+            name: format!("doc {}", fields.len()),
+            kind: FieldKind::Prose,
+            content,
+            confidential: false,
+        });
+    }
+    (Context { fields }, tokens)
+}
+
+#[derive(Default, Clone)]
+struct Row {
+    part: &'static str,
+    hnsw: bool,
+    tokens: usize,
+    fields: usize,
+    chunks: usize,
+    runs: usize,
+    cold_s: f64,
+    prepare_ms: f64,
+    select_ms: f64,
+    warm_ms: f64,
+    warm_select_ms: f64,
+    stages: Vec<(&'static str, f64)>,
+}
+
+impl Row {
+    fn us_per_1k(&self, ms: f64) -> f64 {
+        ms * 1e3 / (self.tokens as f64 / 1e3)
+    }
+}
+
+fn measure(part: &'static str, ctx: &Context, tokens: usize, hnsw: bool, tasks: &[String]) -> Row {
+    let enc: Arc<dyn Encoder> = Arc::new(HashEncoder::new(384, 512));
+    let req = |t: &str| CompressRequest {
+        task: Task::new(t),
+        context: ctx.clone(),
+        requirement: ContextRequirement::with_budget((tokens / 3).max(50)),
+        session: None,
+    };
+    let runs = if tokens < 200_000 { 3 } else { 1 };
+    let (mut cold, mut prep, mut sel) = (Vec::new(), Vec::new(), Vec::new());
+    let mut chunks = 0;
+    let mut warm = Vec::new();
+    let mut warm_sel = Vec::new();
+    for r in 0..runs {
+        let scd = Scd::new(enc.clone(), config(hnsw));
+        let t = Instant::now();
+        let out = scd.compress(&req(&tasks[0])).expect("cold compress");
+        cold.push(t.elapsed().as_secs_f64());
+        assert!(out.totals.sent_tokens <= (tokens / 3).max(50) && !out.chunks.is_empty());
+        chunks = out.chunks.len() + out.dropped.len();
+        prep.push(out.timings.prepare_ms);
+        sel.push(out.timings.select_ms);
+        if r == runs - 1 {
+            for task in &tasks[1..4] {
+                let out = scd.compress(&req(task)).expect("warm compress");
+                warm.push(out.timings.prepare_ms + out.timings.task_embed_ms + out.timings.select_ms);
+                warm_sel.push(out.timings.select_ms);
+            }
+        }
+    }
+    Row {
+        part,
+        hnsw,
+        tokens,
+        fields: ctx.fields.len(),
+        chunks,
+        runs,
+        cold_s: median(cold),
+        prepare_ms: median(prep),
+        select_ms: median(sel),
+        warm_ms: median(warm),
+        warm_select_ms: median(warm_sel),
+        stages: Vec::new(),
+    }
+}
+
+/// The preparation stages run one by one on the same context (one run).
+fn stages(ctx: &Context) -> (Vec<(&'static str, f64)>, usize) {
+    let enc = HashEncoder::new(384, 512);
+    let t = Instant::now();
+    let mut texts = Vec::new();
+    for f in &ctx.fields {
+        for c in chunk_field(f, ChunkConfig::default()) {
+            texts.push(format!("{}: {}", f.name, &f.content[c.start..c.end]));
+        }
+    }
+    let chunk_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let e = enc.encode(&refs, &EncodeOptions::new(InputKind::Passage).with_windows()).unwrap();
+    let encode_ms = t.elapsed().as_secs_f64() * 1e3;
+    let vectors: Vec<&[f32]> = e.data.chunks(e.dim).collect();
+    let t = Instant::now();
+    let bm25 = Bm25::new(&refs);
+    let bm25_ms = t.elapsed().as_secs_f64() * 1e3;
+    std::hint::black_box(&bm25);
+    let t = Instant::now();
+    let nd = dedup::near_duplicates(&vectors, ScdConfig::default().redundancy_cosine);
+    let dedup_ms = t.elapsed().as_secs_f64() * 1e3;
+    std::hint::black_box(&nd);
+    (vec![("chunk", chunk_ms), ("encode(hash)", encode_ms), ("bm25", bm25_ms), ("near-dup", dedup_ms)], texts.len())
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn main() {
+    let Some((paras, questions)) = hotpot_paragraphs() else {
+        panic!("../shared/evaldata/hotpotqa/hotpot_hf_schema.jsonl is absent (or unreadable): this bench needs it");
+    };
+    let sents = sentences(&paras);
+    eprintln!("{} sentences from {} paragraphs", sents.len(), paras.len());
+    let enc = HashEncoder::new(384, 512);
+    let max_tokens = env_usize("SCD_SCALE_MAX_TOKENS", 1 << 20);
+    let max_fields = env_usize("SCD_SCALE_MAX_FIELDS", 100_000);
+    let hnsw_max_chunks = env_usize("SCD_SCALE_HNSW_MAX_CHUNKS", 80_000);
+    let mut rows = Vec::new();
+    let header = format!(
+        "{:<7} {:<5} {:>9} {:>7} {:>7} {:>4} {:>9} {:>10} {:>9} {:>9} {:>11} {:>11}  stages ms",
+        "part",
+        "hnsw",
+        "tokens",
+        "fields",
+        "chunks",
+        "runs",
+        "cold s",
+        "µs/1k tok",
+        "prep ms",
+        "sel ms",
+        "warm ms",
+        "warm sel ms"
+    );
+    println!("{header}");
+    let mut lines = vec![header];
+    let mut emit = |row: Row, rows: &mut Vec<Row>| {
+        let line = format!(
+            "{:<7} {:<5} {:>9} {:>7} {:>7} {:>4} {:>9.3} {:>10.1} {:>9.1} {:>9.1} {:>11.2} {:>11.2}  {}",
+            row.part,
+            if row.hnsw { "dflt" } else { "off" },
+            row.tokens,
+            row.fields,
+            row.chunks,
+            row.runs,
+            row.cold_s,
+            row.us_per_1k(row.cold_s * 1e3),
+            row.prepare_ms,
+            row.select_ms,
+            row.warm_ms,
+            row.warm_select_ms,
+            row.stages.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect::<Vec<_>>().join(", ")
+        );
+        println!("{line}");
+        lines.push(line);
+        rows.push(row);
+    };
+    let mut sizes = vec![];
+    let mut t = 1000;
+    while t <= max_tokens {
+        sizes.push(("tokens", t, 8usize));
+        t *= 4;
+    }
+    for f in [10usize, 40, 160, 640, 2560, 10_240, 40_960, 100_000] {
+        if f <= max_fields {
+            sizes.push(("fields", f, 0));
+        }
+    }
+    for (part, size, per_field) in sizes {
+        let (ctx, tokens) = if part == "tokens" {
+            build(&sents, &enc, per_field, 7, |tok, _| tok >= size)
+        } else {
+            build(&sents, &enc, per_field, 11, |_, n| n >= size)
+        };
+        let (stage_ms, chunks) = stages(&ctx);
+        let stage_ms_off = stage_ms.clone();
+        if chunks < hnsw_max_chunks || chunks < ScdConfig::default().hnsw_min_chunks {
+            let mut row = measure(part, &ctx, tokens, true, &questions);
+            row.stages = stage_ms;
+            emit(row, &mut rows);
+        } else {
+            eprintln!("{part} {size}: {chunks} chunks, default (HNSW) run skipped (SCD_SCALE_HNSW_MAX_CHUNKS={hnsw_max_chunks})");
+        }
+        if chunks >= 16_000 {
+            let mut off = measure(part, &ctx, tokens, false, &questions);
+            off.stages = match rows.last().filter(|r| r.hnsw && r.tokens == tokens) {
+                Some(d) => vec![("hnsw build = dflt prep − off prep", d.prepare_ms - off.prepare_ms)],
+                None => stage_ms_off,
+            };
+            emit(off, &mut rows);
+        }
+    }
+
+    let dir = root().join("benches/results");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("context_scale.txt"), lines.join("\n") + "\n").unwrap();
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "part": r.part, "hnsw": if r.hnsw { "default (>= 20000 chunks)" } else { "off" },
+                "tokens": r.tokens, "fields": r.fields, "chunks": r.chunks, "runs": r.runs,
+                "cold_s": r.cold_s, "cold_us_per_1k_tokens": r.us_per_1k(r.cold_s * 1e3),
+                "cold_prepare_ms": r.prepare_ms, "cold_select_ms": r.select_ms,
+                "warm_ms": r.warm_ms, "warm_select_ms": r.warm_select_ms,
+                "stages_ms": r.stages.iter().map(|(n, ms)| (n.to_string(), serde_json::json!(ms))).collect::<serde_json::Map<_, _>>(),
+            })
+        })
+        .collect();
+    std::fs::write(dir.join("context_scale.json"), serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    std::fs::write(dir.join("context_scale.svg"), svg(&rows)).unwrap();
+    eprintln!("wrote {}", dir.join("context_scale.{txt,json,svg}").display());
+}
+
+/// Log-log line plot of cold seconds vs tokens, one line per (part, hnsw),
+/// with a dashed linear reference through each line's first point.
+fn svg(rows: &[Row]) -> String {
+    let (w, h, m) = (720.0, 480.0, 60.0);
+    let pts = |r: &Row| ((r.tokens as f64).log10(), r.cold_s.max(1e-5).log10());
+    let (xs, ys): (Vec<f64>, Vec<f64>) = rows.iter().map(pts).unzip();
+    let (x0, x1) =
+        (xs.iter().cloned().fold(f64::MAX, f64::min).floor(), xs.iter().cloned().fold(f64::MIN, f64::max).ceil());
+    let (y0, y1) =
+        (ys.iter().cloned().fold(f64::MAX, f64::min).floor(), ys.iter().cloned().fold(f64::MIN, f64::max).ceil());
+    let sx = |x: f64| m + (x - x0) / (x1 - x0).max(1e-9) * (w - 2.0 * m);
+    let sy = |y: f64| h - m - (y - y0) / (y1 - y0).max(1e-9) * (h - 2.0 * m);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"20\" text-anchor=\"middle\">cold compress seconds vs context tokens (log-log, HashEncoder); dashed: linear</text>\n",
+        w / 2.0
+    );
+    for e in x0 as i32..=x1 as i32 {
+        let x = sx(e as f64);
+        s += &format!("<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"#ddd\"/><text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">1e{e}</text>\n", m, h - m, h - m + 16.0);
+    }
+    for e in y0 as i32..=y1 as i32 {
+        let y = sy(e as f64);
+        s += &format!("<line x1=\"{m}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{}\" text-anchor=\"end\">1e{e} s</text>\n", w - m, m - 4.0, y + 4.0);
+    }
+    s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">tokens</text>\n", w / 2.0, h - 12.0);
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"];
+    let mut series: Vec<(&str, bool)> = Vec::new();
+    for r in rows {
+        if !series.contains(&(r.part, r.hnsw)) {
+            series.push((r.part, r.hnsw));
+        }
+    }
+    for (k, (part, hnsw)) in series.iter().enumerate() {
+        let c = colors[k % colors.len()];
+        let line: Vec<(f64, f64)> = rows.iter().filter(|r| r.part == *part && r.hnsw == *hnsw).map(pts).collect();
+        let path: Vec<String> = line.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+        s += &format!("<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" "));
+        for &(x, y) in &line {
+            s += &format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>\n", sx(x), sy(y));
+        }
+        if let (Some(&(ax, ay)), Some(&(bx, _))) = (line.first(), line.last()) {
+            s += &format!(
+                "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-dasharray=\"4 4\" opacity=\"0.6\"/>\n",
+                sx(ax), sy(ay), sx(bx), sy(ay + (bx - ax))
+            );
+        }
+        let label = format!(
+            "{} ({})",
+            if *part == "tokens" { "paragraph fields" } else { "1-2 sentence fields" },
+            if *hnsw { "HNSW ≥ 20k chunks" } else { "HNSW off, LSH" }
+        );
+        s += &format!("<text x=\"{}\" y=\"{}\" fill=\"{c}\">{label}</text>\n", m + 10.0, m + 16.0 * k as f64);
+    }
+    s + "</svg>\n"
+}
