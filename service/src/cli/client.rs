@@ -129,6 +129,22 @@ fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
         .collect())
 }
 
+/// A plaintext call that a server broke off at the transport level (an
+/// HTTP/2 protocol error, a reset or closed connection, an unexpected EOF —
+/// anything but a refused connection or an unknown host): what a TLS-only
+/// server does to a plaintext client, whichever way the race goes.
+fn looks_like_tls_server(err: &Status) -> bool {
+    let mut text = err.message().to_string();
+    let mut source = std::error::Error::source(err);
+    let transport = source.is_some() || text.contains("h2 protocol error");
+    while let Some(e) = source {
+        text.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    let text = text.to_lowercase();
+    transport && !["refused", "dns", "failed to lookup"].iter().any(|m| text.contains(m))
+}
+
 /// Whether a failed call may be retried, and how long to wait at least.
 ///
 /// UNAVAILABLE (server down, draining, not reachable) and RESOURCE_EXHAUSTED
@@ -197,7 +213,7 @@ impl Conn {
             let Some(floor) = retryable(&err, idempotent).filter(|_| attempt < self.retries) else {
                 let e = status_error(what, &err, attempt);
                 let plaintext = self.endpoint.uri().scheme_str() == Some("http");
-                return Err(if plaintext && err.message().contains("h2 protocol error") {
+                return Err(if plaintext && looks_like_tls_server(&err) {
                     e.context("the server may speak TLS: use an https:// --addr with --ca-cert")
                 } else {
                     e
@@ -339,6 +355,20 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tls_hint_is_for_broken_off_calls_only() {
+        assert!(looks_like_tls_server(&Status::unavailable("h2 protocol error: http2 error")));
+        let io = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed before message completed");
+        let mut closed = Status::unavailable("transport error");
+        closed.set_source(std::sync::Arc::new(io));
+        assert!(looks_like_tls_server(&closed));
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let mut refused = Status::unavailable("tcp connect error");
+        refused.set_source(std::sync::Arc::new(io));
+        assert!(!looks_like_tls_server(&refused));
+        assert!(!looks_like_tls_server(&Status::invalid_argument("texts: must hold at least one text")));
+    }
 
     #[test]
     fn only_transient_failures_are_retried() {
