@@ -193,7 +193,7 @@ fn models_list_shows_the_built_models() {
 // ---------------------------------------------------------------------------
 
 /// A fresh scratch folder for one test.
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("scd-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

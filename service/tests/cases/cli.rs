@@ -1,17 +1,10 @@
 //! CLI hardening: strict context JSON, per-line errors in `compress --batch`,
 //! arguments checked before the model loads, adversarial input.
 
-use crate::{ready, root, scd};
+use crate::{ready, root, scd, scratch};
 
 fn fixture() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap()
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("scd-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]
