@@ -15,13 +15,11 @@
 //! are counted once, in [`layer`]; [`metrics`] lists the series.
 
 pub mod batcher;
-pub mod codec;
 pub mod convert;
 pub mod http;
 pub mod layer;
 pub mod metrics;
 pub mod ratelog;
-mod redact;
 mod server;
 
 pub use server::{serve, serve_on, ServeConfig};
@@ -41,14 +39,11 @@ use self::layer::Deadline;
 use self::metrics::Metrics;
 use self::ratelog::RateLimitedWarn;
 
-/// Generated protobuf and gRPC code for `scd.v1`.
-#[allow(missing_docs, clippy::all)]
-pub mod pb {
-    tonic::include_proto!("scd.v1");
-}
+/// Generated protobuf and gRPC code for `scd.v1` (from the `scd-proto` crate).
+pub use scd_proto::scd::v1 as pb;
 
 /// Encoded file descriptor set, for reflection.
-pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scd_descriptor.bin"));
+pub use scd_proto::scd::v1::DESCRIPTOR;
 
 /// Per-request limits.
 #[derive(Debug, Clone)]
@@ -269,8 +264,21 @@ impl ScdService {
 
 type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
 
+/// The `scd.v1.Scd` handler: a shared [`ScdService`] (a local type, so the
+/// generated trait, now in `scd-proto`, can be implemented for it).
+#[derive(Clone)]
+pub struct ScdHandler(pub Arc<ScdService>);
+
+impl std::ops::Deref for ScdHandler {
+    type Target = Arc<ScdService>;
+
+    fn deref(&self) -> &Arc<ScdService> {
+        &self.0
+    }
+}
+
 #[tonic::async_trait]
-impl pb::scd_server::Scd for Arc<ScdService> {
+impl pb::scd_server::Scd for ScdHandler {
     type EmbedStreamStream = EmbedStream;
 
     async fn embed(&self, request: Request<pb::EmbedRequest>) -> Result<Response<pb::EmbedResponse>, Status> {

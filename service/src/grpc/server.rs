@@ -21,7 +21,7 @@ use tracing::{error, info, warn};
 use super::http::{serve_metrics, HttpLimits};
 use super::layer::ObserveLayer;
 use super::metrics::Metrics;
-use super::{pb, Limits, ScdService, DESCRIPTOR};
+use super::{pb, Limits, ScdHandler, ScdService, DESCRIPTOR};
 
 /// Everything `serve` needs. The listeners are bound by the caller, so a
 /// port in use is reported (naming its flag) before the model loads.
@@ -51,7 +51,7 @@ pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
 pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new(cfg.limits.max_batch_tokens));
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+    health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
     let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
@@ -79,7 +79,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
         let cause = stopped.wait_for(|c| c.is_some()).await.ok().and_then(|c| c.clone());
         if let Some(cause) = cause {
             error!(cause = %cause, "encoder thread stopped; health NOT_SERVING");
-            stop_health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+            stop_health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
             stop_health.set_service_status("", ServingStatus::NotServing).await;
         }
     });
@@ -100,12 +100,12 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
         } else if warm_drain.is_draining() {
             info!("model warm, but draining; staying NOT_SERVING");
         } else {
-            health_setter.set_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+            health_setter.set_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
             health_setter.set_service_status("", ServingStatus::Serving).await;
             info!("model warm; SERVING");
         }
     });
-    let svc = pb::scd_server::ScdServer::new(service)
+    let svc = pb::scd_server::ScdServer::new(ScdHandler(service))
         .max_decoding_message_size(cfg.limits.max_request_bytes)
         .max_encoding_message_size(64 << 20);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -131,7 +131,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     }
     // drain: refuse new calls, report NOT_SERVING, let calls in flight finish
     drain.start();
-    health.set_not_serving::<pb::scd_server::ScdServer<Arc<ScdService>>>().await;
+    health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
     info!(
         in_flight = drain.in_flight(),

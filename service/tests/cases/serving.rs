@@ -364,12 +364,12 @@ async fn undecodable_oversized_and_sessionless_requests_are_invalid_argument() {
     // texts[0] = bytes C3 28: not UTF-8
     let err = raw::call(&s.grpc, embed_path, vec![0x0a, 0x02, 0xc3, 0x28, 0x10, 0x01]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(err.message().starts_with("message is not valid scd.v1 protobuf: "), "{err:?}");
+    assert!(err.message().starts_with("message is not valid protobuf: "), "{err:?}");
     assert!(err.message().contains("UTF-8"), "{err:?}");
     // not protobuf at all
     let err = raw::call(&s.grpc, embed_path, vec![0xff; 7]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert!(err.message().starts_with("message is not valid scd.v1 protobuf: "), "{err:?}");
+    assert!(err.message().starts_with("message is not valid protobuf: "), "{err:?}");
     // over --max-request-bytes
     let big = embed(&[&"x".repeat(2000)], pb::InputKind::Query).encode_to_vec();
     let n = big.len();

@@ -3,9 +3,9 @@
 
 use std::fmt::{Debug, Formatter, Result};
 
-use scd_engine::context::Redacted;
-
-use super::pb;
+use crate::atp::v1 as atp;
+use crate::scd::v1 as pb;
+use crate::Redacted;
 
 fn secret(s: &str) -> &'static str {
     if s.is_empty() {
@@ -114,6 +114,58 @@ impl Debug for pb::OpenSessionResponse {
     }
 }
 
+impl Debug for atp::ContextChunk {
+    fn fmt(&self, f: &mut Formatter<'_>) -> Result {
+        f.debug_struct("ContextChunk")
+            .field("index", &self.index)
+            .field("chunk_id", &self.chunk_id)
+            .field("data", &Redacted(self.data.len()))
+            .field("relevance_score", &self.relevance_score)
+            .field("tokens", &self.tokens)
+            .finish()
+    }
+}
+
+impl Debug for atp::TaskCheckpoint {
+    fn fmt(&self, f: &mut Formatter<'_>) -> Result {
+        f.debug_struct("TaskCheckpoint")
+            .field("task_id", &self.task_id)
+            .field("agent", &self.agent)
+            .field("step_number", &self.step_number)
+            .field("intermediate_state", &Redacted(self.intermediate_state.len()))
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Debug for atp::TaskSubmit {
+    fn fmt(&self, f: &mut Formatter<'_>) -> Result {
+        f.debug_struct("TaskSubmit")
+            .field("from", &self.from)
+            .field("to", &self.to)
+            .field("task_id", &self.task_id)
+            .field("task_type", &self.task_type)
+            .field("payload", &Redacted(self.payload.len()))
+            .field("context", &self.context)
+            .field("contract_id", &self.contract_id)
+            .field("resume_from", &self.resume_from)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Debug for atp::TaskResult {
+    fn fmt(&self, f: &mut Formatter<'_>) -> Result {
+        f.debug_struct("TaskResult")
+            .field("from", &self.from)
+            .field("task_id", &self.task_id)
+            .field("status", &self.status)
+            .field("payload", &Redacted(self.payload.len()))
+            .field("checkpoint", &self.checkpoint)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +196,22 @@ mod tests {
             assert!(!logged.contains(s), "{s} in {logged}");
         }
         assert!(logged.contains("keys") && logged.contains("a#0") && logged.contains("<10 bytes>"), "{logged}");
+    }
+
+    #[test]
+    fn atp_payloads_print_sizes_not_content() {
+        let chunk = atp::ContextChunk { chunk_id: "a#0".into(), data: b"CHUNK-TEXT".to_vec(), ..Default::default() };
+        let task = atp::TaskSubmit {
+            payload: b"PAYLOAD-TEXT".to_vec(),
+            context: Some(atp::ContextDiff { chunks: vec![chunk], ..Default::default() }),
+            resume_from: Some(atp::TaskCheckpoint { intermediate_state: b"STATE-TEXT".to_vec(), ..Default::default() }),
+            ..Default::default()
+        };
+        let result = atp::TaskResult { payload: b"RESULT-TEXT".to_vec(), ..Default::default() };
+        let logged = format!("{task:?} {result:#?}");
+        for s in ["CHUNK-TEXT", "PAYLOAD-TEXT", "STATE-TEXT", "RESULT-TEXT"] {
+            assert!(!logged.contains(s), "{s} in {logged}");
+        }
+        assert!(logged.contains("a#0") && logged.contains("<12 bytes>"), "{logged}");
     }
 }

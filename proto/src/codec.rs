@@ -1,4 +1,4 @@
-//! The protobuf codec of `scd.v1` (set in `build.rs` with `codec_path`):
+//! The protobuf codec of `scd.v1` and `atp.v1` (set in `build.rs` with `codec_path`):
 //! tonic-prost's, except that a message that does not decode (garbage bytes,
 //! invalid UTF-8 in a string field) is INVALID_ARGUMENT, not INTERNAL: it is
 //! the caller's bad input.
@@ -41,7 +41,7 @@ impl<D: Decoder<Error = Status>> Decoder for ScdDecoder<D> {
     fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Status> {
         self.0.decode(src).map_err(|s| {
             if s.code() == Code::Internal {
-                Status::invalid_argument(format!("message is not valid scd.v1 protobuf: {}", s.message()))
+                Status::invalid_argument(format!("message is not valid protobuf: {}", s.message()))
             } else {
                 s
             }

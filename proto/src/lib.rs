@@ -1,0 +1,58 @@
+//! # scd-proto
+//!
+//! The wire contracts, generated once (protox + tonic-prost-build in
+//! `build.rs`) and shared by the SCD service and the ATP stack:
+//!
+//! - [`scd::v1`]: the SCD service (`proto/scd/v1/scd.proto`);
+//! - [`atp::v1`]: the Agent Transport Protocol (`proto/atp/v1/*.proto`),
+//!   wire-compatible with the reference implementation's `atp.v1`
+//!   (same field numbers and types; SCD only adds).
+//!
+//! Both use [`codec::ScdCodec`], which answers an undecodable message with
+//! INVALID_ARGUMENT, and messages that carry content or secrets print sizes,
+//! never text, in `Debug` (`redact.rs`).
+//!
+//! ```
+//! use scd_proto::atp::v1::{AgentId, CapabilityProbe};
+//! use prost::Message;
+//! let probe = CapabilityProbe { from: Some(AgentId { uuid: "did:key:z6Mk…".into() }), nonce: 7, ..Default::default() };
+//! let bytes = probe.encode_to_vec();
+//! assert_eq!(CapabilityProbe::decode(bytes.as_slice()).unwrap().nonce, 7);
+//! ```
+#![warn(missing_docs)]
+
+pub mod codec;
+mod redact;
+
+/// `scd.v1`: the SCD service.
+pub mod scd {
+    /// Generated protobuf and gRPC code for `scd.v1`.
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("scd.v1");
+
+        /// Encoded file descriptor set of `scd.v1`, for reflection.
+        pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scd_descriptor.bin"));
+    }
+}
+
+/// `atp.v1`: the Agent Transport Protocol.
+pub mod atp {
+    /// Generated protobuf and gRPC code for `atp.v1`.
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("atp.v1");
+
+        /// Encoded file descriptor set of `atp.v1`, for reflection.
+        pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/atp_descriptor.bin"));
+    }
+}
+
+/// `Debug` prints of content: `<N bytes>`.
+pub struct Redacted(pub usize);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes>", self.0)
+    }
+}
