@@ -11,6 +11,30 @@ pub enum Error {
         /// What is wrong with it, with the limit.
         reason: String,
     },
+    /// A DID that is malformed or of a method we cannot use.
+    #[error("DID {did}: {reason}")]
+    Did {
+        /// The DID as given.
+        did: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file or directory could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The identity file exists but cannot be used.
+    #[error("identity file {}: {reason}", path.display())]
+    IdentityFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// The crate's result type.

@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod identity;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;
