@@ -19,8 +19,12 @@
 //! the `scd.v1` gRPC client, so an agent can run on another machine.
 #![warn(missing_docs)]
 
+pub mod agent;
+pub mod demo;
 pub mod error;
+pub mod handshake;
 pub mod identity;
+pub mod planner;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;
