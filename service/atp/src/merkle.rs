@@ -138,7 +138,7 @@ impl MerkleLog {
     /// MTH of leaves [start, end), end > start.
     fn subtree(&self, start: usize, end: usize) -> Hash {
         let n = end - start;
-        if n.is_power_of_two() && start % n == 0 {
+        if n.is_power_of_two() && start.is_multiple_of(n) {
             return self.levels[n.trailing_zeros() as usize][start / n];
         }
         let k = split(n);
