@@ -24,6 +24,7 @@ pub mod demo;
 pub mod error;
 pub mod handshake;
 pub mod identity;
+pub mod merkle;
 pub mod planner;
 
 pub use error::{Error, Result};
