@@ -20,6 +20,8 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod fault;
+pub mod routing;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;
