@@ -22,10 +22,12 @@
 pub mod agent;
 pub mod demo;
 pub mod error;
+pub mod fault;
 pub mod handshake;
 pub mod identity;
 pub mod merkle;
 pub mod planner;
+pub mod routing;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;
