@@ -19,6 +19,7 @@
 //! the `scd.v1` gRPC client, so an agent can run on another machine.
 #![warn(missing_docs)]
 
+pub mod context;
 pub mod error;
 
 pub use error::{Error, Result};
