@@ -77,6 +77,50 @@ pub enum Error {
         /// The transport's error.
         message: String,
     },
+    /// SCD could not be reached.
+    #[error("cannot connect to SCD at {url}: {source}")]
+    ScdConnect {
+        /// The SCD URL.
+        url: String,
+        /// Why the connection failed.
+        source: tonic::transport::Error,
+    },
+    /// SCD answered an RPC with an error status.
+    #[error("SCD {rpc} at {url} failed: {:?}: {}", .status.code(), .status.message())]
+    Scd {
+        /// The SCD URL.
+        url: String,
+        /// The RPC, e.g. `OpenSession`.
+        rpc: &'static str,
+        /// SCD's status.
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    /// SCD's reply breaks its contract (over the budget, unknown chunks).
+    #[error("SCD's {rpc} reply: {reason}")]
+    ScdReply {
+        /// The RPC answered.
+        rpc: &'static str,
+        /// What is wrong with the reply.
+        reason: String,
+    },
+    /// SCD returned a chunk of a confidential (withheld) field; it is never
+    /// forwarded.
+    #[error("SCD returned chunk {chunk_id} of withheld field {field}; it is not forwarded")]
+    ConfidentialChunk {
+        /// The withheld field.
+        field: String,
+        /// The chunk's id.
+        chunk_id: String,
+    },
+    /// A context file could not be read.
+    #[error("cannot read context file {}: {source}", .path.display())]
+    ReadContext {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 impl From<Error> for tonic::Status {
@@ -87,7 +131,13 @@ impl From<Error> for tonic::Status {
             Error::CannotMeet { .. } => tonic::Status::failed_precondition(msg),
             Error::Timeout { .. } => tonic::Status::deadline_exceeded(msg),
             Error::Escalated { .. } | Error::Peer { .. } | Error::Transport { .. } => tonic::Status::unavailable(msg),
-            Error::Io { .. } | Error::IdentityFile { .. } => tonic::Status::internal(msg),
+            Error::ScdConnect { .. } => tonic::Status::unavailable(msg),
+            Error::Scd { status, .. } => tonic::Status::new(status.code(), msg),
+            Error::Io { .. }
+            | Error::IdentityFile { .. }
+            | Error::ScdReply { .. }
+            | Error::ConfidentialChunk { .. }
+            | Error::ReadContext { .. } => tonic::Status::internal(msg),
         }
     }
 }

@@ -20,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod context;
 pub mod demo;
 pub mod error;
 pub mod fault;
