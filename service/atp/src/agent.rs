@@ -550,7 +550,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         if let Some(cp) = &task.resume_from {
             // the checkpoint is the failed agent's, signed by it; its nonce
             // was seen by the requester, not here
-            node.verifier.verify_signature(cp).map_err(Status::from)?;
+            node.verifier.check_signature(cp).map_err(Status::from)?;
             if cp.task_id != task.task_id {
                 return Err(Status::invalid_argument("task.resume_from: the checkpoint is another task's"));
             }
@@ -620,7 +620,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         let req = request.into_inner();
         let node = &self.0;
         node.verify(&req)?;
-        let mut reply = node.planner.answer_context_request(&req).await?;
+        let mut reply = node.planner.answer_context_request(node.did(), &req).await?;
         reply.from = Some(node.identity.agent_id());
         node.identity.stamp_and_sign(&mut reply);
         Ok(Response::new(reply))

@@ -35,7 +35,7 @@ use tonic::transport::Channel;
 use tonic::Status;
 
 use crate::agent::{now_s, Node, WorkOrder, WorkReport};
-use crate::context::{ContextFile, Field, HopLedger, ScdLink, SessionHandle, Task, Transfer};
+use crate::context::{ContextFile, HopLedger, ScdLink, Task, Transfer};
 use crate::fault::{self, Backpressure, CircuitBreakers, HealthMonitor, PoisonDetector};
 use crate::handshake::{self, Offer, PeerFailure};
 use crate::routing::{self, Candidate, Constraints, Pattern, Repricer, RoutingParams};
@@ -78,7 +78,7 @@ pub enum Event {
 /// A task delegated by this agent, as its RequestContext handler sees it.
 struct Delegation {
     worker: String,
-    session: SessionHandle,
+    transfer: Arc<Transfer>,
 }
 
 /// Requester-side state of an agent (shared with its server: workers call
@@ -145,8 +145,8 @@ impl PlannerState {
     }
 
     /// Answers a worker's RequestContext through the task's SCD session.
-    pub async fn answer_context_request(&self, req: &pb::ContextRequest) -> Result<pb::ContextResponse, Status> {
-        let session = {
+    pub async fn answer_context_request(&self, me: &str, req: &pb::ContextRequest) -> Result<pb::ContextResponse, Status> {
+        let transfer = {
             let delegations = self.delegations.lock().unwrap();
             let Some(d) = delegations.get(&req.task_id) else {
                 return Err(Status::not_found(format!("context.task_id: {:?} is not a task this agent delegated", req.task_id)));
@@ -154,13 +154,14 @@ impl PlannerState {
             if Some(d.worker.as_str()) != req.from.as_ref().map(|a| a.uuid.as_str()) {
                 return Err(Status::permission_denied("context.from: the task is delegated to another agent"));
             }
-            d.session.clone()
+            d.transfer.clone()
         };
         let scd = self.scd().await.map_err(Status::from)?;
-        let reply = scd.answer(&session, req).await.map_err(Status::from)?;
+        let reply = scd.answer(&transfer.session, req).await.map_err(Status::from)?;
         let worker = req.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
-        let sent: u64 = reply.chunks.iter().map(|c| u64::from(c.tokens)).sum();
-        self.hops.lock().unwrap().context_request(&req.task_id, &worker, sent);
+        if let Err(e) = self.hops.lock().unwrap().record_response(&req.task_id, me, &worker, &reply) {
+            tracing::warn!(error = %e, "accounting a context response");
+        }
         self.emit(Event::ContextRequested {
             task: req.task_id.clone(),
             agent: short(&worker),
@@ -325,7 +326,7 @@ impl Planner {
             ..Default::default()
         };
         let mut tried: HashSet<String> = HashSet::new();
-        let mut transfer: Option<Transfer> = None;
+        let mut transfer: Option<Arc<Transfer>> = None;
         let mut failovers = 0;
         let mut last_failed: Option<String> = None;
         let result = loop {
@@ -440,7 +441,7 @@ impl Planner {
     }
 
     /// Contract, transfer, submit and follow one agent; `Err` = it failed.
-    async fn delegate(&self, job: &Job, offer: &Offer, qos: pb::QoSConstraints, transfer: &mut Option<Transfer>) -> Result<Outcome, Failure> {
+    async fn delegate(&self, job: &Job, offer: &Offer, qos: pb::QoSConstraints, transfer: &mut Option<Arc<Transfer>>) -> Result<Outcome, Failure> {
         let st = self.state();
         let node = &self.node;
         let did = offer.did().to_string();
@@ -452,11 +453,11 @@ impl Planner {
         if transfer.is_none() {
             let requirement = offer.offer.context_requirements.clone().unwrap_or_default();
             let scd = st.scd().await.map_err(Failure::local)?;
-            *transfer = Some(scd.compress(&job.task, &job.context.fields, &requirement).await.map_err(Failure::local)?);
+            *transfer = Some(Arc::new(scd.compress(&job.task, &job.context.fields, &requirement).await.map_err(Failure::local)?));
         }
-        let t = transfer.as_ref().expect("set above");
-        st.delegations.lock().unwrap().insert(job.task_id.clone(), Delegation { worker: did.clone(), session: t.session.clone() });
-        st.hops.lock().unwrap().record(&job.task_id, node.did(), &did, t.full_tokens, t.sent_tokens);
+        let t = transfer.clone().expect("set above");
+        st.delegations.lock().unwrap().insert(job.task_id.clone(), Delegation { worker: did.clone(), transfer: t.clone() });
+        st.hops.lock().unwrap().record_transfer(&job.task_id, node.did(), &did, &t);
         st.emit(Event::ContextSent {
             task: job.task_id.clone(),
             agent: short(&did),
@@ -599,7 +600,7 @@ impl Planner {
         let trust = ledger.trust(offer.did(), Some(job.task_type), now_s());
         let log_size = ledger.len();
         drop(ledger);
-        st.repricer.lock().unwrap().observe(&routing::Observation::from_proof(&proof));
+        st.repricer.lock().unwrap().observe(&routing::Observation::from(&proof));
         st.emit(Event::Trust {
             agent: short(offer.did()),
             task_type: job.task_type.as_str_name().to_string(),
