@@ -72,6 +72,7 @@ async fn transfer_withholds_secrets_and_answers_adaptive_requests() {
     assert_eq!((e.dimensions, e.values.len()), (dim, dim as usize));
     let direct = scd.embed_task(&task()).await.unwrap();
     let c = crate::cosine(&e.values, &direct.values);
+    eprintln!("e_task cosine to Embed: {c:.6}");
     assert!(c > 0.99, "cosine {c}");
 
     // below θ: chunks never sent before, carrying their stubs' indices
