@@ -597,7 +597,8 @@ impl ScdLink {
     }
 
     /// e_task: the task's embedding as a query, from the same text SCD's
-    /// Compress embeds ([`Task::text`]).
+    /// Compress embeds ([`Task::text`]); like Compress, a task over the
+    /// model's input length is refused rather than embedded in windows.
     #[instrument(skip_all, fields(url = %self.url))]
     pub async fn embed_task(&self, task: &Task) -> Result<pb::Embedding> {
         let text = task.text();
@@ -606,7 +607,7 @@ impl ScdLink {
         }
         let mut c = self.client.clone();
         let resp = c
-            .embed(scd::EmbedRequest { texts: vec![text], kind: scd::InputKind::Query as i32, windows: true })
+            .embed(scd::EmbedRequest { texts: vec![text], kind: scd::InputKind::Query as i32, windows: false })
             .await
             .map_err(|s| self.status("Embed", s))?
             .into_inner();
@@ -641,7 +642,9 @@ impl ScdLink {
             .await
             .map_err(|s| self.status("OpenSession", s))?
             .into_inner();
-        let mut result = open.result.unwrap_or_default();
+        let (Some(mut result), false) = (open.result, open.session_id.is_empty()) else {
+            return Err(Error::ScdReply { rpc: "OpenSession", reason: "no result or no session id".into() });
+        };
         result.session_id = open.session_id;
         match transfer_from_scd(&result, fields, requirement.max_context_tokens, &open.session_token) {
             Ok(t) => {
@@ -1144,6 +1147,17 @@ mod tests {
             assert_eq!(r.reason, format!("confidence {conf} is at or above θ = 0.7; no context sent"));
             assert_eq!(r.remaining_tokens, 22);
         }
+        // a worker's ContextRequest: the answer names its task
+        let req = pb::ContextRequest {
+            task_id: "task-7".into(),
+            current_confidence: 0.8,
+            specific_question: "more?".into(),
+            requested_chunk_indices: vec![0],
+            ..Default::default()
+        };
+        let r = offline().answer(&t.session, &req).await.unwrap();
+        assert_eq!((r.task_id.as_str(), r.chunks.len()), ("task-7", 0));
+        assert!(r.reason.starts_with("confidence 0.8 is at or above"), "{}", r.reason);
     }
 
     #[tokio::test]
@@ -1156,6 +1170,10 @@ mod tests {
         }
         let err = link.request_more(&t.session, "q", 0.2, &[5.into()]).await.unwrap_err().to_string();
         assert_eq!(err, "requested_chunk_indices: index 5 is not in the transfer (it has 5 chunks)");
+        let req =
+            pb::ContextRequest { current_confidence: 0.1, requested_chunk_indices: vec![9], ..Default::default() };
+        let err = link.answer(&t.session, &req).await.unwrap_err().to_string();
+        assert_eq!(err, "requested_chunk_indices: index 9 is not in the transfer (it has 5 chunks)");
         let err = link.request_more(&t.session, "  ", 0.2, &[]).await.unwrap_err().to_string();
         assert_eq!(err, "specific_question: must not be empty (or name chunks by index or id)");
         // a valid request reaches for SCD, and the error names the URL and RPC
