@@ -15,8 +15,10 @@ What a reference client cannot do: the reference protos lack the `signature`
 (and `nonce`) fields SCD added to Heartbeat, Backpressure, CircuitBreak,
 ContextRequest, TaskSubmit, TaskQuery and ContractAck, so such a client cannot
 sign those messages, and SCD refuses them unsigned (see the heartbeat check).
-Probe, ContractAccept and InteractionProof carry `signature` (and, for the
-first two, `nonce`) in the reference too, so those interoperate.
+Of the client's messages only CapabilityProbe has both `nonce` and `signature`
+in the reference; ContractAccept and InteractionProof have `signature` but no
+`nonce` (SCD added it), so only the probe is fully signable by a reference
+client, and that is what the checks below exercise.
 """
 
 import importlib
