@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 // each as a separate test binary); they share the helpers below.
 #[path = "cases/atp_context.rs"]
 mod atp_context;
+#[path = "cases/atp_reference.rs"]
+mod atp_reference;
 #[path = "cases/cli.rs"]
 mod cli;
 #[path = "cases/fuzz.rs"]
