@@ -27,6 +27,9 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A signature, sender, clock or replay check failed.
+    #[error(transparent)]
+    Auth(#[from] crate::identity::AuthFailure),
     /// The identity file exists but cannot be used.
     #[error("identity file {}: {reason}", path.display())]
     IdentityFile {

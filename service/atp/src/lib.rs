@@ -22,6 +22,7 @@
 pub mod error;
 pub mod identity;
 pub mod merkle;
+pub mod trust;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;
