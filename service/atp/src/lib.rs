@@ -22,6 +22,7 @@
 pub mod error;
 pub mod identity;
 pub mod merkle;
+pub mod store;
 pub mod trust;
 
 pub use error::{Error, Result};
