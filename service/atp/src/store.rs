@@ -9,7 +9,13 @@
 //! | `peers` | DID → profile JSON | |
 //! | `tasks` | task id → bytes (a small JSON or proto record) | |
 //!
-//! Every write is its own durable (fsync'd) transaction.
+//! Every write is its own durable (fsync'd) transaction, except replay-log
+//! entries: those commit without fsync and are made durable in groups (every
+//! [`NONCE_SYNC_EVERY`] entries, at most [`NONCE_SYNC_INTERVAL_MS`] apart, and
+//! when the store is dropped), because a durable commit costs a few
+//! milliseconds and every incoming message adds an entry. A crash (not a
+//! clean shutdown) can therefore forget the last second of nonces; those
+//! messages are at most 60 s from going stale.
 //!
 //! [`Ledger`] puts the proof table, a [`MerkleLog`] and a [`TrustBook`]
 //! together: appending a proof checks both signatures, stores it, logs it
@@ -34,7 +40,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prost::Message;
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::error::{Error, Result};
 use crate::identity::{check_proof, now_s, NonceLog, Resolver, MAX_CLOCK_SKEW_S};
@@ -55,6 +61,12 @@ pub const STORE_FILE: &str = "atp.redb";
 /// Nonces are pruned every this many insertions (and on open).
 const PRUNE_EVERY: u64 = 1024;
 
+/// Replay-log entries are made durable at least every this many insertions...
+pub const NONCE_SYNC_EVERY: u64 = 64;
+
+/// ...and at most this long apart.
+pub const NONCE_SYNC_INTERVAL_MS: u64 = 1000;
+
 fn store_err<E: Into<redb::Error>>(e: E) -> Error {
     Error::Store { source: Box::new(e.into()) }
 }
@@ -67,6 +79,9 @@ pub struct Store {
     /// messages are refused.
     nonce_floor: AtomicI64,
     inserts: AtomicU64,
+    /// When replay entries were last made durable (ms since `opened`).
+    last_sync_ms: AtomicU64,
+    opened: std::time::Instant,
 }
 
 impl std::fmt::Debug for Store {
@@ -92,7 +107,14 @@ impl Store {
             tx.open_table(TASKS).map_err(store_err)?;
         }
         tx.commit().map_err(store_err)?;
-        let store = Store { db, path, nonce_floor: AtomicI64::new(i64::MIN), inserts: AtomicU64::new(0) };
+        let store = Store {
+            db,
+            path,
+            nonce_floor: AtomicI64::new(i64::MIN),
+            inserts: AtomicU64::new(0),
+            last_sync_ms: AtomicU64::new(0),
+            opened: std::time::Instant::now(),
+        };
         let pruned = store.prune_nonces(now_s())?;
         tracing::debug!(path = %store.path.display(), pruned, proofs = store.proof_count()?, "store opened");
         Ok(store)
@@ -101,6 +123,25 @@ impl Store {
     /// The redb file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Makes every earlier write durable (an empty fsync'd commit).
+    pub fn flush(&self) -> Result<()> {
+        let tx = self.db.begin_write().map_err(store_err)?;
+        tx.commit().map_err(store_err)?;
+        self.last_sync_ms.store(self.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether this replay entry should be committed durably.
+    fn nonce_sync_due(&self, inserted: u64) -> bool {
+        let now_ms = self.opened.elapsed().as_millis() as u64;
+        let last = self.last_sync_ms.load(Ordering::Relaxed);
+        if inserted.is_multiple_of(NONCE_SYNC_EVERY) || now_ms.saturating_sub(last) >= NONCE_SYNC_INTERVAL_MS {
+            self.last_sync_ms.store(now_ms, Ordering::Relaxed);
+            return true;
+        }
+        false
     }
 
     // -- proofs ------------------------------------------------------------
@@ -291,13 +332,21 @@ impl Store {
     }
 }
 
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush() {
+            tracing::warn!(path = %self.path.display(), error = %e, "store: last replay entries not made durable");
+        }
+    }
+}
+
 impl NonceLog for Store {
     /// Durable: a (DID, nonce) seen before a restart is still refused after it.
     fn first_seen(&self, did: &str, nonce: u64, ts_s: i64) -> Result<bool> {
         if ts_s < self.nonce_floor.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        let tx = self.db.begin_write().map_err(store_err)?;
+        let mut tx = self.db.begin_write().map_err(store_err)?;
         let fresh = {
             let mut nonces = tx.open_table(NONCES).map_err(store_err)?;
             if nonces.get((did, nonce)).map_err(store_err)?.is_some() {
@@ -311,8 +360,12 @@ impl NonceLog for Store {
         if !fresh {
             return Ok(false);
         }
+        let inserted = self.inserts.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.nonce_sync_due(inserted) {
+            tx.set_durability(Durability::None).map_err(store_err)?;
+        }
         tx.commit().map_err(store_err)?;
-        if self.inserts.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == PRUNE_EVERY - 1 {
+        if inserted.is_multiple_of(PRUNE_EVERY) {
             self.prune_nonces(ts_s)?;
         }
         Ok(true)
