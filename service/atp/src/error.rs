@@ -27,6 +27,31 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A signature, sender, clock or replay check failed.
+    #[error(transparent)]
+    Auth(#[from] crate::identity::AuthFailure),
+    /// The redb store failed (boxed: redb's error is large).
+    #[error("store: {source}")]
+    Store {
+        /// redb's error.
+        source: Box<redb::Error>,
+    },
+    /// A stored record does not decode.
+    #[error("{what} does not decode: {source}")]
+    Decode {
+        /// Which record, e.g. `proofs[3]`.
+        what: String,
+        /// prost's error.
+        source: prost::DecodeError,
+    },
+    /// A stored JSON record does not parse.
+    #[error("{what} is not valid JSON: {source}")]
+    Json {
+        /// Which record, e.g. `peers[did:key:…]`.
+        what: String,
+        /// serde_json's error.
+        source: serde_json::Error,
+    },
     /// The identity file exists but cannot be used.
     #[error("identity file {}: {reason}", path.display())]
     IdentityFile {

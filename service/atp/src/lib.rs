@@ -29,6 +29,8 @@ pub mod identity;
 pub mod merkle;
 pub mod planner;
 pub mod routing;
+pub mod store;
+pub mod trust;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;
