@@ -111,8 +111,8 @@ impl WorkOrder {
             return Err(invalid("task.payload", format!("{} bytes (limit {MAX_PAYLOAD_BYTES})", payload.len())));
         }
         let mut de = serde_json::Deserializer::from_slice(payload);
-        let order: WorkOrder =
-            serde_path_to_error::deserialize(&mut de).map_err(|e| invalid(&format!("task.payload.{}", e.path()), e.inner().to_string()))?;
+        let order: WorkOrder = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| invalid(&format!("task.payload.{}", e.path()), e.inner().to_string()))?;
         de.end().map_err(|e| invalid("task.payload", e.to_string()))?;
         if order.steps == 0 || order.steps > MAX_STEPS {
             return Err(invalid("task.payload.steps", format!("{} (1 to {MAX_STEPS})", order.steps)));
@@ -300,7 +300,10 @@ impl Node {
     fn contract_for_task(&self, task: &pb::TaskSubmit) -> Result<Contract, Status> {
         let contracts = self.contracts.lock().unwrap();
         let Some(c) = contracts.get(&task.contract_id) else {
-            return Err(Status::failed_precondition(format!("task.contract_id: no contract {:?} with this agent", task.contract_id)));
+            return Err(Status::failed_precondition(format!(
+                "task.contract_id: no contract {:?} with this agent",
+                task.contract_id
+            )));
         };
         let from = sender(&task.from);
         if sender(&c.contract.from) != from {
@@ -317,7 +320,14 @@ impl Node {
 
     /// Runs a task: asks for context while unsure, then steps through the
     /// work order, checkpointing each step.
-    async fn run(self: Arc<Self>, task: pb::TaskSubmit, order: WorkOrder, contract: Contract, job: Arc<Job>, queued: tokio::sync::OwnedSemaphorePermit) {
+    async fn run(
+        self: Arc<Self>,
+        task: pb::TaskSubmit,
+        order: WorkOrder,
+        contract: Contract,
+        job: Arc<Job>,
+        queued: tokio::sync::OwnedSemaphorePermit,
+    ) {
         let reply_to = contract.contract.reply_to.clone();
         let started = Instant::now();
         let _running = self.running.clone().acquire_owned().await;
@@ -363,7 +373,10 @@ impl Node {
                 task_id: task.task_id.clone(),
                 agent: Some(self.identity.agent_id()),
                 step_number: step,
-                intermediate_state: serde_json::to_vec(&serde_json::json!({ "title": order.title, "step": step, "of": order.steps })).unwrap_or_default(),
+                intermediate_state: serde_json::to_vec(
+                    &serde_json::json!({ "title": order.title, "step": step, "of": order.steps }),
+                )
+                .unwrap_or_default(),
                 context: Some(pb::ContextDiff { chunks: context.chunks.clone(), ..Default::default() }),
                 ..Default::default()
             };
@@ -401,7 +414,14 @@ impl Node {
     }
 
     /// One adaptive context request to the requester (§6.3).
-    async fn ask(&self, reply_to: &str, contract: &pb::ContractAccept, task_id: &str, confidence: f64, need: &str) -> Result<Vec<pb::ContextChunk>> {
+    async fn ask(
+        &self,
+        reply_to: &str,
+        contract: &pb::ContractAccept,
+        task_id: &str,
+        confidence: f64,
+        need: &str,
+    ) -> Result<Vec<pb::ContextChunk>> {
         let mut req = pb::ContextRequest {
             from: Some(self.identity.agent_id()),
             to: contract.from.clone(),
@@ -417,7 +437,12 @@ impl Node {
         let reply = client
             .request_context(req)
             .await
-            .map_err(|s| Error::Peer { did: requester.clone(), rpc: "RequestContext", status: s.code(), message: s.message().into() })?
+            .map_err(|s| Error::Peer {
+                did: requester.clone(),
+                rpc: "RequestContext",
+                status: s.code(),
+                message: s.message().into(),
+            })?
             .into_inner();
         self.verifier.verify(&reply).map_err(|e| Error::Peer {
             did: requester,
@@ -468,7 +493,13 @@ fn merge_chunks(context: &mut pb::ContextDiff, more: &[pb::ContextChunk]) {
     }
 }
 
-fn bounded_insert<K: std::hash::Hash + Eq + Clone, V>(map: &mut HashMap<K, V>, limit: usize, key: K, value: V, age: impl Fn(&V) -> Instant) {
+fn bounded_insert<K: std::hash::Hash + Eq + Clone, V>(
+    map: &mut HashMap<K, V>,
+    limit: usize,
+    key: K,
+    value: V,
+    age: impl Fn(&V) -> Instant,
+) {
     if map.len() >= limit {
         if let Some(oldest) = map.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
             map.remove(&oldest);
@@ -491,7 +522,13 @@ impl pb::atp_service_server::AtpService for AgentService {
         let node = &self.0;
         let offer = handshake::offer_for(&node.identity, &probe, &node.terms(probe.task_type))?;
         let requester = sender(&probe.from).to_string();
-        bounded_insert(&mut node.offers.lock().unwrap(), MAX_OPEN_OFFERS, offer.nonce, (requester, Instant::now()), |v| v.1);
+        bounded_insert(
+            &mut node.offers.lock().unwrap(),
+            MAX_OPEN_OFFERS,
+            offer.nonce,
+            (requester, Instant::now()),
+            |v| v.1,
+        );
         Ok(Response::new(offer))
     }
 
@@ -507,13 +544,17 @@ impl pb::atp_service_server::AtpService for AgentService {
         let refuse = match offered {
             None => Some("contract.offer_nonce: no open offer of this agent has this nonce".to_string()),
             Some((to, _)) if to != from => Some("contract.offer_nonce: the offer was made to another agent".into()),
-            Some((_, at)) if at.elapsed() > Duration::from_millis(handshake::OFFER_TTL_MS) => Some("contract.offer_nonce: the offer has expired".into()),
+            Some((_, at)) if at.elapsed() > Duration::from_millis(handshake::OFFER_TTL_MS) => {
+                Some("contract.offer_nonce: the offer has expired".into())
+            }
             Some(_) => {
                 let cap = node.config.capabilities.iter().find(|c| c.task_type == contract.task_type);
                 match cap.map(|c| handshake::meets(c, &contract.agreed_qos.unwrap_or_default())) {
                     None => Some("contract.task_type: not a capability of this agent".into()),
                     Some(Err(why)) => Some(format!("contract.agreed_qos: {why}")),
-                    Some(Ok(())) if handshake::channel(&contract.reply_to).is_err() => Some("contract.reply_to: not a URL".into()),
+                    Some(Ok(())) if handshake::channel(&contract.reply_to).is_err() => {
+                        Some("contract.reply_to: not a URL".into())
+                    }
                     Some(Ok(())) => None,
                 }
             }
@@ -528,7 +569,13 @@ impl pb::atp_service_server::AtpService for AgentService {
         node.identity.stamp_and_sign(&mut ack);
         if refuse.is_none() {
             let id = contract.contract_id.clone();
-            bounded_insert(&mut node.contracts.lock().unwrap(), MAX_CONTRACTS, id, Contract { contract, accepted: Instant::now() }, |c| c.accepted);
+            bounded_insert(
+                &mut node.contracts.lock().unwrap(),
+                MAX_CONTRACTS,
+                id,
+                Contract { contract, accepted: Instant::now() },
+                |c| c.accepted,
+            );
         }
         Ok(Response::new(ack))
     }
@@ -544,7 +591,10 @@ impl pb::atp_service_server::AtpService for AgentService {
         let order = WorkOrder::parse(&task.payload).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if let Some(diff) = &task.context {
             if let Some(c) = diff.chunks.iter().find(|c| diff.withheld_fields.contains(&c.field)) {
-                return Err(Status::invalid_argument(format!("task.context: chunk {} is from withheld field {}", c.chunk_id, c.field)));
+                return Err(Status::invalid_argument(format!(
+                    "task.context: chunk {} is from withheld field {}",
+                    c.chunk_id, c.field
+                )));
             }
         }
         if let Some(cp) = &task.resume_from {
@@ -560,7 +610,10 @@ impl pb::atp_service_server::AtpService for AgentService {
             let bp = node.backpressure();
             tokio::spawn(report_backpressure(reply_to, bp));
             let capacity = node.config.max_queue + node.config.max_running;
-            return Err(Status::resource_exhausted(format!("queue full: {capacity} tasks queued or running (--max-queue {})", node.config.max_queue)));
+            return Err(Status::resource_exhausted(format!(
+                "queue full: {capacity} tasks queued or running (--max-queue {})",
+                node.config.max_queue
+            )));
         };
         let mut jobs = node.jobs.lock().unwrap();
         if jobs.contains_key(&task.task_id) && task.resume_from.is_none() {
@@ -616,7 +669,10 @@ impl pb::atp_service_server::AtpService for AgentService {
         Ok(Response::new(stream))
     }
 
-    async fn request_context(&self, request: Request<pb::ContextRequest>) -> Result<Response<pb::ContextResponse>, Status> {
+    async fn request_context(
+        &self,
+        request: Request<pb::ContextRequest>,
+    ) -> Result<Response<pb::ContextResponse>, Status> {
         let req = request.into_inner();
         let node = &self.0;
         node.verify(&req)?;
@@ -639,21 +695,30 @@ impl pb::atp_service_server::AtpService for AgentService {
         Ok(Response::new(pb::HeartbeatAck { sequence: hb.sequence }))
     }
 
-    async fn report_backpressure(&self, request: Request<pb::Backpressure>) -> Result<Response<pb::BackpressureAck>, Status> {
+    async fn report_backpressure(
+        &self,
+        request: Request<pb::Backpressure>,
+    ) -> Result<Response<pb::BackpressureAck>, Status> {
         let bp = request.into_inner();
         self.0.verify(&bp)?;
         self.0.planner.backpressure(&bp);
         Ok(Response::new(pb::BackpressureAck { acknowledged: true }))
     }
 
-    async fn report_circuit_break(&self, request: Request<pb::CircuitBreak>) -> Result<Response<pb::CircuitBreakAck>, Status> {
+    async fn report_circuit_break(
+        &self,
+        request: Request<pb::CircuitBreak>,
+    ) -> Result<Response<pb::CircuitBreakAck>, Status> {
         let cb = request.into_inner();
         self.0.verify(&cb)?;
         self.0.planner.circuit_report(&cb);
         Ok(Response::new(pb::CircuitBreakAck { acknowledged: true }))
     }
 
-    async fn submit_interaction_proof(&self, request: Request<pb::InteractionProof>) -> Result<Response<pb::ProofAck>, Status> {
+    async fn submit_interaction_proof(
+        &self,
+        request: Request<pb::InteractionProof>,
+    ) -> Result<Response<pb::ProofAck>, Status> {
         let mut proof = request.into_inner();
         let node = &self.0;
         node.verify(&proof)?;
@@ -661,15 +726,22 @@ impl pb::atp_service_server::AtpService for AgentService {
             return Err(Status::invalid_argument("proof.subject: this proof is about another agent"));
         }
         if !(0.0..=1.0).contains(&proof.quality_score) {
-            return Err(Status::invalid_argument(format!("proof.quality_score: {} is outside [0, 1]", proof.quality_score)));
+            return Err(Status::invalid_argument(format!(
+                "proof.quality_score: {} is outside [0, 1]",
+                proof.quality_score
+            )));
         }
         // only for a task this agent ran for the evaluator
-        let ran = node.jobs.lock().unwrap().get(&proof.task_id).is_some_and(|j| j.submitter == sender(&proof.evaluator));
+        let ran =
+            node.jobs.lock().unwrap().get(&proof.task_id).is_some_and(|j| j.submitter == sender(&proof.evaluator));
         if !ran {
-            return Err(Status::failed_precondition(format!("proof.task_id: {:?} is not a task this agent ran for the evaluator", proof.task_id)));
+            return Err(Status::failed_precondition(format!(
+                "proof.task_id: {:?} is not a task this agent ran for the evaluator",
+                proof.task_id
+            )));
         }
         node.identity.countersign(&mut proof);
-        let (index, root, inclusion) = node.ledger.lock().unwrap().append(&proof).map_err(Status::from)?;
+        let (index, root, inclusion) = node.ledger.lock().unwrap().append(proof.clone()).map_err(Status::from)?;
         tracing::info!(task = %proof.task_id, index, quality = proof.quality_score, "interaction proof countersigned");
         Ok(Response::new(pb::ProofAck {
             accepted: true,
@@ -693,7 +765,12 @@ impl pb::atp_service_server::AtpService for AgentService {
             Some(Payload::Heartbeat(m)) => sender(&m.from),
             Some(Payload::Backpressure(m)) => sender(&m.from),
             Some(Payload::CircuitBreak(m)) => sender(&m.from),
-            Some(_) => return Err(Status::unimplemented(format!("envelope.type: {} is served by its typed RPC only", env.r#type))),
+            Some(_) => {
+                return Err(Status::unimplemented(format!(
+                    "envelope.type: {} is served by its typed RPC only",
+                    env.r#type
+                )))
+            }
             None => return Err(Status::invalid_argument("envelope.payload: missing")),
         };
         if inner_sender != env.sender_did {
@@ -701,7 +778,12 @@ impl pb::atp_service_server::AtpService for AgentService {
         }
         let svc = self.clone();
         let (kind, payload) = match env.payload {
-            Some(Payload::Probe(p)) => (pb::MessageType::CapabilityOffer, Some(Payload::Offer(pb::atp_service_server::AtpService::probe(&svc, Request::new(p)).await?.into_inner()))),
+            Some(Payload::Probe(p)) => (
+                pb::MessageType::CapabilityOffer,
+                Some(Payload::Offer(
+                    pb::atp_service_server::AtpService::probe(&svc, Request::new(p)).await?.into_inner(),
+                )),
+            ),
             Some(Payload::Heartbeat(h)) => {
                 pb::atp_service_server::AtpService::send_heartbeat(&svc, Request::new(h)).await?;
                 (pb::MessageType::Heartbeat, None)
@@ -737,7 +819,11 @@ const MAX_CONCURRENT_STREAMS: u32 = 64;
 
 /// Serves `node` on `listener` until `shutdown` resolves: `atp.v1.AtpService`
 /// plus gRPC health and reflection; starts the heartbeat loop.
-pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send) -> Result<()> {
+pub async fn serve(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<()> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::atp_service_server::AtpServiceServer<AgentService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
@@ -804,15 +890,30 @@ mod tests {
             assert!(err.starts_with(want), "{err} (wanted {want})");
         }
         let big = vec![b' '; MAX_PAYLOAD_BYTES + 1];
-        assert_eq!(WorkOrder::parse(&big).unwrap_err().to_string(), format!("task.payload: {} bytes (limit 65536)", MAX_PAYLOAD_BYTES + 1));
+        assert_eq!(
+            WorkOrder::parse(&big).unwrap_err().to_string(),
+            format!("task.payload: {} bytes (limit 65536)", MAX_PAYLOAD_BYTES + 1)
+        );
         let needs = serde_json::json!({"title": "x", "needs": vec!["a"; MAX_NEEDS + 1]}).to_string();
-        assert!(WorkOrder::parse(needs.as_bytes()).unwrap_err().to_string().starts_with("task.payload.needs: 33 needs"));
+        assert!(WorkOrder::parse(needs.as_bytes())
+            .unwrap_err()
+            .to_string()
+            .starts_with("task.payload.needs: 33 needs"));
     }
 
     #[test]
     fn confidence_is_the_share_of_needs_found() {
-        let order = WorkOrder { title: "t".into(), steps: 1, needs: vec!["Retry policy".into(), "idempotency".into()], fail: None };
-        let chunk = |id: &str, text: &str| pb::ContextChunk { chunk_id: id.into(), data: text.as_bytes().to_vec(), ..Default::default() };
+        let order = WorkOrder {
+            title: "t".into(),
+            steps: 1,
+            needs: vec!["Retry policy".into(), "idempotency".into()],
+            fail: None,
+        };
+        let chunk = |id: &str, text: &str| pb::ContextChunk {
+            chunk_id: id.into(),
+            data: text.as_bytes().to_vec(),
+            ..Default::default()
+        };
         let mut ctx = pb::ContextDiff { chunks: vec![chunk("a#0", "the retry policy doubles")], ..Default::default() };
         assert_eq!(confidence(&order, &ctx), 0.5);
         assert_eq!(missing(&order, &ctx), vec!["idempotency".to_string()]);

@@ -118,7 +118,8 @@ impl Drop for Worker {
     }
 }
 
-struct ScdProcess(Child);
+/// A `scd serve` child process, killed when dropped.
+pub struct ScdProcess(Child);
 
 impl Drop for ScdProcess {
     fn drop(&mut self) {
@@ -163,16 +164,16 @@ fn spawn_worker(cfg: &DemoConfig, scd_url: &str, name: &'static str, capability:
         .map_err(io)?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).map_err(io)?;
-    let ready: Ready = serde_json::from_str(line.trim()).map_err(|e| Error::Invalid {
-        field: format!("{name}'s ready line"),
-        reason: format!("{e}: {line:?}"),
-    })?;
+    let ready: Ready = serde_json::from_str(line.trim())
+        .map_err(|e| Error::Invalid { field: format!("{name}'s ready line"), reason: format!("{e}: {line:?}") })?;
     Ok(Worker { name, capability, child, did: ready.did, url: format!("http://{}", ready.addr) })
 }
 
-fn start_scd(cfg: &DemoConfig) -> Result<(ScdProcess, String)> {
-    let io = |e: std::io::Error| Error::Io { path: cfg.exe.clone(), source: e };
-    let mut child = Command::new(&cfg.exe)
+/// Starts `exe serve` on a free loopback port; returns it and its URL
+/// (it may still be loading the model: see [`wait_serving`]).
+pub fn start_scd(exe: &Path) -> Result<(ScdProcess, String)> {
+    let io = |e: std::io::Error| Error::Io { path: exe.to_path_buf(), source: e };
+    let mut child = Command::new(exe)
         .args(["serve", "--addr", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -186,10 +187,14 @@ fn start_scd(cfg: &DemoConfig) -> Result<(ScdProcess, String)> {
             return Ok((proc, format!("http://{addr}")));
         }
     }
-    Err(Error::Transport { what: "scd serve".into(), message: "exited before listening (is the model set up? run models/setup.sh)".into() })
+    Err(Error::Transport {
+        what: "scd serve".into(),
+        message: "exited before listening (is the model set up? run models/setup.sh)".into(),
+    })
 }
 
-async fn wait_serving(url: &str) -> Result<()> {
+/// Waits until the SCD at `url` reports SERVING (at most 300 s).
+pub async fn wait_serving(url: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.to_string()).expect("valid").connect().await {
@@ -244,7 +249,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     let (_scd, scd_url) = match &cfg.scd_url {
         Some(url) => (None, url.clone()),
         None => {
-            let (p, url) = start_scd(cfg)?;
+            let (p, url) = start_scd(&cfg.exe)?;
             (Some(p), url)
         }
     };
@@ -258,7 +263,10 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         workers.push(w);
     }
     let name_of = |agent: &str, workers: &[Worker]| -> String {
-        workers.iter().find(|w| short(&w.did) == agent || w.url == agent).map_or_else(|| agent.to_string(), |w| w.name.to_string())
+        workers
+            .iter()
+            .find(|w| short(&w.did) == agent || w.url == agent)
+            .map_or_else(|| agent.to_string(), |w| w.name.to_string())
     };
 
     // the planner: an agent in this process
@@ -266,8 +274,9 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     let addr = listener.local_addr().map_err(io(&cfg.workdir))?;
     let identity = Identity::load_or_create(&cfg.workdir.join("planner.identity.json"))?;
     let store = Arc::new(Store::open(&cfg.workdir.join("planner"))?);
-    let verifier = Verifier::new(Arc::new(DidResolver::new()), store.clone());
-    let ledger = Ledger::open(store)?;
+    let resolver: Arc<dyn crate::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), crate::trust::TrustParams::default(), resolver)?;
     let mut config = AgentConfig::new(vec![], format!("http://{addr}"), scd_url.clone());
     config.heartbeat = cfg.heartbeat;
     let node = Node::new(identity, verifier, ledger, config);
@@ -284,12 +293,48 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     let mut report = DemoReport::default();
     let needs = ["idempotency key", "retry", "timed out"];
     let jobs = vec![
-        job("task-1-fix", pb::TaskType::CodeGeneration, "Fix the duplicate card captures: payment retries after a gateway timeout must reuse the idempotency key", order("patch capture_payment", 6, &needs, None), &context),
-        job("task-1-review", pb::TaskType::Analysis, "Review the patch to capture_payment for duplicate charges on retry", order("review the patch", 3, &["idempotency"], None), &context),
-        job("task-2-fix", pb::TaskType::CodeGeneration, "Add a reconciliation check that flags two captures for one authorization id", order("reconciliation check", 4, &["authorization"], None), &context),
-        job("task-3-poison", pb::TaskType::Analysis, "Summarise the gateway timeout errors by order id", order("summarise timeouts", 4, &[], Some("the log parser crashes on this format")), &context),
-        job("task-4-fix", pb::TaskType::CodeGeneration, "Cap the capture retry policy at 3 attempts", order("cap retries", 3, &["retry"], None), &context),
-        job("task-4-review", pb::TaskType::Analysis, "Review the retry cap for the payments runbook", order("review retry cap", 3, &[], None), &context),
+        job(
+            "task-1-fix",
+            pb::TaskType::CodeGeneration,
+            "Fix the duplicate card captures: payment retries after a gateway timeout must reuse the idempotency key",
+            order("patch capture_payment", 6, &needs, None),
+            &context,
+        ),
+        job(
+            "task-1-review",
+            pb::TaskType::Analysis,
+            "Review the patch to capture_payment for duplicate charges on retry",
+            order("review the patch", 3, &["idempotency"], None),
+            &context,
+        ),
+        job(
+            "task-2-fix",
+            pb::TaskType::CodeGeneration,
+            "Add a reconciliation check that flags two captures for one authorization id",
+            order("reconciliation check", 4, &["authorization"], None),
+            &context,
+        ),
+        job(
+            "task-3-poison",
+            pb::TaskType::Analysis,
+            "Summarise the gateway timeout errors by order id",
+            order("summarise timeouts", 4, &[], Some("the log parser crashes on this format")),
+            &context,
+        ),
+        job(
+            "task-4-fix",
+            pb::TaskType::CodeGeneration,
+            "Cap the capture retry policy at 3 attempts",
+            order("cap retries", 3, &["retry"], None),
+            &context,
+        ),
+        job(
+            "task-4-review",
+            pb::TaskType::Analysis,
+            "Review the retry cap for the payments runbook",
+            order("review retry cap", 3, &[], None),
+            &context,
+        ),
     ];
     let mut killed = false;
     for j in jobs {
@@ -323,7 +368,10 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         match outcome {
             Ok(Outcome::Completed { agent, failovers, .. }) => {
                 report.tasks_completed += 1;
-                say(out, format!("  => completed by {} after {failovers} failover(s)", name_of(&short(&agent), &workers)));
+                say(
+                    out,
+                    format!("  => completed by {} after {failovers} failover(s)", name_of(&short(&agent), &workers)),
+                );
             }
             Ok(Outcome::Poison { diagnostics, .. }) => {
                 report.tasks_poison += 1;
@@ -342,13 +390,24 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
 
     // layer 1 on the wire: forged, replayed and stale envelopes to a live worker
     say(out, "\n== security: envelopes to a live worker".to_string());
-    if let Some(target) = workers.iter().find(|w| w.child.try_wait().ok().flatten().is_none()) {
+    let alive = workers.iter_mut().position(|w| w.child.try_wait().ok().flatten().is_none());
+    if let Some(target) = alive.map(|i| &workers[i]) {
         report.rejected = attacks(&node.identity, target).await?;
-        say(out, format!("  forged refused: {}, replayed refused: {}, stale refused: {}", report.rejected.forged, report.rejected.replayed, report.rejected.stale));
+        say(
+            out,
+            format!(
+                "  forged refused: {}, replayed refused: {}, stale refused: {}",
+                report.rejected.forged, report.rejected.replayed, report.rejected.stale
+            ),
+        );
     }
 
     let hops = node.planner.hops.lock().unwrap().totals();
-    report.context = ContextTotals { full_tokens: hops.full_tokens, sent_tokens: hops.sent_tokens, context_requests: hops.context_requests };
+    report.context = ContextTotals {
+        full_tokens: hops.full_tokens,
+        sent_tokens: hops.sent_tokens,
+        context_requests: hops.context_requests,
+    };
     let ledger = node.ledger.lock().unwrap();
     report.proofs = ledger.len();
     let now = crate::agent::now_s();
@@ -356,7 +415,11 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         for t in [pb::TaskType::CodeGeneration, pb::TaskType::Analysis] {
             let score = ledger.trust(&w.did, Some(t), now);
             if w.capability.starts_with(&t.as_str_name()["TASK_TYPE_".len()..].to_lowercase()) {
-                report.trust.entry(w.name.to_string()).or_default().insert(t.as_str_name().to_string(), TrustEntry { score: score.score, samples: score.samples });
+                report
+                    .trust
+                    .entry(w.name.to_string())
+                    .or_default()
+                    .insert(t.as_str_name().to_string(), TrustEntry { score: score.score, samples: score.samples });
             }
         }
     }
@@ -454,7 +517,9 @@ async fn attacks(me: &Identity, target: &Worker) -> Result<Rejected> {
         env
     };
     let mut r = Rejected::default();
-    let mut refused = |status: &tonic::Status, word: &str| status.code() == tonic::Code::Unauthenticated && status.message().contains(word);
+    let refused = |status: &tonic::Status, word: &str| {
+        status.code() == tonic::Code::Unauthenticated && status.message().contains(word)
+    };
     // forged: claims to be the planner, signed by another key
     let forger = Identity::generate();
     if let Err(s) = client.exchange(envelope(&forger, false)).await {
@@ -462,7 +527,12 @@ async fn attacks(me: &Identity, target: &Worker) -> Result<Rejected> {
     }
     // replayed: a good envelope, then the same bytes again
     let good = envelope(me, false);
-    client.exchange(good.clone()).await.map_err(|s| Error::Peer { did: target.did.clone(), rpc: "Exchange", status: s.code(), message: s.message().into() })?;
+    client.exchange(good.clone()).await.map_err(|s| Error::Peer {
+        did: target.did.clone(),
+        rpc: "Exchange",
+        status: s.code(),
+        message: s.message().into(),
+    })?;
     if let Err(s) = client.exchange(good).await {
         r.replayed += u32::from(refused(&s, "replayed"));
     }

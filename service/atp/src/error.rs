@@ -67,7 +67,9 @@ pub enum Error {
         reason: String,
     },
     /// No acceptable offer after every retry: back to the originator.
-    #[error("no acceptable offer after {rounds} probe rounds (constraints relaxed 10 % per retry); escalating: {failures}")]
+    #[error(
+        "no acceptable offer after {rounds} probe rounds (constraints relaxed 10 % per retry); escalating: {failures}"
+    )]
     Escalated {
         /// Probe rounds sent.
         rounds: u32,
@@ -157,12 +159,16 @@ impl From<Error> for tonic::Status {
             Error::Timeout { .. } => tonic::Status::deadline_exceeded(msg),
             Error::Escalated { .. } | Error::Peer { .. } | Error::Transport { .. } => tonic::Status::unavailable(msg),
             Error::ScdConnect { .. } => tonic::Status::unavailable(msg),
+            Error::Auth(failure) => failure.into(),
             Error::Scd { status, .. } => tonic::Status::new(status.code(), msg),
             Error::Io { .. }
             | Error::IdentityFile { .. }
             | Error::ScdReply { .. }
             | Error::ConfidentialChunk { .. }
-            | Error::ReadContext { .. } => tonic::Status::internal(msg),
+            | Error::ReadContext { .. }
+            | Error::Store { .. }
+            | Error::Decode { .. }
+            | Error::Json { .. } => tonic::Status::internal(msg),
         }
     }
 }

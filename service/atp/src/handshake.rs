@@ -134,8 +134,7 @@ pub fn offer_for(identity: &Identity, probe: &pb::CapabilityProbe, terms: &Offer
     });
     let Some(cap) = cap else {
         let type_name = pb::TaskType::try_from(probe.task_type).map(|t| t.as_str_name()).unwrap_or("?");
-        let reason =
-            if misses.is_empty() { format!("no capability for {type_name}") } else { misses.join("; ") };
+        let reason = if misses.is_empty() { format!("no capability for {type_name}") } else { misses.join("; ") };
         return Err(Error::CannotMeet { reason });
     };
     if terms.trust_score < qos.min_trust && terms.evidence.log_size > 0 {
@@ -247,19 +246,16 @@ pub async fn probe_round(
             }
             Ok(Ok(r)) => r.into_inner(),
         };
-        let check = verifier
-            .verify(&offer)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                if offer.in_reply_to != nonce {
-                    return Err(format!("in_reply_to {} is not the probe's nonce {nonce}", offer.in_reply_to));
-                }
-                let cap = offer.capability.unwrap_or_default();
-                if cap.task_type != probe.task_type {
-                    return Err(format!("offers task type {} for a probe of {}", cap.task_type, probe.task_type));
-                }
-                meets(&cap, &qos)
-            });
+        let check = verifier.verify(&offer).map_err(|e| e.to_string()).and_then(|()| {
+            if offer.in_reply_to != nonce {
+                return Err(format!("in_reply_to {} is not the probe's nonce {nonce}", offer.in_reply_to));
+            }
+            let cap = offer.capability.unwrap_or_default();
+            if cap.task_type != probe.task_type {
+                return Err(format!("offers task type {} for a probe of {}", cap.task_type, probe.task_type));
+            }
+            meets(&cap, &qos)
+        });
         match check {
             Ok(()) => round.offers.push(Offer { url, offer }),
             Err(why) => round.failures.push((url, PeerFailure::Invalid(why))),
@@ -310,7 +306,13 @@ pub async fn negotiate(
 }
 
 /// The signed contract accepting `offer` for `task_id`.
-pub fn contract_for(identity: &Identity, offer: &Offer, task_id: &str, qos: pb::QoSConstraints, reply_to: &str) -> pb::ContractAccept {
+pub fn contract_for(
+    identity: &Identity,
+    offer: &Offer,
+    task_id: &str,
+    qos: pb::QoSConstraints,
+    reply_to: &str,
+) -> pb::ContractAccept {
     let cap = offer.capability();
     let mut contract = pb::ContractAccept {
         from: Some(identity.agent_id()),
@@ -337,7 +339,12 @@ pub async fn accept(verifier: &Verifier, channel: Channel, contract: pb::Contrac
     let ack = tokio::time::timeout(T_OFFER * 4, client.accept_contract(contract.clone()))
         .await
         .map_err(|_| Error::Timeout { what: format!("contract ack from {to}"), ms: (T_OFFER * 4).as_millis() as u64 })?
-        .map_err(|s| Error::Peer { did: to.clone(), rpc: "AcceptContract", status: s.code(), message: s.message().into() })?
+        .map_err(|s| Error::Peer {
+            did: to.clone(),
+            rpc: "AcceptContract",
+            status: s.code(),
+            message: s.message().into(),
+        })?
         .into_inner();
     verifier.verify(&ack).map_err(|e| Error::Peer {
         did: to.clone(),
@@ -378,6 +385,11 @@ pub fn violation(agreed: &pb::QoSConstraints, latency_ms: u64, cost: f64, qualit
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::{DidResolver, MemoryNonceLog};
+
+    fn test_verifier() -> Verifier {
+        Verifier::new(std::sync::Arc::new(DidResolver::new()), std::sync::Arc::new(MemoryNonceLog::default()))
+    }
 
     fn cap(q: f64, lat: u64, cost: f64) -> pb::Capability {
         pb::Capability {
@@ -428,8 +440,14 @@ mod tests {
         let cases = [
             (pb::CapabilityProbe { task_type: 0, ..ok.clone() }, "probe.task_type"),
             (pb::CapabilityProbe { task_type: 9, ..ok.clone() }, "probe.task_type"),
-            (pb::CapabilityProbe { qos: Some(pb::QoSConstraints { min_quality: 1.5, ..qos() }), ..ok.clone() }, "probe.qos.min_quality"),
-            (pb::CapabilityProbe { qos: Some(pb::QoSConstraints { max_cost: f64::NAN, ..qos() }), ..ok.clone() }, "probe.qos.max_cost"),
+            (
+                pb::CapabilityProbe { qos: Some(pb::QoSConstraints { min_quality: 1.5, ..qos() }), ..ok.clone() },
+                "probe.qos.min_quality",
+            ),
+            (
+                pb::CapabilityProbe { qos: Some(pb::QoSConstraints { max_cost: f64::NAN, ..qos() }), ..ok.clone() },
+                "probe.qos.max_cost",
+            ),
             (
                 pb::CapabilityProbe {
                     context_embedding: Some(pb::Embedding { dimensions: 3, values: vec![0.0; 2] }),
@@ -456,14 +474,20 @@ mod tests {
     #[test]
     fn an_offer_answers_the_probe_signed() {
         let me = Identity::generate();
-        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), nonce: 42, task_id: "t1".into(), ..Default::default() };
+        let probe = pb::CapabilityProbe {
+            task_type: 1,
+            qos: Some(qos()),
+            nonce: 42,
+            task_id: "t1".into(),
+            ..Default::default()
+        };
         let offer = offer_for(&me, &probe, &terms()).unwrap();
         assert_eq!(offer.in_reply_to, 42);
         assert_eq!(offer.from.as_ref().unwrap().uuid, me.did());
         assert_eq!(offer.trust_proof, vec![7; 32]);
         assert_eq!(offer.task_id, "t1");
         assert!(!offer.signature.is_empty() && offer.nonce != 0);
-        let verifier = Verifier::in_memory();
+        let verifier = test_verifier();
         verifier.verify(&offer).unwrap();
     }
 
@@ -471,17 +495,31 @@ mod tests {
     fn no_offer_when_the_probe_cannot_be_met() {
         let me = Identity::generate();
         let probe = pb::CapabilityProbe { task_type: 2, qos: Some(qos()), ..Default::default() };
-        assert_eq!(offer_for(&me, &probe, &terms()).unwrap_err().to_string(), "cannot meet the probe: no capability for TASK_TYPE_ANALYSIS");
-        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(pb::QoSConstraints { min_quality: 0.99, ..qos() }), ..Default::default() };
-        assert!(offer_for(&me, &probe, &terms()).unwrap_err().to_string().contains("quality 0.950 < min_quality 0.990"));
-        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(pb::QoSConstraints { min_trust: 0.9, ..qos() }), ..Default::default() };
+        assert_eq!(
+            offer_for(&me, &probe, &terms()).unwrap_err().to_string(),
+            "cannot meet the probe: no capability for TASK_TYPE_ANALYSIS"
+        );
+        let probe = pb::CapabilityProbe {
+            task_type: 1,
+            qos: Some(pb::QoSConstraints { min_quality: 0.99, ..qos() }),
+            ..Default::default()
+        };
+        assert!(offer_for(&me, &probe, &terms())
+            .unwrap_err()
+            .to_string()
+            .contains("quality 0.950 < min_quality 0.990"));
+        let probe = pb::CapabilityProbe {
+            task_type: 1,
+            qos: Some(pb::QoSConstraints { min_trust: 0.9, ..qos() }),
+            ..Default::default()
+        };
         assert!(offer_for(&me, &probe, &terms()).unwrap_err().to_string().contains("trust 0.800 < min_trust 0.900"));
     }
 
     #[tokio::test]
     async fn an_unreachable_peer_is_down_within_t_offer_and_escalates_after_three_retries() {
         let me = Identity::generate();
-        let verifier = Verifier::in_memory();
+        let verifier = test_verifier();
         // a port nobody listens on
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let url = format!("http://127.0.0.1:{port}");

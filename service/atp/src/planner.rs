@@ -41,7 +41,10 @@ use crate::handshake::{self, Offer, PeerFailure};
 use crate::routing::{self, Candidate, Constraints, Pattern, Repricer, RoutingParams};
 use crate::{merkle, pb, Error, Result};
 
-/// What happened, for the demo's story and its JSON.
+/// What happened, for the demo's story and its JSON. Fields: `task` is the
+/// task id; agents are short DIDs ([`short`]) or, for peers not yet known by
+/// DID, their URLs.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
@@ -50,11 +53,27 @@ pub enum Event {
     /// A peer's circuit is open: it is skipped.
     Skipped { task: String, agent: String },
     /// Algorithm 1 chose a route.
-    Routed { task: String, pattern: String, agents: Vec<String>, quality: f64, latency_ms: u64, cost: f64, score: f64, candidates: usize },
+    Routed {
+        task: String,
+        pattern: String,
+        agents: Vec<String>,
+        quality: f64,
+        latency_ms: u64,
+        cost: f64,
+        score: f64,
+        candidates: usize,
+    },
     /// A contract was signed by both sides.
     Contracted { task: String, agent: String, contract: String },
     /// SCD's minimal sufficient context went with the task.
-    ContextSent { task: String, agent: String, full_tokens: u64, sent_tokens: u64, chunks: usize, withheld: Vec<String> },
+    ContextSent {
+        task: String,
+        agent: String,
+        full_tokens: u64,
+        sent_tokens: u64,
+        chunks: usize,
+        withheld: Vec<String>,
+    },
     /// The worker asked for more context (§6.3).
     ContextRequested { task: String, agent: String, question: String, confidence: f64, chunks: usize },
     /// A durable checkpoint arrived.
@@ -145,11 +164,18 @@ impl PlannerState {
     }
 
     /// Answers a worker's RequestContext through the task's SCD session.
-    pub async fn answer_context_request(&self, me: &str, req: &pb::ContextRequest) -> Result<pb::ContextResponse, Status> {
+    pub async fn answer_context_request(
+        &self,
+        me: &str,
+        req: &pb::ContextRequest,
+    ) -> Result<pb::ContextResponse, Status> {
         let transfer = {
             let delegations = self.delegations.lock().unwrap();
             let Some(d) = delegations.get(&req.task_id) else {
-                return Err(Status::not_found(format!("context.task_id: {:?} is not a task this agent delegated", req.task_id)));
+                return Err(Status::not_found(format!(
+                    "context.task_id: {:?} is not a task this agent delegated",
+                    req.task_id
+                )));
             };
             if Some(d.worker.as_str()) != req.from.as_ref().map(|a| a.uuid.as_str()) {
                 return Err(Status::permission_denied("context.from: the task is delegated to another agent"));
@@ -182,7 +208,11 @@ impl PlannerState {
         let did = bp.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
         let status = self.health.lock().unwrap().status(&did, self.now_ms());
         let action = self.pressure.lock().unwrap().signal(bp, status, self.now_ms());
-        self.emit(Event::Backpressure { agent: short(&did), queue_depth: bp.queue_depth, action: format!("{action:?}") });
+        self.emit(Event::Backpressure {
+            agent: short(&did),
+            queue_depth: bp.queue_depth,
+            action: format!("{action:?}"),
+        });
     }
 
     /// A peer's report of a circuit it opened (informational).
@@ -194,7 +224,8 @@ impl PlannerState {
     pub fn routes(&self, node: &Node, query: &pb::RouteQuery) -> Result<Vec<pb::Route>> {
         let task_type = pb::TaskType::try_from(query.task_type).unwrap_or(pb::TaskType::Unspecified);
         let exclude: HashSet<&str> = query.exclude.iter().map(|a| a.uuid.as_str()).collect();
-        let offers: Vec<Offer> = self.offers.lock().unwrap().values().filter(|o| !exclude.contains(o.did())).cloned().collect();
+        let offers: Vec<Offer> =
+            self.offers.lock().unwrap().values().filter(|o| !exclude.contains(o.did())).cloned().collect();
         let cands = self.candidates(node, &offers, task_type);
         let constraints = constraints(&query.qos.unwrap_or_default());
         let max = if query.max_routes == 0 { 8 } else { query.max_routes.min(64) } as usize;
@@ -230,7 +261,11 @@ impl PlannerState {
     fn breaker_failure(&self, url: &str, did: Option<&str>) {
         let t = self.breakers.lock().unwrap().record_failure(url, self.now_ms());
         if let Some(t) = t {
-            self.emit(Event::Circuit { agent: did.map_or_else(|| url.to_string(), short), from: format!("{:?}", t.from), to: format!("{:?}", t.to) });
+            self.emit(Event::Circuit {
+                agent: did.map_or_else(|| url.to_string(), short),
+                from: format!("{:?}", t.from),
+                to: format!("{:?}", t.to),
+            });
         }
     }
 
@@ -279,7 +314,8 @@ pub struct Job {
     pub qos: pb::QoSConstraints,
 }
 
-/// How a delegated task ended.
+/// How a delegated task ended (agents by DID).
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
@@ -346,13 +382,18 @@ impl Planner {
                 Err(e) => break Outcome::Lost { why: e.to_string(), failovers },
             };
             self.account_probe(job, &negotiation);
-            let offers: Vec<Offer> = negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
+            let offers: Vec<Offer> =
+                negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
             st.remember_offers(&offers);
             // layer 4: rank routes
             let cands = st.candidates(&self.node, &offers, job.task_type);
-            let routes = routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
+            let routes =
+                routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
             let Some(best) = routes.iter().find(|r| r.pattern == Pattern::Single).or(routes.first()) else {
-                break Outcome::Lost { why: format!("no route among {} offers meets the constraints", offers.len()), failovers };
+                break Outcome::Lost {
+                    why: format!("no route among {} offers meets the constraints", offers.len()),
+                    failovers,
+                };
             };
             st.emit(Event::Routed {
                 task: job.task_id.clone(),
@@ -369,13 +410,23 @@ impl Planner {
             };
             tried.insert(offer.did().to_string());
             if let Some(from) = last_failed.take() {
-                let resumed_after = self.node.ledger.lock().unwrap().checkpoint(&job.task_id)?.map_or(0, |c| c.step_number);
-                st.emit(Event::Failover { task: job.task_id.clone(), from: short(&from), to: short(offer.did()), resumed_after });
+                let resumed_after =
+                    self.node.ledger.lock().unwrap().store().checkpoint(&job.task_id)?.map_or(0, |c| c.step_number);
+                st.emit(Event::Failover {
+                    task: job.task_id.clone(),
+                    from: short(&from),
+                    to: short(offer.did()),
+                    resumed_after,
+                });
             }
             match self.delegate(job, offer, negotiation.qos, &mut transfer).await {
                 Ok(done) => break done.with_failovers(failovers),
                 Err(Failure { why, counts_against_agent }) => {
-                    st.emit(Event::AgentFailed { task: job.task_id.clone(), agent: short(offer.did()), why: why.clone() });
+                    st.emit(Event::AgentFailed {
+                        task: job.task_id.clone(),
+                        agent: short(offer.did()),
+                        why: why.clone(),
+                    });
                     if counts_against_agent {
                         st.breaker_failure(&offer.url, Some(offer.did()));
                     }
@@ -441,22 +492,37 @@ impl Planner {
     }
 
     /// Contract, transfer, submit and follow one agent; `Err` = it failed.
-    async fn delegate(&self, job: &Job, offer: &Offer, qos: pb::QoSConstraints, transfer: &mut Option<Arc<Transfer>>) -> Result<Outcome, Failure> {
+    async fn delegate(
+        &self,
+        job: &Job,
+        offer: &Offer,
+        qos: pb::QoSConstraints,
+        transfer: &mut Option<Arc<Transfer>>,
+    ) -> Result<Outcome, Failure> {
         let st = self.state();
         let node = &self.node;
         let did = offer.did().to_string();
         let channel = handshake::channel(&offer.url).map_err(Failure::agent)?;
         let contract = handshake::contract_for(&node.identity, offer, &job.task_id, qos, &node.config.public_url);
         handshake::accept(&node.verifier, channel.clone(), contract.clone()).await.map_err(Failure::agent)?;
-        st.emit(Event::Contracted { task: job.task_id.clone(), agent: short(&did), contract: contract.contract_id.clone() });
+        st.emit(Event::Contracted {
+            task: job.task_id.clone(),
+            agent: short(&did),
+            contract: contract.contract_id.clone(),
+        });
         // layer 3: the minimal sufficient context, computed once per task
         if transfer.is_none() {
             let requirement = offer.offer.context_requirements.clone().unwrap_or_default();
             let scd = st.scd().await.map_err(Failure::local)?;
-            *transfer = Some(Arc::new(scd.compress(&job.task, &job.context.fields, &requirement).await.map_err(Failure::local)?));
+            *transfer = Some(Arc::new(
+                scd.compress(&job.task, &job.context.fields, &requirement).await.map_err(Failure::local)?,
+            ));
         }
         let t = transfer.clone().expect("set above");
-        st.delegations.lock().unwrap().insert(job.task_id.clone(), Delegation { worker: did.clone(), transfer: t.clone() });
+        st.delegations
+            .lock()
+            .unwrap()
+            .insert(job.task_id.clone(), Delegation { worker: did.clone(), transfer: t.clone() });
         st.hops.lock().unwrap().record_transfer(&job.task_id, node.did(), &did, &t);
         st.emit(Event::ContextSent {
             task: job.task_id.clone(),
@@ -466,7 +532,7 @@ impl Planner {
             chunks: t.diff.chunks.len(),
             withheld: t.diff.withheld_fields.clone(),
         });
-        let resume_from = node.ledger.lock().unwrap().checkpoint(&job.task_id).map_err(Failure::local)?;
+        let resume_from = node.ledger.lock().unwrap().store().checkpoint(&job.task_id).map_err(Failure::local)?;
         let mut task = pb::TaskSubmit {
             from: Some(node.identity.agent_id()),
             to: offer.offer.from.clone(),
@@ -485,9 +551,11 @@ impl Planner {
         if !ack.accepted {
             return Err(Failure { why: format!("task refused: {}", ack.reason), counts_against_agent: false });
         }
-        let mut query = pb::TaskQuery { task_id: job.task_id.clone(), from: Some(node.identity.agent_id()), ..Default::default() };
+        let mut query =
+            pb::TaskQuery { task_id: job.task_id.clone(), from: Some(node.identity.agent_id()), ..Default::default() };
         node.identity.stamp_and_sign(&mut query);
-        let mut stream = client.stream_results(query).await.map_err(|s| Failure::status("StreamResults", &s))?.into_inner();
+        let mut stream =
+            client.stream_results(query).await.map_err(|s| Failure::status("StreamResults", &s))?.into_inner();
         let mut watchdog = tokio::time::interval(Duration::from_millis(100));
         loop {
             let next = tokio::select! {
@@ -501,8 +569,18 @@ impl Planner {
                 }
             };
             let result = match next {
-                Err(_) => return Err(Failure { why: format!("no result for {} s", RESULT_SILENCE.as_secs()), counts_against_agent: true }),
-                Ok(None) => return Err(Failure { why: "result stream ended before a final result".into(), counts_against_agent: true }),
+                Err(_) => {
+                    return Err(Failure {
+                        why: format!("no result for {} s", RESULT_SILENCE.as_secs()),
+                        counts_against_agent: true,
+                    })
+                }
+                Ok(None) => {
+                    return Err(Failure {
+                        why: "result stream ended before a final result".into(),
+                        counts_against_agent: true,
+                    })
+                }
                 Ok(Some(Err(s))) => return Err(Failure::status("StreamResults", &s)),
                 Ok(Some(Ok(r))) => r,
             };
@@ -513,8 +591,12 @@ impl Planner {
                 Ok(pb::TaskStatus::Running) => {
                     if let Some(cp) = &result.checkpoint {
                         if node.verifier.check_signature(cp).is_ok() && cp.task_id == job.task_id {
-                            node.ledger.lock().unwrap().put_checkpoint(cp).map_err(Failure::local)?;
-                            st.emit(Event::Checkpoint { task: job.task_id.clone(), agent: short(&did), step: cp.step_number });
+                            node.ledger.lock().unwrap().store().put_checkpoint(cp).map_err(Failure::local)?;
+                            st.emit(Event::Checkpoint {
+                                task: job.task_id.clone(),
+                                agent: short(&did),
+                                step: cp.step_number,
+                            });
                         }
                     }
                 }
@@ -546,7 +628,15 @@ impl Planner {
 
     /// Layer 1: the interaction proof, countersigned by the worker and
     /// appended to this agent's log; a contract violation makes it negative.
-    async fn prove(&self, job: &Job, offer: &Offer, qos: &pb::QoSConstraints, result: &pb::TaskResult, latency_ms: u64, report: &WorkReport) {
+    async fn prove(
+        &self,
+        job: &Job,
+        offer: &Offer,
+        qos: &pb::QoSConstraints,
+        result: &pb::TaskResult,
+        latency_ms: u64,
+        report: &WorkReport,
+    ) {
         let st = self.state();
         let node = &self.node;
         // the requester assesses quality: the self-report, discounted when
@@ -589,11 +679,14 @@ impl Planner {
         let countersigned = node.verifier.check_proof(&proof).is_ok()
             && ack.inclusion.as_ref().is_some_and(|inc| merkle::verify_inclusion(inc, &ack.merkle_root));
         if !countersigned {
-            tracing::warn!(agent = offer.did(), "countersignature or inclusion proof does not verify; proof not counted");
+            tracing::warn!(
+                agent = offer.did(),
+                "countersignature or inclusion proof does not verify; proof not counted"
+            );
             return;
         }
         let mut ledger = node.ledger.lock().unwrap();
-        if let Err(e) = ledger.append(&proof) {
+        if let Err(e) = ledger.append(proof.clone()) {
             tracing::warn!(error = %e, "appending the proof");
             return;
         }
@@ -655,7 +748,8 @@ mod tests {
         let c = constraints(&pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 0, max_cost: 0.0, min_trust: 0.1 });
         assert_eq!(c.max_latency_ms, u64::MAX);
         assert!(c.max_cost.is_infinite());
-        let c = constraints(&pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 900, max_cost: 0.5, min_trust: 0.1 });
+        let c =
+            constraints(&pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 900, max_cost: 0.5, min_trust: 0.1 });
         assert_eq!((c.max_latency_ms, c.max_cost), (900, 0.5));
     }
 

@@ -72,13 +72,16 @@ pub fn parse_capability(s: &str) -> anyhow::Result<pb::Capability> {
         "analysis" => pb::TaskType::Analysis,
         "creative_writing" => pb::TaskType::CreativeWriting,
         "data_processing" => pb::TaskType::DataProcessing,
-        _ => bail!("--capability {s:?}: TYPE {kind:?} is not code_generation, analysis, creative_writing or data_processing"),
+        _ => bail!(
+            "--capability {s:?}: TYPE {kind:?} is not code_generation, analysis, creative_writing or data_processing"
+        ),
     };
     let quality: f64 = quality.parse().with_context(|| format!("--capability {s:?}: QUALITY"))?;
     if !(0.0..=1.0).contains(&quality) {
         bail!("--capability {s:?}: QUALITY {quality} is outside [0, 1]");
     }
-    let latency: u64 = latency.parse().with_context(|| format!("--capability {s:?}: LATENCY_MS (whole milliseconds)"))?;
+    let latency: u64 =
+        latency.parse().with_context(|| format!("--capability {s:?}: LATENCY_MS (whole milliseconds)"))?;
     if latency == 0 || latency > 3_600_000 {
         bail!("--capability {s:?}: LATENCY_MS {latency} is outside 1 to 3600000");
     }
@@ -86,7 +89,12 @@ pub fn parse_capability(s: &str) -> anyhow::Result<pb::Capability> {
     if !cost.is_finite() || cost < 0.0 {
         bail!("--capability {s:?}: COST {cost} is not a cost ≥ 0");
     }
-    Ok(pb::Capability { task_type: task_type as i32, estimated_quality: quality, estimated_latency_ms: latency, cost_per_task: cost })
+    Ok(pb::Capability {
+        task_type: task_type as i32,
+        estimated_quality: quality,
+        estimated_latency_ms: latency,
+        cost_per_task: cost,
+    })
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -97,7 +105,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -112,7 +121,10 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let capabilities = args.capabilities.iter().map(|c| parse_capability(c)).collect::<anyhow::Result<Vec<_>>>()?;
     for (i, c) in capabilities.iter().enumerate() {
         if capabilities[..i].iter().any(|d| d.task_type == c.task_type) {
-            bail!("--capability: two capabilities for {}", pb::TaskType::try_from(c.task_type).map_or("?", |t| t.as_str_name()));
+            bail!(
+                "--capability: two capabilities for {}",
+                pb::TaskType::try_from(c.task_type).map_or("?", |t| t.as_str_name())
+            );
         }
     }
     if args.heartbeat_ms == 0 || args.heartbeat_ms > 60_000 {
@@ -133,7 +145,9 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let verifier = Verifier::new(Arc::new(resolver), store.clone());
     let ledger = Ledger::open(store)?;
     runtime()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("--addr {}: cannot listen", args.addr))?;
+        let listener = tokio::net::TcpListener::bind(args.addr)
+            .await
+            .with_context(|| format!("--addr {}: cannot listen", args.addr))?;
         let addr = listener.local_addr()?;
         let mut config = AgentConfig::new(capabilities, format!("http://{addr}"), args.scd.clone());
         config.heartbeat = Duration::from_millis(args.heartbeat_ms);
@@ -197,7 +211,8 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
         scd_atp::demo::run(&cfg, &mut out).await
     })?;
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("--json {}", path.display()))?;
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("--json {}", path.display()))?;
     }
     if report.tasks_lost > 0 {
         bail!("{} task(s) lost", report.tasks_lost);
@@ -223,6 +238,147 @@ pub struct BenchArgs {
     /// Write an SVG plot here.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Use this running SCD for the context samples instead of starting `scd serve`.
+    #[arg(long)]
+    pub scd: Option<String>,
+    /// The development sets whose contexts SCD compresses for the samples
+    /// (MuSiQue and HotpotQA questions with their paragraphs).
+    #[arg(long, env = "SCD_EVALDATA", default_value = "../shared/evaldata")]
+    pub evaldata: PathBuf,
+    /// Contexts sampled per dataset.
+    #[arg(long, default_value_t = 40)]
+    pub samples: usize,
+    /// The receiver budget SCD compresses to (tokens), as an agent's offer asks.
+    #[arg(long, default_value_t = 512)]
+    pub budget: u32,
+}
+
+/// One real context: a question and its paragraphs, some marked as the
+/// evidence the question needs.
+struct RealContext {
+    question: String,
+    fields: Vec<scd_atp::context::Field>,
+    evidence: Vec<String>,
+}
+
+fn paragraph(name: String, text: String) -> scd_atp::context::Field {
+    scd_atp::context::Field { name, kind: scd_atp::context::FieldKind::default(), content: text, confidential: false }
+}
+
+/// Up to `n` MuSiQue and `n` HotpotQA contexts (one field per paragraph).
+fn real_contexts(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<RealContext>> {
+    let mut out = Vec::new();
+    let musique = dir.join("musique/musique_ans_sample.jsonl");
+    let raw = std::fs::read_to_string(&musique).with_context(|| format!("--evaldata: {}", musique.display()))?;
+    for line in raw.lines().filter(|l| !l.trim().is_empty()).take(n) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}: not JSON", musique.display()))?;
+        let mut fields = Vec::new();
+        let mut evidence = Vec::new();
+        for (i, p) in v["paragraphs"].as_array().into_iter().flatten().enumerate() {
+            let name = format!("p{i}");
+            if p["is_supporting"].as_bool() == Some(true) {
+                evidence.push(name.clone());
+            }
+            let text = format!("{}\n{}", p["title"].as_str().unwrap_or(""), p["paragraph_text"].as_str().unwrap_or(""));
+            fields.push(paragraph(name, text));
+        }
+        out.push(RealContext { question: v["question"].as_str().unwrap_or("").to_string(), fields, evidence });
+    }
+    let hotpot = dir.join("hotpotqa/hotpot_original_schema.json");
+    let raw = std::fs::read_to_string(&hotpot).with_context(|| format!("--evaldata: {}", hotpot.display()))?;
+    let all: Vec<serde_json::Value> =
+        serde_json::from_str(&raw).with_context(|| format!("{}: not JSON", hotpot.display()))?;
+    for v in all.iter().take(n) {
+        let support: Vec<&str> =
+            v["supporting_facts"].as_array().into_iter().flatten().filter_map(|f| f[0].as_str()).collect();
+        let mut fields = Vec::new();
+        let mut evidence = Vec::new();
+        for (i, c) in v["context"].as_array().into_iter().flatten().enumerate() {
+            let title = c[0].as_str().unwrap_or("");
+            let name = format!("p{i}");
+            if support.contains(&title) && !evidence.contains(&name) {
+                evidence.push(name.clone());
+            }
+            let sentences: Vec<&str> = c[1].as_array().into_iter().flatten().filter_map(|s| s.as_str()).collect();
+            fields.push(paragraph(name, format!("{title}\n{}", sentences.concat())));
+        }
+        out.push(RealContext { question: v["question"].as_str().unwrap_or("").to_string(), fields, evidence });
+    }
+    anyhow::ensure!(!out.is_empty(), "--evaldata {}: no contexts", dir.display());
+    Ok(out)
+}
+
+/// Runs `scd atp bench`: measures SCD's real reduction on real contexts over
+/// gRPC, then runs the seeded simulation with those samples.
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use scd_atp::sim;
+
+    anyhow::ensure!((2..=10_000).contains(&args.agents), "--agents {}: must be 2 to 10000", args.agents);
+    anyhow::ensure!((1..=1_000_000).contains(&args.tasks), "--tasks {}: must be 1 to 1000000", args.tasks);
+    anyhow::ensure!((1..=1000).contains(&args.samples), "--samples {}: must be 1 to 1000", args.samples);
+    anyhow::ensure!(args.budget > 0, "--budget 0: must be at least 1 token");
+    let contexts = real_contexts(&args.evaldata, args.samples)?;
+    let exe = std::env::current_exe().context("locating the scd binary")?;
+    let rt = runtime()?;
+    let (samples, recall) = rt.block_on(async {
+        let (_scd, url) = match &args.scd {
+            Some(u) => (None, u.clone()),
+            None => {
+                let (p, u) = scd_atp::demo::start_scd(&exe)?;
+                (Some(p), u)
+            }
+        };
+        scd_atp::demo::wait_serving(&url).await?;
+        let link = scd_atp::context::ScdLink::connect(&url).await?;
+        let bar = ProgressBar::new(contexts.len() as u64);
+        bar.set_style(ProgressStyle::with_template("SCD samples {bar:30} {pos}/{len} {msg}").expect("template"));
+        let requirement = pb::ContextRequirement { max_context_tokens: args.budget, ..Default::default() };
+        let mut samples = Vec::new();
+        let (mut found, mut needed) = (0usize, 0usize);
+        for c in &contexts {
+            let t = link.compress(&scd_atp::context::Task::new(c.question.clone()), &c.fields, &requirement).await?;
+            let sent: std::collections::HashSet<&str> = t.diff.chunks.iter().map(|k| k.field.as_str()).collect();
+            found += c.evidence.iter().filter(|e| sent.contains(e.as_str())).count();
+            needed += c.evidence.len();
+            samples.push(sim::ContextSample { full_tokens: t.full_tokens, sent_tokens: t.sent_tokens });
+            let _ = link.close(&t.session).await;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok::<_, anyhow::Error>((samples, found as f64 / needed.max(1) as f64))
+    })?;
+    let full: u64 = samples.iter().map(|s| s.full_tokens).sum();
+    let sent: u64 = samples.iter().map(|s| s.sent_tokens).sum();
+    eprintln!(
+        "SCD on {} real contexts (MuSiQue + HotpotQA, budget {}): {sent} of {full} tokens sent ({:.2}x less); evidence paragraphs kept: {:.3}",
+        samples.len(),
+        args.budget,
+        full as f64 / sent.max(1) as f64,
+        recall
+    );
+    let cfg = sim::SimConfig { agents: args.agents, tasks: args.tasks, seed: args.seed, ..sim::SimConfig::default() };
+    let report = sim::run(&cfg, &samples)?;
+    println!(
+        "SIMULATION (seeded, not a measurement of real agents): {} agents, {} tasks, seed {}",
+        args.agents, args.tasks, args.seed
+    );
+    println!("{}", report.table());
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "simulation": true,
+            "config": cfg,
+            "scd_samples": { "contexts": samples.len(), "budget_tokens": args.budget, "full_tokens": full, "sent_tokens": sent, "evidence_recall": recall },
+            "report": report,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        sim::write_svg(&report, path)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
