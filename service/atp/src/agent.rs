@@ -136,8 +136,10 @@ pub struct WorkReport {
     pub resumed_after: u32,
     /// Chunks of context it used.
     pub chunks: Vec<String>,
-    /// Its confidence when it started working, in [0, 1].
+    /// Its confidence on the context it was sent, in [0, 1].
     pub confidence: f64,
+    /// Its confidence after its context requests.
+    pub final_confidence: f64,
     /// RequestContext calls it made.
     pub context_requests: u32,
 }
@@ -356,6 +358,7 @@ impl Node {
                 }
             }
         }
+        report.final_confidence = confidence(&order, &context);
         report.chunks = context.chunks.iter().map(|c| c.chunk_id.clone()).collect();
         let step_ms = cap.estimated_latency_ms / u64::from(order.steps.max(1));
         for step in resumed_after + 1..=order.steps {

@@ -291,7 +291,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     let planner = Arc::new(Planner::new(node.clone(), &urls)?);
 
     let mut report = DemoReport::default();
-    let needs = ["idempotency key", "retry", "timed out"];
+    let needs = ["idempotency", "retry", "timeout"];
     let jobs = vec![
         job(
             "task-1-fix",
@@ -325,7 +325,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
             "task-4-fix",
             pb::TaskType::CodeGeneration,
             "Cap the capture retry policy at 3 attempts",
-            order("cap retries", 3, &["retry"], None),
+            order("cap retries", 3, &["retry", "email digest"], None),
             &context,
         ),
         job(
@@ -347,6 +347,8 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
             tokio::select! {
                 done = &mut handle => break done.map_err(|e| Error::Transport { what: "planner task".into(), message: e.to_string() })?,
                 Some(e) = events.recv() => {
+                    count(&mut report, &e);
+                    say(out, story(&e, &|a: &str| name_of(a, &workers)));
                     if let Event::Checkpoint { task, agent, step } = &e {
                         if !killed && task == "task-1-fix" && *step >= 2 {
                             if let Some(w) = workers.iter_mut().find(|w| short(&w.did) == *agent) {
@@ -356,8 +358,6 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
                             }
                         }
                     }
-                    count(&mut report, &e);
-                    say(out, story(&e, &|a: &str| name_of(a, &workers)));
                 }
             }
         };
@@ -493,20 +493,16 @@ async fn attacks(me: &Identity, target: &Worker) -> Result<Rejected> {
     let channel = crate::handshake::channel(&target.url)?;
     let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
     let envelope = |signer: &Identity, stale: bool| {
-        let mut probe = pb::CapabilityProbe {
-            from: Some(me.agent_id()),
-            task_type: pb::TaskType::Analysis as i32,
-            qos: Some(pb::QoSConstraints { min_quality: 0.5, ..Default::default() }),
-            ..Default::default()
-        };
-        signer.stamp_and_sign(&mut probe);
+        let mut heartbeat =
+            pb::Heartbeat { from: Some(me.agent_id()), sequence: 1, interval_ms: 1000, ..Default::default() };
+        signer.stamp_and_sign(&mut heartbeat);
         let mut env = pb::AtpMessage {
             message_id: format!("msg-{:016x}", rand::random::<u64>()),
             sender_did: me.did().to_string(),
             receiver_did: target.did.clone(),
-            r#type: pb::MessageType::CapabilityProbe as i32,
+            r#type: pb::MessageType::Heartbeat as i32,
             protocol_version: 1,
-            payload: Some(pb::atp_message::Payload::Probe(probe)),
+            payload: Some(pb::atp_message::Payload::Heartbeat(heartbeat)),
             ..Default::default()
         };
         signer.stamp_and_sign(&mut env);

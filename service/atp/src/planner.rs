@@ -365,6 +365,9 @@ impl Planner {
         let mut transfer: Option<Arc<Transfer>> = None;
         let mut failovers = 0;
         let mut last_failed: Option<String> = None;
+        // probe rounds whose offers all miss the route constraints relax
+        // them further, as rounds without offers do (§5.3)
+        let mut relaxed = 0;
         let result = loop {
             // layer 5: skip peers whose circuit is open
             let now = st.now_ms();
@@ -376,12 +379,13 @@ impl Planner {
                 st.emit(Event::Skipped { task: job.task_id.clone(), agent: url.clone() });
             }
             // layer 2: probe → offers (retries relax the constraints)
+            let probe = pb::CapabilityProbe { qos: Some(handshake::relax(&job.qos, relaxed)), ..probe.clone() };
             let negotiation = handshake::negotiate(&self.node.identity, &self.node.verifier, &peers, &probe).await;
             let negotiation = match negotiation {
                 Ok(n) => n,
                 Err(e) => break Outcome::Lost { why: e.to_string(), failovers },
             };
-            self.account_probe(job, &negotiation);
+            self.account_probe(job, &negotiation, relaxed);
             let offers: Vec<Offer> =
                 negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
             st.remember_offers(&offers);
@@ -390,10 +394,15 @@ impl Planner {
             let routes =
                 routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
             let Some(best) = routes.iter().find(|r| r.pattern == Pattern::Single).or(routes.first()) else {
-                break Outcome::Lost {
-                    why: format!("no route among {} offers meets the constraints", offers.len()),
-                    failovers,
-                };
+                relaxed += negotiation.rounds;
+                if relaxed > handshake::MAX_RETRIES {
+                    let why = format!(
+                        "escalated: no route among {} offers meets the constraints, relaxed {relaxed} times",
+                        offers.len()
+                    );
+                    break Outcome::Lost { why, failovers };
+                }
+                continue;
             };
             st.emit(Event::Routed {
                 task: job.task_id.clone(),
@@ -450,7 +459,7 @@ impl Planner {
         Ok(result)
     }
 
-    fn account_probe(&self, job: &Job, n: &handshake::Negotiation) {
+    fn account_probe(&self, job: &Job, n: &handshake::Negotiation, relaxed: u32) {
         let st = self.state();
         let mut down = Vec::new();
         let mut declined = Vec::new();
@@ -468,7 +477,7 @@ impl Planner {
         }
         st.emit(Event::Probed {
             task: job.task_id.clone(),
-            round: n.rounds,
+            round: relaxed + n.rounds,
             offers: n.offers.iter().map(|o| short(o.did())).collect(),
             down,
             declined,
@@ -546,6 +555,9 @@ impl Planner {
         };
         node.identity.stamp_and_sign(&mut task);
         let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
+        // heartbeats it sent for earlier tasks are stale: T_fail counts from
+        // its first heartbeat for this one (a death before that breaks the stream)
+        st.health.lock().unwrap().forget(&did);
         let submitted = Instant::now();
         let ack = client.submit_task(task).await.map_err(|s| Failure::status("SubmitTask", &s))?.into_inner();
         if !ack.accepted {
@@ -639,9 +651,10 @@ impl Planner {
     ) {
         let st = self.state();
         let node = &self.node;
-        // the requester assesses quality: the self-report, discounted when
-        // the worker stayed unsure even after asking for context
-        let mut quality = result.quality_self_report * report.confidence.max(crate::context::THETA).min(1.0);
+        // the requester assesses quality: the self-report times the worker's
+        // confidence once it had the context it asked for (the share of the
+        // facts it needed that it found)
+        let mut quality = result.quality_self_report * report.final_confidence.clamp(0.0, 1.0);
         let note = handshake::violation(qos, latency_ms, result.actual_cost, quality);
         if note.is_some() {
             quality = 0.0;

@@ -138,12 +138,12 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     }
     let identity = Identity::load_or_create(&args.identity)?;
     let store = Arc::new(Store::open(&args.store)?);
-    let resolver = match &args.did_dir {
-        Some(dir) => DidResolver::with_wba_dir(dir),
-        None => DidResolver::new(),
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = match &args.did_dir {
+        Some(dir) => Arc::new(DidResolver::with_wba_dir(dir)),
+        None => Arc::new(DidResolver::new()),
     };
-    let verifier = Verifier::new(Arc::new(resolver), store.clone());
-    let ledger = Ledger::open(store)?;
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), scd_atp::trust::TrustParams::default(), resolver)?;
     runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await

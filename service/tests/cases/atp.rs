@@ -63,7 +63,10 @@ pub(crate) fn spawn_agent(dir: &Path, args: &[&str]) -> AgentProc {
     });
     // a guard against a hung start, not a timing assertion
     let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
-        panic!("no ready line from `scd atp agent`; its stderr:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
+        panic!(
+            "no ready line from `scd atp agent`; its stderr:\n{}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        )
     });
     let ready: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| {
         panic!("ready line {line:?}: {e}; stderr:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
@@ -206,7 +209,8 @@ async fn an_agent_refuses_what_it_must() {
     let me = Identity::generate();
     let stranger = Identity::generate();
     let v = verifier();
-    let agent = spawn_agent(&dir, &["--capability", "code_generation:0.9:3000:0.02", "--max-queue", "0", "--max-running", "1"]);
+    let agent =
+        spawn_agent(&dir, &["--capability", "code_generation:0.9:3000:0.02", "--max-queue", "0", "--max-running", "1"]);
     let (url, did) = (agent.url(), agent.did.clone());
     let ch = handshake::channel(&url).unwrap();
     let mut client = AtpServiceClient::new(ch.clone());
@@ -325,7 +329,9 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     assert!(sent > 0 && sent < full, "{r}");
     assert!(r["context"]["context_requests"].as_u64().unwrap() >= 1, "{r}\n{stdout}");
     assert!(n("proofs") >= 4, "{r}");
-    for want in ["SIGKILL", "FAILOVER", "resuming after checkpoint", "circuit of", "POISON", "withheld: [gateway_credentials]"] {
+    for want in
+        ["SIGKILL", "FAILOVER", "resuming after checkpoint", "circuit of", "POISON", "withheld: [gateway_credentials]"]
+    {
         assert!(stdout.contains(want), "{want:?} not in:\n{stdout}");
     }
     // the confidential field never crossed an agent boundary (nor reached the story)
