@@ -41,11 +41,17 @@ enum Command {
     BenchLoad(cli::load::LoadArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
+    /// The ATP stack: run an agent, the live demo, or the simulation bench.
+    #[command(subcommand)]
+    Atp(cli::atp::AtpCommand),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
+    let level = match &cli.command {
+        Command::Serve(_) | Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
+        _ => "warn",
+    };
     telemetry::init(cli.log_format, level);
     match cli.command {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
@@ -58,5 +64,8 @@ fn main() -> anyhow::Result<()> {
         Command::Client(args) => cli::client::run(args),
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
+        Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(args),
+        Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
+        Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),
     }
 }

@@ -6,6 +6,10 @@ use std::process::{Command, Stdio};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
+#[path = "cases/atp_context.rs"]
+mod atp_context;
+#[path = "cases/atp_reference.rs"]
+mod atp_reference;
 #[path = "cases/cli.rs"]
 mod cli;
 #[path = "cases/fuzz.rs"]

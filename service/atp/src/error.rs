@@ -11,6 +11,166 @@ pub enum Error {
         /// What is wrong with it, with the limit.
         reason: String,
     },
+    /// A DID that is malformed or of a method we cannot use.
+    #[error("DID {did}: {reason}")]
+    Did {
+        /// The DID as given.
+        did: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file or directory could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A signature, sender, clock or replay check failed.
+    #[error(transparent)]
+    Auth(#[from] crate::identity::AuthFailure),
+    /// The redb store failed (boxed: redb's error is large).
+    #[error("store: {source}")]
+    Store {
+        /// redb's error.
+        source: Box<redb::Error>,
+    },
+    /// A stored record does not decode.
+    #[error("{what} does not decode: {source}")]
+    Decode {
+        /// Which record, e.g. `proofs[3]`.
+        what: String,
+        /// prost's error.
+        source: prost::DecodeError,
+    },
+    /// A stored JSON record does not parse.
+    #[error("{what} is not valid JSON: {source}")]
+    Json {
+        /// Which record, e.g. `peers[did:key:…]`.
+        what: String,
+        /// serde_json's error.
+        source: serde_json::Error,
+    },
+    /// The identity file exists but cannot be used.
+    #[error("identity file {}: {reason}", path.display())]
+    IdentityFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// This agent cannot meet a probe or contract (no offer is made).
+    #[error("cannot meet the probe: {reason}")]
+    CannotMeet {
+        /// The first constraint missed.
+        reason: String,
+    },
+    /// No acceptable offer after every retry: back to the originator.
+    #[error(
+        "no acceptable offer after {rounds} probe rounds (constraints relaxed 10 % per retry); escalating: {failures}"
+    )]
+    Escalated {
+        /// Probe rounds sent.
+        rounds: u32,
+        /// Each peer's failure.
+        failures: String,
+    },
+    /// A peer did not answer in time.
+    #[error("{what}: no answer within {ms} ms")]
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// The limit.
+        ms: u64,
+    },
+    /// A peer refused a call or its answer did not verify.
+    #[error("{rpc} to {did}: {status:?}: {message}")]
+    Peer {
+        /// The peer's DID (or URL when unknown).
+        did: String,
+        /// The RPC.
+        rpc: &'static str,
+        /// The gRPC status code.
+        status: tonic::Code,
+        /// Its message.
+        message: String,
+    },
+    /// A transport (listener or channel) failed.
+    #[error("{what}: {message}")]
+    Transport {
+        /// What was being done.
+        what: String,
+        /// The transport's error.
+        message: String,
+    },
+    /// SCD could not be reached.
+    #[error("cannot connect to SCD at {url}: {source}")]
+    ScdConnect {
+        /// The SCD URL.
+        url: String,
+        /// Why the connection failed.
+        source: tonic::transport::Error,
+    },
+    /// SCD answered an RPC with an error status.
+    #[error("SCD {rpc} at {url} failed: {:?}: {}", .status.code(), .status.message())]
+    Scd {
+        /// The SCD URL.
+        url: String,
+        /// The RPC, e.g. `OpenSession`.
+        rpc: &'static str,
+        /// SCD's status.
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    /// SCD's reply breaks its contract (over the budget, unknown chunks).
+    #[error("SCD's {rpc} reply: {reason}")]
+    ScdReply {
+        /// The RPC answered.
+        rpc: &'static str,
+        /// What is wrong with the reply.
+        reason: String,
+    },
+    /// SCD returned a chunk of a confidential (withheld) field; it is never
+    /// forwarded.
+    #[error("SCD returned chunk {chunk_id} of withheld field {field}; it is not forwarded")]
+    ConfidentialChunk {
+        /// The withheld field.
+        field: String,
+        /// The chunk's id.
+        chunk_id: String,
+    },
+    /// A context file could not be read.
+    #[error("cannot read context file {}: {source}", .path.display())]
+    ReadContext {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> tonic::Status {
+        let msg = e.to_string();
+        match e {
+            Error::Invalid { .. } | Error::Did { .. } => tonic::Status::invalid_argument(msg),
+            Error::CannotMeet { .. } => tonic::Status::failed_precondition(msg),
+            Error::Timeout { .. } => tonic::Status::deadline_exceeded(msg),
+            Error::Escalated { .. } | Error::Peer { .. } | Error::Transport { .. } => tonic::Status::unavailable(msg),
+            Error::ScdConnect { .. } => tonic::Status::unavailable(msg),
+            Error::Auth(failure) => failure.into(),
+            Error::Scd { status, .. } => tonic::Status::new(status.code(), msg),
+            Error::Io { .. }
+            | Error::IdentityFile { .. }
+            | Error::ScdReply { .. }
+            | Error::ConfidentialChunk { .. }
+            | Error::ReadContext { .. }
+            | Error::Store { .. }
+            | Error::Decode { .. }
+            | Error::Json { .. } => tonic::Status::internal(msg),
+        }
+    }
 }
 
 /// The crate's result type.

@@ -19,9 +19,18 @@
 //! the `scd.v1` gRPC client, so an agent can run on another machine.
 #![warn(missing_docs)]
 
+pub mod agent;
+pub mod context;
+pub mod demo;
 pub mod error;
 pub mod fault;
+pub mod handshake;
+pub mod identity;
+pub mod merkle;
+pub mod planner;
 pub mod routing;
+pub mod store;
+pub mod trust;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod atp;
 pub mod bench;
 pub mod client;
 pub mod compress;

@@ -1,0 +1,926 @@
+//! An ATP agent: a tonic server of `atp.v1.AtpService` plus the clients it
+//! uses to reach its peers.
+//!
+//! Every agent answers probes with signed offers (layer 2), accepts
+//! contracts, runs the tasks it is contracted for (their "work" is
+//! simulated: a number of steps, each checkpointed, whose length comes from
+//! the agent's declared latency), asks its requester for more context when
+//! its confidence drops below θ (layer 3), sends heartbeats and back-pressure
+//! to its requesters (layer 5), and countersigns the interaction proofs its
+//! requesters send it, appending them to its Merkle log (layer 1).
+//!
+//! The requester side (probing, routing, SCD transfers, failover) is in
+//! [`crate::planner`]; a planner is an agent too, so its workers can reach
+//! it with RequestContext, SendHeartbeat and ReportBackpressure.
+//!
+//! Every signed message goes through the [`Verifier`] first: unsigned,
+//! tampered, foreign-key, stale or replayed messages are UNAUTHENTICATED.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Semaphore};
+use tokio_stream::Stream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::context::THETA;
+use crate::handshake::{self, OfferTerms};
+use crate::identity::{Identity, Signed, Verifier};
+use crate::planner::PlannerState;
+use crate::store::Ledger;
+use crate::{pb, Error, Result};
+
+/// Bytes of a task payload (the work order).
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Steps of one work order.
+pub const MAX_STEPS: u32 = 100;
+/// Needs of one work order.
+pub const MAX_NEEDS: usize = 32;
+/// Offers remembered for contracts (oldest dropped first).
+const MAX_OPEN_OFFERS: usize = 4096;
+/// Contracts and tasks remembered.
+const MAX_CONTRACTS: usize = 4096;
+
+/// How one agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// What it can do.
+    pub capabilities: Vec<pb::Capability>,
+    /// Its AtpService URL as peers reach it (`http://127.0.0.1:PORT`).
+    pub public_url: String,
+    /// The SCD service it uses when it delegates (`--scd`).
+    pub scd_url: String,
+    /// Tasks it queues beyond the ones running; a full queue answers
+    /// RESOURCE_EXHAUSTED and signals back-pressure.
+    pub max_queue: usize,
+    /// Tasks it runs at once.
+    pub max_running: usize,
+    /// Heartbeat interval (T_fail = 3 × this at the requester).
+    pub heartbeat: Duration,
+    /// The context budget it asks for in its offers (tokens).
+    pub context_budget_tokens: u32,
+}
+
+impl AgentConfig {
+    /// A config with the defaults: queue 8, 2 running, heartbeat 1 s, 512-token budget.
+    pub fn new(capabilities: Vec<pb::Capability>, public_url: String, scd_url: String) -> AgentConfig {
+        AgentConfig {
+            capabilities,
+            public_url,
+            scd_url,
+            max_queue: 8,
+            max_running: 2,
+            heartbeat: Duration::from_secs(1),
+            context_budget_tokens: 512,
+        }
+    }
+}
+
+/// The simulated work a task asks for: JSON in `TaskSubmit.payload`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkOrder {
+    /// What to do.
+    pub title: String,
+    /// Checkpointed steps (1 to [`MAX_STEPS`]).
+    #[serde(default = "default_steps")]
+    pub steps: u32,
+    /// Facts the work needs from the context (case-insensitive substrings):
+    /// the worker's confidence is the share it found, and below θ it asks
+    /// its requester for each missing one.
+    #[serde(default)]
+    pub needs: Vec<String>,
+    /// A poison order: every agent fails it at step 2 with this error.
+    #[serde(default)]
+    pub fail: Option<String>,
+}
+
+fn default_steps() -> u32 {
+    4
+}
+
+impl WorkOrder {
+    /// Parses and checks a payload; the error names the field and the limit.
+    pub fn parse(payload: &[u8]) -> Result<WorkOrder> {
+        let invalid = |field: &str, reason: String| Error::Invalid { field: field.into(), reason };
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(invalid("task.payload", format!("{} bytes (limit {MAX_PAYLOAD_BYTES})", payload.len())));
+        }
+        let mut de = serde_json::Deserializer::from_slice(payload);
+        let order: WorkOrder = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| invalid(&format!("task.payload.{}", e.path()), e.inner().to_string()))?;
+        de.end().map_err(|e| invalid("task.payload", e.to_string()))?;
+        if order.steps == 0 || order.steps > MAX_STEPS {
+            return Err(invalid("task.payload.steps", format!("{} (1 to {MAX_STEPS})", order.steps)));
+        }
+        if order.needs.len() > MAX_NEEDS {
+            return Err(invalid("task.payload.needs", format!("{} needs (limit {MAX_NEEDS})", order.needs.len())));
+        }
+        Ok(order)
+    }
+}
+
+/// What the worker did: JSON in the final `TaskResult.payload`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkReport {
+    /// The order's title.
+    pub title: String,
+    /// Steps run here (not counting the ones resumed past).
+    pub steps_run: u32,
+    /// The step this agent resumed after (0 = from scratch).
+    pub resumed_after: u32,
+    /// Chunks of context it used.
+    pub chunks: Vec<String>,
+    /// Its confidence when it started working, in [0, 1].
+    pub confidence: f64,
+    /// RequestContext calls it made.
+    pub context_requests: u32,
+}
+
+/// A contract this agent accepted.
+#[derive(Debug, Clone)]
+struct Contract {
+    contract: pb::ContractAccept,
+    accepted: Instant,
+}
+
+/// A task this agent runs (or ran).
+struct Job {
+    submitter: String,
+    results: watch::Sender<Vec<pb::TaskResult>>,
+}
+
+/// State shared by the server, its background loops and its planner.
+pub struct Node {
+    /// Who this agent is.
+    pub identity: Identity,
+    /// Checks every signed message that arrives.
+    pub verifier: Verifier,
+    /// Interaction proofs, trust, checkpoints (durable).
+    pub ledger: Mutex<Ledger>,
+    /// How it runs.
+    pub config: AgentConfig,
+    offers: Mutex<HashMap<u64, (String, Instant)>>,
+    contracts: Mutex<HashMap<String, Contract>>,
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    /// requester URL → tasks running for it (heartbeat targets)
+    contacts: Mutex<HashMap<String, usize>>,
+    queue: Arc<Semaphore>,
+    running: Arc<Semaphore>,
+    heartbeat_seq: AtomicU64,
+    /// The requester side (SCD sessions, health of workers, breakers).
+    pub planner: PlannerState,
+}
+
+impl Node {
+    /// An agent's state.
+    pub fn new(identity: Identity, verifier: Verifier, ledger: Ledger, config: AgentConfig) -> Arc<Node> {
+        Arc::new(Node {
+            identity,
+            verifier,
+            ledger: Mutex::new(ledger),
+            queue: Arc::new(Semaphore::new(config.max_queue + config.max_running)),
+            running: Arc::new(Semaphore::new(config.max_running)),
+            planner: PlannerState::new(&config.scd_url),
+            config,
+            offers: Mutex::default(),
+            contracts: Mutex::default(),
+            jobs: Mutex::default(),
+            contacts: Mutex::default(),
+            heartbeat_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// This agent's DID.
+    pub fn did(&self) -> &str {
+        self.identity.did()
+    }
+
+    fn verify<M: Signed>(&self, msg: &M) -> Result<(), Status> {
+        self.verifier.verify(msg).map_err(Status::from)
+    }
+
+    /// Tasks queued or running here.
+    pub fn load(&self) -> (u32, f64) {
+        let capacity = self.config.max_queue + self.config.max_running;
+        let busy = capacity - self.queue.available_permits();
+        (busy as u32, busy as f64 / capacity as f64)
+    }
+
+    fn status(&self) -> pb::AgentStatus {
+        match self.load().1 {
+            l if l >= 1.0 => pb::AgentStatus::Overloaded,
+            l if l >= 0.75 => pb::AgentStatus::Degraded,
+            _ => pb::AgentStatus::Healthy,
+        }
+    }
+
+    /// Offer terms for a task type, from this agent's own log.
+    fn terms(&self, task_type: i32) -> OfferTerms {
+        let ledger = self.ledger.lock().unwrap();
+        let task_type = pb::TaskType::try_from(task_type).unwrap_or(pb::TaskType::Unspecified);
+        let now = now_s();
+        OfferTerms {
+            capabilities: self.config.capabilities.clone(),
+            trust_score: ledger.trust(self.did(), Some(task_type), now).score,
+            evidence: ledger.evidence(task_type, 8),
+            requirement: pb::ContextRequirement {
+                max_context_tokens: self.config.context_budget_tokens,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A signed back-pressure signal of this agent's current queue.
+    fn backpressure(&self) -> pb::Backpressure {
+        let (busy, load) = self.load();
+        let per_task_ms = self.config.capabilities.iter().map(|c| c.estimated_latency_ms).max().unwrap_or(1000).max(1);
+        let drain_ms = per_task_ms * u64::from(busy) / self.config.max_running.max(1) as u64;
+        let mut bp = pb::Backpressure {
+            from: Some(self.identity.agent_id()),
+            queue_depth: busy,
+            recommended_rate: self.config.max_running as f64 * 1000.0 / per_task_ms as f64,
+            estimated_drain_ms: drain_ms,
+            current_load: load,
+            ..Default::default()
+        };
+        self.identity.stamp_and_sign(&mut bp);
+        bp
+    }
+
+    /// Starts the heartbeat loop: every interval, a signed heartbeat to each
+    /// requester with a task running here. Stops when the node is dropped.
+    pub fn start_heartbeats(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let every = self.config.heartbeat;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            let mut channels: HashMap<String, Channel> = HashMap::new();
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                let targets: Vec<String> =
+                    node.contacts.lock().unwrap().iter().filter(|(_, n)| **n > 0).map(|(u, _)| u.clone()).collect();
+                for url in targets {
+                    let ch = match channels.get(&url) {
+                        Some(ch) => ch.clone(),
+                        None => match handshake::channel(&url) {
+                            Ok(ch) => channels.entry(url.clone()).or_insert(ch).clone(),
+                            Err(_) => continue,
+                        },
+                    };
+                    let (busy, load) = node.load();
+                    let mut hb = pb::Heartbeat {
+                        from: Some(node.identity.agent_id()),
+                        sequence: node.heartbeat_seq.fetch_add(1, Ordering::Relaxed) + 1,
+                        queue_depth: busy,
+                        load_factor: load,
+                        status: node.status() as i32,
+                        active_tasks: (node.config.max_running - node.running.available_permits()) as u32,
+                        interval_ms: every.as_millis() as u64,
+                        ..Default::default()
+                    };
+                    node.identity.stamp_and_sign(&mut hb);
+                    let mut client = pb::atp_service_client::AtpServiceClient::new(ch);
+                    match tokio::time::timeout(every, client.send_heartbeat(hb)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::debug!(%url, error = %e, "heartbeat refused"),
+                        Err(_) => tracing::debug!(%url, "heartbeat timed out"),
+                    }
+                }
+            }
+        });
+    }
+
+    fn contract_for_task(&self, task: &pb::TaskSubmit) -> Result<Contract, Status> {
+        let contracts = self.contracts.lock().unwrap();
+        let Some(c) = contracts.get(&task.contract_id) else {
+            return Err(Status::failed_precondition(format!(
+                "task.contract_id: no contract {:?} with this agent",
+                task.contract_id
+            )));
+        };
+        let from = sender(&task.from);
+        if sender(&c.contract.from) != from {
+            return Err(Status::permission_denied("task.contract_id: the contract is another agent's"));
+        }
+        if c.contract.task_id != task.task_id || c.contract.task_type != task.task_type {
+            return Err(Status::failed_precondition("task: the contract is for another task id or task type"));
+        }
+        if c.accepted.elapsed() > Duration::from_millis(c.contract.expires_ms) {
+            return Err(Status::failed_precondition("task.contract_id: the contract has expired"));
+        }
+        Ok(c.clone())
+    }
+
+    /// Runs a task: asks for context while unsure, then steps through the
+    /// work order, checkpointing each step.
+    async fn run(
+        self: Arc<Self>,
+        task: pb::TaskSubmit,
+        order: WorkOrder,
+        contract: Contract,
+        job: Arc<Job>,
+        queued: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let reply_to = contract.contract.reply_to.clone();
+        let started = Instant::now();
+        let _running = self.running.clone().acquire_owned().await;
+        let cap = self.config.capabilities.iter().find(|c| c.task_type == task.task_type).copied().unwrap_or_default();
+        let mut context = task.context.clone().unwrap_or_default();
+        let resumed_after = task.resume_from.as_ref().map_or(0, |c| c.step_number);
+        if let Some(cp) = &task.resume_from {
+            if let Some(prior) = &cp.context {
+                merge_chunks(&mut context, &prior.chunks);
+            }
+        }
+        let mut report = WorkReport { title: order.title.clone(), resumed_after, ..Default::default() };
+        report.confidence = confidence(&order, &context);
+        // layer 3, §6.3: ask the requester for each missing need
+        if report.confidence < THETA && !reply_to.is_empty() {
+            for need in missing(&order, &context) {
+                match self.ask(&reply_to, &contract.contract, &task.task_id, report.confidence, &need).await {
+                    Ok(chunks) => {
+                        report.context_requests += 1;
+                        merge_chunks(&mut context, &chunks);
+                    }
+                    Err(e) => tracing::warn!(task = %task.task_id, error = %e, "context request failed"),
+                }
+                if confidence(&order, &context) >= THETA {
+                    break;
+                }
+            }
+        }
+        report.chunks = context.chunks.iter().map(|c| c.chunk_id.clone()).collect();
+        let step_ms = cap.estimated_latency_ms / u64::from(order.steps.max(1));
+        for step in resumed_after + 1..=order.steps {
+            tokio::time::sleep(Duration::from_millis(step_ms)).await;
+            if let (Some(why), 2) = (&order.fail, step) {
+                let mut r = self.result(&task, pb::TaskStatus::Failed, started);
+                r.error = format!("work order failed at step 2: {why}");
+                self.identity.stamp_and_sign(&mut r);
+                push(&job, r);
+                self.finish(&reply_to);
+                drop(queued);
+                return;
+            }
+            let mut cp = pb::TaskCheckpoint {
+                task_id: task.task_id.clone(),
+                agent: Some(self.identity.agent_id()),
+                step_number: step,
+                intermediate_state: serde_json::to_vec(
+                    &serde_json::json!({ "title": order.title, "step": step, "of": order.steps }),
+                )
+                .unwrap_or_default(),
+                context: Some(pb::ContextDiff { chunks: context.chunks.clone(), ..Default::default() }),
+                ..Default::default()
+            };
+            self.identity.stamp_and_sign(&mut cp);
+            report.steps_run += 1;
+            let mut r = self.result(&task, pb::TaskStatus::Running, started);
+            r.checkpoint = Some(cp);
+            self.identity.stamp_and_sign(&mut r);
+            push(&job, r);
+        }
+        let mut r = self.result(&task, pb::TaskStatus::Completed, started);
+        r.quality_self_report = cap.estimated_quality;
+        r.actual_cost = cap.cost_per_task;
+        r.payload = serde_json::to_vec(&report).unwrap_or_default();
+        self.identity.stamp_and_sign(&mut r);
+        push(&job, r);
+        self.finish(&reply_to);
+        drop(queued);
+    }
+
+    fn finish(&self, reply_to: &str) {
+        if let Some(n) = self.contacts.lock().unwrap().get_mut(reply_to) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn result(&self, task: &pb::TaskSubmit, status: pb::TaskStatus, started: Instant) -> pb::TaskResult {
+        pb::TaskResult {
+            from: Some(self.identity.agent_id()),
+            task_id: task.task_id.clone(),
+            elapsed_ms: started.elapsed().as_millis() as u64,
+            status: status as i32,
+            ..Default::default()
+        }
+    }
+
+    /// One adaptive context request to the requester (§6.3).
+    async fn ask(
+        &self,
+        reply_to: &str,
+        contract: &pb::ContractAccept,
+        task_id: &str,
+        confidence: f64,
+        need: &str,
+    ) -> Result<Vec<pb::ContextChunk>> {
+        let mut req = pb::ContextRequest {
+            from: Some(self.identity.agent_id()),
+            to: contract.from.clone(),
+            task_id: task_id.to_string(),
+            current_confidence: confidence,
+            specific_question: need.to_string(),
+            reasoning: format!("the work needs \"{need}\" and the context sent does not mention it"),
+            ..Default::default()
+        };
+        self.identity.stamp_and_sign(&mut req);
+        let requester = sender(&contract.from).to_string();
+        let mut client = pb::atp_service_client::AtpServiceClient::new(handshake::channel(reply_to)?);
+        let reply = client
+            .request_context(req)
+            .await
+            .map_err(|s| Error::Peer {
+                did: requester.clone(),
+                rpc: "RequestContext",
+                status: s.code(),
+                message: s.message().into(),
+            })?
+            .into_inner();
+        self.verifier.verify(&reply).map_err(|e| Error::Peer {
+            did: requester,
+            rpc: "RequestContext",
+            status: tonic::Code::Unauthenticated,
+            message: e.to_string(),
+        })?;
+        Ok(reply.chunks)
+    }
+}
+
+fn push(job: &Job, r: pb::TaskResult) {
+    job.results.send_modify(|v| v.push(r));
+}
+
+fn sender(id: &Option<pb::AgentId>) -> &str {
+    id.as_ref().map_or("", |a| a.uuid.as_str())
+}
+
+/// Unix seconds now.
+pub fn now_s() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+fn chunk_text(c: &pb::ContextChunk) -> String {
+    String::from_utf8_lossy(&c.data).to_lowercase()
+}
+
+/// The share of the order's needs found in the context (1.0 without needs).
+pub fn confidence(order: &WorkOrder, context: &pb::ContextDiff) -> f64 {
+    if order.needs.is_empty() {
+        return 1.0;
+    }
+    let found = order.needs.len() - missing(order, context).len();
+    found as f64 / order.needs.len() as f64
+}
+
+fn missing(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
+    let texts: Vec<String> = context.chunks.iter().map(chunk_text).collect();
+    order.needs.iter().filter(|n| !texts.iter().any(|t| t.contains(&n.to_lowercase()))).cloned().collect()
+}
+
+fn merge_chunks(context: &mut pb::ContextDiff, more: &[pb::ContextChunk]) {
+    for c in more {
+        if !context.chunks.iter().any(|k| k.chunk_id == c.chunk_id) {
+            context.chunks.push(c.clone());
+        }
+    }
+}
+
+fn bounded_insert<K: std::hash::Hash + Eq + Clone, V>(
+    map: &mut HashMap<K, V>,
+    limit: usize,
+    key: K,
+    value: V,
+    age: impl Fn(&V) -> Instant,
+) {
+    if map.len() >= limit {
+        if let Some(oldest) = map.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
+            map.remove(&oldest);
+        }
+    }
+    map.insert(key, value);
+}
+
+/// The tonic service of one agent.
+#[derive(Clone)]
+pub struct AgentService(pub Arc<Node>);
+
+type ResultStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::TaskResult, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::atp_service_server::AtpService for AgentService {
+    async fn probe(&self, request: Request<pb::CapabilityProbe>) -> Result<Response<pb::CapabilityOffer>, Status> {
+        let probe = request.into_inner();
+        self.0.verify(&probe)?;
+        let node = &self.0;
+        let offer = handshake::offer_for(&node.identity, &probe, &node.terms(probe.task_type))?;
+        let requester = sender(&probe.from).to_string();
+        bounded_insert(
+            &mut node.offers.lock().unwrap(),
+            MAX_OPEN_OFFERS,
+            offer.nonce,
+            (requester, Instant::now()),
+            |v| v.1,
+        );
+        Ok(Response::new(offer))
+    }
+
+    async fn accept_contract(&self, request: Request<pb::ContractAccept>) -> Result<Response<pb::ContractAck>, Status> {
+        let contract = request.into_inner();
+        let node = &self.0;
+        node.verify(&contract)?;
+        if sender(&contract.to) != node.did() {
+            return Err(Status::invalid_argument("contract.to: this contract is for another agent"));
+        }
+        let from = sender(&contract.from).to_string();
+        let offered = node.offers.lock().unwrap().remove(&contract.offer_nonce);
+        let refuse = match offered {
+            None => Some("contract.offer_nonce: no open offer of this agent has this nonce".to_string()),
+            Some((to, _)) if to != from => Some("contract.offer_nonce: the offer was made to another agent".into()),
+            Some((_, at)) if at.elapsed() > Duration::from_millis(handshake::OFFER_TTL_MS) => {
+                Some("contract.offer_nonce: the offer has expired".into())
+            }
+            Some(_) => {
+                let cap = node.config.capabilities.iter().find(|c| c.task_type == contract.task_type);
+                match cap.map(|c| handshake::meets(c, &contract.agreed_qos.unwrap_or_default())) {
+                    None => Some("contract.task_type: not a capability of this agent".into()),
+                    Some(Err(why)) => Some(format!("contract.agreed_qos: {why}")),
+                    Some(Ok(())) if handshake::channel(&contract.reply_to).is_err() => {
+                        Some("contract.reply_to: not a URL".into())
+                    }
+                    Some(Ok(())) => None,
+                }
+            }
+        };
+        let mut ack = pb::ContractAck {
+            contract_id: contract.contract_id.clone(),
+            accepted: refuse.is_none(),
+            from: Some(node.identity.agent_id()),
+            reason: refuse.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        node.identity.stamp_and_sign(&mut ack);
+        if refuse.is_none() {
+            let id = contract.contract_id.clone();
+            bounded_insert(
+                &mut node.contracts.lock().unwrap(),
+                MAX_CONTRACTS,
+                id,
+                Contract { contract, accepted: Instant::now() },
+                |c| c.accepted,
+            );
+        }
+        Ok(Response::new(ack))
+    }
+
+    async fn submit_task(&self, request: Request<pb::TaskSubmit>) -> Result<Response<pb::TaskAck>, Status> {
+        let task = request.into_inner();
+        let node = self.0.clone();
+        node.verify(&task)?;
+        if sender(&task.to) != node.did() {
+            return Err(Status::invalid_argument("task.to: this task is for another agent"));
+        }
+        let contract = node.contract_for_task(&task)?;
+        let order = WorkOrder::parse(&task.payload).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(diff) = &task.context {
+            if let Some(c) = diff.chunks.iter().find(|c| diff.withheld_fields.contains(&c.field)) {
+                return Err(Status::invalid_argument(format!(
+                    "task.context: chunk {} is from withheld field {}",
+                    c.chunk_id, c.field
+                )));
+            }
+        }
+        if let Some(cp) = &task.resume_from {
+            // the checkpoint is the failed agent's, signed by it; its nonce
+            // was seen by the requester, not here
+            node.verifier.check_signature(cp).map_err(Status::from)?;
+            if cp.task_id != task.task_id {
+                return Err(Status::invalid_argument("task.resume_from: the checkpoint is another task's"));
+            }
+        }
+        let reply_to = contract.contract.reply_to.clone();
+        let Ok(permit) = node.queue.clone().try_acquire_owned() else {
+            let bp = node.backpressure();
+            tokio::spawn(report_backpressure(reply_to, bp));
+            let capacity = node.config.max_queue + node.config.max_running;
+            return Err(Status::resource_exhausted(format!(
+                "queue full: {capacity} tasks queued or running (--max-queue {})",
+                node.config.max_queue
+            )));
+        };
+        let mut jobs = node.jobs.lock().unwrap();
+        if jobs.contains_key(&task.task_id) && task.resume_from.is_none() {
+            return Err(Status::already_exists(format!("task.task_id: {} is already running here", task.task_id)));
+        }
+        let (tx, _) = watch::channel(Vec::new());
+        let job = Arc::new(Job { submitter: sender(&task.from).to_string(), results: tx });
+        if jobs.len() >= MAX_CONTRACTS {
+            // forget finished jobs first
+            jobs.retain(|_, j| !j.results.borrow().last().is_some_and(is_final));
+        }
+        jobs.insert(task.task_id.clone(), job.clone());
+        drop(jobs);
+        *node.contacts.lock().unwrap().entry(reply_to.clone()).or_default() += 1;
+        if node.load().1 >= 0.75 {
+            tokio::spawn(report_backpressure(reply_to, node.backpressure()));
+        }
+        let ack = pb::TaskAck { task_id: task.task_id.clone(), accepted: true, reason: String::new() };
+        tokio::spawn(node.clone().run(task, order, contract, job, permit));
+        Ok(Response::new(ack))
+    }
+
+    type StreamResultsStream = ResultStream;
+
+    async fn stream_results(&self, request: Request<pb::TaskQuery>) -> Result<Response<ResultStream>, Status> {
+        let query = request.into_inner();
+        let node = &self.0;
+        node.verify(&query)?;
+        let job = node.jobs.lock().unwrap().get(&query.task_id).cloned();
+        let Some(job) = job else {
+            return Err(Status::not_found(format!("task_id: no task {:?} here", query.task_id)));
+        };
+        if job.submitter != sender(&query.from) {
+            return Err(Status::permission_denied("task_id: only the task's submitter may stream its results"));
+        }
+        let mut rx = job.results.subscribe();
+        let stream = async_stream_results(move |tx| async move {
+            let mut sent = 0;
+            loop {
+                let batch: Vec<pb::TaskResult> = rx.borrow_and_update()[sent..].to_vec();
+                for r in batch {
+                    sent += 1;
+                    let last = is_final(&r);
+                    if tx.send(Ok(r)).await.is_err() || last {
+                        return;
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn request_context(
+        &self,
+        request: Request<pb::ContextRequest>,
+    ) -> Result<Response<pb::ContextResponse>, Status> {
+        let req = request.into_inner();
+        let node = &self.0;
+        node.verify(&req)?;
+        let mut reply = node.planner.answer_context_request(node.did(), &req).await?;
+        reply.from = Some(node.identity.agent_id());
+        node.identity.stamp_and_sign(&mut reply);
+        Ok(Response::new(reply))
+    }
+
+    async fn query_route(&self, request: Request<pb::RouteQuery>) -> Result<Response<pb::RouteResponse>, Status> {
+        let query = request.into_inner();
+        let routes = self.0.planner.routes(&self.0, &query).map_err(Status::from)?;
+        Ok(Response::new(pb::RouteResponse { routes }))
+    }
+
+    async fn send_heartbeat(&self, request: Request<pb::Heartbeat>) -> Result<Response<pb::HeartbeatAck>, Status> {
+        let hb = request.into_inner();
+        self.0.verify(&hb)?;
+        self.0.planner.heartbeat(&hb);
+        Ok(Response::new(pb::HeartbeatAck { sequence: hb.sequence }))
+    }
+
+    async fn report_backpressure(
+        &self,
+        request: Request<pb::Backpressure>,
+    ) -> Result<Response<pb::BackpressureAck>, Status> {
+        let bp = request.into_inner();
+        self.0.verify(&bp)?;
+        self.0.planner.backpressure(&bp);
+        Ok(Response::new(pb::BackpressureAck { acknowledged: true }))
+    }
+
+    async fn report_circuit_break(
+        &self,
+        request: Request<pb::CircuitBreak>,
+    ) -> Result<Response<pb::CircuitBreakAck>, Status> {
+        let cb = request.into_inner();
+        self.0.verify(&cb)?;
+        self.0.planner.circuit_report(&cb);
+        Ok(Response::new(pb::CircuitBreakAck { acknowledged: true }))
+    }
+
+    async fn submit_interaction_proof(
+        &self,
+        request: Request<pb::InteractionProof>,
+    ) -> Result<Response<pb::ProofAck>, Status> {
+        let mut proof = request.into_inner();
+        let node = &self.0;
+        node.verify(&proof)?;
+        if sender(&proof.subject) != node.did() {
+            return Err(Status::invalid_argument("proof.subject: this proof is about another agent"));
+        }
+        if !(0.0..=1.0).contains(&proof.quality_score) {
+            return Err(Status::invalid_argument(format!(
+                "proof.quality_score: {} is outside [0, 1]",
+                proof.quality_score
+            )));
+        }
+        // only for a task this agent ran for the evaluator
+        let ran =
+            node.jobs.lock().unwrap().get(&proof.task_id).is_some_and(|j| j.submitter == sender(&proof.evaluator));
+        if !ran {
+            return Err(Status::failed_precondition(format!(
+                "proof.task_id: {:?} is not a task this agent ran for the evaluator",
+                proof.task_id
+            )));
+        }
+        node.identity.countersign(&mut proof);
+        let (index, root, inclusion) = node.ledger.lock().unwrap().append(proof.clone()).map_err(Status::from)?;
+        tracing::info!(task = %proof.task_id, index, quality = proof.quality_score, "interaction proof countersigned");
+        Ok(Response::new(pb::ProofAck {
+            accepted: true,
+            responder_signature: proof.responder_signature,
+            merkle_root: root.to_vec(),
+            inclusion: Some(inclusion),
+            reason: String::new(),
+        }))
+    }
+
+    async fn exchange(&self, request: Request<pb::AtpMessage>) -> Result<Response<pb::AtpMessage>, Status> {
+        use pb::atp_message::Payload;
+        let env = request.into_inner();
+        let node = &self.0;
+        node.verify(&env)?;
+        if env.receiver_did != node.did() {
+            return Err(Status::invalid_argument("envelope.receiver_did: this envelope is for another agent"));
+        }
+        let inner_sender = match &env.payload {
+            Some(Payload::Probe(m)) => sender(&m.from),
+            Some(Payload::Heartbeat(m)) => sender(&m.from),
+            Some(Payload::Backpressure(m)) => sender(&m.from),
+            Some(Payload::CircuitBreak(m)) => sender(&m.from),
+            Some(_) => {
+                return Err(Status::unimplemented(format!(
+                    "envelope.type: {} is served by its typed RPC only",
+                    env.r#type
+                )))
+            }
+            None => return Err(Status::invalid_argument("envelope.payload: missing")),
+        };
+        if inner_sender != env.sender_did {
+            return Err(Status::unauthenticated("envelope: the payload's sender is not the envelope's sender"));
+        }
+        let svc = self.clone();
+        let (kind, payload) = match env.payload {
+            Some(Payload::Probe(p)) => (
+                pb::MessageType::CapabilityOffer,
+                Some(Payload::Offer(
+                    pb::atp_service_server::AtpService::probe(&svc, Request::new(p)).await?.into_inner(),
+                )),
+            ),
+            Some(Payload::Heartbeat(h)) => {
+                pb::atp_service_server::AtpService::send_heartbeat(&svc, Request::new(h)).await?;
+                (pb::MessageType::Heartbeat, None)
+            }
+            Some(Payload::Backpressure(b)) => {
+                pb::atp_service_server::AtpService::report_backpressure(&svc, Request::new(b)).await?;
+                (pb::MessageType::Backpressure, None)
+            }
+            Some(Payload::CircuitBreak(c)) => {
+                pb::atp_service_server::AtpService::report_circuit_break(&svc, Request::new(c)).await?;
+                (pb::MessageType::CircuitBreak, None)
+            }
+            _ => unreachable!("checked above"),
+        };
+        let mut reply = pb::AtpMessage {
+            message_id: format!("msg-{:032x}", rand::random::<u128>()),
+            sender_did: node.did().to_string(),
+            receiver_did: env.sender_did,
+            r#type: kind as i32,
+            protocol_version: 1,
+            payload,
+            ..Default::default()
+        };
+        node.identity.stamp_and_sign(&mut reply);
+        Ok(Response::new(reply))
+    }
+}
+
+/// Largest ATP message accepted (a task with its context).
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// Concurrent calls per connection.
+const MAX_CONCURRENT_STREAMS: u32 = 64;
+
+/// Serves `node` on `listener` until `shutdown` resolves: `atp.v1.AtpService`
+/// plus gRPC health and reflection; starts the heartbeat loop.
+pub async fn serve(
+    node: Arc<Node>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<()> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<pb::atp_service_server::AtpServiceServer<AgentService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::DESCRIPTOR)
+        .build_v1()
+        .map_err(|e| Error::Invalid { field: "reflection".into(), reason: e.to_string() })?;
+    node.start_heartbeats();
+    let svc = pb::atp_service_server::AtpServiceServer::new(AgentService(node))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS as usize)
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| Error::Transport { what: "serving atp.v1".into(), message: e.to_string() })
+}
+
+fn is_final(r: &pb::TaskResult) -> bool {
+    r.status != pb::TaskStatus::Running as i32
+}
+
+async fn report_backpressure(url: String, bp: pb::Backpressure) {
+    let Ok(ch) = handshake::channel(&url) else { return };
+    let mut client = pb::atp_service_client::AtpServiceClient::new(ch);
+    if let Err(e) = client.report_backpressure(bp).await {
+        tracing::debug!(%url, error = %e, "back-pressure not delivered");
+    }
+}
+
+/// A stream fed by a spawned producer through a bounded channel.
+fn async_stream_results<F, Fut>(producer: F) -> ResultStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::TaskResult, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(producer(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_orders_are_strict() {
+        let ok = WorkOrder::parse(br#"{"title":"fix","steps":3,"needs":["retry"]}"#).unwrap();
+        assert_eq!(ok.steps, 3);
+        assert_eq!(WorkOrder::parse(br#"{"title":"fix"}"#).unwrap().steps, 4);
+        let cases: [(&[u8], &str); 5] = [
+            (br#"{"title":"fix","stpes":3}"#, "task.payload.stpes: unknown field"),
+            (br#"{"title":"fix","steps":0}"#, "task.payload.steps: 0 (1 to 100)"),
+            (br#"{"title":"fix","steps":101}"#, "task.payload.steps: 101 (1 to 100)"),
+            (br#"{"title":"fix"} x"#, "task.payload: trailing characters"),
+            (br#"{"steps":1}"#, "task.payload"),
+        ];
+        for (payload, want) in cases {
+            let err = WorkOrder::parse(payload).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{err} (wanted {want})");
+        }
+        let big = vec![b' '; MAX_PAYLOAD_BYTES + 1];
+        assert_eq!(
+            WorkOrder::parse(&big).unwrap_err().to_string(),
+            format!("task.payload: {} bytes (limit 65536)", MAX_PAYLOAD_BYTES + 1)
+        );
+        let needs = serde_json::json!({"title": "x", "needs": vec!["a"; MAX_NEEDS + 1]}).to_string();
+        assert!(WorkOrder::parse(needs.as_bytes())
+            .unwrap_err()
+            .to_string()
+            .starts_with("task.payload.needs: 33 needs"));
+    }
+
+    #[test]
+    fn confidence_is_the_share_of_needs_found() {
+        let order = WorkOrder {
+            title: "t".into(),
+            steps: 1,
+            needs: vec!["Retry policy".into(), "idempotency".into()],
+            fail: None,
+        };
+        let chunk = |id: &str, text: &str| pb::ContextChunk {
+            chunk_id: id.into(),
+            data: text.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        let mut ctx = pb::ContextDiff { chunks: vec![chunk("a#0", "the retry policy doubles")], ..Default::default() };
+        assert_eq!(confidence(&order, &ctx), 0.5);
+        assert_eq!(missing(&order, &ctx), vec!["idempotency".to_string()]);
+        merge_chunks(&mut ctx, &[chunk("a#0", "dup"), chunk("b#1", "the IDEMPOTENCY key")]);
+        assert_eq!(ctx.chunks.len(), 2);
+        assert_eq!(confidence(&order, &ctx), 1.0);
+        let none = WorkOrder { needs: vec![], ..order };
+        assert_eq!(confidence(&none, &pb::ContextDiff::default()), 1.0);
+    }
+}

@@ -1,0 +1,537 @@
+//! Layer 2: the capability handshake (paper §5).
+//!
+//! probe → offer → contract, at most three round trips (Property 3):
+//!
+//! 1. the requester sends a signed [`pb::CapabilityProbe`] (task type, QoS,
+//!    the task embedding from SCD, a nonce) to every candidate;
+//! 2. each candidate that can meet it answers a signed
+//!    [`pb::CapabilityOffer`] with `in_reply_to` = the probe's nonce, its
+//!    trust evidence and its context requirement ([`offer_for`]);
+//! 3. the requester picks an offer and sends a signed
+//!    [`pb::ContractAccept`]; the contractor acknowledges it, signed.
+//!
+//! No acceptable offer within [`T_OFFER`] → the probe is retried with the
+//! constraints relaxed by [`RELAX_STEP`] per try ([`relax`]), at most
+//! [`MAX_RETRIES`] times, then the requester escalates to its originator
+//! ([`Error::Escalated`]).
+//!
+//! ```
+//! use scd_atp::handshake::{meets, relax};
+//! use scd_atp::pb::{Capability, QoSConstraints, TaskType};
+//! let cap = Capability { task_type: TaskType::CodeGeneration as i32, estimated_quality: 0.85,
+//!                        estimated_latency_ms: 500, cost_per_task: 0.02 };
+//! let qos = QoSConstraints { min_quality: 0.9, max_latency_ms: 1000, max_cost: 0.05, min_trust: 0.0 };
+//! assert!(meets(&cap, &qos).is_err());            // 0.85 < 0.9
+//! assert!(meets(&cap, &relax(&qos, 1)).is_ok());  // 0.85 ≥ 0.81 after one 10 % relaxation
+//! ```
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::identity::{Identity, Verifier};
+use crate::{pb, Error, Result};
+
+/// T_offer: how long a requester waits for offers (§5.3).
+pub const T_OFFER: Duration = Duration::from_millis(500);
+/// Retries with relaxed constraints before escalating (§5.3).
+pub const MAX_RETRIES: u32 = 3;
+/// How much each retry relaxes the constraints.
+pub const RELAX_STEP: f64 = 0.10;
+/// How long an offer stays valid.
+pub const OFFER_TTL_MS: u64 = 10_000;
+/// How long a contract stays valid after it is accepted.
+pub const CONTRACT_TTL_MS: u64 = 600_000;
+
+/// `qos` relaxed `tries` times by [`RELAX_STEP`]: minimum quality and trust
+/// ×0.9 per try, maximum latency and cost ×1.1 per try (0 = unbounded stays 0).
+pub fn relax(qos: &pb::QoSConstraints, tries: u32) -> pb::QoSConstraints {
+    let down = (1.0 - RELAX_STEP).powi(tries as i32);
+    let up = (1.0 + RELAX_STEP).powi(tries as i32);
+    pb::QoSConstraints {
+        min_quality: qos.min_quality * down,
+        min_trust: qos.min_trust * down,
+        max_latency_ms: (qos.max_latency_ms as f64 * up).round() as u64,
+        max_cost: qos.max_cost * up,
+    }
+}
+
+/// Whether a capability meets the constraints (the responder's check, and
+/// the requester's check of an offer); the error names the first miss.
+/// `max_latency_ms` / `max_cost` of 0 mean unbounded.
+pub fn meets(cap: &pb::Capability, qos: &pb::QoSConstraints) -> std::result::Result<(), String> {
+    if cap.estimated_quality < qos.min_quality {
+        return Err(format!("quality {:.3} < min_quality {:.3}", cap.estimated_quality, qos.min_quality));
+    }
+    if qos.max_latency_ms > 0 && cap.estimated_latency_ms > qos.max_latency_ms {
+        return Err(format!("latency {} ms > max_latency_ms {}", cap.estimated_latency_ms, qos.max_latency_ms));
+    }
+    if qos.max_cost > 0.0 && cap.cost_per_task > qos.max_cost {
+        return Err(format!("cost {:.4} > max_cost {:.4}", cap.cost_per_task, qos.max_cost));
+    }
+    Ok(())
+}
+
+/// Checks the parts of a probe that signatures do not: a known task type and
+/// sane QoS numbers. The error names the field.
+pub fn check_probe(probe: &pb::CapabilityProbe) -> Result<()> {
+    let invalid = |field: &str, reason: String| Err(Error::Invalid { field: field.into(), reason });
+    match pb::TaskType::try_from(probe.task_type) {
+        Ok(pb::TaskType::Unspecified) | Err(_) => {
+            return invalid("probe.task_type", format!("{} is not a task type (1 to 4)", probe.task_type))
+        }
+        Ok(_) => {}
+    }
+    let qos = probe.qos.unwrap_or_default();
+    for (field, v) in [("probe.qos.min_quality", qos.min_quality), ("probe.qos.min_trust", qos.min_trust)] {
+        if !(0.0..=1.0).contains(&v) {
+            return invalid(field, format!("{v} is outside [0, 1]"));
+        }
+    }
+    if !qos.max_cost.is_finite() || qos.max_cost < 0.0 {
+        return invalid("probe.qos.max_cost", format!("{} is not a cost ≥ 0", qos.max_cost));
+    }
+    if let Some(e) = &probe.context_embedding {
+        if e.values.len() != e.dimensions as usize || e.values.len() > MAX_EMBEDDING_DIM {
+            return invalid(
+                "probe.context_embedding",
+                format!("{} values for {} dimensions (at most {MAX_EMBEDDING_DIM})", e.values.len(), e.dimensions),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The largest task embedding a probe may carry.
+pub const MAX_EMBEDDING_DIM: usize = 4096;
+
+/// What a responder knows about itself when it answers a probe.
+#[derive(Debug, Clone)]
+pub struct OfferTerms {
+    /// Its declared capabilities.
+    pub capabilities: Vec<pb::Capability>,
+    /// Its trust for the probed task type, as its own log shows it.
+    pub trust_score: f64,
+    /// Its Merkle log's root and recent proofs.
+    pub evidence: pb::TrustEvidence,
+    /// The context it needs (paper §6.2 step 2).
+    pub requirement: pb::ContextRequirement,
+}
+
+/// The signed offer answering `probe`, or why this agent cannot meet it
+/// (then it sends no offer: FAILED_PRECONDITION).
+pub fn offer_for(identity: &Identity, probe: &pb::CapabilityProbe, terms: &OfferTerms) -> Result<pb::CapabilityOffer> {
+    check_probe(probe)?;
+    let qos = probe.qos.unwrap_or_default();
+    let mut misses = Vec::new();
+    let cap = terms.capabilities.iter().filter(|c| c.task_type == probe.task_type).find(|c| match meets(c, &qos) {
+        Ok(()) => true,
+        Err(why) => {
+            misses.push(why);
+            false
+        }
+    });
+    let Some(cap) = cap else {
+        let type_name = pb::TaskType::try_from(probe.task_type).map(|t| t.as_str_name()).unwrap_or("?");
+        let reason = if misses.is_empty() { format!("no capability for {type_name}") } else { misses.join("; ") };
+        return Err(Error::CannotMeet { reason });
+    };
+    if terms.trust_score < qos.min_trust && terms.evidence.log_size > 0 {
+        return Err(Error::CannotMeet {
+            reason: format!("trust {:.3} < min_trust {:.3}", terms.trust_score, qos.min_trust),
+        });
+    }
+    let mut offer = pb::CapabilityOffer {
+        from: Some(identity.agent_id()),
+        in_reply_to: probe.nonce,
+        capability: Some(*cap),
+        trust_score: terms.trust_score,
+        trust_proof: terms.evidence.merkle_root.clone(),
+        ttl_ms: OFFER_TTL_MS,
+        context_requirements: Some(terms.requirement.clone()),
+        trust_evidence: Some(terms.evidence.clone()),
+        task_id: probe.task_id.clone(),
+        ..Default::default()
+    };
+    identity.stamp_and_sign(&mut offer);
+    Ok(offer)
+}
+
+/// A peer's gRPC endpoint (lazy: connecting happens on the first call).
+pub fn channel(url: &str) -> Result<Channel> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| Error::Invalid { field: "peer url".into(), reason: format!("{url}: {e}") })?
+        .connect_timeout(T_OFFER)
+        .tcp_nodelay(true);
+    Ok(endpoint.connect_lazy())
+}
+
+/// An offer and where it came from.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The offerer's AtpService URL.
+    pub url: String,
+    /// The verified offer.
+    pub offer: pb::CapabilityOffer,
+}
+
+impl Offer {
+    /// The offerer's DID.
+    pub fn did(&self) -> &str {
+        self.offer.from.as_ref().map_or("", |a| a.uuid.as_str())
+    }
+
+    /// The capability offered.
+    pub fn capability(&self) -> pb::Capability {
+        self.offer.capability.unwrap_or_default()
+    }
+}
+
+/// One round of probing: the offers that arrived in time and verified, and
+/// the peers that failed (unreachable, timed out, refused or forged).
+#[derive(Debug, Default)]
+pub struct Round {
+    /// Verified offers.
+    pub offers: Vec<Offer>,
+    /// (url, why) for every peer that did not offer.
+    pub failures: Vec<(String, PeerFailure)>,
+}
+
+/// Why a peer gave no offer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PeerFailure {
+    /// Unreachable or no answer within T_offer: counts against its circuit.
+    Down(String),
+    /// It answered that it cannot meet the probe (not a fault).
+    Declined(String),
+    /// Its offer failed verification (signature, nonce, capability).
+    Invalid(String),
+}
+
+/// Sends `probe` (signed here) to every peer at once and collects the
+/// offers that arrive within [`T_OFFER`] and verify: signature, sender,
+/// `in_reply_to`, task type and QoS.
+pub async fn probe_round(
+    identity: &Identity,
+    verifier: &Verifier,
+    peers: &[(String, Channel)],
+    probe: &pb::CapabilityProbe,
+) -> Round {
+    let calls = peers.iter().map(|(url, ch)| {
+        let mut probe = probe.clone();
+        identity.stamp_and_sign(&mut probe);
+        let mut client = pb::atp_service_client::AtpServiceClient::new(ch.clone());
+        async move {
+            let nonce = probe.nonce;
+            let reply = tokio::time::timeout(T_OFFER, client.probe(probe)).await;
+            (url.clone(), nonce, reply)
+        }
+    });
+    let qos = probe.qos.unwrap_or_default();
+    let mut round = Round::default();
+    for (url, nonce, reply) in join_all(calls).await {
+        let offer = match reply {
+            Err(_) => {
+                round.failures.push((url, PeerFailure::Down(format!("no offer within {} ms", T_OFFER.as_millis()))));
+                continue;
+            }
+            Ok(Err(status)) if status.code() == tonic::Code::FailedPrecondition => {
+                round.failures.push((url, PeerFailure::Declined(status.message().to_string())));
+                continue;
+            }
+            Ok(Err(status)) => {
+                round.failures.push((url, PeerFailure::Down(format!("{:?}: {}", status.code(), status.message()))));
+                continue;
+            }
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let check = verifier.verify(&offer).map_err(|e| e.to_string()).and_then(|()| {
+            if offer.in_reply_to != nonce {
+                return Err(format!("in_reply_to {} is not the probe's nonce {nonce}", offer.in_reply_to));
+            }
+            let cap = offer.capability.unwrap_or_default();
+            if cap.task_type != probe.task_type {
+                return Err(format!("offers task type {} for a probe of {}", cap.task_type, probe.task_type));
+            }
+            meets(&cap, &qos)
+        });
+        match check {
+            Ok(()) => round.offers.push(Offer { url, offer }),
+            Err(why) => round.failures.push((url, PeerFailure::Invalid(why))),
+        }
+    }
+    round
+}
+
+/// The outcome of [`negotiate`].
+#[derive(Debug, Default)]
+pub struct Negotiation {
+    /// The verified offers of the successful round.
+    pub offers: Vec<Offer>,
+    /// Probe rounds sent (1 = no retry).
+    pub rounds: u32,
+    /// The constraints the offers met (relaxed after retries).
+    pub qos: pb::QoSConstraints,
+    /// Every peer failure seen, per round.
+    pub failures: Vec<(String, PeerFailure)>,
+}
+
+/// Probes `peers` and, while no acceptable offer arrives, retries with the
+/// constraints relaxed 10 % per try, up to [`MAX_RETRIES`] times; then
+/// [`Error::Escalated`] for the originator, with every failure.
+pub async fn negotiate(
+    identity: &Identity,
+    verifier: &Verifier,
+    peers: &[(String, Channel)],
+    probe: &pb::CapabilityProbe,
+) -> Result<Negotiation> {
+    let base = probe.qos.unwrap_or_default();
+    let mut out = Negotiation::default();
+    for tries in 0..=MAX_RETRIES {
+        let qos = relax(&base, tries);
+        let probe = pb::CapabilityProbe { qos: Some(qos), ..probe.clone() };
+        let round = probe_round(identity, verifier, peers, &probe).await;
+        out.rounds = tries + 1;
+        out.qos = qos;
+        out.failures.extend(round.failures);
+        if !round.offers.is_empty() {
+            out.offers = round.offers;
+            return Ok(out);
+        }
+        tracing::debug!(round = tries + 1, "no acceptable offer; relaxing constraints");
+    }
+    let failures = out.failures.iter().map(|(url, why)| format!("{url}: {why:?}")).collect::<Vec<_>>().join("; ");
+    Err(Error::Escalated { rounds: out.rounds, failures })
+}
+
+/// The signed contract accepting `offer` for `task_id`.
+pub fn contract_for(
+    identity: &Identity,
+    offer: &Offer,
+    task_id: &str,
+    qos: pb::QoSConstraints,
+    reply_to: &str,
+) -> pb::ContractAccept {
+    let cap = offer.capability();
+    let mut contract = pb::ContractAccept {
+        from: Some(identity.agent_id()),
+        to: offer.offer.from.clone(),
+        agreed_qos: Some(qos),
+        context_plan: "scd: minimal sufficient context; adaptive requests below confidence 0.7".into(),
+        contract_id: format!("ct-{:032x}", rand::random::<u128>()),
+        expires_ms: CONTRACT_TTL_MS,
+        context_requirement: offer.offer.context_requirements.clone(),
+        task_id: task_id.to_string(),
+        task_type: cap.task_type,
+        offer_nonce: offer.offer.nonce,
+        reply_to: reply_to.to_string(),
+        ..Default::default()
+    };
+    identity.stamp_and_sign(&mut contract);
+    contract
+}
+
+/// Sends `contract` and verifies the signed acknowledgement.
+pub async fn accept(verifier: &Verifier, channel: Channel, contract: pb::ContractAccept) -> Result<pb::ContractAck> {
+    let to = contract.to.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
+    let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
+    let ack = tokio::time::timeout(T_OFFER * 4, client.accept_contract(contract.clone()))
+        .await
+        .map_err(|_| Error::Timeout { what: format!("contract ack from {to}"), ms: (T_OFFER * 4).as_millis() as u64 })?
+        .map_err(|s| Error::Peer {
+            did: to.clone(),
+            rpc: "AcceptContract",
+            status: s.code(),
+            message: s.message().into(),
+        })?
+        .into_inner();
+    verifier.verify(&ack).map_err(|e| Error::Peer {
+        did: to.clone(),
+        rpc: "AcceptContract",
+        status: tonic::Code::Unauthenticated,
+        message: format!("ack: {e}"),
+    })?;
+    if ack.from.as_ref().map(|a| a.uuid.as_str()) != Some(to.as_str()) || ack.contract_id != contract.contract_id {
+        return Err(Error::Peer {
+            did: to,
+            rpc: "AcceptContract",
+            status: tonic::Code::InvalidArgument,
+            message: "ack is for another contract or from another agent".into(),
+        });
+    }
+    if !ack.accepted {
+        return Err(Error::CannotMeet { reason: format!("{to} refused the contract: {}", ack.reason) });
+    }
+    Ok(ack)
+}
+
+/// A contract violation seen when a result comes back: what the negative
+/// interaction proof's note says, or `None` when the contract was kept.
+pub fn violation(agreed: &pb::QoSConstraints, latency_ms: u64, cost: f64, quality: f64) -> Option<String> {
+    let mut v = Vec::new();
+    if agreed.max_latency_ms > 0 && latency_ms > agreed.max_latency_ms {
+        v.push(format!("latency {latency_ms} ms > agreed {} ms", agreed.max_latency_ms));
+    }
+    if agreed.max_cost > 0.0 && cost > agreed.max_cost * (1.0 + 1e-9) {
+        v.push(format!("cost {cost:.4} > agreed {:.4}", agreed.max_cost));
+    }
+    if quality < agreed.min_quality {
+        v.push(format!("quality {quality:.3} < agreed {:.3}", agreed.min_quality));
+    }
+    (!v.is_empty()).then(|| format!("contract violation: {}", v.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{DidResolver, MemoryNonceLog};
+
+    fn test_verifier() -> Verifier {
+        Verifier::new(std::sync::Arc::new(DidResolver::new()), std::sync::Arc::new(MemoryNonceLog::default()))
+    }
+
+    fn cap(q: f64, lat: u64, cost: f64) -> pb::Capability {
+        pb::Capability {
+            task_type: pb::TaskType::CodeGeneration as i32,
+            estimated_quality: q,
+            estimated_latency_ms: lat,
+            cost_per_task: cost,
+        }
+    }
+
+    fn qos() -> pb::QoSConstraints {
+        pb::QoSConstraints { min_quality: 0.9, max_latency_ms: 1000, max_cost: 0.05, min_trust: 0.5 }
+    }
+
+    #[test]
+    fn relaxing_compounds_ten_percent_per_try() {
+        let r = relax(&qos(), 3);
+        assert!((r.min_quality - 0.9 * 0.729).abs() < 1e-12, "{r:?}");
+        assert!((r.min_trust - 0.5 * 0.729).abs() < 1e-12);
+        assert_eq!(r.max_latency_ms, 1331);
+        assert!((r.max_cost - 0.05 * 1.331).abs() < 1e-12);
+        assert_eq!(relax(&qos(), 0), qos());
+        let unbounded = pb::QoSConstraints { max_latency_ms: 0, max_cost: 0.0, ..qos() };
+        assert_eq!(relax(&unbounded, 2).max_latency_ms, 0);
+    }
+
+    #[test]
+    fn meets_names_the_first_miss() {
+        assert_eq!(meets(&cap(0.95, 500, 0.01), &qos()), Ok(()));
+        assert_eq!(meets(&cap(0.85, 500, 0.01), &qos()).unwrap_err(), "quality 0.850 < min_quality 0.900");
+        assert_eq!(meets(&cap(0.95, 1500, 0.01), &qos()).unwrap_err(), "latency 1500 ms > max_latency_ms 1000");
+        assert_eq!(meets(&cap(0.95, 500, 0.10), &qos()).unwrap_err(), "cost 0.1000 > max_cost 0.0500");
+        let unbounded = pb::QoSConstraints { max_latency_ms: 0, max_cost: 0.0, ..qos() };
+        assert_eq!(meets(&cap(0.95, 1_000_000, 9.0), &unbounded), Ok(()));
+    }
+
+    #[test]
+    fn violations_are_named() {
+        assert_eq!(violation(&qos(), 900, 0.05, 0.95), None);
+        let v = violation(&qos(), 1200, 0.06, 0.8).unwrap();
+        assert_eq!(v, "contract violation: latency 1200 ms > agreed 1000 ms, cost 0.0600 > agreed 0.0500, quality 0.800 < agreed 0.900");
+    }
+
+    #[test]
+    fn bad_probes_name_the_field() {
+        let ok = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), ..Default::default() };
+        assert!(check_probe(&ok).is_ok());
+        let cases = [
+            (pb::CapabilityProbe { task_type: 0, ..ok.clone() }, "probe.task_type"),
+            (pb::CapabilityProbe { task_type: 9, ..ok.clone() }, "probe.task_type"),
+            (
+                pb::CapabilityProbe { qos: Some(pb::QoSConstraints { min_quality: 1.5, ..qos() }), ..ok.clone() },
+                "probe.qos.min_quality",
+            ),
+            (
+                pb::CapabilityProbe { qos: Some(pb::QoSConstraints { max_cost: f64::NAN, ..qos() }), ..ok.clone() },
+                "probe.qos.max_cost",
+            ),
+            (
+                pb::CapabilityProbe {
+                    context_embedding: Some(pb::Embedding { dimensions: 3, values: vec![0.0; 2] }),
+                    ..ok.clone()
+                },
+                "probe.context_embedding",
+            ),
+        ];
+        for (probe, field) in cases {
+            let err = check_probe(&probe).unwrap_err().to_string();
+            assert!(err.starts_with(field), "{err}");
+        }
+    }
+
+    fn terms() -> OfferTerms {
+        OfferTerms {
+            capabilities: vec![cap(0.95, 500, 0.02)],
+            trust_score: 0.8,
+            evidence: pb::TrustEvidence { merkle_root: vec![7; 32], log_size: 4, ..Default::default() },
+            requirement: pb::ContextRequirement { max_context_tokens: 512, ..Default::default() },
+        }
+    }
+
+    #[test]
+    fn an_offer_answers_the_probe_signed() {
+        let me = Identity::generate();
+        let probe = pb::CapabilityProbe {
+            task_type: 1,
+            qos: Some(qos()),
+            nonce: 42,
+            task_id: "t1".into(),
+            ..Default::default()
+        };
+        let offer = offer_for(&me, &probe, &terms()).unwrap();
+        assert_eq!(offer.in_reply_to, 42);
+        assert_eq!(offer.from.as_ref().unwrap().uuid, me.did());
+        assert_eq!(offer.trust_proof, vec![7; 32]);
+        assert_eq!(offer.task_id, "t1");
+        assert!(!offer.signature.is_empty() && offer.nonce != 0);
+        let verifier = test_verifier();
+        verifier.verify(&offer).unwrap();
+    }
+
+    #[test]
+    fn no_offer_when_the_probe_cannot_be_met() {
+        let me = Identity::generate();
+        let probe = pb::CapabilityProbe { task_type: 2, qos: Some(qos()), ..Default::default() };
+        assert_eq!(
+            offer_for(&me, &probe, &terms()).unwrap_err().to_string(),
+            "cannot meet the probe: no capability for TASK_TYPE_ANALYSIS"
+        );
+        let probe = pb::CapabilityProbe {
+            task_type: 1,
+            qos: Some(pb::QoSConstraints { min_quality: 0.99, ..qos() }),
+            ..Default::default()
+        };
+        assert!(offer_for(&me, &probe, &terms())
+            .unwrap_err()
+            .to_string()
+            .contains("quality 0.950 < min_quality 0.990"));
+        let probe = pb::CapabilityProbe {
+            task_type: 1,
+            qos: Some(pb::QoSConstraints { min_trust: 0.9, ..qos() }),
+            ..Default::default()
+        };
+        assert!(offer_for(&me, &probe, &terms()).unwrap_err().to_string().contains("trust 0.800 < min_trust 0.900"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_peer_is_down_within_t_offer_and_escalates_after_three_retries() {
+        let me = Identity::generate();
+        let verifier = test_verifier();
+        // a port nobody listens on
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("http://127.0.0.1:{port}");
+        let peers = vec![(url.clone(), channel(&url).unwrap())];
+        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), ..Default::default() };
+        let err = negotiate(&me, &verifier, &peers, &probe).await.unwrap_err();
+        match err {
+            Error::Escalated { rounds, failures } => {
+                assert_eq!(rounds, MAX_RETRIES + 1);
+                assert_eq!(failures.matches(&url).count(), 4, "{failures}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,761 @@
+//! The requester side of an agent: it delegates a task through all five
+//! layers.
+//!
+//! One task, in order (ARCHITECTURE.md draws it):
+//!
+//! 1. **context (3)**: SCD embeds the task (e_task) over gRPC;
+//! 2. **handshake (2)**: a signed probe carrying e_task goes to every peer
+//!    whose circuit is not open; offers are verified (signature, nonce,
+//!    Merkle evidence); no offer → retries with relaxed constraints, then
+//!    escalation;
+//! 3. **routing (4)**: offers become candidates (trust from this agent's
+//!    ledger, estimates repriced from interaction proofs) and Algorithm 1
+//!    ranks the routes; the best is contracted;
+//! 4. **context (3)**: SCD compresses the context to the offer's
+//!    requirement; the task carries the minimal sufficient context (chunk
+//!    ids and scores), never confidential fields; the worker's RequestContext
+//!    calls are answered through the SCD session;
+//! 5. **fault (5)**: results stream back with checkpoints, stored durably;
+//!    a broken stream or missed heartbeats (T_fail) fail the worker over to
+//!    the next route, resuming from the last checkpoint; breakers open after
+//!    3 consecutive failures; a task that fails on 3 distinct agents within
+//!    60 s is poison and goes back to the originator;
+//! 6. **trust (1)**: a signed interaction proof goes to the worker, comes
+//!    back countersigned with its Merkle inclusion proof, and is appended to
+//!    this agent's log; a contract violation makes it a negative proof.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+use tonic::Status;
+
+use crate::agent::{now_s, Node, WorkOrder, WorkReport};
+use crate::context::{ContextFile, HopLedger, ScdLink, Task, Transfer};
+use crate::fault::{self, Backpressure, CircuitBreakers, HealthMonitor, PoisonDetector};
+use crate::handshake::{self, Offer, PeerFailure};
+use crate::routing::{self, Candidate, Constraints, Pattern, Repricer, RoutingParams};
+use crate::{merkle, pb, Error, Result};
+
+/// What happened, for the demo's story and its JSON. Fields: `task` is the
+/// task id; agents are short DIDs ([`short`]) or, for peers not yet known by
+/// DID, their URLs.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A probe round ended.
+    Probed { task: String, round: u32, offers: Vec<String>, down: Vec<String>, declined: Vec<String> },
+    /// A peer's circuit is open: it is skipped.
+    Skipped { task: String, agent: String },
+    /// Algorithm 1 chose a route.
+    Routed {
+        task: String,
+        pattern: String,
+        agents: Vec<String>,
+        quality: f64,
+        latency_ms: u64,
+        cost: f64,
+        score: f64,
+        candidates: usize,
+    },
+    /// A contract was signed by both sides.
+    Contracted { task: String, agent: String, contract: String },
+    /// SCD's minimal sufficient context went with the task.
+    ContextSent {
+        task: String,
+        agent: String,
+        full_tokens: u64,
+        sent_tokens: u64,
+        chunks: usize,
+        withheld: Vec<String>,
+    },
+    /// The worker asked for more context (§6.3).
+    ContextRequested { task: String, agent: String, question: String, confidence: f64, chunks: usize },
+    /// A durable checkpoint arrived.
+    Checkpoint { task: String, agent: String, step: u32 },
+    /// The worker failed (died, missed heartbeats, or failed the task).
+    AgentFailed { task: String, agent: String, why: String },
+    /// The task moved to the next agent of its route.
+    Failover { task: String, from: String, to: String, resumed_after: u32 },
+    /// A circuit changed state.
+    Circuit { agent: String, from: String, to: String },
+    /// A worker signalled back-pressure.
+    Backpressure { agent: String, queue_depth: u32, action: String },
+    /// The task is poison: back to the originator.
+    Poison { task: String, diagnostics: String },
+    /// Done.
+    Completed { task: String, agent: String, latency_ms: u64, quality: f64, resumed_after: u32 },
+    /// A countersigned proof was appended and trust recomputed.
+    Trust { agent: String, task_type: String, score: f64, samples: u32, log_size: u64, note: String },
+}
+
+/// A task delegated by this agent, as its RequestContext handler sees it.
+struct Delegation {
+    worker: String,
+    transfer: Arc<Transfer>,
+}
+
+/// Requester-side state of an agent (shared with its server: workers call
+/// back with heartbeats, back-pressure and context requests).
+pub struct PlannerState {
+    scd_url: String,
+    scd: tokio::sync::OnceCell<ScdLink>,
+    delegations: Mutex<HashMap<String, Delegation>>,
+    /// Worker health from heartbeats.
+    pub health: Mutex<HealthMonitor>,
+    /// One breaker per peer (keyed by URL: a dead peer has no DID to show).
+    pub breakers: Mutex<CircuitBreakers>,
+    /// Failures per task across agents.
+    pub poison: Mutex<PoisonDetector>,
+    /// Back-pressure per worker.
+    pub pressure: Mutex<Backpressure>,
+    /// Estimates repriced from interaction proofs.
+    pub repricer: Mutex<Repricer>,
+    /// Tokens sent vs full context, per hop.
+    pub hops: Mutex<HopLedger>,
+    offers: Mutex<HashMap<String, Offer>>,
+    events: Mutex<Option<UnboundedSender<Event>>>,
+    started: Instant,
+}
+
+impl PlannerState {
+    /// Requester state using the SCD service at `scd_url` (connected on first use).
+    pub fn new(scd_url: &str) -> PlannerState {
+        PlannerState {
+            scd_url: scd_url.to_string(),
+            scd: tokio::sync::OnceCell::new(),
+            delegations: Mutex::default(),
+            health: Mutex::new(HealthMonitor::new()),
+            breakers: Mutex::new(CircuitBreakers::new(fault::BreakerParams::default())),
+            poison: Mutex::new(PoisonDetector::new(fault::PoisonParams::default())),
+            pressure: Mutex::new(Backpressure::new(fault::BackpressureParams::default())),
+            repricer: Mutex::new(Repricer::new(routing::RepricerParams::default())),
+            hops: Mutex::default(),
+            offers: Mutex::default(),
+            events: Mutex::new(None),
+            started: Instant::now(),
+        }
+    }
+
+    /// Sends every [`Event`] to `tx` from now on.
+    pub fn subscribe(&self, tx: UnboundedSender<Event>) {
+        *self.events.lock().unwrap() = Some(tx);
+    }
+
+    fn emit(&self, e: Event) {
+        tracing::info!(?e, "atp");
+        if let Some(tx) = self.events.lock().unwrap().as_ref() {
+            let _ = tx.send(e);
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// The SCD client (connected once).
+    pub async fn scd(&self) -> Result<&ScdLink> {
+        self.scd.get_or_try_init(|| ScdLink::connect(&self.scd_url)).await
+    }
+
+    /// Answers a worker's RequestContext through the task's SCD session.
+    pub async fn answer_context_request(
+        &self,
+        me: &str,
+        req: &pb::ContextRequest,
+    ) -> Result<pb::ContextResponse, Status> {
+        let transfer = {
+            let delegations = self.delegations.lock().unwrap();
+            let Some(d) = delegations.get(&req.task_id) else {
+                return Err(Status::not_found(format!(
+                    "context.task_id: {:?} is not a task this agent delegated",
+                    req.task_id
+                )));
+            };
+            if Some(d.worker.as_str()) != req.from.as_ref().map(|a| a.uuid.as_str()) {
+                return Err(Status::permission_denied("context.from: the task is delegated to another agent"));
+            }
+            d.transfer.clone()
+        };
+        let scd = self.scd().await.map_err(Status::from)?;
+        let reply = scd.answer(&transfer.session, req).await.map_err(Status::from)?;
+        let worker = req.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
+        if let Err(e) = self.hops.lock().unwrap().record_response(&req.task_id, me, &worker, &reply) {
+            tracing::warn!(error = %e, "accounting a context response");
+        }
+        self.emit(Event::ContextRequested {
+            task: req.task_id.clone(),
+            agent: short(&worker),
+            question: req.specific_question.clone(),
+            confidence: req.current_confidence,
+            chunks: reply.chunks.len(),
+        });
+        Ok(reply)
+    }
+
+    /// A worker's heartbeat.
+    pub fn heartbeat(&self, hb: &pb::Heartbeat) {
+        self.health.lock().unwrap().beat_pb(hb, self.now_ms());
+    }
+
+    /// A worker's back-pressure signal.
+    pub fn backpressure(&self, bp: &pb::Backpressure) {
+        let did = bp.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
+        let status = self.health.lock().unwrap().status(&did, self.now_ms());
+        let action = self.pressure.lock().unwrap().signal(bp, status, self.now_ms());
+        self.emit(Event::Backpressure {
+            agent: short(&did),
+            queue_depth: bp.queue_depth,
+            action: format!("{action:?}"),
+        });
+    }
+
+    /// A peer's report of a circuit it opened (informational).
+    pub fn circuit_report(&self, cb: &pb::CircuitBreak) {
+        tracing::info!(from = ?cb.from, target = ?cb.target, state = cb.state, "peer reported a circuit break");
+    }
+
+    /// Routes this agent would take for `query`, from the offers it has seen.
+    pub fn routes(&self, node: &Node, query: &pb::RouteQuery) -> Result<Vec<pb::Route>> {
+        let task_type = pb::TaskType::try_from(query.task_type).unwrap_or(pb::TaskType::Unspecified);
+        let exclude: HashSet<&str> = query.exclude.iter().map(|a| a.uuid.as_str()).collect();
+        let offers: Vec<Offer> =
+            self.offers.lock().unwrap().values().filter(|o| !exclude.contains(o.did())).cloned().collect();
+        let cands = self.candidates(node, &offers, task_type);
+        let constraints = constraints(&query.qos.unwrap_or_default());
+        let max = if query.max_routes == 0 { 8 } else { query.max_routes.min(64) } as usize;
+        let routes = routing::route(&cands, task_type, &constraints, &RoutingParams::default());
+        Ok(routes.iter().take(max).map(|r| r.to_pb()).collect())
+    }
+
+    /// Routing candidates from verified offers: trust from this agent's
+    /// ledger (its own proofs, then the offer's verified evidence, then the
+    /// cold-start prior); estimates repriced from interaction proofs.
+    fn candidates(&self, node: &Node, offers: &[Offer], task_type: pb::TaskType) -> Vec<Candidate> {
+        let now = now_s();
+        let ledger = node.ledger.lock().unwrap();
+        let mut cands: Vec<Candidate> = offers
+            .iter()
+            .map(|o| {
+                let trust = ledger.trust(o.did(), Some(task_type), now).score;
+                Candidate::from_capability(o.did(), &o.capability(), trust)
+            })
+            .collect();
+        drop(ledger);
+        self.repricer.lock().unwrap().apply(&mut cands);
+        cands
+    }
+
+    fn remember_offers(&self, offers: &[Offer]) {
+        let mut known = self.offers.lock().unwrap();
+        for o in offers {
+            known.insert(o.did().to_string(), o.clone());
+        }
+    }
+
+    fn breaker_failure(&self, url: &str, did: Option<&str>) {
+        let t = self.breakers.lock().unwrap().record_failure(url, self.now_ms());
+        if let Some(t) = t {
+            self.emit(Event::Circuit {
+                agent: did.map_or_else(|| url.to_string(), short),
+                from: format!("{:?}", t.from),
+                to: format!("{:?}", t.to),
+            });
+        }
+    }
+
+    fn breaker_success(&self, url: &str, did: &str) {
+        let t = self.breakers.lock().unwrap().record_success(url, self.now_ms());
+        if let Some(t) = t {
+            self.emit(Event::Circuit { agent: short(did), from: format!("{:?}", t.from), to: format!("{:?}", t.to) });
+        }
+    }
+}
+
+/// QoS with 0 = unbounded, as routing constraints.
+fn constraints(q: &pb::QoSConstraints) -> Constraints {
+    Constraints {
+        min_quality: q.min_quality,
+        max_latency_ms: if q.max_latency_ms == 0 { u64::MAX } else { q.max_latency_ms },
+        max_cost: if q.max_cost <= 0.0 { f64::INFINITY } else { q.max_cost },
+        min_trust: q.min_trust,
+    }
+}
+
+/// The last 8 characters of a DID, for logs and stories.
+pub fn short(did: &str) -> String {
+    let tail: String = did.chars().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+    if did.len() > 8 {
+        format!("…{tail}")
+    } else {
+        tail
+    }
+}
+
+/// A task to delegate.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Unique id.
+    pub task_id: String,
+    /// What kind of work.
+    pub task_type: pb::TaskType,
+    /// The task as SCD sees it.
+    pub task: Task,
+    /// The work order (payload).
+    pub order: WorkOrder,
+    /// The context to draw from.
+    pub context: ContextFile,
+    /// Constraints.
+    pub qos: pb::QoSConstraints,
+}
+
+/// How a delegated task ended (agents by DID).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Completed by `agent` after `failovers` failovers.
+    Completed { agent: String, report: WorkReport, failovers: u32, latency_ms: u64, quality: f64, cost: f64 },
+    /// Poison: not retried.
+    Poison { diagnostics: String, failovers: u32 },
+    /// No agent could finish it.
+    Lost { why: String, failovers: u32 },
+}
+
+/// The requester driver: delegates jobs to a set of peers.
+pub struct Planner {
+    node: Arc<Node>,
+    peers: Vec<(String, Channel)>,
+}
+
+/// The longest a planner waits for any result of a running task.
+const RESULT_SILENCE: Duration = Duration::from_secs(30);
+
+impl Planner {
+    /// A planner for `node` over peers at these URLs.
+    pub fn new(node: Arc<Node>, peer_urls: &[String]) -> Result<Planner> {
+        let peers = peer_urls.iter().map(|u| Ok((u.clone(), handshake::channel(u)?))).collect::<Result<_>>()?;
+        Ok(Planner { node, peers })
+    }
+
+    fn state(&self) -> &PlannerState {
+        &self.node.planner
+    }
+
+    /// Delegates `job` through the five layers until it completes, is
+    /// poison, or no agent is left.
+    pub async fn run(&self, job: &Job) -> Result<Outcome> {
+        let st = self.state();
+        let scd = st.scd().await?;
+        let e_task = scd.embed_task(&job.task).await?;
+        let probe = pb::CapabilityProbe {
+            from: Some(self.node.identity.agent_id()),
+            task_type: job.task_type as i32,
+            qos: Some(job.qos),
+            context_embedding: Some(e_task),
+            task_id: job.task_id.clone(),
+            ..Default::default()
+        };
+        let mut tried: HashSet<String> = HashSet::new();
+        let mut transfer: Option<Arc<Transfer>> = None;
+        let mut failovers = 0;
+        let mut last_failed: Option<String> = None;
+        let result = loop {
+            // layer 5: skip peers whose circuit is open
+            let now = st.now_ms();
+            let peers: Vec<(String, Channel)> = {
+                let mut breakers = st.breakers.lock().unwrap();
+                self.peers.iter().filter(|(url, _)| breakers.allow(url, now)).cloned().collect()
+            };
+            for (url, _) in self.peers.iter().filter(|(u, _)| !peers.iter().any(|(p, _)| p == u)) {
+                st.emit(Event::Skipped { task: job.task_id.clone(), agent: url.clone() });
+            }
+            // layer 2: probe → offers (retries relax the constraints)
+            let negotiation = handshake::negotiate(&self.node.identity, &self.node.verifier, &peers, &probe).await;
+            let negotiation = match negotiation {
+                Ok(n) => n,
+                Err(e) => break Outcome::Lost { why: e.to_string(), failovers },
+            };
+            self.account_probe(job, &negotiation);
+            let offers: Vec<Offer> =
+                negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
+            st.remember_offers(&offers);
+            // layer 4: rank routes
+            let cands = st.candidates(&self.node, &offers, job.task_type);
+            let routes =
+                routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
+            let Some(best) = routes.iter().find(|r| r.pattern == Pattern::Single).or(routes.first()) else {
+                break Outcome::Lost {
+                    why: format!("no route among {} offers meets the constraints", offers.len()),
+                    failovers,
+                };
+            };
+            st.emit(Event::Routed {
+                task: job.task_id.clone(),
+                pattern: best.pattern.name().to_string(),
+                agents: best.agents.iter().map(|a| short(a)).collect(),
+                quality: best.quality,
+                latency_ms: best.latency_ms,
+                cost: best.cost,
+                score: best.score,
+                candidates: cands.len(),
+            });
+            let Some(offer) = offers.iter().find(|o| o.did() == best.agents[0]) else {
+                break Outcome::Lost { why: "route names an agent without an offer".into(), failovers };
+            };
+            tried.insert(offer.did().to_string());
+            if let Some(from) = last_failed.take() {
+                let resumed_after =
+                    self.node.ledger.lock().unwrap().store().checkpoint(&job.task_id)?.map_or(0, |c| c.step_number);
+                st.emit(Event::Failover {
+                    task: job.task_id.clone(),
+                    from: short(&from),
+                    to: short(offer.did()),
+                    resumed_after,
+                });
+            }
+            match self.delegate(job, offer, negotiation.qos, &mut transfer).await {
+                Ok(done) => break done.with_failovers(failovers),
+                Err(Failure { why, counts_against_agent }) => {
+                    st.emit(Event::AgentFailed {
+                        task: job.task_id.clone(),
+                        agent: short(offer.did()),
+                        why: why.clone(),
+                    });
+                    if counts_against_agent {
+                        st.breaker_failure(&offer.url, Some(offer.did()));
+                    }
+                    st.repricer.lock().unwrap().agent_failed(offer.did());
+                    let poison = st.poison.lock().unwrap().record_failure(&job.task_id, offer.did(), &why, st.now_ms());
+                    if let Some(p) = poison {
+                        st.emit(Event::Poison { task: job.task_id.clone(), diagnostics: p.to_string() });
+                        break Outcome::Poison { diagnostics: p.to_string(), failovers };
+                    }
+                    failovers += 1;
+                    last_failed = Some(offer.did().to_string());
+                }
+            }
+        };
+        if let Some(t) = &transfer {
+            if let Err(e) = scd.close(&t.session).await {
+                tracing::debug!(error = %e, "closing the SCD session");
+            }
+        }
+        st.delegations.lock().unwrap().remove(&job.task_id);
+        Ok(result)
+    }
+
+    fn account_probe(&self, job: &Job, n: &handshake::Negotiation) {
+        let st = self.state();
+        let mut down = Vec::new();
+        let mut declined = Vec::new();
+        for (url, why) in &n.failures {
+            match why {
+                PeerFailure::Down(_) | PeerFailure::Invalid(_) => {
+                    st.breaker_failure(url, None);
+                    down.push(url.clone());
+                }
+                PeerFailure::Declined(_) => declined.push(url.clone()),
+            }
+        }
+        for o in &n.offers {
+            st.breaker_success(&o.url, o.did());
+        }
+        st.emit(Event::Probed {
+            task: job.task_id.clone(),
+            round: n.rounds,
+            offers: n.offers.iter().map(|o| short(o.did())).collect(),
+            down,
+            declined,
+        });
+    }
+
+    /// Whether an offer's trust evidence holds: every inclusion proof
+    /// verifies against the offered root, and each proof carries both
+    /// signatures. An offer without evidence is a cold start (allowed).
+    fn evidence_ok(&self, o: &Offer) -> bool {
+        let Some(ev) = &o.offer.trust_evidence else { return true };
+        if ev.merkle_root != o.offer.trust_proof || ev.proofs.len() != ev.inclusion.len() {
+            return false;
+        }
+        ev.proofs.iter().zip(&ev.inclusion).all(|(p, inc)| {
+            self.node.verifier.check_proof(p).is_ok()
+                && p.subject.as_ref().map(|a| a.uuid.as_str()) == Some(o.did())
+                && merkle::verify_inclusion(inc, &ev.merkle_root)
+                && inc.leaf_hash == merkle::leaf_hash(&prost::Message::encode_to_vec(p))
+        })
+    }
+
+    /// Contract, transfer, submit and follow one agent; `Err` = it failed.
+    async fn delegate(
+        &self,
+        job: &Job,
+        offer: &Offer,
+        qos: pb::QoSConstraints,
+        transfer: &mut Option<Arc<Transfer>>,
+    ) -> Result<Outcome, Failure> {
+        let st = self.state();
+        let node = &self.node;
+        let did = offer.did().to_string();
+        let channel = handshake::channel(&offer.url).map_err(Failure::agent)?;
+        let contract = handshake::contract_for(&node.identity, offer, &job.task_id, qos, &node.config.public_url);
+        handshake::accept(&node.verifier, channel.clone(), contract.clone()).await.map_err(Failure::agent)?;
+        st.emit(Event::Contracted {
+            task: job.task_id.clone(),
+            agent: short(&did),
+            contract: contract.contract_id.clone(),
+        });
+        // layer 3: the minimal sufficient context, computed once per task
+        if transfer.is_none() {
+            let requirement = offer.offer.context_requirements.clone().unwrap_or_default();
+            let scd = st.scd().await.map_err(Failure::local)?;
+            *transfer = Some(Arc::new(
+                scd.compress(&job.task, &job.context.fields, &requirement).await.map_err(Failure::local)?,
+            ));
+        }
+        let t = transfer.clone().expect("set above");
+        st.delegations
+            .lock()
+            .unwrap()
+            .insert(job.task_id.clone(), Delegation { worker: did.clone(), transfer: t.clone() });
+        st.hops.lock().unwrap().record_transfer(&job.task_id, node.did(), &did, &t);
+        st.emit(Event::ContextSent {
+            task: job.task_id.clone(),
+            agent: short(&did),
+            full_tokens: t.full_tokens,
+            sent_tokens: t.sent_tokens,
+            chunks: t.diff.chunks.len(),
+            withheld: t.diff.withheld_fields.clone(),
+        });
+        let resume_from = node.ledger.lock().unwrap().store().checkpoint(&job.task_id).map_err(Failure::local)?;
+        let mut task = pb::TaskSubmit {
+            from: Some(node.identity.agent_id()),
+            to: offer.offer.from.clone(),
+            task_id: job.task_id.clone(),
+            task_type: job.task_type as i32,
+            payload: serde_json::to_vec(&job.order).unwrap_or_default(),
+            context: Some(t.diff.clone()),
+            contract_id: contract.contract_id.clone(),
+            resume_from,
+            ..Default::default()
+        };
+        node.identity.stamp_and_sign(&mut task);
+        let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
+        let submitted = Instant::now();
+        let ack = client.submit_task(task).await.map_err(|s| Failure::status("SubmitTask", &s))?.into_inner();
+        if !ack.accepted {
+            return Err(Failure { why: format!("task refused: {}", ack.reason), counts_against_agent: false });
+        }
+        let mut query =
+            pb::TaskQuery { task_id: job.task_id.clone(), from: Some(node.identity.agent_id()), ..Default::default() };
+        node.identity.stamp_and_sign(&mut query);
+        let mut stream =
+            client.stream_results(query).await.map_err(|s| Failure::status("StreamResults", &s))?.into_inner();
+        let mut watchdog = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            let next = tokio::select! {
+                r = tokio::time::timeout(RESULT_SILENCE, stream.next()) => r,
+                _ = watchdog.tick() => {
+                    // layer 5: T_fail = 3 × the worker's heartbeat interval
+                    if st.health.lock().unwrap().failed(st.now_ms()).contains(&did) {
+                        return Err(Failure { why: "no heartbeat for 3 × its interval".into(), counts_against_agent: true });
+                    }
+                    continue;
+                }
+            };
+            let result = match next {
+                Err(_) => {
+                    return Err(Failure {
+                        why: format!("no result for {} s", RESULT_SILENCE.as_secs()),
+                        counts_against_agent: true,
+                    })
+                }
+                Ok(None) => {
+                    return Err(Failure {
+                        why: "result stream ended before a final result".into(),
+                        counts_against_agent: true,
+                    })
+                }
+                Ok(Some(Err(s))) => return Err(Failure::status("StreamResults", &s)),
+                Ok(Some(Ok(r))) => r,
+            };
+            if let Err(e) = node.verifier.verify(&result) {
+                return Err(Failure { why: format!("result: {e}"), counts_against_agent: true });
+            }
+            match pb::TaskStatus::try_from(result.status) {
+                Ok(pb::TaskStatus::Running) => {
+                    if let Some(cp) = &result.checkpoint {
+                        if node.verifier.check_signature(cp).is_ok() && cp.task_id == job.task_id {
+                            node.ledger.lock().unwrap().store().put_checkpoint(cp).map_err(Failure::local)?;
+                            st.emit(Event::Checkpoint {
+                                task: job.task_id.clone(),
+                                agent: short(&did),
+                                step: cp.step_number,
+                            });
+                        }
+                    }
+                }
+                Ok(pb::TaskStatus::Completed) => {
+                    let latency_ms = submitted.elapsed().as_millis() as u64;
+                    let report: WorkReport = serde_json::from_slice(&result.payload).unwrap_or_default();
+                    self.prove(job, offer, &qos, &result, latency_ms, &report).await;
+                    st.breaker_success(&offer.url, &did);
+                    st.emit(Event::Completed {
+                        task: job.task_id.clone(),
+                        agent: short(&did),
+                        latency_ms,
+                        quality: result.quality_self_report,
+                        resumed_after: report.resumed_after,
+                    });
+                    return Ok(Outcome::Completed {
+                        agent: did,
+                        report,
+                        failovers: 0,
+                        latency_ms,
+                        quality: result.quality_self_report,
+                        cost: result.actual_cost,
+                    });
+                }
+                _ => return Err(Failure { why: result.error.clone(), counts_against_agent: true }),
+            }
+        }
+    }
+
+    /// Layer 1: the interaction proof, countersigned by the worker and
+    /// appended to this agent's log; a contract violation makes it negative.
+    async fn prove(
+        &self,
+        job: &Job,
+        offer: &Offer,
+        qos: &pb::QoSConstraints,
+        result: &pb::TaskResult,
+        latency_ms: u64,
+        report: &WorkReport,
+    ) {
+        let st = self.state();
+        let node = &self.node;
+        // the requester assesses quality: the self-report, discounted when
+        // the worker stayed unsure even after asking for context
+        let mut quality = result.quality_self_report * report.confidence.max(crate::context::THETA).min(1.0);
+        let note = handshake::violation(qos, latency_ms, result.actual_cost, quality);
+        if note.is_some() {
+            quality = 0.0;
+        }
+        let mut proof = pb::InteractionProof {
+            evaluator: Some(node.identity.agent_id()),
+            subject: offer.offer.from.clone(),
+            task_id: job.task_id.clone(),
+            task_type: job.task_type as i32,
+            quality_score: quality,
+            latency_ms,
+            cost: result.actual_cost,
+            note: note.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        node.identity.stamp_and_sign(&mut proof);
+        let sent = async {
+            let mut client = pb::atp_service_client::AtpServiceClient::new(handshake::channel(&offer.url)?);
+            let ack = client.submit_interaction_proof(proof.clone()).await.map_err(|s| Error::Peer {
+                did: offer.did().to_string(),
+                rpc: "SubmitInteractionProof",
+                status: s.code(),
+                message: s.message().into(),
+            })?;
+            Ok::<_, Error>(ack.into_inner())
+        };
+        let ack = match sent.await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "interaction proof not countersigned");
+                return;
+            }
+        };
+        proof.responder_signature = ack.responder_signature.clone();
+        let countersigned = node.verifier.check_proof(&proof).is_ok()
+            && ack.inclusion.as_ref().is_some_and(|inc| merkle::verify_inclusion(inc, &ack.merkle_root));
+        if !countersigned {
+            tracing::warn!(
+                agent = offer.did(),
+                "countersignature or inclusion proof does not verify; proof not counted"
+            );
+            return;
+        }
+        let mut ledger = node.ledger.lock().unwrap();
+        if let Err(e) = ledger.append(proof.clone()) {
+            tracing::warn!(error = %e, "appending the proof");
+            return;
+        }
+        let trust = ledger.trust(offer.did(), Some(job.task_type), now_s());
+        let log_size = ledger.len();
+        drop(ledger);
+        st.repricer.lock().unwrap().observe(&routing::Observation::from(&proof));
+        st.emit(Event::Trust {
+            agent: short(offer.did()),
+            task_type: job.task_type.as_str_name().to_string(),
+            score: trust.score,
+            samples: trust.samples,
+            log_size,
+            note: note.unwrap_or_default(),
+        });
+    }
+}
+
+/// Why a delegation to one agent failed.
+#[derive(Debug)]
+struct Failure {
+    why: String,
+    /// false when the fault is ours (SCD down, store error) or a refusal.
+    counts_against_agent: bool,
+}
+
+impl Failure {
+    fn agent(e: Error) -> Failure {
+        Failure { why: e.to_string(), counts_against_agent: true }
+    }
+
+    fn local(e: Error) -> Failure {
+        Failure { why: e.to_string(), counts_against_agent: false }
+    }
+
+    fn status(rpc: &str, s: &Status) -> Failure {
+        let ours = matches!(s.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted);
+        Failure { why: format!("{rpc}: {:?}: {}", s.code(), s.message()), counts_against_agent: !ours }
+    }
+}
+
+impl Outcome {
+    fn with_failovers(self, n: u32) -> Outcome {
+        match self {
+            Outcome::Completed { agent, report, latency_ms, quality, cost, .. } => {
+                Outcome::Completed { agent, report, failovers: n, latency_ms, quality, cost }
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_limits_are_unbounded_for_routing() {
+        let c = constraints(&pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 0, max_cost: 0.0, min_trust: 0.1 });
+        assert_eq!(c.max_latency_ms, u64::MAX);
+        assert!(c.max_cost.is_infinite());
+        let c =
+            constraints(&pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 900, max_cost: 0.5, min_trust: 0.1 });
+        assert_eq!((c.max_latency_ms, c.max_cost), (900, 0.5));
+    }
+
+    #[test]
+    fn short_dids() {
+        assert_eq!(short("did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK"), "…EGta2doK");
+        assert_eq!(short("abc"), "abc");
+    }
+}

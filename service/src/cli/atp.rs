@@ -1,0 +1,404 @@
+//! `scd atp …`: the ATP stack (see the `scd-atp` crate).
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Subcommand};
+use scd_atp::agent::{AgentConfig, Node};
+use scd_atp::identity::{DidResolver, Identity, Verifier};
+use scd_atp::pb;
+use scd_atp::store::{Ledger, Store};
+
+/// ATP subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AtpCommand {
+    /// Run one ATP agent (atp.v1.AtpService over gRPC).
+    Agent(AgentArgs),
+    /// A live network on loopback: SCD, six worker processes, a planner; kills a worker mid-task.
+    Demo(DemoArgs),
+    /// AgentNet-Bench-style SIMULATION comparing ATP with three baselines.
+    Bench(BenchArgs),
+}
+
+/// `scd atp agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Address to serve atp.v1 on (port 0 = any; the ready line names it).
+    #[arg(long, env = "SCD_ATP_ADDR", default_value = "127.0.0.1:7700")]
+    pub addr: SocketAddr,
+    /// The SCD service this agent uses when it delegates.
+    #[arg(long, env = "SCD_ATP_SCD", default_value = "http://127.0.0.1:50051")]
+    pub scd: String,
+    /// TYPE:QUALITY:LATENCY_MS:COST, repeatable; TYPE is code_generation,
+    /// analysis, creative_writing or data_processing.
+    #[arg(long = "capability", required = true)]
+    pub capabilities: Vec<String>,
+    /// Identity file (Ed25519 key and DID), created on first start with
+    /// mode 0600; the key is never printed.
+    #[arg(long, env = "SCD_ATP_IDENTITY", default_value = "atp-identity.json")]
+    pub identity: PathBuf,
+    /// Directory of the embedded store (proofs, trust, seen nonces, checkpoints).
+    #[arg(long, env = "SCD_ATP_STORE", default_value = "atp-store")]
+    pub store: PathBuf,
+    /// Directory of did:wba documents (<dir>/<host>/did.json); no network lookups.
+    #[arg(long, env = "SCD_ATP_DID_DIR")]
+    pub did_dir: Option<PathBuf>,
+    /// Heartbeat interval to requesters (T_fail there = 3 × this).
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_ms: u64,
+    /// Tasks queued beyond the running ones; a full queue answers RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 8)]
+    pub max_queue: usize,
+    /// Tasks run at once.
+    #[arg(long, default_value_t = 2)]
+    pub max_running: usize,
+    /// Context budget (tokens) this agent asks for in its offers.
+    #[arg(long, default_value_t = 512)]
+    pub context_budget: u32,
+}
+
+/// A capability from `TYPE:QUALITY:LATENCY_MS:COST`.
+pub fn parse_capability(s: &str) -> anyhow::Result<pb::Capability> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let [kind, quality, latency, cost] = parts[..] else {
+        bail!("--capability {s:?}: expected TYPE:QUALITY:LATENCY_MS:COST");
+    };
+    let task_type = match kind {
+        "code_generation" => pb::TaskType::CodeGeneration,
+        "analysis" => pb::TaskType::Analysis,
+        "creative_writing" => pb::TaskType::CreativeWriting,
+        "data_processing" => pb::TaskType::DataProcessing,
+        _ => bail!(
+            "--capability {s:?}: TYPE {kind:?} is not code_generation, analysis, creative_writing or data_processing"
+        ),
+    };
+    let quality: f64 = quality.parse().with_context(|| format!("--capability {s:?}: QUALITY"))?;
+    if !(0.0..=1.0).contains(&quality) {
+        bail!("--capability {s:?}: QUALITY {quality} is outside [0, 1]");
+    }
+    let latency: u64 =
+        latency.parse().with_context(|| format!("--capability {s:?}: LATENCY_MS (whole milliseconds)"))?;
+    if latency == 0 || latency > 3_600_000 {
+        bail!("--capability {s:?}: LATENCY_MS {latency} is outside 1 to 3600000");
+    }
+    let cost: f64 = cost.parse().with_context(|| format!("--capability {s:?}: COST"))?;
+    if !cost.is_finite() || cost < 0.0 {
+        bail!("--capability {s:?}: COST {cost} is not a cost ≥ 0");
+    }
+    Ok(pb::Capability {
+        task_type: task_type as i32,
+        estimated_quality: quality,
+        estimated_latency_ms: latency,
+        cost_per_task: cost,
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Runs `scd atp agent`.
+pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    let capabilities = args.capabilities.iter().map(|c| parse_capability(c)).collect::<anyhow::Result<Vec<_>>>()?;
+    for (i, c) in capabilities.iter().enumerate() {
+        if capabilities[..i].iter().any(|d| d.task_type == c.task_type) {
+            bail!(
+                "--capability: two capabilities for {}",
+                pb::TaskType::try_from(c.task_type).map_or("?", |t| t.as_str_name())
+            );
+        }
+    }
+    if args.heartbeat_ms == 0 || args.heartbeat_ms > 60_000 {
+        bail!("--heartbeat-ms {}: must be 1 to 60000", args.heartbeat_ms);
+    }
+    if args.max_running == 0 || args.max_running > 1024 || args.max_queue > 65_536 {
+        bail!("--max-running must be 1 to 1024 and --max-queue at most 65536");
+    }
+    if args.context_budget == 0 {
+        bail!("--context-budget 0: must be at least 1 token");
+    }
+    let identity = Identity::load_or_create(&args.identity)?;
+    let store = Arc::new(Store::open(&args.store)?);
+    let resolver = match &args.did_dir {
+        Some(dir) => DidResolver::with_wba_dir(dir),
+        None => DidResolver::new(),
+    };
+    let verifier = Verifier::new(Arc::new(resolver), store.clone());
+    let ledger = Ledger::open(store)?;
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.addr)
+            .await
+            .with_context(|| format!("--addr {}: cannot listen", args.addr))?;
+        let addr = listener.local_addr()?;
+        let mut config = AgentConfig::new(capabilities, format!("http://{addr}"), args.scd.clone());
+        config.heartbeat = Duration::from_millis(args.heartbeat_ms);
+        config.max_queue = args.max_queue;
+        config.max_running = args.max_running;
+        config.context_budget_tokens = args.context_budget;
+        let node = Node::new(identity, verifier, ledger, config);
+        let ready = serde_json::json!({ "event": "ready", "did": node.did(), "addr": addr.to_string() });
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{ready}")?;
+        stdout.flush()?;
+        drop(stdout);
+        tracing::info!(did = node.did(), %addr, "atp agent serving");
+        scd_atp::agent::serve(node, listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+/// `scd atp demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Write the summary as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// The multi-field context the pipeline works on.
+    #[arg(long, default_value = "fixtures/atp_demo_context.json")]
+    pub context: PathBuf,
+    /// Where identities and stores go (default: a fresh temporary directory).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Use this running SCD instead of starting `scd serve`.
+    #[arg(long)]
+    pub scd: Option<String>,
+    /// Heartbeat interval of the workers.
+    #[arg(long, default_value_t = 300)]
+    pub heartbeat_ms: u64,
+}
+
+/// Runs `scd atp demo`.
+pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    if !args.context.is_file() {
+        bail!("--context {}: no such file", args.context.display());
+    }
+    let tmp;
+    let workdir = match &args.workdir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::tempdir().context("creating a temporary directory")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let cfg = scd_atp::demo::DemoConfig {
+        exe: std::env::current_exe().context("locating the scd binary")?,
+        context: args.context.clone(),
+        workdir,
+        scd_url: args.scd.clone(),
+        heartbeat: Duration::from_millis(args.heartbeat_ms.clamp(10, 60_000)),
+    };
+    let report = runtime()?.block_on(async {
+        let mut out = std::io::stdout();
+        scd_atp::demo::run(&cfg, &mut out).await
+    })?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if report.tasks_lost > 0 {
+        bail!("{} task(s) lost", report.tasks_lost);
+    }
+    Ok(())
+}
+
+/// `scd atp bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Agents in the simulated network.
+    #[arg(long, default_value_t = 50)]
+    pub agents: usize,
+    /// Tasks to simulate.
+    #[arg(long, default_value_t = 10_000)]
+    pub tasks: usize,
+    /// RNG seed.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write an SVG plot here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Use this running SCD for the context samples instead of starting `scd serve`.
+    #[arg(long)]
+    pub scd: Option<String>,
+    /// The development sets whose contexts SCD compresses for the samples
+    /// (MuSiQue and HotpotQA questions with their paragraphs).
+    #[arg(long, env = "SCD_EVALDATA", default_value = "../shared/evaldata")]
+    pub evaldata: PathBuf,
+    /// Contexts sampled per dataset.
+    #[arg(long, default_value_t = 40)]
+    pub samples: usize,
+    /// The receiver budget SCD compresses to (tokens), as an agent's offer asks.
+    #[arg(long, default_value_t = 512)]
+    pub budget: u32,
+}
+
+/// One real context: a question and its paragraphs, some marked as the
+/// evidence the question needs.
+struct RealContext {
+    question: String,
+    fields: Vec<scd_atp::context::Field>,
+    evidence: Vec<String>,
+}
+
+fn paragraph(name: String, text: String) -> scd_atp::context::Field {
+    scd_atp::context::Field { name, kind: scd_atp::context::FieldKind::default(), content: text, confidential: false }
+}
+
+/// Up to `n` MuSiQue and `n` HotpotQA contexts (one field per paragraph).
+fn real_contexts(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<RealContext>> {
+    let mut out = Vec::new();
+    let musique = dir.join("musique/musique_ans_sample.jsonl");
+    let raw = std::fs::read_to_string(&musique).with_context(|| format!("--evaldata: {}", musique.display()))?;
+    for line in raw.lines().filter(|l| !l.trim().is_empty()).take(n) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}: not JSON", musique.display()))?;
+        let mut fields = Vec::new();
+        let mut evidence = Vec::new();
+        for (i, p) in v["paragraphs"].as_array().into_iter().flatten().enumerate() {
+            let name = format!("p{i}");
+            if p["is_supporting"].as_bool() == Some(true) {
+                evidence.push(name.clone());
+            }
+            let text = format!("{}\n{}", p["title"].as_str().unwrap_or(""), p["paragraph_text"].as_str().unwrap_or(""));
+            fields.push(paragraph(name, text));
+        }
+        out.push(RealContext { question: v["question"].as_str().unwrap_or("").to_string(), fields, evidence });
+    }
+    let hotpot = dir.join("hotpotqa/hotpot_original_schema.json");
+    let raw = std::fs::read_to_string(&hotpot).with_context(|| format!("--evaldata: {}", hotpot.display()))?;
+    let all: Vec<serde_json::Value> =
+        serde_json::from_str(&raw).with_context(|| format!("{}: not JSON", hotpot.display()))?;
+    for v in all.iter().take(n) {
+        let support: Vec<&str> =
+            v["supporting_facts"].as_array().into_iter().flatten().filter_map(|f| f[0].as_str()).collect();
+        let mut fields = Vec::new();
+        let mut evidence = Vec::new();
+        for (i, c) in v["context"].as_array().into_iter().flatten().enumerate() {
+            let title = c[0].as_str().unwrap_or("");
+            let name = format!("p{i}");
+            if support.contains(&title) && !evidence.contains(&name) {
+                evidence.push(name.clone());
+            }
+            let sentences: Vec<&str> = c[1].as_array().into_iter().flatten().filter_map(|s| s.as_str()).collect();
+            fields.push(paragraph(name, format!("{title}\n{}", sentences.concat())));
+        }
+        out.push(RealContext { question: v["question"].as_str().unwrap_or("").to_string(), fields, evidence });
+    }
+    anyhow::ensure!(!out.is_empty(), "--evaldata {}: no contexts", dir.display());
+    Ok(out)
+}
+
+/// Runs `scd atp bench`: measures SCD's real reduction on real contexts over
+/// gRPC, then runs the seeded simulation with those samples.
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    use scd_atp::sim;
+
+    anyhow::ensure!((2..=10_000).contains(&args.agents), "--agents {}: must be 2 to 10000", args.agents);
+    anyhow::ensure!((1..=1_000_000).contains(&args.tasks), "--tasks {}: must be 1 to 1000000", args.tasks);
+    anyhow::ensure!((1..=1000).contains(&args.samples), "--samples {}: must be 1 to 1000", args.samples);
+    anyhow::ensure!(args.budget > 0, "--budget 0: must be at least 1 token");
+    let contexts = real_contexts(&args.evaldata, args.samples)?;
+    let exe = std::env::current_exe().context("locating the scd binary")?;
+    let rt = runtime()?;
+    let (samples, recall) = rt.block_on(async {
+        let (_scd, url) = match &args.scd {
+            Some(u) => (None, u.clone()),
+            None => {
+                let (p, u) = scd_atp::demo::start_scd(&exe)?;
+                (Some(p), u)
+            }
+        };
+        scd_atp::demo::wait_serving(&url).await?;
+        let link = scd_atp::context::ScdLink::connect(&url).await?;
+        let bar = ProgressBar::new(contexts.len() as u64);
+        bar.set_style(ProgressStyle::with_template("SCD samples {bar:30} {pos}/{len} {msg}").expect("template"));
+        let requirement = pb::ContextRequirement { max_context_tokens: args.budget, ..Default::default() };
+        let mut samples = Vec::new();
+        let (mut found, mut needed) = (0usize, 0usize);
+        for c in &contexts {
+            let t = link.compress(&scd_atp::context::Task::new(c.question.clone()), &c.fields, &requirement).await?;
+            let sent: std::collections::HashSet<&str> = t.diff.chunks.iter().map(|k| k.field.as_str()).collect();
+            found += c.evidence.iter().filter(|e| sent.contains(e.as_str())).count();
+            needed += c.evidence.len();
+            samples.push(sim::ContextSample { full_tokens: t.full_tokens, sent_tokens: t.sent_tokens });
+            let _ = link.close(&t.session).await;
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        Ok::<_, anyhow::Error>((samples, found as f64 / needed.max(1) as f64))
+    })?;
+    let full: u64 = samples.iter().map(|s| s.full_tokens).sum();
+    let sent: u64 = samples.iter().map(|s| s.sent_tokens).sum();
+    eprintln!(
+        "SCD on {} real contexts (MuSiQue + HotpotQA, budget {}): {sent} of {full} tokens sent ({:.2}x less); evidence paragraphs kept: {:.3}",
+        samples.len(),
+        args.budget,
+        full as f64 / sent.max(1) as f64,
+        recall
+    );
+    let cfg = sim::SimConfig { agents: args.agents, tasks: args.tasks, seed: args.seed, ..sim::SimConfig::default() };
+    let report = sim::run(&cfg, &samples)?;
+    println!(
+        "SIMULATION (seeded, not a measurement of real agents): {} agents, {} tasks, seed {}",
+        args.agents, args.tasks, args.seed
+    );
+    println!("{}", report.table());
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "simulation": true,
+            "config": cfg,
+            "scd_samples": { "contexts": samples.len(), "budget_tokens": args.budget, "full_tokens": full, "sent_tokens": sent, "evidence_recall": recall },
+            "report": report,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        sim::write_svg(&report, path)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_parse_strictly() {
+        let c = parse_capability("code_generation:0.9:800:0.02").unwrap();
+        assert_eq!((c.task_type, c.estimated_quality, c.estimated_latency_ms, c.cost_per_task), (1, 0.9, 800, 0.02));
+        for (bad, why) in [
+            ("code_generation:0.9:800", "expected TYPE:QUALITY:LATENCY_MS:COST"),
+            ("coding:0.9:800:0.02", "TYPE \"coding\" is not"),
+            ("analysis:1.2:800:0.02", "QUALITY 1.2 is outside [0, 1]"),
+            ("analysis:0.9:0:0.02", "LATENCY_MS 0 is outside"),
+            ("analysis:0.9:8.5:0.02", "LATENCY_MS (whole milliseconds)"),
+            ("analysis:0.9:800:-1", "COST -1 is not a cost"),
+        ] {
+            let err = format!("{:#}", parse_capability(bad).unwrap_err());
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The ATP stack end to end: `scd atp agent` processes driven by an
+//! in-process requester built from `scd-atp`, the restart test, the agent's
+//! refusals, and the live demo (kill a worker mid-task, lose no task).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use scd_atp::agent::WorkOrder;
+use scd_atp::handshake::{self, Offer};
+use scd_atp::identity::{DidResolver, Identity, MemoryNonceLog, Verifier};
+use scd_atp::pb;
+use scd_atp::pb::atp_service_client::AtpServiceClient;
+use tonic::transport::Channel;
+use tonic::Code;
+
+/// An `scd atp agent` process, killed when dropped.
+pub(crate) struct AgentProc {
+    pub(crate) child: Child,
+    pub(crate) did: String,
+    pub(crate) addr: String,
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl AgentProc {
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// Starts `scd atp agent` with its identity and store in `dir` and waits
+/// for its ready line `{"event":"ready","did":…,"addr":…}`; the rest of its
+/// stdout is drained, its stderr goes to `dir/agent.stderr`.
+pub(crate) fn spawn_agent(dir: &Path, args: &[&str]) -> AgentProc {
+    let stderr_path = dir.join("agent.stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
+        .args(["atp", "agent", "--addr", "127.0.0.1:0", "--scd", "http://127.0.0.1:1", "--identity"])
+        .arg(dir.join("id.json"))
+        .arg("--store")
+        .arg(dir.join("store"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut reader, &mut std::io::sink());
+    });
+    // a guard against a hung start, not a timing assertion
+    let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
+        panic!("no ready line from `scd atp agent`; its stderr:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
+    });
+    let ready: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| {
+        panic!("ready line {line:?}: {e}; stderr:\n{}", std::fs::read_to_string(&stderr_path).unwrap_or_default())
+    });
+    assert_eq!(ready["event"], "ready", "{ready}");
+    AgentProc {
+        child,
+        did: ready["did"].as_str().unwrap().to_string(),
+        addr: ready["addr"].as_str().unwrap().to_string(),
+    }
+}
+
+fn verifier() -> Verifier {
+    Verifier::new(Arc::new(DidResolver::new()), Arc::new(MemoryNonceLog::default()))
+}
+
+fn qos() -> pb::QoSConstraints {
+    pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 5_000, max_cost: 0.1, min_trust: 0.0 }
+}
+
+fn probe(me: &Identity, task_id: &str) -> pb::CapabilityProbe {
+    let mut p = pb::CapabilityProbe {
+        from: Some(me.agent_id()),
+        task_type: pb::TaskType::CodeGeneration as i32,
+        qos: Some(qos()),
+        task_id: task_id.into(),
+        ..Default::default()
+    };
+    me.stamp_and_sign(&mut p);
+    p
+}
+
+/// A requester: probe → offer → contract for `task_id`.
+async fn contract(me: &Identity, v: &Verifier, url: &str, ch: &Channel, task_id: &str) -> (Offer, pb::ContractAccept) {
+    let mut client = AtpServiceClient::new(ch.clone());
+    let offer = client.probe(probe(me, task_id)).await.unwrap().into_inner();
+    v.verify(&offer).unwrap();
+    let offer = Offer { url: url.to_string(), offer };
+    // nobody listens at reply_to: heartbeats from the worker are lost, which it tolerates
+    let c = handshake::contract_for(me, &offer, task_id, qos(), "http://127.0.0.1:1");
+    handshake::accept(v, ch.clone(), c.clone()).await.unwrap();
+    (offer, c)
+}
+
+fn task(me: &Identity, to: &str, c: &pb::ContractAccept, steps: u32) -> pb::TaskSubmit {
+    let order = WorkOrder { title: "t".into(), steps, needs: vec![], fail: None };
+    let mut t = pb::TaskSubmit {
+        from: Some(me.agent_id()),
+        to: Some(pb::AgentId { uuid: to.into() }),
+        task_id: c.task_id.clone(),
+        task_type: c.task_type,
+        payload: serde_json::to_vec(&order).unwrap(),
+        contract_id: c.contract_id.clone(),
+        ..Default::default()
+    };
+    me.stamp_and_sign(&mut t);
+    t
+}
+
+async fn results(me: &Identity, ch: &Channel, task_id: &str) -> Vec<pb::TaskResult> {
+    let mut q = pb::TaskQuery { task_id: task_id.into(), from: Some(me.agent_id()), ..Default::default() };
+    me.stamp_and_sign(&mut q);
+    let mut stream = AtpServiceClient::new(ch.clone()).stream_results(q).await.unwrap().into_inner();
+    let mut out = Vec::new();
+    while let Some(r) = stream.message().await.unwrap() {
+        out.push(r);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_keeps_its_identity_proofs_trust_and_seen_nonces() {
+    let dir = crate::scratch("atp-restart");
+    let me = Identity::generate();
+    let v = verifier();
+    let agent = spawn_agent(&dir, &["--capability", "code_generation:0.9:200:0.02", "--heartbeat-ms", "100"]);
+    let (url, did) = (agent.url(), agent.did.clone());
+    let ch = handshake::channel(&url).unwrap();
+    let (_, c) = contract(&me, &v, &url, &ch, "task-r1").await;
+    let mut client = AtpServiceClient::new(ch.clone());
+    let ack = client.submit_task(task(&me, &did, &c, 2)).await.unwrap().into_inner();
+    assert!(ack.accepted);
+    let rs = results(&me, &ch, "task-r1").await;
+    // two checkpointed steps, then the final result, all signed by the worker
+    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![1, 1, 2]);
+    for r in &rs {
+        v.verify(r).unwrap();
+    }
+    assert_eq!(rs[1].checkpoint.as_ref().unwrap().step_number, 2);
+
+    // the interaction proof: signed here, countersigned there, in its Merkle log
+    let mut proof = pb::InteractionProof {
+        evaluator: Some(me.agent_id()),
+        subject: Some(pb::AgentId { uuid: did.clone() }),
+        task_id: "task-r1".into(),
+        task_type: 1,
+        quality_score: 0.9,
+        latency_ms: 250,
+        cost: 0.02,
+        ..Default::default()
+    };
+    me.stamp_and_sign(&mut proof);
+    let pack = client.submit_interaction_proof(proof.clone()).await.unwrap().into_inner();
+    proof.responder_signature = pack.responder_signature.clone();
+    v.check_proof(&proof).unwrap();
+    let inclusion = pack.inclusion.clone().unwrap();
+    assert!(scd_atp::merkle::verify_inclusion(&inclusion, &pack.merkle_root));
+    assert_eq!(inclusion.tree_size, 1);
+    let first_probe = probe(&me, "task-r2");
+    let before = client.probe(first_probe.clone()).await.unwrap().into_inner();
+    assert_eq!(before.trust_evidence.as_ref().unwrap().log_size, 1);
+
+    // SIGKILL and restart on the same identity file and store
+    drop(client);
+    drop(agent);
+    let agent = spawn_agent(&dir, &["--capability", "code_generation:0.9:200:0.02"]);
+    assert_eq!(agent.did, did, "a restarted agent keeps its DID");
+    let ch = handshake::channel(&agent.url()).unwrap();
+    let mut client = AtpServiceClient::new(ch);
+    // the probe it already saw is still a replay after the restart
+    let err = client.probe(first_probe).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains("replayed"), "{err:?}");
+    let after = client.probe(probe(&me, "task-r3")).await.unwrap().into_inner();
+    v.verify(&after).unwrap();
+    let (eb, ea) = (before.trust_evidence.unwrap(), after.trust_evidence.unwrap());
+    assert_eq!(ea.log_size, 1);
+    assert_eq!(ea.merkle_root, pack.merkle_root, "the Merkle root survives the restart");
+    assert_eq!(after.trust_proof, pack.merkle_root);
+    assert_eq!(after.trust_score, before.trust_score, "trust survives the restart");
+    assert_eq!(ea.proofs, eb.proofs);
+    assert_eq!(ea.proofs.len(), 1);
+    v.check_proof(&ea.proofs[0]).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_refuses_what_it_must() {
+    let dir = crate::scratch("atp-refusals");
+    let me = Identity::generate();
+    let stranger = Identity::generate();
+    let v = verifier();
+    let agent = spawn_agent(&dir, &["--capability", "code_generation:0.9:3000:0.02", "--max-queue", "0", "--max-running", "1"]);
+    let (url, did) = (agent.url(), agent.did.clone());
+    let ch = handshake::channel(&url).unwrap();
+    let mut client = AtpServiceClient::new(ch.clone());
+    let refused = |r: Result<tonic::Response<pb::TaskAck>, tonic::Status>, code: Code, words: &str| {
+        let e = r.unwrap_err();
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(e.message().contains(words), "{words:?} not in {e:?}");
+    };
+
+    // probe it cannot meet: no offer
+    let mut p = probe(&me, "x");
+    p.task_type = pb::TaskType::Analysis as i32;
+    me.stamp_and_sign(&mut p);
+    let e = client.probe(p).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("no capability for TASK_TYPE_ANALYSIS"), "{e:?}");
+
+    // a contract for an offer it never made
+    let (offer, c1) = contract(&me, &v, &url, &ch, "task-a").await;
+    let mut bogus = handshake::contract_for(&me, &offer, "task-b", qos(), "http://127.0.0.1:1");
+    bogus.offer_nonce = 12345;
+    me.sign(&mut bogus);
+    let ack = client.accept_contract(bogus).await.unwrap().into_inner();
+    assert!(!ack.accepted);
+    assert!(ack.reason.contains("no open offer"), "{ack:?}");
+
+    // tasks: unsigned, without a contract, for someone else, under another's contract
+    let mut unsigned = task(&me, &did, &c1, 1);
+    unsigned.signature.clear();
+    refused(client.submit_task(unsigned).await, Code::Unauthenticated, "unsigned");
+    let mut no_contract = task(&me, &did, &c1, 1);
+    no_contract.contract_id = "ct-none".into();
+    me.stamp_and_sign(&mut no_contract);
+    refused(client.submit_task(no_contract).await, Code::FailedPrecondition, "no contract");
+    refused(client.submit_task(task(&me, "did:key:z6MkOther", &c1, 1)).await, Code::InvalidArgument, "another agent");
+    refused(client.submit_task(task(&stranger, &did, &c1, 1)).await, Code::PermissionDenied, "another agent's");
+    let mut bad_order = task(&me, &did, &c1, 1);
+    bad_order.payload = br#"{"title":"t","stpes":2}"#.to_vec();
+    me.stamp_and_sign(&mut bad_order);
+    refused(client.submit_task(bad_order).await, Code::InvalidArgument, "task.payload.stpes: unknown field");
+
+    // one running task fills it (queue 0): the next is RESOURCE_EXHAUSTED
+    assert!(client.submit_task(task(&me, &did, &c1, 3)).await.unwrap().into_inner().accepted);
+    let (_, c2) = contract(&me, &v, &url, &ch, "task-c").await;
+    refused(client.submit_task(task(&me, &did, &c2, 1)).await, Code::ResourceExhausted, "queue full");
+
+    // only the submitter streams results; proofs only for tasks it ran for the evaluator
+    let mut q = pb::TaskQuery { task_id: "task-a".into(), from: Some(stranger.agent_id()), ..Default::default() };
+    stranger.stamp_and_sign(&mut q);
+    let e = client.stream_results(q).await.err().expect("refused");
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let mut proof = pb::InteractionProof {
+        evaluator: Some(stranger.agent_id()),
+        subject: Some(pb::AgentId { uuid: did.clone() }),
+        task_id: "task-a".into(),
+        task_type: 1,
+        quality_score: 0.0,
+        ..Default::default()
+    };
+    stranger.stamp_and_sign(&mut proof);
+    let e = client.submit_interaction_proof(proof).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("not a task this agent ran for the evaluator"), "{e:?}");
+    let mut out_of_range = pb::InteractionProof {
+        evaluator: Some(me.agent_id()),
+        subject: Some(pb::AgentId { uuid: did.clone() }),
+        task_id: "task-a".into(),
+        task_type: 1,
+        quality_score: 1.5,
+        ..Default::default()
+    };
+    me.stamp_and_sign(&mut out_of_range);
+    let e = client.submit_interaction_proof(out_of_range).await.unwrap_err();
+    assert!(e.message().contains("proof.quality_score: 1.5 is outside [0, 1]"), "{e:?}");
+
+    // an envelope whose payload claims another sender
+    let mut inner = probe(&stranger, "env");
+    stranger.stamp_and_sign(&mut inner);
+    let mut env = pb::AtpMessage {
+        message_id: "m1".into(),
+        sender_did: me.did().into(),
+        receiver_did: did.clone(),
+        r#type: pb::MessageType::CapabilityProbe as i32,
+        payload: Some(pb::atp_message::Payload::Probe(inner)),
+        ..Default::default()
+    };
+    me.stamp_and_sign(&mut env);
+    let e = client.exchange(env).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("not the envelope's sender"), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_demo_kills_a_worker_and_loses_no_task() {
+    if !crate::ready() {
+        return;
+    }
+    let dir = crate::scratch("atp-demo");
+    let json = dir.join("demo.json");
+    let (ok, stdout, stderr) = crate::scd(
+        &["atp", "demo", "--json", json.to_str().unwrap(), "--workdir", dir.join("net").to_str().unwrap()],
+        "",
+    );
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert_eq!(n("tasks_lost"), 0, "{r}\n{stdout}");
+    assert_eq!(n("tasks_submitted"), 6, "{r}");
+    assert_eq!(n("tasks_completed") + n("tasks_poison"), 6, "{r}\n{stdout}");
+    assert_eq!(n("tasks_poison"), 1, "{r}\n{stdout}");
+    assert!(n("failovers") >= 1, "{r}\n{stdout}");
+    assert!(n("circuit_opened") >= 1, "{r}\n{stdout}");
+    assert_eq!(r["rejected"], serde_json::json!({"forged": 1, "replayed": 1, "stale": 1}), "{stdout}");
+    let (full, sent) = (r["context"]["full_tokens"].as_u64().unwrap(), r["context"]["sent_tokens"].as_u64().unwrap());
+    assert!(sent > 0 && sent < full, "{r}");
+    assert!(r["context"]["context_requests"].as_u64().unwrap() >= 1, "{r}\n{stdout}");
+    assert!(n("proofs") >= 4, "{r}");
+    for want in ["SIGKILL", "FAILOVER", "resuming after checkpoint", "circuit of", "POISON", "withheld: [gateway_credentials]"] {
+        assert!(stdout.contains(want), "{want:?} not in:\n{stdout}");
+    }
+    // the confidential field never crossed an agent boundary (nor reached the story)
+    assert!(!stdout.contains("sk_live_DEMO_NEVER_LEAVES"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
