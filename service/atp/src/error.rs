@@ -148,13 +148,16 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The simulation was given no measured context samples.
+    #[error("context samples: none given (the simulation draws context efficiency from measured SCD transfers; at least 1 is needed)")]
+    NoSamples,
 }
 
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> tonic::Status {
         let msg = e.to_string();
         match e {
-            Error::Invalid { .. } | Error::Did { .. } => tonic::Status::invalid_argument(msg),
+            Error::Invalid { .. } | Error::Did { .. } | Error::NoSamples => tonic::Status::invalid_argument(msg),
             Error::CannotMeet { .. } => tonic::Status::failed_precondition(msg),
             Error::Timeout { .. } => tonic::Status::deadline_exceeded(msg),
             Error::Escalated { .. } | Error::Peer { .. } | Error::Transport { .. } => tonic::Status::unavailable(msg),

@@ -233,6 +233,20 @@ impl CircuitBreakers {
         }
     }
 
+    /// Whether [`CircuitBreakers::allow`] would let a request through now,
+    /// without changing anything (for choosing among candidates).
+    pub fn would_allow(&self, did: &str, now_ms: u64) -> bool {
+        let cool = self.params.cool_down_ms;
+        match self.agents.get(did) {
+            None => true,
+            Some(b) => match b.state {
+                CircuitState::Closed | CircuitState::Unspecified => true,
+                CircuitState::Open => now_ms.saturating_sub(b.opened_ms) >= cool,
+                CircuitState::HalfOpen => b.probe_ms.is_none_or(|t| now_ms.saturating_sub(t) >= cool),
+            },
+        }
+    }
+
     /// A request to `did` succeeded: resets the count; closes a half-open
     /// circuit (an OPEN one stays open: only the probe decides).
     pub fn record_success(&mut self, did: &str, _now_ms: u64) -> Option<Transition> {
@@ -686,7 +700,11 @@ mod tests {
     fn half_open_lets_exactly_one_probe_through() {
         let mut b = opened_at_0();
         assert!(!b.allow("a", 999));
+        assert!(!b.would_allow("a", 999));
+        assert!(b.would_allow("a", 1_000));
+        assert!(b.would_allow("a", 1_000), "asking changes nothing");
         assert!(b.allow("a", 1_000));
+        assert!(!b.would_allow("a", 1_001));
         assert_eq!(b.state("a"), CircuitState::HalfOpen);
         assert!(!b.allow("a", 1_001), "a second request while the probe is out");
         assert!(!b.allow("a", 1_999));

@@ -29,6 +29,7 @@ pub mod identity;
 pub mod merkle;
 pub mod planner;
 pub mod routing;
+pub mod sim;
 pub mod store;
 pub mod trust;
 

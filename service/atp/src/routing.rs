@@ -453,7 +453,9 @@ impl<'a> TopK<'a> {
 /// matched agents whose Definition 4 metrics meet them (labelled
 /// [`Pattern::DraftRefine`], as in the paper), scored and returned best first
 /// (at most [`ROUTE_LIMIT`]; ties: fewer agents, then lower cost, then agent
-/// names). O(k²) in the k matched agents.
+/// names). O(k²) in the k matched agents at worst; an exact branch and bound
+/// skips every agent whose best conceivable pair could not be kept, so
+/// usually far fewer pairs are scored (same result as the full O(k²) scan).
 pub fn route(cands: &[Candidate], task_type: pb::TaskType, c: &Constraints, p: &RoutingParams) -> Vec<RouteChoice> {
     let matched = prune(cands, task_type, c);
     let mut top = TopK(BinaryHeap::with_capacity(ROUTE_LIMIT + 1));
@@ -474,7 +476,18 @@ pub fn route(cands: &[Candidate], task_type: pb::TaskType, c: &Constraints, p: &
         .copied()
         .filter(|a| a.quality >= c.min_quality && a.latency_ms <= c.max_latency_ms && a.cost <= c.max_cost)
         .collect();
+    // Exact branch and bound: the best pair `a` could start uses the highest
+    // quality, lowest latency and lowest cost of any partner; when even that
+    // cannot enter the kept routes, no pair starting with `a` can.
+    let q_max = pairable.iter().map(|b| b.quality).fold(f64::NEG_INFINITY, f64::max);
+    let l_min = pairable.iter().map(|b| b.latency_ms).min().unwrap_or(0);
+    let c_min = pairable.iter().map(|b| b.cost).fold(f64::INFINITY, f64::min);
     for (i, a) in pairable.iter().enumerate() {
+        let bound =
+            score(a.quality * q_max, a.latency_ms + l_min + p.transfer_latency_ms, a.cost + c_min, c.min_quality, p);
+        if p.beta1 >= 0.0 && p.beta2 >= 0.0 && bound < top.worst_score() {
+            continue;
+        }
         for (j, b) in pairable.iter().enumerate() {
             if i == j || a.agent == b.agent {
                 continue;
@@ -992,6 +1005,61 @@ mod tests {
         }
         all.sort_by(|a, b| b.total_cmp(a));
         close(all[ROUTE_LIMIT - 1], last);
+    }
+
+    #[test]
+    fn branch_and_bound_equals_the_full_scan() {
+        // Seeded xorshift; random networks, q_min low enough that many pairs qualify.
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for round in 0..20 {
+            let k = 5 + round * 7;
+            let cands: Vec<Candidate> = (0..k)
+                .map(|i| Candidate {
+                    quality: 0.5 + 0.5 * next(),
+                    latency_ms: 20 + (next() * 2_000.0) as u64,
+                    cost: 0.001 + 0.3 * next(),
+                    trust: next(),
+                    ..cand(&format!("a{i:03}"), 0.0, 0, 0.0)
+                })
+                .collect();
+            let c = Constraints { min_quality: 0.45, max_latency_ms: 3_000, max_cost: 0.5, min_trust: 0.2 };
+            let p = RoutingParams { beta1: 0.2 + next(), beta2: 1e-4 * next(), transfer_latency_ms: 30 };
+            let matched = prune(&cands, Analysis, &c);
+            let mut all: Vec<RouteChoice> = Vec::new();
+            for a in &matched {
+                for m in
+                    [vec![*a]].into_iter().chain(matched.iter().filter(|b| b.agent != a.agent).map(|b| vec![*a, *b]))
+                {
+                    let (q, l, cost) = definition4(&m, &p);
+                    let r = RouteChoice {
+                        pattern: if m.len() == 1 { Pattern::Single } else { Pattern::DraftRefine },
+                        agents: m.iter().map(|x| x.agent.clone()).collect(),
+                        quality: q,
+                        latency_ms: l,
+                        cost,
+                        score: score(q, l, cost, c.min_quality, &p),
+                    };
+                    if r.meets(&c) {
+                        all.push(r);
+                    }
+                }
+            }
+            all.sort_by(|a, b| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then_with(|| a.agents.len().cmp(&b.agents.len()))
+                    .then_with(|| a.cost.total_cmp(&b.cost))
+                    .then_with(|| a.agents.cmp(&b.agents))
+            });
+            all.truncate(ROUTE_LIMIT);
+            assert_eq!(route(&cands, Analysis, &c, &p), all, "round {round}");
+        }
     }
 
     #[test]
