@@ -408,22 +408,23 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         sent_tokens: hops.sent_tokens,
         context_requests: hops.context_requests,
     };
-    let ledger = node.ledger.lock().unwrap();
-    report.proofs = ledger.len();
-    let now = crate::agent::now_s();
-    for w in &workers {
-        for t in [pb::TaskType::CodeGeneration, pb::TaskType::Analysis] {
-            let score = ledger.trust(&w.did, Some(t), now);
-            if w.capability.starts_with(&t.as_str_name()["TASK_TYPE_".len()..].to_lowercase()) {
-                report
-                    .trust
-                    .entry(w.name.to_string())
-                    .or_default()
-                    .insert(t.as_str_name().to_string(), TrustEntry { score: score.score, samples: score.samples });
+    {
+        let ledger = node.ledger.lock().unwrap();
+        report.proofs = ledger.len();
+        let now = crate::agent::now_s();
+        for w in &workers {
+            for t in [pb::TaskType::CodeGeneration, pb::TaskType::Analysis] {
+                let score = ledger.trust(&w.did, Some(t), now);
+                if w.capability.starts_with(&t.as_str_name()["TASK_TYPE_".len()..].to_lowercase()) {
+                    report
+                        .trust
+                        .entry(w.name.to_string())
+                        .or_default()
+                        .insert(t.as_str_name().to_string(), TrustEntry { score: score.score, samples: score.samples });
+                }
             }
         }
     }
-    drop(ledger);
     report.seconds = started.elapsed().as_secs_f64();
     say(out, format!(
         "\nsummary: {} tasks, {} completed, {} poison, {} lost; {} failover(s); {} circuit(s) opened; context {} of {} tokens sent ({:.1}× less), {} adaptive request(s); {} countersigned proofs; {:.1} s",
@@ -474,6 +475,8 @@ fn story(e: &Event, name: &dyn Fn(&str) -> String) -> String {
             format!("  FAILOVER {} → {}, resuming after checkpoint {resumed_after}", name(from), name(to))
         }
         Event::Circuit { agent, from, to } => format!("  circuit of {}: {from} → {to}", name(agent)),
+        Event::Rerouted { agent, why, .. } => format!("  rerouted around {}: {why}", name(agent)),
+        Event::Buffered { agent, ms, .. } => format!("  buffered {ms} ms for {}'s back-pressure", name(agent)),
         Event::Backpressure { agent, queue_depth, action } => format!("  back-pressure from {} (queue {queue_depth}): {action}", name(agent)),
         Event::Poison { diagnostics, .. } => format!("  POISON: {diagnostics}"),
         Event::Completed { agent, latency_ms, quality, resumed_after, .. } => {

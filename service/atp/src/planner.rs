@@ -84,6 +84,10 @@ pub enum Event {
     Failover { task: String, from: String, to: String, resumed_after: u32 },
     /// A circuit changed state.
     Circuit { agent: String, from: String, to: String },
+    /// A route was skipped (back-pressure, a full queue, a refusal).
+    Rerouted { task: String, agent: String, why: String },
+    /// A task waited for an agent's back-pressure to ease.
+    Buffered { task: String, agent: String, ms: u64 },
     /// A worker signalled back-pressure.
     Backpressure { agent: String, queue_depth: u32, action: String },
     /// The task is poison: back to the originator.
@@ -333,6 +337,9 @@ pub struct Planner {
     peers: Vec<(String, Channel)>,
 }
 
+/// The longest a planner holds a task back for an agent's back-pressure.
+const MAX_BUFFER: Duration = Duration::from_secs(2);
+
 /// The longest a planner waits for any result of a running task.
 const RESULT_SILENCE: Duration = Duration::from_secs(30);
 
@@ -393,7 +400,7 @@ impl Planner {
             let cands = st.candidates(&self.node, &offers, job.task_type);
             let routes =
                 routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
-            let Some(best) = routes.iter().find(|r| r.pattern == Pattern::Single).or(routes.first()) else {
+            let Some(best) = self.admit(job, &routes).await else {
                 relaxed += negotiation.rounds;
                 if relaxed > handshake::MAX_RETRIES {
                     let why = format!(
@@ -430,15 +437,21 @@ impl Planner {
             }
             match self.delegate(job, offer, negotiation.qos, &mut transfer).await {
                 Ok(done) => break done.with_failovers(failovers),
-                Err(Failure { why, counts_against_agent }) => {
+                Err(Failure { why, kind: FailureKind::Local }) => {
+                    break Outcome::Lost { why: format!("this agent's side failed: {why}"), failovers };
+                }
+                Err(Failure { why, kind: FailureKind::Refused }) => {
+                    // back-pressure or a refusal: not the agent's fault, not
+                    // the task's; the next route gets it
+                    st.emit(Event::Rerouted { task: job.task_id.clone(), agent: short(offer.did()), why });
+                }
+                Err(Failure { why, kind: FailureKind::Agent }) => {
                     st.emit(Event::AgentFailed {
                         task: job.task_id.clone(),
                         agent: short(offer.did()),
                         why: why.clone(),
                     });
-                    if counts_against_agent {
-                        st.breaker_failure(&offer.url, Some(offer.did()));
-                    }
+                    st.breaker_failure(&offer.url, Some(offer.did()));
                     st.repricer.lock().unwrap().agent_failed(offer.did());
                     let poison = st.poison.lock().unwrap().record_failure(&job.task_id, offer.did(), &why, st.now_ms());
                     if let Some(p) = poison {
@@ -457,6 +470,41 @@ impl Planner {
         }
         st.delegations.lock().unwrap().remove(&job.task_id);
         Ok(result)
+    }
+
+    /// Layer 5 back-pressure on the ranked routes: the first single-agent
+    /// route whose agent admits a task now; an agent that asked to be paced
+    /// or buffered is waited for (at most [`MAX_BUFFER`]) when it is the
+    /// best left, one that asked for rerouting is skipped.
+    async fn admit<'r>(&self, job: &Job, routes: &'r [routing::RouteChoice]) -> Option<&'r routing::RouteChoice> {
+        let st = self.state();
+        let mut wait: Option<(&routing::RouteChoice, u64)> = None;
+        for r in routes.iter().filter(|r| r.pattern == Pattern::Single) {
+            let decision = st.pressure.lock().unwrap().admit(&r.agents[0], st.now_ms());
+            match decision {
+                fault::Admit::Go => {
+                    if let Some((_, ms)) = wait {
+                        tracing::debug!(waited_for = ms, "a later route admits now");
+                    }
+                    return Some(r);
+                }
+                fault::Admit::WaitMs(ms) => {
+                    wait = wait.or(Some((r, ms)));
+                }
+                fault::Admit::Reroute => {
+                    st.emit(Event::Rerouted {
+                        task: job.task_id.clone(),
+                        agent: short(&r.agents[0]),
+                        why: "it signalled back-pressure".into(),
+                    });
+                }
+            }
+        }
+        let (r, ms) = wait?;
+        let ms = ms.min(MAX_BUFFER.as_millis() as u64);
+        st.emit(Event::Buffered { task: job.task_id.clone(), agent: short(&r.agents[0]), ms });
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Some(r)
     }
 
     fn account_probe(&self, job: &Job, n: &handshake::Negotiation, relaxed: u32) {
@@ -561,7 +609,7 @@ impl Planner {
         let submitted = Instant::now();
         let ack = client.submit_task(task).await.map_err(|s| Failure::status("SubmitTask", &s))?.into_inner();
         if !ack.accepted {
-            return Err(Failure { why: format!("task refused: {}", ack.reason), counts_against_agent: false });
+            return Err(Failure { why: format!("task refused: {}", ack.reason), kind: FailureKind::Refused });
         }
         let mut query =
             pb::TaskQuery { task_id: job.task_id.clone(), from: Some(node.identity.agent_id()), ..Default::default() };
@@ -575,7 +623,7 @@ impl Planner {
                 _ = watchdog.tick() => {
                     // layer 5: T_fail = 3 × the worker's heartbeat interval
                     if st.health.lock().unwrap().failed(st.now_ms()).contains(&did) {
-                        return Err(Failure { why: "no heartbeat for 3 × its interval".into(), counts_against_agent: true });
+                        return Err(Failure { why: "no heartbeat for 3 × its interval".into(), kind: FailureKind::Agent });
                     }
                     continue;
                 }
@@ -584,20 +632,20 @@ impl Planner {
                 Err(_) => {
                     return Err(Failure {
                         why: format!("no result for {} s", RESULT_SILENCE.as_secs()),
-                        counts_against_agent: true,
+                        kind: FailureKind::Agent,
                     })
                 }
                 Ok(None) => {
                     return Err(Failure {
                         why: "result stream ended before a final result".into(),
-                        counts_against_agent: true,
+                        kind: FailureKind::Agent,
                     })
                 }
                 Ok(Some(Err(s))) => return Err(Failure::status("StreamResults", &s)),
                 Ok(Some(Ok(r))) => r,
             };
             if let Err(e) = node.verifier.verify(&result) {
-                return Err(Failure { why: format!("result: {e}"), counts_against_agent: true });
+                return Err(Failure { why: format!("result: {e}"), kind: FailureKind::Agent });
             }
             match pb::TaskStatus::try_from(result.status) {
                 Ok(pb::TaskStatus::Running) => {
@@ -633,7 +681,7 @@ impl Planner {
                         cost: result.actual_cost,
                     });
                 }
-                _ => return Err(Failure { why: result.error.clone(), counts_against_agent: true }),
+                _ => return Err(Failure { why: result.error.clone(), kind: FailureKind::Agent }),
             }
         }
     }
@@ -722,22 +770,40 @@ impl Planner {
 #[derive(Debug)]
 struct Failure {
     why: String,
-    /// false when the fault is ours (SCD down, store error) or a refusal.
-    counts_against_agent: bool,
+    kind: FailureKind,
+}
+
+/// Whose fault a failed delegation is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FailureKind {
+    /// The agent's: counts against its circuit and toward poison; fail over.
+    Agent,
+    /// A refusal (queue full, contract declined): try the next route.
+    Refused,
+    /// Ours (SCD down, store error): stop.
+    Local,
 }
 
 impl Failure {
     fn agent(e: Error) -> Failure {
-        Failure { why: e.to_string(), counts_against_agent: true }
+        Failure { why: e.to_string(), kind: FailureKind::Agent }
     }
 
     fn local(e: Error) -> Failure {
-        Failure { why: e.to_string(), counts_against_agent: false }
+        Failure { why: e.to_string(), kind: FailureKind::Local }
     }
 
     fn status(rpc: &str, s: &Status) -> Failure {
-        let ours = matches!(s.code(), tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted);
-        Failure { why: format!("{rpc}: {:?}: {}", s.code(), s.message()), counts_against_agent: !ours }
+        let kind = match s.code() {
+            tonic::Code::ResourceExhausted | tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists => {
+                FailureKind::Refused
+            }
+            tonic::Code::InvalidArgument | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                FailureKind::Local
+            }
+            _ => FailureKind::Agent,
+        };
+        Failure { why: format!("{rpc}: {:?}: {}", s.code(), s.message()), kind }
     }
 }
 

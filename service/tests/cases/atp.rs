@@ -40,9 +40,15 @@ impl AgentProc {
 /// for its ready line `{"event":"ready","did":…,"addr":…}`; the rest of its
 /// stdout is drained, its stderr goes to `dir/agent.stderr`.
 pub(crate) fn spawn_agent(dir: &Path, args: &[&str]) -> AgentProc {
+    spawn_agent_with_scd(dir, "http://127.0.0.1:1", args)
+}
+
+/// [`spawn_agent`] with the SCD URL it would delegate through.
+pub(crate) fn spawn_agent_with_scd(dir: &Path, scd: &str, args: &[&str]) -> AgentProc {
+    std::fs::create_dir_all(dir).unwrap();
     let stderr_path = dir.join("agent.stderr");
     let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
-        .args(["atp", "agent", "--addr", "127.0.0.1:0", "--scd", "http://127.0.0.1:1", "--identity"])
+        .args(["atp", "agent", "--addr", "127.0.0.1:0", "--scd", scd, "--identity"])
         .arg(dir.join("id.json"))
         .arg("--store")
         .arg(dir.join("store"))
@@ -260,7 +266,7 @@ async fn an_agent_refuses_what_it_must() {
     // only the submitter streams results; proofs only for tasks it ran for the evaluator
     let mut q = pb::TaskQuery { task_id: "task-a".into(), from: Some(stranger.agent_id()), ..Default::default() };
     stranger.stamp_and_sign(&mut q);
-    let e = client.stream_results(q).await.err().expect("refused");
+    let Err(e) = client.stream_results(q).await else { panic!("a stranger streamed another's results") };
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let mut proof = pb::InteractionProof {
         evaluator: Some(stranger.agent_id()),
@@ -301,6 +307,73 @@ async fn an_agent_refuses_what_it_must() {
     let e = client.exchange(env).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(e.message().contains("not the envelope's sender"), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_agent_makes_the_planner_reroute() {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::planner::{Event, Job, Outcome, Planner};
+    use scd_atp::store::{Ledger, Store};
+
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await; // SERVING
+    let dir = crate::scratch("atp-backpressure");
+    // the better, cheaper agent runs one task at a time and queues none
+    let busy = spawn_agent_with_scd(
+        &dir.join("busy"),
+        &scd.addr,
+        &["--capability", "analysis:0.95:3000:0.01", "--max-queue", "0", "--max-running", "1"],
+    );
+    let spare = spawn_agent_with_scd(&dir.join("spare"), &scd.addr, &["--capability", "analysis:0.88:300:0.02"]);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let identity = Identity::load_or_create(&dir.join("planner.json")).unwrap();
+    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
+    let node = Node::new(identity, verifier, ledger, AgentConfig::new(vec![], url, scd.addr.clone()));
+    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    node.planner.subscribe(tx);
+    let planner = Arc::new(Planner::new(node.clone(), &[busy.url(), spare.url()]).unwrap());
+    let context = scd_atp::context::ContextFile::load(&crate::root().join("fixtures/atp_demo_context.json")).unwrap();
+    let job = |id: &str| Job {
+        task_id: id.into(),
+        task_type: pb::TaskType::Analysis,
+        task: scd_atp::context::Task::new("Why were cards charged twice after gateway timeouts?"),
+        order: WorkOrder { title: id.into(), steps: 2, needs: vec![], fail: None },
+        context: context.clone(),
+        qos: pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 10_000, max_cost: 0.1, min_trust: 0.0 },
+    };
+    let (a, b) = (planner.clone(), planner.clone());
+    let (ja, jb) = (job("bp-1"), job("bp-2"));
+    let (ra, rb) = tokio::join!(async move { a.run(&ja).await }, async move { b.run(&jb).await });
+    let mut agents = Vec::new();
+    for r in [ra.unwrap(), rb.unwrap()] {
+        match r {
+            Outcome::Completed { agent, failovers, .. } => {
+                assert_eq!(failovers, 0, "a refusal is a reroute, not a failure");
+                agents.push(agent);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    agents.sort();
+    let mut want = vec![busy.did.clone(), spare.did.clone()];
+    want.sort();
+    assert_eq!(agents, want, "one task on each agent");
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        seen.push(e);
+    }
+    assert!(seen.iter().any(|e| matches!(e, Event::Rerouted { why, .. } if why.contains("queue full"))), "{seen:#?}");
+    assert!(!seen.iter().any(|e| matches!(e, Event::AgentFailed { .. } | Event::Circuit { .. })), "{seen:#?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
