@@ -50,6 +50,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let level = match &cli.command {
         Command::Serve(_) | Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
+        // the simulated agents' circuits open by design: their WARNs are noise
+        Command::Atp(cli::atp::AtpCommand::Bench(_)) => "error",
         _ => "warn",
     };
     telemetry::init(cli.log_format, level);

@@ -147,6 +147,9 @@ pub struct Ready {
     pub did: String,
     /// Its bound address.
     pub addr: String,
+    /// Where it serves its DID document (with --http-addr).
+    #[serde(default)]
+    pub http: Option<String>,
 }
 
 fn spawn_worker(cfg: &DemoConfig, scd_url: &str, name: &'static str, capability: &'static str) -> Result<Worker> {

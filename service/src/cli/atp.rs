@@ -44,9 +44,19 @@ pub struct AgentArgs {
     /// Directory of the embedded store (proofs, trust, seen nonces, checkpoints).
     #[arg(long, env = "SCD_ATP_STORE", default_value = "atp-store")]
     pub store: PathBuf,
-    /// Directory of did:wba documents (<dir>/<host>/did.json); no network lookups.
+    /// Directory of did:wba documents (<dir>/<host>/did.json) for verifying
+    /// did:wba peers; no network lookups.
     #[arg(long, env = "SCD_ATP_DID_DIR")]
     pub did_dir: Option<PathBuf>,
+    /// Sign as this did:wba (e.g. did:wba:agents.example.com:coder) instead of
+    /// the key's did:key; its document is served on --http-addr.
+    #[arg(long, env = "SCD_ATP_DID_WBA")]
+    pub did_wba: Option<String>,
+    /// Serve this agent's DID document over HTTP here: GET
+    /// /.well-known/did.json (did:wba:host or did:key) or /<path>/did.json
+    /// (did:wba:host:path…).
+    #[arg(long, env = "SCD_ATP_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
     /// Heartbeat interval to requesters (T_fail there = 3 × this).
     #[arg(long, default_value_t = 1000)]
     pub heartbeat_ms: u64,
@@ -136,7 +146,13 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     if args.context_budget == 0 {
         bail!("--context-budget 0: must be at least 1 token");
     }
-    let identity = Identity::load_or_create(&args.identity)?;
+    let mut identity = Identity::load_or_create(&args.identity)?;
+    if let Some(did) = &args.did_wba {
+        if !did.starts_with("did:wba:") {
+            bail!("--did-wba {did:?}: must start with did:wba:");
+        }
+        identity = identity.with_did(did)?;
+    }
     let store = Arc::new(Store::open(&args.store)?);
     let resolver: Arc<dyn scd_atp::identity::Resolver> = match &args.did_dir {
         Some(dir) => Arc::new(DidResolver::with_wba_dir(dir)),
@@ -154,8 +170,26 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         config.max_queue = args.max_queue;
         config.max_running = args.max_running;
         config.context_budget_tokens = args.context_budget;
+        let document = (did_document_path(identity.did()), identity.did_document_json());
         let node = Node::new(identity, verifier, ledger, config);
-        let ready = serde_json::json!({ "event": "ready", "did": node.did(), "addr": addr.to_string() });
+        let mut ready = serde_json::json!({ "event": "ready", "did": node.did(), "addr": addr.to_string() });
+        if let Some(http) = args.http_addr {
+            let listener = tokio::net::TcpListener::bind(http)
+                .await
+                .with_context(|| format!("--http-addr {http}: cannot listen"))?;
+            ready["http"] = listener.local_addr()?.to_string().into();
+            let (path, doc) = document;
+            let body = serde_json::to_string_pretty(&doc)?;
+            let router = axum::Router::new().route(
+                &path,
+                axum::routing::get(move || {
+                    let body = body.clone();
+                    async move { ([(http::header::CONTENT_TYPE, "application/did+json")], body) }
+                }),
+            );
+            let limits = crate::grpc::http::HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) };
+            tokio::spawn(crate::grpc::http::serve_router(listener, router, limits, || {}));
+        }
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{ready}")?;
         stdout.flush()?;
@@ -164,6 +198,17 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         scd_atp::agent::serve(node, listener, shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// Where a DID's document is served: `/.well-known/did.json` for
+/// `did:wba:host` (and did:key), `/a/b/did.json` for `did:wba:host:a:b`.
+pub fn did_document_path(did: &str) -> String {
+    let segments: Vec<&str> = did.strip_prefix("did:wba:").map(|r| r.split(':').skip(1).collect()).unwrap_or_default();
+    if segments.is_empty() {
+        "/.well-known/did.json".into()
+    } else {
+        format!("/{}/did.json", segments.join("/"))
+    }
 }
 
 /// `scd atp demo`.
@@ -359,7 +404,13 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         recall
     );
     let cfg = sim::SimConfig { agents: args.agents, tasks: args.tasks, seed: args.seed, ..sim::SimConfig::default() };
+    let spinner = ProgressBar::new_spinner();
+    spinner.set_message(format!("simulating {} tasks on {} agents, four strategies", args.tasks, args.agents));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let started = std::time::Instant::now();
     let report = sim::run(&cfg, &samples)?;
+    spinner.finish_and_clear();
+    eprintln!("simulated in {:.1} s", started.elapsed().as_secs_f64());
     println!(
         "SIMULATION (seeded, not a measurement of real agents): {} agents, {} tasks, seed {}",
         args.agents, args.tasks, args.seed
@@ -384,6 +435,14 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn did_documents_are_served_where_did_wba_says() {
+        assert_eq!(did_document_path("did:wba:example.com"), "/.well-known/did.json");
+        assert_eq!(did_document_path("did:wba:example.com%3A8443"), "/.well-known/did.json");
+        assert_eq!(did_document_path("did:wba:example.com:agents:coder"), "/agents/coder/did.json");
+        assert_eq!(did_document_path("did:key:z6Mkabc"), "/.well-known/did.json");
+    }
 
     #[test]
     fn capabilities_parse_strictly() {

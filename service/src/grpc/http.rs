@@ -56,20 +56,31 @@ async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
 /// Serves `GET /metrics` on `listener` until the task is dropped.
 pub async fn serve_metrics(listener: tokio::net::TcpListener, service: Arc<ScdService>, limits: HttpLimits) {
     let router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
+    serve_router(listener, router, limits, move || service.metrics.rejected("http_connections")).await
+}
+
+/// Serves `router` on `listener` with `limits` until the task is dropped;
+/// `on_reject` runs for each connection closed at the connection limit.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: HttpLimits,
+    on_reject: impl Fn() + Send + 'static,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
         let sock = match listener.accept().await {
             Ok((sock, _)) => sock,
             Err(e) => {
                 // e.g. out of file descriptors: back off instead of spinning
-                ACCEPT.hit(&format!("metrics listener accept failed: {e}"));
+                ACCEPT.hit(&format!("HTTP listener accept failed: {e}"));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
-            service.metrics.rejected("http_connections");
-            CONN_LIMIT.hit("metrics listener at --http-max-connections; connection closed");
+            on_reject();
+            CONN_LIMIT.hit("HTTP listener at its connection limit; connection closed");
             drop(sock);
             continue;
         };
@@ -81,8 +92,8 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, service: Arc<ScdSe
                 .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(sock), svc);
             match tokio::time::timeout(MAX_CONNECTION_AGE, conn).await {
-                Ok(Err(e)) => debug!(error = %e, "metrics connection ended"),
-                Err(_) => debug!("metrics connection closed at its maximum age"),
+                Ok(Err(e)) => debug!(error = %e, "HTTP connection ended"),
+                Err(_) => debug!("HTTP connection closed at its maximum age"),
                 Ok(Ok(())) => {}
             }
         });

@@ -21,6 +21,8 @@ pub(crate) struct AgentProc {
     pub(crate) child: Child,
     pub(crate) did: String,
     pub(crate) addr: String,
+    /// Where it serves its DID document (with --http-addr).
+    pub(crate) http: Option<String>,
 }
 
 impl Drop for AgentProc {
@@ -82,6 +84,7 @@ pub(crate) fn spawn_agent_with_scd(dir: &Path, scd: &str, args: &[&str]) -> Agen
         child,
         did: ready["did"].as_str().unwrap().to_string(),
         addr: ready["addr"].as_str().unwrap().to_string(),
+        http: ready["http"].as_str().map(str::to_string),
     }
 }
 
@@ -206,6 +209,61 @@ async fn a_restarted_agent_keeps_its_identity_proofs_trust_and_seen_nonces() {
     assert_eq!(ea.proofs, eb.proofs);
     assert_eq!(ea.proofs.len(), 1);
     v.check_proof(&ea.proofs[0]).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `GET path` over plain HTTP/1.1; the status line and the body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    write!(sock, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    sock.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (head.lines().next().unwrap_or("").to_string(), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn did_wba_agents_serve_their_documents_and_verify_peers_from_a_directory() {
+    let dir = crate::scratch("atp-did-wba");
+    let docs = dir.join("docs");
+    // a did:wba requester whose document the agent has in its directory, and one it has not
+    let me = Identity::generate().with_did("did:wba:client.example.test").unwrap();
+    me.write_wba_document(&docs).unwrap();
+    let unknown = Identity::generate().with_did("did:wba:nowhere.example.test").unwrap();
+    let did = "did:wba:agents.example.test:coder";
+    let agent = spawn_agent(
+        &dir.join("agent"),
+        &["--capability", "code_generation:0.9:200:0.02", "--did-wba", did, "--http-addr", "127.0.0.1:0"],
+    );
+    assert_eq!(agent.did, did);
+    let http = agent.http.clone().expect("ready line names the HTTP address");
+    let (status, body) = http_get(&http, "/coder/did.json");
+    assert!(status.contains("200"), "{status}");
+    let doc: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+    assert_eq!(doc["id"], did, "{doc}");
+    assert!(http_get(&http, "/.well-known/did.json").0.contains("404"), "only the DID's own path");
+    // the served document, stored where a resolver looks, verifies its offers
+    let path = scd_atp::identity::wba_document_path(&dir.join("resolved"), did).unwrap();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, &body).unwrap();
+    let v =
+        Verifier::new(Arc::new(DidResolver::with_wba_dir(dir.join("resolved"))), Arc::new(MemoryNonceLog::default()));
+    drop(agent);
+    let agent = spawn_agent(
+        &dir.join("agent"),
+        &["--capability", "code_generation:0.9:200:0.02", "--did-wba", did, "--did-dir", docs.to_str().unwrap()],
+    );
+    let mut client = AtpServiceClient::new(handshake::channel(&agent.url()).unwrap());
+    let offer = client.probe(probe(&me, "wba-1")).await.unwrap().into_inner();
+    v.verify(&offer).unwrap();
+    assert_eq!(offer.from.unwrap().uuid, did);
+    // without the document neither side can verify the other
+    let blind = verifier();
+    assert!(blind.verify(&client.probe(probe(&me, "wba-2")).await.unwrap().into_inner()).is_err());
+    let e = client.probe(probe(&unknown, "wba-3")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("did:wba:nowhere.example.test"), "{e:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
