@@ -209,7 +209,7 @@ pub enum PeerFailure {
     Invalid(String),
 }
 
-/// Sends `probe` (signed here) to every peer at once and collects the
+/// Sends `probe` (from this identity, signed here) to every peer at once and collects the
 /// offers that arrive within [`T_OFFER`] and verify: signature, sender,
 /// `in_reply_to`, task type and QoS.
 pub async fn probe_round(
@@ -219,7 +219,7 @@ pub async fn probe_round(
     probe: &pb::CapabilityProbe,
 ) -> Round {
     let calls = peers.iter().map(|(url, ch)| {
-        let mut probe = probe.clone();
+        let mut probe = pb::CapabilityProbe { from: Some(identity.agent_id()), ..probe.clone() };
         identity.stamp_and_sign(&mut probe);
         let mut client = pb::atp_service_client::AtpServiceClient::new(ch.clone());
         async move {
@@ -514,6 +514,71 @@ mod tests {
             ..Default::default()
         };
         assert!(offer_for(&me, &probe, &terms()).unwrap_err().to_string().contains("trust 0.800 < min_trust 0.900"));
+    }
+
+    /// A real agent on loopback offering `cap` (its store in `dir`).
+    async fn agent(dir: &std::path::Path, cap: pb::Capability) -> String {
+        use crate::agent::{AgentConfig, Node};
+        use crate::store::{Ledger, Store};
+        let identity = Identity::generate();
+        let store = std::sync::Arc::new(Store::open(dir).unwrap());
+        let resolver: std::sync::Arc<dyn crate::identity::Resolver> = std::sync::Arc::new(DidResolver::new());
+        let ledger = Ledger::open(store.clone(), identity.did(), Default::default(), resolver.clone()).unwrap();
+        let verifier = Verifier::new(resolver, store);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let node = Node::new(
+            identity,
+            verifier,
+            ledger,
+            AgentConfig::new(vec![cap], url.clone(), "http://127.0.0.1:1".into()),
+        );
+        tokio::spawn(crate::agent::serve(node, listener, std::future::pending()));
+        url
+    }
+
+    #[tokio::test]
+    async fn a_retry_relaxes_the_constraints_until_an_offer_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        // min_quality 0.9 · 0.9^k first reaches 0.75 at k = 2 (0.729): the third round
+        let url = agent(dir.path(), cap(0.75, 500, 0.02)).await;
+        let me = Identity::generate();
+        let peers = vec![(url.clone(), channel(&url).unwrap())];
+        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), ..Default::default() };
+        let n = negotiate(&me, &test_verifier(), &peers, &probe).await.unwrap();
+        assert_eq!(n.rounds, 3, "{n:?}");
+        assert!((n.qos.min_quality - 0.9 * 0.81).abs() < 1e-12);
+        assert_eq!(n.offers.len(), 1);
+        assert_eq!(n.failures.len(), 2);
+        assert!(n
+            .failures
+            .iter()
+            .all(|(_, f)| matches!(f, PeerFailure::Declined(why) if why.contains("quality 0.750 < min_quality"))));
+        // past three retries (0.9 · 0.729 = 0.656 > 0.6): escalation to the originator
+        let dir2 = tempfile::tempdir().unwrap();
+        let url = agent(dir2.path(), cap(0.6, 500, 0.02)).await;
+        let peers = vec![(url.clone(), channel(&url).unwrap())];
+        let err = negotiate(&me, &test_verifier(), &peers, &probe).await.unwrap_err();
+        assert!(matches!(err, Error::Escalated { rounds: 4, .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_is_down_after_t_offer() {
+        // accepts TCP and never answers: the probe times out at T_offer
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        let me = Identity::generate();
+        let peers = vec![(url.clone(), channel(&url).unwrap())];
+        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), ..Default::default() };
+        let round = probe_round(&me, &test_verifier(), &peers, &probe).await;
+        assert!(round.offers.is_empty());
+        assert_eq!(round.failures, vec![(url, PeerFailure::Down("no offer within 500 ms".into()))]);
     }
 
     #[tokio::test]
