@@ -155,6 +155,8 @@ struct Contract {
 struct Job {
     submitter: String,
     results: watch::Sender<Vec<pb::TaskResult>>,
+    /// Whether its interaction proof was countersigned (one per task).
+    proved: std::sync::atomic::AtomicBool,
 }
 
 /// State shared by the server, its background loops and its planner.
@@ -401,8 +403,12 @@ impl Node {
     }
 
     fn finish(&self, reply_to: &str) {
-        if let Some(n) = self.contacts.lock().unwrap().get_mut(reply_to) {
+        let mut contacts = self.contacts.lock().unwrap();
+        if let Some(n) = contacts.get_mut(reply_to) {
             *n = n.saturating_sub(1);
+            if *n == 0 {
+                contacts.remove(reply_to);
+            }
         }
     }
 
@@ -592,6 +598,14 @@ impl pb::atp_service_server::AtpService for AgentService {
         }
         let contract = node.contract_for_task(&task)?;
         let order = WorkOrder::parse(&task.payload).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(cp) = &task.resume_from {
+            if cp.step_number > order.steps {
+                return Err(Status::invalid_argument(format!(
+                    "task.resume_from.step_number: {} is past the order's {} steps",
+                    cp.step_number, order.steps
+                )));
+            }
+        }
         if let Some(diff) = &task.context {
             if let Some(c) = diff.chunks.iter().find(|c| diff.withheld_fields.contains(&c.field)) {
                 return Err(Status::invalid_argument(format!(
@@ -623,7 +637,7 @@ impl pb::atp_service_server::AtpService for AgentService {
             return Err(Status::already_exists(format!("task.task_id: {} is already running here", task.task_id)));
         }
         let (tx, _) = watch::channel(Vec::new());
-        let job = Arc::new(Job { submitter: sender(&task.from).to_string(), results: tx });
+        let job = Arc::new(Job { submitter: sender(&task.from).to_string(), results: tx, proved: Default::default() });
         if jobs.len() >= MAX_CONTRACTS {
             // forget finished jobs first
             jobs.retain(|_, j| !j.results.borrow().last().is_some_and(is_final));
@@ -694,6 +708,7 @@ impl pb::atp_service_server::AtpService for AgentService {
     async fn send_heartbeat(&self, request: Request<pb::Heartbeat>) -> Result<Response<pb::HeartbeatAck>, Status> {
         let hb = request.into_inner();
         self.0.verify(&hb)?;
+        self.0.planner.check_peer(&hb.from, "heartbeat.from")?;
         self.0.planner.heartbeat(&hb);
         Ok(Response::new(pb::HeartbeatAck { sequence: hb.sequence }))
     }
@@ -704,6 +719,7 @@ impl pb::atp_service_server::AtpService for AgentService {
     ) -> Result<Response<pb::BackpressureAck>, Status> {
         let bp = request.into_inner();
         self.0.verify(&bp)?;
+        self.0.planner.check_peer(&bp.from, "backpressure.from")?;
         self.0.planner.backpressure(&bp);
         Ok(Response::new(pb::BackpressureAck { acknowledged: true }))
     }
@@ -734,14 +750,16 @@ impl pb::atp_service_server::AtpService for AgentService {
                 proof.quality_score
             )));
         }
-        // only for a task this agent ran for the evaluator
-        let ran =
-            node.jobs.lock().unwrap().get(&proof.task_id).is_some_and(|j| j.submitter == sender(&proof.evaluator));
-        if !ran {
+        // only for a task this agent ran for the evaluator, once
+        let job = node.jobs.lock().unwrap().get(&proof.task_id).cloned();
+        let Some(job) = job.filter(|j| j.submitter == sender(&proof.evaluator)) else {
             return Err(Status::failed_precondition(format!(
                 "proof.task_id: {:?} is not a task this agent ran for the evaluator",
                 proof.task_id
             )));
+        };
+        if job.proved.swap(true, Ordering::SeqCst) {
+            return Err(Status::already_exists(format!("proof.task_id: {:?} is already rated", proof.task_id)));
         }
         node.identity.countersign(&mut proof);
         let (index, root, inclusion) = node.ledger.lock().unwrap().append(proof.clone()).map_err(Status::from)?;

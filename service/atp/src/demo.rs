@@ -498,17 +498,23 @@ fn story(e: &Event, name: &dyn Fn(&str) -> String) -> String {
 async fn attacks(me: &Identity, target: &Worker) -> Result<Rejected> {
     let channel = crate::handshake::channel(&target.url)?;
     let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
+    let task_type =
+        if target.capability.starts_with("analysis") { pb::TaskType::Analysis } else { pb::TaskType::CodeGeneration };
     let envelope = |signer: &Identity, stale: bool| {
-        let mut heartbeat =
-            pb::Heartbeat { from: Some(me.agent_id()), sequence: 1, interval_ms: 1000, ..Default::default() };
-        signer.stamp_and_sign(&mut heartbeat);
+        let mut probe = pb::CapabilityProbe {
+            from: Some(me.agent_id()),
+            task_type: task_type as i32,
+            qos: Some(pb::QoSConstraints { min_quality: 0.5, ..Default::default() }),
+            ..Default::default()
+        };
+        signer.stamp_and_sign(&mut probe);
         let mut env = pb::AtpMessage {
             message_id: format!("msg-{:016x}", rand::random::<u64>()),
             sender_did: me.did().to_string(),
             receiver_did: target.did.clone(),
-            r#type: pb::MessageType::Heartbeat as i32,
+            r#type: pb::MessageType::CapabilityProbe as i32,
             protocol_version: 1,
-            payload: Some(pb::atp_message::Payload::Heartbeat(heartbeat)),
+            payload: Some(pb::atp_message::Payload::Probe(probe)),
             ..Default::default()
         };
         signer.stamp_and_sign(&mut env);

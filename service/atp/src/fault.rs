@@ -42,6 +42,12 @@ pub const MISSED_HEARTBEATS: u64 = 3;
 /// §8.1: the default heartbeat interval (1 s) when a heartbeat names none.
 pub const DEFAULT_HEARTBEAT_MS: u64 = 1_000;
 
+/// The longest heartbeat interval honoured (longer ones are clamped).
+pub const MAX_HEARTBEAT_MS: u64 = 60_000;
+
+/// The longest drain time a back-pressure signal can hold an agent for.
+pub const MAX_DRAIN_MS: u64 = 3_600_000;
+
 /// Load factor at which an agent counts as DEGRADED.
 pub const DEGRADED_LOAD: f64 = 0.7;
 
@@ -66,7 +72,7 @@ pub struct Health {
 impl Health {
     /// T_fail = 3 × interval.
     pub fn t_fail_ms(&self) -> u64 {
-        MISSED_HEARTBEATS * self.interval_ms
+        MISSED_HEARTBEATS.saturating_mul(self.interval_ms)
     }
 
     /// Whether the agent has been silent for T_fail or longer.
@@ -112,7 +118,8 @@ impl HealthMonitor {
         let by_load = status_from_load(load);
         let status = if severity(by_load) > severity(status) { by_load } else { status };
         let status = if status == AgentStatus::Unspecified { AgentStatus::Healthy } else { status };
-        let interval_ms = if interval_ms == 0 { DEFAULT_HEARTBEAT_MS } else { interval_ms };
+        // a signed but absurd interval cannot make an agent immortal
+        let interval_ms = if interval_ms == 0 { DEFAULT_HEARTBEAT_MS } else { interval_ms.min(MAX_HEARTBEAT_MS) };
         let was_failed = self.agents.get(did).is_some_and(|h| h.is_failed(now_ms));
         if was_failed {
             tracing::info!(agent = did, "heartbeat from a failed agent: back");
@@ -412,7 +419,12 @@ impl PoisonDetector {
         Some(poison)
     }
 
-    /// Whether the task has been marked poison.
+    /// The diagnostics of a task marked poison.
+    pub fn poison(&self, task_id: &str) -> Option<&Poison> {
+        self.poisoned.get(task_id)
+    }
+
+    /// Whether `task_id` is poison.
     pub fn is_poison(&self, task_id: &str) -> bool {
         self.poisoned.contains_key(task_id)
     }
@@ -565,14 +577,15 @@ impl Backpressure {
     pub fn signal(&mut self, sig: &pb::Backpressure, status: Option<AgentStatus>, now_ms: u64) -> Action {
         let did = sig.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
         let action = self.decide(sig, status);
-        let until = now_ms + if sig.estimated_drain_ms > 0 { sig.estimated_drain_ms } else { self.params.hold_ms };
+        let drain_ms = sig.estimated_drain_ms.min(MAX_DRAIN_MS);
+        let until = now_ms.saturating_add(if drain_ms > 0 { drain_ms } else { self.params.hold_ms });
         let hold = match action {
             Action::Proceed => {
                 self.agents.remove(&did);
                 return action;
             }
             Action::SlowTo { per_s } => Hold::Pace(TokenBucket::new(per_s, now_ms)),
-            Action::Buffer { for_ms } => Hold::BufferUntil(now_ms + for_ms),
+            Action::Buffer { for_ms } => Hold::BufferUntil(now_ms.saturating_add(for_ms.min(MAX_DRAIN_MS))),
             Action::Reroute => Hold::Reroute,
         };
         tracing::debug!(agent = %did, ?action, "back-pressure");
@@ -616,6 +629,24 @@ mod tests {
         assert_eq!(m.failed(3_600), ["b"]);
         assert_eq!(m.status("a", 3_600), Some(AgentStatus::Healthy));
         assert_eq!(m.status("nobody", 0), None);
+    }
+
+    #[test]
+    fn absurd_signed_values_neither_overflow_nor_stick_forever() {
+        let mut m = HealthMonitor::new();
+        m.beat("a", AgentStatus::Healthy, u64::MAX, 0.0, 0, 10);
+        assert_eq!(m.health("a").unwrap().t_fail_ms(), 3 * MAX_HEARTBEAT_MS);
+        assert!(m.failed(10 + 3 * MAX_HEARTBEAT_MS).contains(&"a".to_string()));
+        let mut bp = Backpressure::new(BackpressureParams::default());
+        let sig = pb::Backpressure {
+            from: Some(pb::AgentId { uuid: "b".into() }),
+            queue_depth: 1_000_000,
+            estimated_drain_ms: u64::MAX,
+            ..Default::default()
+        };
+        bp.signal(&sig, None, u64::MAX - 5);
+        bp.signal(&sig, None, 0);
+        assert_eq!(bp.admit("b", MAX_DRAIN_MS + 1), Admit::Go, "held at most MAX_DRAIN_MS");
     }
 
     #[test]

@@ -286,9 +286,21 @@ pub async fn negotiate(
     peers: &[(String, Channel)],
     probe: &pb::CapabilityProbe,
 ) -> Result<Negotiation> {
+    negotiate_from(identity, verifier, peers, probe, 0).await
+}
+
+/// [`negotiate`] starting at retry `first` (the constraints already relaxed
+/// `first` times by earlier rounds): the total never exceeds [`MAX_RETRIES`].
+pub async fn negotiate_from(
+    identity: &Identity,
+    verifier: &Verifier,
+    peers: &[(String, Channel)],
+    probe: &pb::CapabilityProbe,
+    first: u32,
+) -> Result<Negotiation> {
     let base = probe.qos.unwrap_or_default();
     let mut out = Negotiation::default();
-    for tries in 0..=MAX_RETRIES {
+    for tries in first..=MAX_RETRIES {
         let qos = relax(&base, tries);
         let probe = pb::CapabilityProbe { qos: Some(qos), ..probe.clone() };
         let round = probe_round(identity, verifier, peers, &probe).await;

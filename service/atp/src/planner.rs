@@ -202,6 +202,17 @@ impl PlannerState {
         Ok(reply)
     }
 
+    /// Refuses heartbeats and back-pressure from agents that never offered
+    /// to this one (their state would grow without bound otherwise).
+    pub fn check_peer(&self, from: &Option<pb::AgentId>, field: &str) -> Result<(), Status> {
+        let did = from.as_ref().map_or("", |a| a.uuid.as_str());
+        if self.offers.lock().unwrap().contains_key(did) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!("{field}: {did} is not a peer that made this agent an offer")))
+        }
+    }
+
     /// A worker's heartbeat.
     pub fn heartbeat(&self, hb: &pb::Heartbeat) {
         self.health.lock().unwrap().beat_pb(hb, self.now_ms());
@@ -238,8 +249,12 @@ impl PlannerState {
     }
 
     /// Routing candidates from verified offers: trust from this agent's
-    /// ledger (its own proofs, then the offer's verified evidence, then the
-    /// cold-start prior); estimates repriced from interaction proofs.
+    /// ledger (Definition 3 over the proofs it evaluated itself, or the
+    /// cold-start prior below the minimum interactions; offers' evidence is
+    /// verified but not counted: a peer's self-chosen history is no rating
+    /// of ours); estimates repriced from interaction proofs. Routes are
+    /// recomputed for every task from the current figures, so a repricing
+    /// trigger takes effect at the next task.
     fn candidates(&self, node: &Node, offers: &[Offer], task_type: pb::TaskType) -> Vec<Candidate> {
         let now = now_s();
         let ledger = node.ledger.lock().unwrap();
@@ -358,6 +373,11 @@ impl Planner {
     /// poison, or no agent is left.
     pub async fn run(&self, job: &Job) -> Result<Outcome> {
         let st = self.state();
+        // a poison task is not retried, even when it is submitted again
+        let known = st.poison.lock().unwrap().poison(&job.task_id).map(|p| p.to_string());
+        if let Some(diagnostics) = known {
+            return Ok(Outcome::Poison { diagnostics, failovers: 0 });
+        }
         let scd = st.scd().await?;
         let e_task = scd.embed_task(&job.task).await?;
         let probe = pb::CapabilityProbe {
@@ -386,13 +406,13 @@ impl Planner {
                 st.emit(Event::Skipped { task: job.task_id.clone(), agent: url.clone() });
             }
             // layer 2: probe → offers (retries relax the constraints)
-            let probe = pb::CapabilityProbe { qos: Some(handshake::relax(&job.qos, relaxed)), ..probe.clone() };
-            let negotiation = handshake::negotiate(&self.node.identity, &self.node.verifier, &peers, &probe).await;
+            let negotiation =
+                handshake::negotiate_from(&self.node.identity, &self.node.verifier, &peers, &probe, relaxed).await;
             let negotiation = match negotiation {
                 Ok(n) => n,
                 Err(e) => break Outcome::Lost { why: e.to_string(), failovers },
             };
-            self.account_probe(job, &negotiation, relaxed);
+            self.account_probe(job, &negotiation);
             let offers: Vec<Offer> =
                 negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
             st.remember_offers(&offers);
@@ -401,7 +421,8 @@ impl Planner {
             let routes =
                 routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
             let Some(best) = self.admit(job, &routes).await else {
-                relaxed += negotiation.rounds;
+                // the next probe round relaxes once more than this one did
+                relaxed = negotiation.rounds;
                 if relaxed > handshake::MAX_RETRIES {
                     let why = format!(
                         "escalated: no route among {} offers meets the constraints, relaxed {relaxed} times",
@@ -507,7 +528,7 @@ impl Planner {
         Some(r)
     }
 
-    fn account_probe(&self, job: &Job, n: &handshake::Negotiation, relaxed: u32) {
+    fn account_probe(&self, job: &Job, n: &handshake::Negotiation) {
         let st = self.state();
         let mut down = Vec::new();
         let mut declined = Vec::new();
@@ -525,7 +546,7 @@ impl Planner {
         }
         st.emit(Event::Probed {
             task: job.task_id.clone(),
-            round: relaxed + n.rounds,
+            round: n.rounds,
             offers: n.offers.iter().map(|o| short(o.did())).collect(),
             down,
             declined,
@@ -537,7 +558,7 @@ impl Planner {
     /// signatures. An offer without evidence is a cold start (allowed).
     fn evidence_ok(&self, o: &Offer) -> bool {
         let Some(ev) = &o.offer.trust_evidence else { return true };
-        if ev.merkle_root != o.offer.trust_proof || ev.proofs.len() != ev.inclusion.len() {
+        if ev.merkle_root != o.offer.trust_proof || !merkle::verify_evidence(ev) {
             return false;
         }
         ev.proofs.iter().zip(&ev.inclusion).all(|(p, inc)| {
@@ -561,7 +582,11 @@ impl Planner {
         let did = offer.did().to_string();
         let channel = handshake::channel(&offer.url).map_err(Failure::agent)?;
         let contract = handshake::contract_for(&node.identity, offer, &job.task_id, qos, &node.config.public_url);
-        handshake::accept(&node.verifier, channel.clone(), contract.clone()).await.map_err(Failure::agent)?;
+        handshake::accept(&node.verifier, channel.clone(), contract.clone()).await.map_err(|e| match e {
+            // a declined contract (offer expired, QoS no longer met) is a refusal
+            Error::CannotMeet { .. } => Failure { why: e.to_string(), kind: FailureKind::Refused },
+            e => Failure::agent(e),
+        })?;
         st.emit(Event::Contracted {
             task: job.task_id.clone(),
             agent: short(&did),
