@@ -346,6 +346,61 @@ pub enum Outcome {
     Lost { why: String, failovers: u32 },
 }
 
+/// One stage of a composite route, as it ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageRun {
+    /// The stage's task id (`<task>.<stage>.<agent>`).
+    pub task_id: String,
+    /// Who ran it (DID).
+    pub agent: String,
+    /// Its self-reported quality.
+    pub quality: f64,
+    /// Its confidence once it had the context it asked for.
+    pub confidence: f64,
+    /// Submit to final result.
+    pub latency_ms: u64,
+    /// What it cost.
+    pub cost: f64,
+    /// Its simulated answer: a digest of the evidence (chunk ids) it used.
+    pub answer: String,
+}
+
+/// A composite route as it ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct PatternRun {
+    /// The pattern's name.
+    #[serde(serialize_with = "pattern_name")]
+    pub pattern: Pattern,
+    /// The route's agents (DIDs), in plan order.
+    pub route: Vec<String>,
+    /// The stages that ran (a cascade stops early).
+    pub stages: Vec<StageRun>,
+    /// The merged answer (best, majority, or the last stage's).
+    pub answer: Option<String>,
+}
+
+fn pattern_name<S: serde::Serializer>(p: &Pattern, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+/// A simulated answer: agents that used the same evidence answer alike.
+fn answer_of(report: &WorkReport) -> String {
+    use sha2::Digest;
+    let mut ids = report.chunks.clone();
+    ids.sort();
+    let digest = sha2::Sha256::digest(ids.join("\n").as_bytes());
+    digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The answer more than half the stages gave, if any.
+fn majority_answer(results: &[StageRun]) -> Option<String> {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for r in results {
+        *counts.entry(r.answer.as_str()).or_default() += 1;
+    }
+    counts.into_iter().find(|(_, n)| 2 * n > results.len()).map(|(a, _)| a.to_string())
+}
+
 /// The requester driver: delegates jobs to a set of peers.
 pub struct Planner {
     node: Arc<Node>,
@@ -526,6 +581,151 @@ impl Planner {
         st.emit(Event::Buffered { task: job.task_id.clone(), agent: short(&r.agents[0]), ms });
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Some(r)
+    }
+
+    /// Runs `job` along the best route of a composite `pattern` (§7.4):
+    /// Algorithm 1 over the pattern models ([`routing::route_patterns`]),
+    /// then the route's [`routing::plan`], stage by stage, every stage a
+    /// contracted agent over the wire with the task's SCD context:
+    /// draft-refine and pipeline run in sequence (each stage's order names
+    /// the previous output), parallel-merge keeps the best result, ensemble
+    /// takes the majority answer (a worker's answer is the evidence it used,
+    /// so workers that saw the same chunks agree), cascade stops at the first
+    /// agent whose confidence reaches 0.7. A failed stage fails the run (no
+    /// failover inside a composite route; [`Planner::run`] fails over).
+    pub async fn run_pattern(&self, job: &Job, pattern: Pattern) -> Result<PatternRun> {
+        let st = self.state();
+        let scd = st.scd().await?;
+        let probe = pb::CapabilityProbe {
+            from: Some(self.node.identity.agent_id()),
+            task_type: job.task_type as i32,
+            qos: Some(job.qos),
+            context_embedding: Some(scd.embed_task(&job.task).await?),
+            task_id: job.task_id.clone(),
+            ..Default::default()
+        };
+        let now = st.now_ms();
+        let peers: Vec<(String, Channel)> = {
+            let mut breakers = st.breakers.lock().unwrap();
+            self.peers.iter().filter(|(url, _)| breakers.allow(url, now)).cloned().collect()
+        };
+        let n = handshake::negotiate(&self.node.identity, &self.node.verifier, &peers, &probe).await?;
+        self.account_probe(job, &n);
+        let offers: Vec<Offer> = n.offers.into_iter().filter(|o| self.evidence_ok(o)).collect();
+        st.remember_offers(&offers);
+        let cands = st.candidates(&self.node, &offers, job.task_type);
+        let routes = routing::route_patterns(&cands, job.task_type, &constraints(&n.qos), &RoutingParams::default());
+        let Some(route) = routes.into_iter().find(|r| r.pattern == pattern) else {
+            return Err(Error::CannotMeet {
+                reason: format!("no {} route among {} offers meets the constraints", pattern.name(), offers.len()),
+            });
+        };
+        st.emit(Event::Routed {
+            task: job.task_id.clone(),
+            pattern: route.pattern.name().to_string(),
+            agents: route.agents.iter().map(|a| short(a)).collect(),
+            quality: route.quality,
+            latency_ms: route.latency_ms,
+            cost: route.cost,
+            score: route.score,
+            candidates: cands.len(),
+        });
+        let offer_of = |did: &str| offers.iter().find(|o| o.did() == did).cloned();
+        let mut transfer: Option<Arc<Transfer>> = None;
+        let mut run = PatternRun { pattern, route: route.agents.clone(), stages: Vec::new(), answer: None };
+        let mut previous: Option<String> = None;
+        for (i, stage) in routing::plan(&route).stages.into_iter().enumerate() {
+            let step = |agent: &str, role: &str| {
+                let mut stage_job = job.clone();
+                stage_job.task_id = format!("{}.{}.{}", job.task_id, i + 1, short(agent).trim_start_matches('…'));
+                stage_job.order.title = match &previous {
+                    Some(p) => format!("{} ({role}, from {p})", job.order.title),
+                    None => format!("{} ({role})", job.order.title),
+                };
+                stage_job
+            };
+            match stage {
+                routing::Stage::Call { agent, role } => {
+                    let j = step(&agent, &format!("{role:?}").to_lowercase());
+                    let done = self.stage(&j, offer_of(&agent), n.qos, &mut transfer).await?;
+                    previous = Some(j.task_id.clone());
+                    run.answer = Some(done.answer.clone());
+                    run.stages.push(done);
+                }
+                routing::Stage::Escalate { agent, min_confidence } => {
+                    let j = step(&agent, "cascade");
+                    let done = self.stage(&j, offer_of(&agent), n.qos, &mut transfer).await?;
+                    let sure = done.confidence >= min_confidence;
+                    run.answer = Some(done.answer.clone());
+                    run.stages.push(done);
+                    if sure {
+                        break;
+                    }
+                    previous = Some(j.task_id.clone());
+                }
+                routing::Stage::Parallel { agents, merge } => {
+                    let jobs: Vec<Job> = agents.iter().map(|a| step(a, "parallel")).collect();
+                    let mut shared = transfer.clone();
+                    if shared.is_none() {
+                        // compute the context once, before the fan-out
+                        let first = offer_of(&agents[0])
+                            .ok_or_else(|| Error::CannotMeet { reason: "route agent without an offer".into() })?;
+                        let requirement = first.offer.context_requirements.clone().unwrap_or_default();
+                        shared = Some(Arc::new(scd.compress(&job.task, &job.context.fields, &requirement).await?));
+                        transfer = shared.clone();
+                    }
+                    let calls = jobs.iter().zip(&agents).map(|(j, a)| {
+                        let mut t = shared.clone();
+                        let offer = offer_of(a);
+                        async move { self.stage(j, offer, n.qos, &mut t).await }
+                    });
+                    let results: Vec<StageRun> =
+                        futures_util::future::join_all(calls).await.into_iter().collect::<Result<_>>()?;
+                    run.answer = match merge {
+                        routing::Merge::Best => {
+                            results.iter().max_by(|a, b| a.quality.total_cmp(&b.quality)).map(|r| r.answer.clone())
+                        }
+                        routing::Merge::MajorityVote => majority_answer(&results),
+                    };
+                    run.stages.extend(results);
+                }
+            }
+        }
+        if let Some(t) = &transfer {
+            let _ = scd.close(&t.session).await;
+        }
+        Ok(run)
+    }
+
+    /// One stage of a composite route: [`Planner::delegate`] to one agent.
+    async fn stage(
+        &self,
+        job: &Job,
+        offer: Option<Offer>,
+        qos: pb::QoSConstraints,
+        transfer: &mut Option<Arc<Transfer>>,
+    ) -> Result<StageRun> {
+        let offer = offer.ok_or_else(|| Error::CannotMeet { reason: "route agent without an offer".into() })?;
+        let out = self.delegate(job, &offer, qos, transfer).await;
+        self.state().delegations.lock().unwrap().remove(&job.task_id);
+        match out {
+            Ok(Outcome::Completed { agent, report, latency_ms, quality, cost, .. }) => Ok(StageRun {
+                task_id: job.task_id.clone(),
+                answer: answer_of(&report),
+                confidence: report.final_confidence,
+                agent,
+                quality,
+                latency_ms,
+                cost,
+            }),
+            Ok(other) => Err(Error::CannotMeet { reason: format!("stage {}: {other:?}", job.task_id) }),
+            Err(f) => Err(Error::Peer {
+                did: offer.did().to_string(),
+                rpc: "stage",
+                status: tonic::Code::Unavailable,
+                message: f.why,
+            }),
+        }
     }
 
     fn account_probe(&self, job: &Job, n: &handshake::Negotiation) {

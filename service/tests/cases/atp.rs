@@ -399,11 +399,99 @@ async fn an_agent_refuses_what_it_must() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A planner agent in this process (served on loopback, events subscribed)
+/// over the peers at `urls`, delegating through the SCD at `scd`.
+async fn planner(
+    dir: &Path,
+    scd: &str,
+    urls: &[String],
+) -> (Arc<scd_atp::planner::Planner>, tokio::sync::mpsc::UnboundedReceiver<scd_atp::planner::Event>) {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::store::{Ledger, Store};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let identity = Identity::load_or_create(&dir.join("planner.json")).unwrap();
+    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
+    let node = Node::new(identity, verifier, ledger, AgentConfig::new(vec![], url, scd.to_string()));
+    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
+    let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+    node.planner.subscribe(tx);
+    (Arc::new(scd_atp::planner::Planner::new(node, urls).unwrap()), events)
+}
+
+/// An analysis task over the demo context that needs `needs`.
+fn analysis_job(id: &str, needs: &[&str]) -> scd_atp::planner::Job {
+    let context = scd_atp::context::ContextFile::load(&crate::root().join("fixtures/atp_demo_context.json")).unwrap();
+    scd_atp::planner::Job {
+        task_id: id.into(),
+        task_type: pb::TaskType::Analysis,
+        task: scd_atp::context::Task::new("Why were cards charged twice after gateway timeouts?"),
+        order: WorkOrder {
+            title: id.into(),
+            steps: 2,
+            needs: needs.iter().map(|s| s.to_string()).collect(),
+            fail: None,
+        },
+        context,
+        qos: pb::QoSConstraints { min_quality: 0.5, max_latency_ms: 20_000, max_cost: 1.0, min_trust: 0.0 },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_five_composite_patterns_run_over_the_wire() {
+    use scd_atp::routing::Pattern;
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-patterns");
+    let workers: Vec<AgentProc> = ["analysis:0.90:400:0.03", "analysis:0.80:200:0.01", "analysis:0.85:300:0.02"]
+        .iter()
+        .enumerate()
+        .map(|(i, cap)| spawn_agent_with_scd(&dir.join(format!("w{i}")), &scd.addr, &["--capability", cap]))
+        .collect();
+    let urls: Vec<String> = workers.iter().map(|w| w.url()).collect();
+    let (planner, _events) = planner(&dir, &scd.addr, &urls).await;
+    let dids: Vec<&str> = workers.iter().map(|w| w.did.as_str()).collect();
+    for (pattern, needs, stages) in [
+        (Pattern::Single, &[][..], 1),
+        (Pattern::DraftRefine, &[][..], 2),
+        (Pattern::Pipeline, &[][..], 2),
+        (Pattern::ParallelMerge, &[][..], 2),
+        (Pattern::Ensemble, &[][..], 3),
+        (Pattern::Cascade, &[][..], 1),
+        // the first agent cannot find what it needs: below 0.7 the cascade escalates
+        (Pattern::Cascade, &["a fact this context does not hold"][..], 2),
+    ] {
+        let id = format!("pat-{}-{}", pattern.name(), needs.len());
+        let run = planner.run_pattern(&analysis_job(&id, needs), pattern).await.unwrap();
+        assert_eq!(run.stages.len(), stages, "{pattern:?}: {run:#?}");
+        let route_len = match pattern {
+            Pattern::Single => 1,
+            Pattern::Ensemble => 3,
+            _ => 2,
+        };
+        assert_eq!(run.route.len(), route_len, "{run:#?}");
+        // each stage ran on its own agent of the route, over the wire
+        for (stage, agent) in run.stages.iter().zip(&run.route) {
+            assert_eq!(&stage.agent, agent, "{run:#?}");
+            assert!(dids.contains(&stage.agent.as_str()));
+            assert!(stage.quality > 0.0 && stage.latency_ms > 0, "{stage:?}");
+        }
+        let distinct: std::collections::HashSet<&str> = run.stages.iter().map(|s| s.agent.as_str()).collect();
+        assert_eq!(distinct.len(), run.stages.len(), "{run:#?}");
+        assert!(run.answer.is_some(), "{pattern:?} has an answer: {run:#?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_agent_makes_the_planner_reroute() {
-    use scd_atp::agent::{AgentConfig, Node};
-    use scd_atp::planner::{Event, Job, Outcome, Planner};
-    use scd_atp::store::{Ledger, Store};
+    use scd_atp::planner::{Event, Outcome};
 
     if !crate::ready() {
         return;
@@ -419,27 +507,8 @@ async fn a_full_agent_makes_the_planner_reroute() {
     );
     let spare = spawn_agent_with_scd(&dir.join("spare"), &scd.addr, &["--capability", "analysis:0.88:300:0.02"]);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let identity = Identity::load_or_create(&dir.join("planner.json")).unwrap();
-    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
-    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
-    let verifier = Verifier::new(resolver.clone(), store.clone());
-    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
-    let node = Node::new(identity, verifier, ledger, AgentConfig::new(vec![], url, scd.addr.clone()));
-    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    node.planner.subscribe(tx);
-    let planner = Arc::new(Planner::new(node.clone(), &[busy.url(), spare.url()]).unwrap());
-    let context = scd_atp::context::ContextFile::load(&crate::root().join("fixtures/atp_demo_context.json")).unwrap();
-    let job = |id: &str| Job {
-        task_id: id.into(),
-        task_type: pb::TaskType::Analysis,
-        task: scd_atp::context::Task::new("Why were cards charged twice after gateway timeouts?"),
-        order: WorkOrder { title: id.into(), steps: 2, needs: vec![], fail: None },
-        context: context.clone(),
-        qos: pb::QoSConstraints { min_quality: 0.8, max_latency_ms: 10_000, max_cost: 0.1, min_trust: 0.0 },
-    };
+    let (planner, mut events) = planner(&dir, &scd.addr, &[busy.url(), spare.url()]).await;
+    let job = |id: &str| analysis_job(id, &[]);
     let (a, b) = (planner.clone(), planner.clone());
     let (ja, jb) = (job("bp-1"), job("bp-2"));
     let (ra, rb) = tokio::join!(async move { a.run(&ja).await }, async move { b.run(&jb).await });
