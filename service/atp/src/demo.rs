@@ -328,7 +328,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
             "task-4-fix",
             pb::TaskType::CodeGeneration,
             "Cap the capture retry policy at 3 attempts",
-            order("cap retries", 3, &["retry", "email digest"], None),
+            order("cap retries", 3, &["retry", "digest"], None),
             &context,
         ),
         job(
@@ -469,9 +469,10 @@ fn story(e: &Event, name: &dyn Fn(&str) -> String) -> String {
             *full_tokens as f64 / (*sent_tokens).max(1) as f64,
             withheld.join(", ")
         ),
-        Event::ContextRequested { agent, question, confidence, chunks, .. } => {
-            format!("  {} unsure (confidence {confidence:.2} < 0.7) asks \"{question}\": {chunks} new chunk(s) via the SCD session", name(agent))
-        }
+        Event::ContextRequested { agent, question, confidence, chunks, remaining_tokens, .. } => format!(
+            "  {} unsure (confidence {confidence:.2} < 0.7) asks \"{question}\": {chunks} new chunk(s) via the SCD session, {remaining_tokens} tokens of its budget left",
+            name(agent)
+        ),
         Event::Checkpoint { agent, step, .. } => format!("  checkpoint {step} from {}", name(agent)),
         Event::AgentFailed { agent, why, .. } => format!("  {} failed: {why}", name(agent)),
         Event::Failover { from, to, resumed_after, .. } => {

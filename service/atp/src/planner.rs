@@ -75,7 +75,15 @@ pub enum Event {
         withheld: Vec<String>,
     },
     /// The worker asked for more context (§6.3).
-    ContextRequested { task: String, agent: String, question: String, confidence: f64, chunks: usize },
+    ContextRequested {
+        task: String,
+        agent: String,
+        question: String,
+        confidence: f64,
+        chunks: usize,
+        /// The receiver's budget left after this answer.
+        remaining_tokens: u32,
+    },
     /// A durable checkpoint arrived.
     Checkpoint { task: String, agent: String, step: u32 },
     /// The worker failed (died, missed heartbeats, or failed the task).
@@ -123,6 +131,8 @@ pub struct PlannerState {
     /// Tokens sent vs full context, per hop.
     pub hops: Mutex<HopLedger>,
     offers: Mutex<HashMap<String, Offer>>,
+    /// Tasks whose adaptive requests hit the receiver's budget.
+    starved: Mutex<HashSet<String>>,
     events: Mutex<Option<UnboundedSender<Event>>>,
     started: Instant,
 }
@@ -141,6 +151,7 @@ impl PlannerState {
             repricer: Mutex::new(Repricer::new(routing::RepricerParams::default())),
             hops: Mutex::default(),
             offers: Mutex::default(),
+            starved: Mutex::default(),
             events: Mutex::new(None),
             started: Instant::now(),
         }
@@ -198,7 +209,17 @@ impl PlannerState {
             question: req.specific_question.clone(),
             confidence: req.current_confidence,
             chunks: reply.chunks.len(),
+            remaining_tokens: reply.remaining_tokens,
         });
+        if reply.remaining_tokens == 0 || !reply.reason.is_empty() {
+            // the receiver's budget (or the context) ran out: a shortfall
+            // from here on is not the worker's fault
+            let mut starved = self.starved.lock().unwrap();
+            if starved.len() >= MAX_STARVED {
+                starved.clear();
+            }
+            starved.insert(req.task_id.clone());
+        }
         Ok(reply)
     }
 
@@ -406,6 +427,9 @@ pub struct Planner {
     node: Arc<Node>,
     peers: Vec<(String, Channel)>,
 }
+
+/// Task ids remembered as budget-starved (cleared when full).
+const MAX_STARVED: usize = 4096;
 
 /// The longest a planner holds a task back for an agent's back-pressure.
 const MAX_BUFFER: Duration = Duration::from_secs(2);
@@ -926,8 +950,11 @@ impl Planner {
         let node = &self.node;
         // the requester assesses quality: the self-report times the worker's
         // confidence once it had the context it asked for (the share of the
-        // facts it needed that it found)
-        let mut quality = result.quality_self_report * report.final_confidence.clamp(0.0, 1.0);
+        // facts it needed that it found) — unless this side could not send
+        // more because the receiver's budget was spent: then it is ours
+        let starved = st.starved.lock().unwrap().remove(&job.task_id);
+        let confidence = if starved { 1.0 } else { report.final_confidence.clamp(0.0, 1.0) };
+        let mut quality = result.quality_self_report * confidence;
         let note = handshake::violation(qos, latency_ms, result.actual_cost, quality);
         if note.is_some() {
             quality = 0.0;
