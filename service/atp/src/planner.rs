@@ -223,6 +223,19 @@ impl PlannerState {
         Ok(reply)
     }
 
+    fn routed(&self, job: &Job, route: &routing::RouteChoice, candidates: usize) {
+        self.emit(Event::Routed {
+            task: job.task_id.clone(),
+            pattern: route.pattern.name().to_string(),
+            agents: route.agents.iter().map(|a| short(a)).collect(),
+            quality: route.quality,
+            latency_ms: route.latency_ms,
+            cost: route.cost,
+            score: route.score,
+            candidates,
+        });
+    }
+
     /// Refuses heartbeats and back-pressure from agents that never offered
     /// to this one (their state would grow without bound otherwise).
     pub fn check_peer(&self, from: &Option<pb::AgentId>, field: &str) -> Result<(), Status> {
@@ -476,14 +489,7 @@ impl Planner {
         let mut relaxed = 0;
         let result = loop {
             // layer 5: skip peers whose circuit is open
-            let now = st.now_ms();
-            let peers: Vec<(String, Channel)> = {
-                let mut breakers = st.breakers.lock().unwrap();
-                self.peers.iter().filter(|(url, _)| breakers.allow(url, now)).cloned().collect()
-            };
-            for (url, _) in self.peers.iter().filter(|(u, _)| !peers.iter().any(|(p, _)| p == u)) {
-                st.emit(Event::Skipped { task: job.task_id.clone(), agent: url.clone() });
-            }
+            let peers = self.open_peers(job);
             // layer 2: probe → offers (retries relax the constraints)
             let negotiation =
                 handshake::negotiate_from(&self.node.identity, &self.node.verifier, &peers, &probe, relaxed).await;
@@ -511,16 +517,7 @@ impl Planner {
                 }
                 continue;
             };
-            st.emit(Event::Routed {
-                task: job.task_id.clone(),
-                pattern: best.pattern.name().to_string(),
-                agents: best.agents.iter().map(|a| short(a)).collect(),
-                quality: best.quality,
-                latency_ms: best.latency_ms,
-                cost: best.cost,
-                score: best.score,
-                candidates: cands.len(),
-            });
+            st.routed(job, best, cands.len());
             let Some(offer) = offers.iter().find(|o| o.did() == best.agents[0]) else {
                 break Outcome::Lost { why: "route names an agent without an offer".into(), failovers };
             };
@@ -628,11 +625,7 @@ impl Planner {
             task_id: job.task_id.clone(),
             ..Default::default()
         };
-        let now = st.now_ms();
-        let peers: Vec<(String, Channel)> = {
-            let mut breakers = st.breakers.lock().unwrap();
-            self.peers.iter().filter(|(url, _)| breakers.allow(url, now)).cloned().collect()
-        };
+        let peers = self.open_peers(job);
         let n = handshake::negotiate(&self.node.identity, &self.node.verifier, &peers, &probe).await?;
         self.account_probe(job, &n);
         let offers: Vec<Offer> = n.offers.into_iter().filter(|o| self.evidence_ok(o)).collect();
@@ -644,16 +637,7 @@ impl Planner {
                 reason: format!("no {} route among {} offers meets the constraints", pattern.name(), offers.len()),
             });
         };
-        st.emit(Event::Routed {
-            task: job.task_id.clone(),
-            pattern: route.pattern.name().to_string(),
-            agents: route.agents.iter().map(|a| short(a)).collect(),
-            quality: route.quality,
-            latency_ms: route.latency_ms,
-            cost: route.cost,
-            score: route.score,
-            candidates: cands.len(),
-        });
+        st.routed(job, &route, cands.len());
         let offer_of = |did: &str| offers.iter().find(|o| o.did() == did).cloned();
         let mut transfer: Option<Arc<Transfer>> = None;
         let mut run = PatternRun { pattern, route: route.agents.clone(), stages: Vec::new(), answer: None };
@@ -750,6 +734,21 @@ impl Planner {
                 message: f.why,
             }),
         }
+    }
+
+    /// The peers whose circuit lets a call through now (layer 5); the
+    /// others are reported skipped.
+    fn open_peers(&self, job: &Job) -> Vec<(String, Channel)> {
+        let st = self.state();
+        let now = st.now_ms();
+        let peers: Vec<(String, Channel)> = {
+            let mut breakers = st.breakers.lock().unwrap();
+            self.peers.iter().filter(|(url, _)| breakers.allow(url, now)).cloned().collect()
+        };
+        for (url, _) in self.peers.iter().filter(|(u, _)| !peers.iter().any(|(p, _)| p == u)) {
+            st.emit(Event::Skipped { task: job.task_id.clone(), agent: url.clone() });
+        }
+        peers
     }
 
     fn account_probe(&self, job: &Job, n: &handshake::Negotiation) {

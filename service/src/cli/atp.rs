@@ -111,21 +111,6 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-}
-
 /// Runs `scd atp agent`.
 pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let capabilities = args.capabilities.iter().map(|c| parse_capability(c)).collect::<anyhow::Result<Vec<_>>>()?;
@@ -195,7 +180,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         stdout.flush()?;
         drop(stdout);
         tracing::info!(did = node.did(), %addr, "atp agent serving");
-        scd_atp::agent::serve(node, listener, shutdown_signal()).await?;
+        scd_atp::agent::serve(node, listener, crate::grpc::shutdown_signal()).await?;
         Ok(())
     })
 }

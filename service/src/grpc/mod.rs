@@ -22,7 +22,7 @@ pub mod metrics;
 pub mod ratelog;
 mod server;
 
-pub use server::{serve, serve_on, ServeConfig};
+pub use server::{serve, serve_on, shutdown_signal, ServeConfig};
 
 use std::pin::Pin;
 use std::sync::Arc;

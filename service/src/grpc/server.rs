@@ -168,7 +168,8 @@ fn tokio_listener(l: std::net::TcpListener) -> std::io::Result<tokio::net::TcpLi
     tokio::net::TcpListener::from_std(l)
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -7,10 +7,8 @@
 //! the reference protos handshakes with a real `scd atp agent` and is refused
 //! where it must be.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output, Stdio};
 
 /// The venv's Python when it imports `modules`; otherwise a skip (a failure under CI).
 fn python_with(modules: &str) -> Option<PathBuf> {
@@ -85,16 +83,6 @@ fn our_protos_keep_every_reference_message_field_and_rpc() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Kills the agent when the test ends, passed or not.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The check names `atp_reference_client.py` prints, all of which must pass.
 const CHECKS: [&str; 9] = [
     "client_identity",
@@ -112,48 +100,12 @@ const CHECKS: [&str; 9] = [
 fn reference_client_gets_a_verifiable_offer_and_the_right_refusals() {
     let Some(python) = python_with("grpc, grpc_tools, nacl") else { return };
     let dir = crate::scratch("atp-reference-agent");
-    let stderr_path = dir.join("agent.stderr");
-    let (identity, store) = (dir.join("id.json"), dir.join("store"));
-    let child = Command::new(env!("CARGO_BIN_EXE_scd"))
-        .args(["atp", "agent", "--addr", "127.0.0.1:0", "--scd", "http://127.0.0.1:1"])
-        .args(["--capability", "code_generation:0.9:800:0.02", "--identity"])
-        .arg(&identity)
-        .arg("--store")
-        .arg(&store)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let mut agent = Agent(child);
-    let agent_stderr = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
-
-    // first stdout line: {"event":"ready","did":"did:key:…","addr":"127.0.0.1:PORT"};
-    // the rest is drained so the agent never blocks on a full pipe
-    let stdout = agent.0.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        let _ = reader.read_line(&mut line);
-        let _ = tx.send(line);
-        let _ = std::io::copy(&mut reader, &mut std::io::sink());
-    });
-    // a guard against a hung start, not a timing assertion
-    let line = rx
-        .recv_timeout(Duration::from_secs(120))
-        .unwrap_or_else(|_| panic!("no ready line from `scd atp agent`; its stderr:\n{}", agent_stderr()));
-    let ready: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_else(|e| {
-        panic!(
-            "first stdout line {line:?} of `scd atp agent` is not the ready JSON ({e}); its stderr:\n{}",
-            agent_stderr()
-        )
-    });
-    assert_eq!(ready["event"], "ready", "{ready}");
-    let did = ready["did"].as_str().unwrap_or_default().to_string();
-    let addr = ready["addr"].as_str().unwrap_or_default().to_string();
-    assert!(did.starts_with("did:key:z6Mk"), "ready.did is not an Ed25519 did:key: {ready}");
-    assert!(addr.starts_with("127.0.0.1:"), "ready.addr: {ready}");
+    // `spawn_agent` reads its ready line {"event":"ready","did":…,"addr":…}
+    let agent = crate::atp::spawn_agent(&dir, &["--capability", "code_generation:0.9:800:0.02"]);
+    let agent_stderr = || std::fs::read_to_string(dir.join("agent.stderr")).unwrap_or_default();
+    let (did, addr) = (agent.did.clone(), agent.addr.clone());
+    assert!(did.starts_with("did:key:z6Mk"), "ready.did is not an Ed25519 did:key: {did}");
+    assert!(addr.starts_with("127.0.0.1:"), "ready.addr: {addr}");
 
     let out = Command::new(&python)
         .arg(crate::root().join("service/tests/py/atp_reference_client.py"))
