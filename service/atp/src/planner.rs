@@ -465,8 +465,13 @@ impl Planner {
     /// poison, or no agent is left.
     pub async fn run(&self, job: &Job) -> Result<Outcome> {
         let st = self.state();
-        // a poison task is not retried, even when it is submitted again
-        let known = st.poison.lock().unwrap().poison(&job.task_id).map(|p| p.to_string());
+        // a poison task is not retried, even when it is submitted again;
+        // failures older than the poison window are forgotten
+        let known = {
+            let mut poison = st.poison.lock().unwrap();
+            poison.prune(st.now_ms());
+            poison.poison(&job.task_id).map(|p| p.to_string())
+        };
         if let Some(diagnostics) = known {
             return Ok(Outcome::Poison { diagnostics, failovers: 0 });
         }
