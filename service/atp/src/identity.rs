@@ -831,7 +831,8 @@ impl Verifier {
         let did = self.check_signature(msg)?;
         let ts = msg.timestamp_s().unwrap_or(0);
         let skew_s = ts.saturating_sub(now_s);
-        if skew_s.abs() > MAX_CLOCK_SKEW_S {
+        // unsigned_abs: i64::MIN has no i64 absolute value
+        if skew_s.unsigned_abs() > MAX_CLOCK_SKEW_S.unsigned_abs() {
             return Err(AuthFailure::Stale { skew_s });
         }
         match self.replay.first_seen(did, msg.nonce(), ts) {
@@ -1103,6 +1104,14 @@ mod tests {
         v.verify_at(&at(-59), now).unwrap();
         v.verify_at(&at(59), now).unwrap();
         v.verify_at(&at(60), now).unwrap();
+        // Extreme timestamps neither overflow nor pass.
+        for seconds in [i64::MIN, i64::MIN + 1, i64::MAX] {
+            let mut m = probe(&a);
+            m.nonce = fresh_nonce();
+            m.timestamp = Some(pb::Timestamp { seconds, nanos: 0 });
+            a.sign(&mut m);
+            assert!(matches!(v.verify_at(&m, now), Err(AuthFailure::Stale { .. })), "{seconds}");
+        }
         // No timestamp at all is stale too.
         let mut none = probe(&a);
         none.nonce = 1;
