@@ -332,6 +332,25 @@ pub enum NotParsed {
     },
 }
 
+impl NotParsed {
+    /// A short name of the reason, for counting: `missing_end`, `bad_status`, ...
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NotParsed::MissingMarker => "missing_marker",
+            NotParsed::MissingEnd => "missing_end",
+            NotParsed::InvalidJson { .. } => "invalid_json",
+            NotParsed::NotAnObject { .. } => "not_an_object",
+            NotParsed::TextBeforeEnd => "text_before_end",
+            NotParsed::MissingKey { .. } => "missing_key",
+            NotParsed::PayloadNotObject { .. } => "payload_not_object",
+            NotParsed::BadStatus { .. } => "bad_status",
+            NotParsed::BadConfidence { .. } => "bad_confidence",
+            NotParsed::MissingTag { .. } => "missing_tag",
+            NotParsed::DuplicateTag { .. } => "duplicate_tag",
+        }
+    }
+}
+
 /// The outcome of [`parse`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parsed {
