@@ -408,6 +408,10 @@ pub fn render(report: &Report, format: Format, answer: Option<&str>) -> String {
         out.push_str(ANSWER_PREFIX);
         out.push(' ');
         out.push_str(a);
+        // parse takes a last `\r` for the line ending: give it one to take
+        if a.ends_with('\r') {
+            out.push('\r');
+        }
         out.push('\n');
     }
     out
@@ -1185,7 +1189,16 @@ mod tests {
 
     #[test]
     fn the_answer_line_is_kept_byte_for_byte() {
-        for answer in ["  two\tspaces \u{a0}", "日本語 \u{1f600}", "", "Answer: nested", "[STATUS]", "x\u{200b}"] {
+        // "ends in CR\r": found by the `handoff` fuzz target in seconds
+        for answer in [
+            "  two\tspaces \u{a0}",
+            "日本語 \u{1f600}",
+            "",
+            "Answer: nested",
+            "[STATUS]",
+            "x\u{200b}",
+            "ends in CR\r\r",
+        ] {
             let text = format!("body\nAnswer: {answer}\r\n");
             assert_eq!(parse(&text, Format::Freeform).answer.as_deref(), Some(answer), "{answer:?}");
             for format in Format::ALL {
