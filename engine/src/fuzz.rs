@@ -7,10 +7,12 @@
 //! ```
 //! scd_engine::fuzz::chunkers(b"\x00Dr. Who. He left.\n\n# h\nfn x() {}\n");
 //! scd_engine::fuzz::context_json(br#"{"fields": [{"name": "a", "kind": "log", "content": "ERROR x"}]}"#);
+//! scd_engine::fuzz::handoff(b"\x01[STATUS]\ndone\nJSON_REPORT:\n{\nAnswer: x");
 //! ```
 
 use crate::chunk::{chunk_field, ChunkConfig, RawChunk};
 use crate::context::{Context, ContextLimits, Field, FieldKind};
+use crate::handoff::{self, Format, ParseRate};
 
 /// Every field kind, in the order the chunker body runs them.
 pub const KINDS: [FieldKind; 6] =
@@ -79,4 +81,55 @@ pub fn context_json(data: &[u8]) {
             check_chunks(&f.content, f.kind, ChunkConfig::default());
         }
     }
+}
+
+/// Bytes a rendered report may take per byte of the report it was parsed
+/// from (JSON escapes a control character as six), plus a constant: the
+/// work a hand-off does stays linear in its input.
+pub const HANDOFF_RENDER_FACTOR: usize = 8;
+
+/// The hand-off parsers over the bytes: the first byte picks the format
+/// (0 freeform, 1 semi-structured, 2 structured, else detected), the rest
+/// is the report (invalid UTF-8 replaced). Checks: a report that does not
+/// parse is freeform with a reason, one that does has none; the answer is
+/// one line; rendering the report in the same format parses back with the
+/// same answer, in size linear in the input; the report's fields are valid
+/// context fields when the text is NUL-free. Returns the parse.
+pub fn handoff(data: &[u8]) -> handoff::Parsed {
+    let (format, rest) = match data.split_first() {
+        Some((&b, rest)) => (Format::ALL.get(usize::from(b)).copied(), rest),
+        None => (None, data),
+    };
+    let text = String::from_utf8_lossy(rest);
+    let format = format.unwrap_or_else(|| Format::detect(&text));
+    let p = handoff::parse(&text, format);
+    if p.parsed {
+        assert!(p.why_not.is_none() && p.format == format, "parsed but {:?} as {}", p.why_not, p.format);
+    } else {
+        assert!(p.why_not.is_some() && p.format == Format::Freeform, "not parsed, yet no reason or not freeform");
+    }
+    if let Some(a) = &p.answer {
+        assert!(!a.contains('\n'), "the answer spans lines");
+    }
+    let rendered = handoff::render(&p.report, format, p.answer.as_deref());
+    assert!(
+        rendered.len() <= HANDOFF_RENDER_FACTOR * text.len() + 512,
+        "{} bytes rendered from {}",
+        rendered.len(),
+        text.len()
+    );
+    let back = handoff::parse(&rendered, format);
+    assert!(back.parsed, "a rendered {format} report does not parse: {:?}", back.why_not);
+    assert_eq!(back.answer, p.answer, "the answer changed in the round trip");
+    if format != Format::Freeform {
+        assert_eq!(handoff::render(&back.report, format, back.answer.as_deref()), rendered, "render is not stable");
+    }
+    let mut rate = ParseRate::default();
+    rate.add(&text, Some(format));
+    assert_eq!(rate.render_parse_rate(), 1.0);
+    if !text.contains('\0') {
+        let ctx = Context { fields: handoff::to_fields(&p.report) };
+        assert!(ctx.validate().is_ok(), "report fields are not a valid context");
+    }
+    p
 }

@@ -17,6 +17,7 @@
 //! * [`eval`] — dataset loaders and evidence coverage for `scd eval`.
 //! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
 //! * [`session`] — bounded, unguessable sessions bound to their creators.
+//! * [`handoff`] — hand-off report formats: parse, render, report → fields.
 //!
 //! ```
 //! use scd_engine::encoder::{Encoder, EncodeOptions, HashEncoder, InputKind};
@@ -36,6 +37,7 @@ pub mod eval;
 pub mod extract;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod handoff;
 pub mod index;
 pub mod score;
 pub mod session;

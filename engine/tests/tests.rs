@@ -1023,7 +1023,7 @@ mod fuzz_bodies {
 
     use rand::{Rng, SeedableRng};
     use scd_engine::chunk::ChunkConfig;
-    use scd_engine::fuzz::{check_chunks, chunkers, context_json, KINDS};
+    use scd_engine::fuzz::{check_chunks, chunkers, context_json, handoff, KINDS};
 
     /// Pieces that steer the chunkers into their branches.
     const PIECES: &[&str] = &[
@@ -1227,6 +1227,129 @@ mod fuzz_bodies {
         context_json(big.as_bytes());
         context_json(b"{\"fields\": [{\"name\": \"a\", \"content\": \"x\\u0000y\"}]}");
         context_json(b"{\"fields\": [{\"name\": \"a\", \"content\": \"\xff\"}]}");
+    }
+
+    /// Pieces that steer the hand-off parsers into their branches.
+    const HANDOFF_PIECES: &[&str] = &[
+        "[STATUS]\n",
+        "[SUMMARY]\n",
+        "[EVIDENCE_OR_TESTS]\n",
+        "[CONFIDENCE]\n",
+        "[NEXT]\n",
+        "[ANSWER_CANDIDATE]\n",
+        "[PAYLOAD]\n",
+        "[TESTS]\n",
+        "[X] y\n",
+        "[",
+        "]",
+        "completed",
+        "in_progress",
+        "high, ",
+        "low",
+        "Medium.",
+        "JSON_REPORT:\n",
+        "END_JSON_REPORT\n",
+        "{\"status\": \"completed\", \"summary\": \"s\", \"confidence\": \"high\", \"next\": \"n\", ",
+        "\"payload\": {",
+        "\"payload\": [",
+        "\"answer_candidate\": \"a\"",
+        "\"evidence\": 1",
+        "}",
+        "{",
+        "\"",
+        ",",
+        ":",
+        "null",
+        "\n",
+        "\r\n",
+        " ",
+        "\t",
+        "Answer:",
+        "Answer: x\n",
+        "\nAnswer: ",
+        "é",
+        "\u{1f600}",
+        "\u{a0}",
+        "\0",
+        "\\",
+    ];
+
+    /// The seed page's three reports (`fixtures/handoff/`).
+    const SEED_REPORTS: [&str; 3] = [
+        include_str!("../../fixtures/handoff/freeform.txt"),
+        include_str!("../../fixtures/handoff/semi_structured.txt"),
+        include_str!("../../fixtures/handoff/structured_soft.txt"),
+    ];
+
+    #[test]
+    fn handoff_holds_on_random_inputs() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let mut parsed = [0usize; 3];
+        for _ in 0..4000 {
+            let n = rng.random_range(0..40);
+            let mut data = vec![rng.random_range(0..4u8)];
+            let pieces = (0..n).map(|_| HANDOFF_PIECES[rng.random_range(0..HANDOFF_PIECES.len())]).collect::<Vec<_>>();
+            if rng.random_bool(0.5) {
+                // a valid report with a few pieces put in at line starts
+                let seed = [SEED_REPORTS[0], SEED_REPORTS[1], SEED_REPORTS[2]][rng.random_range(0..3)];
+                let mut lines: Vec<&str> = seed.split_inclusive('\n').collect();
+                for piece in pieces.iter().take(rng.random_range(0..3)) {
+                    lines.insert(rng.random_range(0..=lines.len()), piece);
+                }
+                data.extend_from_slice(lines.concat().as_bytes());
+            } else {
+                data.extend_from_slice(pieces.concat().as_bytes());
+            }
+            let p = handoff(&data);
+            if p.parsed {
+                parsed[(p.format as usize).min(2)] += 1;
+            }
+            let cut = rng.random_range(0..=data.len());
+            handoff(&data[..cut]);
+            handoff(&bytes(&mut rng, 200));
+        }
+        // the pieces reach every parser's success branch, not just degradation
+        assert!(parsed.iter().all(|&n| n > 0), "parsed per format: {parsed:?}");
+    }
+
+    /// Adversarial hand-offs complete, and every body check holds on them
+    /// (render size linear in the input among them).
+    #[test]
+    fn handoff_holds_on_adversarial_inputs() {
+        let n = 100_000;
+        let structured = |inner: &str| format!("JSON_REPORT:\n{inner}\nEND_JSON_REPORT\nAnswer: x\n");
+        let cases: Vec<(&str, String)> = vec![
+            ("megabyte line", "a".repeat(1 << 20)),
+            ("megabyte line of brackets", "[".repeat(1 << 20)),
+            ("megabyte tag-like line", format!("[{}]", "A".repeat(1 << 20))),
+            ("megabyte answer", format!("body\nAnswer: {}", "z".repeat(1 << 20))),
+            ("nested braces", structured(&"{".repeat(n))),
+            ("nested arrays in the payload", structured(&format!("{{\"payload\": {}", "[".repeat(n)))),
+            ("closed nesting", structured(&("{\"a\":".repeat(n) + "1" + &"}".repeat(n)))),
+            ("many standard tags", "[STATUS]\n".repeat(n)),
+            ("many distinct tags", (0..n).map(|i| format!("[T{i}]\nx\n")).collect()),
+            (
+                "many tags after a full report",
+                format!(
+                    "[STATUS]\ncompleted\n[SUMMARY]\n[EVIDENCE_OR_TESTS]\n[CONFIDENCE]\nlow\n[NEXT]\n[ANSWER_CANDIDATE]\n{}",
+                    (0..n).map(|i| format!("[T{i}]\nx\n")).collect::<String>()
+                ),
+            ),
+            ("deep [PAYLOAD]", format!("[PAYLOAD]\n{}", "[".repeat(n))),
+            ("many markers", "JSON_REPORT:\n".repeat(n)),
+            ("many markers and ends", "JSON_REPORT:\nEND_JSON_REPORT\n".repeat(n)),
+            ("many answer lines", "Answer: x\n".repeat(n)),
+            ("many escaped-looking lines", " [A]\n".repeat(n)),
+            ("control characters", "\u{1}".repeat(1 << 18)),
+        ];
+        for (name, text) in cases {
+            for format in 0..4u8 {
+                let mut data = vec![format];
+                data.extend_from_slice(text.as_bytes());
+                let p = handoff(&data);
+                eprintln!("{name} as {format}: parsed {} {:?}", p.parsed, p.why_not.map(|w| w.to_string()));
+            }
+        }
     }
 
     // Findings of the fuzzing work, each failing before its fix: trailing

@@ -41,6 +41,9 @@ enum Command {
     BenchLoad(cli::load::LoadArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
+    /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
+    #[command(subcommand)]
+    Handoff(cli::handoff::HandoffCommand),
     /// The ATP stack: run an agent, the live demo, or the simulation bench.
     #[command(subcommand)]
     Atp(cli::atp::AtpCommand),
@@ -66,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::Client(args) => cli::client::run(args),
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
+        Command::Handoff(cmd) => cli::handoff::run(cmd),
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(args),
         Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
         Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),

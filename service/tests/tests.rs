@@ -16,6 +16,8 @@ mod atp_reference;
 mod cli;
 #[path = "cases/fuzz.rs"]
 mod fuzz;
+#[path = "cases/handoff.rs"]
+mod handoff;
 #[path = "cases/lifecycle.rs"]
 mod lifecycle;
 #[path = "cases/serving.rs"]

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::extract::{CompressRequest, Compressed, Scd, ScdConfig};
+use scd_engine::handoff;
 use serde::Deserialize;
 
+use crate::cli::handoff::ReportFormat;
 use crate::config::ModelArgs;
 
 /// Output format.
@@ -57,6 +59,15 @@ pub struct CompressArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "json")]
     format: Format,
+    /// Also write the selected context as a hand-off report in this format,
+    /// for the next agent: with --format json each result gains a "report"
+    /// key holding the report's text; with --format text the report is
+    /// printed instead of the chunk list. Required fields always appear in
+    /// it whole; fields named report.* (from a parsed report) go back to
+    /// their sections, others become payload entries (semi_structured: a
+    /// [FIELD_NAME] section).
+    #[arg(long, value_enum)]
+    render: Option<ReportFormat>,
 }
 
 /// One line of `--batch`, parsed strictly (unknown keys are errors).
@@ -130,9 +141,54 @@ fn to_json(out: &Compressed) -> serde_json::Value {
     })
 }
 
-fn print(out: &Compressed, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
+/// The selected chunks of `out` as a hand-off report in `format`. Chunks of
+/// one field are joined with the field's own text between them when only
+/// whitespace was skipped (so a field sent whole reads as it was), with a
+/// newline otherwise. A report with no summary of its own gets one naming
+/// the task.
+pub(crate) fn render_report(out: &Compressed, req: &CompressRequest, format: handoff::Format) -> String {
+    let mut fields: Vec<(&str, Vec<&scd_engine::extract::SelectedChunk>)> = Vec::new();
+    for c in &out.chunks {
+        match fields.iter_mut().find(|(n, _)| *n == c.field) {
+            Some((_, cs)) => cs.push(c),
+            None => fields.push((&c.field, vec![c])),
+        }
+    }
+    let mut parts: Vec<(&str, String)> = Vec::new();
+    for (name, mut chunks) in fields {
+        chunks.sort_by_key(|c| c.span);
+        let content = req.context.fields.iter().find(|f| f.name == name).map_or("", |f| f.content.as_str());
+        let mut text = String::new();
+        let mut prev_end: Option<usize> = None;
+        for c in chunks {
+            if let Some(end) = prev_end {
+                match content.get(end..c.span.0) {
+                    Some(gap) if gap.trim().is_empty() && end <= c.span.0 => text.push_str(gap),
+                    _ => text.push('\n'),
+                }
+            }
+            text.push_str(&c.text);
+            prev_end = Some(c.span.1);
+        }
+        parts.push((name, text));
+    }
+    let mut report = handoff::from_fields(parts.iter().map(|(n, t)| (*n, t.as_str())));
+    if report.summary.is_none() {
+        report.summary = Some(format!("Context selected for the task: {}", req.task.description.trim()));
+    }
+    handoff::render(&report, format, None)
+}
+
+fn print(out: &Compressed, report: Option<String>, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
     match format {
-        Format::Json => writeln!(w, "{}", to_json(out))?,
+        Format::Json => {
+            let mut json = to_json(out);
+            if let Some(r) = report {
+                json["report"] = r.into();
+            }
+            writeln!(w, "{json}")?
+        }
+        Format::Text if report.is_some() => write!(w, "{}", report.unwrap_or_default())?,
         Format::Text => {
             for c in &out.chunks {
                 writeln!(w, "[{}] {}", c.id, c.text)?;
@@ -186,9 +242,13 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
                 continue;
             }
             total += 1;
-            let result = parse_batch_line(&line, &defaults).and_then(|r| Ok(scd.compress(&r)?));
+            let result = parse_batch_line(&line, &defaults).and_then(|r| {
+                let out = scd.compress(&r)?;
+                let report = args.render.map(|f| render_report(&out, &r, f.into()));
+                Ok((out, report))
+            });
             match result {
-                Ok(out) => print(&out, args.format, &mut stdout)?,
+                Ok((out, report)) => print(&out, report, args.format, &mut stdout)?,
                 Err(e) => {
                     failed += 1;
                     let msg = format!("{e:#}");
@@ -223,6 +283,8 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         relevance_threshold: args.threshold,
         min_relative_score: args.min_relative_score,
     };
-    let out = scd.compress(&CompressRequest { task: Task::new(task), context, requirement, session: None })?;
-    print(&out, args.format, &mut stdout)
+    let req = CompressRequest { task: Task::new(task), context, requirement, session: None };
+    let out = scd.compress(&req)?;
+    let report = args.render.map(|f| render_report(&out, &req, f.into()));
+    print(&out, report, args.format, &mut stdout)
 }

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod embed;
 pub mod embed_batch;
 pub mod eval;
+pub mod handoff;
 pub mod load;
 pub mod models;
 pub mod serve;
