@@ -109,14 +109,7 @@ impl CompressArgs {
 /// line leaves out. Errors name the key.
 pub(crate) fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<CompressRequest> {
     let de = &mut serde_json::Deserializer::from_str(raw);
-    let line: BatchLine = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." || path == "?" {
-            anyhow::anyhow!("{}", e.into_inner())
-        } else {
-            anyhow::anyhow!("{path}: {}", e.into_inner())
-        }
-    })?;
+    let line: BatchLine = serde_path_to_error::deserialize(de).map_err(super::json_path_error)?;
     let budget = line.budget.or(defaults.budget).context("budget: missing (give it on the line or with --budget)")?;
     anyhow::ensure!(budget >= 1, "budget: must be at least 1");
     let requirement = ContextRequirement {

@@ -168,14 +168,7 @@ pub fn parsed_json(p: &Parsed, map: &ConfidenceMap) -> serde_json::Value {
 /// Reads `render`'s input strictly: errors name the key (`report.statuz`).
 pub fn read_render_input(raw: &str) -> anyhow::Result<(Report, Option<String>)> {
     let mut de = serde_json::Deserializer::from_str(raw);
-    let input: RenderInput = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." || path == "?" {
-            anyhow::anyhow!("{}", e.into_inner())
-        } else {
-            anyhow::anyhow!("{path}: {}", e.into_inner())
-        }
-    })?;
+    let input: RenderInput = serde_path_to_error::deserialize(&mut de).map_err(super::json_path_error)?;
     de.end().context("after the JSON object")?;
     if let Some(a) = &input.answer {
         anyhow::ensure!(!a.contains('\n'), "answer: must be one line (the scorer reads the line after Answer:)");

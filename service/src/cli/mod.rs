@@ -17,6 +17,17 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
+/// A strict-JSON error naming the key it is about (`budget: invalid type…`),
+/// or just the error when it is about the whole document.
+pub(crate) fn json_path_error(e: serde_path_to_error::Error<serde_json::Error>) -> anyhow::Error {
+    let path = e.path().to_string();
+    if path == "." || path == "?" {
+        anyhow::anyhow!("{}", e.into_inner())
+    } else {
+        anyhow::anyhow!("{path}: {}", e.into_inner())
+    }
+}
+
 /// Texts from a JSONL file of `{"text": ...}` objects (`flag` names the option in errors).
 pub(crate) fn read_jsonl_texts(path: &Path, flag: &str) -> anyhow::Result<Vec<String>> {
     let raw = std::fs::read_to_string(path).with_context(|| format!("{flag} {}", path.display()))?;
