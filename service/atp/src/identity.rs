@@ -488,8 +488,10 @@ pub trait Signed: prost::Message + Clone + Default {
     }
 }
 
+/// `Signed` for messages whose sender is an `AgentId` field; `+ field`
+/// names a second signature cleared for signing too.
 macro_rules! signed_by_agent_id {
-    ($($ty:ident . $sender:ident),* $(,)?) => {$(
+    ($($ty:ident . $sender:ident $(+ $second:ident)?),* $(,)?) => {$(
         impl Signed for pb::$ty {
             fn sender(&self) -> &str {
                 self.$sender.as_ref().map_or("", |a| a.uuid.as_str())
@@ -512,6 +514,10 @@ macro_rules! signed_by_agent_id {
             fn signature_mut(&mut self) -> &mut Vec<u8> {
                 &mut self.signature
             }
+            fn clear_signatures(&mut self) {
+                self.signature.clear();
+                $(self.$second.clear();)?
+            }
         }
     )*};
 }
@@ -530,35 +536,9 @@ signed_by_agent_id!(
     Backpressure.from,
     CircuitBreak.from,
     TaskCheckpoint.agent,
+    // the evaluator signs; the subject countersigns in responder_signature
+    InteractionProof.evaluator + responder_signature,
 );
-
-impl Signed for pb::InteractionProof {
-    fn sender(&self) -> &str {
-        self.evaluator.as_ref().map_or("", |a| a.uuid.as_str())
-    }
-    fn nonce(&self) -> u64 {
-        self.nonce
-    }
-    fn set_nonce(&mut self, n: u64) {
-        self.nonce = n;
-    }
-    fn timestamp_s(&self) -> Option<i64> {
-        self.timestamp.map(|t| t.seconds)
-    }
-    fn set_timestamp_now(&mut self) {
-        self.timestamp = Some(timestamp_now());
-    }
-    fn signature(&self) -> &[u8] {
-        &self.signature
-    }
-    fn signature_mut(&mut self) -> &mut Vec<u8> {
-        &mut self.signature
-    }
-    fn clear_signatures(&mut self) {
-        self.signature.clear();
-        self.responder_signature.clear();
-    }
-}
 
 impl Signed for pb::AtpMessage {
     fn sender(&self) -> &str {
