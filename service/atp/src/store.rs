@@ -12,10 +12,10 @@
 //! Every write is its own durable (fsync'd) transaction, replay-log entries
 //! included: a message seen just before a crash (SIGKILL, power loss) is
 //! still refused as a replay after the restart. That costs one fsync per
-//! incoming signed message (3.9 ms on the 2-core dev box; grouping them
-//! without fsync measured 0.19 ms but forgot the last second of nonces on a
-//! SIGKILL, which the restart test caught), so one agent verifies at most a
-//! few hundred signed messages a second.
+//! incoming signed message (grouping entries without fsync was much cheaper
+//! but forgot the last nonces on a SIGKILL, which the restart test caught);
+//! the fsync bounds how many signed messages one agent verifies a second.
+//! (Not yet measured by a committed bench.)
 //!
 //! [`Ledger`] puts the proof table, a [`MerkleLog`] and a [`TrustBook`]
 //! together: appending a proof checks both signatures, stores it, logs it
