@@ -35,6 +35,7 @@ import base64
 import ctypes
 import hashlib
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -498,8 +499,10 @@ def parity_texts() -> list[str]:
 
 
 def heldout_texts() -> list[str]:
-    """Sentences from the seed documents: never used to tune the converter."""
-    seeds = ROOT.parent / "shared" / "seeds"
+    """Sentences from the seed documents: never used to tune the converter.
+
+    The shared folder is SCD_SHARED_DIR or ../shared, as for the tests."""
+    seeds = Path(os.environ.get("SCD_SHARED_DIR") or ROOT.parent / "shared") / "seeds"
     out: list[str] = []
     for name in ("protocols-lesson-mcp-a2a-acp-anp.txt", "atp-paper.txt"):
         p = seeds / name
