@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::context::{Field, FieldKind, MAX_FIELD_NAME_BYTES};
+use crate::extract::{CompressRequest, Compressed, SelectedChunk};
 use crate::{Error, Result};
 
 /// The prefix of the scorer-facing final line.
@@ -510,6 +511,45 @@ pub fn from_fields<'a>(parts: impl IntoIterator<Item = (&'a str, &'a str)>) -> R
         }
     }
     report
+}
+
+/// The chunks `out` selected from `req`'s context as a report in `format`,
+/// then `Answer: {answer}` when given. Chunks of one field are joined with
+/// the field's own text between them when only whitespace was skipped (so a
+/// field sent whole reads as it was), with a newline otherwise; `report.*`
+/// fields go back to their sections ([`from_fields`]). A report with no
+/// summary of its own gets one naming the task.
+pub fn render_selection(out: &Compressed, req: &CompressRequest, format: Format, answer: Option<&str>) -> String {
+    let mut fields: Vec<(&str, Vec<&SelectedChunk>)> = Vec::new();
+    for c in &out.chunks {
+        match fields.iter_mut().find(|(n, _)| *n == c.field) {
+            Some((_, cs)) => cs.push(c),
+            None => fields.push((&c.field, vec![c])),
+        }
+    }
+    let mut parts: Vec<(&str, String)> = Vec::new();
+    for (name, mut chunks) in fields {
+        chunks.sort_by_key(|c| c.span);
+        let content = req.context.fields.iter().find(|f| f.name == name).map_or("", |f| f.content.as_str());
+        let mut text = String::new();
+        let mut prev_end: Option<usize> = None;
+        for c in chunks {
+            if let Some(end) = prev_end {
+                match content.get(end..c.span.0) {
+                    Some(gap) if gap.trim().is_empty() && end <= c.span.0 => text.push_str(gap),
+                    _ => text.push('\n'),
+                }
+            }
+            text.push_str(&c.text);
+            prev_end = Some(c.span.1);
+        }
+        parts.push((name, text));
+    }
+    let mut report = from_fields(parts.iter().map(|(n, t)| (*n, t.as_str())));
+    if report.summary.is_none() {
+        report.summary = Some(format!("Context selected for the task: {}", req.task.description.trim()));
+    }
+    render(&report, format, answer)
 }
 
 /// Counts of reports that parse as written, and of their re-rendered forms

@@ -635,6 +635,8 @@ impl ScdLink {
             requirement: Some(req),
             session_id: String::new(),
             session_token: String::new(),
+            // ATP carries context, not hand-off reports
+            render: scd::ReportFormat::Unspecified as i32,
         };
         let mut c = self.client.clone();
         let open = c
@@ -746,6 +748,7 @@ impl ScdLink {
                 reasoning: reasoning.to_string(),
                 chunk_ids,
                 session_token: session.token.clone(),
+                report: String::new(),
             })
             .await
             .map_err(|s| self.status("RequestContext", s))?

@@ -56,6 +56,9 @@ pub enum ClientCommand {
         /// The session's secret, printed when it was opened.
         #[arg(long, env = "SCD_SESSION_TOKEN", default_value = "")]
         token: String,
+        /// Also write the selection as a hand-off report in this format ("report").
+        #[arg(long, value_enum)]
+        render: Option<crate::cli::handoff::ReportFormat>,
     },
     /// Adaptive request on a session.
     More {
@@ -65,12 +68,16 @@ pub enum ClientCommand {
         /// The session's secret, printed by the compress that opened it.
         #[arg(long, env = "SCD_SESSION_TOKEN")]
         token: String,
-        /// The question.
-        #[arg(long)]
+        /// The question (default with --report: the report's next step).
+        #[arg(long, required_unless_present = "report", default_value = "")]
         question: String,
-        /// Current confidence.
-        #[arg(long, default_value_t = 0.5)]
-        confidence: f32,
+        /// Current confidence (default 0.5; with --report: the report's).
+        #[arg(long, conflicts_with = "report")]
+        confidence: Option<f32>,
+        /// The receiver's own hand-off report (any format): its confidence
+        /// sets the current confidence through the server's confidence map.
+        #[arg(long)]
+        report: Option<PathBuf>,
     },
 }
 
@@ -306,7 +313,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     .await?;
                 serde_json::json!({"model": r.model, "embeddings": r.embeddings.iter().map(|e| serde_json::json!({"tokens": e.tokens, "embedding": e.values})).collect::<Vec<_>>()})
             }
-            ClientCommand::Compress { task, budget, session, token, .. } => {
+            ClientCommand::Compress { task, budget, session, token, render, .. } => {
                 // a retry after the server opened the session would find it
                 // taken: only session-less or continuing calls are idempotent
                 let idempotent = session.is_empty() || !token.is_empty();
@@ -316,6 +323,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     requirement: Some(pb::ContextRequirement { max_context_tokens: budget, ..Default::default() }),
                     session_id: session,
                     session_token: token,
+                    render: render.map_or(pb::ReportFormat::Unspecified, |f| {
+                        crate::grpc::handoff::format_pb(f.into())
+                    }) as i32,
                 };
                 let r = c
                     .call("Compress", idempotent, |mut cl| {
@@ -327,14 +337,20 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens})).collect::<Vec<_>>(),
                     "totals": {"context_tokens": t.context_tokens, "sent_tokens": t.sent_tokens, "reduction_ratio": t.reduction_ratio, "r_theorem1": t.r_theorem1},
                     "dropped": r.dropped.iter().map(|d| serde_json::json!({"field": d.field, "id": d.id, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
-                    "withheld_fields": r.withheld_fields, "session_id": r.session_id, "session_token": r.session_token})
+                    "withheld_fields": r.withheld_fields, "session_id": r.session_id, "session_token": r.session_token,
+                    "report": (!r.report.is_empty()).then_some(r.report)})
             }
-            ClientCommand::More { session, token, question, confidence } => {
+            ClientCommand::More { session, token, question, confidence, report } => {
+                let report = match &report {
+                    Some(p) => std::fs::read_to_string(p).with_context(|| format!("--report {}", p.display()))?,
+                    None => String::new(),
+                };
                 let req = pb::ContextRequest {
                     session_id: session,
                     session_token: token,
                     specific_question: question,
-                    current_confidence: confidence,
+                    current_confidence: confidence.unwrap_or(if report.is_empty() { 0.5 } else { 0.0 }),
+                    report,
                     ..Default::default()
                 };
                 // advances the session: not retried when the connection broke under it

@@ -134,44 +134,6 @@ fn to_json(out: &Compressed) -> serde_json::Value {
     })
 }
 
-/// The selected chunks of `out` as a hand-off report in `format`. Chunks of
-/// one field are joined with the field's own text between them when only
-/// whitespace was skipped (so a field sent whole reads as it was), with a
-/// newline otherwise. A report with no summary of its own gets one naming
-/// the task.
-pub(crate) fn render_report(out: &Compressed, req: &CompressRequest, format: handoff::Format) -> String {
-    let mut fields: Vec<(&str, Vec<&scd_engine::extract::SelectedChunk>)> = Vec::new();
-    for c in &out.chunks {
-        match fields.iter_mut().find(|(n, _)| *n == c.field) {
-            Some((_, cs)) => cs.push(c),
-            None => fields.push((&c.field, vec![c])),
-        }
-    }
-    let mut parts: Vec<(&str, String)> = Vec::new();
-    for (name, mut chunks) in fields {
-        chunks.sort_by_key(|c| c.span);
-        let content = req.context.fields.iter().find(|f| f.name == name).map_or("", |f| f.content.as_str());
-        let mut text = String::new();
-        let mut prev_end: Option<usize> = None;
-        for c in chunks {
-            if let Some(end) = prev_end {
-                match content.get(end..c.span.0) {
-                    Some(gap) if gap.trim().is_empty() && end <= c.span.0 => text.push_str(gap),
-                    _ => text.push('\n'),
-                }
-            }
-            text.push_str(&c.text);
-            prev_end = Some(c.span.1);
-        }
-        parts.push((name, text));
-    }
-    let mut report = handoff::from_fields(parts.iter().map(|(n, t)| (*n, t.as_str())));
-    if report.summary.is_none() {
-        report.summary = Some(format!("Context selected for the task: {}", req.task.description.trim()));
-    }
-    handoff::render(&report, format, None)
-}
-
 fn print(out: &Compressed, report: Option<String>, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
     match format {
         Format::Json => {
@@ -237,7 +199,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
             total += 1;
             let result = parse_batch_line(&line, &defaults).and_then(|r| {
                 let out = scd.compress(&r)?;
-                let report = args.render.map(|f| render_report(&out, &r, f.into()));
+                let report = args.render.map(|f| handoff::render_selection(&out, &r, f.into(), None));
                 Ok((out, report))
             });
             match result {
@@ -278,6 +240,6 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     };
     let req = CompressRequest { task: Task::new(task), context, requirement, session: None };
     let out = scd.compress(&req)?;
-    let report = args.render.map(|f| render_report(&out, &req, f.into()));
+    let report = args.render.map(|f| handoff::render_selection(&out, &req, f.into(), None));
     print(&out, report, args.format, &mut stdout)
 }

@@ -86,6 +86,10 @@ pub struct ServeArgs {
     /// After SIGTERM / Ctrl-C, seconds to let calls in flight finish before exiting anyway.
     #[arg(long, env = "SCD_DRAIN_TIMEOUT_S", default_value_t = 30.0)]
     drain_timeout: f64,
+    /// The current_confidence of a hand-off report's confidence level, for
+    /// RequestContext with a report (shown by Info).
+    #[command(flatten)]
+    confidence: crate::cli::handoff::ConfidenceArgs,
 }
 
 /// Checks every argument that can be checked without the model.
@@ -135,6 +139,7 @@ fn bind(flag: &str, what: &str, addr: SocketAddr) -> anyhow::Result<std::net::Tc
 /// listeners, and only then loads the model.
 pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     check(&args)?;
+    let confidence_map = args.confidence.map()?;
     let tls = tls::server_config(&tls::ServerTlsFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -149,6 +154,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_sessions: args.max_sessions,
         session_bytes: args.session_bytes,
         max_context_tokens: args.max_context_tokens,
+        confidence_map,
         context_limits: ContextLimits {
             max_fields: args.max_fields,
             max_field_bytes: args.max_field_bytes,

@@ -175,5 +175,6 @@ pub fn compress_response(out: Compressed, timing: pb::Timing) -> pb::CompressRes
         session_id: out.session.as_ref().map(|g| g.id.clone()).unwrap_or_default(),
         session_token: out.session.map(|g| g.token).unwrap_or_default(),
         withheld_fields: out.withheld,
+        report: String::new(),
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod batcher;
 pub mod convert;
+pub mod handoff;
 pub mod http;
 pub mod layer;
 pub mod metrics;
@@ -236,7 +237,8 @@ impl ScdService {
     }
 
     /// Compress; `open` opens a session even when the request names no id
-    /// (OpenSession: the engine draws 128 random bits).
+    /// (OpenSession: the engine draws 128 random bits). With `CompressRequest.render`
+    /// set, the selection comes back as a report too.
     async fn compress_inner(
         &self,
         r: pb::CompressRequest,
@@ -244,11 +246,35 @@ impl ScdService {
         caller: Option<String>,
         open: bool,
     ) -> Result<pb::CompressResponse, Status> {
+        let render = handoff::format("render", r.render)?.map(|format| Forward { report: None, format, answer: None });
+        self.compress_run(r, deadline, caller, open, render).await
+    }
+
+    /// [`Self::compress_inner`], with a forwarded report's sections added to
+    /// the fields and the selection rendered as `fwd` says.
+    async fn compress_run(
+        &self,
+        r: pb::CompressRequest,
+        deadline: Option<Instant>,
+        caller: Option<String>,
+        open: bool,
+        fwd: Option<Forward>,
+    ) -> Result<pb::CompressResponse, Status> {
         let mut req = convert::compress_request(r, self.limits.max_fields, caller.clone())?;
         if open && req.session.is_none() {
             req.session = Some(SessionRequest { id: None, token: None, caller });
         }
-        let (out, total) = self.blocking(deadline, move |scd, cancel| scd.compress_with(&req, cancel)).await?;
+        if let Some(report) = fwd.as_ref().and_then(|f| f.report.as_ref()) {
+            handoff::add_report_fields(&mut req.context.fields, report)?;
+        }
+        let ((out, report), total) = self
+            .blocking(deadline, move |scd, cancel| {
+                let out = scd.compress_with(&req, cancel)?;
+                let report =
+                    fwd.map(|f| scd_engine::handoff::render_selection(&out, &req, f.format, f.answer.as_deref()));
+                Ok((out, report))
+            })
+            .await?;
         let t = out.timings;
         self.metrics.stage("Compress", "inference", t.prepare_ms + t.task_embed_ms);
         self.metrics.stage("Compress", "selection", t.select_ms);
@@ -258,8 +284,68 @@ impl ScdService {
             selection_ms: t.select_ms,
             total_ms: total,
         };
-        Ok(convert::compress_response(out, timing))
+        let mut resp = convert::compress_response(out, timing);
+        resp.report = report.unwrap_or_default();
+        Ok(resp)
     }
+
+    /// The `Handoff` RPC: parse, render or forward a report.
+    async fn handoff_inner(
+        &self,
+        r: pb::HandoffRequest,
+        deadline: Option<Instant>,
+        caller: Option<String>,
+    ) -> Result<pb::HandoffResponse, Status> {
+        use pb::handoff_request::Op;
+        let map = self.scd.config().confidence_map;
+        match r.op.ok_or_else(|| Status::invalid_argument("op: required (parse, render or forward)"))? {
+            Op::Parse(p) => {
+                let parsed = handoff::parse(&p.text, handoff::format("parse.format", p.format)?);
+                Ok(pb::HandoffResponse { parsed: Some(handoff::parsed_pb(&parsed, &map)), ..Default::default() })
+            }
+            Op::Render(r) => {
+                let format = handoff::format("render.format", r.format)?.ok_or_else(|| {
+                    Status::invalid_argument(
+                        "render.format: required (REPORT_FORMAT_FREEFORM, _SEMI_STRUCTURED or _STRUCTURED_SOFT)",
+                    )
+                })?;
+                let report = handoff::report(
+                    "render.report",
+                    r.report.ok_or_else(|| Status::invalid_argument("render.report: required"))?,
+                )?;
+                let answer = handoff::answer("render.answer", r.answer)?;
+                let text = scd_engine::handoff::render(&report, format, answer.as_deref());
+                Ok(pb::HandoffResponse { text, ..Default::default() })
+            }
+            Op::Forward(f) => {
+                let parsed = handoff::parse(&f.text, handoff::format("forward.format", f.format)?);
+                let format = handoff::format("forward.render", f.render)?.unwrap_or(parsed.format);
+                let compress = f.compress.ok_or_else(|| Status::invalid_argument("forward.compress: required"))?;
+                if compress.render != 0 {
+                    return Err(Status::invalid_argument(
+                        "forward.compress.render: must be unset; forward.render names the receiver's format",
+                    ));
+                }
+                let fwd = Forward { report: Some(parsed.report.clone()), format, answer: parsed.answer.clone() };
+                let compressed = self.compress_run(compress, deadline, caller, false, Some(fwd)).await?;
+                Ok(pb::HandoffResponse {
+                    parsed: Some(handoff::parsed_pb(&parsed, &map)),
+                    text: compressed.report.clone(),
+                    compressed: Some(compressed),
+                })
+            }
+        }
+    }
+}
+
+/// How a compression is written back as a report.
+struct Forward {
+    /// The forwarded report, whose sections join the fields.
+    report: Option<scd_engine::handoff::Report>,
+    /// The receiver's format.
+    format: scd_engine::handoff::Format,
+    /// The sender's `Answer:` line, kept verbatim.
+    answer: Option<String>,
 }
 
 type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
@@ -333,7 +419,7 @@ impl pb::scd_server::Scd for ScdHandler {
         let (d, who) = (deadline(&request), caller(&request));
         let r = request.into_inner();
         empty_session(&r.session_id)?;
-        let req = ContextRequest {
+        let mut req = ContextRequest {
             session_id: r.session_id,
             session_token: r.session_token,
             caller: who,
@@ -342,6 +428,9 @@ impl pb::scd_server::Scd for ScdHandler {
             reasoning: r.reasoning,
             chunk_ids: r.chunk_ids,
         };
+        if !r.report.is_empty() {
+            handoff::apply_report(&mut req, &r.report, &self.scd.config().confidence_map)?;
+        }
         let start = Instant::now();
         let res =
             self.blocking(d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(|(more, total)| {
@@ -409,6 +498,11 @@ impl pb::scd_server::Scd for ScdHandler {
         res.map(Response::new)
     }
 
+    async fn handoff(&self, request: Request<pb::HandoffRequest>) -> Result<Response<pb::HandoffResponse>, Status> {
+        let (d, who) = (deadline(&request), caller(&request));
+        self.handoff_inner(request.into_inner(), d, who).await.map(Response::new)
+    }
+
     async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
         let e = self.scd.encoder();
         let cfg = self.scd.config();
@@ -424,6 +518,11 @@ impl pb::scd_server::Scd for ScdHandler {
             max_budget_tokens: cfg.max_budget_tokens as u32,
             confidence_threshold: cfg.confidence_threshold,
             session_ttl_s: cfg.session_ttl.as_secs(),
+            confidence_map: Some(pb::ConfidenceMap {
+                low: cfg.confidence_map.low,
+                medium: cfg.confidence_map.medium,
+                high: cfg.confidence_map.high,
+            }),
         };
         Ok(Response::new(r))
     }

@@ -127,6 +127,7 @@ fn compress_request(rng: &mut impl Rng) -> pb::CompressRequest {
         }),
         session_id: ["", "s1"][rng.random_range(0..2)].into(),
         session_token: String::new(),
+        render: 0,
     }
 }
 

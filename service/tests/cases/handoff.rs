@@ -185,3 +185,232 @@ fn compress_render_writes_a_report_that_parses_and_keeps_the_required_field() {
         assert_eq!(text, report, "{format}");
     }
 }
+
+/// The `Handoff` RPC and reports on Compress/RequestContext, against a real
+/// server (real model).
+mod rpc {
+    use scd_engine::handoff::{self, Format};
+    use scd_service::grpc::pb;
+    use tonic::Code;
+
+    use super::{fixture, seeds};
+    use crate::grpc::{client, compress_req, start};
+    use crate::ready;
+
+    fn parse_req(text: &str, format: pb::ReportFormat) -> pb::HandoffRequest {
+        pb::HandoffRequest {
+            op: Some(pb::handoff_request::Op::Parse(pb::ParseReport { text: text.into(), format: format as i32 })),
+        }
+    }
+
+    fn render_req(report: pb::HandoffReport, format: i32, answer: Option<&str>) -> pb::HandoffRequest {
+        pb::HandoffRequest {
+            op: Some(pb::handoff_request::Op::Render(pb::RenderReport {
+                report: Some(report),
+                format,
+                answer: answer.map(str::to_string),
+            })),
+        }
+    }
+
+    fn forward_req(text: &str, compress: pb::CompressRequest, render: pb::ReportFormat) -> pb::HandoffRequest {
+        pb::HandoffRequest {
+            op: Some(pb::handoff_request::Op::Forward(pb::ForwardReport {
+                text: text.into(),
+                format: 0,
+                compress: Some(compress),
+                render: render as i32,
+            })),
+        }
+    }
+
+    fn semi(confidence: &str, next: &str) -> String {
+        format!(
+            "[STATUS]\nin_progress\n[SUMMARY]\nThe checkout fails on card charges.\n[EVIDENCE_OR_TESTS]\nnone yet\n\
+             [CONFIDENCE]\n{confidence}\n[NEXT]\n{next}\n[ANSWER_CANDIDATE]\nunknown\n"
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn handoff_rpc_parses_renders_and_forwards_reports() {
+        if !ready() {
+            return;
+        }
+        let server = start(&["--confidence-medium", "0.55"]);
+        let mut c = client(&server).await;
+        let map = c.info(pb::InfoRequest {}).await.unwrap().into_inner().confidence_map.unwrap();
+        assert_eq!((map.low, map.medium, map.high), (0.3, 0.55, 0.9), "serve's --confidence-* reach Info");
+
+        // parse: the seed examples, as named and detected
+        let formats = [pb::ReportFormat::Freeform, pb::ReportFormat::SemiStructured, pb::ReportFormat::StructuredSoft];
+        for ((name, text), format) in seeds().into_iter().zip(formats) {
+            for asked in [format, pb::ReportFormat::Unspecified] {
+                let p = c.handoff(parse_req(&text, asked)).await.unwrap().into_inner().parsed.unwrap();
+                assert_eq!((p.format, p.parsed, p.why_not.as_str()), (format as i32, true, ""), "{name}");
+                assert_eq!(p.answer.as_deref(), Some("Arthur's Magazine"), "{name}");
+                let r = p.report.unwrap();
+                if format == pb::ReportFormat::Freeform {
+                    assert_eq!((r.status, r.confidence, p.current_confidence), (0, 0, None));
+                } else {
+                    assert_eq!(r.status, pb::ReportStatus::Completed as i32, "{name}");
+                    assert_eq!(r.confidence, pb::ReportConfidence::High as i32, "{name}");
+                    assert_eq!(p.current_confidence, Some(0.9), "{name}");
+                    assert_eq!(r.answer_candidate.as_deref(), Some("Arthur's Magazine"));
+                }
+                // render it back in every format: each parses to the same report
+                for back in formats {
+                    let text = c
+                        .handoff(render_req(r.clone(), back as i32, p.answer.as_deref()))
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .text;
+                    let f = match back {
+                        pb::ReportFormat::SemiStructured => Format::SemiStructured,
+                        pb::ReportFormat::StructuredSoft => Format::StructuredSoft,
+                        _ => Format::Freeform,
+                    };
+                    let again = handoff::parse(&text, f);
+                    assert!(again.parsed, "{name} → {f}: {text}");
+                    assert_eq!(again.answer.as_deref(), Some("Arthur's Magazine"));
+                    if format != pb::ReportFormat::Freeform && f != Format::Freeform {
+                        // structured in, structured out: the same report
+                        let sent = scd_service::grpc::handoff::report("r", r.clone()).unwrap();
+                        assert_eq!(again.report, sent, "{name} → {f}");
+                    }
+                }
+            }
+        }
+        // a broken structured report degrades to freeform and says why
+        let broken = fixture("structured_soft.txt").replace("END_JSON_REPORT", "");
+        let p = c.handoff(parse_req(&broken, pb::ReportFormat::StructuredSoft)).await.unwrap().into_inner();
+        let p = p.parsed.unwrap();
+        assert_eq!((p.format, p.parsed, p.why_not.as_str()), (1, false, "missing END_JSON_REPORT"));
+        assert_eq!(p.answer.as_deref(), Some("Arthur's Magazine"), "the answer line survives degradation");
+
+        // rejections name the field
+        let rejects: [(pb::HandoffRequest, &str); 6] = [
+            (pb::HandoffRequest { op: None }, "op: required"),
+            (render_req(Default::default(), 0, None), "render.format: required"),
+            (render_req(Default::default(), 9, None), "render.format: unknown value 9"),
+            (
+                render_req(pb::HandoffReport { payload_json: "\"x\"".into(), ..Default::default() }, 2, None),
+                "render.report.payload_json: must be a JSON object, found a string",
+            ),
+            (render_req(Default::default(), 2, Some("a\nb")), "render.answer: must be one line"),
+            (parse_req("x", pb::ReportFormat::Freeform).tap_format(5), "parse.format: unknown value 5"),
+        ];
+        for (req, want) in rejects {
+            let e = c.handoff(req).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{want}");
+            assert!(e.message().starts_with(want), "{} vs {want}", e.message());
+        }
+
+        // forward: the sender's report joins its context, the receiver gets a
+        // structured report of the selection that keeps its required field
+        // and the sender's answer line, and no confidential content
+        let sender = semi("low", "Check why charge_card times out against the payments database.");
+        let mut compress = compress_req(120, "");
+        compress.requirement.as_mut().unwrap().required_fields = vec!["report.next".into()];
+        let r = c
+            .handoff(forward_req(
+                &format!("{sender}\nAnswer: not yet"),
+                compress.clone(),
+                pb::ReportFormat::StructuredSoft,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let p = r.parsed.unwrap();
+        assert_eq!((p.format, p.parsed, p.current_confidence), (2, true, Some(0.3)));
+        let compressed = r.compressed.unwrap();
+        assert_eq!(compressed.report, r.text);
+        assert!(compressed.chunks.iter().any(|c| c.field == "report.next"), "required section sent");
+        assert!(compressed.withheld_fields.contains(&"api_keys".to_string()));
+        assert!(!r.text.contains("sk_live_SECRET_4242"), "confidential content never rendered");
+        let got = handoff::parse(&r.text, Format::StructuredSoft);
+        assert!(got.parsed, "{}", r.text);
+        assert_eq!(got.report.next.as_deref(), Some("Check why charge_card times out against the payments database."));
+        assert_eq!(got.answer.as_deref(), Some("not yet"));
+        let sent = compressed.totals.unwrap().sent_tokens;
+        assert!(sent <= 120, "the receiver's budget holds: {sent}");
+
+        // forward rejections
+        let mut spoof = compress.clone();
+        spoof.fields[0].name = "report.summary".into();
+        let e = c.handoff(forward_req(&sender, spoof, pb::ReportFormat::Freeform)).await.unwrap_err();
+        assert!(e.message().starts_with("compress.fields[0].name: \"report.summary\" is reserved"), "{}", e.message());
+        let mut twice = compress.clone();
+        twice.render = pb::ReportFormat::Freeform as i32;
+        let e = c.handoff(forward_req(&sender, twice, pb::ReportFormat::Freeform)).await.unwrap_err();
+        assert!(e.message().starts_with("forward.compress.render: must be unset"), "{}", e.message());
+
+        // Compress with render: the gRPC form of `scd compress --render`
+        let mut plain = compress_req(200, "");
+        plain.render = pb::ReportFormat::SemiStructured as i32;
+        let out = c.compress(plain).await.unwrap().into_inner();
+        assert!(handoff::parse(&out.report, Format::SemiStructured).parsed, "{}", out.report);
+        assert!(!out.report.contains("sk_live_SECRET_4242"));
+        let mut none = compress_req(200, "");
+        none.render = 0;
+        assert!(c.compress(none).await.unwrap().into_inner().report.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn request_context_takes_the_receivers_report_for_its_confidence() {
+        if !ready() {
+            return;
+        }
+        let server = start(&["--confidence-low", "0.2"]);
+        let mut c = client(&server).await;
+        let open = |c: &mut pb::scd_client::ScdClient<tonic::transport::Channel>| {
+            let mut c = c.clone();
+            async move {
+                // a strict threshold sends little up front, leaving budget
+                let mut first = compress_req(300, "");
+                first.requirement.as_mut().unwrap().relevance_threshold = Some(0.99);
+                let o = c.open_session(pb::OpenSessionRequest { compress: Some(first) }).await.unwrap().into_inner();
+                (o.session_id, o.session_token)
+            }
+        };
+        let more = |id: &str, token: &str, report: &str, confidence: f32| pb::ContextRequest {
+            session_id: id.into(),
+            session_token: token.into(),
+            current_confidence: confidence,
+            report: report.into(),
+            ..Default::default()
+        };
+        // low confidence (0.2 here) under the threshold: the report's next
+        // step is the question, and new chunks come
+        let (id, token) = open(&mut c).await;
+        let r = c
+            .request_context(more(&id, &token, &semi("low", "Which error do the payment logs show?"), 0.0))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!r.chunks.is_empty(), "low confidence gets more context: {}", r.reason);
+        // high confidence (0.9 ≥ θ 0.7): nothing, and the reason says so
+        let r = c.request_context(more(&id, &token, &semi("high", "none"), 0.0)).await.unwrap().into_inner();
+        assert!(r.chunks.is_empty());
+        assert!(r.reason.contains("0.9"), "{}", r.reason);
+        // a freeform report states no confidence; a number with a report is ambiguous
+        let e = c.request_context(more(&id, &token, "I am unsure.", 0.0)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().starts_with("report: states no confidence (read as freeform)"), "{}", e.message());
+        let e = c.request_context(more(&id, &token, &semi("low", "x"), 0.4)).await.unwrap_err();
+        assert!(e.message().starts_with("current_confidence: 0.4 given with a report"), "{}", e.message());
+    }
+
+    trait TapFormat {
+        fn tap_format(self, f: i32) -> Self;
+    }
+
+    impl TapFormat for pb::HandoffRequest {
+        fn tap_format(mut self, f: i32) -> Self {
+            if let Some(pb::handoff_request::Op::Parse(p)) = &mut self.op {
+                p.format = f;
+            }
+            self
+        }
+    }
+}
