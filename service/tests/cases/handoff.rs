@@ -399,6 +399,78 @@ mod rpc {
         assert!(e.message().starts_with("report: states no confidence (read as freeform)"), "{}", e.message());
         let e = c.request_context(more(&id, &token, &semi("low", "x"), 0.4)).await.unwrap_err();
         assert!(e.message().starts_with("current_confidence: 0.4 given with a report"), "{}", e.message());
+
+        // the same through `scd client`: compress --render, more --report
+        let addr = server.addr.clone();
+        let report = crate::scratch("handoff-client").join("receiver.txt");
+        std::fs::write(&report, semi("low", "Which error do the payment logs show?")).unwrap();
+        let (out, more_out) = tokio::task::block_in_place(|| {
+            let (ok, out, err) = crate::scd(
+                &[
+                    "client",
+                    "--addr",
+                    &addr,
+                    "compress",
+                    "--task",
+                    "Why do charges fail?",
+                    "--context",
+                    "fixtures/agent_context.json",
+                    "--budget",
+                    "300",
+                    "--session",
+                    "cli-handoff",
+                    "--render",
+                    "semi_structured",
+                ],
+                "",
+            );
+            assert!(ok, "{err}");
+            let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let token = out["session_token"].as_str().unwrap().to_string();
+            let (ok, more_out, err) = crate::scd(
+                &[
+                    "client",
+                    "--addr",
+                    &addr,
+                    "more",
+                    "--session",
+                    "cli-handoff",
+                    "--token",
+                    &token,
+                    "--report",
+                    report.to_str().unwrap(),
+                ],
+                "",
+            );
+            assert!(ok, "{err}");
+            (out, more_out)
+        });
+        let text = out["report"].as_str().unwrap();
+        assert!(handoff::parse(text, Format::SemiStructured).parsed, "{text}");
+        assert!(!text.contains("sk_live_SECRET_4242"));
+        let more_out: serde_json::Value = serde_json::from_str(&more_out).unwrap();
+        assert!(more_out.get("remaining_tokens").is_some(), "{more_out}");
+        // --confidence and --report together are refused by the CLI
+        let (ok, _, err) = tokio::task::block_in_place(|| {
+            crate::scd(
+                &[
+                    "client",
+                    "--addr",
+                    &addr,
+                    "more",
+                    "--session",
+                    "x",
+                    "--token",
+                    "t",
+                    "--report",
+                    report.to_str().unwrap(),
+                    "--confidence",
+                    "0.2",
+                ],
+                "",
+            )
+        });
+        assert!(!ok && err.contains("--confidence"), "{err}");
     }
 
     trait TapFormat {
