@@ -47,6 +47,9 @@ enum Command {
     /// The ATP stack: run an agent, the live demo, or the simulation bench.
     #[command(subcommand)]
     Atp(cli::atp::AtpCommand),
+    /// Identities for DID-authenticated calls (serve --auth did-wba, client --identity).
+    #[command(subcommand)]
+    Identity(cli::identity::IdentityCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -73,5 +76,6 @@ fn main() -> anyhow::Result<()> {
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(args),
         Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
         Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),
+        Command::Identity(cmd) => cli::identity::run(cmd),
     }
 }

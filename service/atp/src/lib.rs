@@ -12,7 +12,7 @@
 //! | 4 routing | [`routing`] | Algorithm 1, composite patterns, repricing |
 //! | 5 fault tolerance | [`fault`] | heartbeats, circuit breakers, poison tasks, back-pressure, checkpoints |
 //!
-//! plus [`agent`] (an ATP agent: a tonic server of `atp.v1.AtpService` and
+//! plus [`wba_auth`] (the ANP `DIDWba` Authorization header that `scd serve --auth did-wba` checks), [`agent`] (an ATP agent: a tonic server of `atp.v1.AtpService` and
 //! its clients) and [`store`] (what survives a restart, in redb).
 //!
 //! This crate does not depend on `scd-engine`: it reaches SCD only through
@@ -32,6 +32,7 @@ pub mod routing;
 pub mod sim;
 pub mod store;
 pub mod trust;
+pub mod wba_auth;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;

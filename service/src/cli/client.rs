@@ -5,14 +5,21 @@
 //! exponential backoff and jitter on UNAVAILABLE, broken connections and
 //! RESOURCE_EXHAUSTED (waiting at least the server's `retry-after-ms`),
 //! never on INVALID_ARGUMENT and the like.
+//!
+//! With `--identity FILE` (and `--did` for a did:wba) every call, retries
+//! included, carries a freshly signed `Authorization: DIDWba …` header (a
+//! new nonce and timestamp each time) for a server run with `--auth did-wba`.
 
 use std::future::Future;
 use std::io::{BufRead as _, Write as _};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use scd_atp::identity::Identity;
 use scd_engine::context::{Context, FieldKind};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 use tracing::warn;
@@ -103,6 +110,17 @@ pub struct ClientArgs {
     /// (backoff 100 ms doubling, capped at 2 s, with jitter).
     #[arg(long, env = "SCD_CLIENT_RETRIES", default_value_t = 5)]
     retries: u32,
+    /// Sign every call (`--auth did-wba` servers) with this identity file's
+    /// key (see `scd identity new`); a fresh nonce per call and per retry.
+    #[arg(long, env = "SCD_CLIENT_IDENTITY")]
+    identity: Option<PathBuf>,
+    /// Sign as this did:wba instead of the identity file's DID (its document
+    /// must be in the server's --did-dir).
+    #[arg(long, env = "SCD_CLIENT_DID", requires = "identity")]
+    did: Option<String>,
+    /// The server's name (its --auth-aud), signed into the header.
+    #[arg(long, env = "SCD_AUTH_AUD", default_value = "scd")]
+    auth_aud: String,
     #[command(subcommand)]
     command: ClientCommand,
 }
@@ -180,16 +198,45 @@ pub(crate) fn backoff(attempt: u32, floor: Duration) -> Duration {
     jittered.max(floor)
 }
 
+/// Adds a freshly signed `Authorization: DIDWba …` header to every request
+/// when it has an identity; passes requests through otherwise.
+#[derive(Clone)]
+pub struct Signer {
+    identity: Option<Arc<Identity>>,
+    aud: String,
+}
+
+impl Signer {
+    /// Signs as `identity` for the service named `aud`.
+    pub fn new(identity: Option<Identity>, aud: &str) -> Signer {
+        Signer { identity: identity.map(Arc::new), aud: aud.to_string() }
+    }
+}
+
+impl tonic::service::Interceptor for Signer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(id) = &self.identity {
+            let header = scd_atp::wba_auth::sign_header(id, &self.aud, scd_atp::identity::now_s());
+            let value = header.parse().map_err(|_| Status::internal("signed header is not ASCII"))?;
+            req.metadata_mut().insert("authorization", value);
+        }
+        Ok(req)
+    }
+}
+
+type Client = pb::scd_client::ScdClient<InterceptedService<Channel, Signer>>;
+
 /// A reconnecting client: the channel is built lazily, and rebuilt after a
 /// broken connection.
 struct Conn {
     endpoint: Endpoint,
-    client: pb::scd_client::ScdClient<Channel>,
+    client: Client,
+    signer: Signer,
     retries: u32,
 }
 
 impl Conn {
-    fn new(addr: &str, tls: Option<ClientTlsConfig>, retries: u32) -> anyhow::Result<Self> {
+    fn new(addr: &str, tls: Option<ClientTlsConfig>, retries: u32, signer: Signer) -> anyhow::Result<Self> {
         let mut endpoint = Endpoint::from_shared(addr.to_string())
             .with_context(|| format!("--addr {addr}: not a URI"))?
             .connect_timeout(Duration::from_secs(5));
@@ -197,18 +244,19 @@ impl Conn {
             endpoint =
                 endpoint.tls_config(tls).map_err(|e| anyhow::anyhow!("--addr {addr}: {}", tls::error_chain(&e)))?;
         }
-        let client = Self::client(&endpoint);
-        Ok(Self { endpoint, client, retries })
+        let client = Self::client(&endpoint, &signer);
+        Ok(Self { endpoint, client, signer, retries })
     }
 
-    fn client(endpoint: &Endpoint) -> pb::scd_client::ScdClient<Channel> {
-        pb::scd_client::ScdClient::new(endpoint.connect_lazy()).max_decoding_message_size(64 << 20)
+    fn client(endpoint: &Endpoint, signer: &Signer) -> Client {
+        pb::scd_client::ScdClient::with_interceptor(endpoint.connect_lazy(), signer.clone())
+            .max_decoding_message_size(64 << 20)
     }
 
     /// Runs `call` with retries (see [`retryable`]).
     async fn call<T, F, Fut>(&mut self, what: &str, idempotent: bool, mut call: F) -> anyhow::Result<T>
     where
-        F: FnMut(pb::scd_client::ScdClient<Channel>) -> Fut,
+        F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let mut attempt = 0;
@@ -230,7 +278,7 @@ impl Conn {
             warn!(call = what, code = ?err.code(), attempt = attempt + 1, of = self.retries, wait_ms = wait.as_millis() as u64, "retrying: {}", err.message());
             if err.code() != Code::ResourceExhausted {
                 // the connection may be gone: start a fresh one
-                self.client = Self::client(&self.endpoint);
+                self.client = Self::client(&self.endpoint, &self.signer);
             }
             tokio::time::sleep(wait).await;
             attempt += 1;
@@ -287,13 +335,30 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             domain: args.tls_domain.clone(),
         },
     )?;
+    let identity = match &args.identity {
+        Some(path) => {
+            // never create a key here: a mistyped path would sign as a stranger
+            anyhow::ensure!(
+                path.is_file(),
+                "--identity {}: no such file (create one with `scd identity new`)",
+                path.display()
+            );
+            let id = Identity::load_or_create(path).with_context(|| format!("--identity {}", path.display()))?;
+            Some(match &args.did {
+                Some(did) => id.with_did(did).with_context(|| format!("--did {did}"))?,
+                None => id,
+            })
+        }
+        None => None,
+    };
+    let signer = Signer::new(identity, &args.auth_aud);
     let fields = match &args.command {
         ClientCommand::Compress { context, .. } => read_context(context)?,
         _ => Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let mut c = Conn::new(&args.addr, tls, args.retries)?;
+        let mut c = Conn::new(&args.addr, tls, args.retries, signer)?;
         let out = match args.command {
             ClientCommand::Info => {
                 let r = c.call("Info", true, |mut cl| async move { cl.info(pb::InfoRequest {}).await }).await?;

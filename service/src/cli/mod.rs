@@ -9,6 +9,7 @@ pub mod embed;
 pub mod embed_batch;
 pub mod eval;
 pub mod handoff;
+pub mod identity;
 pub mod load;
 pub mod models;
 pub mod serve;

@@ -8,7 +8,11 @@ use std::time::Duration;
 use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
+use anyhow::Context as _;
+use scd_atp::wba_auth::{list_documents, WbaAuthenticator};
+
 use crate::config::ModelArgs;
+use crate::grpc::auth::AuthConfig;
 use crate::grpc::http::HttpLimits;
 use crate::grpc::{serve, Limits, ServeConfig};
 use crate::tls;
@@ -90,6 +94,68 @@ pub struct ServeArgs {
     /// RequestContext with a report (shown by Info).
     #[command(flatten)]
     confidence: crate::cli::handoff::ConfidenceArgs,
+    /// Caller authentication on gRPC and HTTP: none, or did-wba (every call
+    /// carries `Authorization: DIDWba …` signed by a DID whose document is in
+    /// --did-dir; health, reflection and the DID documents stay open).
+    #[arg(long, env = "SCD_AUTH", value_enum, default_value = "none")]
+    auth: AuthMode,
+    /// The allowlist for --auth did-wba: did:wba documents at
+    /// <dir>/<host>/[<path>/]did.json (never fetched over the network).
+    #[arg(long, env = "SCD_DID_DIR")]
+    did_dir: Option<PathBuf>,
+    /// This service's own name, signed into every DIDWba header (a header
+    /// made for another service is refused).
+    #[arg(long, env = "SCD_AUTH_AUD", default_value = "scd")]
+    auth_aud: String,
+    /// Requests per second each DID may make (token bucket refill rate).
+    #[arg(long, env = "SCD_AUTH_RATE", default_value_t = 50.0)]
+    auth_rate: f64,
+    /// Requests each DID may make at once after being idle (bucket size).
+    #[arg(long, env = "SCD_AUTH_BURST", default_value_t = 100)]
+    auth_burst: u32,
+}
+
+/// `--auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Everyone is admitted (mTLS, when configured, still binds sessions).
+    None,
+    /// ANP DIDWba headers, checked against --did-dir.
+    DidWba,
+}
+
+/// The checked auth configuration: with did-wba, --did-dir must be a
+/// directory holding at least one did.json.
+fn auth_config(args: &ServeArgs) -> anyhow::Result<Option<AuthConfig>> {
+    if args.auth == AuthMode::None {
+        anyhow::ensure!(args.did_dir.is_none(), "--did-dir: only used with --auth did-wba");
+        return Ok(None);
+    }
+    let dir = args.did_dir.as_ref().context("--auth did-wba needs --did-dir DIR (the DID documents it accepts)")?;
+    anyhow::ensure!(dir.is_dir(), "--did-dir {}: not a directory", dir.display());
+    let docs = list_documents(dir).with_context(|| format!("--did-dir {}", dir.display()))?;
+    anyhow::ensure!(
+        !docs.is_empty(),
+        "--did-dir {}: no DID documents (<host>/[<path>/]did.json) in it; create one with `scd identity new`",
+        dir.display()
+    );
+    let aud = &args.auth_aud;
+    anyhow::ensure!(
+        !aud.is_empty() && aud.len() <= 256 && aud.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'),
+        "--auth-aud {aud:?}: must be 1 to 256 printable ASCII characters without spaces, quotes or backslashes"
+    );
+    anyhow::ensure!(
+        args.auth_rate.is_finite() && args.auth_rate > 0.0,
+        "--auth-rate {}: must be more than 0 requests per second",
+        args.auth_rate
+    );
+    anyhow::ensure!(args.auth_burst >= 1, "--auth-burst 0: must be at least 1");
+    tracing::info!(dir = %dir.display(), documents = docs.len(), aud = %aud, "DID-authenticated callers (did-wba)");
+    Ok(Some(AuthConfig {
+        authenticator: WbaAuthenticator::new(dir, aud),
+        rate_per_s: args.auth_rate,
+        burst: args.auth_burst,
+    }))
 }
 
 /// Checks every argument that can be checked without the model.
@@ -140,6 +206,7 @@ fn bind(flag: &str, what: &str, addr: SocketAddr) -> anyhow::Result<std::net::Tc
 pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     check(&args)?;
     let confidence_map = args.confidence.map()?;
+    let auth = auth_config(&args)?;
     let tls = tls::server_config(&tls::ServerTlsFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -187,6 +254,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             http,
             tls,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+            auth,
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

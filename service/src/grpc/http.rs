@@ -1,5 +1,6 @@
-//! The HTTP listener (`--http-addr`): Prometheus metrics at `GET /metrics`,
-//! served by axum over hyper's HTTP/1.1 connection driver with
+//! The HTTP listener (`--http-addr`): Prometheus metrics at `GET /metrics`
+//! (with `--auth did-wba`: signed requests only, and the DID documents of
+//! `--did-dir` at their did:wba paths, see [`super::auth`]), served by axum over hyper's HTTP/1.1 connection driver with
 //!
 //! - a header read timeout (`--http-header-timeout-ms`): a connection that
 //!   sends no complete request head in time, including an idle keep-alive
@@ -19,6 +20,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
 use tracing::debug;
 
+use super::auth::{http_middleware, Auth};
 use super::ratelog::RateLimitedWarn;
 use super::ScdService;
 
@@ -53,9 +55,21 @@ async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&gauges))
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, service: Arc<ScdService>, limits: HttpLimits) {
-    let router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
+/// Serves `GET /metrics` on `listener` until the task is dropped; with
+/// `auth`, every request is authenticated (DID documents excepted).
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    service: Arc<ScdService>,
+    limits: HttpLimits,
+    auth: Option<Arc<Auth>>,
+) {
+    let mut router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
+    if let Some(auth) = auth {
+        // the fallback first, so unknown paths pass through the check too
+        router = router
+            .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
+            .layer(axum::middleware::from_fn_with_state(auth, http_middleware));
+    }
     serve_router(listener, router, limits, move || service.metrics.rejected("http_connections")).await
 }
 

@@ -12,8 +12,10 @@
 //! and skipped by the batcher; Compress/RequestContext pass a
 //! `Cancel::with_deadline` and a cancel-on-drop guard to the engine, which
 //! stops at its next stage boundary and frees the slot. Outcomes of every RPC
-//! are counted once, in [`layer`]; [`metrics`] lists the series.
+//! are counted once, in [`layer`]; [`metrics`] lists the series. With
+//! `--auth did-wba` every call is authenticated by [`auth`] first.
 
+pub mod auth;
 pub mod batcher;
 pub mod convert;
 pub mod handoff;
@@ -528,9 +530,13 @@ impl pb::scd_server::Scd for ScdHandler {
     }
 }
 
-/// The caller's verified identity, when the transport has one (a TLS
-/// client certificate); sessions opened with one are bound to it.
+/// The caller's verified identity: the DID that signed the request under
+/// `--auth did-wba` ([`auth::AuthenticatedDid`]), else the transport's (a
+/// TLS client certificate); sessions opened with one are bound to it.
 fn caller<T>(request: &Request<T>) -> Option<String> {
+    if let Some(did) = request.extensions().get::<auth::AuthenticatedDid>() {
+        return Some(did.0.clone());
+    }
     crate::tls::caller_identity(request)
 }
 

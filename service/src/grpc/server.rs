@@ -18,6 +18,7 @@ use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
+use super::auth::{Auth, AuthConfig, AuthLayer};
 use super::http::{serve_metrics, HttpLimits};
 use super::layer::ObserveLayer;
 use super::metrics::Metrics;
@@ -38,6 +39,9 @@ pub struct ServeConfig {
     pub tls: Option<ServerTlsConfig>,
     /// Longest wait for calls in flight after SIGTERM before exiting anyway.
     pub drain_timeout: Duration,
+    /// `--auth did-wba`: DID-authenticated callers on both listeners; `None`
+    /// admits everyone (`--auth none`).
+    pub auth: Option<AuthConfig>,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -54,6 +58,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
     let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
+    let auth = cfg.auth.map(|a| Arc::new(Auth::new(a, metrics.clone())));
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -67,10 +72,10 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     if let Some(http) = cfg.http_listener {
         let l = tokio_listener(http)?;
         println!("metrics on http://{}/metrics", l.local_addr()?);
-        tokio::spawn(serve_metrics(l, service.clone(), cfg.http));
+        tokio::spawn(serve_metrics(l, service.clone(), cfg.http, auth.clone()));
     }
     println!("listening on {local}");
-    info!(addr = %local, tls = cfg.tls.is_some(), "gRPC listener");
+    info!(addr = %local, tls = cfg.tls.is_some(), auth = auth.is_some(), "gRPC listener");
     let drain = Drain::default();
     // fail-stop: a dead encoder thread makes the whole server NOT_SERVING
     let mut stopped = service.batcher().stopped_signal();
@@ -117,6 +122,8 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let server = builder
         .layer(DrainLayer(drain.clone()))
         .layer(ObserveLayer::new(metrics))
+        // inside the counting layer: a refusal is counted once
+        .layer(AuthLayer(auth))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

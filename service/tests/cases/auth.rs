@@ -1,0 +1,447 @@
+//! `scd serve --auth did-wba`: DID-authenticated callers on gRPC and HTTP.
+//!
+//! Most run a server in-process (`serve_on`) over the engine's hash encoder;
+//! the `scd client --identity` test runs the real binary with the model, and
+//! one test signs from Python (PyNaCl + grpcio from `.tools/venv`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use scd_atp::identity::{now_s, Identity};
+use scd_atp::wba_auth::{format_rfc3339_utc, sign_header, sign_header_with, WbaAuthenticator};
+use scd_engine::encoder::HashEncoder;
+use scd_engine::extract::{Scd, ScdConfig};
+use scd_service::grpc::auth::AuthConfig;
+use scd_service::grpc::http::HttpLimits;
+use scd_service::grpc::pb;
+use scd_service::grpc::pb::scd_client::ScdClient;
+use scd_service::grpc::{serve_on, Limits, ServeConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::grpc::compress_req;
+
+const ALICE: &str = "did:wba:example.com:user:alice";
+const BOB: &str = "did:wba:example.com:user:bob";
+
+struct InProc {
+    grpc: String,
+    http: SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn limits() -> Limits {
+    Limits {
+        max_texts: 256,
+        max_text_bytes: 1 << 20,
+        max_fields: 256,
+        max_request_bytes: 16 << 20,
+        queue_size: 256,
+        batch_texts: 64,
+        max_batch_tokens: 8192,
+        max_concurrent_compress: 8,
+    }
+}
+
+/// An in-process server with `--auth did-wba` over `dir`.
+async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let h = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (grpc, http) = (l.local_addr().unwrap(), h.local_addr().unwrap());
+    let scd = Arc::new(Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default()));
+    let cfg = ServeConfig {
+        listener: l,
+        http_listener: Some(h),
+        limits: limits(),
+        http: HttpLimits { max_connections: 64, header_timeout: Duration::from_secs(5) },
+        tls: None,
+        drain_timeout: Duration::from_secs(1),
+        auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        serve_on(scd, cfg, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap()
+    });
+    let s = InProc { grpc: format!("http://{grpc}"), http, _stop: stop };
+    // health stays open without a header: wait for SERVING through it
+    let ch = Channel::from_shared(s.grpc.clone()).unwrap().connect_lazy();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
+    for _ in 0..200 {
+        let r = health.check(tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() }).await;
+        if r.is_ok_and(|r| r.into_inner().status == 1) {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("in-process server never became SERVING");
+}
+
+fn identities(dir: &Path) -> (Identity, Identity) {
+    let alice = Identity::generate().with_did(ALICE).unwrap();
+    let bob = Identity::generate().with_did(BOB).unwrap();
+    alice.write_wba_document(dir).unwrap();
+    bob.write_wba_document(dir).unwrap();
+    (alice, bob)
+}
+
+async fn client(s: &InProc) -> ScdClient<Channel> {
+    ScdClient::new(Channel::from_shared(s.grpc.clone()).unwrap().connect().await.unwrap())
+}
+
+/// `msg` with `Authorization: header` (none when `None`).
+fn with<T>(msg: T, header: Option<&str>) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(h) = header {
+        r.metadata_mut().insert("authorization", h.parse().unwrap());
+    }
+    r
+}
+
+async fn info(c: &mut ScdClient<Channel>, header: Option<&str>) -> Result<pb::InfoResponse, Status> {
+    c.info(with(pb::InfoRequest {}, header)).await.map(|r| r.into_inner())
+}
+
+fn refused(r: Result<pb::InfoResponse, Status>, code: Code, starts: &str) -> String {
+    let s = r.expect_err("the call was accepted");
+    assert_eq!(s.code(), code, "{s:?}");
+    assert!(s.message().starts_with(starts), "{:?} does not start with {starts:?}", s.message());
+    s.message().to_string()
+}
+
+/// A raw HTTP/1.1 GET: (status, head, body).
+async fn http_get(addr: SocketAddr, path: &str, host: &str, auth: Option<&str>) -> (u16, String, String) {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n");
+    sock.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
+
+fn at(who: &Identity, nonce: &str, offset_s: i64) -> String {
+    sign_header_with(who, "scd", nonce, &format_rfc3339_utc(now_s() + offset_s))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_accepts_signed_calls_and_names_every_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, _bob) = identities(dir.path());
+    let s = start(dir.path(), 1000.0, 1000).await;
+    let mut c = client(&s).await;
+
+    // accepted: Compress opening a session, then RequestContext on it
+    let opened = c
+        .compress(with(compress_req(60, "alice-session"), Some(&sign_header(&alice, "scd", now_s()))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!opened.chunks.is_empty() && !opened.session_token.is_empty());
+    let more = pb::ContextRequest {
+        session_id: "alice-session".into(),
+        session_token: opened.session_token.clone(),
+        specific_question: "which table stores charges".into(),
+        current_confidence: 0.3,
+        ..Default::default()
+    };
+    c.request_context(with(more, Some(&sign_header(&alice, "scd", now_s())))).await.unwrap();
+
+    // every refusal: UNAUTHENTICATED naming the reason
+    refused(info(&mut c, None).await, Code::Unauthenticated, "missing Authorization header");
+    let m = refused(
+        info(&mut c, Some("DIDWba did=\"did:wba:example.com\"")).await,
+        Code::Unauthenticated,
+        "malformed Authorization header: ",
+    );
+    assert_eq!(m, "malformed Authorization header: nonce: missing");
+    refused(info(&mut c, Some("Bearer abc")).await, Code::Unauthenticated, "malformed Authorization header: scheme");
+    let carol = Identity::generate().with_did("did:wba:example.com:user:carol").unwrap();
+    let m = refused(
+        info(&mut c, Some(&sign_header(&carol, "scd", now_s()))).await,
+        Code::Unauthenticated,
+        "unknown DID did:wba:example.com:user:carol",
+    );
+    assert!(m.ends_with("no DID document for it in the server's DID directory (the allowlist)"), "{m}");
+    let stranger = Identity::generate();
+    refused(
+        info(&mut c, Some(&sign_header(&stranger, "scd", now_s()))).await,
+        Code::Unauthenticated,
+        &format!("unknown DID {}: only did:wba DIDs", stranger.did()),
+    );
+    let mallory = Identity::generate().with_did(ALICE).unwrap();
+    refused(
+        info(&mut c, Some(&sign_header(&mallory, "scd", now_s()))).await,
+        Code::Unauthenticated,
+        &format!("bad signature: it does not verify against {ALICE}'s key over aud \"scd\""),
+    );
+    refused(
+        info(&mut c, Some(&sign_header(&alice, "another-service", now_s()))).await,
+        Code::Unauthenticated,
+        "bad signature",
+    );
+    refused(
+        info(&mut c, Some(&at(&alice, "future-nonce-000001", 61))).await,
+        Code::Unauthenticated,
+        "timestamp outside ±60 s: 61 s ahead of the server's clock",
+    );
+    // (a second may tick between signing and checking: 61 or 62 s behind)
+    refused(
+        info(&mut c, Some(&at(&alice, "past-nonce-00000001", -61))).await,
+        Code::Unauthenticated,
+        "timestamp outside ±60 s: 6",
+    );
+    let once = sign_header(&alice, "scd", now_s());
+    info(&mut c, Some(&once)).await.unwrap();
+    refused(info(&mut c, Some(&once)).await, Code::Unauthenticated, "replayed nonce \"");
+
+    // health and reflection stay open
+    let ch = Channel::from_shared(s.grpc.clone()).unwrap().connect().await.unwrap();
+    tonic_health::pb::health_client::HealthClient::new(ch)
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .unwrap();
+
+    // refusals are counted once per call and by kind
+    let (status, _, metrics) =
+        http_get(s.http, "/metrics", "localhost", Some(&sign_header(&alice, "scd", now_s()))).await;
+    assert_eq!(status, 200);
+    let line = |prefix: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}"))
+            .to_string()
+    };
+    assert!(line("scd_rejected_total{kind=\"auth_unauthenticated\"}").ends_with(" 10"), "{metrics}");
+    assert!(line("scd_requests_total{method=\"Info\",code=\"Unauthenticated\"}").ends_with(" 10"), "{metrics}");
+    assert!(line("scd_requests_total{method=\"Info\",code=\"Ok\"}").ends_with(" 1"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_bound_to_the_did_that_opened_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = identities(dir.path());
+    let s = start(dir.path(), 1000.0, 1000).await;
+    let mut c = client(&s).await;
+    let sign = |who: &Identity| Some(sign_header(who, "scd", now_s()));
+    let opened = c.compress(with(compress_req(60, "shared-id"), sign(&alice).as_deref())).await.unwrap().into_inner();
+    let ask = pb::ContextRequest {
+        session_id: "shared-id".into(),
+        session_token: opened.session_token.clone(),
+        specific_question: "which table stores charges".into(),
+        current_confidence: 0.3,
+        ..Default::default()
+    };
+    let denied = "session \"shared-id\": the session_token does not match, or the session belongs to another caller";
+    // bob holds alice's id and token, and is still refused
+    let e = c.request_context(with(ask.clone(), sign(&bob).as_deref())).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (Code::PermissionDenied, denied));
+    let close = pb::CloseSessionRequest { session_id: "shared-id".into(), session_token: opened.session_token.clone() };
+    let e = c.close_session(with(close.clone(), sign(&bob).as_deref())).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (Code::PermissionDenied, denied));
+    // bob cannot take the id over by compressing into it either
+    let e = c.compress(with(compress_req(60, "shared-id"), sign(&bob).as_deref())).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // alice still can
+    c.request_context(with(ask, sign(&alice).as_deref())).await.unwrap();
+    let closed = c.close_session(with(close, sign(&alice).as_deref())).await.unwrap().into_inner();
+    assert!(closed.closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_is_per_did_and_counts_only_authenticated_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = identities(dir.path());
+    let s = start(dir.path(), 2.0, 2).await;
+    let mut c = client(&s).await;
+    // forged calls under alice's DID do not drain her bucket
+    let mallory = Identity::generate().with_did(ALICE).unwrap();
+    for _ in 0..5 {
+        refused(
+            info(&mut c, Some(&sign_header(&mallory, "scd", now_s()))).await,
+            Code::Unauthenticated,
+            "bad signature",
+        );
+    }
+    info(&mut c, Some(&sign_header(&alice, "scd", now_s()))).await.unwrap();
+    info(&mut c, Some(&sign_header(&alice, "scd", now_s()))).await.unwrap();
+    let e = info(&mut c, Some(&sign_header(&alice, "scd", now_s()))).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().starts_with(&format!(
+            "rate limit for {ALICE}: 2 requests/s, burst 2 (--auth-rate, --auth-burst); retry after "
+        )),
+        "{}",
+        e.message()
+    );
+    let wait: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
+    assert!((1..=500).contains(&wait), "retry-after-ms {wait}");
+    // bob has his own bucket
+    info(&mut c, Some(&sign_header(&bob, "scd", now_s()))).await.unwrap();
+    // after the hinted wait alice is served again
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    info(&mut c, Some(&sign_header(&alice, "scd", now_s()))).await.unwrap();
+    // the same over HTTP: 429 with Retry-After
+    let mut last = (0, String::new(), String::new());
+    for _ in 0..3 {
+        last = http_get(s.http, "/metrics", "localhost", Some(&sign_header(&alice, "scd", now_s()))).await;
+    }
+    assert_eq!(last.0, 429, "{last:?}");
+    assert!(last.1.to_lowercase().contains("retry-after: 1\r\n"), "{}", last.1);
+    assert!(last.2.starts_with(&format!("rate limit for {ALICE}")), "{}", last.2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_needs_a_signature_except_for_the_did_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, _bob) = identities(dir.path());
+    let s = start(dir.path(), 1000.0, 1000).await;
+    let get = |path: &'static str, auth: Option<String>| {
+        let addr = s.http;
+        async move { http_get(addr, path, "example.com", auth.as_deref()).await }
+    };
+    let mallory = Identity::generate().with_did(ALICE).unwrap();
+    let carol = Identity::generate().with_did("did:wba:example.com:user:carol").unwrap();
+    let replayed = sign_header(&alice, "scd", now_s());
+    assert_eq!(get("/metrics", Some(replayed.clone())).await.0, 200);
+    for (auth, reason) in [
+        (None, "missing Authorization header"),
+        (Some("DIDWba nonce=\"x\"".to_string()), "malformed Authorization header: did: missing"),
+        (Some(sign_header(&carol, "scd", now_s())), "unknown DID did:wba:example.com:user:carol"),
+        (Some(sign_header(&mallory, "scd", now_s())), "bad signature"),
+        (Some(at(&alice, "http-future-nonce-1", 61)), "timestamp outside ±60 s: 61 s ahead"),
+        (Some(replayed), "replayed nonce"),
+    ] {
+        for path in ["/metrics", "/no-such-path"] {
+            let (status, head, body) = get(path, auth.clone()).await;
+            assert_eq!(status, 401, "{path} {reason}: {head}");
+            assert!(head.to_lowercase().contains("www-authenticate: didwba"), "{head}");
+            assert!(body.starts_with(reason), "{path}: {body:?} does not start with {reason:?}");
+        }
+    }
+    // the DID documents are public, looked up by Host and path
+    let (status, head, body) = get("/user/alice/did.json", None).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("application/did+json"), "{head}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["id"], ALICE);
+    assert_eq!(doc["authentication"][0], format!("{ALICE}#key-1"));
+    assert_eq!(get("/user/nobody/did.json", None).await.0, 404);
+    assert_eq!(get("/user/../alice/did.json", None).await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_client_signs_independently() {
+    let python = crate::root().join(".tools/venv/bin/python");
+    let importable =
+        Command::new(&python).args(["-c", "import grpc, grpc_tools, nacl"]).status().is_ok_and(|s| s.success());
+    if !importable {
+        crate::skip(&format!("{} cannot import grpc, grpc_tools, nacl; run models/setup.sh", python.display()));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    identities(dir.path());
+    let s = start(dir.path(), 1000.0, 1000).await;
+    let addr = s.grpc.trim_start_matches("http://").to_string();
+    let did_dir = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .arg(crate::root().join("service/tests/py/did_wba_client.py"))
+            .arg(addr)
+            .arg(did_dir)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for check in ["signed_info_answered", "tampered_signature_refused"] {
+        let line = stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["check"] == check);
+        assert!(line.is_some_and(|l| l["ok"] == true), "{check} missing or failed:\n{stdout}\n{stderr}");
+    }
+    assert!(stdout.contains("\"model\": \"hash-64\""), "{stdout}");
+}
+
+#[test]
+fn serve_checks_the_auth_flags_before_loading_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["--ort-lib", "/nonexistent/libonnxruntime.so", "serve", "--addr", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let (ok, _, stderr) = crate::scd(&args, "");
+        assert!(!ok, "{stderr}");
+        stderr
+    };
+    let d = dir.path().to_str().unwrap();
+    let e = serve(&["--auth", "did-wba"]);
+    assert!(e.contains("--auth did-wba needs --did-dir DIR"), "{e}");
+    let e = serve(&["--auth", "did-wba", "--did-dir", d]);
+    assert!(e.contains(&format!("--did-dir {d}: no DID documents")), "{e}");
+    let e = serve(&["--auth", "did-wba", "--did-dir", &format!("{d}/missing")]);
+    assert!(e.contains("not a directory"), "{e}");
+    let e = serve(&["--did-dir", d]);
+    assert!(e.contains("--did-dir: only used with --auth did-wba"), "{e}");
+    Identity::generate().with_did(ALICE).unwrap().write_wba_document(dir.path()).unwrap();
+    let e = serve(&["--auth", "did-wba", "--did-dir", d, "--auth-rate", "0"]);
+    assert!(e.contains("--auth-rate 0: must be more than 0"), "{e}");
+    let e = serve(&["--auth", "did-wba", "--did-dir", d, "--auth-aud", "a b"]);
+    assert!(e.contains("--auth-aud \"a b\": must be"), "{e}");
+    // with valid flags it gets as far as loading the model
+    let e = serve(&["--auth", "did-wba", "--did-dir", d]);
+    assert!(!e.contains("--did-dir") && !e.contains("--auth"), "{e}");
+}
+
+#[test]
+fn scd_client_with_an_identity_is_accepted_by_a_real_server() {
+    if !crate::ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dids = dir.path().join("dids");
+    let key = dir.path().join("alice.json");
+    let (ok, stdout, stderr) = crate::scd(
+        &["identity", "new", "--out", key.to_str().unwrap(), "--did", ALICE, "--did-dir", dids.to_str().unwrap()],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    let made: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(made["did"], ALICE);
+    assert!(dids.join("example.com/user/alice/did.json").is_file());
+    let server = crate::grpc::start(&["--auth", "did-wba", "--did-dir", dids.to_str().unwrap()]);
+    let client = |extra: &[&str]| {
+        let mut args = vec!["client", "--addr", server.addr.as_str(), "--retries", "40"];
+        args.extend_from_slice(extra);
+        args.push("info");
+        crate::scd(&args, "")
+    };
+    // UNAVAILABLE while the model warms is retried; a signed call then succeeds
+    let (ok, stdout, stderr) = client(&["--identity", key.to_str().unwrap(), "--did", ALICE]);
+    assert!(ok, "{stderr}");
+    let info: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(info["dim"], 384);
+    // without an identity: refused, not retried, the reason named
+    let (ok, _, stderr) = client(&[]);
+    assert!(!ok);
+    assert!(stderr.contains("Info: Unauthenticated: missing Authorization header"), "{stderr}");
+    // the key file's own did:key is not in the allowlist
+    let (ok, _, stderr) = client(&["--identity", key.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("Unauthenticated: unknown DID did:key:"), "{stderr}");
+    // a key file that does not exist is an error, not a new key
+    let (ok, _, stderr) = client(&["--identity", dir.path().join("nope.json").to_str().unwrap()]);
+    assert!(!ok && stderr.contains("no such file (create one with `scd identity new`)"), "{stderr}");
+}
