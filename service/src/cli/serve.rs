@@ -8,6 +8,8 @@ use std::time::Duration;
 use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
+use scd_atp::audit::{AuditLevel, AuditLog, Retention};
+
 use crate::config::ModelArgs;
 use crate::grpc::http::HttpLimits;
 use crate::grpc::{serve, Limits, ServeConfig};
@@ -86,6 +88,20 @@ pub struct ServeArgs {
     /// After SIGTERM / Ctrl-C, seconds to let calls in flight finish before exiting anyway.
     #[arg(long, env = "SCD_DRAIN_TIMEOUT_S", default_value_t = 30.0)]
     drain_timeout: f64,
+    /// Audit trail database (redb): Compress, OpenSession and RequestContext
+    /// are recorded before they answer; unset records nothing.
+    #[arg(long, env = "SCD_AUDIT_DB")]
+    audit_db: Option<PathBuf>,
+    /// What a record holds: off, summary (no chunk list) or chunks.
+    #[arg(long, env = "SCD_AUDIT_LEVEL", default_value = "summary")]
+    audit_level: AuditLevel,
+    /// Records older than this are removed (e.g. 7d, 12h, 30m); unset keeps them.
+    #[arg(long, env = "SCD_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
+    audit_max_age: Option<Duration>,
+    /// The oldest records are removed while the records' summed JSON size is
+    /// over this many bytes; unset keeps them.
+    #[arg(long, env = "SCD_AUDIT_MAX_BYTES")]
+    audit_max_bytes: Option<u64>,
 }
 
 /// Checks every argument that can be checked without the model.
@@ -113,6 +129,16 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--drain-timeout {}: must be between 0 and 86400 seconds",
         args.drain_timeout
     );
+    if args.audit_db.is_none() {
+        for (flag, set) in
+            [("--audit-max-age", args.audit_max_age.is_some()), ("--audit-max-bytes", args.audit_max_bytes.is_some())]
+        {
+            anyhow::ensure!(!set, "{flag}: needs --audit-db");
+        }
+    }
+    if let Some(b) = args.audit_max_bytes {
+        anyhow::ensure!(b > 0, "--audit-max-bytes {b}: must be at least 1");
+    }
     if let Some(http) = args.http_addr {
         anyhow::ensure!(
             http.port() == 0 || http != args.addr,
@@ -140,6 +166,16 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         key: args.tls_key.clone(),
         client_ca: args.client_ca.clone(),
     })?;
+    let audit = args
+        .audit_db
+        .as_ref()
+        .map(|path| {
+            let retention = Retention { max_age: args.audit_max_age, max_bytes: args.audit_max_bytes };
+            AuditLog::open(path, args.audit_level, retention)
+                .map(Arc::new)
+                .map_err(|e| anyhow::anyhow!("--audit-db {e}"))
+        })
+        .transpose()?;
     let listener = bind("--addr", "gRPC", args.addr)?;
     let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
     let encoder = Arc::new(model.load_encoder()?);
@@ -181,6 +217,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             http,
             tls,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+            audit,
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

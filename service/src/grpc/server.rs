@@ -38,6 +38,8 @@ pub struct ServeConfig {
     pub tls: Option<ServerTlsConfig>,
     /// Longest wait for calls in flight after SIGTERM before exiting anyway.
     pub drain_timeout: Duration,
+    /// The audit trail (`--audit-db`); `None` records nothing.
+    pub audit: Option<Arc<scd_atp::audit::AuditLog>>,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -53,7 +55,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
-    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
+    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()).with_audit(cfg.audit));
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
     let reflection = || {
         tonic_reflection::server::Builder::configure()

@@ -103,6 +103,7 @@ async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> I
         http,
         tls: None,
         drain_timeout: Duration::from_secs(1),
+        audit: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
