@@ -320,3 +320,61 @@ async fn audit_without_a_db_is_failed_precondition() {
     let err = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap_err();
     assert_eq!((err.code(), err.message()), (Code::FailedPrecondition, "audit: the server runs without --audit-db"));
 }
+
+// ---------------------------------------------------------------------------
+// ATP: a delegation records its context transfer in the planner's store
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atp_delegation_records_its_transfer_in_the_node_store() {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::identity::{DidResolver, Identity, Verifier};
+    use scd_atp::planner::{Job, Outcome, Planner};
+    use scd_atp::store::{Ledger, Store};
+
+    if !ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = scratch("audit-atp");
+    let worker =
+        crate::atp::spawn_agent_with_scd(&dir.join("w"), &scd.addr, &["--capability", "analysis:0.9:300:0.01"]);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let identity = Identity::load_or_create(&dir.join("planner.json")).unwrap();
+    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
+    let log = Arc::new(store.audit_log(AuditLevel::Chunks, Retention::default()).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
+    let node = Node::new(identity, verifier, ledger, AgentConfig::new(vec![], url, scd.addr.clone()));
+    assert!(node.set_audit(log.clone()));
+    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
+    let planner = Planner::new(node.clone(), &[worker.url()]).unwrap();
+
+    let context = scd_atp::context::ContextFile::load(&root().join("fixtures/atp_demo_context.json")).unwrap();
+    let job = Job {
+        task_id: "audited-1".into(),
+        task_type: scd_atp::pb::TaskType::Analysis,
+        task: scd_atp::context::Task::new("Why were cards charged twice after gateway timeouts?"),
+        order: scd_atp::agent::WorkOrder { title: "audited".into(), steps: 1, needs: vec![], fail: None },
+        context,
+        qos: scd_atp::pb::QoSConstraints { min_quality: 0.5, max_latency_ms: 20_000, max_cost: 1.0, min_trust: 0.0 },
+    };
+    let outcome = planner.run(&job).await.unwrap();
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+
+    let records = log.query(&Default::default()).unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let r = &records[0];
+    assert_eq!(r.method, "AtpTransfer");
+    assert_eq!((r.caller.as_deref(), r.peer.as_deref()), (Some(node.did()), Some(worker.did.as_str())));
+    assert_eq!(r.withheld, ["gateway_credentials"]);
+    assert!(r.chunk_count > 0 && r.chunks.len() == r.chunk_count as usize);
+    assert!(r.chunks.iter().all(|c| c.field != "gateway_credentials"));
+    assert!(r.selected_tokens > 0 && r.context_tokens >= r.selected_tokens);
+    assert_eq!(r.task.as_deref(), Some("Why were cards charged twice after gateway timeouts?"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
