@@ -37,6 +37,8 @@ enum Command {
     Serve(cli::serve::ServeArgs),
     /// Call a running service.
     Client(cli::client::ClientArgs),
+    /// Query the audit trail (a server's --audit-db) as JSON lines.
+    Audit(cli::audit::AuditArgs),
     /// Load-test a real server over loopback against the raw encoder; prints JSON.
     BenchLoad(cli::load::LoadArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
@@ -70,6 +72,7 @@ fn main() -> anyhow::Result<()> {
         Command::Eval(args) => cli::eval::run(&cli.model, args),
         Command::Serve(args) => cli::serve::run(&cli.model, args),
         Command::Client(args) => cli::client::run(args),
+        Command::Audit(args) => cli::audit::run(args),
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),

@@ -12,6 +12,8 @@ mod atp;
 mod atp_context;
 #[path = "cases/atp_reference.rs"]
 mod atp_reference;
+#[path = "cases/audit.rs"]
+mod audit;
 #[path = "cases/auth.rs"]
 mod auth;
 #[path = "cases/cli.rs"]

@@ -179,6 +179,9 @@ pub struct Node {
     heartbeat_seq: AtomicU64,
     /// The requester side (SCD sessions, health of workers, breakers).
     pub planner: PlannerState,
+    /// The audit trail of the context transfers it sends (one `AtpTransfer`
+    /// record per delegation), once [`Node::set_audit`] gave it one.
+    audit: std::sync::OnceLock<Arc<crate::audit::AuditLog>>,
 }
 
 impl Node {
@@ -197,7 +200,20 @@ impl Node {
             jobs: Mutex::default(),
             contacts: Mutex::default(),
             heartbeat_seq: AtomicU64::new(0),
+            audit: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Records every context transfer this agent sends in `log` (usually
+    /// [`crate::store::Store::audit_log`] of its own store); false when it
+    /// already had a log (the first one stays).
+    pub fn set_audit(&self, log: Arc<crate::audit::AuditLog>) -> bool {
+        self.audit.set(log).is_ok()
+    }
+
+    /// The audit trail, if [`Node::set_audit`] gave it one.
+    pub fn audit_log(&self) -> Option<&Arc<crate::audit::AuditLog>> {
+        self.audit.get()
     }
 
     /// This agent's DID.

@@ -50,6 +50,7 @@ use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 use tracing::{debug, instrument, warn};
 
+use crate::audit::{AuditChunk, AuditRecord};
 use crate::{pb, Error, Result};
 
 /// θ_conf (paper §6.3): a receiver at or above this confidence gets no more
@@ -516,6 +517,35 @@ impl Transfer {
     /// `full_tokens / sent_tokens`; `None` when nothing was sent.
     pub fn reduction_ratio(&self) -> Option<f64> {
         (self.sent_tokens > 0).then(|| self.full_tokens as f64 / self.sent_tokens as f64)
+    }
+
+    /// The `AtpTransfer` audit record of this transfer from `sender` to
+    /// `receiver` (DIDs: the sender is the record's `caller`, the receiver
+    /// its `peer`): the chunk ids sent, the withheld field names, the totals.
+    pub fn audit_record(&self, sender: &str, receiver: &str, task: &Task, budget_tokens: u32) -> AuditRecord {
+        let mut r = AuditRecord::new("AtpTransfer");
+        r.caller = Some(sender.to_string());
+        r.peer = Some(receiver.to_string());
+        r.session_id = Some(self.session.id.clone());
+        r.set_task(&task.text());
+        r.chunks = self
+            .diff
+            .chunks
+            .iter()
+            .map(|c| AuditChunk {
+                id: c.chunk_id.clone(),
+                field: c.field.clone(),
+                score: c.relevance_score as f32,
+                tokens: c.tokens,
+            })
+            .collect();
+        r.chunk_count = self.diff.chunks.len() as u32;
+        r.withheld = self.diff.withheld_fields.clone();
+        r.budget_tokens = Some(budget_tokens);
+        r.context_tokens = self.full_tokens;
+        r.selected_tokens = self.sent_tokens;
+        r.reduction_ratio = self.reduction_ratio().unwrap_or(0.0) as f32;
+        r
     }
 }
 

@@ -148,6 +148,21 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The audit trail could not record (its writer stopped or a commit
+    /// failed): the audited call fails rather than go unrecorded.
+    #[error("audit {}: {reason}", path.display())]
+    Audit {
+        /// The audit database.
+        path: std::path::PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// The audit database is held by another process (redb locks its file).
+    #[error("{}: the audit database is open in another process (a running server holds its lock; query it with --server)", path.display())]
+    AuditLocked {
+        /// The audit database.
+        path: std::path::PathBuf,
+    },
     /// The simulation was given no measured context samples.
     #[error("context samples: none given (the simulation draws context efficiency from measured SCD transfers; at least 1 is needed)")]
     NoSamples,
@@ -158,7 +173,7 @@ impl From<Error> for tonic::Status {
         let msg = e.to_string();
         match e {
             Error::Invalid { .. } | Error::Did { .. } | Error::NoSamples => tonic::Status::invalid_argument(msg),
-            Error::CannotMeet { .. } => tonic::Status::failed_precondition(msg),
+            Error::CannotMeet { .. } | Error::AuditLocked { .. } => tonic::Status::failed_precondition(msg),
             Error::Timeout { .. } => tonic::Status::deadline_exceeded(msg),
             Error::Escalated { .. } | Error::Peer { .. } | Error::Transport { .. } => tonic::Status::unavailable(msg),
             Error::ScdConnect { .. } => tonic::Status::unavailable(msg),
@@ -170,6 +185,7 @@ impl From<Error> for tonic::Status {
             | Error::ConfidentialChunk { .. }
             | Error::ReadContext { .. }
             | Error::Store { .. }
+            | Error::Audit { .. }
             | Error::Decode { .. }
             | Error::Json { .. } => tonic::Status::internal(msg),
         }

@@ -12,14 +12,17 @@
 //! | 4 routing | [`routing`] | Algorithm 1, composite patterns, repricing |
 //! | 5 fault tolerance | [`fault`] | heartbeats, circuit breakers, poison tasks, back-pressure, checkpoints |
 //!
-//! plus [`wba_auth`] (the ANP `DIDWba` Authorization header that `scd serve --auth did-wba` checks), [`agent`] (an ATP agent: a tonic server of `atp.v1.AtpService` and
-//! its clients) and [`store`] (what survives a restart, in redb).
+//! plus [`wba_auth`] (the ANP `DIDWba` Authorization header that `scd serve
+//! --auth did-wba` checks), [`agent`] (an ATP agent: a tonic server of
+//! `atp.v1.AtpService` and its clients), [`store`] (what survives a restart,
+//! in redb) and [`audit`] (the audit trail of context transfers, in redb).
 //!
 //! This crate does not depend on `scd-engine`: it reaches SCD only through
 //! the `scd.v1` gRPC client, so an agent can run on another machine.
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod audit;
 pub mod context;
 pub mod demo;
 pub mod error;

@@ -834,6 +834,11 @@ impl Planner {
             .unwrap()
             .insert(job.task_id.clone(), Delegation { worker: did.clone(), transfer: t.clone() });
         st.hops.lock().unwrap().record_transfer(&job.task_id, node.did(), &did, &t);
+        if let Some(log) = node.audit_log() {
+            let budget = offer.offer.context_requirements.as_ref().map_or(0, |r| r.max_context_tokens);
+            let rec = t.audit_record(node.did(), &did, &job.task, budget);
+            log.append_async(vec![rec]).await.map_err(Failure::local)?;
+        }
         st.emit(Event::ContextSent {
             task: job.task_id.clone(),
             agent: short(&did),

@@ -8,6 +8,7 @@
 //! | `checkpoints` | task id → `TaskCheckpoint` encoding | the latest per task |
 //! | `peers` | DID → profile JSON | |
 //! | `tasks` | task id → bytes (a small JSON or proto record) | |
+//! | `audit_records`, `audit_meta` | see [`crate::audit`] | only once [`Store::audit_log`] was opened |
 //!
 //! Every write is its own durable (fsync'd) transaction, replay-log entries
 //! included: a message seen just before a crash (SIGKILL, power loss) is
@@ -42,6 +43,7 @@ use std::sync::Arc;
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
+use crate::audit::{AuditLevel, AuditLog, Retention};
 use crate::error::{Error, Result};
 use crate::identity::{check_proof, now_s, NonceLog, Resolver, MAX_CLOCK_SKEW_S};
 use crate::merkle::{proof_leaf_bytes, Hash, MerkleLog};
@@ -67,7 +69,7 @@ fn store_err<E: Into<redb::Error>>(e: E) -> Error {
 
 /// The agent's persistent state (see the module docs).
 pub struct Store {
-    db: Database,
+    db: Arc<Database>,
     path: PathBuf,
     /// Replay-log entries with a timestamp below this were pruned: such
     /// messages are refused.
@@ -98,7 +100,7 @@ impl Store {
             tx.open_table(TASKS).map_err(store_err)?;
         }
         tx.commit().map_err(store_err)?;
-        let store = Store { db, path, nonce_floor: AtomicI64::new(i64::MIN), inserts: AtomicU64::new(0) };
+        let store = Store { db: Arc::new(db), path, nonce_floor: AtomicI64::new(i64::MIN), inserts: AtomicU64::new(0) };
         let pruned = store.prune_nonces(now_s())?;
         tracing::debug!(path = %store.path.display(), pruned, proofs = store.proof_count()?, "store opened");
         Ok(store)
@@ -107,6 +109,12 @@ impl Store {
     /// The redb file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The audit trail (see [`crate::audit`]) in this store's file: an ATP
+    /// node keeps its `AtpTransfer` records beside its proofs.
+    pub fn audit_log(&self, level: AuditLevel, retention: Retention) -> Result<AuditLog> {
+        AuditLog::on(self.db.clone(), &self.path, level, retention)
     }
 
     /// Makes every earlier write durable (an empty fsync'd commit).

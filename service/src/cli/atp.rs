@@ -44,6 +44,16 @@ pub struct AgentArgs {
     /// Directory of the embedded store (proofs, trust, seen nonces, checkpoints).
     #[arg(long, env = "SCD_ATP_STORE", default_value = "atp-store")]
     pub store: PathBuf,
+    /// Audit trail of the context transfers this agent sends (one
+    /// `AtpTransfer` record each, in the store's file): off, summary or chunks.
+    #[arg(long, env = "SCD_ATP_AUDIT_LEVEL", default_value = "summary")]
+    pub audit_level: scd_atp::audit::AuditLevel,
+    /// Transfer records older than this are removed (e.g. 7d, 12h).
+    #[arg(long, env = "SCD_ATP_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
+    pub audit_max_age: Option<Duration>,
+    /// The oldest transfer records are removed past this summed JSON size.
+    #[arg(long, env = "SCD_ATP_AUDIT_MAX_BYTES")]
+    pub audit_max_bytes: Option<u64>,
     /// Directory of did:wba documents (<dir>/<host>/did.json) for verifying
     /// did:wba peers; no network lookups.
     #[arg(long, env = "SCD_ATP_DID_DIR")]
@@ -143,6 +153,11 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         Some(dir) => Arc::new(DidResolver::with_wba_dir(dir)),
         None => Arc::new(DidResolver::new()),
     };
+    if args.audit_max_bytes == Some(0) {
+        bail!("--audit-max-bytes 0: must be at least 1");
+    }
+    let retention = scd_atp::audit::Retention { max_age: args.audit_max_age, max_bytes: args.audit_max_bytes };
+    let audit = store.audit_log(args.audit_level, retention)?;
     let verifier = Verifier::new(resolver.clone(), store.clone());
     let ledger = Ledger::open(store, identity.did(), scd_atp::trust::TrustParams::default(), resolver)?;
     runtime()?.block_on(async move {
@@ -157,6 +172,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         config.context_budget_tokens = args.context_budget;
         let document = (did_document_path(identity.did()), identity.did_document_json());
         let node = Node::new(identity, verifier, ledger, config);
+        node.set_audit(Arc::new(audit));
         let mut ready = serde_json::json!({ "event": "ready", "did": node.did(), "addr": addr.to_string() });
         if let Some(http) = args.http_addr {
             let listener = tokio::net::TcpListener::bind(http)

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod atp;
+pub mod audit;
 pub mod bench;
 pub mod client;
 pub mod compress;
@@ -78,4 +79,21 @@ pub(crate) fn percentile(xs: &mut [f64], p: f64) -> f64 {
     }
     xs.sort_by(f64::total_cmp);
     xs[((xs.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A duration such as `90s`, `30m`, `12h` or `7d` (a whole number and a
+/// unit): the value parser of `--audit-max-age` and relative `--since`.
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{s:?}: expected a whole number and a unit (s, m, h or d), e.g. 7d"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d), e.g. 7d")),
+    };
+    n.checked_mul(secs).map(std::time::Duration::from_secs).ok_or_else(|| format!("{s:?}: too long"))
 }

@@ -9,6 +9,7 @@ use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
 use anyhow::Context as _;
+use scd_atp::audit::{AuditLevel, AuditLog, Retention};
 use scd_atp::wba_auth::{list_documents, WbaAuthenticator};
 
 use crate::config::ModelArgs;
@@ -113,6 +114,20 @@ pub struct ServeArgs {
     /// Requests each DID may make at once after being idle (bucket size).
     #[arg(long, env = "SCD_AUTH_BURST", default_value_t = 100)]
     auth_burst: u32,
+    /// Audit trail database (redb): Compress, OpenSession and RequestContext
+    /// are recorded before they answer; unset records nothing.
+    #[arg(long, env = "SCD_AUDIT_DB")]
+    audit_db: Option<PathBuf>,
+    /// What a record holds: off, summary (no chunk list) or chunks.
+    #[arg(long, env = "SCD_AUDIT_LEVEL", default_value = "summary")]
+    audit_level: AuditLevel,
+    /// Records older than this are removed (e.g. 7d, 12h, 30m); unset keeps them.
+    #[arg(long, env = "SCD_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
+    audit_max_age: Option<Duration>,
+    /// The oldest records are removed while the records' summed JSON size is
+    /// over this many bytes; unset keeps them.
+    #[arg(long, env = "SCD_AUDIT_MAX_BYTES")]
+    audit_max_bytes: Option<u64>,
 }
 
 /// `--auth`.
@@ -183,6 +198,16 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--drain-timeout {}: must be between 0 and 86400 seconds",
         args.drain_timeout
     );
+    if args.audit_db.is_none() {
+        for (flag, set) in
+            [("--audit-max-age", args.audit_max_age.is_some()), ("--audit-max-bytes", args.audit_max_bytes.is_some())]
+        {
+            anyhow::ensure!(!set, "{flag}: needs --audit-db");
+        }
+    }
+    if let Some(b) = args.audit_max_bytes {
+        anyhow::ensure!(b > 0, "--audit-max-bytes {b}: must be at least 1");
+    }
     if let Some(http) = args.http_addr {
         anyhow::ensure!(
             http.port() == 0 || http != args.addr,
@@ -212,6 +237,16 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         key: args.tls_key.clone(),
         client_ca: args.client_ca.clone(),
     })?;
+    let audit = args
+        .audit_db
+        .as_ref()
+        .map(|path| {
+            let retention = Retention { max_age: args.audit_max_age, max_bytes: args.audit_max_bytes };
+            AuditLog::open(path, args.audit_level, retention)
+                .map(Arc::new)
+                .map_err(|e| anyhow::anyhow!("--audit-db {e}"))
+        })
+        .transpose()?;
     let listener = bind("--addr", "gRPC", args.addr)?;
     let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
     let encoder = Arc::new(model.load_encoder()?);
@@ -255,6 +290,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             tls,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),
             auth,
+            audit,
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

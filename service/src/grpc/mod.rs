@@ -14,7 +14,12 @@
 //! stops at its next stage boundary and frees the slot. Outcomes of every RPC
 //! are counted once, in [`layer`]; [`metrics`] lists the series. With
 //! `--auth did-wba` every call is authenticated by [`auth`] first.
+//!
+//! With `--audit-db`, Compress, OpenSession, RequestContext and Handoff are
+//! recorded in the audit trail before they answer, and the `Audit` RPC
+//! streams it ([`audit`]).
 
+pub mod audit;
 pub mod auth;
 pub mod batcher;
 pub mod convert;
@@ -77,6 +82,7 @@ pub struct ScdService {
     compress_slots: Arc<Semaphore>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) audit: Option<Arc<scd_atp::audit::AuditLog>>,
 }
 
 /// Requests of one EmbedStream queued ahead of the one being answered: a
@@ -145,7 +151,15 @@ impl ScdService {
             batcher,
             limits,
             metrics,
+            audit: None,
         }
+    }
+
+    /// Records Compress, OpenSession and RequestContext in `log` (see
+    /// [`audit`]).
+    pub fn with_audit(mut self, log: Option<Arc<scd_atp::audit::AuditLog>>) -> Self {
+        self.audit = log;
+        self
     }
 
     /// The handle to the batching thread.
@@ -350,6 +364,34 @@ struct Forward {
     answer: Option<String>,
 }
 
+impl ScdService {
+    /// [`ScdService::compress_inner`], recorded as `method` in the audit
+    /// trail (when there is one) before it answers.
+    async fn compress_audited(
+        &self,
+        method: &str,
+        r: pb::CompressRequest,
+        deadline: Option<Instant>,
+        caller: Option<String>,
+        peer: Option<String>,
+        open: bool,
+    ) -> Result<pb::CompressResponse, Status> {
+        let mut rec = self.audit_record(method, caller.clone(), peer);
+        if let Some(rec) = rec.as_mut() {
+            if let Some(t) = &r.task {
+                rec.set_task(&t.description);
+            }
+            rec.budget_tokens = r.requirement.as_ref().map(|q| q.max_context_tokens);
+            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+        }
+        let res = self.compress_inner(r, deadline, caller, open).await;
+        if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
+            audit::fill_from_compress(rec, reply);
+        }
+        self.record_audit(rec, res).await
+    }
+}
+
 type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
 
 /// The `scd.v1.Scd` handler: a shared [`ScdService`] (a local type, so the
@@ -410,17 +452,24 @@ impl pb::scd_server::Scd for ScdHandler {
     }
 
     async fn compress(&self, request: Request<pb::CompressRequest>) -> Result<Response<pb::CompressResponse>, Status> {
-        let (d, who) = (deadline(&request), caller(&request));
-        self.compress_inner(request.into_inner(), d, who, false).await.map(Response::new)
+        let (d, who, from) = (deadline(&request), caller(&request), peer(&request));
+        self.compress_audited("Compress", request.into_inner(), d, who, from, false).await.map(Response::new)
     }
 
     async fn request_context(
         &self,
         request: Request<pb::ContextRequest>,
     ) -> Result<Response<pb::ContextResponse>, Status> {
-        let (d, who) = (deadline(&request), caller(&request));
+        let (d, who, from) = (deadline(&request), caller(&request), peer(&request));
         let r = request.into_inner();
-        empty_session(&r.session_id)?;
+        let mut rec = self.audit_record("RequestContext", who.clone(), from);
+        if let Some(rec) = rec.as_mut() {
+            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+            rec.set_task(&r.specific_question);
+        }
+        if let Err(s) = empty_session(&r.session_id) {
+            return self.record_audit(rec, Err(s)).await;
+        }
         let mut req = ContextRequest {
             session_id: r.session_id,
             session_token: r.session_token,
@@ -431,7 +480,13 @@ impl pb::scd_server::Scd for ScdHandler {
             chunk_ids: r.chunk_ids,
         };
         if !r.report.is_empty() {
-            handoff::apply_report(&mut req, &r.report, &self.scd.config().confidence_map)?;
+            if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.scd.config().confidence_map) {
+                return self.record_audit(rec, Err(s)).await;
+            }
+            // the question may have come from the report's next step
+            if let Some(rec) = rec.as_mut() {
+                rec.set_task(&req.specific_question);
+            }
         }
         let start = Instant::now();
         let res =
@@ -448,18 +503,22 @@ impl pb::scd_server::Scd for ScdHandler {
                     }),
                 }
             });
-        res.map(Response::new)
+        if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
+            audit::fill_chunks(rec, &reply.chunks);
+            audit::fill_timing(rec, reply.timing.as_ref());
+        }
+        self.record_audit(rec, res).await.map(Response::new)
     }
 
     async fn open_session(
         &self,
         request: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionResponse>, Status> {
-        let (d, who) = (deadline(&request), caller(&request));
+        let (d, who, from) = (deadline(&request), caller(&request), peer(&request));
         let r = request.into_inner();
         let res = async {
             let c = r.compress.ok_or_else(|| Status::invalid_argument("compress: required"))?;
-            let result = self.compress_inner(c, d, who, true).await?;
+            let result = self.compress_audited("OpenSession", c, d, who, from, true).await?;
             Ok(pb::OpenSessionResponse {
                 session_id: result.session_id.clone(),
                 session_token: result.session_token.clone(),
@@ -501,8 +560,26 @@ impl pb::scd_server::Scd for ScdHandler {
     }
 
     async fn handoff(&self, request: Request<pb::HandoffRequest>) -> Result<Response<pb::HandoffResponse>, Status> {
-        let (d, who) = (deadline(&request), caller(&request));
-        self.handoff_inner(request.into_inner(), d, who).await.map(Response::new)
+        let (d, who, from) = (deadline(&request), caller(&request), peer(&request));
+        let r = request.into_inner();
+        // one record per call; a forward's records its compression
+        let mut rec = self.audit_record("Handoff", who.clone(), from);
+        if let (Some(rec), Some(pb::handoff_request::Op::Forward(f))) = (rec.as_mut(), &r.op) {
+            if let Some(c) = &f.compress {
+                if let Some(t) = &c.task {
+                    rec.set_task(&t.description);
+                }
+                rec.budget_tokens = c.requirement.as_ref().map(|q| q.max_context_tokens);
+                rec.session_id = (!c.session_id.is_empty()).then(|| c.session_id.clone());
+            }
+        }
+        let res = self.handoff_inner(r, d, who).await;
+        if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
+            if let Some(c) = &reply.compressed {
+                audit::fill_from_compress(rec, c);
+            }
+        }
+        self.record_audit(rec, res).await.map(Response::new)
     }
 
     async fn info(&self, _request: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
@@ -528,6 +605,13 @@ impl pb::scd_server::Scd for ScdHandler {
         };
         Ok(Response::new(r))
     }
+
+    type AuditStream = audit::AuditStream;
+
+    async fn audit(&self, request: Request<pb::AuditRequest>) -> Result<Response<audit::AuditStream>, Status> {
+        let who = caller(&request);
+        self.audit_stream(request.into_inner(), who).map(Response::new)
+    }
 }
 
 /// The caller's verified identity: the DID that signed the request under
@@ -538,6 +622,11 @@ fn caller<T>(request: &Request<T>) -> Option<String> {
         return Some(did.0.clone());
     }
     crate::tls::caller_identity(request)
+}
+
+/// The caller's transport address (recorded as `peer` in the audit trail).
+fn peer<T>(request: &Request<T>) -> Option<String> {
+    request.remote_addr().map(|a| a.to_string())
 }
 
 /// A stream fed by a spawned task through a bounded channel.

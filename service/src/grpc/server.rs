@@ -42,6 +42,8 @@ pub struct ServeConfig {
     /// `--auth did-wba`: DID-authenticated callers on both listeners; `None`
     /// admits everyone (`--auth none`).
     pub auth: Option<AuthConfig>,
+    /// The audit trail (`--audit-db`); `None` records nothing.
+    pub audit: Option<Arc<scd_atp::audit::AuditLog>>,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -57,8 +59,8 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
-    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()));
     let auth = cfg.auth.map(|a| Arc::new(Auth::new(a, metrics.clone())));
+    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()).with_audit(cfg.audit));
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
     let reflection = || {
         tonic_reflection::server::Builder::configure()

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use scd_atp::audit::{AuditLevel, AuditLog, Retention};
 use scd_atp::identity::{now_s, Identity};
 use scd_atp::wba_auth::{format_rfc3339_utc, sign_header, sign_header_with, WbaAuthenticator};
 use scd_engine::encoder::HashEncoder;
@@ -49,6 +50,10 @@ fn limits() -> Limits {
 
 /// An in-process server with `--auth did-wba` over `dir`.
 async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
+    start_with(dir, rate_per_s, burst, None).await
+}
+
+async fn start_with(dir: &Path, rate_per_s: f64, burst: u32, audit: Option<Arc<AuditLog>>) -> InProc {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let h = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let (grpc, http) = (l.local_addr().unwrap(), h.local_addr().unwrap());
@@ -61,6 +66,7 @@ async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
         tls: None,
         drain_timeout: Duration::from_secs(1),
         auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
+        audit,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -256,6 +262,69 @@ async fn a_session_is_bound_to_the_did_that_opened_it() {
     c.request_context(with(ask, sign(&alice).as_deref())).await.unwrap();
     let closed = c.close_session(with(close, sign(&alice).as_deref())).await.unwrap().into_inner();
     assert!(closed.closed);
+}
+
+async fn audit_of(
+    c: &mut ScdClient<Channel>,
+    r: pb::AuditRequest,
+    who: &Identity,
+) -> Result<Vec<pb::AuditRecordMsg>, Status> {
+    use tokio_stream::StreamExt as _;
+    let mut s = c.audit(with(r, Some(sign_header(who, "scd", now_s()).as_str()))).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = s.next().await {
+        out.push(m?);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_trail_records_the_did_and_each_did_reads_only_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = identities(dir.path());
+    let log =
+        Arc::new(AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Chunks, Retention::default()).unwrap());
+    let s = start_with(dir.path(), 1000.0, 1000, Some(log)).await;
+    let mut c = client(&s).await;
+    let sign = |who: &Identity| Some(sign_header(who, "scd", now_s()));
+    let sent = c.compress(with(compress_req(60, ""), sign(&alice).as_deref())).await.unwrap().into_inner();
+    // bob forwards a report through the Handoff RPC: one record, of the forward's compression
+    let report = "[STATUS]\nin_progress\n[SUMMARY]\ncharges fail\n[EVIDENCE_OR_TESTS]\nlogs\n[CONFIDENCE]\nlow\n\
+                  [NEXT]\nfind the failing query\n[ANSWER_CANDIDATE]\nunknown\n";
+    let fwd = pb::HandoffRequest {
+        op: Some(pb::handoff_request::Op::Forward(pb::ForwardReport {
+            text: report.into(),
+            format: 0,
+            compress: Some(compress_req(80, "")),
+            render: pb::ReportFormat::StructuredSoft as i32,
+        })),
+    };
+    let fwd = c.handoff(with(fwd, sign(&bob).as_deref())).await.unwrap().into_inner().compressed.unwrap();
+
+    let mine = audit_of(&mut c, pb::AuditRequest::default(), &alice).await.unwrap();
+    assert_eq!(mine.len(), 1, "alice sees her one record: {mine:?}");
+    let r = &mine[0];
+    assert_eq!((r.method.as_str(), r.caller.as_str(), r.outcome.as_str()), ("Compress", ALICE, "ok"));
+    assert!(r.peer.starts_with("127.0.0.1:"), "{}", r.peer);
+    let ids: Vec<&str> = r.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, sent.chunks.iter().map(|c| c.id.as_str()).collect::<Vec<_>>());
+    assert_eq!(r.withheld, vec!["api_keys".to_string()]);
+
+    let theirs = audit_of(&mut c, pb::AuditRequest::default(), &bob).await.unwrap();
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    let r = &theirs[0];
+    assert_eq!((r.method.as_str(), r.caller.as_str(), r.budget_tokens), ("Handoff", BOB, 80));
+    assert_eq!(r.chunk_count as usize, fwd.chunks.len());
+    assert!(r.chunks.iter().any(|c| c.field.starts_with("report.")), "the report's sections were scored");
+    assert_eq!(r.withheld, vec!["api_keys".to_string()]);
+    assert_eq!(r.task, "Why are customer charges failing at checkout?");
+
+    // bob may not ask for alice's trajectory, and nobody reads it unsigned
+    let ask = pb::AuditRequest { caller: ALICE.into(), ..Default::default() };
+    let e = audit_of(&mut c, ask, &bob).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let e = c.audit(pb::AuditRequest::default()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,6 +104,7 @@ async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> I
         tls: None,
         drain_timeout: Duration::from_secs(1),
         auth: None,
+        audit: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

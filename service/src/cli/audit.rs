@@ -1,0 +1,230 @@
+//! `scd audit`: query the audit trail, from a running server (`--server`,
+//! the `Audit` RPC) or from its database file (`--db`, only while no server
+//! holds it: redb locks the file). Prints one JSON record per line, oldest
+//! first.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use scd_atp::audit::{AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
+use tokio_stream::StreamExt;
+
+use crate::grpc::{audit, pb};
+use crate::tls;
+
+/// Arguments of `scd audit`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["server", "db"])))]
+pub struct AuditArgs {
+    /// Query a running server (http:// or https://); a caller with a client
+    /// certificate sees only its own records.
+    #[arg(long, env = "SCD_AUDIT_SERVER")]
+    server: Option<String>,
+    /// Read the audit database file directly (fails while a server holds it).
+    #[arg(long, env = "SCD_AUDIT_DB")]
+    db: Option<PathBuf>,
+    /// Only this session.
+    #[arg(long)]
+    session: Option<String>,
+    /// Only this caller (DID or certificate identity).
+    #[arg(long)]
+    caller: Option<String>,
+    /// Only records at or after this time: RFC 3339 (2025-01-31T12:00:00Z),
+    /// unix milliseconds, or an age (10m, 2h, 7d ago).
+    #[arg(long)]
+    since: Option<String>,
+    /// Only records at or before this time (same forms as --since).
+    #[arg(long)]
+    until: Option<String>,
+    /// At most this many records (the oldest matching).
+    #[arg(long)]
+    limit: Option<u32>,
+    /// CA certificate (PEM) of an https:// --server.
+    #[arg(long, env = "SCD_CLIENT_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// Client certificate (PEM) for mTLS; with --client-key.
+    #[arg(long, env = "SCD_CLIENT_CERT")]
+    client_cert: Option<PathBuf>,
+    /// Client private key (PEM) for mTLS; with --client-cert.
+    #[arg(long, env = "SCD_CLIENT_KEY")]
+    client_key: Option<PathBuf>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// Unix ms of an RFC 3339 time (`2025-01-31T12:00:00Z`,
+/// `2025-01-31T12:00:00.250+02:00`).
+fn rfc3339_ms(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 || b[16] != b':' {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut frac_ms = 0i64;
+    if let Some(f) = rest.strip_prefix('.') {
+        let digits = f.find(|c: char| !c.is_ascii_digit()).unwrap_or(f.len());
+        if digits == 0 {
+            return None;
+        }
+        let ms = format!("{:0<3}", &f[..digits.min(3)]);
+        frac_ms = ms.parse().ok()?;
+        rest = &f[digits..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && rest.as_bytes()[3] == b':' => {
+            let sign = match rest.as_bytes()[0] {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            sign * (rest[1..3].parse::<i64>().ok()? * 60 + rest[4..6].parse::<i64>().ok()?)
+        }
+        _ => return None,
+    };
+    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset_min * 60;
+    u64::try_from(secs * 1000 + frac_ms).ok()
+}
+
+/// `--since` / `--until`: RFC 3339, unix ms, or an age before `now_ms`.
+fn parse_time(flag: &str, s: &str, now_ms: u64) -> anyhow::Result<u64> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    if let Some(ms) = rfc3339_ms(s) {
+        return Ok(ms);
+    }
+    let age: Duration = super::parse_duration(s.trim_end_matches(" ago")).map_err(|_| {
+        anyhow::anyhow!(
+            "{flag} {s:?}: expected RFC 3339 (2025-01-31T12:00:00Z), unix milliseconds, or an age (10m, 2h, 7d)"
+        )
+    })?;
+    Ok(now_ms.saturating_sub(age.as_millis() as u64))
+}
+
+/// The filter from the arguments.
+fn filter(args: &AuditArgs, now_ms: u64) -> anyhow::Result<AuditFilter> {
+    let since_ms = args.since.as_deref().map(|s| parse_time("--since", s, now_ms)).transpose()?;
+    let until_ms = args.until.as_deref().map(|s| parse_time("--until", s, now_ms)).transpose()?;
+    if let (Some(since), Some(until)) = (since_ms, until_ms) {
+        anyhow::ensure!(since <= until, "--since ({since} ms) is after --until ({until} ms)");
+    }
+    Ok(AuditFilter {
+        session: args.session.clone(),
+        caller: args.caller.clone(),
+        since_ms,
+        until_ms,
+        after_seq: None,
+        limit: args.limit.filter(|l| *l > 0).map(|l| l as usize),
+    })
+}
+
+fn print(out: &mut impl std::io::Write, r: &AuditRecord) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *out, r)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Runs `scd audit`.
+pub fn run(args: AuditArgs) -> anyhow::Result<()> {
+    let f = filter(&args, now_ms())?;
+    let mut out = std::io::stdout().lock();
+    if let Some(path) = &args.db {
+        anyhow::ensure!(path.is_file(), "--db {}: no such file", path.display());
+        let log =
+            AuditLog::open(path, AuditLevel::Summary, Retention::default()).map_err(|e| anyhow::anyhow!("--db {e}"))?;
+        for r in log.query(&f).map_err(|e| anyhow::anyhow!("--db {}: {e}", path.display()))? {
+            print(&mut out, &r)?;
+        }
+        return Ok(());
+    }
+    let addr = args.server.clone().expect("clap: --server or --db");
+    let tls = tls::client_config(
+        &addr,
+        &tls::ClientTlsFiles {
+            ca_cert: args.ca_cert.clone(),
+            client_cert: args.client_cert.clone(),
+            client_key: args.client_key.clone(),
+            domain: None,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{}", format!("{e:#}").replacen("--addr", "--server", 1)))?;
+    let req = pb::AuditRequest {
+        session_id: f.session.unwrap_or_default(),
+        caller: f.caller.unwrap_or_default(),
+        since_ms: f.since_ms.unwrap_or_default(),
+        until_ms: f.until_ms.unwrap_or_default(),
+        limit: f.limit.unwrap_or_default() as u32,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
+            .with_context(|| format!("--server {addr}: not a URI"))?
+            .connect_timeout(Duration::from_secs(5));
+        if let Some(tls) = tls {
+            endpoint =
+                endpoint.tls_config(tls).map_err(|e| anyhow::anyhow!("--server {addr}: {}", tls::error_chain(&e)))?;
+        }
+        let channel =
+            endpoint.connect().await.map_err(|e| anyhow::anyhow!("--server {addr}: {}", tls::error_chain(&e)))?;
+        let mut client = pb::scd_client::ScdClient::new(channel);
+        let status = |s: tonic::Status| anyhow::anyhow!("Audit: {:?}: {}", s.code(), s.message());
+        let mut stream = client.audit(req).await.map_err(status)?.into_inner();
+        while let Some(msg) = stream.next().await {
+            print(&mut out, &audit::from_pb(msg.map_err(status)?))?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_in_three_forms() {
+        let now = 1_700_000_000_000;
+        assert_eq!(parse_time("--since", "1699999999000", now).unwrap(), 1_699_999_999_000);
+        assert_eq!(parse_time("--since", "10m", now).unwrap(), now - 600_000);
+        assert_eq!(parse_time("--since", "2d ago", now).unwrap(), now - 2 * 86_400_000);
+        // `date -u -d 2023-11-14T22:13:20Z +%s` = 1700000000
+        assert_eq!(parse_time("--since", "2023-11-14T22:13:20Z", now).unwrap(), 1_700_000_000_000);
+        assert_eq!(parse_time("--since", "2023-11-15T00:13:20.250+02:00", now).unwrap(), 1_700_000_000_250);
+        assert_eq!(rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339_ms("2000-03-01T00:00:00Z"), Some(951_868_800_000));
+        let err = parse_time("--until", "yesterday", now).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--until \"yesterday\": expected RFC 3339 (2025-01-31T12:00:00Z), unix milliseconds, or an age (10m, 2h, 7d)"
+        );
+        assert!(rfc3339_ms("2023-13-14T22:13:20Z").is_none());
+    }
+
+    #[test]
+    fn durations_name_their_unit() {
+        assert_eq!(crate::cli::parse_duration("7d").unwrap(), Duration::from_secs(7 * 86_400));
+        assert_eq!(crate::cli::parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(crate::cli::parse_duration("3w").unwrap_err(), "\"3w\": unknown unit \"w\" (s, m, h or d), e.g. 7d");
+        assert!(crate::cli::parse_duration("h").is_err());
+    }
+}

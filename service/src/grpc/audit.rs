@@ -1,0 +1,300 @@
+//! The audit trail on the server (`scd serve --audit-db`): one
+//! [`AuditRecord`] per Compress, OpenSession and RequestContext (and the
+//! lead's Handoff, through [`ScdService::record_audit`]), committed before
+//! the reply is sent, and the server-streamed `Audit` RPC that reads them.
+//!
+//! What is recorded: `caller` is `caller(&request)` (the verified identity:
+//! the mTLS certificate's, or the DID once DID auth is on), `peer` the
+//! transport address. Failed calls are recorded too, with the status code's
+//! name as `outcome`, except RESOURCE_EXHAUSTED: shedding load must not cost
+//! an fsync per refused call. When the audit log cannot commit, a call that
+//! succeeded fails with INTERNAL `audit: …` instead of answering unrecorded
+//! (a failed call keeps its own status; the audit error is logged).
+//!
+//! Who reads what: a caller with a verified identity sees only its own
+//! records (naming another caller is PERMISSION_DENIED); an anonymous caller
+//! (no TLS client certificate, no DID auth) sees all.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use scd_atp::audit::{AuditChunk, AuditFilter, AuditLog, AuditRecord, AuditTimings};
+use tokio_stream::Stream;
+use tonic::{Code, Status};
+
+use super::{pb, ScdService};
+
+/// Records per page read from the database while streaming.
+const PAGE: usize = 256;
+
+/// The server-streamed Audit reply.
+pub type AuditStream = Pin<Box<dyn Stream<Item = Result<pb::AuditRecordMsg, Status>> + Send>>;
+
+/// The name of a status code as recorded in `outcome` (`InvalidArgument`).
+pub fn code_name(code: Code) -> String {
+    format!("{code:?}")
+}
+
+/// Fills a record from a Compress reply: chunks, withheld names, totals,
+/// timings and the session (when the reply carries one).
+pub fn fill_from_compress(rec: &mut AuditRecord, r: &pb::CompressResponse) {
+    fill_chunks(rec, &r.chunks);
+    rec.withheld = r.withheld_fields.clone();
+    if let Some(t) = &r.totals {
+        rec.context_tokens = u64::from(t.context_tokens);
+        rec.selected_tokens = u64::from(t.sent_tokens);
+        rec.reduction_ratio = t.reduction_ratio;
+    }
+    if !r.session_id.is_empty() {
+        rec.session_id = Some(r.session_id.clone());
+    }
+    fill_timing(rec, r.timing.as_ref());
+}
+
+/// Fills a record's chunk list and count, and the tokens sent.
+pub fn fill_chunks(rec: &mut AuditRecord, chunks: &[pb::Chunk]) {
+    rec.chunks = chunks
+        .iter()
+        .map(|c| AuditChunk { id: c.id.clone(), field: c.field.clone(), score: c.score, tokens: c.tokens })
+        .collect();
+    rec.chunk_count = chunks.len() as u32;
+    rec.selected_tokens = chunks.iter().map(|c| u64::from(c.tokens)).sum();
+}
+
+/// Copies the server's timing into a record.
+pub fn fill_timing(rec: &mut AuditRecord, t: Option<&pb::Timing>) {
+    if let Some(t) = t {
+        rec.timings = AuditTimings {
+            queue_ms: t.queue_ms,
+            inference_ms: t.inference_ms,
+            selection_ms: t.selection_ms,
+            total_ms: t.total_ms,
+        };
+    }
+}
+
+/// A record on the wire.
+pub fn to_pb(r: AuditRecord) -> pb::AuditRecordMsg {
+    pb::AuditRecordMsg {
+        seq: r.seq,
+        at_ms: r.at_ms,
+        method: r.method,
+        caller: r.caller.unwrap_or_default(),
+        peer: r.peer.unwrap_or_default(),
+        session_id: r.session_id.unwrap_or_default(),
+        task_digest: r.task_digest.unwrap_or_default(),
+        task: r.task.unwrap_or_default(),
+        task_truncated: r.task_truncated,
+        model: r.model.unwrap_or_default(),
+        level: r.level.to_string(),
+        chunks: r
+            .chunks
+            .into_iter()
+            .map(|c| pb::AuditChunk { id: c.id, field: c.field, score: c.score, tokens: c.tokens })
+            .collect(),
+        chunk_count: r.chunk_count,
+        withheld: r.withheld,
+        budget_tokens: r.budget_tokens.unwrap_or_default(),
+        context_tokens: r.context_tokens,
+        selected_tokens: r.selected_tokens,
+        reduction_ratio: r.reduction_ratio,
+        timing: Some(pb::Timing {
+            queue_ms: r.timings.queue_ms,
+            inference_ms: r.timings.inference_ms,
+            selection_ms: r.timings.selection_ms,
+            total_ms: r.timings.total_ms,
+        }),
+        outcome: r.outcome,
+    }
+}
+
+/// A record from the wire (the CLI prints it as JSON); an unknown level
+/// reads as `summary`.
+pub fn from_pb(m: pb::AuditRecordMsg) -> AuditRecord {
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    let t = m.timing.unwrap_or_default();
+    AuditRecord {
+        seq: m.seq,
+        at_ms: m.at_ms,
+        method: m.method,
+        caller: some(m.caller),
+        peer: some(m.peer),
+        session_id: some(m.session_id),
+        task_digest: some(m.task_digest),
+        task: some(m.task),
+        task_truncated: m.task_truncated,
+        model: some(m.model),
+        level: m.level.parse().unwrap_or_default(),
+        chunks: m
+            .chunks
+            .into_iter()
+            .map(|c| AuditChunk { id: c.id, field: c.field, score: c.score, tokens: c.tokens })
+            .collect(),
+        chunk_count: m.chunk_count,
+        withheld: m.withheld,
+        budget_tokens: (m.budget_tokens > 0).then_some(m.budget_tokens),
+        context_tokens: m.context_tokens,
+        selected_tokens: m.selected_tokens,
+        reduction_ratio: m.reduction_ratio,
+        timings: AuditTimings {
+            queue_ms: t.queue_ms,
+            inference_ms: t.inference_ms,
+            selection_ms: t.selection_ms,
+            total_ms: t.total_ms,
+        },
+        outcome: m.outcome,
+    }
+}
+
+/// The checked filter of an Audit request; `who` is the caller's verified
+/// identity, which restricts the records to its own.
+pub fn filter(r: pb::AuditRequest, who: Option<&str>) -> Result<AuditFilter, Status> {
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    let mut f = AuditFilter {
+        session: some(r.session_id),
+        caller: some(r.caller),
+        since_ms: (r.since_ms > 0).then_some(r.since_ms),
+        until_ms: (r.until_ms > 0).then_some(r.until_ms),
+        after_seq: None,
+        limit: (r.limit > 0).then_some(r.limit as usize),
+    };
+    if let (Some(since), Some(until)) = (f.since_ms, f.until_ms) {
+        if since > until {
+            return Err(Status::invalid_argument(format!("since_ms: {since} is after until_ms {until}")));
+        }
+    }
+    if let Some(who) = who {
+        if f.caller.as_deref().is_some_and(|c| c != who) {
+            return Err(Status::permission_denied(
+                "caller: a caller may read only its own audit records (leave caller empty)",
+            ));
+        }
+        f.caller = Some(who.to_string());
+    }
+    Ok(f)
+}
+
+fn audit_status(e: scd_atp::Error) -> Status {
+    Status::internal(format!("audit: {e}"))
+}
+
+impl ScdService {
+    /// The audit log, when the server was started with `--audit-db`.
+    pub fn audit_log(&self) -> Option<&Arc<AuditLog>> {
+        self.audit.as_ref()
+    }
+
+    /// A record of `method` with the caller, peer and model filled in, or
+    /// `None` when the server keeps no audit trail (or at level `off`).
+    pub fn audit_record(&self, method: &str, caller: Option<String>, peer: Option<String>) -> Option<AuditRecord> {
+        let log = self.audit.as_ref()?;
+        if log.level() == scd_atp::audit::AuditLevel::Off {
+            return None;
+        }
+        let mut rec = AuditRecord::new(method);
+        rec.caller = caller;
+        rec.peer = peer;
+        rec.model = Some(self.scd.encoder().model_id().to_string());
+        Some(rec)
+    }
+
+    /// Records the outcome of a call and passes the call's result on (see
+    /// the module docs for failures). The hook for every audited RPC: build
+    /// the record with [`ScdService::audit_record`], fill it from the reply,
+    /// then `return self.record_audit(rec, result).await`.
+    pub async fn record_audit<T>(&self, rec: Option<AuditRecord>, result: Result<T, Status>) -> Result<T, Status> {
+        let (Some(log), Some(mut rec)) = (self.audit.as_ref(), rec) else { return result };
+        match &result {
+            Err(s) if s.code() == Code::ResourceExhausted => return result,
+            Err(s) => rec.outcome = code_name(s.code()),
+            Ok(_) => {}
+        }
+        match (log.append_async(vec![rec]).await, result) {
+            (Ok(_), result) => result,
+            (Err(e), Ok(_)) => Err(audit_status(e)),
+            (Err(e), Err(s)) => {
+                tracing::error!(error = %e, code = ?s.code(), "audit: a failed call went unrecorded");
+                Err(s)
+            }
+        }
+    }
+
+    /// The Audit RPC: pages of records from the database, streamed through
+    /// a bounded channel.
+    pub(crate) fn audit_stream(&self, r: pb::AuditRequest, who: Option<String>) -> Result<AuditStream, Status> {
+        let log = self
+            .audit
+            .clone()
+            .ok_or_else(|| Status::failed_precondition("audit: the server runs without --audit-db"))?;
+        let mut f = filter(r, who.as_deref())?;
+        let (tx, rx) = tokio::sync::mpsc::channel(PAGE);
+        tokio::spawn(async move {
+            let mut left = f.limit.unwrap_or(usize::MAX);
+            while left > 0 {
+                f.limit = Some(left.min(PAGE));
+                let (query, l) = (f.clone(), log.clone());
+                let page = match tokio::task::spawn_blocking(move || l.query(&query)).await {
+                    Ok(Ok(page)) => page,
+                    Ok(Err(e)) => {
+                        let _ = tx.send(Err(audit_status(e))).await;
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("audit: reader failed: {e}")))).await;
+                        return;
+                    }
+                };
+                let full = page.len() == PAGE.min(left);
+                left -= page.len();
+                f.after_seq = page.last().map(|r| r.seq).or(f.after_seq);
+                for rec in page {
+                    if tx.send(Ok(to_pb(rec))).await.is_err() {
+                        return;
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_checks_range_and_restricts_callers() {
+        let req = |caller: &str, since_ms, until_ms| pb::AuditRequest {
+            caller: caller.into(),
+            since_ms,
+            until_ms,
+            ..Default::default()
+        };
+        let err = filter(req("", 10, 5), None).unwrap_err();
+        assert_eq!((err.code(), err.message()), (Code::InvalidArgument, "since_ms: 10 is after until_ms 5"));
+        let err = filter(req("did:key:other", 0, 0), Some("did:key:me")).unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+        assert!(err.message().starts_with("caller: a caller may read only its own audit records"));
+        assert_eq!(filter(req("", 0, 0), Some("did:key:me")).unwrap().caller.as_deref(), Some("did:key:me"));
+        let open = filter(req("", 1, 0), None).unwrap();
+        assert_eq!((open.caller, open.since_ms, open.until_ms, open.limit), (None, Some(1), None, None));
+    }
+
+    #[test]
+    fn records_round_trip_through_the_wire() {
+        let mut r = AuditRecord::new("Compress");
+        r.seq = 7;
+        r.caller = Some("did:key:a".into());
+        r.set_task("fix the bug");
+        r.level = scd_atp::audit::AuditLevel::Chunks;
+        r.chunks = vec![AuditChunk { id: "c".into(), field: "f".into(), score: 0.5, tokens: 3 }];
+        r.chunk_count = 1;
+        r.withheld = vec!["secrets".into()];
+        r.budget_tokens = Some(100);
+        r.timings.total_ms = 2.5;
+        assert_eq!(from_pb(to_pb(r.clone())), r);
+    }
+}

@@ -1,0 +1,381 @@
+//! The audit trail: a record survives `kill -9` of the real server, the
+//! `Audit` RPC filters and refuses what it should, `scd audit --db` refuses
+//! a file a server holds, and concurrent calls lose no record.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use scd_atp::audit::{AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_engine::encoder::HashEncoder;
+use scd_engine::extract::{Scd, ScdConfig};
+use scd_service::grpc::http::HttpLimits;
+use scd_service::grpc::pb;
+use scd_service::grpc::pb::scd_client::ScdClient;
+use scd_service::grpc::{serve_on, Limits, ServeConfig};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+use tonic::Code;
+
+use crate::{ready, root, scd, scratch};
+
+const SECRET: &str = "sk-live-AUDIT-CANARY-7f3a9c";
+
+/// A context with one confidential field whose content must never be stored.
+fn compress_request(session: &str) -> pb::CompressRequest {
+    let field = |name: &str, content: &str, confidential| pb::Field {
+        name: name.into(),
+        kind: pb::FieldKind::Prose as i32,
+        content: content.into(),
+        confidential,
+    };
+    pb::CompressRequest {
+        task: Some(pb::Task { description: "Why do checkout charges time out?".into(), ..Default::default() }),
+        fields: vec![
+            field(
+                "incident",
+                "The payment service cannot get a database connection: the pool is exhausted at 32.\n\n\
+                 Charges time out after 30 seconds and the checkout page spins.\n\n\
+                 The newsletter font was changed to serif last week.",
+                false,
+            ),
+            field("api_keys", &format!("stripe: {SECRET}"), true),
+        ],
+        requirement: Some(pb::ContextRequirement { max_context_tokens: 200, ..Default::default() }),
+        session_id: session.into(),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The real server, killed with SIGKILL
+// ---------------------------------------------------------------------------
+
+/// `scd serve` on a free port with `args`; kills it (SIGKILL) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(log: &Path, args: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
+        .current_dir(root())
+        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
+        .env("SCD_MODELS_DIR", root().join("models/out"))
+        .env("SCD_THREADS", "2")
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let port = loop {
+        let line = lines.next().unwrap_or_else(|| panic!("server exited: {}", std::fs::read_to_string(log).unwrap()));
+        if let Some(a) = line.unwrap().strip_prefix("listening on ") {
+            break a.rsplit(':').next().unwrap().parse().unwrap();
+        }
+    };
+    Server { child, port }
+}
+
+async fn connect(port: u16) -> ScdClient<Channel> {
+    let addr = format!("http://127.0.0.1:{port}");
+    for _ in 0..600 {
+        if let Ok(ch) = Channel::from_shared(addr.clone()).unwrap().connect().await {
+            let mut c = ScdClient::new(ch);
+            if c.info(pb::InfoRequest {}).await.is_ok() {
+                return c;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server never answered");
+}
+
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+#[test]
+fn a_record_survives_kill_9_and_scd_audit_db_refuses_a_held_file() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("audit-kill9");
+    let db = dir.join("audit.redb");
+    let db_s = db.to_str().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut server = serve(&dir.join("first.log"), &["--audit-db", db_s, "--audit-level", "chunks"]);
+    let reply = rt.block_on(async {
+        let mut c = connect(server.port).await;
+        c.compress(compress_request("")).await.unwrap().into_inner()
+    });
+    assert!(!reply.chunks.is_empty());
+    assert_eq!(reply.withheld_fields, ["api_keys"]);
+
+    // While the server holds the file, --db is refused and names it.
+    let (ok, out, err) = scd(&["audit", "--db", db_s], "");
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains(&format!("--db {db_s}: the audit database is open in another process")), "stderr: {err}");
+
+    // kill -9: no drain, no clean close.
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    drop(server);
+
+    let server = serve(&dir.join("second.log"), &["--audit-db", db_s, "--audit-level", "chunks"]);
+    rt.block_on(connect(server.port));
+    let (ok, out, err) = scd(&["audit", "--server", &format!("http://127.0.0.1:{}", server.port)], "");
+    assert!(ok, "{err}");
+    let records = json_lines(&out);
+    assert_eq!(records.len(), 1, "{out}");
+    let r = &records[0];
+    assert_eq!(
+        (r["method"].as_str(), r["outcome"].as_str(), r["level"].as_str()),
+        (Some("Compress"), Some("ok"), Some("chunks"))
+    );
+    let ids: Vec<&str> = r["chunks"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    let sent: Vec<&str> = reply.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, sent, "the recorded chunk ids are the ones the reply carried");
+    assert_eq!(r["chunk_count"], sent.len());
+    assert_eq!(r["withheld"], serde_json::json!(["api_keys"]));
+    assert_eq!(r["selected_tokens"], reply.totals.as_ref().unwrap().sent_tokens);
+    assert_eq!(r["budget_tokens"], 200);
+    assert_eq!(r["task"], "Why do checkout charges time out?");
+    assert!(r["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert!(r["model"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(!out.contains(SECRET));
+    drop(server);
+
+    // The confidential content is nowhere in the database file.
+    let bytes = std::fs::read(&db).unwrap();
+    assert!(!bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()), "the secret reached the audit db");
+    assert!(bytes.windows(8).any(|w| w == b"api_keys"), "the withheld name is stored");
+
+    // With no server holding it, --db reads the same record.
+    let (ok, out, err) = scd(&["audit", "--db", db_s, "--since", "1h", "--limit", "5"], "");
+    assert!(ok, "{err}");
+    assert_eq!(json_lines(&out)[0]["chunks"], r["chunks"]);
+}
+
+#[test]
+fn serve_checks_audit_flags_before_loading_the_model() {
+    let dir = scratch("audit-args");
+    let db = dir.join("a.redb");
+    let db_s = db.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--audit-level", "loud"], "invalid value 'loud' for '--audit-level <AUDIT_LEVEL>'"),
+        (vec!["--audit-db", db_s, "--audit-max-age", "7y"], "invalid value '7y' for '--audit-max-age <AUDIT_MAX_AGE>'"),
+        (vec!["--audit-max-age", "7d"], "--audit-max-age: needs --audit-db"),
+        (vec!["--audit-db", db_s, "--audit-max-bytes", "0"], "--audit-max-bytes 0: must be at least 1"),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["--ort-lib", "/nonexistent/libonnxruntime.so", "serve", "--addr", "127.0.0.1:0"];
+        all.extend(&args);
+        let (ok, _, err) = scd(&all, "");
+        assert!(!ok, "{args:?} was accepted");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let (ok, _, err) = scd(&["audit", "--db", dir.join("none.redb").to_str().unwrap()], "");
+    assert!(!ok);
+    assert!(err.contains("none.redb: no such file"), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// In-process server over the hash encoder
+// ---------------------------------------------------------------------------
+
+fn limits() -> Limits {
+    Limits {
+        max_texts: 256,
+        max_text_bytes: 1 << 20,
+        max_fields: 256,
+        max_request_bytes: 16 << 20,
+        queue_size: 256,
+        batch_texts: 64,
+        max_batch_tokens: 8192,
+        max_concurrent_compress: 64,
+    }
+}
+
+struct InProc {
+    client: ScdClient<Channel>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(audit: Option<Arc<AuditLog>>) -> InProc {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let scd = Arc::new(Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default()));
+    let cfg = ServeConfig {
+        listener: l,
+        http_listener: None,
+        limits: limits(),
+        http: HttpLimits { max_connections: 16, header_timeout: Duration::from_secs(5) },
+        tls: None,
+        drain_timeout: Duration::from_secs(1),
+        auth: None,
+        audit,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        serve_on(scd, cfg, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap()
+    });
+    InProc { client: connect(port).await, _stop: stop }
+}
+
+async fn audit(c: &mut ScdClient<Channel>, r: pb::AuditRequest) -> Result<Vec<pb::AuditRecordMsg>, tonic::Status> {
+    let mut s = c.audit(r).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = s.next().await {
+        out.push(m?);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn audit_rpc_filters_refuses_and_records_every_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
+    let mut s = start(Some(log.clone())).await;
+
+    // Concurrent calls: every one recorded, none lost.
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let mut c = s.client.clone();
+            tokio::spawn(async move { c.compress(compress_request(&format!("s{i}"))).await.unwrap() })
+        })
+        .collect();
+    for c in calls {
+        c.await.unwrap();
+    }
+    // A session call and a refused one.
+    let open = s.client.compress(compress_request("more")).await.unwrap().into_inner();
+    let more = pb::ContextRequest {
+        session_id: "more".into(),
+        session_token: open.session_token.clone(),
+        specific_question: "What is the pool size?".into(),
+        current_confidence: 0.2,
+        ..Default::default()
+    };
+    s.client.request_context(more).await.unwrap();
+    let bad = pb::ContextRequest { session_id: "more".into(), session_token: "wrong".into(), ..Default::default() };
+    let refused = s.client.request_context(bad).await.unwrap_err();
+
+    let all = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap();
+    assert_eq!(all.len(), 43, "40 concurrent + 1 + 2 RequestContext");
+    let mut seqs: Vec<u64> = all.iter().map(|r| r.seq).collect();
+    seqs.dedup();
+    assert_eq!(seqs, (0..43).collect::<Vec<_>>());
+    assert!(all.iter().all(|r| r.level == "summary" && r.chunks.is_empty()), "summary keeps no chunk list");
+    let compresses: Vec<_> = all.iter().filter(|r| r.method == "Compress").collect();
+    assert_eq!(compresses.len(), 41);
+    assert!(compresses.iter().all(|r| r.chunk_count > 0 && r.withheld == ["api_keys"] && r.outcome == "ok"));
+    let last = &all[42];
+    assert_eq!((last.method.as_str(), last.outcome.clone()), ("RequestContext", format!("{:?}", refused.code())));
+
+    let by_session =
+        audit(&mut s.client, pb::AuditRequest { session_id: "s1".into(), ..Default::default() }).await.unwrap();
+    assert_eq!(by_session.len(), 1);
+    assert_eq!(by_session[0].session_id, "s1");
+    let more = audit(&mut s.client, pb::AuditRequest { session_id: "more".into(), limit: 2, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(more.iter().map(|r| r.method.as_str()).collect::<Vec<_>>(), ["Compress", "RequestContext"]);
+    let t = all[0].at_ms;
+    let late = audit(&mut s.client, pb::AuditRequest { since_ms: all[42].at_ms, ..Default::default() }).await.unwrap();
+    assert!(late.iter().all(|r| r.at_ms >= all[42].at_ms) && !late.is_empty());
+    let none = audit(&mut s.client, pb::AuditRequest { until_ms: t - 1, ..Default::default() }).await.unwrap();
+    assert!(none.is_empty());
+    let nobody =
+        audit(&mut s.client, pb::AuditRequest { caller: "did:key:nobody".into(), ..Default::default() }).await.unwrap();
+    assert!(nobody.is_empty(), "anonymous calls record no caller");
+
+    let err =
+        audit(&mut s.client, pb::AuditRequest { since_ms: 10, until_ms: 5, ..Default::default() }).await.unwrap_err();
+    assert_eq!((err.code(), err.message()), (Code::InvalidArgument, "since_ms: 10 is after until_ms 5"));
+
+    // The RPC streams what the log holds.
+    let a: Vec<AuditRecord> = log.query(&Default::default()).unwrap();
+    assert_eq!(a.iter().map(|r| r.seq).collect::<Vec<_>>(), seqs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_without_a_db_is_failed_precondition() {
+    let mut s = start(None).await;
+    s.client.compress(compress_request("")).await.unwrap();
+    let err = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap_err();
+    assert_eq!((err.code(), err.message()), (Code::FailedPrecondition, "audit: the server runs without --audit-db"));
+}
+
+// ---------------------------------------------------------------------------
+// ATP: a delegation records its context transfer in the planner's store
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atp_delegation_records_its_transfer_in_the_node_store() {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::identity::{DidResolver, Identity, Verifier};
+    use scd_atp::planner::{Job, Outcome, Planner};
+    use scd_atp::store::{Ledger, Store};
+
+    if !ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = scratch("audit-atp");
+    let worker =
+        crate::atp::spawn_agent_with_scd(&dir.join("w"), &scd.addr, &["--capability", "analysis:0.9:300:0.01"]);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let identity = Identity::load_or_create(&dir.join("planner.json")).unwrap();
+    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
+    let log = Arc::new(store.audit_log(AuditLevel::Chunks, Retention::default()).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
+    let node = Node::new(identity, verifier, ledger, AgentConfig::new(vec![], url, scd.addr.clone()));
+    assert!(node.set_audit(log.clone()));
+    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
+    let planner = Planner::new(node.clone(), &[worker.url()]).unwrap();
+
+    let context = scd_atp::context::ContextFile::load(&root().join("fixtures/atp_demo_context.json")).unwrap();
+    let job = Job {
+        task_id: "audited-1".into(),
+        task_type: scd_atp::pb::TaskType::Analysis,
+        task: scd_atp::context::Task::new("Why were cards charged twice after gateway timeouts?"),
+        order: scd_atp::agent::WorkOrder { title: "audited".into(), steps: 1, needs: vec![], fail: None },
+        context,
+        qos: scd_atp::pb::QoSConstraints { min_quality: 0.5, max_latency_ms: 20_000, max_cost: 1.0, min_trust: 0.0 },
+    };
+    let outcome = planner.run(&job).await.unwrap();
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+
+    let records = log.query(&Default::default()).unwrap();
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let r = &records[0];
+    assert_eq!(r.method, "AtpTransfer");
+    assert_eq!((r.caller.as_deref(), r.peer.as_deref()), (Some(node.did()), Some(worker.did.as_str())));
+    assert_eq!(r.withheld, ["gateway_credentials"]);
+    assert!(r.chunk_count > 0 && r.chunks.len() == r.chunk_count as usize);
+    assert!(r.chunks.iter().all(|c| c.field != "gateway_credentials"));
+    assert!(r.selected_tokens > 0 && r.context_tokens >= r.selected_tokens);
+    assert_eq!(r.task.as_deref(), Some("Why were cards charged twice after gateway timeouts?"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
