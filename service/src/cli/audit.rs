@@ -49,22 +49,14 @@ pub struct AuditArgs {
     /// Client private key (PEM) for mTLS; with --client-cert.
     #[arg(long, env = "SCD_CLIENT_KEY")]
     client_key: Option<PathBuf>,
+    /// A DID signing the query (`--auth did-wba` servers): it sees only its
+    /// own records.
+    #[command(flatten)]
+    sign: super::client::IdentityArgs,
 }
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
-/// `days_from_civil`).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// Unix ms of an RFC 3339 time (`2025-01-31T12:00:00Z`,
@@ -102,7 +94,7 @@ fn rfc3339_ms(s: &str) -> Option<u64> {
         }
         _ => return None,
     };
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset_min * 60;
+    let secs = scd_atp::wba_auth::days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset_min * 60;
     u64::try_from(secs * 1000 + frac_ms).ok()
 }
 
@@ -159,6 +151,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let addr = args.server.clone().expect("clap: --server or --db");
+    let signer = args.sign.signer()?;
     let tls = tls::client_config(
         &addr,
         &tls::ClientTlsFiles {
@@ -187,7 +180,7 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
         }
         let channel =
             endpoint.connect().await.map_err(|e| anyhow::anyhow!("--server {addr}: {}", tls::error_chain(&e)))?;
-        let mut client = pb::scd_client::ScdClient::new(channel);
+        let mut client = pb::scd_client::ScdClient::with_interceptor(channel, signer);
         let status = |s: tonic::Status| anyhow::anyhow!("Audit: {:?}: {}", s.code(), s.message());
         let mut stream = client.audit(req).await.map_err(status)?.into_inner();
         while let Some(msg) = stream.next().await {

@@ -110,6 +110,15 @@ pub struct ClientArgs {
     /// (backoff 100 ms doubling, capped at 2 s, with jitter).
     #[arg(long, env = "SCD_CLIENT_RETRIES", default_value_t = 5)]
     retries: u32,
+    #[command(flatten)]
+    sign: IdentityArgs,
+    #[command(subcommand)]
+    command: ClientCommand,
+}
+
+/// Who signs the calls, for `--auth did-wba` servers (`scd client`, `scd audit`).
+#[derive(Debug, clap::Args)]
+pub struct IdentityArgs {
     /// Sign every call (`--auth did-wba` servers) with this identity file's
     /// key (see `scd identity new`); a fresh nonce per call and per retry.
     #[arg(long, env = "SCD_CLIENT_IDENTITY")]
@@ -121,8 +130,29 @@ pub struct ClientArgs {
     /// The server's name (its --auth-aud), signed into the header.
     #[arg(long, env = "SCD_AUTH_AUD", default_value = "scd")]
     auth_aud: String,
-    #[command(subcommand)]
-    command: ClientCommand,
+}
+
+impl IdentityArgs {
+    /// The signer: signs as the identity, or passes calls through without one.
+    pub fn signer(&self) -> anyhow::Result<Signer> {
+        let identity = match &self.identity {
+            Some(path) => {
+                // never create a key here: a mistyped path would sign as a stranger
+                anyhow::ensure!(
+                    path.is_file(),
+                    "--identity {}: no such file (create one with `scd identity new`)",
+                    path.display()
+                );
+                let id = Identity::load_or_create(path).with_context(|| format!("--identity {}", path.display()))?;
+                Some(match &self.did {
+                    Some(did) => id.with_did(did).with_context(|| format!("--did {did}"))?,
+                    None => id,
+                })
+            }
+            None => None,
+        };
+        Ok(Signer::new(identity, &self.auth_aud))
+    }
 }
 
 /// The wire kind of an engine field kind.
@@ -335,23 +365,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             domain: args.tls_domain.clone(),
         },
     )?;
-    let identity = match &args.identity {
-        Some(path) => {
-            // never create a key here: a mistyped path would sign as a stranger
-            anyhow::ensure!(
-                path.is_file(),
-                "--identity {}: no such file (create one with `scd identity new`)",
-                path.display()
-            );
-            let id = Identity::load_or_create(path).with_context(|| format!("--identity {}", path.display()))?;
-            Some(match &args.did {
-                Some(did) => id.with_did(did).with_context(|| format!("--did {did}"))?,
-                None => id,
-            })
-        }
-        None => None,
-    };
-    let signer = Signer::new(identity, &args.auth_aud);
+    let signer = args.sign.signer()?;
     let fields = match &args.command {
         ClientCommand::Compress { context, .. } => read_context(context)?,
         _ => Vec::new(),

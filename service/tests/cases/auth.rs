@@ -490,7 +490,15 @@ fn scd_client_with_an_identity_is_accepted_by_a_real_server() {
     let made: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(made["did"], ALICE);
     assert!(dids.join("example.com/user/alice/did.json").is_file());
-    let server = crate::grpc::start(&["--auth", "did-wba", "--did-dir", dids.to_str().unwrap()]);
+    let audit_db = dir.path().join("audit.redb");
+    let server = crate::grpc::start(&[
+        "--auth",
+        "did-wba",
+        "--did-dir",
+        dids.to_str().unwrap(),
+        "--audit-db",
+        audit_db.to_str().unwrap(),
+    ]);
     let client = |extra: &[&str]| {
         let mut args = vec!["client", "--addr", server.addr.as_str(), "--retries", "40"];
         args.extend_from_slice(extra);
@@ -513,4 +521,33 @@ fn scd_client_with_an_identity_is_accepted_by_a_real_server() {
     // a key file that does not exist is an error, not a new key
     let (ok, _, stderr) = client(&["--identity", dir.path().join("nope.json").to_str().unwrap()]);
     assert!(!ok && stderr.contains("no such file (create one with `scd identity new`)"), "{stderr}");
+    // a signed compression is in the trail under the DID, and `scd audit` signs too
+    let (ok, _, stderr) = crate::scd(
+        &[
+            "client",
+            "--addr",
+            &server.addr,
+            "--identity",
+            key.to_str().unwrap(),
+            "--did",
+            ALICE,
+            "compress",
+            "--task",
+            "Why do charges fail?",
+            "--context",
+            "fixtures/agent_context.json",
+            "--budget",
+            "100",
+        ],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) =
+        crate::scd(&["audit", "--server", &server.addr, "--identity", key.to_str().unwrap(), "--did", ALICE], "");
+    assert!(ok, "{stderr}");
+    let records: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 1, "{stdout}");
+    assert_eq!((records[0]["method"].as_str(), records[0]["caller"].as_str()), (Some("Compress"), Some(ALICE)));
+    let (ok, _, stderr) = crate::scd(&["audit", "--server", &server.addr], "");
+    assert!(!ok && stderr.contains("Unauthenticated: missing Authorization header"), "{stderr}");
 }
