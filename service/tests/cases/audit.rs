@@ -9,12 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scd_atp::audit::{AuditLevel, AuditLog, AuditRecord, Retention};
-use scd_engine::encoder::HashEncoder;
-use scd_engine::extract::{Scd, ScdConfig};
-use scd_service::grpc::http::HttpLimits;
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
-use scd_service::grpc::{serve_on, Limits, ServeConfig};
+use scd_service::grpc::Limits;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -195,47 +192,16 @@ fn serve_checks_audit_flags_before_loading_the_model() {
 // In-process server over the hash encoder
 // ---------------------------------------------------------------------------
 
-fn limits() -> Limits {
-    Limits {
-        max_texts: 256,
-        max_text_bytes: 1 << 20,
-        max_fields: 256,
-        max_request_bytes: 16 << 20,
-        queue_size: 256,
-        batch_texts: 64,
-        max_batch_tokens: 8192,
-        max_concurrent_compress: 64,
-    }
-}
-
 struct InProc {
     client: ScdClient<Channel>,
-    _stop: tokio::sync::oneshot::Sender<()>,
+    _server: crate::inproc::InProc,
 }
 
 async fn start(audit: Option<Arc<AuditLog>>) -> InProc {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let scd = Arc::new(Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default()));
-    let cfg = ServeConfig {
-        listener: l,
-        http_listener: None,
-        limits: limits(),
-        http: HttpLimits { max_connections: 16, header_timeout: Duration::from_secs(5) },
-        tls: None,
-        drain_timeout: Duration::from_secs(1),
-        auth: None,
-        audit,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        serve_on(scd, cfg, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap()
-    });
-    InProc { client: connect(port).await, _stop: stop }
+    let limits = Limits { max_concurrent_compress: 64, ..crate::inproc::limits() };
+    let s = crate::inproc::start(crate::inproc::Options { limits, audit, ..Default::default() });
+    let port: u16 = s.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    InProc { client: connect(port).await, _server: s }
 }
 
 async fn audit(c: &mut ScdClient<Channel>, r: pb::AuditRequest) -> Result<Vec<pb::AuditRecordMsg>, tonic::Status> {

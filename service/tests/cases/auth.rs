@@ -13,40 +13,19 @@ use std::time::Duration;
 use scd_atp::audit::{AuditLevel, AuditLog, Retention};
 use scd_atp::identity::{now_s, Identity};
 use scd_atp::wba_auth::{format_rfc3339_utc, sign_header, sign_header_with, WbaAuthenticator};
-use scd_engine::encoder::HashEncoder;
-use scd_engine::extract::{Scd, ScdConfig};
 use scd_service::grpc::auth::AuthConfig;
 use scd_service::grpc::http::HttpLimits;
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
-use scd_service::grpc::{serve_on, Limits, ServeConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::grpc::compress_req;
+use crate::inproc::{InProc, Options};
 
 const ALICE: &str = "did:wba:example.com:user:alice";
 const BOB: &str = "did:wba:example.com:user:bob";
-
-struct InProc {
-    grpc: String,
-    http: SocketAddr,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-fn limits() -> Limits {
-    Limits {
-        max_texts: 256,
-        max_text_bytes: 1 << 20,
-        max_fields: 256,
-        max_request_bytes: 16 << 20,
-        queue_size: 256,
-        batch_texts: 64,
-        max_batch_tokens: 8192,
-        max_concurrent_compress: 8,
-    }
-}
 
 /// An in-process server with `--auth did-wba` over `dir`.
 async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
@@ -54,40 +33,15 @@ async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
 }
 
 async fn start_with(dir: &Path, rate_per_s: f64, burst: u32, audit: Option<Arc<AuditLog>>) -> InProc {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let h = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let (grpc, http) = (l.local_addr().unwrap(), h.local_addr().unwrap());
-    let scd = Arc::new(Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default()));
-    let cfg = ServeConfig {
-        listener: l,
-        http_listener: Some(h),
-        limits: limits(),
+    let s = crate::inproc::start(Options {
         http: HttpLimits { max_connections: 64, header_timeout: Duration::from_secs(5) },
-        tls: None,
-        drain_timeout: Duration::from_secs(1),
         auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
         audit,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        serve_on(scd, cfg, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap()
+        ..Default::default()
     });
-    let s = InProc { grpc: format!("http://{grpc}"), http, _stop: stop };
-    // health stays open without a header: wait for SERVING through it
-    let ch = Channel::from_shared(s.grpc.clone()).unwrap().connect_lazy();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(ch);
-    for _ in 0..200 {
-        let r = health.check(tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() }).await;
-        if r.is_ok_and(|r| r.into_inner().status == 1) {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("in-process server never became SERVING");
+    // health stays open without a header
+    crate::inproc::wait_serving(&s).await;
+    s
 }
 
 fn identities(dir: &Path) -> (Identity, Identity) {

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, HashEncoder};
-use scd_engine::extract::{Scd, ScdConfig};
 use scd_service::grpc::http::HttpLimits;
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
-use scd_service::grpc::{serve_on, Limits, ServeConfig};
+use scd_service::grpc::Limits;
+
+use crate::inproc::{InProc, Options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -68,53 +69,15 @@ impl Encoder for TestEncoder {
 }
 
 fn limits() -> Limits {
-    Limits {
-        max_texts: 256,
-        max_text_bytes: 1 << 20,
-        max_fields: 256,
-        max_request_bytes: 16 << 20,
-        queue_size: 256,
-        batch_texts: 64,
-        max_batch_tokens: 8192,
-        max_concurrent_compress: 8,
-    }
+    crate::inproc::limits()
 }
 
 fn http_limits() -> HttpLimits {
     HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) }
 }
 
-/// A server running in this process; stops when dropped.
-struct InProc {
-    grpc: String,
-    http: SocketAddr,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
 async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> InProc {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let h = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let (grpc, http_addr) = (l.local_addr().unwrap(), h.local_addr().unwrap());
-    let scd = Arc::new(Scd::new(encoder, ScdConfig::default()));
-    let cfg = ServeConfig {
-        listener: l,
-        http_listener: Some(h),
-        limits,
-        http,
-        tls: None,
-        drain_timeout: Duration::from_secs(1),
-        auth: None,
-        audit: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        serve_on(scd, cfg, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap()
-    });
-    InProc { grpc: format!("http://{grpc}"), http: http_addr, _stop: stop }
+    crate::inproc::start(Options { encoder, limits, http, ..Default::default() })
 }
 
 async fn health(addr: &str, service: &str) -> i32 {
