@@ -226,6 +226,7 @@ async fn start(audit: Option<Arc<AuditLog>>) -> InProc {
         drain_timeout: Duration::from_secs(1),
         auth: None,
         audit,
+        a2a: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

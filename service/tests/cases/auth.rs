@@ -67,6 +67,7 @@ async fn start_with(dir: &Path, rate_per_s: f64, burst: u32, audit: Option<Arc<A
         drain_timeout: Duration::from_secs(1),
         auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
         audit,
+        a2a: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

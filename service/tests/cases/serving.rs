@@ -105,6 +105,7 @@ async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> I
         drain_timeout: Duration::from_secs(1),
         auth: None,
         audit: None,
+        a2a: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
