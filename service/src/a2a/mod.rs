@@ -171,10 +171,16 @@ pub struct A2aConfig {
     pub store: StoreLimits,
     /// Largest request body (`--max-request-bytes`).
     pub max_request_bytes: usize,
-    /// The gRPC listener's URL, listed in the card as SCD's own binding.
-    pub grpc_url: String,
+    /// The gRPC listener, listed in the card as SCD's own binding (on the
+    /// card's host).
+    pub grpc_addr: std::net::SocketAddr,
+    /// `http` or `https` (TLS) for the gRPC listener.
+    pub grpc_scheme: &'static str,
     /// `--auth did-wba` is on (the card declares the DIDWba scheme).
     pub did_wba: bool,
+    /// The URL clients reach the HTTP listener at (`--a2a-public-url`);
+    /// `None`: `http://` and the request's Host header.
+    pub public_url: Option<String>,
 }
 
 /// The agent: the task store over the in-process [`ScdService`].
@@ -188,7 +194,8 @@ pub struct Agent {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CompressInput {
-    task: String,
+    #[serde(default)]
+    task: Option<String>,
     context: scd_engine::context::Context,
     budget: u32,
     #[serde(default)]
@@ -339,16 +346,27 @@ impl Agent {
         &self.store
     }
 
+    /// The gRPC listener's URL on `base`'s host.
+    fn grpc_url(&self, base: &str) -> String {
+        let rest = base.split_once("://").map_or(base, |(_, r)| r);
+        let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
+        let host = match hostport.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => hostport,
+        };
+        format!("{}://{host}:{}", self.cfg.grpc_scheme, self.cfg.grpc_addr.port())
+    }
+
     /// The agent card, with URLs on `base` (`http://host:port`).
     pub fn card(&self, base: &str) -> Value {
         let mut card = json!({
             "name": "SCD",
-            "description": "Sufficient Context Distillation: give it a task, an agent context and a token budget; it answers the minimal sufficient context (chunks ranked by relevance, confidential fields withheld) and, in the same contextId, more context on request.",
+            "description": "Sufficient Context Distillation: give it a task, an agent context and a budget; it answers the minimal sufficient context (chunks ranked by relevance, confidential fields withheld) and, in the same contextId, more context on request.",
             "version": env!("CARGO_PKG_VERSION"),
             "supportedInterfaces": [
                 {"url": format!("{base}/"), "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
                 {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": PROTOCOL_VERSION},
-                {"url": self.cfg.grpc_url, "protocolBinding": "scd.v1.Scd", "protocolVersion": "1"}
+                {"url": self.grpc_url(base), "protocolBinding": "scd.v1.Scd", "protocolVersion": "1"}
             ],
             "provider": {"organization": "SCD", "url": base},
             "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},
@@ -435,7 +453,27 @@ impl Agent {
                 )));
             }
         }
-        let input = classify(&req.message)?;
+        let mut input = classify(&req.message)?;
+        if let Input::Compress(c) = &mut input {
+            if c.task.as_deref().is_none_or(|t| t.trim().is_empty()) {
+                // the task is the text sent before in this taskId
+                let earlier = match &req.message.task_id {
+                    Some(id) => self.store.get(id, caller)?.history,
+                    None => Vec::new(),
+                };
+                let text: Vec<&str> = earlier
+                    .iter()
+                    .filter(|m| m.role == Role::User)
+                    .flat_map(|m| m.parts.iter().filter_map(|p| p.text.as_deref()))
+                    .collect();
+                if text.is_empty() {
+                    return Err(Error::InvalidParams(
+                        "message.parts: data.task is required (or send the task as text first, then the data part in its taskId)".into(),
+                    ));
+                }
+                c.task = Some(text.join("\n"));
+            }
+        }
         let task = match &req.message.task_id {
             Some(id) => self.store.continue_task(id, caller, req.message.clone(), TaskState::Working)?,
             None => {
@@ -478,7 +516,7 @@ impl Agent {
             Some(RenderFormat::StructuredSoft) => pb::ReportFormat::StructuredSoft,
         };
         let r = pb::CompressRequest {
-            task: Some(pb::Task { description: input.task, ..Default::default() }),
+            task: Some(pb::Task { description: input.task.unwrap_or_default(), ..Default::default() }),
             fields: input
                 .context
                 .fields
@@ -553,10 +591,13 @@ impl Agent {
         caller: Option<String>,
     ) -> Outcome {
         let Some(session) = self.store.session(context_id) else {
+            // the task stays working on the question, waiting for its
+            // context (a status message with TASK_STATE_WORKING: see
+            // `ends_stream`)
             return Outcome {
-                state: TaskState::InputRequired,
+                state: TaskState::Working,
                 note: format!(
-                    "contextId {context_id} has no context yet: send a data part {{task, context: {{fields}}, budget}} (skill compress-context); questions (skill more-context) follow it"
+                    "waiting for the context: send a data part {{context: {{fields}}, budget}} in this taskId (this text is the task) or {{task, context, budget}} in contextId {context_id}; questions (skill more-context) follow a compression"
                 ),
                 artifact: None,
             };
@@ -684,9 +725,13 @@ impl Agent {
     }
 }
 
-/// A stream ends at a terminal state or when the agent waits for input.
-fn ends_stream(s: TaskState) -> bool {
-    s.is_terminal() || matches!(s, TaskState::InputRequired | TaskState::AuthRequired)
+/// A stream ends at a terminal state or when the agent waits for input
+/// (input-required, or working with an agent message: a question waiting
+/// for its context).
+fn ends_stream(s: &types::TaskStatus) -> bool {
+    s.state.is_terminal()
+        || matches!(s.state, TaskState::InputRequired | TaskState::AuthRequired)
+        || (s.state == TaskState::Working && s.message.is_some())
 }
 
 impl Agent {
@@ -703,7 +748,7 @@ impl Agent {
         let me = self.clone();
         tokio::spawn(async move {
             let (id, ctx) = (task.id.clone(), task.context_id.clone());
-            let done = ends_stream(task.status.state);
+            let done = ends_stream(&task.status);
             if tx.send(json!({"task": task})).await.is_err() || done {
                 return;
             }
@@ -714,12 +759,12 @@ impl Agent {
                         false,
                     ),
                     Ok(store::Event::Status(s)) => {
-                        let end = ends_stream(s.state);
+                        let end = ends_stream(&s);
                         (json!({"statusUpdate": {"taskId": id, "contextId": ctx, "status": s}}), end)
                     }
                     Err(RecvError::Lagged(_)) => match me.store.get(&id, caller.as_deref()) {
                         Ok(t) => {
-                            let end = ends_stream(t.status.state);
+                            let end = ends_stream(&t.status);
                             (json!({"task": t}), end)
                         }
                         Err(_) => break,

@@ -86,8 +86,14 @@ async fn body_json(agent: &Agent, body: Body) -> Result<Value, Error> {
 
 /// `GET /.well-known/agent-card.json`.
 pub async fn card(State(agent): State<Arc<Agent>>, headers: HeaderMap) -> Response {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
-    json_response(StatusCode::OK, &agent.card(&format!("http://{host}")))
+    let base = match &agent.config().public_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => {
+            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
+            format!("http://{host}")
+        }
+    };
+    json_response(StatusCode::OK, &agent.card(&base))
 }
 
 /// `POST /message:send`.

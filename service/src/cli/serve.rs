@@ -121,6 +121,11 @@ pub struct ServeArgs {
     /// Seconds an A2A task (and its context's session binding) is kept after its last update.
     #[arg(long, env = "SCD_A2A_TASK_TTL_S", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_task_ttl_s: u64,
+    /// The URL A2A clients reach --http-addr at (behind a proxy, or a
+    /// name instead of an address), written into the agent card; unset:
+    /// http:// and each request's Host header.
+    #[arg(long, env = "SCD_A2A_PUBLIC_URL")]
+    a2a_public_url: Option<String>,
     /// Audit trail database (redb): Compress, OpenSession and RequestContext
     /// are recorded before they answer; unset records nothing.
     #[arg(long, env = "SCD_AUDIT_DB")]
@@ -215,6 +220,12 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(b) = args.audit_max_bytes {
         anyhow::ensure!(b > 0, "--audit-max-bytes {b}: must be at least 1");
     }
+    if let Some(u) = &args.a2a_public_url {
+        anyhow::ensure!(
+            (u.starts_with("http://") || u.starts_with("https://")) && u.len() > "https://".len(),
+            "--a2a-public-url {u}: must be an http:// or https:// URL"
+        );
+    }
     if let Some(http) = args.http_addr {
         anyhow::ensure!(
             http.port() == 0 || http != args.addr,
@@ -307,6 +318,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             auth,
             audit,
             a2a: a2a_limits(&args),
+            a2a_public_url: args.a2a_public_url.clone(),
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

@@ -46,6 +46,9 @@ pub struct ServeConfig {
     pub audit: Option<Arc<scd_atp::audit::AuditLog>>,
     /// A2A task store bounds (the A2A routes are on the HTTP listener).
     pub a2a: crate::a2a::store::StoreLimits,
+    /// The HTTP listener's public URL for the agent card (`None`: the
+    /// request's Host); the gRPC interface is listed on its host.
+    pub a2a_public_url: Option<String>,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -82,8 +85,10 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             crate::a2a::A2aConfig {
                 store: cfg.a2a,
                 max_request_bytes: cfg.limits.max_request_bytes,
-                grpc_url: format!("{scheme}://{local}"),
+                grpc_addr: local,
+                grpc_scheme: scheme,
                 did_wba: auth.is_some(),
+                public_url: cfg.a2a_public_url.clone(),
             },
         );
         println!("A2A agent card on http://{}/.well-known/agent-card.json", l.local_addr()?);

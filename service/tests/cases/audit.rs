@@ -227,6 +227,7 @@ async fn start(audit: Option<Arc<AuditLog>>) -> InProc {
         auth: None,
         audit,
         a2a: Default::default(),
+        a2a_public_url: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

@@ -68,6 +68,7 @@ async fn start_with(dir: &Path, rate_per_s: f64, burst: u32, audit: Option<Arc<A
         auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
         audit,
         a2a: Default::default(),
+        a2a_public_url: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

@@ -106,6 +106,7 @@ async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> I
         auth: None,
         audit: None,
         a2a: Default::default(),
+        a2a_public_url: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
