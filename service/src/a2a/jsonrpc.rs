@@ -113,6 +113,18 @@ pub async fn handle(
         return reply(&id, Err(e));
     }
     let who = caller.as_deref();
+    // a streaming method's error goes in the stream the client asked for
+    let wants_sse =
+        headers.get(header::ACCEPT).and_then(|a| a.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
+    let stream_error = |id: Value, e: Error| {
+        if wants_sse {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            let _ = tx.try_send(json!({"jsonrpc": "2.0", "id": id, "error": e.to_json()}));
+            sse(tokio_stream::wrappers::ReceiverStream::new(rx), |v| v)
+        } else {
+            reply(&id, Err(e))
+        }
+    };
     let result = match method.as_str() {
         "SendMessage" => match params(p) {
             Ok(r) => agent.send(r, caller.clone()).await.map(|t| json!({"task": t})),
@@ -121,13 +133,13 @@ pub async fn handle(
         "SendStreamingMessage" => {
             return match params(p).and_then(|r| agent.send_streaming(r, caller.clone())) {
                 Ok(s) => sse(s, move |v| json!({"jsonrpc": "2.0", "id": id, "result": v})),
-                Err(e) => reply(&id, Err(e)),
+                Err(e) => stream_error(id, e),
             }
         }
         "SubscribeToTask" => {
             return match params(p).and_then(|r| agent.subscribe(r, caller.clone())) {
                 Ok(s) => sse(s, move |v| json!({"jsonrpc": "2.0", "id": id, "result": v})),
-                Err(e) => reply(&id, Err(e)),
+                Err(e) => stream_error(id, e),
             }
         }
         "GetTask" => params(p).and_then(|r| agent.get(r, who)).map(|t| json!(t)),

@@ -311,6 +311,23 @@ fn classify(m: &Message) -> Result<Input, Error> {
     Ok(Input::Question { text, confidence })
 }
 
+/// The message as the task's history keeps it: confidential fields'
+/// content replaced (history is sent back in replies).
+fn redacted(m: &Message) -> Message {
+    let mut m = m.clone();
+    for p in &mut m.parts {
+        let fields = p.data.as_mut().and_then(|d| d.pointer_mut("/context/fields")).and_then(Value::as_array_mut);
+        for f in fields.into_iter().flatten() {
+            if f.get("confidential") == Some(&Value::Bool(true)) {
+                if let Some(c) = f.get_mut("content") {
+                    *c = json!("[withheld: confidential]");
+                }
+            }
+        }
+    }
+    m
+}
+
 /// How an engine error ends a task: bad input rejects it, overload and the
 /// rest fail it.
 fn failed_state(s: &tonic::Status) -> TaskState {
@@ -475,12 +492,12 @@ impl Agent {
             }
         }
         let task = match &req.message.task_id {
-            Some(id) => self.store.continue_task(id, caller, req.message.clone(), TaskState::Working)?,
+            Some(id) => self.store.continue_task(id, caller, redacted(&req.message), TaskState::Working)?,
             None => {
                 let t = self.store.create(
                     req.message.context_id.clone(),
                     caller,
-                    req.message.clone(),
+                    redacted(&req.message),
                     TaskState::Submitted,
                 )?;
                 self.store.update(&t.id, TaskState::Working, None, None)?
@@ -870,7 +887,7 @@ mod tests {
         assert_eq!(e.code(), -32602);
         assert!(
             e.to_string()
-                .starts_with("invalid params: message.parts[0].data.context.fields[0]: unknown field `secret`"),
+                .starts_with("invalid params: message.parts[0].data.context.fields[0].secret: unknown field `secret`"),
             "{e}"
         );
         let Err(e) = classify(&msg(json!([{"data": {"task": "t", "context": {"fields": []}, "budget": 0}}]))) else {
@@ -881,6 +898,18 @@ mod tests {
         assert_eq!(e.code(), -32005);
         let Err(e) = classify(&msg(json!([{"text": "a", "data": {}}]))) else { panic!() };
         assert!(e.to_string().contains("exactly one of text, raw, url or data, got 2"));
+    }
+
+    #[test]
+    fn history_keeps_no_confidential_content() {
+        let m = msg(json!([{"data": {"task": "t", "budget": 9, "context": {"fields": [
+            {"name": "k", "content": "sk_live_SECRET_4242", "confidential": true},
+            {"name": "p", "content": "public"}]}}}]));
+        let r = serde_json::to_string(&redacted(&m)).unwrap();
+        assert!(
+            !r.contains("sk_live_SECRET_4242") && r.contains("public") && r.contains("[withheld: confidential]"),
+            "{r}"
+        );
     }
 
     #[test]
