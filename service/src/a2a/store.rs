@@ -306,7 +306,7 @@ impl Store {
             .filter(|e| filter.updated_after.is_none_or(|t| e.updated > t))
             .map(|e| (e, e.seq))
             .collect();
-        hits.sort_by(|a, b| b.1.cmp(&a.1));
+        hits.sort_by_key(|h| std::cmp::Reverse(h.1));
         hits.into_iter().map(|(e, _)| e.task.clone()).collect()
     }
 
