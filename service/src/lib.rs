@@ -5,6 +5,7 @@
 //! process's tracing subscriber ([`telemetry`]), and TLS ([`tls`]).
 #![warn(missing_docs)]
 
+pub mod a2a;
 pub mod cli;
 pub mod config;
 #[doc(hidden)]

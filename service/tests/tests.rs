@@ -6,6 +6,8 @@ use std::process::{Command, Stdio};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
+#[path = "cases/a2a.rs"]
+mod a2a;
 #[path = "cases/atp.rs"]
 mod atp;
 #[path = "cases/atp_context.rs"]
@@ -889,6 +891,8 @@ mod inproc {
             drain_timeout: Duration::from_secs(1),
             auth: o.auth,
             audit: o.audit,
+            a2a: Default::default(),
+            a2a_public_url: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {

@@ -114,6 +114,18 @@ pub struct ServeArgs {
     /// Requests each DID may make at once after being idle (bucket size).
     #[arg(long, env = "SCD_AUTH_BURST", default_value_t = 100)]
     auth_burst: u32,
+    /// A2A tasks held at once (and contexts); past it SendMessage answers
+    /// a resource-exhausted error until tasks expire.
+    #[arg(long, env = "SCD_A2A_MAX_TASKS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    a2a_max_tasks: u64,
+    /// Seconds an A2A task (and its context's session binding) is kept after its last update.
+    #[arg(long, env = "SCD_A2A_TASK_TTL_S", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    a2a_task_ttl_s: u64,
+    /// The URL A2A clients reach --http-addr at (behind a proxy, or a
+    /// name instead of an address), written into the agent card; unset:
+    /// http:// and each request's Host header.
+    #[arg(long, env = "SCD_A2A_PUBLIC_URL")]
+    a2a_public_url: Option<String>,
     /// Audit trail database (redb): Compress, OpenSession and RequestContext
     /// are recorded before they answer; unset records nothing.
     #[arg(long, env = "SCD_AUDIT_DB")]
@@ -208,6 +220,12 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(b) = args.audit_max_bytes {
         anyhow::ensure!(b > 0, "--audit-max-bytes {b}: must be at least 1");
     }
+    if let Some(u) = &args.a2a_public_url {
+        anyhow::ensure!(
+            (u.starts_with("http://") || u.starts_with("https://")) && u.len() > "https://".len(),
+            "--a2a-public-url {u}: must be an http:// or https:// URL"
+        );
+    }
     if let Some(http) = args.http_addr {
         anyhow::ensure!(
             http.port() == 0 || http != args.addr,
@@ -224,6 +242,14 @@ fn bind(flag: &str, what: &str, addr: SocketAddr) -> anyhow::Result<std::net::Tc
         std::io::ErrorKind::AddrInUse => anyhow::anyhow!("{flag} {addr} ({what}) is already in use"),
         _ => anyhow::anyhow!("{flag} {addr} ({what}): cannot listen: {e}"),
     })
+}
+
+fn a2a_limits(args: &ServeArgs) -> crate::a2a::store::StoreLimits {
+    crate::a2a::store::StoreLimits {
+        max_tasks: usize::try_from(args.a2a_max_tasks).unwrap_or(usize::MAX),
+        ttl: Duration::from_secs(args.a2a_task_ttl_s),
+        ..Default::default()
+    }
 }
 
 /// Runs `scd serve`: checks the arguments and TLS files, binds the
@@ -291,6 +317,8 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),
             auth,
             audit,
+            a2a: a2a_limits(&args),
+            a2a_public_url: args.a2a_public_url.clone(),
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

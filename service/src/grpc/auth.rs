@@ -335,6 +335,10 @@ pub async fn http_middleware(
             None => (StatusCode::NOT_FOUND, "no such DID document\n").into_response(),
         };
     }
+    // discovery: the A2A agent card is public (it declares the scheme)
+    if req.method() == http::Method::GET && req.uri().path() == "/.well-known/agent-card.json" {
+        return next.run(req).await;
+    }
     match auth.admit(req.headers()) {
         Ok(did) => {
             req.extensions_mut().insert(AuthenticatedDid(did));

@@ -367,7 +367,7 @@ struct Forward {
 impl ScdService {
     /// [`ScdService::compress_inner`], recorded as `method` in the audit
     /// trail (when there is one) before it answers.
-    async fn compress_audited(
+    pub(crate) async fn compress_audited(
         &self,
         method: &str,
         r: pb::CompressRequest,
@@ -387,6 +387,67 @@ impl ScdService {
         let res = self.compress_inner(r, deadline, caller, open).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
             audit::fill_from_compress(rec, reply);
+        }
+        self.record_audit(rec, res).await
+    }
+}
+
+impl ScdService {
+    /// RequestContext, recorded as `method` in the audit trail (when there
+    /// is one) before it answers; a `report` sets the question and the
+    /// confidence.
+    pub(crate) async fn request_context_audited(
+        &self,
+        method: &str,
+        r: pb::ContextRequest,
+        d: Option<Instant>,
+        who: Option<String>,
+        from: Option<String>,
+    ) -> Result<pb::ContextResponse, Status> {
+        let mut rec = self.audit_record(method, who.clone(), from);
+        if let Some(rec) = rec.as_mut() {
+            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+            rec.set_task(&r.specific_question);
+        }
+        if let Err(s) = empty_session(&r.session_id) {
+            return self.record_audit(rec, Err(s)).await;
+        }
+        let mut req = ContextRequest {
+            session_id: r.session_id,
+            session_token: r.session_token,
+            caller: who,
+            specific_question: r.specific_question,
+            current_confidence: r.current_confidence,
+            reasoning: r.reasoning,
+            chunk_ids: r.chunk_ids,
+        };
+        if !r.report.is_empty() {
+            if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.scd.config().confidence_map) {
+                return self.record_audit(rec, Err(s)).await;
+            }
+            // the question may have come from the report's next step
+            if let Some(rec) = rec.as_mut() {
+                rec.set_task(&req.specific_question);
+            }
+        }
+        let start = Instant::now();
+        let res =
+            self.blocking(d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(|(more, total)| {
+                pb::ContextResponse {
+                    chunks: more.chunks.iter().map(convert::chunk).collect(),
+                    remaining_tokens: more.remaining_tokens as u32,
+                    reason: more.reason.unwrap_or_default(),
+                    timing: Some(pb::Timing {
+                        queue_ms: 0.0,
+                        inference_ms: 0.0,
+                        selection_ms: ms(start),
+                        total_ms: total,
+                    }),
+                }
+            });
+        if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
+            audit::fill_chunks(rec, &reply.chunks);
+            audit::fill_timing(rec, reply.timing.as_ref());
         }
         self.record_audit(rec, res).await
     }
@@ -461,53 +522,7 @@ impl pb::scd_server::Scd for ScdHandler {
         request: Request<pb::ContextRequest>,
     ) -> Result<Response<pb::ContextResponse>, Status> {
         let (d, who, from) = (deadline(&request), caller(&request), peer(&request));
-        let r = request.into_inner();
-        let mut rec = self.audit_record("RequestContext", who.clone(), from);
-        if let Some(rec) = rec.as_mut() {
-            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
-            rec.set_task(&r.specific_question);
-        }
-        if let Err(s) = empty_session(&r.session_id) {
-            return self.record_audit(rec, Err(s)).await;
-        }
-        let mut req = ContextRequest {
-            session_id: r.session_id,
-            session_token: r.session_token,
-            caller: who,
-            specific_question: r.specific_question,
-            current_confidence: r.current_confidence,
-            reasoning: r.reasoning,
-            chunk_ids: r.chunk_ids,
-        };
-        if !r.report.is_empty() {
-            if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.scd.config().confidence_map) {
-                return self.record_audit(rec, Err(s)).await;
-            }
-            // the question may have come from the report's next step
-            if let Some(rec) = rec.as_mut() {
-                rec.set_task(&req.specific_question);
-            }
-        }
-        let start = Instant::now();
-        let res =
-            self.blocking(d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(|(more, total)| {
-                pb::ContextResponse {
-                    chunks: more.chunks.iter().map(convert::chunk).collect(),
-                    remaining_tokens: more.remaining_tokens as u32,
-                    reason: more.reason.unwrap_or_default(),
-                    timing: Some(pb::Timing {
-                        queue_ms: 0.0,
-                        inference_ms: 0.0,
-                        selection_ms: ms(start),
-                        total_ms: total,
-                    }),
-                }
-            });
-        if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
-            audit::fill_chunks(rec, &reply.chunks);
-            audit::fill_timing(rec, reply.timing.as_ref());
-        }
-        self.record_audit(rec, res).await.map(Response::new)
+        self.request_context_audited("RequestContext", request.into_inner(), d, who, from).await.map(Response::new)
     }
 
     async fn open_session(

@@ -44,6 +44,11 @@ pub struct ServeConfig {
     pub auth: Option<AuthConfig>,
     /// The audit trail (`--audit-db`); `None` records nothing.
     pub audit: Option<Arc<scd_atp::audit::AuditLog>>,
+    /// A2A task store bounds (the A2A routes are on the HTTP listener).
+    pub a2a: crate::a2a::store::StoreLimits,
+    /// The HTTP listener's public URL for the agent card (`None`: the
+    /// request's Host); the gRPC interface is listed on its host.
+    pub a2a_public_url: Option<String>,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -74,7 +79,20 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     if let Some(http) = cfg.http_listener {
         let l = tokio_listener(http)?;
         println!("metrics on http://{}/metrics", l.local_addr()?);
-        tokio::spawn(serve_metrics(l, service.clone(), cfg.http, auth.clone()));
+        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+        let agent = crate::a2a::Agent::new(
+            service.clone(),
+            crate::a2a::A2aConfig {
+                store: cfg.a2a,
+                max_request_bytes: cfg.limits.max_request_bytes,
+                grpc_addr: local,
+                grpc_scheme: scheme,
+                did_wba: auth.is_some(),
+                public_url: cfg.a2a_public_url.clone(),
+            },
+        );
+        println!("A2A agent card on http://{}/.well-known/agent-card.json", l.local_addr()?);
+        tokio::spawn(serve_metrics(l, service.clone(), cfg.http, auth.clone(), Some(Arc::new(agent))));
     }
     println!("listening on {local}");
     info!(addr = %local, tls = cfg.tls.is_some(), auth = auth.is_some(), "gRPC listener");

@@ -1,0 +1,953 @@
+//! A2A v1.0: SCD as a remote agent on the HTTP listener (`--http-addr`),
+//! beside `/metrics`.
+//!
+//! - `GET /.well-known/agent-card.json`: the agent card (public, also under
+//!   `--auth did-wba`), skills `compress-context` and `more-context`.
+//! - `POST /`: JSON-RPC 2.0 ([`jsonrpc`]): `SendMessage`,
+//!   `SendStreamingMessage` (SSE), `GetTask`, `ListTasks`, `CancelTask`,
+//!   `SubscribeToTask`.
+//! - The HTTP+JSON binding ([`rest`]): `POST /message:send`,
+//!   `POST /message:stream`, `GET /tasks`, `GET /tasks/{id}`,
+//!   `POST /tasks/{id}:cancel`, `GET /tasks/{id}:subscribe`.
+//!
+//! A message whose data part is `{task, context: {fields}, budget,
+//! required?, optional?, threshold?, min_relative_score?, render?}` runs
+//! Compress and completes its task with an artifact: a data part (chunks,
+//! totals, dropped manifest, withheld field names) and a text part (the
+//! selection, or the hand-off report when `render` is given). It opens an
+//! SCD session for the task's `contextId`; the session token stays on the
+//! server. A text part alone on that context is a question
+//! (RequestContext: `specific_question`; `metadata.currentConfidence`, or a
+//! hand-off report's confidence): the next task of the context answers with
+//! the chunks the receiver does not have yet. A text part on a context
+//! without a session leaves its task `TASK_STATE_INPUT_REQUIRED`.
+//!
+//! Tasks live in a bounded [`store`] (`--a2a-max-tasks`, `--a2a-task-ttl-s`);
+//! terminal states never change. Under `--auth did-wba` tasks and contexts
+//! are bound to the caller's DID: another caller's task is not found.
+//!
+//! ```text
+//! curl -s localhost:9090/ -d '{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":
+//!   {"messageId":"m1","role":"ROLE_USER","parts":[{"data":{"task":"fix checkout",
+//!   "context":{"fields":[{"name":"logs","kind":"log","content":"..."}]},"budget":200}}]}}}'
+//! ```
+
+pub mod jsonrpc;
+pub mod rest;
+pub mod store;
+pub mod types;
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tracing::debug;
+
+use crate::grpc::{pb, ScdService};
+use store::{Session, Store, StoreLimits};
+use types::{Artifact, Message, Part, Role, SendMessageRequest, Task, TaskState};
+
+/// The protocol version served.
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// Errors of the A2A layer, each with its JSON-RPC code and HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `-32700`.
+    #[error("invalid JSON payload: {0}")]
+    Parse(String),
+    /// `-32600`.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// `-32601`.
+    #[error("method not found: {0}")]
+    MethodNotFound(String),
+    /// `-32602`.
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
+    /// `-32603`.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// `-32001`.
+    #[error("task {0} not found")]
+    TaskNotFound(String),
+    /// `-32002`.
+    #[error("task {id} is {} and cannot be canceled", state.name())]
+    NotCancelable {
+        /// The task.
+        id: String,
+        /// Its (terminal) state.
+        state: TaskState,
+    },
+    /// `-32003`.
+    #[error("push notifications are not supported (capabilities.pushNotifications is false)")]
+    PushNotSupported,
+    /// `-32004`.
+    #[error("unsupported operation: {0}")]
+    Unsupported(String),
+    /// `-32004`: a message or update for a task in a terminal state.
+    #[error("unsupported operation: task {id} is {} (terminal, immutable); send a new message in its contextId instead", state.name())]
+    Terminal {
+        /// The task.
+        id: String,
+        /// Its state.
+        state: TaskState,
+    },
+    /// `-32005`.
+    #[error("content type not supported: {0}")]
+    ContentType(String),
+    /// `-32007`.
+    #[error("extended agent card not configured")]
+    NoExtendedCard,
+    /// `-32009`.
+    #[error("A2A-Version {0}: not supported; this agent speaks {PROTOCOL_VERSION}")]
+    Version(String),
+    /// `-32000`: a bounded store is full.
+    #[error("resource exhausted: {what} holds {limit} (the limit, {flag}); retry after {retry_after_s} s")]
+    Exhausted {
+        /// What is full.
+        what: &'static str,
+        /// Its bound.
+        limit: usize,
+        /// The flag that sets it.
+        flag: &'static str,
+        /// When to retry.
+        retry_after_s: u64,
+    },
+    /// `-32000`: the engine's queue is full.
+    #[error("resource exhausted: {0}")]
+    Overloaded(String),
+}
+
+impl Error {
+    /// The JSON-RPC error code.
+    pub fn code(&self) -> i64 {
+        match self {
+            Self::Parse(_) => -32700,
+            Self::InvalidRequest(_) => -32600,
+            Self::MethodNotFound(_) => -32601,
+            Self::InvalidParams(_) => -32602,
+            Self::Internal(_) => -32603,
+            Self::TaskNotFound(_) => -32001,
+            Self::NotCancelable { .. } => -32002,
+            Self::PushNotSupported => -32003,
+            Self::Unsupported(_) | Self::Terminal { .. } => -32004,
+            Self::ContentType(_) => -32005,
+            Self::NoExtendedCard => -32007,
+            Self::Version(_) => -32009,
+            Self::Exhausted { .. } | Self::Overloaded(_) => -32000,
+        }
+    }
+
+    /// The HTTP status of the REST binding.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            Self::TaskNotFound(_) | Self::MethodNotFound(_) => StatusCode::NOT_FOUND,
+            Self::NotCancelable { .. } => StatusCode::CONFLICT,
+            Self::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Exhausted { .. } | Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The JSON-RPC `error` object.
+    pub fn to_json(&self) -> Value {
+        let mut e = json!({"code": self.code(), "message": self.to_string()});
+        match self {
+            Self::Exhausted { retry_after_s, .. } => e["data"] = json!({"retryAfterMs": retry_after_s * 1000}),
+            Self::Overloaded(_) => e["data"] = json!({"retryAfterMs": 100}),
+            _ => {}
+        }
+        e
+    }
+}
+
+/// A2A settings (`scd serve --a2a-*`).
+#[derive(Debug, Clone)]
+pub struct A2aConfig {
+    /// Task store bounds.
+    pub store: StoreLimits,
+    /// Largest request body (`--max-request-bytes`).
+    pub max_request_bytes: usize,
+    /// The gRPC listener, listed in the card as SCD's own binding (on the
+    /// card's host).
+    pub grpc_addr: std::net::SocketAddr,
+    /// `http` or `https` (TLS) for the gRPC listener.
+    pub grpc_scheme: &'static str,
+    /// `--auth did-wba` is on (the card declares the DIDWba scheme).
+    pub did_wba: bool,
+    /// The URL clients reach the HTTP listener at (`--a2a-public-url`);
+    /// `None`: `http://` and the request's Host header.
+    pub public_url: Option<String>,
+}
+
+/// The agent: the task store over the in-process [`ScdService`].
+pub struct Agent {
+    svc: Arc<ScdService>,
+    store: Store,
+    cfg: A2aConfig,
+}
+
+/// The data part of a compress message, parsed strictly.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompressInput {
+    #[serde(default)]
+    task: Option<String>,
+    context: scd_engine::context::Context,
+    budget: u32,
+    #[serde(default)]
+    required: Vec<String>,
+    #[serde(default)]
+    optional: Vec<String>,
+    #[serde(default)]
+    threshold: Option<f32>,
+    #[serde(default)]
+    min_relative_score: Option<f32>,
+    #[serde(default)]
+    render: Option<RenderFormat>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RenderFormat {
+    Freeform,
+    SemiStructured,
+    StructuredSoft,
+}
+
+/// What a message asks for.
+enum Input {
+    Compress(Box<CompressInput>),
+    Question { text: String, confidence: Option<f32> },
+}
+
+fn field_kind(k: scd_engine::context::FieldKind) -> pb::FieldKind {
+    use scd_engine::context::FieldKind as K;
+    match k {
+        K::Prose => pb::FieldKind::Prose,
+        K::Code => pb::FieldKind::Code,
+        K::Log => pb::FieldKind::Log,
+        K::Json => pb::FieldKind::Json,
+        K::Chat => pb::FieldKind::Chat,
+        K::Table => pb::FieldKind::Table,
+    }
+}
+
+fn chunk_json(c: &pb::Chunk) -> Value {
+    json!({"id": c.id, "field": c.field, "start": c.start, "end": c.end, "text": c.text, "score": c.score, "tokens": c.tokens})
+}
+
+fn selection_text(chunks: &[pb::Chunk]) -> String {
+    chunks.iter().map(|c| format!("[{}] {}\n", c.id, c.text)).collect()
+}
+
+/// Reads `message` into what it asks for; errors name the JSON path.
+fn classify(m: &Message) -> Result<Input, Error> {
+    if m.message_id.is_empty() {
+        return Err(Error::InvalidParams("message.messageId: must not be empty".into()));
+    }
+    if m.role != Role::User {
+        return Err(Error::InvalidParams("message.role: must be ROLE_USER".into()));
+    }
+    if m.parts.is_empty() {
+        return Err(Error::InvalidParams("message.parts: must not be empty".into()));
+    }
+    let mut data = None;
+    let mut texts = Vec::new();
+    for (i, p) in m.parts.iter().enumerate() {
+        if p.contents() != 1 {
+            return Err(Error::InvalidParams(format!(
+                "message.parts[{i}]: exactly one of text, raw, url or data, got {}",
+                p.contents()
+            )));
+        }
+        if p.raw.is_some() || p.url.is_some() {
+            return Err(Error::ContentType(format!(
+                "message.parts[{i}]: files are not accepted; send a data part {{task, context, budget}} or a text question"
+            )));
+        }
+        if let Some(d) = &p.data {
+            if data.is_some() {
+                return Err(Error::InvalidParams(format!("message.parts[{i}]: one data part per message")));
+            }
+            let input: CompressInput = serde_path_to_error::deserialize(d.clone()).map_err(|e| {
+                let path = e.path().to_string();
+                let at = if path == "." { String::new() } else { format!(".{path}") };
+                Error::InvalidParams(format!(
+                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?}})",
+                    e.into_inner()
+                ))
+            })?;
+            if input.budget == 0 {
+                return Err(Error::InvalidParams(format!("message.parts[{i}].data.budget: must be at least 1")));
+            }
+            data = Some(input);
+        }
+        if let Some(t) = &p.text {
+            texts.push(t.as_str());
+        }
+    }
+    if let Some(d) = data {
+        return Ok(Input::Compress(Box::new(d)));
+    }
+    let text = texts.join("\n");
+    if text.trim().is_empty() {
+        return Err(Error::InvalidParams("message.parts: the text is empty".into()));
+    }
+    let confidence = match m.metadata.as_ref().and_then(|md| md.get("currentConfidence")) {
+        None => None,
+        Some(v) => match v.as_f64() {
+            Some(c) if (0.0..=1.0).contains(&c) => Some(c as f32),
+            _ => {
+                return Err(Error::InvalidParams(format!(
+                    "message.metadata.currentConfidence: must be a number in [0, 1], got {v}"
+                )))
+            }
+        },
+    };
+    Ok(Input::Question { text, confidence })
+}
+
+/// The message as the task's history keeps it: confidential fields'
+/// content replaced (history is sent back in replies).
+fn redacted(m: &Message) -> Message {
+    let mut m = m.clone();
+    for p in &mut m.parts {
+        let fields = p.data.as_mut().and_then(|d| d.pointer_mut("/context/fields")).and_then(Value::as_array_mut);
+        for f in fields.into_iter().flatten() {
+            if f.get("confidential") == Some(&Value::Bool(true)) {
+                if let Some(c) = f.get_mut("content") {
+                    *c = json!("[withheld: confidential]");
+                }
+            }
+        }
+    }
+    m
+}
+
+/// How an engine error ends a task: bad input rejects it, overload and the
+/// rest fail it.
+fn failed_state(s: &tonic::Status) -> TaskState {
+    use tonic::Code;
+    match s.code() {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied => {
+            TaskState::Rejected
+        }
+        _ => TaskState::Failed,
+    }
+}
+
+/// What one run of the engine produced.
+struct Outcome {
+    state: TaskState,
+    note: String,
+    artifact: Option<Artifact>,
+}
+
+impl Agent {
+    /// An agent over `svc`.
+    pub fn new(svc: Arc<ScdService>, cfg: A2aConfig) -> Self {
+        Self { store: Store::new(cfg.store), svc, cfg }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &A2aConfig {
+        &self.cfg
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The gRPC listener's URL on `base`'s host.
+    fn grpc_url(&self, base: &str) -> String {
+        let rest = base.split_once("://").map_or(base, |(_, r)| r);
+        let hostport = rest.split(['/', '?']).next().unwrap_or(rest);
+        let host = match hostport.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) => h,
+            _ => hostport,
+        };
+        format!("{}://{host}:{}", self.cfg.grpc_scheme, self.cfg.grpc_addr.port())
+    }
+
+    /// The agent card, with URLs on `base` (`http://host:port`).
+    pub fn card(&self, base: &str) -> Value {
+        let mut card = json!({
+            "name": "SCD",
+            "description": "Sufficient Context Distillation: give it a task, an agent context and a budget; it answers the minimal sufficient context (chunks ranked by relevance, confidential fields withheld) and, in the same contextId, more context on request.",
+            "version": env!("CARGO_PKG_VERSION"),
+            "supportedInterfaces": [
+                {"url": format!("{base}/"), "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
+                {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": PROTOCOL_VERSION},
+                {"url": self.grpc_url(base), "protocolBinding": "scd.v1.Scd", "protocolVersion": "1"}
+            ],
+            "provider": {"organization": "SCD", "url": base},
+            "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},
+            "defaultInputModes": ["application/json", "text/plain"],
+            "defaultOutputModes": ["application/json", "text/plain"],
+            "skills": [
+                {
+                    "id": "compress-context",
+                    "name": "Compress context",
+                    "description": "A data part {task, context: {fields: [{name, kind, content, confidential}]}, budget, required?, optional?, threshold?, min_relative_score?, render?} yields a completed task whose artifact holds the minimal sufficient context within the budget: a data part (chunks, totals, dropped manifest, withheld confidential field names) and a text part (the selection, or a hand-off report in `render`: freeform, semi_structured or structured_soft). It opens an SCD session for the contextId.",
+                    "tags": ["context", "compression", "retrieval", "handoff"],
+                    "examples": [
+                        "{\"task\": \"Why does checkout time out?\", \"context\": {\"fields\": [{\"name\": \"error_logs\", \"kind\": \"log\", \"content\": \"ERROR payments::db: connection pool exhausted\"}]}, \"budget\": 200}"
+                    ],
+                    "inputModes": ["application/json"],
+                    "outputModes": ["application/json", "text/plain"]
+                },
+                {
+                    "id": "more-context",
+                    "name": "More context",
+                    "description": "A text part alone, in a contextId that compressed before, asks for more: the chunks the receiver has not been sent yet that answer the question. metadata.currentConfidence (0 to 1) or a hand-off report's confidence in the text tells how sure the receiver already is; at the server's threshold nothing more is sent.",
+                    "tags": ["context", "adaptive", "session"],
+                    "examples": ["Which function acquires the database connection?"],
+                    "inputModes": ["text/plain"],
+                    "outputModes": ["application/json", "text/plain"]
+                }
+            ]
+        });
+        if self.cfg.did_wba {
+            card["securitySchemes"] = json!({"didwba": {"httpAuthSecurityScheme": {
+                "scheme": "DIDWba",
+                "description": "did:wba signed requests (Authorization: DIDWba did=..., nonce=..., timestamp=..., verification_method=..., signature=...); the agent card and DID documents are public"
+            }}});
+            card["securityRequirements"] = json!([{"schemes": {"didwba": {"list": []}}}]);
+        }
+        card
+    }
+
+    /// Checks the `A2A-Version` header (or query parameter): absent or
+    /// `1.0` (any `1.0.x`) is served.
+    pub fn check_version(headers: &HeaderMap, query: Option<&str>) -> Result<(), Error> {
+        let from_query = query.and_then(|q| {
+            q.split('&').find_map(|kv| {
+                kv.split_once('=').filter(|(k, _)| k.eq_ignore_ascii_case("A2A-Version")).map(|(_, v)| v.to_string())
+            })
+        });
+        let v = match headers.get("a2a-version") {
+            Some(h) => Some(h.to_str().map_err(|_| Error::Version("(not ASCII)".into()))?.trim().to_string()),
+            None => from_query,
+        };
+        match v.as_deref() {
+            None | Some("") => Ok(()),
+            Some(v) if v == PROTOCOL_VERSION || v.starts_with("1.0.") => Ok(()),
+            Some(v) => Err(Error::Version(v.chars().take(32).collect())),
+        }
+    }
+
+    fn check_tenant(tenant: &str) -> Result<(), Error> {
+        if tenant.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidParams(format!("tenant {tenant:?}: this agent has no tenants; leave it empty")))
+        }
+    }
+
+    /// Validates a SendMessage request and creates (or continues) its task,
+    /// working; the caller then [`Agent::run`]s it.
+    pub fn accept(&self, req: &SendMessageRequest, caller: Option<&str>) -> Result<(Task, Prepared), Error> {
+        Self::check_tenant(&req.tenant)?;
+        if let Some(c) = &req.configuration {
+            if c.task_push_notification_config.is_some() {
+                return Err(Error::PushNotSupported);
+            }
+            if c.history_length.is_some_and(|h| h < 0) {
+                return Err(Error::InvalidParams("configuration.historyLength: must be at least 0".into()));
+            }
+            let ours = ["application/json", "text/plain", "*/*"];
+            if !c.accepted_output_modes.is_empty()
+                && !c.accepted_output_modes.iter().any(|m| ours.contains(&m.as_str()))
+            {
+                return Err(Error::ContentType(format!(
+                    "configuration.acceptedOutputModes {:?}: this agent answers application/json and text/plain",
+                    c.accepted_output_modes
+                )));
+            }
+        }
+        let mut input = classify(&req.message)?;
+        if let Input::Compress(c) = &mut input {
+            if c.task.as_deref().is_none_or(|t| t.trim().is_empty()) {
+                // the task is the text sent before in this taskId
+                let earlier = match &req.message.task_id {
+                    Some(id) => self.store.get(id, caller)?.history,
+                    None => Vec::new(),
+                };
+                let text: Vec<&str> = earlier
+                    .iter()
+                    .filter(|m| m.role == Role::User)
+                    .flat_map(|m| m.parts.iter().filter_map(|p| p.text.as_deref()))
+                    .collect();
+                if text.is_empty() {
+                    return Err(Error::InvalidParams(
+                        "message.parts: data.task is required (or send the task as text first, then the data part in its taskId)".into(),
+                    ));
+                }
+                c.task = Some(text.join("\n"));
+            }
+        }
+        let task = match &req.message.task_id {
+            Some(id) => self.store.continue_task(id, caller, redacted(&req.message), TaskState::Working)?,
+            None => {
+                let t = self.store.create(
+                    req.message.context_id.clone(),
+                    caller,
+                    redacted(&req.message),
+                    TaskState::Submitted,
+                )?;
+                self.store.update(&t.id, TaskState::Working, None, None)?
+            }
+        };
+        Ok((task.clone(), Prepared { task_id: task.id, context_id: task.context_id, input }))
+    }
+
+    /// Runs a prepared task to its next state and stores it; a task
+    /// canceled meanwhile stays canceled.
+    pub async fn run(&self, p: Prepared, caller: Option<String>) -> Task {
+        let out = match p.input {
+            Input::Compress(input) => self.compress(&p.context_id, *input, caller.clone()).await,
+            Input::Question { text, confidence } => {
+                self.question(&p.context_id, text, confidence, caller.clone()).await
+            }
+        };
+        let msg = Message::agent(&p.task_id, &p.context_id, vec![Part::text(out.note)]);
+        match self.store.update(&p.task_id, out.state, Some(msg), out.artifact) {
+            Ok(t) => t,
+            Err(e) => {
+                debug!(task = %p.task_id, error = %e, "A2A result not stored");
+                self.store.get(&p.task_id, caller.as_deref()).unwrap_or_else(|_| placeholder(&p.task_id, &p.context_id))
+            }
+        }
+    }
+
+    async fn compress(&self, context_id: &str, input: CompressInput, caller: Option<String>) -> Outcome {
+        let render = match input.render {
+            None => pb::ReportFormat::Unspecified,
+            Some(RenderFormat::Freeform) => pb::ReportFormat::Freeform,
+            Some(RenderFormat::SemiStructured) => pb::ReportFormat::SemiStructured,
+            Some(RenderFormat::StructuredSoft) => pb::ReportFormat::StructuredSoft,
+        };
+        let r = pb::CompressRequest {
+            task: Some(pb::Task { description: input.task.unwrap_or_default(), ..Default::default() }),
+            fields: input
+                .context
+                .fields
+                .into_iter()
+                .map(|f| pb::Field {
+                    name: f.name,
+                    kind: field_kind(f.kind) as i32,
+                    content: f.content,
+                    confidential: f.confidential,
+                })
+                .collect(),
+            requirement: Some(pb::ContextRequirement {
+                required_fields: input.required,
+                optional_fields: input.optional,
+                max_context_tokens: input.budget,
+                relevance_threshold: input.threshold,
+                min_relative_score: input.min_relative_score,
+            }),
+            render: render as i32,
+            ..Default::default()
+        };
+        match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), None, true).await {
+            Ok(resp) => {
+                let old = self.store.set_session(
+                    context_id,
+                    Session { id: resp.session_id.clone(), token: resp.session_token.clone() },
+                );
+                if let Some(old) = old {
+                    let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref());
+                }
+                let totals = resp.totals.unwrap_or_default();
+                let data = json!({
+                    "chunks": resp.chunks.iter().map(chunk_json).collect::<Vec<_>>(),
+                    "totals": {"contextTokens": totals.context_tokens, "sentTokens": totals.sent_tokens,
+                               "reductionRatio": totals.reduction_ratio, "rTheorem1": totals.r_theorem1},
+                    "dropped": resp.dropped.iter().map(|d| json!({"id": d.id, "field": d.field, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
+                    "withheldFields": resp.withheld_fields,
+                    "warnings": resp.warnings,
+                });
+                let text = if resp.report.is_empty() { selection_text(&resp.chunks) } else { resp.report.clone() };
+                let note = format!(
+                    "sent {} chunks, {} of {} tokens ({} dropped, {} withheld); ask for more with a text message in contextId {context_id}",
+                    resp.chunks.len(),
+                    totals.sent_tokens,
+                    totals.context_tokens,
+                    resp.dropped.len(),
+                    resp.withheld_fields.len()
+                );
+                Outcome {
+                    state: TaskState::Completed,
+                    note,
+                    artifact: Some(Artifact {
+                        artifact_id: types::uuid_v4(),
+                        name: "minimal-sufficient-context".into(),
+                        description: "The context selected for the task within the budget".into(),
+                        parts: vec![
+                            Part::data(data),
+                            Part { media_type: Some("text/plain".into()), ..Part::text(text) },
+                        ],
+                    }),
+                }
+            }
+            Err(s) => Outcome { state: failed_state(&s), note: s.message().to_string(), artifact: None },
+        }
+    }
+
+    async fn question(
+        &self,
+        context_id: &str,
+        text: String,
+        confidence: Option<f32>,
+        caller: Option<String>,
+    ) -> Outcome {
+        let Some(session) = self.store.session(context_id) else {
+            // the task stays working on the question, waiting for its
+            // context (a status message with TASK_STATE_WORKING: see
+            // `ends_stream`)
+            return Outcome {
+                state: TaskState::Working,
+                note: format!(
+                    "waiting for the context: send a data part {{context: {{fields}}, budget}} in this taskId (this text is the task) or {{task, context, budget}} in contextId {context_id}; questions (skill more-context) follow a compression"
+                ),
+                artifact: None,
+            };
+        };
+        let mut r = pb::ContextRequest { session_id: session.id, session_token: session.token, ..Default::default() };
+        match confidence {
+            Some(c) => {
+                r.specific_question = text;
+                r.current_confidence = c;
+            }
+            None if scd_engine::handoff::parse_auto(&text).report.confidence.is_some() => r.report = text,
+            None => r.specific_question = text,
+        }
+        match self.svc.request_context_audited("A2A SendMessage", r, None, caller, None).await {
+            Ok(resp) => {
+                let note = if resp.chunks.is_empty() {
+                    format!(
+                        "nothing more to send: {}",
+                        if resp.reason.is_empty() { "no unsent chunk answers the question" } else { &resp.reason }
+                    )
+                } else {
+                    format!(
+                        "sent {} more chunks; {} tokens of context remain unsent",
+                        resp.chunks.len(),
+                        resp.remaining_tokens
+                    )
+                };
+                let data = json!({
+                    "chunks": resp.chunks.iter().map(chunk_json).collect::<Vec<_>>(),
+                    "remainingTokens": resp.remaining_tokens,
+                    "reason": resp.reason,
+                });
+                Outcome {
+                    state: TaskState::Completed,
+                    note,
+                    artifact: Some(Artifact {
+                        artifact_id: types::uuid_v4(),
+                        name: "more-context".into(),
+                        description: "Chunks of the session's context not sent before".into(),
+                        parts: vec![
+                            Part::data(data),
+                            Part { media_type: Some("text/plain".into()), ..Part::text(selection_text(&resp.chunks)) },
+                        ],
+                    }),
+                }
+            }
+            Err(s) => Outcome { state: failed_state(&s), note: s.message().to_string(), artifact: None },
+        }
+    }
+
+    /// SendMessage: the task when it stops working (or at once with
+    /// `returnImmediately`).
+    pub async fn send(self: &Arc<Self>, req: SendMessageRequest, caller: Option<String>) -> Result<Task, Error> {
+        let (task, prepared) = self.accept(&req, caller.as_deref())?;
+        let history = req.configuration.as_ref().and_then(|c| c.history_length).map(|h| h as usize);
+        if req.configuration.as_ref().is_some_and(|c| c.return_immediately) {
+            let me = self.clone();
+            tokio::spawn(async move { me.run(prepared, caller).await });
+            return Ok(store::trim_history(task, history));
+        }
+        Ok(store::trim_history(self.run(prepared, caller).await, history))
+    }
+}
+
+impl Agent {
+    /// GetTask.
+    pub fn get(&self, r: types::GetTaskRequest, caller: Option<&str>) -> Result<Task, Error> {
+        Self::check_tenant(&r.tenant)?;
+        let n = history_len("historyLength", r.history_length)?;
+        Ok(store::trim_history(self.store.get(&r.id, caller)?, n))
+    }
+
+    /// CancelTask.
+    pub fn cancel(&self, r: types::TaskIdRequest, caller: Option<&str>) -> Result<Task, Error> {
+        Self::check_tenant(&r.tenant)?;
+        self.store.cancel(&r.id, caller)
+    }
+
+    /// ListTasks: `{tasks, nextPageToken, pageSize, totalSize}`.
+    pub fn list(&self, r: types::ListTasksRequest, caller: Option<&str>) -> Result<Value, Error> {
+        Self::check_tenant(&r.tenant)?;
+        let page_size = match r.page_size {
+            None => 50,
+            Some(n @ 1..=100) => n as usize,
+            Some(n) => return Err(Error::InvalidParams(format!("pageSize: {n}, must be 1 to 100"))),
+        };
+        let offset = match r.page_token.as_deref() {
+            None | Some("") => 0,
+            Some(t) => t
+                .strip_prefix("o")
+                .and_then(|n| n.parse::<usize>().ok())
+                .ok_or_else(|| Error::InvalidParams(format!("pageToken {t:?}: not a token this agent gave")))?,
+        };
+        let state = match r.status.as_deref() {
+            None | Some("") | Some("TASK_STATE_UNSPECIFIED") => None,
+            Some(s) => Some(TaskState::parse(s).ok_or_else(|| {
+                Error::InvalidParams(format!("status {s:?}: not a TaskState (TASK_STATE_SUBMITTED, _WORKING, ...)"))
+            })?),
+        };
+        let updated_after = match r.status_timestamp_after.as_deref() {
+            None => None,
+            Some(t) => Some(types::parse_rfc3339(t).ok_or_else(|| {
+                Error::InvalidParams(format!("statusTimestampAfter {t:?}: not an RFC 3339 timestamp"))
+            })?),
+        };
+        let history = history_len("historyLength", r.history_length)?.unwrap_or(0);
+        let filter = store::ListFilter { context_id: r.context_id.filter(|c| !c.is_empty()), state, updated_after };
+        let all = self.store.list(&filter, caller);
+        let total = all.len();
+        let include_artifacts = r.include_artifacts.unwrap_or(false);
+        let page: Vec<Task> = all
+            .into_iter()
+            .skip(offset)
+            .take(page_size)
+            .map(|t| {
+                let mut t = store::trim_history(t, Some(history));
+                if !include_artifacts {
+                    t.artifacts.clear();
+                }
+                t
+            })
+            .collect();
+        let next = if offset + page.len() < total { format!("o{}", offset + page.len()) } else { String::new() };
+        Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page.len(), "totalSize": total}))
+    }
+}
+
+/// A stream ends at a terminal state or when the agent waits for input
+/// (input-required, or working with an agent message: a question waiting
+/// for its context).
+fn ends_stream(s: &types::TaskStatus) -> bool {
+    s.state.is_terminal()
+        || matches!(s.state, TaskState::InputRequired | TaskState::AuthRequired)
+        || (s.state == TaskState::Working && s.message.is_some())
+}
+
+impl Agent {
+    /// The `StreamResponse` objects of a task: the task as it stands, then
+    /// its status and artifact updates until it ends or waits for input.
+    pub fn events(
+        self: &Arc<Self>,
+        task: Task,
+        mut rx: tokio::sync::broadcast::Receiver<store::Event>,
+        caller: Option<String>,
+    ) -> tokio_stream::wrappers::ReceiverStream<Value> {
+        use tokio::sync::broadcast::error::RecvError;
+        let (tx, out) = tokio::sync::mpsc::channel(16);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let (id, ctx) = (task.id.clone(), task.context_id.clone());
+            let done = ends_stream(&task.status);
+            if tx.send(json!({"task": task})).await.is_err() || done {
+                return;
+            }
+            loop {
+                let (item, end) = match rx.recv().await {
+                    Ok(store::Event::Artifact(a)) => (
+                        json!({"artifactUpdate": {"taskId": id, "contextId": ctx, "artifact": a, "lastChunk": true}}),
+                        false,
+                    ),
+                    Ok(store::Event::Status(s)) => {
+                        let end = ends_stream(&s);
+                        (json!({"statusUpdate": {"taskId": id, "contextId": ctx, "status": s}}), end)
+                    }
+                    Err(RecvError::Lagged(_)) => match me.store.get(&id, caller.as_deref()) {
+                        Ok(t) => {
+                            let end = ends_stream(&t.status);
+                            (json!({"task": t}), end)
+                        }
+                        Err(_) => break,
+                    },
+                    Err(RecvError::Closed) => break,
+                };
+                if tx.send(item).await.is_err() || end {
+                    break;
+                }
+            }
+        });
+        tokio_stream::wrappers::ReceiverStream::new(out)
+    }
+
+    /// SendStreamingMessage: validates and starts the task, then streams it.
+    pub fn send_streaming(
+        self: &Arc<Self>,
+        req: SendMessageRequest,
+        caller: Option<String>,
+    ) -> Result<tokio_stream::wrappers::ReceiverStream<Value>, Error> {
+        let (task, prepared) = self.accept(&req, caller.as_deref())?;
+        let (task, rx) = self.store.subscribe(&task.id, caller.as_deref())?;
+        let me = self.clone();
+        let who = caller.clone();
+        tokio::spawn(async move { me.run(prepared, who).await });
+        Ok(self.events(task, rx, caller))
+    }
+
+    /// SubscribeToTask.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        r: types::TaskIdRequest,
+        caller: Option<String>,
+    ) -> Result<tokio_stream::wrappers::ReceiverStream<Value>, Error> {
+        Self::check_tenant(&r.tenant)?;
+        let (task, rx) = self.store.subscribe(&r.id, caller.as_deref())?;
+        Ok(self.events(task, rx, caller))
+    }
+}
+
+fn history_len(name: &str, h: Option<i32>) -> Result<Option<usize>, Error> {
+    match h {
+        None => Ok(None),
+        Some(n) if n >= 0 => Ok(Some(n as usize)),
+        Some(n) => Err(Error::InvalidParams(format!("{name}: {n}, must be at least 0"))),
+    }
+}
+
+/// A validated message, ready to run.
+pub struct Prepared {
+    task_id: String,
+    context_id: String,
+    input: Input,
+}
+
+fn placeholder(id: &str, ctx: &str) -> Task {
+    Task {
+        id: id.to_string(),
+        context_id: ctx.to_string(),
+        status: types::TaskStatus {
+            state: TaskState::Failed,
+            message: None,
+            timestamp: types::rfc3339(std::time::SystemTime::now()),
+        },
+        artifacts: vec![],
+        history: vec![],
+    }
+}
+
+/// The A2A routes over `agent`, to merge into the HTTP listener's router.
+pub fn router(agent: Arc<Agent>) -> axum::Router {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/.well-known/agent-card.json", get(rest::card))
+        .route("/", post(jsonrpc::handle))
+        .route("/message:send", post(rest::send))
+        .route("/message:stream", post(rest::stream))
+        .route("/tasks", get(rest::list))
+        .route("/tasks/{id}", get(rest::get_task).post(rest::post_task))
+        .route("/extendedAgentCard", get(rest::extended_card))
+        .route("/tasks/{id}/pushNotificationConfigs", get(rest::push).post(rest::push))
+        .route("/tasks/{id}/pushNotificationConfigs/{cfg}", get(rest::push).delete(rest::push))
+        .with_state(agent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(parts: Value) -> Message {
+        serde_json::from_value(json!({"messageId": "m", "role": "ROLE_USER", "parts": parts})).unwrap()
+    }
+
+    #[test]
+    fn data_parts_are_parsed_strictly_and_errors_name_the_path() {
+        let ok = classify(&msg(json!([{"data": {"task": "t", "context": {"fields": []}, "budget": 10}}])));
+        assert!(matches!(ok, Ok(Input::Compress(_))));
+        let Err(e) = classify(&msg(
+            json!([{"data": {"task": "t", "context": {"fields": [{"name": "a", "content": "x", "secret": true}]}, "budget": 10}}]),
+        )) else {
+            panic!()
+        };
+        assert_eq!(e.code(), -32602);
+        assert!(
+            e.to_string()
+                .starts_with("invalid params: message.parts[0].data.context.fields[0].secret: unknown field `secret`"),
+            "{e}"
+        );
+        let Err(e) = classify(&msg(json!([{"data": {"task": "t", "context": {"fields": []}, "budget": 0}}]))) else {
+            panic!()
+        };
+        assert_eq!(e.to_string(), "invalid params: message.parts[0].data.budget: must be at least 1");
+        let Err(e) = classify(&msg(json!([{"url": "https://x/y.txt"}]))) else { panic!() };
+        assert_eq!(e.code(), -32005);
+        let Err(e) = classify(&msg(json!([{"text": "a", "data": {}}]))) else { panic!() };
+        assert!(e.to_string().contains("exactly one of text, raw, url or data, got 2"));
+    }
+
+    #[test]
+    fn history_keeps_no_confidential_content() {
+        let m = msg(json!([{"data": {"task": "t", "budget": 9, "context": {"fields": [
+            {"name": "k", "content": "sk_live_SECRET_4242", "confidential": true},
+            {"name": "p", "content": "public"}]}}}]));
+        let r = serde_json::to_string(&redacted(&m)).unwrap();
+        assert!(
+            !r.contains("sk_live_SECRET_4242") && r.contains("public") && r.contains("[withheld: confidential]"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_text_part_is_a_question_with_its_confidence() {
+        let mut m = msg(json!([{"text": "where is the pool?"}]));
+        m.metadata = Some(serde_json::from_value(json!({"currentConfidence": 0.4})).unwrap());
+        let Ok(Input::Question { text, confidence }) = classify(&m) else { panic!() };
+        assert_eq!((text.as_str(), confidence), ("where is the pool?", Some(0.4)));
+        m.metadata = Some(serde_json::from_value(json!({"currentConfidence": 7})).unwrap());
+        assert!(classify(&m)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("currentConfidence: must be a number in [0, 1], got 7"));
+    }
+
+    #[test]
+    fn versions_absent_or_1_0_are_served() {
+        let mut h = HeaderMap::new();
+        assert!(Agent::check_version(&h, None).is_ok());
+        assert!(Agent::check_version(&h, Some("A2A-Version=1.0")).is_ok());
+        assert_eq!(Agent::check_version(&h, Some("A2A-Version=0.3")).unwrap_err().code(), -32009);
+        h.insert("A2A-Version", "1.0".parse().unwrap());
+        assert!(Agent::check_version(&h, None).is_ok());
+        h.insert("A2A-Version", "2.0".parse().unwrap());
+        assert_eq!(
+            Agent::check_version(&h, None).unwrap_err().to_string(),
+            "A2A-Version 2.0: not supported; this agent speaks 1.0"
+        );
+    }
+
+    #[test]
+    fn error_codes_follow_the_spec() {
+        assert_eq!(Error::TaskNotFound("x".into()).code(), -32001);
+        assert_eq!(Error::PushNotSupported.code(), -32003);
+        assert_eq!(Error::NoExtendedCard.code(), -32007);
+        assert_eq!(Error::TaskNotFound("x".into()).http_status(), StatusCode::NOT_FOUND);
+        let e = Error::Exhausted { what: "task store", limit: 1, flag: "--a2a-max-tasks", retry_after_s: 1 };
+        assert_eq!(e.to_json()["data"]["retryAfterMs"], 1000);
+    }
+}
