@@ -197,6 +197,7 @@ struct CompressInput {
     #[serde(default)]
     task: Option<String>,
     context: scd_engine::context::Context,
+    #[serde(deserialize_with = "whole_u32")]
     budget: u32,
     #[serde(default)]
     required: Vec<String>,
@@ -208,6 +209,22 @@ struct CompressInput {
     min_relative_score: Option<f32>,
     #[serde(default)]
     render: Option<RenderFormat>,
+}
+
+/// A token count: a JSON integer, or a float with no fractional part
+/// (protobuf `Struct`, which A2A clients such as `a2a-sdk` send data parts
+/// in, has only doubles: `150` arrives as `150.0`).
+fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    use serde::de::Error as _;
+    let v = serde_json::Number::deserialize(d)?;
+    let whole = match (v.as_u64(), v.as_f64()) {
+        (Some(n), _) => Some(n),
+        (None, Some(f)) if f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f) => Some(f as u64),
+        _ => None,
+    };
+    whole
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| D::Error::custom(format!("expected a whole number of tokens from 0 to {}, got {v}", u32::MAX)))
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -894,6 +911,14 @@ mod tests {
             panic!()
         };
         assert_eq!(e.to_string(), "invalid params: message.parts[0].data.budget: must be at least 1");
+        // protobuf Struct clients send 150 as 150.0; 150.5 and -1 are refused
+        assert!(classify(&msg(json!([{"data": {"context": {"fields": []}, "budget": 150.0}}]))).is_ok());
+        for bad in [json!(150.5), json!(-1), json!(1e12)] {
+            let Err(e) = classify(&msg(json!([{"data": {"context": {"fields": []}, "budget": bad}}]))) else {
+                panic!("budget {bad} accepted")
+            };
+            assert!(e.to_string().contains("data.budget: expected a whole number of tokens"), "{e}");
+        }
         let Err(e) = classify(&msg(json!([{"url": "https://x/y.txt"}]))) else { panic!() };
         assert_eq!(e.code(), -32005);
         let Err(e) = classify(&msg(json!([{"text": "a", "data": {}}]))) else { panic!() };

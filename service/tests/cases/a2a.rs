@@ -210,31 +210,41 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     assert!(!sse.contains("sk_live_SECRET_4242"));
 }
 
-/// The kit from the shared tools folder, unpacked with its venv (idempotent).
-fn tck() -> Option<PathBuf> {
-    let dir = root().join(".tools/a2a-tck");
-    let python = dir.join("venv/bin/python");
+/// A venv under `.tools/` with `pip install -q <args>` done, (re)made when
+/// `pins` changes (idempotent; PyPI only).
+fn venv(dir: &Path, pins: &Path, args: &[&std::ffi::OsStr]) {
     let marker = dir.join(".installed");
-    if marker.is_file() && python.is_file() {
-        return Some(dir);
+    let want = std::fs::read_to_string(pins).unwrap();
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) && dir.join("bin/python").is_file() {
+        return;
     }
-    let shared = std::env::var_os("SCD_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"));
-    let tarball = shared.join("tools/a2a-tck.tar.gz");
-    if !tarball.is_file() {
-        skip(&format!("{}: the A2A conformance kit is missing", tarball.display()));
-        return None;
-    }
-    let tools = root().join(".tools");
     let run = |cmd: &mut Command| {
         let out = cmd.output().unwrap();
         assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
-    run(Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(&tools));
-    if !python.is_file() {
-        run(Command::new("python3").args(["-m", "venv"]).arg(dir.join("venv")));
+    if !dir.join("bin/python").is_file() {
+        run(Command::new("python3").args(["-m", "venv"]).arg(dir));
     }
-    run(Command::new(dir.join("venv/bin/pip")).args(["install", "-q", "-e"]).arg(&dir));
-    std::fs::write(&marker, "").unwrap();
+    run(Command::new(dir.join("bin/pip")).args(["install", "-q"]).args(args));
+    std::fs::write(&marker, want).unwrap();
+}
+
+/// The kit from the shared tools folder, unpacked with its own pinned venv
+/// (idempotent).
+fn tck() -> Option<PathBuf> {
+    let dir = root().join(".tools/a2a-tck");
+    let pins = root().join("service/tests/py/a2a-tck-constraints.txt");
+    if !dir.join("run_tck.py").is_file() {
+        let shared = std::env::var_os("SCD_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"));
+        let tarball = shared.join("tools/a2a-tck.tar.gz");
+        if !tarball.is_file() {
+            skip(&format!("{}: the A2A conformance kit is missing", tarball.display()));
+            return None;
+        }
+        let out = Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(root().join(".tools")).output().unwrap();
+        assert!(out.status.success(), "unpacking {}: {}", tarball.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    venv(&dir.join("venv"), &pins, &["-c".as_ref(), pins.as_os_str(), "-e".as_ref(), dir.as_os_str()]);
     Some(dir)
 }
 
@@ -273,4 +283,32 @@ fn a2a_tck_mandatory_passes_over_jsonrpc() {
     assert!(failed.is_empty(), "mandatory failures: {failed:?}\n{summary}");
     assert!(summary.contains(" passed"), "{summary}");
     assert!(Path::new(&results.join("mandatory_jsonrpc.summary")).is_file());
+}
+
+/// The official Python client (`a2a-sdk` from PyPI) against `scd serve`:
+/// card resolution, compress (plain and streaming), GetTask, a follow-up
+/// question in the same context, no confidential content in any reply.
+#[test]
+fn the_a2a_sdk_client_compresses_reads_back_and_asks_more() {
+    if !ready() {
+        return;
+    }
+    let dir = root().join(".tools/a2a-sdk-venv");
+    let pins = root().join("service/tests/py/a2a-sdk-requirements.txt");
+    venv(&dir, &pins, &["-r".as_ref(), pins.as_os_str()]);
+    let s = start(&[]);
+    let out = Command::new(dir.join("bin/python"))
+        .current_dir(root())
+        .arg("service/tests/py/a2a_sdk_client.py")
+        .arg(format!("http://{}", s.http))
+        .arg("fixtures/agent_context.json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let got: Value = serde_json::from_str(stdout.trim()).unwrap();
+    for mode in ["plain", "streaming"] {
+        assert!(got[mode]["chunks"].as_u64().unwrap() > 0, "{got}");
+        assert_eq!(got[mode]["follow_up_state"], 3, "the follow-up completed: {got}");
+    }
 }
