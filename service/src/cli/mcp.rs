@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt as _;
@@ -57,6 +58,10 @@ pub struct McpArgs {
     /// opened); past it the oldest is forgotten.
     #[arg(long, env = "SCD_MCP_MAX_SESSIONS", default_value_t = 1024)]
     max_sessions: usize,
+    /// Largest MCP message in bytes (a stdio line, an HTTP request body);
+    /// a longer stdio line is dropped and answered with an error.
+    #[arg(long, env = "SCD_MAX_REQUEST_BYTES", default_value_t = 16 << 20)]
+    max_request_bytes: usize,
     /// In-process: compress / request_more_context calls in flight at once;
     /// more are answered "busy ... retry".
     #[arg(long, env = "SCD_MAX_CONCURRENT_COMPRESS", default_value_t = 8)]
@@ -83,6 +88,7 @@ impl McpArgs {
             ("--max-texts", self.max_texts),
             ("--max-fields", self.max_fields),
             ("--max-text-bytes", self.max_text_bytes),
+            ("--max-request-bytes", self.max_request_bytes),
         ] {
             anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
         }
@@ -95,7 +101,7 @@ impl McpArgs {
             max_texts: self.max_texts,
             max_text_bytes: self.max_text_bytes,
             max_fields: self.max_fields,
-            max_request_bytes: 16 << 20,
+            max_request_bytes: self.max_request_bytes,
             queue_size: 256,
             batch_texts: 64,
             max_batch_tokens: 8192,
@@ -147,7 +153,10 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
         match listener {
             None => {
                 tracing::info!("MCP over stdio");
-                let running = server.serve(rmcp::transport::stdio()).await.context("MCP initialization")?;
+                let (stdin, stdout) = rmcp::transport::stdio();
+                let transport =
+                    AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(args.max_request_bytes);
+                let running = server.serve(transport).await.context("MCP initialization")?;
                 running.waiting().await.context("MCP over stdio")?;
                 Ok(())
             }
@@ -156,6 +165,7 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
                 let local = listener.local_addr()?;
                 let mut config = StreamableHttpServerConfig::default();
+                config.max_request_body_bytes = args.max_request_bytes;
                 if !args.allowed_hosts.is_empty() {
                     config.allowed_hosts = args.allowed_hosts.clone();
                 }

@@ -2,6 +2,7 @@
 
     mcp_client.py stdio CONTEXT_JSON -- SCD_BINARY [ARGS...]   # launches it over stdio
     mcp_client.py http CONTEXT_JSON URL                          # a running `scd mcp --http-addr`
+    mcp_client.py bench CONTEXT_JSON N -- SCD_BINARY [ARGS...]   # latency of N calls per tool over stdio
 
 Lists the tools (4 names, each with an input and an output schema), calls
 each one, checks the structured results (the client itself validates them
@@ -169,11 +170,48 @@ async def suite(s, context):
     return summary
 
 
+async def bench(s, context, n):
+    """Wall time of `n` sequential calls per tool, measured at the client."""
+    import statistics
+    import time
+
+    calls = {
+        "compress_context": {"task": TASK, "context": context, "budget": 400},
+        "count_tokens": {"text": "the checkout page spins forever"},
+        "embed": {"texts": ["connection pool exhausted"], "query": True},
+    }
+    out = {"n": n}
+    for name, args in calls.items():
+        await ok(s, name, args)  # warm-up
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await ok(s, name, args)
+            times.append((time.perf_counter() - t) * 1e3)
+        times.sort()
+        out[name] = {
+            "p50_ms": round(statistics.median(times), 2),
+            "p95_ms": round(times[int(0.95 * (n - 1))], 2),
+            "mean_ms": round(statistics.fmean(times), 2),
+        }
+    return out
+
+
 async def main():
     mode, context_path = sys.argv[1], sys.argv[2]
     with open(context_path) as f:
         context = json.load(f)
     check(any(SECRET in fl["content"] for fl in context["fields"]), "the fixture holds the secret", context_path)
+    if mode == "bench":
+        rest = sys.argv[sys.argv.index("--") + 1 :]
+        params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                summary = await bench(s, context, int(sys.argv[3]))
+        summary["server"] = rest
+        print(json.dumps(summary))
+        return
     if mode == "stdio":
         rest = sys.argv[sys.argv.index("--") + 1 :]
         params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
