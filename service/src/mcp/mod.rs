@@ -634,6 +634,7 @@ impl ServerHandler for ScdMcp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grpc::Limits;
 
     fn args<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
         let Value::Object(m) = v else { panic!("not an object") };
@@ -672,6 +673,78 @@ mod tests {
             tool_error(Status::resource_exhausted("compress queue is full; retry after 100 ms")),
             "busy: compress queue is full; retry after 100 ms"
         );
+    }
+
+    fn in_process() -> ScdMcp {
+        let enc = Arc::new(scd_engine::encoder::HashEncoder::new(32, 128));
+        let scd = Arc::new(scd_engine::extract::Scd::new(enc, scd_engine::extract::ScdConfig::default()));
+        let limits = Limits {
+            max_texts: 8,
+            max_text_bytes: 1 << 16,
+            max_fields: 8,
+            max_request_bytes: 1 << 20,
+            queue_size: 8,
+            batch_texts: 8,
+            max_batch_tokens: 1024,
+            max_concurrent_compress: 2,
+        };
+        ScdMcp::new(Backend::in_process(scd, limits), SessionTokens::new(4))
+    }
+
+    fn compress_args(v: Value) -> Parameters<Args<CompressContextArgs>> {
+        let Value::Object(m) = v else { panic!("not an object") };
+        Parameters(Args(m, PhantomData))
+    }
+
+    fn more_args(v: Value) -> Parameters<Args<RequestMoreArgs>> {
+        let Value::Object(m) = v else { panic!("not an object") };
+        Parameters(Args(m, PhantomData))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_continue_by_id_alone_and_secrets_stay_out() {
+        let mcp = in_process();
+        let context = serde_json::json!({"fields": [
+            {"name": "notes", "content": "The pool is exhausted. Charges time out. The newsletter font is small. \
+                                          Retries happen every second. The database has 32 connections."},
+            {"name": "keys", "content": "sk_live_SECRET_4242", "confidential": true},
+        ]});
+        let Json(out) = mcp
+            .compress_context(compress_args(serde_json::json!({
+                "task": "why do charges fail?", "context": context, "budget": 12
+            })))
+            .await
+            .unwrap();
+        assert!(!out.session_id.is_empty());
+        assert_eq!(out.withheld_fields, ["keys"]);
+        assert_eq!(mcp.tokens.len(), 1, "the token is held here");
+        let shown = serde_json::to_string(&out).unwrap();
+        assert!(!shown.contains("sk_live") && !shown.contains(&mcp.tokens.get(&out.session_id).unwrap()), "{shown}");
+        // the id alone continues the session
+        let Json(more) = mcp
+            .request_more_context(more_args(serde_json::json!({
+                "session": out.session_id, "question": "how many connections?", "current_confidence": 0.1
+            })))
+            .await
+            .unwrap();
+        assert!(more.remaining_tokens <= 12);
+        // an error naming the confidential field never shows its content
+        let e = mcp
+            .compress_context(compress_args(serde_json::json!({
+                "task": "t", "context": context, "budget": 12, "optional": ["keys"]
+            })))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e, "optional: field \"keys\" is confidential and is never sent");
+        let e = mcp
+            .request_more_context(more_args(serde_json::json!({
+                "session": "not-ours", "question": "q", "current_confidence": 0.5
+            })))
+            .await
+            .err()
+            .unwrap();
+        assert!(e.starts_with("session: \"not-ours\" was not opened by this MCP server"), "{e}");
     }
 
     #[test]
