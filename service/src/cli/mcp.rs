@@ -37,21 +37,22 @@ pub struct McpArgs {
     #[arg(long, env = "SCD_MCP_SERVER")]
     server: Option<String>,
     /// With --server https://: CA certificate (PEM) that signed the server's.
-    #[arg(long, env = "SCD_CLIENT_CA_CERT", requires = "server")]
+    #[arg(long, env = "SCD_MCP_CA_CERT", requires = "server")]
     ca_cert: Option<PathBuf>,
     /// With --server: client certificate (PEM) for mTLS; with --client-key.
-    #[arg(long, env = "SCD_CLIENT_CERT", requires = "server")]
+    #[arg(long, env = "SCD_MCP_CLIENT_CERT", requires = "server")]
     client_cert: Option<PathBuf>,
     /// With --server: client private key (PEM) for mTLS; with --client-cert.
-    #[arg(long, env = "SCD_CLIENT_KEY", requires = "server")]
+    #[arg(long, env = "SCD_MCP_CLIENT_KEY", requires = "server")]
     client_key: Option<PathBuf>,
     /// With --server: name the server's certificate must carry (default: its host).
-    #[arg(long, env = "SCD_TLS_DOMAIN", requires = "server")]
+    #[arg(long, env = "SCD_MCP_TLS_DOMAIN", requires = "server")]
     tls_domain: Option<String>,
     /// With --server: retries per call on UNAVAILABLE, broken connections
     /// and RESOURCE_EXHAUSTED (backoff 100 ms doubling, capped at 2 s).
     #[arg(long, env = "SCD_CLIENT_RETRIES", default_value_t = 5)]
     retries: u32,
+    /// With --server: who signs the calls (`--auth did-wba` servers).
     #[command(flatten)]
     sign: IdentityArgs,
     /// Session tokens this server holds for its clients (one per session it
