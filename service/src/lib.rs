@@ -2,7 +2,8 @@
 //!
 //! The `scd` binary's library: CLI subcommands ([`cli`]), configuration
 //! ([`config`]), the gRPC server and its client types ([`grpc`]), and the
-//! process's tracing subscriber ([`telemetry`]), and TLS ([`tls`]).
+//! process's tracing subscriber ([`telemetry`]), TLS ([`tls`]), and the MCP
+//! tool server ([`mcp`]).
 #![warn(missing_docs)]
 
 pub mod a2a;
@@ -11,5 +12,6 @@ pub mod config;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod grpc;
+pub mod mcp;
 pub mod telemetry;
 pub mod tls;

@@ -35,6 +35,8 @@ enum Command {
     Eval(cli::eval::EvalArgs),
     /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
     Serve(cli::serve::ServeArgs),
+    /// Serve the engine as MCP tools over stdio (or streamable HTTP with --http-addr).
+    Mcp(cli::mcp::McpArgs),
     /// Call a running service.
     Client(cli::client::ClientArgs),
     /// Query the audit trail (a server's --audit-db) as JSON lines.
@@ -71,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Command::Compress(args) => cli::compress::run(&cli.model, args),
         Command::Eval(args) => cli::eval::run(&cli.model, args),
         Command::Serve(args) => cli::serve::run(&cli.model, args),
+        Command::Mcp(args) => cli::mcp::run(&cli.model, args),
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),

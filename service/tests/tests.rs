@@ -26,6 +26,8 @@ mod fuzz;
 mod handoff;
 #[path = "cases/lifecycle.rs"]
 mod lifecycle;
+#[path = "cases/mcp.rs"]
+mod mcp;
 #[path = "cases/serving.rs"]
 mod serving;
 

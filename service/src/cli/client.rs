@@ -156,7 +156,7 @@ impl IdentityArgs {
 }
 
 /// The wire kind of an engine field kind.
-fn field_kind(k: FieldKind) -> pb::FieldKind {
+pub(crate) fn field_kind(k: FieldKind) -> pb::FieldKind {
     match k {
         FieldKind::Prose => pb::FieldKind::Prose,
         FieldKind::Code => pb::FieldKind::Code,
@@ -254,11 +254,13 @@ impl tonic::service::Interceptor for Signer {
     }
 }
 
-type Client = pb::scd_client::ScdClient<InterceptedService<Channel, Signer>>;
+pub(crate) type Client = pb::scd_client::ScdClient<InterceptedService<Channel, Signer>>;
 
 /// A reconnecting client: the channel is built lazily, and rebuilt after a
-/// broken connection.
-struct Conn {
+/// broken connection. Clones share the channel (one per concurrent caller,
+/// as `scd mcp --server` does).
+#[derive(Clone)]
+pub struct Conn {
     endpoint: Endpoint,
     client: Client,
     signer: Signer,
@@ -266,7 +268,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(addr: &str, tls: Option<ClientTlsConfig>, retries: u32, signer: Signer) -> anyhow::Result<Self> {
+    pub(crate) fn new(addr: &str, tls: Option<ClientTlsConfig>, retries: u32, signer: Signer) -> anyhow::Result<Self> {
         let mut endpoint = Endpoint::from_shared(addr.to_string())
             .with_context(|| format!("--addr {addr}: not a URI"))?
             .connect_timeout(Duration::from_secs(5));
@@ -284,7 +286,30 @@ impl Conn {
     }
 
     /// Runs `call` with retries (see [`retryable`]).
-    async fn call<T, F, Fut>(&mut self, what: &str, idempotent: bool, mut call: F) -> anyhow::Result<T>
+    async fn call<T, F, Fut>(&mut self, what: &str, idempotent: bool, call: F) -> anyhow::Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.try_call(what, idempotent, call).await.map_err(|(err, attempt)| {
+            let e = status_error(what, &err, attempt);
+            let plaintext = self.endpoint.uri().scheme_str() == Some("http");
+            if plaintext && looks_like_tls_server(&err) {
+                e.context("the server may speak TLS: use an https:// --addr with --ca-cert")
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Runs `call` with retries (see [`retryable`]); the last status and the
+    /// retries made when it fails.
+    pub(crate) async fn try_call<T, F, Fut>(
+        &mut self,
+        what: &str,
+        idempotent: bool,
+        mut call: F,
+    ) -> Result<T, (Status, u32)>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -296,13 +321,7 @@ impl Conn {
                 Err(s) => s,
             };
             let Some(floor) = retryable(&err, idempotent).filter(|_| attempt < self.retries) else {
-                let e = status_error(what, &err, attempt);
-                let plaintext = self.endpoint.uri().scheme_str() == Some("http");
-                return Err(if plaintext && looks_like_tls_server(&err) {
-                    e.context("the server may speak TLS: use an https:// --addr with --ca-cert")
-                } else {
-                    e
-                });
+                return Err((err, attempt));
             };
             let wait = backoff(attempt, floor);
             warn!(call = what, code = ?err.code(), attempt = attempt + 1, of = self.retries, wait_ms = wait.as_millis() as u64, "retrying: {}", err.message());

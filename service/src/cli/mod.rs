@@ -12,6 +12,7 @@ pub mod eval;
 pub mod handoff;
 pub mod identity;
 pub mod load;
+pub mod mcp;
 pub mod models;
 pub mod serve;
 

@@ -133,7 +133,17 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let svc = pb::scd_server::ScdServer::new(ScdHandler(service))
         .max_decoding_message_size(cfg.limits.max_request_bytes)
         .max_encoding_message_size(64 << 20);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // TCP_NODELAY: without it a reply of more than one segment waits for
+    // the client's delayed ACK (~40 ms on Linux) under Nagle; tonic sets it
+    // only on listeners it binds itself
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+        if let Ok(c) = &conn {
+            if let Err(e) = c.set_nodelay(true) {
+                warn!(error = %e, "TCP_NODELAY not set");
+            }
+        }
+        conn
+    });
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = cfg.tls {
         builder = builder.tls_config(tls)?;

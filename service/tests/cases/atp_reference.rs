@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// The venv's Python when it imports `modules`; otherwise a skip (a failure under CI).
-fn python_with(modules: &str) -> Option<PathBuf> {
+pub(crate) fn python_with(modules: &str) -> Option<PathBuf> {
     let python = crate::root().join(".tools/venv/bin/python");
     let ok = Command::new(&python)
         .args(["-c", &format!("import {modules}")])

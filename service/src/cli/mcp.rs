@@ -1,0 +1,192 @@
+//! `scd mcp`: the engine as an MCP tool server (see [`crate::mcp`]).
+//!
+//! Over stdio by default (stdout is the protocol; logs go to stderr), or
+//! over streamable HTTP at `http://ADDR/mcp` with `--http-addr` (the bound
+//! address is printed on stdout: `mcp on http://127.0.0.1:PORT/mcp`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServiceExt as _;
+use scd_engine::extract::{Scd, ScdConfig};
+
+use crate::cli::client::{Conn, IdentityArgs};
+use crate::config::ModelArgs;
+use crate::grpc::Limits;
+use crate::mcp::{Backend, ScdMcp, SessionTokens};
+use crate::tls;
+
+/// Arguments of `scd mcp`.
+#[derive(Debug, clap::Args)]
+pub struct McpArgs {
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (port 0
+    /// picks a free port; the address is printed on stdout).
+    #[arg(long, env = "SCD_MCP_HTTP_ADDR")]
+    http_addr: Option<SocketAddr>,
+    /// Host names (or host:port) accepted in the Host header over HTTP, a
+    /// guard against DNS rebinding (comma-separated). Default: loopback only.
+    #[arg(long, env = "SCD_MCP_ALLOWED_HOSTS", value_delimiter = ',', requires = "http_addr")]
+    allowed_hosts: Vec<String>,
+    /// Forward the tools to a running `scd serve` at this URL (http:// or
+    /// https://) instead of loading the model here.
+    #[arg(long, env = "SCD_MCP_SERVER")]
+    server: Option<String>,
+    /// With --server https://: CA certificate (PEM) that signed the server's.
+    #[arg(long, env = "SCD_MCP_CA_CERT", requires = "server")]
+    ca_cert: Option<PathBuf>,
+    /// With --server: client certificate (PEM) for mTLS; with --client-key.
+    #[arg(long, env = "SCD_MCP_CLIENT_CERT", requires = "server")]
+    client_cert: Option<PathBuf>,
+    /// With --server: client private key (PEM) for mTLS; with --client-cert.
+    #[arg(long, env = "SCD_MCP_CLIENT_KEY", requires = "server")]
+    client_key: Option<PathBuf>,
+    /// With --server: name the server's certificate must carry (default: its host).
+    #[arg(long, env = "SCD_MCP_TLS_DOMAIN", requires = "server")]
+    tls_domain: Option<String>,
+    /// With --server: retries per call on UNAVAILABLE, broken connections
+    /// and RESOURCE_EXHAUSTED (backoff 100 ms doubling, capped at 2 s).
+    #[arg(long, env = "SCD_CLIENT_RETRIES", default_value_t = 5)]
+    retries: u32,
+    /// With --server: who signs the calls (`--auth did-wba` servers).
+    #[command(flatten)]
+    sign: IdentityArgs,
+    /// Session tokens this server holds for its clients (one per session it
+    /// opened); past it the oldest is forgotten.
+    #[arg(long, env = "SCD_MCP_MAX_SESSIONS", default_value_t = 1024)]
+    max_sessions: usize,
+    /// Largest MCP message in bytes (a stdio line, an HTTP request body);
+    /// a longer stdio line is dropped and answered with an error.
+    #[arg(long, env = "SCD_MAX_REQUEST_BYTES", default_value_t = 16 << 20)]
+    max_request_bytes: usize,
+    /// In-process: compress / request_more_context calls in flight at once;
+    /// more are answered "busy ... retry".
+    #[arg(long, env = "SCD_MAX_CONCURRENT_COMPRESS", default_value_t = 8)]
+    max_concurrent_compress: usize,
+    /// In-process: texts per embed call.
+    #[arg(long, env = "SCD_MAX_TEXTS", default_value_t = 256)]
+    max_texts: usize,
+    /// In-process: fields per compress_context call.
+    #[arg(long, env = "SCD_MAX_FIELDS", default_value_t = 256)]
+    max_fields: usize,
+    /// In-process: bytes of one embed / count_tokens text.
+    #[arg(long, env = "SCD_MAX_TEXT_BYTES", default_value_t = 1 << 20)]
+    max_text_bytes: usize,
+    /// In-process: the current_confidence of a report's confidence level.
+    #[command(flatten)]
+    confidence: crate::cli::handoff::ConfidenceArgs,
+}
+
+impl McpArgs {
+    fn check(&self) -> anyhow::Result<()> {
+        for (flag, v) in [
+            ("--max-sessions", self.max_sessions),
+            ("--max-concurrent-compress", self.max_concurrent_compress),
+            ("--max-texts", self.max_texts),
+            ("--max-fields", self.max_fields),
+            ("--max-text-bytes", self.max_text_bytes),
+            ("--max-request-bytes", self.max_request_bytes),
+        ] {
+            anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The serve defaults, with this command's limits.
+    fn limits(&self) -> Limits {
+        Limits {
+            max_texts: self.max_texts,
+            max_text_bytes: self.max_text_bytes,
+            max_fields: self.max_fields,
+            max_request_bytes: self.max_request_bytes,
+            queue_size: 256,
+            batch_texts: 64,
+            max_batch_tokens: 8192,
+            max_concurrent_compress: self.max_concurrent_compress,
+        }
+    }
+
+    fn backend(&self, model: &ModelArgs) -> anyhow::Result<Backend> {
+        match &self.server {
+            Some(url) => {
+                let tls = tls::client_config(
+                    url,
+                    &tls::ClientTlsFiles {
+                        ca_cert: self.ca_cert.clone(),
+                        client_cert: self.client_cert.clone(),
+                        client_key: self.client_key.clone(),
+                        domain: self.tls_domain.clone(),
+                    },
+                )
+                .context("--server")?;
+                let conn = Conn::new(url, tls, self.retries, self.sign.signer()?).context("--server")?;
+                Ok(Backend::Remote(Box::new(conn)))
+            }
+            None => {
+                let cfg = ScdConfig { confidence_map: self.confidence.map()?, ..ScdConfig::default() };
+                let scd = Scd::new(Arc::new(model.load_encoder()?), cfg);
+                Ok(Backend::in_process(Arc::new(scd), self.limits()))
+            }
+        }
+    }
+}
+
+/// Runs `scd mcp` until stdin closes (stdio) or Ctrl-C / SIGTERM (HTTP).
+pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
+    args.check()?;
+    let listener = match args.http_addr {
+        Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => anyhow::anyhow!("--http-addr {addr} is already in use"),
+            _ => anyhow::anyhow!("--http-addr {addr}: cannot listen: {e}"),
+        })?),
+        None => None,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        // the engine (or the channel to --server) is made inside the runtime:
+        // the in-process handler starts its batcher there
+        let backend = args.backend(model)?;
+        let server = ScdMcp::new(backend, SessionTokens::new(args.max_sessions));
+        match listener {
+            None => {
+                tracing::info!("MCP over stdio");
+                let (stdin, stdout) = rmcp::transport::stdio();
+                let transport =
+                    AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(args.max_request_bytes);
+                let running = server.serve(transport).await.context("MCP initialization")?;
+                running.waiting().await.context("MCP over stdio")?;
+                Ok(())
+            }
+            Some(listener) => {
+                listener.set_nonblocking(true)?;
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let local = listener.local_addr()?;
+                let mut config = StreamableHttpServerConfig::default();
+                config.max_request_body_bytes = args.max_request_bytes;
+                if !args.allowed_hosts.is_empty() {
+                    config.allowed_hosts = args.allowed_hosts.clone();
+                }
+                let stop = config.cancellation_token.clone();
+                let service = StreamableHttpService::new(
+                    move || Ok(server.clone()),
+                    Arc::new(LocalSessionManager::default()),
+                    config,
+                );
+                let router = axum::Router::new().nest_service("/mcp", service);
+                println!("mcp on http://{local}/mcp");
+                tracing::info!(%local, "MCP over streamable HTTP at /mcp");
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        crate::grpc::shutdown_signal().await;
+                        stop.cancel();
+                    })
+                    .await
+                    .context("MCP over HTTP")
+            }
+        }
+    })
+}

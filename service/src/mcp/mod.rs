@@ -1,0 +1,784 @@
+//! # MCP tool server (`scd mcp`)
+//!
+//! The engine as four [Model Context Protocol](https://modelcontextprotocol.io)
+//! tools, served with the official Rust SDK (`rmcp`) over stdio or
+//! streamable HTTP:
+//!
+//! | tool | arguments | structured result |
+//! | --- | --- | --- |
+//! | `compress_context` | `task`, `context`, `budget`, optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`) |
+//! | `request_more_context` | `session`, `question`, `current_confidence` (or `report`), optional `chunk_ids`, `reasoning` | `chunks`, `remaining_tokens`, `reason` |
+//! | `count_tokens` | `text` | `tokens` |
+//! | `embed` | `texts`, optional `query` | `model`, `dim`, `embeddings` |
+//!
+//! The work runs in this process ([`Backend::InProcess`], the gRPC
+//! service's own handler called without a network) or on a running
+//! `scd serve` ([`Backend::Remote`]).
+//!
+//! **Sessions:** every `compress_context` opens one (under the given
+//! `session` id, or a random one) or continues the one named. The session's
+//! secret token never reaches the MCP client: this server keeps the tokens
+//! of the sessions it opened ([`SessionTokens`], bounded, oldest forgotten
+//! first), and a client names only the session id. Anyone who can call this
+//! MCP server can therefore continue its sessions by id (ids are 128 random
+//! bits unless the client chose one).
+//!
+//! **Errors:** a bad argument is a tool result with `isError: true` whose
+//! text names the argument (`budget: must be at least 1`,
+//! `context.fields[2].kind: unknown variant ...`); arguments are parsed here
+//! (not by the SDK) for that reason, strictly: unknown keys are errors.
+//! Confidential field content appears in no result and no error.
+//!
+//! ```no_run
+//! # async fn run(scd: std::sync::Arc<scd_engine::extract::Scd>, limits: scd_service::grpc::Limits) -> anyhow::Result<()> {
+//! use rmcp::ServiceExt as _;
+//! use scd_service::mcp::{Backend, ScdMcp, SessionTokens};
+//!
+//! let server = ScdMcp::new(Backend::in_process(scd, limits), SessionTokens::new(1024));
+//! server.serve(rmcp::transport::stdio()).await?.waiting().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+
+pub use backend::Backend;
+
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler};
+use scd_engine::context::Context;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+use tonic::{Code, Status};
+
+use crate::grpc::pb;
+
+/// Tool arguments as sent, described by `T`'s JSON schema and parsed into a
+/// `T` by [`Args::parse`], so that a bad argument is a tool error naming it
+/// rather than a protocol error.
+pub struct Args<T>(Map<String, Value>, PhantomData<fn() -> T>);
+
+impl<'de, T> Deserialize<'de> for Args<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Map::deserialize(d).map(|m| Args(m, PhantomData))
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Args<T> {
+    fn schema_name() -> Cow<'static, str> {
+        T::schema_name()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        T::json_schema(generator)
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> Args<T> {
+    /// The arguments, parsed strictly; the error names the argument's path.
+    pub fn parse(self) -> Result<T, String> {
+        serde_path_to_error::deserialize(Value::Object(self.0)).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." || path == "?" {
+                format!("arguments: {}", e.into_inner())
+            } else {
+                format!("{path}: {}", e.into_inner())
+            }
+        })
+    }
+}
+
+/// A context argument: `{"fields": [...]}` exactly as `scd compress
+/// --context` reads it (the engine's [`Context`], strict).
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub struct ContextArg(pub Context);
+
+impl JsonSchema for ContextArg {
+    fn schema_name() -> Cow<'static, str> {
+        "Context".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "description": "The sender's context: named fields. Confidential fields are used for nothing and never sent back.",
+            "properties": {
+                "fields": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "description": "Unique, non-empty name (e.g. db_schema)."},
+                            "kind": {
+                                "type": "string",
+                                "enum": ["prose", "code", "log", "json", "chat", "table"],
+                                "default": "prose",
+                                "description": "How the field is chunked."
+                            },
+                            "content": {"type": "string"},
+                            "confidential": {"type": "boolean", "default": false}
+                        },
+                        "required": ["name", "content"],
+                        "additionalProperties": false
+                    }
+                }
+            },
+            "required": ["fields"],
+            "additionalProperties": false
+        })
+    }
+}
+
+/// The hand-off report format of `compress_context.render`.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RenderFormat {
+    /// Prose with an `Answer:` line.
+    Freeform,
+    /// `[STATUS]`, `[SUMMARY]`, ... sections.
+    SemiStructured,
+    /// A `JSON_REPORT:` block.
+    StructuredSoft,
+}
+
+impl RenderFormat {
+    fn pb(self) -> pb::ReportFormat {
+        match self {
+            RenderFormat::Freeform => pb::ReportFormat::Freeform,
+            RenderFormat::SemiStructured => pb::ReportFormat::SemiStructured,
+            RenderFormat::StructuredSoft => pb::ReportFormat::StructuredSoft,
+        }
+    }
+}
+
+/// Arguments of `compress_context`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompressContextArgs {
+    /// What the receiving agent must do.
+    pub task: String,
+    /// The sender's context, `{"fields": [{"name", "kind", "content", "confidential"}]}`.
+    pub context: ContextArg,
+    /// The receiver's budget in tokens, a hard limit (at least 1).
+    pub budget: u64,
+    /// Fields sent whole, first.
+    #[serde(default)]
+    pub required: Vec<String>,
+    /// Fields that fill the rest by relevance (none named, no required: all fields).
+    #[serde(default)]
+    pub optional: Vec<String>,
+    /// Continue this session (one opened by this server), or open one under
+    /// this id; unset opens one under a random id. `request_more_context`
+    /// names it.
+    pub session: Option<String>,
+    /// Absolute cosine threshold in [-1, 1].
+    pub threshold: Option<f32>,
+    /// Calibrated threshold in standard deviations of the context's scores.
+    pub min_relative_score: Option<f32>,
+    /// Also write the selection as a hand-off report in this format (`report`).
+    pub render: Option<RenderFormat>,
+}
+
+/// Arguments of `request_more_context`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestMoreArgs {
+    /// The session id `compress_context` answered.
+    pub session: String,
+    /// The specific question the receiver still has (with `report`: default its next step).
+    #[serde(default)]
+    pub question: String,
+    /// The receiver's confidence in [0, 1]; required unless `report` is given.
+    pub current_confidence: Option<f32>,
+    /// Chunks asked for by id (from the `dropped` manifest).
+    #[serde(default)]
+    pub chunk_ids: Vec<String>,
+    /// Why more is needed.
+    #[serde(default)]
+    pub reasoning: String,
+    /// The receiver's own hand-off report (any format): its confidence sets
+    /// `current_confidence`, its next step the question when none is given.
+    pub report: Option<String>,
+}
+
+/// Arguments of `count_tokens`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CountTokensArgs {
+    /// The text to count (no prefix, no special tokens).
+    pub text: String,
+}
+
+/// Arguments of `embed`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedArgs {
+    /// Texts to embed, each non-empty.
+    pub texts: Vec<String>,
+    /// Embed as queries (questions, tasks) rather than passages.
+    #[serde(default)]
+    pub query: bool,
+}
+
+/// A selected chunk.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChunkOut {
+    /// The field it comes from.
+    pub field: String,
+    /// Stable chunk id.
+    pub id: String,
+    /// The text.
+    pub text: String,
+    /// Relevance score.
+    pub score: f32,
+    /// Tokens it costs.
+    pub tokens: u32,
+    /// Byte span `[start, end)` in the field's content.
+    pub span: [u32; 2],
+}
+
+/// Sizes of a compression.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TotalsOut {
+    /// Tokens of the whole non-confidential context.
+    pub context_tokens: u32,
+    /// Tokens sent.
+    pub sent_tokens: u32,
+    /// context_tokens / sent_tokens.
+    pub reduction_ratio: f32,
+    /// The paper's Theorem 1 bound R.
+    pub r_theorem1: f32,
+}
+
+/// A chunk left out, for `request_more_context.chunk_ids`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DroppedOut {
+    /// The field it comes from.
+    pub field: String,
+    /// Chunk id.
+    pub id: String,
+    /// A short stub of its text.
+    pub stub: String,
+    /// Tokens it would cost.
+    pub tokens: u32,
+}
+
+/// Result of `compress_context`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CompressOutput {
+    /// The selection, within the budget.
+    pub chunks: Vec<ChunkOut>,
+    /// Sizes.
+    pub totals: TotalsOut,
+    /// What was left out (confidential fields never appear).
+    pub dropped: Vec<DroppedOut>,
+    /// Names of the confidential fields withheld.
+    pub withheld_fields: Vec<String>,
+    /// Notes on the selection.
+    pub warnings: Vec<String>,
+    /// The session to name in `request_more_context`.
+    pub session_id: String,
+    /// The selection as a hand-off report (with `render`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
+}
+
+/// Result of `request_more_context`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct MoreOutput {
+    /// The next chunks, within the session's remaining budget.
+    pub chunks: Vec<ChunkOut>,
+    /// Budget left in the session.
+    pub remaining_tokens: u32,
+    /// Why nothing (or less) was sent, if so.
+    pub reason: String,
+}
+
+/// Result of `count_tokens`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TokensOutput {
+    /// Tokens in the model's tokenizer.
+    pub tokens: u32,
+}
+
+/// One embedding.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EmbeddingOut {
+    /// L2-normalized vector of `dim` floats.
+    pub values: Vec<f32>,
+    /// Tokens fed to the model.
+    pub tokens: u32,
+    /// Windows averaged (1 unless the text was over the model's length).
+    pub windows: u32,
+}
+
+/// Result of `embed`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EmbedOutput {
+    /// The model's id.
+    pub model: String,
+    /// Vector length.
+    pub dim: u32,
+    /// One per text, in order.
+    pub embeddings: Vec<EmbeddingOut>,
+}
+
+/// The secret tokens of the sessions this server opened, by session id;
+/// bounded: past `capacity` the oldest is forgotten (that session can then
+/// no longer be continued through this server; the engine expires it).
+pub struct SessionTokens {
+    inner: Mutex<(HashMap<String, String>, VecDeque<String>)>,
+    capacity: usize,
+}
+
+impl SessionTokens {
+    /// Holds at most `capacity` tokens (at least 1).
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self { inner: Mutex::new((HashMap::new(), VecDeque::new())), capacity: capacity.max(1) })
+    }
+
+    fn get(&self, id: &str) -> Option<String> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.get(id).cloned()
+    }
+
+    fn insert(&self, id: String, token: String) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let (map, order) = &mut *g;
+        if map.insert(id.clone(), token).is_none() {
+            order.push_back(id);
+            while order.len() > self.capacity {
+                if let Some(old) = order.pop_front() {
+                    map.remove(&old);
+                    tracing::debug!(session = %old, "forgot the oldest session token (--max-sessions)");
+                }
+            }
+        }
+    }
+
+    /// Sessions held.
+    pub fn len(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The wire names of arguments in engine and server errors, and the MCP
+/// argument each stands for.
+const RENAMES: &[(&str, &str)] = &[
+    ("requirement.max_context_tokens", "budget"),
+    ("max_context_tokens", "budget"),
+    ("requirement.required_fields", "required"),
+    ("required_fields", "required"),
+    ("requirement.optional_fields", "optional"),
+    ("optional_fields", "optional"),
+    ("requirement.relevance_threshold", "threshold"),
+    ("relevance_threshold", "threshold"),
+    ("requirement.min_relative_score", "min_relative_score"),
+    ("task.description", "task"),
+    ("specific_question", "question"),
+    ("session_id", "session"),
+    ("fields", "context.fields"),
+    ("context.fields", "context.fields"),
+];
+
+/// A server message with the wire's argument name replaced by the MCP one.
+fn rename_argument(msg: &str) -> String {
+    for (wire, arg) in RENAMES {
+        if let Some(rest) = msg.strip_prefix(wire) {
+            if rest.starts_with([':', '[', '.', ' ']) {
+                return format!("{arg}{rest}");
+            }
+        }
+    }
+    msg.to_string()
+}
+
+/// The text of a failed call's tool error: an argument problem as the
+/// server said it (naming the MCP argument), overload as "busy", the rest
+/// with its code.
+fn tool_error(s: Status) -> String {
+    let msg = rename_argument(s.message());
+    match s.code() {
+        Code::InvalidArgument => msg,
+        Code::ResourceExhausted => format!("busy: {msg}"),
+        Code::NotFound => format!("not found: {msg}"),
+        Code::Unavailable => format!("unavailable: {msg}; retry later"),
+        c => format!("{c:?}: {msg}"),
+    }
+}
+
+fn chunk_out(c: pb::Chunk) -> ChunkOut {
+    ChunkOut { field: c.field, id: c.id, text: c.text, score: c.score, tokens: c.tokens, span: [c.start, c.end] }
+}
+
+/// The MCP server: the four tools over a [`Backend`].
+#[derive(Clone)]
+pub struct ScdMcp {
+    backend: Backend,
+    tokens: Arc<SessionTokens>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router(router = tool_router)]
+impl ScdMcp {
+    /// A server over `backend`, keeping session tokens in `tokens` (shared by
+    /// every MCP connection of this process).
+    pub fn new(backend: Backend, tokens: Arc<SessionTokens>) -> Self {
+        Self { backend, tokens, tool_router: Self::tool_router() }
+    }
+
+    /// The tools' definitions (names, input and output schemas).
+    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
+        self.tool_router.list_all()
+    }
+
+    #[tool(
+        name = "compress_context",
+        description = "Select the minimal sufficient context for a task under a token budget: the chunks to hand \
+                       to the receiving agent, the totals, the manifest of dropped chunks (ask for them with \
+                       request_more_context) and the session id. Confidential fields are never sent back."
+    )]
+    async fn compress_context(
+        &self,
+        Parameters(args): Parameters<Args<CompressContextArgs>>,
+    ) -> Result<Json<CompressOutput>, String> {
+        let a = args.parse()?;
+        if a.budget < 1 {
+            return Err("budget: must be at least 1".into());
+        }
+        let budget =
+            u32::try_from(a.budget).map_err(|_| format!("budget: {} is over the limit {}", a.budget, u32::MAX))?;
+        if let Some(t) = a.threshold {
+            if !(t.is_finite() && (-1.0..=1.0).contains(&t)) {
+                return Err(format!("threshold: must be a cosine in [-1, 1], got {t}"));
+            }
+        }
+        if a.min_relative_score.is_some_and(|t| !t.is_finite()) {
+            return Err("min_relative_score: must be finite".into());
+        }
+        let (session_id, session_token) = match a.session {
+            Some(id) if id.is_empty() => return Err("session: must not be empty (leave it out to open one)".into()),
+            Some(id) => {
+                let token = self.tokens.get(&id).unwrap_or_default();
+                (id, token)
+            }
+            None => (String::new(), String::new()),
+        };
+        let open = session_token.is_empty();
+        let req = pb::CompressRequest {
+            task: Some(pb::Task { description: a.task, ..Default::default() }),
+            fields: a
+                .context
+                .0
+                .fields
+                .into_iter()
+                .map(|f| pb::Field {
+                    name: f.name,
+                    kind: crate::cli::client::field_kind(f.kind) as i32,
+                    content: f.content,
+                    confidential: f.confidential,
+                })
+                .collect(),
+            requirement: Some(pb::ContextRequirement {
+                required_fields: a.required,
+                optional_fields: a.optional,
+                max_context_tokens: budget,
+                relevance_threshold: a.threshold,
+                min_relative_score: a.min_relative_score,
+            }),
+            session_id,
+            session_token,
+            render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
+        };
+        let r = self.backend.compress(req, open).await.map_err(tool_error)?;
+        if !r.session_token.is_empty() {
+            self.tokens.insert(r.session_id.clone(), r.session_token);
+        }
+        let t = r.totals.unwrap_or_default();
+        Ok(Json(CompressOutput {
+            chunks: r.chunks.into_iter().map(chunk_out).collect(),
+            totals: TotalsOut {
+                context_tokens: t.context_tokens,
+                sent_tokens: t.sent_tokens,
+                reduction_ratio: t.reduction_ratio,
+                r_theorem1: t.r_theorem1,
+            },
+            dropped: r
+                .dropped
+                .into_iter()
+                .map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens })
+                .collect(),
+            withheld_fields: r.withheld_fields,
+            warnings: r.warnings,
+            session_id: r.session_id,
+            report: (!r.report.is_empty()).then_some(r.report),
+        }))
+    }
+
+    #[tool(
+        name = "request_more_context",
+        description = "Ask for more of a session's context: the next unseen chunks for a specific question (or \
+                       the chunk_ids named), within the session's remaining budget. Give current_confidence, or \
+                       your own hand-off report whose confidence sets it."
+    )]
+    async fn request_more_context(
+        &self,
+        Parameters(args): Parameters<Args<RequestMoreArgs>>,
+    ) -> Result<Json<MoreOutput>, String> {
+        let a = args.parse()?;
+        if a.session.is_empty() {
+            return Err("session: must not be empty".into());
+        }
+        let confidence = match (a.current_confidence, &a.report) {
+            (Some(_), Some(_)) => {
+                return Err("current_confidence: given with a report; the report's confidence sets it (give one \
+                            or the other)"
+                    .into())
+            }
+            (None, None) => return Err("current_confidence: required without a report (a number in [0, 1])".into()),
+            (Some(c), None) if !(c.is_finite() && (0.0..=1.0).contains(&c)) => {
+                return Err(format!("current_confidence: must be in [0, 1], got {c}"))
+            }
+            (c, _) => c.unwrap_or(0.0),
+        };
+        let Some(token) = self.tokens.get(&a.session) else {
+            return Err(format!(
+                "session: {:?} was not opened by this MCP server (or is long forgotten); open one with \
+                 compress_context",
+                a.session
+            ));
+        };
+        let req = pb::ContextRequest {
+            session_id: a.session,
+            session_token: token,
+            specific_question: a.question,
+            current_confidence: confidence,
+            reasoning: a.reasoning,
+            chunk_ids: a.chunk_ids,
+            report: a.report.unwrap_or_default(),
+        };
+        let r = self.backend.request_context(req).await.map_err(tool_error)?;
+        Ok(Json(MoreOutput {
+            chunks: r.chunks.into_iter().map(chunk_out).collect(),
+            remaining_tokens: r.remaining_tokens,
+            reason: r.reason,
+        }))
+    }
+
+    #[tool(name = "count_tokens", description = "Count the tokens of a text in the model's tokenizer.")]
+    async fn count_tokens(
+        &self,
+        Parameters(args): Parameters<Args<CountTokensArgs>>,
+    ) -> Result<Json<TokensOutput>, String> {
+        let a = args.parse()?;
+        let r = self
+            .backend
+            .count_tokens(pb::CountTokensRequest { texts: vec![a.text] })
+            .await
+            .map_err(|s| tool_error(s).replacen("texts[0]", "text", 1))?;
+        let tokens = r.tokens.first().copied().ok_or("the server counted no text")?;
+        Ok(Json(TokensOutput { tokens }))
+    }
+
+    #[tool(
+        name = "embed",
+        description = "Embed texts with the model (L2-normalized vectors); query: true for questions and tasks, \
+                       false (default) for passages. Long texts are embedded as a weighted mean of windows."
+    )]
+    async fn embed(&self, Parameters(args): Parameters<Args<EmbedArgs>>) -> Result<Json<EmbedOutput>, String> {
+        let a = args.parse()?;
+        let kind = if a.query { pb::InputKind::Query } else { pb::InputKind::Passage };
+        let r = self
+            .backend
+            .embed(pb::EmbedRequest { texts: a.texts, kind: kind as i32, windows: true })
+            .await
+            .map_err(tool_error)?;
+        let dim = r.embeddings.first().map_or(0, |e| e.values.len() as u32);
+        Ok(Json(EmbedOutput {
+            model: r.model,
+            dim,
+            embeddings: r
+                .embeddings
+                .into_iter()
+                .map(|e| EmbeddingOut { values: e.values, tokens: e.tokens, windows: e.windows })
+                .collect(),
+        }))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for ScdMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("scd", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "SCD selects the minimal sufficient context for a task under a token budget. Call \
+                 compress_context with the task, the context fields and the receiver's budget; hand the chunks \
+                 on; if the receiver needs more, call request_more_context with the session id.",
+            )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grpc::Limits;
+
+    fn args<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+        let Value::Object(m) = v else { panic!("not an object") };
+        Args::<T>(m, PhantomData).parse()
+    }
+
+    #[test]
+    fn bad_arguments_are_named_by_their_path() {
+        let e = args::<CompressContextArgs>(serde_json::json!({"task": "t", "context": {"fields": []}, "budget": -1}))
+            .unwrap_err();
+        assert!(e.starts_with("budget: invalid value: integer `-1`"), "{e}");
+        let ctx = serde_json::json!({"fields": [{"name": "a", "content": "x"}, {"name": "b", "kind": "poem", "content": "y"}]});
+        let e = args::<CompressContextArgs>(serde_json::json!({"task": "t", "context": ctx, "budget": 5})).unwrap_err();
+        assert!(e.starts_with("context.fields[1].kind: unknown variant `poem`"), "{e}");
+        let e = args::<CompressContextArgs>(
+            serde_json::json!({"task": "t", "context": {"fields": []}, "budget": 5, "budgte": 1}),
+        )
+        .unwrap_err();
+        assert!(e.starts_with("budgte: unknown field `budgte`"), "{e}");
+        let e = args::<EmbedArgs>(serde_json::json!({"query": true})).unwrap_err();
+        assert_eq!(e, "arguments: missing field `texts`");
+        let ok = args::<EmbedArgs>(serde_json::json!({"texts": ["a"]})).unwrap();
+        assert!(!ok.query);
+    }
+
+    #[test]
+    fn wire_names_in_server_errors_become_argument_names() {
+        assert_eq!(
+            rename_argument("required_fields: field \"k\" is confidential"),
+            "required: field \"k\" is confidential"
+        );
+        assert_eq!(rename_argument("fields[2].name: must not be empty"), "context.fields[2].name: must not be empty");
+        assert_eq!(rename_argument("specific_question: must not be empty"), "question: must not be empty");
+        assert_eq!(rename_argument("fieldsx: no"), "fieldsx: no");
+        assert_eq!(
+            tool_error(Status::resource_exhausted("compress queue is full; retry after 100 ms")),
+            "busy: compress queue is full; retry after 100 ms"
+        );
+    }
+
+    fn in_process() -> ScdMcp {
+        let enc = Arc::new(scd_engine::encoder::HashEncoder::new(32, 128));
+        let scd = Arc::new(scd_engine::extract::Scd::new(enc, scd_engine::extract::ScdConfig::default()));
+        let limits = Limits {
+            max_texts: 8,
+            max_text_bytes: 1 << 16,
+            max_fields: 8,
+            max_request_bytes: 1 << 20,
+            queue_size: 8,
+            batch_texts: 8,
+            max_batch_tokens: 1024,
+            max_concurrent_compress: 2,
+        };
+        ScdMcp::new(Backend::in_process(scd, limits), SessionTokens::new(4))
+    }
+
+    fn compress_args(v: Value) -> Parameters<Args<CompressContextArgs>> {
+        let Value::Object(m) = v else { panic!("not an object") };
+        Parameters(Args(m, PhantomData))
+    }
+
+    fn more_args(v: Value) -> Parameters<Args<RequestMoreArgs>> {
+        let Value::Object(m) = v else { panic!("not an object") };
+        Parameters(Args(m, PhantomData))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_continue_by_id_alone_and_secrets_stay_out() {
+        let mcp = in_process();
+        let context = serde_json::json!({"fields": [
+            {"name": "notes", "content": "The pool is exhausted. Charges time out. The newsletter font is small. \
+                                          Retries happen every second. The database has 32 connections."},
+            {"name": "keys", "content": "sk_live_SECRET_4242", "confidential": true},
+        ]});
+        let Json(out) = mcp
+            .compress_context(compress_args(serde_json::json!({
+                "task": "why do charges fail?", "context": context, "budget": 12
+            })))
+            .await
+            .unwrap();
+        assert!(!out.session_id.is_empty());
+        assert_eq!(out.withheld_fields, ["keys"]);
+        assert_eq!(mcp.tokens.len(), 1, "the token is held here");
+        let shown = serde_json::to_string(&out).unwrap();
+        assert!(!shown.contains("sk_live") && !shown.contains(&mcp.tokens.get(&out.session_id).unwrap()), "{shown}");
+        // the id alone continues the session
+        let Json(more) = mcp
+            .request_more_context(more_args(serde_json::json!({
+                "session": out.session_id, "question": "how many connections?", "current_confidence": 0.1
+            })))
+            .await
+            .unwrap();
+        assert!(more.remaining_tokens <= 12);
+        // an error naming the confidential field never shows its content
+        let e = mcp
+            .compress_context(compress_args(serde_json::json!({
+                "task": "t", "context": context, "budget": 12, "optional": ["keys"]
+            })))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e, "optional: field \"keys\" is confidential and is never sent");
+        let e = mcp
+            .request_more_context(more_args(serde_json::json!({
+                "session": "not-ours", "question": "q", "current_confidence": 0.5
+            })))
+            .await
+            .err()
+            .unwrap();
+        assert!(e.starts_with("session: \"not-ours\" was not opened by this MCP server"), "{e}");
+    }
+
+    #[test]
+    fn session_tokens_are_bounded_oldest_first() {
+        let t = SessionTokens::new(2);
+        t.insert("a".into(), "ta".into());
+        t.insert("b".into(), "tb".into());
+        t.insert("a".into(), "ta2".into());
+        assert_eq!(t.len(), 2);
+        t.insert("c".into(), "tc".into());
+        assert_eq!((t.get("a"), t.get("b").as_deref(), t.get("c").as_deref()), (None, Some("tb"), Some("tc")));
+    }
+
+    #[test]
+    fn every_tool_has_an_input_and_an_object_output_schema() {
+        let names: Vec<String> = ScdMcp::tool_router()
+            .list_all()
+            .into_iter()
+            .map(|t| {
+                let out = t.output_schema.clone().expect("output schema");
+                assert_eq!(out.get("type"), Some(&Value::from("object")), "{}", t.name);
+                assert_eq!(t.input_schema.get("type"), Some(&Value::from("object")), "{}", t.name);
+                t.name.to_string()
+            })
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["compress_context", "count_tokens", "embed", "request_more_context"]);
+        let compress = ScdMcp::tool_router().list_all().into_iter().find(|t| t.name == "compress_context").unwrap();
+        let schema = Value::Object((*compress.input_schema).clone());
+        let context = match schema["properties"]["context"]["$ref"].as_str() {
+            Some(r) => schema.pointer(r.trim_start_matches('#')).cloned().unwrap(),
+            None => schema["properties"]["context"].clone(),
+        };
+        assert_eq!(context["properties"]["fields"]["items"]["additionalProperties"], Value::Bool(false), "{schema}");
+    }
+}

@@ -1,0 +1,130 @@
+//! `scd mcp` end to end with a real MCP client from a registry: the Python
+//! `mcp` package (`.tools/venv`, pinned in models/requirements.txt) drives
+//! `service/tests/py/mcp_client.py` over stdio, over streamable HTTP, and
+//! over stdio again with the tools forwarded to a running `scd serve`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use crate::{grpc, ready, root};
+
+const SECRET: &str = "sk_live_SECRET_4242";
+
+/// Kills the child when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn model_env(cmd: &mut Command) -> &mut Command {
+    cmd.current_dir(root())
+        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
+        .env("SCD_MODELS_DIR", root().join("models/out"))
+        .env("SCD_THREADS", "2")
+}
+
+/// Runs the client script with `args`; its summary (last stdout line) on success.
+fn client(python: &Path, args: &[&str]) -> serde_json::Value {
+    let mut cmd = Command::new(python);
+    cmd.arg(root().join("service/tests/py/mcp_client.py")).args(args);
+    let out: Output = model_env(&mut cmd).output().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "mcp_client.py {args:?} failed:\n{stdout}\n{stderr}");
+    // the secret appears nowhere, not even in the server's logs on stderr
+    assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().expect("a summary line");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"))
+}
+
+/// What every transport must have shown.
+fn check_summary(s: &serde_json::Value, transport: &str) {
+    assert_eq!(s["transport"], transport);
+    assert_eq!(s["tools"], serde_json::json!(["compress_context", "count_tokens", "embed", "request_more_context"]));
+    assert!(s["compress"]["sent_tokens"].as_u64().unwrap() <= 400, "{s}");
+    assert!(s["more"]["chunks"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(s["embed"]["dim"], 384);
+    let errors = &s["errors"];
+    assert_eq!(errors["zero_budget"], "budget: must be at least 1");
+    assert_eq!(errors["confidential"], "required: field \"api_keys\" is confidential and is never sent");
+    assert!(
+        errors["unknown_key"].as_str().unwrap().starts_with("context.fields[0].confidental: unknown field"),
+        "{errors}"
+    );
+    assert!(s["responses_checked"].as_u64().unwrap() >= 15, "{s}");
+}
+
+fn context() -> String {
+    root().join("fixtures/agent_context.json").display().to_string()
+}
+
+#[test]
+fn mcp_over_stdio_with_the_python_client() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let bin = env!("CARGO_BIN_EXE_scd");
+    let s = client(&python, &["stdio", &context(), "--", bin, "mcp"]);
+    check_summary(&s, "stdio");
+}
+
+#[test]
+fn mcp_over_streamable_http_with_the_python_client() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scd"));
+    let mut child = model_env(&mut cmd)
+        .args(["mcp", "--http-addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _guard = Guard(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let url = loop {
+        let line = lines.next().expect("scd mcp printed its address").unwrap();
+        if let Some(u) = line.strip_prefix("mcp on ") {
+            break u.to_string();
+        }
+    };
+    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with("/mcp"), "{url}");
+    let s = client(&python, &["http", &context(), &url]);
+    check_summary(&s, "http");
+}
+
+#[test]
+fn mcp_forwards_to_a_running_server() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let server = grpc::start(&[]);
+    // wait until the server's model is loaded
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(grpc::client(&server));
+    let bin = env!("CARGO_BIN_EXE_scd");
+    // a models dir that does not exist: --server must not load a model
+    let s = client(
+        &python,
+        &["stdio", &context(), "--", bin, "--models-dir", "/nonexistent", "mcp", "--server", &server.addr],
+    );
+    check_summary(&s, "stdio");
+}
+
+#[test]
+fn mcp_flags_are_checked_before_any_work() {
+    let (ok, _, err) = crate::scd(&["mcp", "--max-sessions", "0"], "");
+    assert!(!ok);
+    assert!(err.contains("--max-sessions 0: must be at least 1"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--ca-cert", "x.pem"], "");
+    assert!(!ok);
+    assert!(err.contains("--server"), "{err}");
+}

@@ -1,0 +1,234 @@
+"""End-to-end check of `scd mcp` with the official Python MCP client (PyPI `mcp`).
+
+    mcp_client.py stdio CONTEXT_JSON -- SCD_BINARY [ARGS...]   # launches it over stdio
+    mcp_client.py http CONTEXT_JSON URL                          # a running `scd mcp --http-addr`
+    mcp_client.py bench CONTEXT_JSON N -- SCD_BINARY [ARGS...]   # latency of N calls per tool over stdio
+
+Lists the tools (4 names, each with an input and an output schema), calls
+each one, checks the structured results (the client itself validates them
+against the output schemas), the confidential field (its secret appears in
+no response, errors included), bad arguments (a tool error naming the
+argument) and that the server still answers afterwards. Prints one JSON
+summary line; exits non-zero on the first failed check.
+"""
+
+import asyncio
+import json
+import math
+import sys
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+SECRET = "sk_live_SECRET_4242"
+TASK = "Why does the checkout page spin forever? Find the failing database call."
+SEMI_REPORT = (
+    "[STATUS]\nin_progress\n[SUMMARY]\nthe pool is exhausted\n[EVIDENCE_OR_TESTS]\nlogs\n"
+    "[CONFIDENCE]\nlow\n[NEXT]\nwhich function acquires the connection?\n[ANSWER_CANDIDATE]\ncharge_card\n"
+)
+
+seen = []  # every response, dumped, for the secret check
+
+
+def check(cond, what, detail=None):
+    if not cond:
+        raise SystemExit(f"FAILED: {what}: {detail!r}")
+
+
+def dump(result):
+    text = json.dumps(result.model_dump(mode="json", by_alias=True))
+    seen.append(text)
+    return text
+
+
+def error_text(result):
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+async def call(s, name, args):
+    r = await s.call_tool(name, args)
+    dump(r)
+    return r
+
+
+async def ok(s, name, args):
+    r = await call(s, name, args)
+    check(not r.is_error, f"{name} succeeds", error_text(r))
+    check(isinstance(r.structured_content, dict), f"{name} has structured content", r.structured_content)
+    return r.structured_content
+
+
+async def tool_error(s, name, args, starts):
+    r = await call(s, name, args)
+    check(r.is_error, f"{name} {args.keys()} is a tool error", r.structured_content)
+    text = error_text(r)
+    check(text.startswith(starts), f"{name} error names {starts!r}", text)
+    return text
+
+
+async def suite(s, context):
+    summary = {}
+    tools = (await s.list_tools()).tools
+    names = sorted(t.name for t in tools)
+    check(names == ["compress_context", "count_tokens", "embed", "request_more_context"], "tool names", names)
+    for t in tools:
+        check(t.input_schema.get("type") == "object", f"{t.name} input schema", t.input_schema)
+        check(t.output_schema and t.output_schema.get("type") == "object", f"{t.name} output schema", t.output_schema)
+    summary["tools"] = names
+
+    # a calibrated threshold sends the most relevant chunks and leaves budget
+    # in the session for request_more_context
+    budget = 400
+    out = await ok(
+        s, "compress_context", {"task": TASK, "context": context, "budget": budget, "min_relative_score": 0.5}
+    )
+    sent = sum(c["tokens"] for c in out["chunks"])
+    check(out["chunks"] and sent <= budget, "chunks within the budget", sent)
+    check(out["totals"]["sent_tokens"] <= budget, "sent_tokens within the budget", out["totals"])
+    check(out["session_id"], "a session id", out)
+    check("session_token" not in json.dumps(out), "no session token reaches the client", out)
+    check(out["withheld_fields"] == ["api_keys"], "the confidential field is withheld", out["withheld_fields"])
+    check(all(d["field"] != "api_keys" for d in out["dropped"]), "no confidential stub", out["dropped"])
+    check(out["dropped"], "a dropped manifest", out)
+    session = out["session_id"]
+    first = {c["id"] for c in out["chunks"]}
+    summary["compress"] = {"chunks": len(out["chunks"]), "sent_tokens": sent, "dropped": len(out["dropped"])}
+
+    more = await ok(
+        s,
+        "request_more_context",
+        {"session": session, "question": "which function acquires the database connection?", "current_confidence": 0.2},
+    )
+    check(more["chunks"], "more sends chunks", more)
+    check(not first & {c["id"] for c in more["chunks"]}, "more sends only unseen chunks", more)
+    check(isinstance(more["remaining_tokens"], int), "remaining_tokens", more)
+    summary["more"] = {"chunks": len(more["chunks"]), "remaining_tokens": more["remaining_tokens"]}
+
+    # the receiver's own report sets the confidence (no current_confidence)
+    more2 = await ok(s, "request_more_context", {"session": session, "report": SEMI_REPORT})
+    summary["more_with_report"] = {"chunks": len(more2["chunks"]), "reason": more2["reason"]}
+
+    rendered = await ok(
+        s, "compress_context", {"task": TASK, "context": context, "budget": budget, "render": "semi_structured"}
+    )
+    check("[STATUS]" in rendered.get("report", ""), "render writes a semi_structured report", rendered.get("report"))
+    check(rendered["session_id"] != session, "a new session per call without one", rendered["session_id"])
+
+    n = await ok(s, "count_tokens", {"text": "the checkout page spins forever"})
+    check(n["tokens"] > 0, "count_tokens", n)
+    emb = await ok(s, "embed", {"texts": ["connection pool exhausted", "newsletter font"], "query": True})
+    check(len(emb["embeddings"]) == 2, "two embeddings", len(emb["embeddings"]))
+    for e in emb["embeddings"]:
+        norm = math.sqrt(sum(v * v for v in e["values"]))
+        check(len(e["values"]) == emb["dim"] and abs(norm - 1) < 1e-3, "unit vectors of dim", (emb["dim"], norm))
+    summary["embed"] = {"model": emb["model"], "dim": emb["dim"]}
+
+    # bad arguments: tool errors naming the argument, never a crash
+    errors = {}
+    errors["budget"] = await tool_error(
+        s, "compress_context", {"task": TASK, "context": context, "budget": -1}, "budget:"
+    )
+    errors["zero_budget"] = await tool_error(
+        s, "compress_context", {"task": TASK, "context": context, "budget": 0}, "budget: must be at least 1"
+    )
+    typo = {"fields": [dict(context["fields"][0], confidental=True)]}
+    errors["unknown_key"] = await tool_error(
+        s, "compress_context", {"task": TASK, "context": typo, "budget": 50}, "context.fields[0].confidental:"
+    )
+    errors["kind"] = await tool_error(
+        s,
+        "compress_context",
+        {"task": TASK, "context": {"fields": [{"name": "a", "kind": "poem", "content": "x"}]}, "budget": 50},
+        "context.fields[0].kind:",
+    )
+    # an error about the confidential field names it, never its content
+    text = await tool_error(
+        s,
+        "compress_context",
+        {"task": TASK, "context": context, "budget": 500, "required": ["api_keys"]},
+        "required:",
+    )
+    check("api_keys" in text and "confidential" in text, "the error names the confidential field", text)
+    errors["confidential"] = text
+    errors["session"] = await tool_error(
+        s, "request_more_context", {"session": "nope", "question": "q", "current_confidence": 0.5}, "session:"
+    )
+    errors["confidence"] = await tool_error(
+        s, "request_more_context", {"session": session, "question": "q"}, "current_confidence:"
+    )
+    errors["texts"] = await tool_error(s, "embed", {"texts": [""]}, "texts[0]:")
+    summary["errors"] = errors
+
+    # still answering
+    again = await ok(s, "count_tokens", {"text": "still here"})
+    check(again["tokens"] > 0, "answers after the errors", again)
+
+    for text in seen:
+        check(SECRET not in text, "the confidential content never appears", text[:200])
+    summary["responses_checked"] = len(seen)
+    return summary
+
+
+async def bench(s, context, n):
+    """Wall time of `n` sequential calls per tool, measured at the client."""
+    import statistics
+    import time
+
+    calls = {
+        "compress_context": {"task": TASK, "context": context, "budget": 400},
+        "count_tokens": {"text": "the checkout page spins forever"},
+        "embed": {"texts": ["connection pool exhausted"], "query": True},
+    }
+    out = {"n": n}
+    for name, args in calls.items():
+        await ok(s, name, args)  # warm-up
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await ok(s, name, args)
+            times.append((time.perf_counter() - t) * 1e3)
+        times.sort()
+        out[name] = {
+            "p50_ms": round(statistics.median(times), 2),
+            "p95_ms": round(times[int(0.95 * (n - 1))], 2),
+            "mean_ms": round(statistics.fmean(times), 2),
+        }
+    return out
+
+
+async def main():
+    mode, context_path = sys.argv[1], sys.argv[2]
+    with open(context_path) as f:
+        context = json.load(f)
+    check(any(SECRET in fl["content"] for fl in context["fields"]), "the fixture holds the secret", context_path)
+    if mode == "bench":
+        rest = sys.argv[sys.argv.index("--") + 1 :]
+        params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                summary = await bench(s, context, int(sys.argv[3]))
+        summary["server"] = rest
+        print(json.dumps(summary))
+        return
+    if mode == "stdio":
+        rest = sys.argv[sys.argv.index("--") + 1 :]
+        params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                summary = await suite(s, context)
+    elif mode == "http":
+        async with streamable_http_client(sys.argv[3]) as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                summary = await suite(s, context)
+    else:
+        raise SystemExit(f"unknown mode {mode!r} (stdio or http)")
+    summary["transport"] = mode
+    print(json.dumps(summary))
+
+
+asyncio.run(main())
