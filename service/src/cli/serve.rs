@@ -13,7 +13,7 @@ use scd_atp::audit::{AuditLevel, AuditLog, Retention};
 use scd_atp::wba_auth::{list_documents, WbaAuthenticator};
 
 use crate::config::ModelArgs;
-use crate::grpc::auth::AuthConfig;
+use crate::grpc::auth::{AuthConfig, DidRateLimiter};
 use crate::grpc::http::HttpLimits;
 use crate::grpc::{serve, Limits, ServeConfig};
 use crate::tls;
@@ -108,7 +108,8 @@ pub struct ServeArgs {
     /// made for another service is refused).
     #[arg(long, env = "SCD_AUTH_AUD", default_value = "scd")]
     auth_aud: String,
-    /// Requests per second each DID may make (token bucket refill rate).
+    /// Requests per second each DID may make (token bucket refill rate; at
+    /// least 0.001).
     #[arg(long, env = "SCD_AUTH_RATE", default_value_t = 50.0)]
     auth_rate: f64,
     /// Requests each DID may make at once after being idle (bucket size).
@@ -172,9 +173,10 @@ fn auth_config(args: &ServeArgs) -> anyhow::Result<Option<AuthConfig>> {
         "--auth-aud {aud:?}: must be 1 to 256 printable ASCII characters without spaces, quotes or backslashes"
     );
     anyhow::ensure!(
-        args.auth_rate.is_finite() && args.auth_rate > 0.0,
-        "--auth-rate {}: must be more than 0 requests per second",
-        args.auth_rate
+        args.auth_rate.is_finite() && args.auth_rate >= DidRateLimiter::MIN_RATE_PER_S,
+        "--auth-rate {}: must be at least {} requests per second",
+        args.auth_rate,
+        DidRateLimiter::MIN_RATE_PER_S
     );
     anyhow::ensure!(args.auth_burst >= 1, "--auth-burst 0: must be at least 1");
     tracing::info!(dir = %dir.display(), documents = docs.len(), aud = %aud, "DID-authenticated callers (did-wba)");

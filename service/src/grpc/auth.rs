@@ -142,6 +142,10 @@ impl DidRateLimiter {
     /// The most buckets kept. Only authenticated (allowlisted) DIDs get one.
     pub const MAX_DIDS: usize = 10_000;
 
+    /// The smallest `--auth-rate` accepted, requests per second (one
+    /// request every ~17 minutes).
+    pub const MIN_RATE_PER_S: f64 = 0.001;
+
     /// `rate_per_s` (> 0) requests per second, `burst` (≥ 1) at once.
     pub fn new(rate_per_s: f64, burst: u32) -> DidRateLimiter {
         DidRateLimiter { rate_per_s, burst: f64::from(burst.max(1)), buckets: Mutex::new(HashMap::new()) }
@@ -152,7 +156,7 @@ impl DidRateLimiter {
     pub fn check_at(&self, did: &str, now: Instant) -> Result<(), Duration> {
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if !buckets.contains_key(did) && buckets.len() >= Self::MAX_DIDS {
-            let full_after = Duration::from_secs_f64(self.burst / self.rate_per_s);
+            let full_after = secs_saturating(self.burst / self.rate_per_s);
             buckets.retain(|_, b| now.saturating_duration_since(b.at) < full_after);
             if buckets.len() >= Self::MAX_DIDS {
                 let oldest = buckets.iter().min_by_key(|(_, b)| b.at).map(|(k, _)| k.clone());
@@ -169,7 +173,7 @@ impl DidRateLimiter {
             b.tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - b.tokens) / self.rate_per_s))
+            Err(secs_saturating((1.0 - b.tokens) / self.rate_per_s))
         }
     }
 
@@ -182,6 +186,12 @@ impl DidRateLimiter {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// `s` seconds as a [`Duration`], [`Duration::MAX`] when it does not fit
+/// (a tiny rate makes waits overflow; `from_secs_f64` would panic).
+fn secs_saturating(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }
 
 static REFUSED: RateLimitedWarn = RateLimitedWarn::new("auth_unauthenticated");
@@ -371,6 +381,21 @@ mod tests {
             limiter.check_at("a", later).unwrap();
         }
         assert!(limiter.check_at("a", later).is_err());
+    }
+
+    #[test]
+    fn a_tiny_rate_saturates_instead_of_panicking() {
+        let limiter = DidRateLimiter::new(1e-20, 1);
+        let t0 = Instant::now();
+        limiter.check_at("a", t0).unwrap();
+        assert_eq!(limiter.check_at("a", t0).unwrap_err(), Duration::MAX);
+        // the idle sweep at the bucket cap computes burst / rate too
+        for i in 0..DidRateLimiter::MAX_DIDS {
+            let _ = limiter.check_at(&format!("did:{i}"), t0);
+        }
+        limiter.check_at("did:new", t0).unwrap();
+        assert_eq!(secs_saturating(f64::INFINITY), Duration::MAX);
+        assert_eq!(secs_saturating(1.5), Duration::from_millis(1500));
     }
 
     #[test]

@@ -420,7 +420,11 @@ fn serve_checks_the_auth_flags_before_loading_the_model() {
     assert!(e.contains("--did-dir: only used with --auth did-wba"), "{e}");
     Identity::generate().with_did(ALICE).unwrap().write_wba_document(dir.path()).unwrap();
     let e = serve(&["--auth", "did-wba", "--did-dir", d, "--auth-rate", "0"]);
-    assert!(e.contains("--auth-rate 0: must be more than 0"), "{e}");
+    assert!(e.contains("--auth-rate 0: must be at least 0.001 requests per second"), "{e}");
+    let e = serve(&["--auth", "did-wba", "--did-dir", d, "--auth-rate", "1e-20"]);
+    assert!(e.contains("--auth-rate 0.00000000000000000001: must be at least 0.001"), "{e}");
+    let e = serve(&["--auth", "did-wba", "--did-dir", d, "--auth-burst", "0"]);
+    assert!(e.contains("--auth-burst 0: must be at least 1"), "{e}");
     let e = serve(&["--auth", "did-wba", "--did-dir", d, "--auth-aud", "a b"]);
     assert!(e.contains("--auth-aud \"a b\": must be"), "{e}");
     // with valid flags it gets as far as loading the model
