@@ -51,9 +51,10 @@ pub struct AgentArgs {
     /// Transfer records older than this are removed (e.g. 7d, 12h).
     #[arg(long, env = "SCD_ATP_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
     pub audit_max_age: Option<Duration>,
-    /// The oldest transfer records are removed past this summed JSON size.
-    #[arg(long, env = "SCD_ATP_AUDIT_MAX_BYTES")]
-    pub audit_max_bytes: Option<u64>,
+    /// The oldest transfer records are removed past this summed JSON size
+    /// in bytes (default 1 GiB; `none` keeps every record).
+    #[arg(long, env = "SCD_ATP_AUDIT_MAX_BYTES", value_parser = super::parse_audit_max_bytes)]
+    pub audit_max_bytes: Option<super::AuditMaxBytes>,
     /// Directory of did:wba documents (<dir>/<host>/did.json) for verifying
     /// did:wba peers; no network lookups.
     #[arg(long, env = "SCD_ATP_DID_DIR")]
@@ -153,10 +154,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         Some(dir) => Arc::new(DidResolver::with_wba_dir(dir)),
         None => Arc::new(DidResolver::new()),
     };
-    if args.audit_max_bytes == Some(0) {
-        bail!("--audit-max-bytes 0: must be at least 1");
-    }
-    let retention = scd_atp::audit::Retention { max_age: args.audit_max_age, max_bytes: args.audit_max_bytes };
+    let retention = super::audit_retention(args.audit_max_age, args.audit_max_bytes)?;
     let audit = store.audit_log(args.audit_level, retention)?;
     let verifier = Verifier::new(resolver.clone(), store.clone());
     let ledger = Ledger::open(store, identity.did(), scd_atp::trust::TrustParams::default(), resolver)?;

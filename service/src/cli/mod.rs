@@ -82,6 +82,45 @@ pub(crate) fn percentile(xs: &mut [f64], p: f64) -> f64 {
     xs[((xs.len() - 1) as f64 * p).round() as usize]
 }
 
+/// `--audit-max-bytes` when it is not given: 1 GiB of records (their summed
+/// JSON size), so that a client sending many calls cannot fill the disk.
+pub const DEFAULT_AUDIT_MAX_BYTES: u64 = 1 << 30;
+
+/// `--audit-max-bytes`: a size in bytes, or `none` to keep every record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditMaxBytes {
+    /// Remove the oldest records past this many bytes.
+    Bytes(u64),
+    /// Keep every record (explicitly asked for).
+    Unbounded,
+}
+
+/// The value parser of `--audit-max-bytes`.
+pub(crate) fn parse_audit_max_bytes(s: &str) -> Result<AuditMaxBytes, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(AuditMaxBytes::Unbounded);
+    }
+    s.parse().map(AuditMaxBytes::Bytes).map_err(|_| format!("{s:?}: expected a number of bytes, or none"))
+}
+
+/// The retention of `--audit-max-age` / `--audit-max-bytes`: an unset
+/// `--audit-max-bytes` is [`DEFAULT_AUDIT_MAX_BYTES`]; 0 is refused.
+pub(crate) fn audit_retention(
+    max_age: Option<std::time::Duration>,
+    max_bytes: Option<AuditMaxBytes>,
+) -> anyhow::Result<scd_atp::audit::Retention> {
+    let max_bytes = match max_bytes {
+        None => Some(DEFAULT_AUDIT_MAX_BYTES),
+        Some(AuditMaxBytes::Unbounded) => None,
+        Some(AuditMaxBytes::Bytes(0)) => {
+            anyhow::bail!("--audit-max-bytes 0: must be at least 1 (none keeps every record)")
+        }
+        Some(AuditMaxBytes::Bytes(n)) => Some(n),
+    };
+    Ok(scd_atp::audit::Retention { max_age, max_bytes })
+}
+
 /// A duration such as `90s`, `30m`, `12h` or `7d` (a whole number and a
 /// unit): the value parser of `--audit-max-age` and relative `--since`.
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -9,7 +9,7 @@ use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
 use anyhow::Context as _;
-use scd_atp::audit::{AuditLevel, AuditLog, Retention};
+use scd_atp::audit::{AuditLevel, AuditLog};
 use scd_atp::wba_auth::{list_documents, WbaAuthenticator};
 
 use crate::config::ModelArgs;
@@ -138,9 +138,10 @@ pub struct ServeArgs {
     #[arg(long, env = "SCD_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
     audit_max_age: Option<Duration>,
     /// The oldest records are removed while the records' summed JSON size is
-    /// over this many bytes; unset keeps them.
-    #[arg(long, env = "SCD_AUDIT_MAX_BYTES")]
-    audit_max_bytes: Option<u64>,
+    /// over this many bytes (default 1 GiB, so failing calls cannot fill the
+    /// disk); `none` keeps every record.
+    #[arg(long, env = "SCD_AUDIT_MAX_BYTES", value_parser = super::parse_audit_max_bytes)]
+    audit_max_bytes: Option<super::AuditMaxBytes>,
 }
 
 /// `--auth`.
@@ -219,9 +220,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
             anyhow::ensure!(!set, "{flag}: needs --audit-db");
         }
     }
-    if let Some(b) = args.audit_max_bytes {
-        anyhow::ensure!(b > 0, "--audit-max-bytes {b}: must be at least 1");
-    }
+    super::audit_retention(args.audit_max_age, args.audit_max_bytes)?;
     if let Some(u) = &args.a2a_public_url {
         anyhow::ensure!(
             (u.starts_with("http://") || u.starts_with("https://")) && u.len() > "https://".len(),
@@ -265,11 +264,11 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         key: args.tls_key.clone(),
         client_ca: args.client_ca.clone(),
     })?;
+    let retention = super::audit_retention(args.audit_max_age, args.audit_max_bytes)?;
     let audit = args
         .audit_db
         .as_ref()
         .map(|path| {
-            let retention = Retention { max_age: args.audit_max_age, max_bytes: args.audit_max_bytes };
             AuditLog::open(path, args.audit_level, retention)
                 .map(Arc::new)
                 .map_err(|e| anyhow::anyhow!("--audit-db {e}"))
@@ -326,4 +325,42 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them
     rt.shutdown_timeout(Duration::from_millis(200));
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+    use scd_atp::audit::Retention;
+
+    use super::*;
+    use crate::cli::{audit_retention, DEFAULT_AUDIT_MAX_BYTES};
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn retention(args: &[&str]) -> anyhow::Result<Retention> {
+        let cmd = Cmd::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))?;
+        check(&cmd.serve)?;
+        audit_retention(cmd.serve.audit_max_age, cmd.serve.audit_max_bytes)
+    }
+
+    #[test]
+    fn the_audit_trail_is_bounded_unless_asked_otherwise() {
+        let r = retention(&["--audit-db", "a.redb"]).unwrap();
+        assert_eq!(r, Retention { max_age: None, max_bytes: Some(DEFAULT_AUDIT_MAX_BYTES) });
+        assert_eq!(DEFAULT_AUDIT_MAX_BYTES, 1 << 30);
+        let r = retention(&["--audit-db", "a.redb", "--audit-max-bytes", "4096", "--audit-max-age", "7d"]).unwrap();
+        assert_eq!(r, Retention { max_age: Some(Duration::from_secs(7 * 86_400)), max_bytes: Some(4096) });
+        let r = retention(&["--audit-db", "a.redb", "--audit-max-bytes", "none"]).unwrap();
+        assert_eq!(r.max_bytes, None);
+        let e = retention(&["--audit-db", "a.redb", "--audit-max-bytes", "0"]).unwrap_err();
+        assert_eq!(e.to_string(), "--audit-max-bytes 0: must be at least 1 (none keeps every record)");
+        let e = retention(&["--audit-db", "a.redb", "--audit-max-bytes", "lots"]).unwrap_err();
+        assert!(e.to_string().contains("\"lots\": expected a number of bytes, or none"), "{e}");
+        let e = retention(&["--audit-max-bytes", "none"]).unwrap_err();
+        assert_eq!(e.to_string(), "--audit-max-bytes: needs --audit-db");
+    }
 }
