@@ -30,6 +30,11 @@ fn model_env(cmd: &mut Command) -> &mut Command {
 
 /// Runs the client script with `args`; its summary (last stdout line) on success.
 fn client(python: &Path, args: &[&str]) -> serde_json::Value {
+    client_with_stderr(python, args).0
+}
+
+/// [`client`], and the stderr of the client and of a server it started.
+fn client_with_stderr(python: &Path, args: &[&str]) -> (serde_json::Value, String) {
     let mut cmd = Command::new(python);
     cmd.arg(root().join("service/tests/py/mcp_client.py")).args(args);
     let out: Output = model_env(&mut cmd).output().unwrap();
@@ -39,7 +44,7 @@ fn client(python: &Path, args: &[&str]) -> serde_json::Value {
     // the secret appears nowhere, not even in the server's logs on stderr
     assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET), "{stdout}\n{stderr}");
     let last = stdout.lines().last().expect("a summary line");
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"))
+    (serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}")), stderr)
 }
 
 /// What every transport must have shown.
@@ -72,6 +77,21 @@ fn mcp_over_stdio_with_the_python_client() {
     let bin = env!("CARGO_BIN_EXE_scd");
     let s = client(&python, &["stdio", &context(), "--", bin, "mcp"]);
     check_summary(&s, "stdio");
+}
+
+#[test]
+fn debug_logs_never_show_confidential_content() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let bin = env!("CARGO_BIN_EXE_scd");
+    // the MCP SDK dumps whole tool calls at debug level: RUST_LOG=debug must
+    // not bring them (and the secret in them) to stderr; `client` checks
+    // that the secret is nowhere in the server's stderr
+    let (s, stderr) = client_with_stderr(&python, &["stdio", &context(), "--", "env", "RUST_LOG=debug", bin, "mcp"]);
+    check_summary(&s, "stdio");
+    assert!(stderr.contains("DEBUG"), "RUST_LOG=debug was in effect:\n{stderr}");
 }
 
 #[test]
