@@ -7,17 +7,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use rmcp::transport::async_rw::AsyncRwTransport;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt as _;
 use scd_engine::extract::{Scd, ScdConfig};
 
 use crate::cli::client::{Conn, IdentityArgs};
 use crate::config::ModelArgs;
+use crate::grpc::http::{serve_router, HttpLimits};
 use crate::grpc::Limits;
+use crate::mcp::http::{refuse_when_full, CappedSessions, Gate};
 use crate::mcp::{Backend, ScdMcp, SessionTokens};
 use crate::tls;
 
@@ -59,6 +61,18 @@ pub struct McpArgs {
     /// opened); past it the oldest is forgotten.
     #[arg(long, env = "SCD_MCP_MAX_SESSIONS", default_value_t = 1024)]
     max_sessions: usize,
+    /// Over HTTP: MCP sessions open at once (each `initialize` opens one,
+    /// kept until the client ends it or 5 minutes idle); past it a new
+    /// `initialize` is answered HTTP 503 with Retry-After.
+    #[arg(long, env = "SCD_MCP_MAX_HTTP_SESSIONS", default_value_t = 256, requires = "http_addr")]
+    max_http_sessions: usize,
+    /// Over HTTP: connections open at once; more are closed on accept.
+    #[arg(long, env = "SCD_MCP_HTTP_MAX_CONNECTIONS", default_value_t = 256, requires = "http_addr")]
+    http_max_connections: usize,
+    /// Over HTTP: milliseconds a connection has to send a complete request
+    /// head (idle keep-alive connections included) before it is closed.
+    #[arg(long, env = "SCD_MCP_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000, requires = "http_addr")]
+    http_header_timeout_ms: u64,
     /// Largest MCP message in bytes (a stdio line, an HTTP request body);
     /// a longer stdio line is dropped and answered with an error.
     #[arg(long, env = "SCD_MAX_REQUEST_BYTES", default_value_t = 16 << 20)]
@@ -90,6 +104,9 @@ impl McpArgs {
             ("--max-fields", self.max_fields),
             ("--max-text-bytes", self.max_text_bytes),
             ("--max-request-bytes", self.max_request_bytes),
+            ("--max-http-sessions", self.max_http_sessions),
+            ("--http-max-connections", self.http_max_connections),
+            ("--http-header-timeout-ms", usize::try_from(self.http_header_timeout_ms).unwrap_or(usize::MAX)),
         ] {
             anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
         }
@@ -171,21 +188,23 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
                     config.allowed_hosts = args.allowed_hosts.clone();
                 }
                 let stop = config.cancellation_token.clone();
-                let service = StreamableHttpService::new(
-                    move || Ok(server.clone()),
-                    Arc::new(LocalSessionManager::default()),
-                    config,
-                );
-                let router = axum::Router::new().nest_service("/mcp", service);
+                let sessions = CappedSessions::new(args.max_http_sessions);
+                let service = StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
+                let gate = Gate { sessions, max_body_bytes: args.max_request_bytes };
+                let router = axum::Router::new()
+                    .nest_service("/mcp", service)
+                    .layer(axum::middleware::from_fn_with_state(gate, refuse_when_full));
+                let limits = HttpLimits {
+                    max_connections: args.http_max_connections,
+                    header_timeout: Duration::from_millis(args.http_header_timeout_ms),
+                };
                 println!("mcp on http://{local}/mcp");
                 tracing::info!(%local, "MCP over streamable HTTP at /mcp");
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(async move {
-                        crate::grpc::shutdown_signal().await;
-                        stop.cancel();
-                    })
-                    .await
-                    .context("MCP over HTTP")
+                tokio::select! {
+                    () = serve_router(listener, router, limits, || {}) => {}
+                    () = crate::grpc::shutdown_signal() => stop.cancel(),
+                }
+                Ok(())
             }
         }
     })

@@ -40,6 +40,7 @@
 //! ```
 
 mod backend;
+pub mod http;
 
 pub use backend::Backend;
 

@@ -139,11 +139,133 @@ fn mcp_forwards_to_a_running_server() {
     check_summary(&s, "stdio");
 }
 
+/// Starts `scd mcp --http-addr 127.0.0.1:0 EXTRA`; the guard and its URL.
+fn mcp_http(extra: &[&str]) -> (Guard, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scd"));
+    let mut child = model_env(&mut cmd)
+        .arg("mcp")
+        .args(["--http-addr", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let guard = Guard(child);
+    let mut lines = BufReader::new(stdout).lines();
+    let url = loop {
+        let line = lines.next().expect("scd mcp printed its address").unwrap();
+        if let Some(u) = line.strip_prefix("mcp on ") {
+            break u.to_string();
+        }
+    };
+    (guard, url)
+}
+
+/// The `host:port` of an `http://host:port/mcp` URL.
+fn host(url: &str) -> &str {
+    url.trim_start_matches("http://").trim_end_matches("/mcp")
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+/// One HTTP/1.1 request on its own connection; the whole response text.
+fn raw_http(addr: &str, method: &str, session: Option<&str>, body: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut sock = std::net::TcpStream::connect(addr)?;
+    let session = session.map_or(String::new(), |s| format!("mcp-session-id: {s}\r\n"));
+    write!(
+        sock,
+        "{method} /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\naccept: application/json, \
+         text/event-stream\r\n{session}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut out = String::new();
+    sock.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+fn session_id(response: &str) -> &str {
+    let at = response.find("mcp-session-id: ").expect("a session id") + "mcp-session-id: ".len();
+    response[at..].lines().next().unwrap().trim()
+}
+
+#[test]
+fn http_sessions_are_capped_and_an_ended_one_frees_its_place() {
+    // --server: no model is loaded; initialize never reaches the backend
+    let (_guard, url) =
+        mcp_http(&["--server", "http://127.0.0.1:9", "--models-dir", "/nonexistent", "--max-http-sessions", "2"]);
+    let addr = host(&url);
+    let first = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let second = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+    let refused = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("retry-after: 5"), "{refused}");
+    assert!(
+        refused.contains(
+            r#"{"error":{"code":-32000,"message":"too many MCP sessions: 2 open (--max-http-sessions); retry after 5 s, or end an idle session (DELETE /mcp with its Mcp-Session-Id)"},"id":7,"jsonrpc":"2.0"}"#
+        ),
+        "{refused}"
+    );
+    // the open sessions still work (a request with its session id passes)
+    let ping = raw_http(addr, "POST", Some(session_id(&first)), r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#).unwrap();
+    assert!(ping.starts_with("HTTP/1.1 200") && ping.contains(r#""id":8"#), "{ping}");
+    // ending one frees its place
+    let deleted = raw_http(addr, "DELETE", Some(session_id(&first)), "").unwrap();
+    assert!(deleted.starts_with("HTTP/1.1 2"), "{deleted}");
+    let third = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    assert!(third.starts_with("HTTP/1.1 200"), "{third}");
+}
+
+#[test]
+fn http_connections_are_capped() {
+    use std::io::Read;
+    let (_guard, url) = mcp_http(&[
+        "--server",
+        "http://127.0.0.1:9",
+        "--models-dir",
+        "/nonexistent",
+        "--http-max-connections",
+        "1",
+        "--http-header-timeout-ms",
+        "600000",
+    ]);
+    let addr = host(&url);
+    // an idle connection holds the only place
+    let idle = std::net::TcpStream::connect(addr).unwrap();
+    let mut second = std::net::TcpStream::connect(addr).unwrap();
+    let mut buf = [0u8; 16];
+    // closed at once, without an answer
+    let n = second.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the connection past the limit was served");
+    drop(idle);
+    // once the idle one is gone, a request is answered again
+    let mut answered = None;
+    for _ in 0..100 {
+        match raw_http(addr, "POST", None, INITIALIZE) {
+            Ok(r) if r.starts_with("HTTP/1.1 200") => {
+                answered = Some(r);
+                break;
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+    assert!(answered.is_some(), "no answer after the idle connection closed");
+}
+
 #[test]
 fn mcp_flags_are_checked_before_any_work() {
     let (ok, _, err) = crate::scd(&["mcp", "--max-sessions", "0"], "");
     assert!(!ok);
     assert!(err.contains("--max-sessions 0: must be at least 1"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--http-addr", "127.0.0.1:0", "--max-http-sessions", "0"], "");
+    assert!(!ok);
+    assert!(err.contains("--max-http-sessions 0: must be at least 1"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--max-http-sessions", "3"], "");
+    assert!(!ok);
+    assert!(err.contains("--http-addr"), "{err}");
     let (ok, _, err) = crate::scd(&["mcp", "--ca-cert", "x.pem"], "");
     assert!(!ok);
     assert!(err.contains("--server"), "{err}");

@@ -1,0 +1,200 @@
+//! The streamable HTTP transport's bounds: at most `--max-http-sessions`
+//! MCP sessions at once ([`CappedSessions`], rmcp's in-memory session
+//! manager with a cap), and past it a new `initialize` is answered HTTP 503
+//! with `Retry-After` and a JSON-RPC error saying so ([`refuse_when_full`]).
+//! Connections are bounded by the listener ([`crate::grpc::http::serve_router`]).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, LocalSessionManagerError};
+use rmcp::transport::streamable_http_server::session::{ServerSseMessage, SessionId, SessionManager};
+use tokio_stream::Stream;
+
+/// Seconds a client refused at the session cap is told to wait.
+pub const RETRY_AFTER_S: u64 = 5;
+
+/// The header naming the MCP session of a request.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// `max` sessions are open.
+    #[error(
+        "too many MCP sessions: {max} open (--max-http-sessions); retry after {RETRY_AFTER_S} s, or end an idle \
+         session (DELETE /mcp with its Mcp-Session-Id)"
+    )]
+    Full {
+        /// The cap.
+        max: usize,
+    },
+    /// From rmcp's session manager.
+    #[error(transparent)]
+    Local(#[from] LocalSessionManagerError),
+}
+
+/// rmcp's [`LocalSessionManager`] holding at most `max` sessions (each one
+/// a worker task that lives until the client ends it or it is idle for
+/// rmcp's keep-alive, 5 minutes).
+pub struct CappedSessions {
+    inner: LocalSessionManager,
+    max: usize,
+    /// Serializes creation, so that the count checked is the count kept.
+    create: tokio::sync::Mutex<()>,
+}
+
+impl CappedSessions {
+    /// At most `max` (at least 1) sessions.
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self { inner: LocalSessionManager::default(), max: max.max(1), create: tokio::sync::Mutex::new(()) })
+    }
+
+    /// Sessions open now.
+    pub async fn open(&self) -> usize {
+        self.inner.sessions.read().await.len()
+    }
+
+    /// Whether a new session would be refused.
+    pub async fn is_full(&self) -> bool {
+        self.open().await >= self.max
+    }
+}
+
+impl SessionManager for CappedSessions {
+    type Error = SessionError;
+    type Transport = <LocalSessionManager as SessionManager>::Transport;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let _one_at_a_time = self.create.lock().await;
+        if self.is_full().await {
+            return Err(SessionError::Full { max: self.max });
+        }
+        Ok(self.inner.create_session().await?)
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        Ok(self.inner.initialize_session(id, message).await?)
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        Ok(self.inner.has_session(id).await?)
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        Ok(self.inner.close_session(id).await?)
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_stream(id, message).await?)
+    }
+
+    async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
+        Ok(self.inner.accept_message(id, message).await?)
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.create_standalone_stream(id).await?)
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        Ok(self.inner.resume(id, last_event_id).await?)
+    }
+}
+
+/// What [`refuse_when_full`] needs.
+#[derive(Clone)]
+pub struct Gate {
+    /// The sessions.
+    pub sessions: Arc<CappedSessions>,
+    /// `--max-request-bytes`: the most of a body read to see whether it is
+    /// an `initialize`.
+    pub max_body_bytes: usize,
+}
+
+/// Middleware: while the sessions are at their cap, a POST without
+/// `Mcp-Session-Id` carrying an `initialize` request is answered 503 with
+/// `Retry-After` and a JSON-RPC error naming the limit (rather than the
+/// 500 rmcp gives a failed session creation). Everything else passes.
+pub async fn refuse_when_full(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST || req.headers().contains_key(SESSION_HEADER) || !gate.sessions.is_full().await {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, gate.max_body_bytes).await else {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body over {} bytes (--max-request-bytes)\n", gate.max_body_bytes),
+        )
+            .into_response();
+    };
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        method: Option<String>,
+        id: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Probe>(&bytes) {
+        Ok(Probe { method: Some(m), id }) if m == "initialize" => {
+            let msg = SessionError::Full { max: gate.sessions.max }.to_string();
+            tracing::warn!(max = gate.sessions.max, "MCP initialize refused: sessions at --max-http-sessions");
+            let body = serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": id.unwrap_or(serde_json::Value::Null),
+                "error": {"code": -32000, "message": msg},
+            });
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [
+                    (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                    (header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S)),
+                ],
+                body.to_string(),
+            )
+                .into_response()
+        }
+        _ => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_cap_refuses_the_session_past_it_and_frees_on_close() {
+        let s = CappedSessions::new(2);
+        let (a, _ta) = s.create_session().await.unwrap();
+        let (_b, _tb) = s.create_session().await.unwrap();
+        assert!(s.is_full().await);
+        let e = s.create_session().await.err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "too many MCP sessions: 2 open (--max-http-sessions); retry after 5 s, or end an idle session \
+             (DELETE /mcp with its Mcp-Session-Id)"
+        );
+        s.close_session(&a).await.unwrap();
+        assert_eq!(s.open().await, 1);
+        s.create_session().await.unwrap();
+        assert_eq!(s.open().await, 2);
+    }
+}
