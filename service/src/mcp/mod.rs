@@ -19,9 +19,15 @@
 //! `session` id, or a random one) or continues the one named. The session's
 //! secret token never reaches the MCP client: this server keeps the tokens
 //! of the sessions it opened ([`SessionTokens`], bounded, oldest forgotten
-//! first), and a client names only the session id. Anyone who can call this
-//! MCP server can therefore continue its sessions by id (ids are 128 random
-//! bits unless the client chose one).
+//! first), and a client names only the session id. Each token is bound to
+//! the MCP client that opened the session ([`Owner`]): over HTTP its MCP
+//! session (`Mcp-Session-Id`), over stdio the one client of the process.
+//! Another MCP client naming the id is refused (`session: "…" is not a
+//! session of this MCP client`), whether it asks for more or tries to
+//! continue it. Requests without an MCP session (the stateless HTTP mode
+//! of protocol 2026-07-28) share one binding among themselves: they can
+//! continue each other's sessions by id (128 random bits unless the client
+//! chose one), never those of an MCP session.
 //!
 //! **Errors:** a bad argument is a tool result with `isError: true` whose
 //! text names the argument (`budget: must be at least 1`,
@@ -332,11 +338,42 @@ pub struct EmbedOutput {
     pub embeddings: Vec<EmbeddingOut>,
 }
 
-/// The secret tokens of the sessions this server opened, by session id;
-/// bounded: past `capacity` the oldest is forgotten (that session can then
-/// no longer be continued through this server; the engine expires it).
+/// The MCP client a request comes from, to which the sessions it opens are
+/// bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// Not over HTTP: stdio, one client per process.
+    Stdio,
+    /// Over HTTP within this MCP session (`Mcp-Session-Id`).
+    HttpSession(String),
+    /// Over HTTP without an MCP session (stateless mode): all such requests.
+    HttpStateless,
+}
+
+impl Owner {
+    /// The owner of a request with `extensions` (rmcp puts the HTTP
+    /// request's parts there).
+    pub fn of(extensions: &rmcp::model::Extensions) -> Owner {
+        match extensions.get::<axum::http::request::Parts>() {
+            None => Owner::Stdio,
+            Some(parts) => match parts.headers.get(http::SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+                Some(id) => Owner::HttpSession(id.to_string()),
+                None => Owner::HttpStateless,
+            },
+        }
+    }
+}
+
+/// A session `id` held for another MCP client.
+#[derive(Debug)]
+struct NotYours;
+
+/// The secret tokens of the sessions this server opened, by session id,
+/// each with the [`Owner`] that opened it; bounded: past `capacity` the
+/// oldest is forgotten (that session can then no longer be continued
+/// through this server; the engine expires it).
 pub struct SessionTokens {
-    inner: Mutex<(HashMap<String, String>, VecDeque<String>)>,
+    inner: Mutex<(HashMap<String, (Owner, String)>, VecDeque<String>)>,
     capacity: usize,
 }
 
@@ -346,14 +383,20 @@ impl SessionTokens {
         Arc::new(Self { inner: Mutex::new((HashMap::new(), VecDeque::new())), capacity: capacity.max(1) })
     }
 
-    fn get(&self, id: &str) -> Option<String> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.get(id).cloned()
+    /// The token of session `id` for `owner`: none when it is not held,
+    /// [`NotYours`] when another MCP client opened it.
+    fn get(&self, id: &str, owner: &Owner) -> Result<Option<String>, NotYours> {
+        match self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.get(id) {
+            None => Ok(None),
+            Some((o, token)) if o == owner => Ok(Some(token.clone())),
+            Some(_) => Err(NotYours),
+        }
     }
 
-    fn insert(&self, id: String, token: String) {
+    fn insert(&self, id: String, owner: Owner, token: String) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (map, order) = &mut *g;
-        if map.insert(id.clone(), token).is_none() {
+        if map.insert(id.clone(), (owner, token)).is_none() {
             order.push_back(id);
             while order.len() > self.capacity {
                 if let Some(old) = order.pop_front() {
@@ -420,6 +463,11 @@ fn tool_error(s: Status) -> String {
     }
 }
 
+/// The error for a session held for another MCP client.
+fn not_yours(id: &str) -> String {
+    format!("session: {id:?} is not a session of this MCP client; open one with compress_context")
+}
+
 fn chunk_out(c: pb::Chunk) -> ChunkOut {
     ChunkOut { field: c.field, id: c.id, text: c.text, score: c.score, tokens: c.tokens, span: [c.start, c.end] }
 }
@@ -453,8 +501,10 @@ impl ScdMcp {
     )]
     async fn compress_context(
         &self,
+        extensions: rmcp::model::Extensions,
         Parameters(args): Parameters<Args<CompressContextArgs>>,
     ) -> Result<Json<CompressOutput>, String> {
+        let owner = Owner::of(&extensions);
         let a = args.parse()?;
         if a.budget < 1 {
             return Err("budget: must be at least 1".into());
@@ -472,7 +522,7 @@ impl ScdMcp {
         let (session_id, session_token) = match a.session {
             Some(id) if id.is_empty() => return Err("session: must not be empty (leave it out to open one)".into()),
             Some(id) => {
-                let token = self.tokens.get(&id).unwrap_or_default();
+                let token = self.tokens.get(&id, &owner).map_err(|NotYours| not_yours(&id))?.unwrap_or_default();
                 (id, token)
             }
             None => (String::new(), String::new()),
@@ -505,7 +555,7 @@ impl ScdMcp {
         };
         let r = self.backend.compress(req, open).await.map_err(tool_error)?;
         if !r.session_token.is_empty() {
-            self.tokens.insert(r.session_id.clone(), r.session_token);
+            self.tokens.insert(r.session_id.clone(), owner, r.session_token);
         }
         let t = r.totals.unwrap_or_default();
         Ok(Json(CompressOutput {
@@ -536,8 +586,10 @@ impl ScdMcp {
     )]
     async fn request_more_context(
         &self,
+        extensions: rmcp::model::Extensions,
         Parameters(args): Parameters<Args<RequestMoreArgs>>,
     ) -> Result<Json<MoreOutput>, String> {
+        let owner = Owner::of(&extensions);
         let a = args.parse()?;
         if a.session.is_empty() {
             return Err("session: must not be empty".into());
@@ -554,7 +606,7 @@ impl ScdMcp {
             }
             (c, _) => c.unwrap_or(0.0),
         };
-        let Some(token) = self.tokens.get(&a.session) else {
+        let Some(token) = self.tokens.get(&a.session, &owner).map_err(|NotYours| not_yours(&a.session))? else {
             return Err(format!(
                 "session: {:?} was not opened by this MCP server (or is long forgotten); open one with \
                  compress_context",
@@ -702,61 +754,136 @@ mod tests {
         Parameters(Args(m, PhantomData))
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sessions_continue_by_id_alone_and_secrets_stay_out() {
-        let mcp = in_process();
-        let context = serde_json::json!({"fields": [
+    /// The extensions of a request over stdio.
+    fn stdio() -> rmcp::model::Extensions {
+        rmcp::model::Extensions::new()
+    }
+
+    /// The extensions of a request over HTTP in MCP session `id` (none: stateless).
+    fn over_http(id: Option<&str>) -> rmcp::model::Extensions {
+        let mut req = axum::http::Request::builder().method("POST").uri("/mcp");
+        if let Some(id) = id {
+            req = req.header("mcp-session-id", id);
+        }
+        let (parts, ()) = req.body(()).unwrap().into_parts();
+        let mut ext = rmcp::model::Extensions::new();
+        ext.insert(parts);
+        ext
+    }
+
+    fn charges_context() -> Value {
+        serde_json::json!({"fields": [
             {"name": "notes", "content": "The pool is exhausted. Charges time out. The newsletter font is small. \
                                           Retries happen every second. The database has 32 connections."},
             {"name": "keys", "content": "sk_live_SECRET_4242", "confidential": true},
-        ]});
+        ]})
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_continue_by_id_alone_and_secrets_stay_out() {
+        let mcp = in_process();
+        let context = charges_context();
         let Json(out) = mcp
-            .compress_context(compress_args(serde_json::json!({
-                "task": "why do charges fail?", "context": context, "budget": 12
-            })))
+            .compress_context(
+                stdio(),
+                compress_args(serde_json::json!({
+                    "task": "why do charges fail?", "context": context, "budget": 12
+                })),
+            )
             .await
             .unwrap();
         assert!(!out.session_id.is_empty());
         assert_eq!(out.withheld_fields, ["keys"]);
         assert_eq!(mcp.tokens.len(), 1, "the token is held here");
         let shown = serde_json::to_string(&out).unwrap();
-        assert!(!shown.contains("sk_live") && !shown.contains(&mcp.tokens.get(&out.session_id).unwrap()), "{shown}");
+        let token = mcp.tokens.get(&out.session_id, &Owner::Stdio).unwrap().unwrap();
+        assert!(!shown.contains("sk_live") && !shown.contains(&token), "{shown}");
         // the id alone continues the session
         let Json(more) = mcp
-            .request_more_context(more_args(serde_json::json!({
-                "session": out.session_id, "question": "how many connections?", "current_confidence": 0.1
-            })))
+            .request_more_context(
+                stdio(),
+                more_args(serde_json::json!({
+                    "session": out.session_id, "question": "how many connections?", "current_confidence": 0.1
+                })),
+            )
             .await
             .unwrap();
         assert!(more.remaining_tokens <= 12);
         // an error naming the confidential field never shows its content
         let e = mcp
-            .compress_context(compress_args(serde_json::json!({
-                "task": "t", "context": context, "budget": 12, "optional": ["keys"]
-            })))
+            .compress_context(
+                stdio(),
+                compress_args(serde_json::json!({
+                    "task": "t", "context": context, "budget": 12, "optional": ["keys"]
+                })),
+            )
             .await
             .err()
             .unwrap();
         assert_eq!(e, "optional: field \"keys\" is confidential and is never sent");
         let e = mcp
-            .request_more_context(more_args(serde_json::json!({
-                "session": "not-ours", "question": "q", "current_confidence": 0.5
-            })))
+            .request_more_context(
+                stdio(),
+                more_args(serde_json::json!({
+                    "session": "not-ours", "question": "q", "current_confidence": 0.5
+                })),
+            )
             .await
             .err()
             .unwrap();
         assert!(e.starts_with("session: \"not-ours\" was not opened by this MCP server"), "{e}");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_belongs_to_the_mcp_client_that_opened_it() {
+        let mcp = in_process();
+        let open = |ext, session: Option<&str>| {
+            let mut args =
+                serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12});
+            if let Some(id) = session {
+                args["session"] = Value::from(id);
+            }
+            mcp.compress_context(ext, compress_args(args))
+        };
+        let more = |ext, session: &str| {
+            mcp.request_more_context(
+                ext,
+                more_args(serde_json::json!({"session": session, "question": "q", "current_confidence": 0.1})),
+            )
+        };
+        let Json(a) = open(over_http(Some("mcp-a")), None).await.unwrap();
+        let id = a.session_id.clone();
+        let refused = format!("session: {id:?} is not a session of this MCP client; open one with compress_context");
+        // another MCP session, a stateless request, stdio: neither asks for more nor continues it
+        for other in [over_http(Some("mcp-b")), over_http(None), stdio()] {
+            assert_eq!(more(other.clone(), &id).await.err().unwrap(), refused);
+            assert_eq!(open(other, Some(&id)).await.err().unwrap(), refused);
+        }
+        // its own client still does both
+        more(over_http(Some("mcp-a")), &id).await.unwrap();
+        let Json(again) = open(over_http(Some("mcp-a")), Some(&id)).await.unwrap();
+        assert_eq!(again.session_id, id);
+        // a client-chosen id taken by another client is refused too
+        open(over_http(Some("mcp-a")), Some("mine")).await.unwrap();
+        assert!(open(over_http(Some("mcp-b")), Some("mine")).await.is_err());
+        // stateless requests share one binding
+        let Json(s) = open(over_http(None), None).await.unwrap();
+        more(over_http(None), &s.session_id).await.unwrap();
+        assert!(more(over_http(Some("mcp-a")), &s.session_id).await.is_err());
+    }
+
     #[test]
     fn session_tokens_are_bounded_oldest_first() {
         let t = SessionTokens::new(2);
-        t.insert("a".into(), "ta".into());
-        t.insert("b".into(), "tb".into());
-        t.insert("a".into(), "ta2".into());
+        let o = Owner::Stdio;
+        t.insert("a".into(), o.clone(), "ta".into());
+        t.insert("b".into(), o.clone(), "tb".into());
+        t.insert("a".into(), o.clone(), "ta2".into());
         assert_eq!(t.len(), 2);
-        t.insert("c".into(), "tc".into());
-        assert_eq!((t.get("a"), t.get("b").as_deref(), t.get("c").as_deref()), (None, Some("tb"), Some("tc")));
+        t.insert("c".into(), o.clone(), "tc".into());
+        let get = |id| t.get(id, &o).unwrap();
+        assert_eq!((get("a"), get("b").as_deref(), get("c").as_deref()), (None, Some("tb"), Some("tc")));
+        assert!(t.get("b", &Owner::HttpStateless).is_err());
     }
 
     #[test]

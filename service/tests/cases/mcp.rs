@@ -122,6 +122,22 @@ fn mcp_over_streamable_http_with_the_python_client() {
 }
 
 #[test]
+fn another_http_client_cannot_use_a_session_it_did_not_open() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let (_guard, url) = mcp_http(&[]);
+    let s = client(&python, &["two_clients", &context(), &url]);
+    for what in ["more", "continue"] {
+        let e = s[what].as_str().unwrap();
+        assert!(e.starts_with("session: \"") && e.contains("is not a session of this MCP client"), "{what}: {e}");
+    }
+    assert_eq!(s["owner_continues"], true, "{s}");
+    assert_eq!(s["owner_reopens"], true, "{s}");
+}
+
+#[test]
 fn mcp_forwards_to_a_running_server() {
     if !ready() {
         return;

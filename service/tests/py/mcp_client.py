@@ -3,6 +3,7 @@
     mcp_client.py stdio CONTEXT_JSON -- SCD_BINARY [ARGS...]   # launches it over stdio
     mcp_client.py http CONTEXT_JSON URL                          # a running `scd mcp --http-addr`
     mcp_client.py bench CONTEXT_JSON N -- SCD_BINARY [ARGS...]   # latency of N calls per tool over stdio
+    mcp_client.py two_clients CONTEXT_JSON URL                   # sessions stay with the MCP client that opened them
 
 Lists the tools (4 names, each with an input and an output schema), calls
 each one, checks the structured results (the client itself validates them
@@ -197,6 +198,34 @@ async def bench(s, context, n):
     return out
 
 
+async def two_clients(url, context):
+    """Two MCP clients (two MCP sessions) of one HTTP server: B can neither
+    continue nor reopen A's session; A still can."""
+    out = {}
+    async with streamable_http_client(url) as a_streams, streamable_http_client(url) as b_streams:
+        async with ClientSession(a_streams[0], a_streams[1]) as a, ClientSession(b_streams[0], b_streams[1]) as b:
+            await a.initialize()
+            await b.initialize()
+            opened = await ok(a, "compress_context", {"task": TASK, "context": context, "budget": 100})
+            session = opened["session_id"]
+            out["more"] = await tool_error(
+                b,
+                "request_more_context",
+                {"session": session, "question": "which function?", "current_confidence": 0.2},
+                "session:",
+            )
+            out["continue"] = await tool_error(
+                b, "compress_context", {"task": TASK, "context": context, "budget": 100, "session": session}, "session:"
+            )
+            mine = await ok(
+                a, "request_more_context", {"session": session, "question": "which function?", "current_confidence": 0.2}
+            )
+            out["owner_continues"] = isinstance(mine["remaining_tokens"], int)
+            again = await ok(a, "compress_context", {"task": TASK, "context": context, "budget": 100, "session": session})
+            out["owner_reopens"] = again["session_id"] == session
+    return out
+
+
 async def main():
     mode, context_path = sys.argv[1], sys.argv[2]
     with open(context_path) as f:
@@ -219,6 +248,8 @@ async def main():
             async with ClientSession(read, write) as s:
                 await s.initialize()
                 summary = await suite(s, context)
+    elif mode == "two_clients":
+        summary = await two_clients(sys.argv[3], context)
     elif mode == "http":
         async with streamable_http_client(sys.argv[3]) as streams:
             read, write = streams[0], streams[1]
