@@ -364,6 +364,9 @@ impl Owner {
     }
 }
 
+/// A held session token and the client it belongs to.
+type Held = (Owner, String);
+
 /// A session `id` held for another MCP client.
 #[derive(Debug)]
 struct NotYours;
@@ -373,7 +376,7 @@ struct NotYours;
 /// oldest is forgotten (that session can then no longer be continued
 /// through this server; the engine expires it).
 pub struct SessionTokens {
-    inner: Mutex<(HashMap<String, (Owner, String)>, VecDeque<String>)>,
+    inner: Mutex<(HashMap<String, Held>, VecDeque<String>)>,
     capacity: usize,
 }
 
