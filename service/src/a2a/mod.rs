@@ -115,9 +115,15 @@ pub enum Error {
         /// When to retry.
         retry_after_s: u64,
     },
-    /// `-32000`: the engine's queue is full.
-    #[error("resource exhausted: {0}")]
-    Overloaded(String),
+    /// `-32000`: the engine is at capacity (its compress slots, queue or
+    /// session store are full).
+    #[error("resource exhausted: {what}; retry after {retry_after_ms} ms")]
+    Overloaded {
+        /// What is full (the engine's message).
+        what: String,
+        /// When to retry.
+        retry_after_ms: u64,
+    },
 }
 
 impl Error {
@@ -136,7 +142,7 @@ impl Error {
             Self::ContentType(_) => -32005,
             Self::NoExtendedCard => -32007,
             Self::Version(_) => -32009,
-            Self::Exhausted { .. } | Self::Overloaded(_) => -32000,
+            Self::Exhausted { .. } | Self::Overloaded { .. } => -32000,
         }
     }
 
@@ -147,20 +153,41 @@ impl Error {
             Self::NotCancelable { .. } => StatusCode::CONFLICT,
             Self::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Exhausted { .. } | Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Exhausted { .. } | Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_REQUEST,
         }
     }
 
-    /// The JSON-RPC `error` object.
+    /// When to retry an overloaded request (`None`: retrying will not help).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            Self::Exhausted { retry_after_s, .. } => Some(retry_after_s * 1000),
+            Self::Overloaded { retry_after_ms, .. } => Some(*retry_after_ms),
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC `error` object (`data.retryAfterMs` on overload).
     pub fn to_json(&self) -> Value {
         let mut e = json!({"code": self.code(), "message": self.to_string()});
-        match self {
-            Self::Exhausted { retry_after_s, .. } => e["data"] = json!({"retryAfterMs": retry_after_s * 1000}),
-            Self::Overloaded(_) => e["data"] = json!({"retryAfterMs": 100}),
-            _ => {}
+        if let Some(ms) = self.retry_after_ms() {
+            e["data"] = json!({ "retryAfterMs": ms });
         }
         e
+    }
+
+    /// The engine's RESOURCE_EXHAUSTED, with its `retry-after-ms` hint
+    /// (100 ms when it gives none).
+    fn overloaded(s: &tonic::Status) -> Self {
+        let retry_after_ms = s
+            .metadata()
+            .get("retry-after-ms")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        let msg = s.message();
+        let what = msg.split_once("; retry after").map_or(msg, |(w, _)| w).to_string();
+        Self::Overloaded { what, retry_after_ms }
     }
 }
 
@@ -362,6 +389,24 @@ struct Outcome {
     state: TaskState,
     note: String,
     artifact: Option<Artifact>,
+    /// The engine was at capacity: the task is taken back (see
+    /// [`Agent::run`]), not failed.
+    busy: Option<Error>,
+}
+
+impl Outcome {
+    fn done(state: TaskState, note: String, artifact: Option<Artifact>) -> Self {
+        Self { state, note, artifact, busy: None }
+    }
+
+    /// An engine error: overload is answered as such, the rest ends the task.
+    fn engine_error(s: &tonic::Status) -> Self {
+        if s.code() == tonic::Code::ResourceExhausted {
+            let e = Error::overloaded(s);
+            return Self { state: TaskState::Failed, note: e.to_string(), artifact: None, busy: Some(e) };
+        }
+        Self::done(failed_state(s), s.message().to_string(), None)
+    }
 }
 
 impl Agent {
@@ -508,8 +553,11 @@ impl Agent {
                 c.task = Some(text.join("\n"));
             }
         }
-        let task = match &req.message.task_id {
-            Some(id) => self.store.continue_task(id, caller, redacted(&req.message), TaskState::Working)?,
+        let (task, prev) = match &req.message.task_id {
+            Some(id) => {
+                let prev = self.store.get(id, caller)?.status;
+                (self.store.continue_task(id, caller, redacted(&req.message), TaskState::Working)?, Some(prev))
+            }
             None => {
                 let t = self.store.create(
                     req.message.context_id.clone(),
@@ -517,29 +565,39 @@ impl Agent {
                     redacted(&req.message),
                     TaskState::Submitted,
                 )?;
-                self.store.update(&t.id, TaskState::Working, None, None)?
+                (self.store.update(&t.id, TaskState::Working, None, None)?, None)
             }
         };
-        Ok((task.clone(), Prepared { task_id: task.id, context_id: task.context_id, input }))
+        Ok((task.clone(), Prepared { task_id: task.id, context_id: task.context_id, input, prev, detached: false }))
     }
 
     /// Runs a prepared task to its next state and stores it; a task
-    /// canceled meanwhile stays canceled.
-    pub async fn run(&self, p: Prepared, caller: Option<String>) -> Task {
+    /// canceled meanwhile stays canceled. When the engine is at capacity
+    /// the message is taken back (a new task removed, a continued one
+    /// returned to its previous state) and the overload answered, unless
+    /// the client already holds the task (streaming, `returnImmediately`):
+    /// then it fails with the retry hint in its status message.
+    pub async fn run(&self, p: Prepared, caller: Option<String>) -> Result<Task, Error> {
         let out = match p.input {
             Input::Compress(input) => self.compress(&p.context_id, *input, caller.clone()).await,
             Input::Question { text, confidence } => {
                 self.question(&p.context_id, text, confidence, caller.clone()).await
             }
         };
+        if let Some(busy) = out.busy {
+            if !p.detached {
+                self.store.take_back(&p.task_id, p.prev);
+                return Err(busy);
+            }
+        }
         let msg = Message::agent(&p.task_id, &p.context_id, vec![Part::text(out.note)]);
-        match self.store.update(&p.task_id, out.state, Some(msg), out.artifact) {
+        Ok(match self.store.update(&p.task_id, out.state, Some(msg), out.artifact) {
             Ok(t) => t,
             Err(e) => {
                 debug!(task = %p.task_id, error = %e, "A2A result not stored");
                 self.store.get(&p.task_id, caller.as_deref()).unwrap_or_else(|_| placeholder(&p.task_id, &p.context_id))
             }
-        }
+        })
     }
 
     async fn compress(&self, context_id: &str, input: CompressInput, caller: Option<String>) -> Outcome {
@@ -599,10 +657,10 @@ impl Agent {
                     resp.dropped.len(),
                     resp.withheld_fields.len()
                 );
-                Outcome {
-                    state: TaskState::Completed,
+                Outcome::done(
+                    TaskState::Completed,
                     note,
-                    artifact: Some(Artifact {
+                    Some(Artifact {
                         artifact_id: types::uuid_v4(),
                         name: "minimal-sufficient-context".into(),
                         description: "The context selected for the task within the budget".into(),
@@ -611,9 +669,9 @@ impl Agent {
                             Part { media_type: Some("text/plain".into()), ..Part::text(text) },
                         ],
                     }),
-                }
+                )
             }
-            Err(s) => Outcome { state: failed_state(&s), note: s.message().to_string(), artifact: None },
+            Err(s) => Outcome::engine_error(&s),
         }
     }
 
@@ -628,13 +686,13 @@ impl Agent {
             // the task stays working on the question, waiting for its
             // context (a status message with TASK_STATE_WORKING: see
             // `ends_stream`)
-            return Outcome {
-                state: TaskState::Working,
-                note: format!(
+            return Outcome::done(
+                TaskState::Working,
+                format!(
                     "waiting for the context: send a data part {{context: {{fields}}, budget}} in this taskId (this text is the task) or {{task, context, budget}} in contextId {context_id}; questions (skill more-context) follow a compression"
                 ),
-                artifact: None,
-            };
+                None,
+            );
         };
         let mut r = pb::ContextRequest { session_id: session.id, session_token: session.token, ..Default::default() };
         match confidence {
@@ -664,10 +722,10 @@ impl Agent {
                     "remainingTokens": resp.remaining_tokens,
                     "reason": resp.reason,
                 });
-                Outcome {
-                    state: TaskState::Completed,
+                Outcome::done(
+                    TaskState::Completed,
                     note,
-                    artifact: Some(Artifact {
+                    Some(Artifact {
                         artifact_id: types::uuid_v4(),
                         name: "more-context".into(),
                         description: "Chunks of the session's context not sent before".into(),
@@ -676,23 +734,28 @@ impl Agent {
                             Part { media_type: Some("text/plain".into()), ..Part::text(selection_text(&resp.chunks)) },
                         ],
                     }),
-                }
+                )
             }
-            Err(s) => Outcome { state: failed_state(&s), note: s.message().to_string(), artifact: None },
+            Err(s) => Outcome::engine_error(&s),
         }
     }
 
     /// SendMessage: the task when it stops working (or at once with
     /// `returnImmediately`).
     pub async fn send(self: &Arc<Self>, req: SendMessageRequest, caller: Option<String>) -> Result<Task, Error> {
-        let (task, prepared) = self.accept(&req, caller.as_deref())?;
+        let (task, mut prepared) = self.accept(&req, caller.as_deref())?;
         let history = req.configuration.as_ref().and_then(|c| c.history_length).map(|h| h as usize);
-        if req.configuration.as_ref().is_some_and(|c| c.return_immediately) {
-            let me = self.clone();
-            tokio::spawn(async move { me.run(prepared, caller).await });
+        prepared.detached = req.configuration.as_ref().is_some_and(|c| c.return_immediately);
+        let detached = prepared.detached;
+        let me = self.clone();
+        // spawned, so a client that disconnects drops only the wait: the
+        // run goes on and the task reaches its next state
+        let run = tokio::spawn(async move { me.run(prepared, caller).await });
+        if detached {
             return Ok(store::trim_history(task, history));
         }
-        Ok(store::trim_history(self.run(prepared, caller).await, history))
+        let t = run.await.map_err(|e| Error::Internal(format!("task {}: its run ended: {e}", task.id)))??;
+        Ok(store::trim_history(t, history))
     }
 }
 
@@ -819,7 +882,8 @@ impl Agent {
         req: SendMessageRequest,
         caller: Option<String>,
     ) -> Result<tokio_stream::wrappers::ReceiverStream<Value>, Error> {
-        let (task, prepared) = self.accept(&req, caller.as_deref())?;
+        let (task, mut prepared) = self.accept(&req, caller.as_deref())?;
+        prepared.detached = true;
         let (task, rx) = self.store.subscribe(&task.id, caller.as_deref())?;
         let me = self.clone();
         let who = caller.clone();
@@ -852,6 +916,10 @@ pub struct Prepared {
     task_id: String,
     context_id: String,
     input: Input,
+    /// The status of the task it continues (`None`: a new task).
+    prev: Option<types::TaskStatus>,
+    /// The client already holds the task (streaming, `returnImmediately`).
+    detached: bool,
 }
 
 fn placeholder(id: &str, ctx: &str) -> Task {
@@ -887,9 +955,77 @@ pub fn router(agent: Arc<Agent>) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use scd_engine::extract::ScdConfig;
 
     fn msg(parts: Value) -> Message {
         serde_json::from_value(json!({"messageId": "m", "role": "ROLE_USER", "parts": parts})).unwrap()
+    }
+
+    /// An agent over the engine's hash encoder (no model), two compress
+    /// slots.
+    fn agent_with(scd: ScdConfig, store: StoreLimits) -> (Arc<Agent>, Arc<ScdService>) {
+        let scd =
+            Arc::new(scd_engine::extract::Scd::new(Arc::new(scd_engine::encoder::HashEncoder::new(64, 512)), scd));
+        let limits = crate::grpc::Limits {
+            max_texts: 256,
+            max_text_bytes: 1 << 20,
+            max_fields: 256,
+            max_request_bytes: 16 << 20,
+            queue_size: 256,
+            batch_texts: 64,
+            max_batch_tokens: 8192,
+            max_concurrent_compress: 2,
+        };
+        let metrics = Arc::new(crate::grpc::metrics::Metrics::new(limits.max_batch_tokens));
+        let svc = Arc::new(ScdService::new(scd, limits, metrics));
+        let cfg = A2aConfig {
+            store,
+            max_request_bytes: 16 << 20,
+            grpc_addr: "127.0.0.1:1".parse().unwrap(),
+            grpc_scheme: "http",
+            did_wba: false,
+            public_url: None,
+        };
+        (Arc::new(Agent::new(svc.clone(), cfg)), svc)
+    }
+
+    /// A SendMessage request of `message` (keys of a `Message`).
+    fn send_req(message: Value) -> SendMessageRequest {
+        let mut m = json!({"messageId": types::uuid_v4(), "role": "ROLE_USER"});
+        m.as_object_mut().unwrap().extend(message.as_object().unwrap().clone());
+        serde_json::from_value(json!({ "message": m })).unwrap()
+    }
+
+    fn compress_part(task: Option<&str>) -> Value {
+        let mut d = json!({"context": {"fields": [
+            {"name": "logs", "kind": "log", "content": "ERROR payments::db: connection pool exhausted\nWARN retry 3"},
+            {"name": "api_keys", "content": "sk_live_SECRET_4242", "confidential": true}]}, "budget": 100});
+        if let Some(t) = task {
+            d["task"] = json!(t);
+        }
+        json!({ "data": d })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overload_takes_the_message_back_and_answers_a_retry_hint() {
+        let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
+        let held = svc.compress_slots.clone().try_acquire_many_owned(2).unwrap();
+        let e = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None).await.unwrap_err();
+        assert_eq!(e.code(), -32000);
+        assert_eq!(e.to_string(), "resource exhausted: compress queue is full; retry after 100 ms");
+        assert_eq!(e.to_json()["data"]["retryAfterMs"], 100);
+        assert!(a.store().is_empty(), "no failed task is kept");
+        // a continued task (a question waiting for its context) returns to
+        // where it was, without the message
+        let waiting = a.send(send_req(json!({"parts": [{"text": "why do charges fail?"}]})), None).await.unwrap();
+        assert_eq!(waiting.status.state, TaskState::Working);
+        let more = send_req(json!({"taskId": waiting.id, "parts": [compress_part(None)]}));
+        assert_eq!(a.send(more.clone(), None).await.unwrap_err().code(), -32000);
+        assert_eq!(a.store().get(&waiting.id, None).unwrap(), waiting);
+        drop(held);
+        let done = a.send(more, None).await.unwrap();
+        assert_eq!(done.status.state, TaskState::Completed, "{:?}", done.status);
+        assert_eq!(done.history.len(), 4, "question, its note, the data part, the result");
     }
 
     #[test]

@@ -15,12 +15,20 @@ use super::jsonrpc::{json_response, params, read_body, sse};
 use super::{Agent, Error};
 use crate::grpc::auth::AuthenticatedDid;
 
-fn error(e: Error) -> Response {
+/// The error body; overload is 429 with `Retry-After` (whole seconds,
+/// rounded up) and `retryAfterMs` in the body.
+pub(crate) fn error(e: Error) -> Response {
     let status = e.http_status();
-    json_response(
-        status,
-        &json!({"error": {"code": status.as_u16(), "status": status.canonical_reason().unwrap_or(""), "message": e.to_string(), "a2aCode": e.code()}}),
-    )
+    let mut body = json!({"error": {"code": status.as_u16(), "status": status.canonical_reason().unwrap_or(""), "message": e.to_string(), "a2aCode": e.code()}});
+    let retry = e.retry_after_ms();
+    if let Some(ms) = retry {
+        body["error"]["retryAfterMs"] = json!(ms);
+    }
+    let mut r = json_response(status, &body);
+    if let Some(ms) = retry {
+        r.headers_mut().insert(header::RETRY_AFTER, ms.div_ceil(1000).max(1).into());
+    }
+    r
 }
 
 fn done(r: Result<Value, Error>) -> Response {
@@ -228,5 +236,15 @@ mod tests {
         assert_eq!(q, json!({"pageSize": 2, "contextId": "a/b", "includeArtifacts": true}));
         let e = query_object(Some("pageSize=x"), &["pageSize"], &[]).unwrap_err();
         assert_eq!(e.to_string(), "invalid params: pageSize: \"x\" is not an integer");
+    }
+
+    #[test]
+    fn overload_is_429_with_retry_after() {
+        let r = error(Error::Overloaded { what: "compress queue is full".into(), retry_after_ms: 100 });
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = error(Error::Exhausted { what: "task store", limit: 1, flag: "--a2a-max-tasks", retry_after_s: 2 });
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert!(error(Error::TaskNotFound("x".into())).headers().get(header::RETRY_AFTER).is_none());
     }
 }

@@ -267,6 +267,31 @@ impl Store {
         Ok(Self::set_state(e, &mut inner.seq, state, message))
     }
 
+    /// Takes back the message last accepted into task `id` (the engine was
+    /// at capacity and the client is told to retry): a new task (`prev`
+    /// `None`) is removed, a continued one returns to `prev` without that
+    /// message. A task canceled meanwhile stays canceled.
+    pub fn take_back(&self, id: &str, prev: Option<TaskStatus>) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(e) = inner.tasks.get_mut(id) else { return };
+        if e.task.status.state.is_terminal() {
+            return;
+        }
+        match prev {
+            None => {
+                inner.tasks.remove(id);
+            }
+            Some(prev) => {
+                e.task.history.pop();
+                inner.seq += 1;
+                e.seq = inner.seq;
+                e.task.status = prev;
+                let _ = e.events.send(Event::Status(e.task.status.clone()));
+            }
+        }
+    }
+
     /// Cancels a task that is not terminal.
     pub fn cancel(&self, id: &str, caller: Option<&str>) -> Result<Task, Error> {
         let mut guard = self.lock();
