@@ -1007,6 +1007,29 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_goes_away_does_not_strand_its_task() {
+        let (a, _) = agent_with(ScdConfig::default(), StoreLimits::default());
+        // polled once (the task is accepted, its run started), then dropped
+        // as the HTTP handler is when its client disconnects
+        let mut part = compress_part(Some("why?"));
+        // enough content that the run cannot end within one poll
+        part["data"]["context"]["fields"][0]["content"] =
+            json!((0..2000).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>());
+        let send = a.send(send_req(json!({ "parts": [part] })), None);
+        assert!(tokio::time::timeout(std::time::Duration::ZERO, send).await.is_err(), "answered at once");
+        let id = a.store().list(&store::ListFilter::default(), None)[0].id.clone();
+        let mut state = TaskState::Working;
+        for _ in 0..500 {
+            state = a.store().get(&id, None).unwrap().status.state;
+            if state.is_terminal() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(state, TaskState::Completed);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn overload_takes_the_message_back_and_answers_a_retry_hint() {
         let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
         let held = svc.compress_slots.clone().try_acquire_many_owned(2).unwrap();
