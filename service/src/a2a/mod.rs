@@ -104,12 +104,14 @@ pub enum Error {
     #[error("A2A-Version {0}: not supported; this agent speaks {PROTOCOL_VERSION}")]
     Version(String),
     /// `-32000`: a bounded store is full.
-    #[error("resource exhausted: {what} holds {limit} (the limit, {flag}); retry after {retry_after_s} s")]
+    #[error("resource exhausted: {what} holds {limit} {unit} (the limit, {flag}); retry after {retry_after_s} s")]
     Exhausted {
         /// What is full.
         what: &'static str,
         /// Its bound.
         limit: usize,
+        /// What the bound counts (`tasks`, `bytes`).
+        unit: &'static str,
         /// The flag that sets it.
         flag: &'static str,
         /// When to retry.
@@ -288,10 +290,27 @@ fn selection_text(chunks: &[pb::Chunk]) -> String {
     chunks.iter().map(|c| format!("[{}] {}\n", c.id, c.text)).collect()
 }
 
+/// Longest client-chosen id (`messageId`, `contextId`, `taskId`,
+/// `referenceTaskIds`), in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+fn check_id(field: &str, id: &str) -> Result<(), Error> {
+    if id.len() > MAX_ID_BYTES {
+        return Err(Error::InvalidParams(format!("{field}: {} bytes, the limit is {MAX_ID_BYTES}", id.len())));
+    }
+    Ok(())
+}
+
 /// Reads `message` into what it asks for; errors name the JSON path.
 fn classify(m: &Message) -> Result<Input, Error> {
     if m.message_id.is_empty() {
         return Err(Error::InvalidParams("message.messageId: must not be empty".into()));
+    }
+    check_id("message.messageId", &m.message_id)?;
+    check_id("message.contextId", m.context_id.as_deref().unwrap_or(""))?;
+    check_id("message.taskId", m.task_id.as_deref().unwrap_or(""))?;
+    for (i, r) in m.reference_task_ids.iter().enumerate() {
+        check_id(&format!("message.referenceTaskIds[{i}]"), r)?;
     }
     if m.role != Role::User {
         return Err(Error::InvalidParams("message.role: must be ROLE_USER".into()));
@@ -355,19 +374,26 @@ fn classify(m: &Message) -> Result<Input, Error> {
     Ok(Input::Question { text, confidence })
 }
 
-/// The message as the task's history keeps it: confidential fields'
-/// content replaced (history is sent back in replies).
-fn redacted(m: &Message) -> Message {
+/// The message as the task's history keeps it: a compress data part's
+/// context is summarized (each field's name, kind, confidential flag and
+/// `contentBytes`; no content, so no confidential content is ever sent
+/// back and a task does not hold a whole context); the other keys (task,
+/// budget, ...) and text parts are kept as sent.
+fn summarized(m: &Message) -> Message {
     let mut m = m.clone();
     for p in &mut m.parts {
         let fields = p.data.as_mut().and_then(|d| d.pointer_mut("/context/fields")).and_then(Value::as_array_mut);
-        for f in fields.into_iter().flatten() {
-            if f.get("confidential") == Some(&Value::Bool(true)) {
-                if let Some(c) = f.get_mut("content") {
-                    *c = json!("[withheld: confidential]");
-                }
+        let Some(fields) = fields else { continue };
+        for f in fields.iter_mut() {
+            if let Some(f) = f.as_object_mut() {
+                let bytes = f.remove("content").as_ref().and_then(Value::as_str).map_or(0, str::len);
+                f.insert("contentBytes".into(), json!(bytes));
             }
         }
+        p.metadata.get_or_insert_with(Default::default).insert(
+            "scdContextSummary".into(),
+            json!("the context's content is not kept in history: each field has its contentBytes"),
+        );
     }
     m
 }
@@ -556,13 +582,13 @@ impl Agent {
         let (task, prev) = match &req.message.task_id {
             Some(id) => {
                 let prev = self.store.get(id, caller)?.status;
-                (self.store.continue_task(id, caller, redacted(&req.message), TaskState::Working)?, Some(prev))
+                (self.store.continue_task(id, caller, summarized(&req.message), TaskState::Working)?, Some(prev))
             }
             None => {
                 let t = self.store.create(
                     req.message.context_id.clone(),
                     caller,
-                    redacted(&req.message),
+                    summarized(&req.message),
                     TaskState::Submitted,
                 )?;
                 (self.store.update(&t.id, TaskState::Working, None, None)?, None)
@@ -1085,15 +1111,57 @@ mod tests {
     }
 
     #[test]
-    fn history_keeps_no_confidential_content() {
-        let m = msg(json!([{"data": {"task": "t", "budget": 9, "context": {"fields": [
+    fn history_keeps_a_summary_of_the_context_not_its_content() {
+        let m = msg(json!([{"text": "first"}, {"data": {"task": "t", "budget": 9, "context": {"fields": [
             {"name": "k", "content": "sk_live_SECRET_4242", "confidential": true},
-            {"name": "p", "content": "public"}]}}}]));
-        let r = serde_json::to_string(&redacted(&m)).unwrap();
-        assert!(
-            !r.contains("sk_live_SECRET_4242") && r.contains("public") && r.contains("[withheld: confidential]"),
-            "{r}"
+            {"name": "p", "kind": "log", "content": "public"}]}}}]));
+        let s = summarized(&m);
+        assert_eq!(s.parts[0], m.parts[0]);
+        assert_eq!(
+            s.parts[1].data,
+            Some(json!({"task": "t", "budget": 9, "context": {"fields": [
+                {"name": "k", "confidential": true, "contentBytes": 19},
+                {"name": "p", "kind": "log", "contentBytes": 6}]}}))
         );
+        assert!(!serde_json::to_string(&s).unwrap().contains("sk_live_SECRET_4242"));
+    }
+
+    #[test]
+    fn client_chosen_ids_are_capped() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        for key in ["messageId", "contextId", "taskId"] {
+            let mut m = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "q"}]});
+            m[key] = json!(long);
+            let e = classify(&serde_json::from_value(m).unwrap()).err().unwrap();
+            assert_eq!(e.code(), -32602);
+            assert_eq!(e.to_string(), format!("invalid params: message.{key}: 257 bytes, the limit is 256"));
+        }
+        let mut m = msg(json!([{"text": "q"}]));
+        m.context_id = Some("x".repeat(MAX_ID_BYTES));
+        assert!(classify(&m).is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_store_answers_resource_exhausted_and_tasks_hold_no_context() {
+        let (a, _) = agent_with(ScdConfig::default(), StoreLimits { max_bytes: 6000, ..StoreLimits::default() });
+        let mut part = compress_part(Some("why?"));
+        let big = (0..200).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>();
+        part["data"]["context"]["fields"][0]["content"] = json!(big);
+        let t = a.send(send_req(json!({ "parts": [part] })), None).await.unwrap();
+        assert_eq!(t.status.state, TaskState::Completed);
+        let history = serde_json::to_string(&t.history).unwrap();
+        assert!(!history.contains("pool 7 exhausted") && history.contains(&format!("\"contentBytes\":{}", big.len())));
+        let mut full = None;
+        for _ in 0..20 {
+            if let Err(e) = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None).await {
+                full = Some(e);
+                break;
+            }
+        }
+        let e = full.expect("the byte budget was never reached");
+        assert_eq!(e.code(), -32000);
+        assert!(e.to_string().contains("holds 6000 bytes (the limit, --a2a-max-bytes)"), "{e}");
+        assert_eq!(e.to_json()["data"]["retryAfterMs"], 1000);
     }
 
     #[test]
@@ -1131,7 +1199,8 @@ mod tests {
         assert_eq!(Error::PushNotSupported.code(), -32003);
         assert_eq!(Error::NoExtendedCard.code(), -32007);
         assert_eq!(Error::TaskNotFound("x".into()).http_status(), StatusCode::NOT_FOUND);
-        let e = Error::Exhausted { what: "task store", limit: 1, flag: "--a2a-max-tasks", retry_after_s: 1 };
+        let e =
+            Error::Exhausted { what: "task store", limit: 1, unit: "tasks", flag: "--a2a-max-tasks", retry_after_s: 1 };
         assert_eq!(e.to_json()["data"]["retryAfterMs"], 1000);
     }
 }

@@ -243,7 +243,13 @@ mod tests {
         let r = error(Error::Overloaded { what: "compress queue is full".into(), retry_after_ms: 100 });
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
-        let r = error(Error::Exhausted { what: "task store", limit: 1, flag: "--a2a-max-tasks", retry_after_s: 2 });
+        let r = error(Error::Exhausted {
+            what: "task store",
+            limit: 1,
+            unit: "tasks",
+            flag: "--a2a-max-tasks",
+            retry_after_s: 2,
+        });
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         assert!(error(Error::TaskNotFound("x".into())).headers().get(header::RETRY_AFTER).is_none());
     }
