@@ -828,21 +828,9 @@ impl Agent {
         };
         let history = history_len("historyLength", r.history_length)?.unwrap_or(0);
         let filter = store::ListFilter { context_id: r.context_id.filter(|c| !c.is_empty()), state, updated_after };
-        let all = self.store.list(&filter, caller);
-        let total = all.len();
-        let include_artifacts = r.include_artifacts.unwrap_or(false);
-        let page: Vec<Task> = all
-            .into_iter()
-            .skip(offset)
-            .take(page_size)
-            .map(|t| {
-                let mut t = store::trim_history(t, Some(history));
-                if !include_artifacts {
-                    t.artifacts.clear();
-                }
-                t
-            })
-            .collect();
+        let artifacts = r.include_artifacts.unwrap_or(false);
+        let (total, page) =
+            self.store.list(&filter, caller, store::Page { offset, size: page_size, history, artifacts });
         let next = if offset + page.len() < total { format!("o{}", offset + page.len()) } else { String::new() };
         Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page.len(), "totalSize": total}))
     }
@@ -1043,7 +1031,8 @@ mod tests {
             json!((0..2000).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>());
         let send = a.send(send_req(json!({ "parts": [part] })), None);
         assert!(tokio::time::timeout(std::time::Duration::ZERO, send).await.is_err(), "answered at once");
-        let id = a.store().list(&store::ListFilter::default(), None)[0].id.clone();
+        let page = store::Page { offset: 0, size: 1, history: 0, artifacts: false };
+        let id = a.store().list(&store::ListFilter::default(), None, page).1[0].id.clone();
         let mut state = TaskState::Working;
         for _ in 0..500 {
             state = a.store().get(&id, None).unwrap().status.state;

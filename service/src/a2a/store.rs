@@ -116,6 +116,31 @@ pub struct Store {
     inner: Mutex<Inner>,
 }
 
+/// Which tasks of a [`Store::list`] to copy out, and how much of each.
+#[derive(Debug, Clone, Copy)]
+pub struct Page {
+    /// Tasks skipped.
+    pub offset: usize,
+    /// Tasks copied at most.
+    pub size: usize,
+    /// Messages of history per task.
+    pub history: usize,
+    /// Copy the artifacts too.
+    pub artifacts: bool,
+}
+
+/// A copy of `t` with the last `history` messages and, when `artifacts`,
+/// its artifacts (nothing else of its history is copied).
+fn view(t: &Task, history: usize, artifacts: bool) -> Task {
+    Task {
+        id: t.id.clone(),
+        context_id: t.context_id.clone(),
+        status: t.status.clone(),
+        artifacts: if artifacts { t.artifacts.clone() } else { Vec::new() },
+        history: t.history[t.history.len().saturating_sub(history)..].to_vec(),
+    }
+}
+
 /// Messages kept of a history: the last `n` (all when `None`).
 pub fn trim_history(mut t: Task, n: Option<usize>) -> Task {
     if let Some(n) = n {
@@ -388,21 +413,29 @@ impl Store {
         Ok((e.task.clone(), e.events.subscribe()))
     }
 
-    /// `caller`'s tasks matching `filter`, most recently updated first.
-    pub fn list(&self, filter: &ListFilter, caller: Option<&str>) -> Vec<Task> {
+    /// How many of `caller`'s tasks match `filter`, and the `page` of them,
+    /// most recently updated first: references are sorted, only the page is
+    /// copied.
+    pub fn list(&self, filter: &ListFilter, caller: Option<&str>, page: Page) -> (usize, Vec<Task>) {
         let mut inner = self.lock();
         self.purge(&mut inner, false);
-        let mut hits: Vec<(&Entry, u64)> = inner
+        let mut hits: Vec<&Entry> = inner
             .tasks
             .values()
             .filter(|e| e.caller.as_deref() == caller)
             .filter(|e| filter.context_id.as_ref().is_none_or(|c| *c == e.task.context_id))
             .filter(|e| filter.state.is_none_or(|s| s == e.task.status.state))
             .filter(|e| filter.updated_after.is_none_or(|t| e.updated > t))
-            .map(|e| (e, e.seq))
             .collect();
-        hits.sort_by_key(|h| std::cmp::Reverse(h.1));
-        hits.into_iter().map(|(e, _)| e.task.clone()).collect()
+        hits.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
+        let total = hits.len();
+        let tasks = hits
+            .into_iter()
+            .skip(page.offset)
+            .take(page.size)
+            .map(|e| view(&e.task, page.history, page.artifacts))
+            .collect();
+        (total, tasks)
     }
 
     /// The SCD session of `context_id`.
@@ -479,8 +512,9 @@ mod tests {
         );
         assert!(matches!(s.get(&a.id, Some("did:wba:b")), Err(Error::TaskNotFound(_))));
         assert!(matches!(s.cancel(&a.id, None), Err(Error::TaskNotFound(_))));
-        assert_eq!(s.list(&ListFilter::default(), Some("did:wba:a")).len(), 2);
-        assert!(s.list(&ListFilter::default(), None).is_empty());
+        let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
+        assert_eq!(s.list(&ListFilter::default(), Some("did:wba:a"), all).0, 2);
+        assert_eq!(s.list(&ListFilter::default(), None, all), (0, vec![]));
         assert_eq!(s.len(), 2);
     }
 
@@ -505,6 +539,26 @@ mod tests {
         s.take_back(&t.id, None);
         assert_eq!(s.len(), 1);
         assert!(s.bytes() < one + 100, "a removed task's bytes are freed: {}", s.bytes());
+    }
+
+    #[test]
+    fn a_list_page_is_sorted_then_copied_trimmed() {
+        let s = store(10);
+        let ids: Vec<String> =
+            (0..5).map(|i| s.create(None, None, msg(&format!("m{i}")), TaskState::Working).unwrap().id).collect();
+        s.update(&ids[0], TaskState::Completed, Some(msg("done")), None).unwrap();
+        let (total, page) =
+            s.list(&ListFilter::default(), None, Page { offset: 1, size: 2, history: 1, artifacts: false });
+        assert_eq!(total, 5);
+        // most recently updated first: 0 (just updated), 4, 3, ...
+        assert_eq!(page.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), [ids[4].as_str(), ids[3].as_str()]);
+        assert_eq!(page[0].history.len(), 1);
+        let (_, first) =
+            s.list(&ListFilter::default(), None, Page { offset: 0, size: 1, history: 0, artifacts: false });
+        assert_eq!(first[0].id, ids[0]);
+        assert!(first[0].history.is_empty());
+        let (_, past) = s.list(&ListFilter::default(), None, Page { offset: 9, size: 5, history: 0, artifacts: false });
+        assert!(past.is_empty());
     }
 
     #[test]
