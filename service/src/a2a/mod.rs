@@ -19,8 +19,18 @@
 //! server. A text part alone on that context is a question
 //! (RequestContext: `specific_question`; `metadata.currentConfidence`, or a
 //! hand-off report's confidence): the next task of the context answers with
-//! the chunks the receiver does not have yet. A text part on a context
-//! without a session leaves its task `TASK_STATE_INPUT_REQUIRED`.
+//! the chunks the receiver does not have yet.
+//!
+//! States: a message's task is `SUBMITTED`, then `WORKING` while the engine
+//! runs, then `COMPLETED` (artifact), `REJECTED` (input the engine refuses)
+//! or `FAILED`; `CANCELED` by the client. A text part on a context that has
+//! never compressed stays `WORKING` with a status message asking for the
+//! context (this text is then the task: send the data part in its taskId).
+//! A text part on a context whose SCD session expired or was evicted goes
+//! `INPUT_REQUIRED` ("the context's session expired; send the context
+//! again"): a data part in that taskId compresses and completes it. When
+//! the engine is at capacity the message is answered `-32000` (HTTP 429)
+//! with `retryAfterMs` and not kept.
 //!
 //! Tasks live in a bounded [`store`] (`--a2a-max-tasks`, `--a2a-task-ttl-s`);
 //! terminal states never change. Under `--auth did-wba` tasks and contexts
@@ -729,6 +739,7 @@ impl Agent {
             None if scd_engine::handoff::parse_auto(&text).report.confidence.is_some() => r.report = text,
             None => r.specific_question = text,
         }
+        let session_id = r.session_id.clone();
         match self.svc.request_context_audited("A2A SendMessage", r, None, caller, None).await {
             Ok(resp) => {
                 let note = if resp.chunks.is_empty() {
@@ -760,6 +771,19 @@ impl Agent {
                             Part { media_type: Some("text/plain".into()), ..Part::text(selection_text(&resp.chunks)) },
                         ],
                     }),
+                )
+            }
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                // the session expired or was evicted: the context is needed again
+                self.store.clear_session(context_id, &session_id);
+                debug!(context = %context_id, error = %s.message(), "A2A context's session is gone");
+                Outcome::done(
+                    TaskState::InputRequired,
+                    format!(
+                        "the context's session expired; send the context again (a data part {{context: {{fields}}, budget}} in this taskId; the question is its task): {}",
+                        s.message()
+                    ),
+                    None,
                 )
             }
             Err(s) => Outcome::engine_error(&s),
@@ -1042,6 +1066,32 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         assert_eq!(state, TaskState::Completed);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_question_on_a_gone_session_asks_for_the_context_again() {
+        let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
+        let first =
+            a.send(send_req(json!({"parts": [compress_part(Some("why do charges fail?"))]})), None).await.unwrap();
+        assert_eq!(first.status.state, TaskState::Completed);
+        let ctx = first.context_id.clone();
+        // the engine loses the session (expiry and eviction answer the same)
+        let session = a.store().session(&ctx).unwrap();
+        assert!(svc.scd.close_session(&session.id, &session.token, None).unwrap());
+        let q = a
+            .send(send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})), None)
+            .await
+            .unwrap();
+        assert_eq!(q.status.state, TaskState::InputRequired, "{:?}", q.status);
+        let note = q.status.message.as_ref().unwrap().parts[0].text.clone().unwrap();
+        assert!(note.starts_with("the context's session expired; send the context again"), "{note}");
+        assert!(a.store().session(&ctx).is_none());
+        // the context again, in that task: compressed, the task completes
+        let again = a.send(send_req(json!({"taskId": q.id, "parts": [compress_part(None)]})), None).await.unwrap();
+        assert_eq!(again.status.state, TaskState::Completed, "{:?}", again.status);
+        assert_eq!(again.id, q.id);
+        assert_eq!(again.artifacts[0].name, "minimal-sufficient-context");
+        assert!(a.store().session(&ctx).is_some_and(|s| s != session));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -448,6 +448,16 @@ impl Store {
         self.lock().contexts.get_mut(context_id).and_then(|c| c.session.replace(session))
     }
 
+    /// Forgets the SCD session `session_id` of `context_id` (it is gone
+    /// from the engine); a newer session is kept.
+    pub fn clear_session(&self, context_id: &str, session_id: &str) {
+        if let Some(c) = self.lock().contexts.get_mut(context_id) {
+            if c.session.as_ref().is_some_and(|s| s.id == session_id) {
+                c.session = None;
+            }
+        }
+    }
+
     /// Tasks held.
     pub fn len(&self) -> usize {
         self.lock().tasks.len()
