@@ -604,7 +604,10 @@ impl Agent {
                 (self.store.update(&t.id, TaskState::Working, None, None)?, None)
             }
         };
-        Ok((task.clone(), Prepared { task_id: task.id, context_id: task.context_id, input, prev, detached: false }))
+        Ok((
+            task.clone(),
+            Prepared { task_id: task.id, context_id: task.context_id, input, prev, detached: false, peer: None },
+        ))
     }
 
     /// Runs a prepared task to its next state and stores it; a task
@@ -615,9 +618,9 @@ impl Agent {
     /// then it fails with the retry hint in its status message.
     pub async fn run(&self, p: Prepared, caller: Option<String>) -> Result<Task, Error> {
         let out = match p.input {
-            Input::Compress(input) => self.compress(&p.context_id, *input, caller.clone()).await,
+            Input::Compress(input) => self.compress(&p.context_id, *input, caller.clone(), p.peer.clone()).await,
             Input::Question { text, confidence } => {
-                self.question(&p.context_id, text, confidence, caller.clone()).await
+                self.question(&p.context_id, text, confidence, caller.clone(), p.peer.clone()).await
             }
         };
         if let Some(busy) = out.busy {
@@ -636,7 +639,13 @@ impl Agent {
         })
     }
 
-    async fn compress(&self, context_id: &str, input: CompressInput, caller: Option<String>) -> Outcome {
+    async fn compress(
+        &self,
+        context_id: &str,
+        input: CompressInput,
+        caller: Option<String>,
+        peer: Option<String>,
+    ) -> Outcome {
         let render = match input.render {
             None => pb::ReportFormat::Unspecified,
             Some(RenderFormat::Freeform) => pb::ReportFormat::Freeform,
@@ -666,7 +675,7 @@ impl Agent {
             render: render as i32,
             ..Default::default()
         };
-        match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), None, true).await {
+        match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), peer, true).await {
             Ok(resp) => {
                 let old = self.store.set_session(
                     context_id,
@@ -717,6 +726,7 @@ impl Agent {
         text: String,
         confidence: Option<f32>,
         caller: Option<String>,
+        peer: Option<String>,
     ) -> Outcome {
         let Some(session) = self.store.session(context_id) else {
             // the task stays working on the question, waiting for its
@@ -740,7 +750,7 @@ impl Agent {
             None => r.specific_question = text,
         }
         let session_id = r.session_id.clone();
-        match self.svc.request_context_audited("A2A SendMessage", r, None, caller, None).await {
+        match self.svc.request_context_audited("A2A SendMessage", r, None, caller, peer).await {
             Ok(resp) => {
                 let note = if resp.chunks.is_empty() {
                     format!(
@@ -790,10 +800,17 @@ impl Agent {
         }
     }
 
-    /// SendMessage: the task when it stops working (or at once with
+    /// SendMessage from `caller` (a DID) at `peer` (its address, for the
+    /// audit trail): the task when it stops working (or at once with
     /// `returnImmediately`).
-    pub async fn send(self: &Arc<Self>, req: SendMessageRequest, caller: Option<String>) -> Result<Task, Error> {
+    pub async fn send(
+        self: &Arc<Self>,
+        req: SendMessageRequest,
+        caller: Option<String>,
+        peer: Option<String>,
+    ) -> Result<Task, Error> {
         let (task, mut prepared) = self.accept(&req, caller.as_deref())?;
+        prepared.peer = peer;
         let history = req.configuration.as_ref().and_then(|c| c.history_length).map(|h| h as usize);
         prepared.detached = req.configuration.as_ref().is_some_and(|c| c.return_immediately);
         let detached = prepared.detached;
@@ -919,9 +936,11 @@ impl Agent {
         self: &Arc<Self>,
         req: SendMessageRequest,
         caller: Option<String>,
+        peer: Option<String>,
     ) -> Result<tokio_stream::wrappers::ReceiverStream<Value>, Error> {
         let (task, mut prepared) = self.accept(&req, caller.as_deref())?;
         prepared.detached = true;
+        prepared.peer = peer;
         let (task, rx) = self.store.subscribe(&task.id, caller.as_deref())?;
         let me = self.clone();
         let who = caller.clone();
@@ -958,6 +977,8 @@ pub struct Prepared {
     prev: Option<types::TaskStatus>,
     /// The client already holds the task (streaming, `returnImmediately`).
     detached: bool,
+    /// The client's address (audit trail).
+    peer: Option<String>,
 }
 
 fn placeholder(id: &str, ctx: &str) -> Task {
@@ -1053,7 +1074,7 @@ mod tests {
         // enough content that the run cannot end within one poll
         part["data"]["context"]["fields"][0]["content"] =
             json!((0..2000).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>());
-        let send = a.send(send_req(json!({ "parts": [part] })), None);
+        let send = a.send(send_req(json!({ "parts": [part] })), None, None);
         assert!(tokio::time::timeout(std::time::Duration::ZERO, send).await.is_err(), "answered at once");
         let page = store::Page { offset: 0, size: 1, history: 0, artifacts: false };
         let id = a.store().list(&store::ListFilter::default(), None, page).1[0].id.clone();
@@ -1071,15 +1092,17 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_question_on_a_gone_session_asks_for_the_context_again() {
         let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
-        let first =
-            a.send(send_req(json!({"parts": [compress_part(Some("why do charges fail?"))]})), None).await.unwrap();
+        let first = a
+            .send(send_req(json!({"parts": [compress_part(Some("why do charges fail?"))]})), None, None)
+            .await
+            .unwrap();
         assert_eq!(first.status.state, TaskState::Completed);
         let ctx = first.context_id.clone();
         // the engine loses the session (expiry and eviction answer the same)
         let session = a.store().session(&ctx).unwrap();
         assert!(svc.scd.close_session(&session.id, &session.token, None).unwrap());
         let q = a
-            .send(send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})), None)
+            .send(send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})), None, None)
             .await
             .unwrap();
         assert_eq!(q.status.state, TaskState::InputRequired, "{:?}", q.status);
@@ -1087,7 +1110,8 @@ mod tests {
         assert!(note.starts_with("the context's session expired; send the context again"), "{note}");
         assert!(a.store().session(&ctx).is_none());
         // the context again, in that task: compressed, the task completes
-        let again = a.send(send_req(json!({"taskId": q.id, "parts": [compress_part(None)]})), None).await.unwrap();
+        let again =
+            a.send(send_req(json!({"taskId": q.id, "parts": [compress_part(None)]})), None, None).await.unwrap();
         assert_eq!(again.status.state, TaskState::Completed, "{:?}", again.status);
         assert_eq!(again.id, q.id);
         assert_eq!(again.artifacts[0].name, "minimal-sufficient-context");
@@ -1098,20 +1122,20 @@ mod tests {
     async fn overload_takes_the_message_back_and_answers_a_retry_hint() {
         let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
         let held = svc.compress_slots.clone().try_acquire_many_owned(2).unwrap();
-        let e = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None).await.unwrap_err();
+        let e = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None, None).await.unwrap_err();
         assert_eq!(e.code(), -32000);
         assert_eq!(e.to_string(), "resource exhausted: compress queue is full; retry after 100 ms");
         assert_eq!(e.to_json()["data"]["retryAfterMs"], 100);
         assert!(a.store().is_empty(), "no failed task is kept");
         // a continued task (a question waiting for its context) returns to
         // where it was, without the message
-        let waiting = a.send(send_req(json!({"parts": [{"text": "why do charges fail?"}]})), None).await.unwrap();
+        let waiting = a.send(send_req(json!({"parts": [{"text": "why do charges fail?"}]})), None, None).await.unwrap();
         assert_eq!(waiting.status.state, TaskState::Working);
         let more = send_req(json!({"taskId": waiting.id, "parts": [compress_part(None)]}));
-        assert_eq!(a.send(more.clone(), None).await.unwrap_err().code(), -32000);
+        assert_eq!(a.send(more.clone(), None, None).await.unwrap_err().code(), -32000);
         assert_eq!(a.store().get(&waiting.id, None).unwrap(), waiting);
         drop(held);
-        let done = a.send(more, None).await.unwrap();
+        let done = a.send(more, None, None).await.unwrap();
         assert_eq!(done.status.state, TaskState::Completed, "{:?}", done.status);
         assert_eq!(done.history.len(), 4, "question, its note, the data part, the result");
     }
@@ -1186,13 +1210,13 @@ mod tests {
         let mut part = compress_part(Some("why?"));
         let big = (0..200).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>();
         part["data"]["context"]["fields"][0]["content"] = json!(big);
-        let t = a.send(send_req(json!({ "parts": [part] })), None).await.unwrap();
+        let t = a.send(send_req(json!({ "parts": [part] })), None, None).await.unwrap();
         assert_eq!(t.status.state, TaskState::Completed);
         let history = serde_json::to_string(&t.history).unwrap();
         assert!(!history.contains("pool 7 exhausted") && history.contains(&format!("\"contentBytes\":{}", big.len())));
         let mut full = None;
         for _ in 0..20 {
-            if let Err(e) = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None).await {
+            if let Err(e) = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None, None).await {
                 full = Some(e);
                 break;
             }

@@ -2,10 +2,11 @@
 //! annotations, bodies and results in the same JSON as JSON-RPC; errors are
 //! `{"error": {"code", "status", "message"}}` with the spec's HTTP status.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use axum::Extension;
@@ -40,6 +41,13 @@ fn done(r: Result<Value, Error>) -> Response {
 
 fn caller(did: Option<Extension<AuthenticatedDid>>) -> Option<String> {
     did.map(|Extension(d)| d.0)
+}
+
+/// The client's address (see `grpc::http::serve_router`).
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+fn peer(p: Peer) -> Option<String> {
+    p.map(|Extension(ConnectInfo(a))| a.to_string())
 }
 
 fn percent_decode(s: &str) -> String {
@@ -108,6 +116,7 @@ pub async fn card(State(agent): State<Arc<Agent>>, headers: HeaderMap) -> Respon
 pub async fn send(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -115,7 +124,7 @@ pub async fn send(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send(req, caller(did)).await.map(|t| json!({"task": t}))
+        agent.send(req, caller(did), peer(from)).await.map(|t| json!({"task": t}))
     };
     done(r.await)
 }
@@ -124,6 +133,7 @@ pub async fn send(
 pub async fn stream(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -131,7 +141,7 @@ pub async fn stream(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send_streaming(req, caller(did))
+        agent.send_streaming(req, caller(did), peer(from))
     };
     match r.await {
         Ok(s) => sse(s, |v| v),

@@ -312,3 +312,31 @@ fn the_a2a_sdk_client_compresses_reads_back_and_asks_more() {
         assert_eq!(got[mode]["follow_up_state"], 3, "the follow-up completed: {got}");
     }
 }
+
+/// A2A calls are audited with the client's address as `peer` (in-process
+/// server over the hash encoder: no model needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_audit_records_carry_the_clients_address() {
+    use scd_atp::audit::{AuditLevel, AuditLog, Retention};
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::sync::Arc::new(
+        AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
+    );
+    let s = crate::inproc::start(crate::inproc::Options { audit: Some(log.clone()), ..Default::default() });
+    crate::inproc::wait_serving(&s).await;
+    let addr = s.http.to_string();
+    let send = json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"data": {
+        "task": "Why do charges fail?", "context": {"fields": [{"name": "logs", "kind": "log", "content": "ERROR payments: card declined"}]},
+        "budget": 50}}]}});
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": send}).to_string();
+        http(&addr, "POST", "/", &[], &body)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("TASK_STATE_COMPLETED"), "{body}");
+    let records = log.query(&Default::default()).unwrap();
+    let r = records.iter().find(|r| r.method == "A2A SendMessage").unwrap_or_else(|| panic!("{records:?}"));
+    assert!(r.peer.as_deref().is_some_and(|p| p.starts_with("127.0.0.1:")), "{r:?}");
+}
