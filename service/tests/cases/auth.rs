@@ -319,8 +319,14 @@ async fn a2a_tasks_are_bound_to_the_did_that_sent_them() {
     let sent: serde_json::Value = serde_json::from_str(&body).unwrap();
     let id = sent["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("{sent}")).to_string();
     // bob cannot read, cancel or continue alice's task: to him it does not exist
-    for (method, params) in [("GetTask", serde_json::json!({"id": id})), ("CancelTask", serde_json::json!({"id": id}))]
-    {
+    let more = serde_json::json!({"message": {"messageId": "m2", "role": "ROLE_USER", "taskId": id,
+        "parts": [{"text": "which card?"}]}});
+    for (method, params) in [
+        ("GetTask", serde_json::json!({"id": id})),
+        ("CancelTask", serde_json::json!({"id": id})),
+        ("SubscribeToTask", serde_json::json!({"id": id})),
+        ("SendMessage", more),
+    ] {
         let (status, body) = a2a_rpc(s.http, Some(&sign(&bob)), method, params).await;
         assert_eq!(status, 200, "{body}");
         let r: serde_json::Value = serde_json::from_str(&body).unwrap();
