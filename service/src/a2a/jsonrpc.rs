@@ -4,10 +4,11 @@
 //! -32602) with the request's id when it could be read.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -61,11 +62,13 @@ pub(crate) fn sse(
 pub async fn handle(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
 ) -> Response {
     let caller = did.map(|Extension(d)| d.0);
+    let peer = peer.map(|Extension(ConnectInfo(a))| a.to_string());
     let raw = match read_body(body, agent.config().max_request_bytes).await {
         Ok(b) => b,
         Err(e) => return reply(&Value::Null, Err(e)),
@@ -127,11 +130,11 @@ pub async fn handle(
     };
     let result = match method.as_str() {
         "SendMessage" => match params(p) {
-            Ok(r) => agent.send(r, caller.clone()).await.map(|t| json!({"task": t})),
+            Ok(r) => agent.send(r, caller.clone(), peer).await.map(|t| json!({"task": t})),
             Err(e) => Err(e),
         },
         "SendStreamingMessage" => {
-            return match params(p).and_then(|r| agent.send_streaming(r, caller.clone())) {
+            return match params(p).and_then(|r| agent.send_streaming(r, caller.clone(), peer)) {
                 Ok(s) => sse(s, move |v| json!({"jsonrpc": "2.0", "id": id, "result": v})),
                 Err(e) => stream_error(id, e),
             }

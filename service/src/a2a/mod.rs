@@ -19,8 +19,18 @@
 //! server. A text part alone on that context is a question
 //! (RequestContext: `specific_question`; `metadata.currentConfidence`, or a
 //! hand-off report's confidence): the next task of the context answers with
-//! the chunks the receiver does not have yet. A text part on a context
-//! without a session leaves its task `TASK_STATE_INPUT_REQUIRED`.
+//! the chunks the receiver does not have yet.
+//!
+//! States: a message's task is `SUBMITTED`, then `WORKING` while the engine
+//! runs, then `COMPLETED` (artifact), `REJECTED` (input the engine refuses)
+//! or `FAILED`; `CANCELED` by the client. A text part on a context that has
+//! never compressed stays `WORKING` with a status message asking for the
+//! context (this text is then the task: send the data part in its taskId).
+//! A text part on a context whose SCD session expired or was evicted goes
+//! `INPUT_REQUIRED` ("the context's session expired; send the context
+//! again"): a data part in that taskId compresses and completes it. When
+//! the engine is at capacity the message is answered `-32000` (HTTP 429)
+//! with `retryAfterMs` and not kept.
 //!
 //! Tasks live in a bounded [`store`] (`--a2a-max-tasks`, `--a2a-task-ttl-s`);
 //! terminal states never change. Under `--auth did-wba` tasks and contexts
@@ -104,20 +114,28 @@ pub enum Error {
     #[error("A2A-Version {0}: not supported; this agent speaks {PROTOCOL_VERSION}")]
     Version(String),
     /// `-32000`: a bounded store is full.
-    #[error("resource exhausted: {what} holds {limit} (the limit, {flag}); retry after {retry_after_s} s")]
+    #[error("resource exhausted: {what} holds {limit} {unit} (the limit, {flag}); retry after {retry_after_s} s")]
     Exhausted {
         /// What is full.
         what: &'static str,
         /// Its bound.
         limit: usize,
+        /// What the bound counts (`tasks`, `bytes`).
+        unit: &'static str,
         /// The flag that sets it.
         flag: &'static str,
         /// When to retry.
         retry_after_s: u64,
     },
-    /// `-32000`: the engine's queue is full.
-    #[error("resource exhausted: {0}")]
-    Overloaded(String),
+    /// `-32000`: the engine is at capacity (its compress slots, queue or
+    /// session store are full).
+    #[error("resource exhausted: {what}; retry after {retry_after_ms} ms")]
+    Overloaded {
+        /// What is full (the engine's message).
+        what: String,
+        /// When to retry.
+        retry_after_ms: u64,
+    },
 }
 
 impl Error {
@@ -136,7 +154,7 @@ impl Error {
             Self::ContentType(_) => -32005,
             Self::NoExtendedCard => -32007,
             Self::Version(_) => -32009,
-            Self::Exhausted { .. } | Self::Overloaded(_) => -32000,
+            Self::Exhausted { .. } | Self::Overloaded { .. } => -32000,
         }
     }
 
@@ -147,20 +165,41 @@ impl Error {
             Self::NotCancelable { .. } => StatusCode::CONFLICT,
             Self::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Exhausted { .. } | Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Exhausted { .. } | Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_REQUEST,
         }
     }
 
-    /// The JSON-RPC `error` object.
+    /// When to retry an overloaded request (`None`: retrying will not help).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            Self::Exhausted { retry_after_s, .. } => Some(retry_after_s * 1000),
+            Self::Overloaded { retry_after_ms, .. } => Some(*retry_after_ms),
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC `error` object (`data.retryAfterMs` on overload).
     pub fn to_json(&self) -> Value {
         let mut e = json!({"code": self.code(), "message": self.to_string()});
-        match self {
-            Self::Exhausted { retry_after_s, .. } => e["data"] = json!({"retryAfterMs": retry_after_s * 1000}),
-            Self::Overloaded(_) => e["data"] = json!({"retryAfterMs": 100}),
-            _ => {}
+        if let Some(ms) = self.retry_after_ms() {
+            e["data"] = json!({ "retryAfterMs": ms });
         }
         e
+    }
+
+    /// The engine's RESOURCE_EXHAUSTED, with its `retry-after-ms` hint
+    /// (100 ms when it gives none).
+    fn overloaded(s: &tonic::Status) -> Self {
+        let retry_after_ms = s
+            .metadata()
+            .get("retry-after-ms")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        let msg = s.message();
+        let what = msg.split_once("; retry after").map_or(msg, |(w, _)| w).to_string();
+        Self::Overloaded { what, retry_after_ms }
     }
 }
 
@@ -261,10 +300,27 @@ fn selection_text(chunks: &[pb::Chunk]) -> String {
     chunks.iter().map(|c| format!("[{}] {}\n", c.id, c.text)).collect()
 }
 
+/// Longest client-chosen id (`messageId`, `contextId`, `taskId`,
+/// `referenceTaskIds`), in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+fn check_id(field: &str, id: &str) -> Result<(), Error> {
+    if id.len() > MAX_ID_BYTES {
+        return Err(Error::InvalidParams(format!("{field}: {} bytes, the limit is {MAX_ID_BYTES}", id.len())));
+    }
+    Ok(())
+}
+
 /// Reads `message` into what it asks for; errors name the JSON path.
 fn classify(m: &Message) -> Result<Input, Error> {
     if m.message_id.is_empty() {
         return Err(Error::InvalidParams("message.messageId: must not be empty".into()));
+    }
+    check_id("message.messageId", &m.message_id)?;
+    check_id("message.contextId", m.context_id.as_deref().unwrap_or(""))?;
+    check_id("message.taskId", m.task_id.as_deref().unwrap_or(""))?;
+    for (i, r) in m.reference_task_ids.iter().enumerate() {
+        check_id(&format!("message.referenceTaskIds[{i}]"), r)?;
     }
     if m.role != Role::User {
         return Err(Error::InvalidParams("message.role: must be ROLE_USER".into()));
@@ -328,19 +384,26 @@ fn classify(m: &Message) -> Result<Input, Error> {
     Ok(Input::Question { text, confidence })
 }
 
-/// The message as the task's history keeps it: confidential fields'
-/// content replaced (history is sent back in replies).
-fn redacted(m: &Message) -> Message {
+/// The message as the task's history keeps it: a compress data part's
+/// context is summarized (each field's name, kind, confidential flag and
+/// `contentBytes`; no content, so no confidential content is ever sent
+/// back and a task does not hold a whole context); the other keys (task,
+/// budget, ...) and text parts are kept as sent.
+fn summarized(m: &Message) -> Message {
     let mut m = m.clone();
     for p in &mut m.parts {
         let fields = p.data.as_mut().and_then(|d| d.pointer_mut("/context/fields")).and_then(Value::as_array_mut);
-        for f in fields.into_iter().flatten() {
-            if f.get("confidential") == Some(&Value::Bool(true)) {
-                if let Some(c) = f.get_mut("content") {
-                    *c = json!("[withheld: confidential]");
-                }
+        let Some(fields) = fields else { continue };
+        for f in fields.iter_mut() {
+            if let Some(f) = f.as_object_mut() {
+                let bytes = f.remove("content").as_ref().and_then(Value::as_str).map_or(0, str::len);
+                f.insert("contentBytes".into(), json!(bytes));
             }
         }
+        p.metadata.get_or_insert_with(Default::default).insert(
+            "scdContextSummary".into(),
+            json!("the context's content is not kept in history: each field has its contentBytes"),
+        );
     }
     m
 }
@@ -362,6 +425,24 @@ struct Outcome {
     state: TaskState,
     note: String,
     artifact: Option<Artifact>,
+    /// The engine was at capacity: the task is taken back (see
+    /// [`Agent::run`]), not failed.
+    busy: Option<Error>,
+}
+
+impl Outcome {
+    fn done(state: TaskState, note: String, artifact: Option<Artifact>) -> Self {
+        Self { state, note, artifact, busy: None }
+    }
+
+    /// An engine error: overload is answered as such, the rest ends the task.
+    fn engine_error(s: &tonic::Status) -> Self {
+        if s.code() == tonic::Code::ResourceExhausted {
+            let e = Error::overloaded(s);
+            return Self { state: TaskState::Failed, note: e.to_string(), artifact: None, busy: Some(e) };
+        }
+        Self::done(failed_state(s), s.message().to_string(), None)
+    }
 }
 
 impl Agent {
@@ -508,41 +589,63 @@ impl Agent {
                 c.task = Some(text.join("\n"));
             }
         }
-        let task = match &req.message.task_id {
-            Some(id) => self.store.continue_task(id, caller, redacted(&req.message), TaskState::Working)?,
+        let (task, prev) = match &req.message.task_id {
+            Some(id) => {
+                let prev = self.store.get(id, caller)?.status;
+                (self.store.continue_task(id, caller, summarized(&req.message), TaskState::Working)?, Some(prev))
+            }
             None => {
                 let t = self.store.create(
                     req.message.context_id.clone(),
                     caller,
-                    redacted(&req.message),
+                    summarized(&req.message),
                     TaskState::Submitted,
                 )?;
-                self.store.update(&t.id, TaskState::Working, None, None)?
+                (self.store.update(&t.id, TaskState::Working, None, None)?, None)
             }
         };
-        Ok((task.clone(), Prepared { task_id: task.id, context_id: task.context_id, input }))
+        Ok((
+            task.clone(),
+            Prepared { task_id: task.id, context_id: task.context_id, input, prev, detached: false, peer: None },
+        ))
     }
 
     /// Runs a prepared task to its next state and stores it; a task
-    /// canceled meanwhile stays canceled.
-    pub async fn run(&self, p: Prepared, caller: Option<String>) -> Task {
+    /// canceled meanwhile stays canceled. When the engine is at capacity
+    /// the message is taken back (a new task removed, a continued one
+    /// returned to its previous state) and the overload answered, unless
+    /// the client already holds the task (streaming, `returnImmediately`):
+    /// then it fails with the retry hint in its status message.
+    pub async fn run(&self, p: Prepared, caller: Option<String>) -> Result<Task, Error> {
         let out = match p.input {
-            Input::Compress(input) => self.compress(&p.context_id, *input, caller.clone()).await,
+            Input::Compress(input) => self.compress(&p.context_id, *input, caller.clone(), p.peer.clone()).await,
             Input::Question { text, confidence } => {
-                self.question(&p.context_id, text, confidence, caller.clone()).await
+                self.question(&p.context_id, text, confidence, caller.clone(), p.peer.clone()).await
             }
         };
+        if let Some(busy) = out.busy {
+            if !p.detached {
+                self.store.take_back(&p.task_id, p.prev);
+                return Err(busy);
+            }
+        }
         let msg = Message::agent(&p.task_id, &p.context_id, vec![Part::text(out.note)]);
-        match self.store.update(&p.task_id, out.state, Some(msg), out.artifact) {
+        Ok(match self.store.update(&p.task_id, out.state, Some(msg), out.artifact) {
             Ok(t) => t,
             Err(e) => {
                 debug!(task = %p.task_id, error = %e, "A2A result not stored");
                 self.store.get(&p.task_id, caller.as_deref()).unwrap_or_else(|_| placeholder(&p.task_id, &p.context_id))
             }
-        }
+        })
     }
 
-    async fn compress(&self, context_id: &str, input: CompressInput, caller: Option<String>) -> Outcome {
+    async fn compress(
+        &self,
+        context_id: &str,
+        input: CompressInput,
+        caller: Option<String>,
+        peer: Option<String>,
+    ) -> Outcome {
         let render = match input.render {
             None => pb::ReportFormat::Unspecified,
             Some(RenderFormat::Freeform) => pb::ReportFormat::Freeform,
@@ -572,7 +675,7 @@ impl Agent {
             render: render as i32,
             ..Default::default()
         };
-        match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), None, true).await {
+        match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), peer, true).await {
             Ok(resp) => {
                 let old = self.store.set_session(
                     context_id,
@@ -599,10 +702,10 @@ impl Agent {
                     resp.dropped.len(),
                     resp.withheld_fields.len()
                 );
-                Outcome {
-                    state: TaskState::Completed,
+                Outcome::done(
+                    TaskState::Completed,
                     note,
-                    artifact: Some(Artifact {
+                    Some(Artifact {
                         artifact_id: types::uuid_v4(),
                         name: "minimal-sufficient-context".into(),
                         description: "The context selected for the task within the budget".into(),
@@ -611,9 +714,9 @@ impl Agent {
                             Part { media_type: Some("text/plain".into()), ..Part::text(text) },
                         ],
                     }),
-                }
+                )
             }
-            Err(s) => Outcome { state: failed_state(&s), note: s.message().to_string(), artifact: None },
+            Err(s) => Outcome::engine_error(&s),
         }
     }
 
@@ -623,18 +726,19 @@ impl Agent {
         text: String,
         confidence: Option<f32>,
         caller: Option<String>,
+        peer: Option<String>,
     ) -> Outcome {
         let Some(session) = self.store.session(context_id) else {
             // the task stays working on the question, waiting for its
             // context (a status message with TASK_STATE_WORKING: see
             // `ends_stream`)
-            return Outcome {
-                state: TaskState::Working,
-                note: format!(
+            return Outcome::done(
+                TaskState::Working,
+                format!(
                     "waiting for the context: send a data part {{context: {{fields}}, budget}} in this taskId (this text is the task) or {{task, context, budget}} in contextId {context_id}; questions (skill more-context) follow a compression"
                 ),
-                artifact: None,
-            };
+                None,
+            );
         };
         let mut r = pb::ContextRequest { session_id: session.id, session_token: session.token, ..Default::default() };
         match confidence {
@@ -645,7 +749,8 @@ impl Agent {
             None if scd_engine::handoff::parse_auto(&text).report.confidence.is_some() => r.report = text,
             None => r.specific_question = text,
         }
-        match self.svc.request_context_audited("A2A SendMessage", r, None, caller, None).await {
+        let session_id = r.session_id.clone();
+        match self.svc.request_context_audited("A2A SendMessage", r, None, caller, peer).await {
             Ok(resp) => {
                 let note = if resp.chunks.is_empty() {
                     format!(
@@ -664,10 +769,10 @@ impl Agent {
                     "remainingTokens": resp.remaining_tokens,
                     "reason": resp.reason,
                 });
-                Outcome {
-                    state: TaskState::Completed,
+                Outcome::done(
+                    TaskState::Completed,
                     note,
-                    artifact: Some(Artifact {
+                    Some(Artifact {
                         artifact_id: types::uuid_v4(),
                         name: "more-context".into(),
                         description: "Chunks of the session's context not sent before".into(),
@@ -676,23 +781,48 @@ impl Agent {
                             Part { media_type: Some("text/plain".into()), ..Part::text(selection_text(&resp.chunks)) },
                         ],
                     }),
-                }
+                )
             }
-            Err(s) => Outcome { state: failed_state(&s), note: s.message().to_string(), artifact: None },
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                // the session expired or was evicted: the context is needed again
+                self.store.clear_session(context_id, &session_id);
+                debug!(context = %context_id, error = %s.message(), "A2A context's session is gone");
+                Outcome::done(
+                    TaskState::InputRequired,
+                    format!(
+                        "the context's session expired; send the context again (a data part {{context: {{fields}}, budget}} in this taskId; the question is its task): {}",
+                        s.message()
+                    ),
+                    None,
+                )
+            }
+            Err(s) => Outcome::engine_error(&s),
         }
     }
 
-    /// SendMessage: the task when it stops working (or at once with
+    /// SendMessage from `caller` (a DID) at `peer` (its address, for the
+    /// audit trail): the task when it stops working (or at once with
     /// `returnImmediately`).
-    pub async fn send(self: &Arc<Self>, req: SendMessageRequest, caller: Option<String>) -> Result<Task, Error> {
-        let (task, prepared) = self.accept(&req, caller.as_deref())?;
+    pub async fn send(
+        self: &Arc<Self>,
+        req: SendMessageRequest,
+        caller: Option<String>,
+        peer: Option<String>,
+    ) -> Result<Task, Error> {
+        let (task, mut prepared) = self.accept(&req, caller.as_deref())?;
+        prepared.peer = peer;
         let history = req.configuration.as_ref().and_then(|c| c.history_length).map(|h| h as usize);
-        if req.configuration.as_ref().is_some_and(|c| c.return_immediately) {
-            let me = self.clone();
-            tokio::spawn(async move { me.run(prepared, caller).await });
+        prepared.detached = req.configuration.as_ref().is_some_and(|c| c.return_immediately);
+        let detached = prepared.detached;
+        let me = self.clone();
+        // spawned, so a client that disconnects drops only the wait: the
+        // run goes on and the task reaches its next state
+        let run = tokio::spawn(async move { me.run(prepared, caller).await });
+        if detached {
             return Ok(store::trim_history(task, history));
         }
-        Ok(store::trim_history(self.run(prepared, caller).await, history))
+        let t = run.await.map_err(|e| Error::Internal(format!("task {}: its run ended: {e}", task.id)))??;
+        Ok(store::trim_history(t, history))
     }
 }
 
@@ -739,21 +869,9 @@ impl Agent {
         };
         let history = history_len("historyLength", r.history_length)?.unwrap_or(0);
         let filter = store::ListFilter { context_id: r.context_id.filter(|c| !c.is_empty()), state, updated_after };
-        let all = self.store.list(&filter, caller);
-        let total = all.len();
-        let include_artifacts = r.include_artifacts.unwrap_or(false);
-        let page: Vec<Task> = all
-            .into_iter()
-            .skip(offset)
-            .take(page_size)
-            .map(|t| {
-                let mut t = store::trim_history(t, Some(history));
-                if !include_artifacts {
-                    t.artifacts.clear();
-                }
-                t
-            })
-            .collect();
+        let artifacts = r.include_artifacts.unwrap_or(false);
+        let (total, page) =
+            self.store.list(&filter, caller, store::Page { offset, size: page_size, history, artifacts });
         let next = if offset + page.len() < total { format!("o{}", offset + page.len()) } else { String::new() };
         Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page.len(), "totalSize": total}))
     }
@@ -818,8 +936,11 @@ impl Agent {
         self: &Arc<Self>,
         req: SendMessageRequest,
         caller: Option<String>,
+        peer: Option<String>,
     ) -> Result<tokio_stream::wrappers::ReceiverStream<Value>, Error> {
-        let (task, prepared) = self.accept(&req, caller.as_deref())?;
+        let (task, mut prepared) = self.accept(&req, caller.as_deref())?;
+        prepared.detached = true;
+        prepared.peer = peer;
         let (task, rx) = self.store.subscribe(&task.id, caller.as_deref())?;
         let me = self.clone();
         let who = caller.clone();
@@ -852,6 +973,12 @@ pub struct Prepared {
     task_id: String,
     context_id: String,
     input: Input,
+    /// The status of the task it continues (`None`: a new task).
+    prev: Option<types::TaskStatus>,
+    /// The client already holds the task (streaming, `returnImmediately`).
+    detached: bool,
+    /// The client's address (audit trail).
+    peer: Option<String>,
 }
 
 fn placeholder(id: &str, ctx: &str) -> Task {
@@ -887,9 +1014,130 @@ pub fn router(agent: Arc<Agent>) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use scd_engine::extract::ScdConfig;
 
     fn msg(parts: Value) -> Message {
         serde_json::from_value(json!({"messageId": "m", "role": "ROLE_USER", "parts": parts})).unwrap()
+    }
+
+    /// An agent over the engine's hash encoder (no model), two compress
+    /// slots.
+    fn agent_with(scd: ScdConfig, store: StoreLimits) -> (Arc<Agent>, Arc<ScdService>) {
+        let scd =
+            Arc::new(scd_engine::extract::Scd::new(Arc::new(scd_engine::encoder::HashEncoder::new(64, 512)), scd));
+        let limits = crate::grpc::Limits {
+            max_texts: 256,
+            max_text_bytes: 1 << 20,
+            max_fields: 256,
+            max_request_bytes: 16 << 20,
+            queue_size: 256,
+            batch_texts: 64,
+            max_batch_tokens: 8192,
+            max_concurrent_compress: 2,
+        };
+        let metrics = Arc::new(crate::grpc::metrics::Metrics::new(limits.max_batch_tokens));
+        let svc = Arc::new(ScdService::new(scd, limits, metrics));
+        let cfg = A2aConfig {
+            store,
+            max_request_bytes: 16 << 20,
+            grpc_addr: "127.0.0.1:1".parse().unwrap(),
+            grpc_scheme: "http",
+            did_wba: false,
+            public_url: None,
+        };
+        (Arc::new(Agent::new(svc.clone(), cfg)), svc)
+    }
+
+    /// A SendMessage request of `message` (keys of a `Message`).
+    fn send_req(message: Value) -> SendMessageRequest {
+        let mut m = json!({"messageId": types::uuid_v4(), "role": "ROLE_USER"});
+        m.as_object_mut().unwrap().extend(message.as_object().unwrap().clone());
+        serde_json::from_value(json!({ "message": m })).unwrap()
+    }
+
+    fn compress_part(task: Option<&str>) -> Value {
+        let mut d = json!({"context": {"fields": [
+            {"name": "logs", "kind": "log", "content": "ERROR payments::db: connection pool exhausted\nWARN retry 3"},
+            {"name": "api_keys", "content": "sk_live_SECRET_4242", "confidential": true}]}, "budget": 100});
+        if let Some(t) = task {
+            d["task"] = json!(t);
+        }
+        json!({ "data": d })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_goes_away_does_not_strand_its_task() {
+        let (a, _) = agent_with(ScdConfig::default(), StoreLimits::default());
+        // polled once (the task is accepted, its run started), then dropped
+        // as the HTTP handler is when its client disconnects
+        let mut part = compress_part(Some("why?"));
+        // enough content that the run cannot end within one poll
+        part["data"]["context"]["fields"][0]["content"] =
+            json!((0..2000).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>());
+        let send = a.send(send_req(json!({ "parts": [part] })), None, None);
+        assert!(tokio::time::timeout(std::time::Duration::ZERO, send).await.is_err(), "answered at once");
+        let page = store::Page { offset: 0, size: 1, history: 0, artifacts: false };
+        let id = a.store().list(&store::ListFilter::default(), None, page).1[0].id.clone();
+        let mut state = TaskState::Working;
+        for _ in 0..500 {
+            state = a.store().get(&id, None).unwrap().status.state;
+            if state.is_terminal() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(state, TaskState::Completed);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_question_on_a_gone_session_asks_for_the_context_again() {
+        let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
+        let first = a
+            .send(send_req(json!({"parts": [compress_part(Some("why do charges fail?"))]})), None, None)
+            .await
+            .unwrap();
+        assert_eq!(first.status.state, TaskState::Completed);
+        let ctx = first.context_id.clone();
+        // the engine loses the session (expiry and eviction answer the same)
+        let session = a.store().session(&ctx).unwrap();
+        assert!(svc.scd.close_session(&session.id, &session.token, None).unwrap());
+        let q = a
+            .send(send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})), None, None)
+            .await
+            .unwrap();
+        assert_eq!(q.status.state, TaskState::InputRequired, "{:?}", q.status);
+        let note = q.status.message.as_ref().unwrap().parts[0].text.clone().unwrap();
+        assert!(note.starts_with("the context's session expired; send the context again"), "{note}");
+        assert!(a.store().session(&ctx).is_none());
+        // the context again, in that task: compressed, the task completes
+        let again =
+            a.send(send_req(json!({"taskId": q.id, "parts": [compress_part(None)]})), None, None).await.unwrap();
+        assert_eq!(again.status.state, TaskState::Completed, "{:?}", again.status);
+        assert_eq!(again.id, q.id);
+        assert_eq!(again.artifacts[0].name, "minimal-sufficient-context");
+        assert!(a.store().session(&ctx).is_some_and(|s| s != session));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overload_takes_the_message_back_and_answers_a_retry_hint() {
+        let (a, svc) = agent_with(ScdConfig::default(), StoreLimits::default());
+        let held = svc.compress_slots.clone().try_acquire_many_owned(2).unwrap();
+        let e = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None, None).await.unwrap_err();
+        assert_eq!(e.code(), -32000);
+        assert_eq!(e.to_string(), "resource exhausted: compress queue is full; retry after 100 ms");
+        assert_eq!(e.to_json()["data"]["retryAfterMs"], 100);
+        assert!(a.store().is_empty(), "no failed task is kept");
+        // a continued task (a question waiting for its context) returns to
+        // where it was, without the message
+        let waiting = a.send(send_req(json!({"parts": [{"text": "why do charges fail?"}]})), None, None).await.unwrap();
+        assert_eq!(waiting.status.state, TaskState::Working);
+        let more = send_req(json!({"taskId": waiting.id, "parts": [compress_part(None)]}));
+        assert_eq!(a.send(more.clone(), None, None).await.unwrap_err().code(), -32000);
+        assert_eq!(a.store().get(&waiting.id, None).unwrap(), waiting);
+        drop(held);
+        let done = a.send(more, None, None).await.unwrap();
+        assert_eq!(done.status.state, TaskState::Completed, "{:?}", done.status);
+        assert_eq!(done.history.len(), 4, "question, its note, the data part, the result");
     }
 
     #[test]
@@ -926,15 +1174,57 @@ mod tests {
     }
 
     #[test]
-    fn history_keeps_no_confidential_content() {
-        let m = msg(json!([{"data": {"task": "t", "budget": 9, "context": {"fields": [
+    fn history_keeps_a_summary_of_the_context_not_its_content() {
+        let m = msg(json!([{"text": "first"}, {"data": {"task": "t", "budget": 9, "context": {"fields": [
             {"name": "k", "content": "sk_live_SECRET_4242", "confidential": true},
-            {"name": "p", "content": "public"}]}}}]));
-        let r = serde_json::to_string(&redacted(&m)).unwrap();
-        assert!(
-            !r.contains("sk_live_SECRET_4242") && r.contains("public") && r.contains("[withheld: confidential]"),
-            "{r}"
+            {"name": "p", "kind": "log", "content": "public"}]}}}]));
+        let s = summarized(&m);
+        assert_eq!(s.parts[0], m.parts[0]);
+        assert_eq!(
+            s.parts[1].data,
+            Some(json!({"task": "t", "budget": 9, "context": {"fields": [
+                {"name": "k", "confidential": true, "contentBytes": 19},
+                {"name": "p", "kind": "log", "contentBytes": 6}]}}))
         );
+        assert!(!serde_json::to_string(&s).unwrap().contains("sk_live_SECRET_4242"));
+    }
+
+    #[test]
+    fn client_chosen_ids_are_capped() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        for key in ["messageId", "contextId", "taskId"] {
+            let mut m = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "q"}]});
+            m[key] = json!(long);
+            let e = classify(&serde_json::from_value(m).unwrap()).err().unwrap();
+            assert_eq!(e.code(), -32602);
+            assert_eq!(e.to_string(), format!("invalid params: message.{key}: 257 bytes, the limit is 256"));
+        }
+        let mut m = msg(json!([{"text": "q"}]));
+        m.context_id = Some("x".repeat(MAX_ID_BYTES));
+        assert!(classify(&m).is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_store_answers_resource_exhausted_and_tasks_hold_no_context() {
+        let (a, _) = agent_with(ScdConfig::default(), StoreLimits { max_bytes: 6000, ..StoreLimits::default() });
+        let mut part = compress_part(Some("why?"));
+        let big = (0..200).map(|i| format!("ERROR pool {i} exhausted\n")).collect::<String>();
+        part["data"]["context"]["fields"][0]["content"] = json!(big);
+        let t = a.send(send_req(json!({ "parts": [part] })), None, None).await.unwrap();
+        assert_eq!(t.status.state, TaskState::Completed);
+        let history = serde_json::to_string(&t.history).unwrap();
+        assert!(!history.contains("pool 7 exhausted") && history.contains(&format!("\"contentBytes\":{}", big.len())));
+        let mut full = None;
+        for _ in 0..20 {
+            if let Err(e) = a.send(send_req(json!({"parts": [compress_part(Some("why?"))]})), None, None).await {
+                full = Some(e);
+                break;
+            }
+        }
+        let e = full.expect("the byte budget was never reached");
+        assert_eq!(e.code(), -32000);
+        assert!(e.to_string().contains("holds 6000 bytes (the limit, --a2a-max-bytes)"), "{e}");
+        assert_eq!(e.to_json()["data"]["retryAfterMs"], 1000);
     }
 
     #[test]
@@ -972,7 +1262,8 @@ mod tests {
         assert_eq!(Error::PushNotSupported.code(), -32003);
         assert_eq!(Error::NoExtendedCard.code(), -32007);
         assert_eq!(Error::TaskNotFound("x".into()).http_status(), StatusCode::NOT_FOUND);
-        let e = Error::Exhausted { what: "task store", limit: 1, flag: "--a2a-max-tasks", retry_after_s: 1 };
+        let e =
+            Error::Exhausted { what: "task store", limit: 1, unit: "tasks", flag: "--a2a-max-tasks", retry_after_s: 1 };
         assert_eq!(e.to_json()["data"]["retryAfterMs"], 1000);
     }
 }

@@ -2,10 +2,11 @@
 //! annotations, bodies and results in the same JSON as JSON-RPC; errors are
 //! `{"error": {"code", "status", "message"}}` with the spec's HTTP status.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use axum::Extension;
@@ -15,12 +16,20 @@ use super::jsonrpc::{json_response, params, read_body, sse};
 use super::{Agent, Error};
 use crate::grpc::auth::AuthenticatedDid;
 
-fn error(e: Error) -> Response {
+/// The error body; overload is 429 with `Retry-After` (whole seconds,
+/// rounded up) and `retryAfterMs` in the body.
+pub(crate) fn error(e: Error) -> Response {
     let status = e.http_status();
-    json_response(
-        status,
-        &json!({"error": {"code": status.as_u16(), "status": status.canonical_reason().unwrap_or(""), "message": e.to_string(), "a2aCode": e.code()}}),
-    )
+    let mut body = json!({"error": {"code": status.as_u16(), "status": status.canonical_reason().unwrap_or(""), "message": e.to_string(), "a2aCode": e.code()}});
+    let retry = e.retry_after_ms();
+    if let Some(ms) = retry {
+        body["error"]["retryAfterMs"] = json!(ms);
+    }
+    let mut r = json_response(status, &body);
+    if let Some(ms) = retry {
+        r.headers_mut().insert(header::RETRY_AFTER, ms.div_ceil(1000).max(1).into());
+    }
+    r
 }
 
 fn done(r: Result<Value, Error>) -> Response {
@@ -32,6 +41,13 @@ fn done(r: Result<Value, Error>) -> Response {
 
 fn caller(did: Option<Extension<AuthenticatedDid>>) -> Option<String> {
     did.map(|Extension(d)| d.0)
+}
+
+/// The client's address (see `grpc::http::serve_router`).
+type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+
+fn peer(p: Peer) -> Option<String> {
+    p.map(|Extension(ConnectInfo(a))| a.to_string())
 }
 
 fn percent_decode(s: &str) -> String {
@@ -100,6 +116,7 @@ pub async fn card(State(agent): State<Arc<Agent>>, headers: HeaderMap) -> Respon
 pub async fn send(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -107,7 +124,7 @@ pub async fn send(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send(req, caller(did)).await.map(|t| json!({"task": t}))
+        agent.send(req, caller(did), peer(from)).await.map(|t| json!({"task": t}))
     };
     done(r.await)
 }
@@ -116,6 +133,7 @@ pub async fn send(
 pub async fn stream(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -123,7 +141,7 @@ pub async fn stream(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send_streaming(req, caller(did))
+        agent.send_streaming(req, caller(did), peer(from))
     };
     match r.await {
         Ok(s) => sse(s, |v| v),
@@ -228,5 +246,21 @@ mod tests {
         assert_eq!(q, json!({"pageSize": 2, "contextId": "a/b", "includeArtifacts": true}));
         let e = query_object(Some("pageSize=x"), &["pageSize"], &[]).unwrap_err();
         assert_eq!(e.to_string(), "invalid params: pageSize: \"x\" is not an integer");
+    }
+
+    #[test]
+    fn overload_is_429_with_retry_after() {
+        let r = error(Error::Overloaded { what: "compress queue is full".into(), retry_after_ms: 100 });
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = error(Error::Exhausted {
+            what: "task store",
+            limit: 1,
+            unit: "tasks",
+            flag: "--a2a-max-tasks",
+            retry_after_s: 2,
+        });
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert!(error(Error::TaskNotFound("x".into())).headers().get(header::RETRY_AFTER).is_none());
     }
 }

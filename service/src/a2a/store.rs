@@ -1,5 +1,8 @@
 //! The bounded task store: at most `max_tasks` tasks (and as many
-//! contexts), each dropped `ttl` after its last update; terminal states are
+//! contexts) holding at most `max_bytes` together (each task counted as its
+//! JSON size, kept as a running sum; checked when a message is accepted,
+//! while results, bounded by their budget, are always stored), each dropped
+//! `ttl` after its last update; terminal states are
 //! immutable; each context holds its SCD session (id and token stay on the
 //! server) and the caller (DID) it is bound to.
 
@@ -30,13 +33,24 @@ pub struct StoreLimits {
     pub ttl: Duration,
     /// Messages in one task's history.
     pub max_history: usize,
+    /// Bytes all tasks may hold together (their JSON size).
+    pub max_bytes: usize,
 }
 
 impl Default for StoreLimits {
-    /// 10,000 tasks, one hour, 100 messages.
+    /// 10,000 tasks, one hour, 100 messages, 256 MiB.
     fn default() -> Self {
-        Self { max_tasks: 10_000, ttl: Duration::from_secs(3600), max_history: 100 }
+        Self { max_tasks: 10_000, ttl: Duration::from_secs(3600), max_history: 100, max_bytes: 256 << 20 }
     }
+}
+
+/// The bytes a task is counted as: its JSON size.
+fn task_bytes(t: &Task) -> usize {
+    serde_json::to_vec(t).map_or(0, |v| v.len())
+}
+
+fn message_bytes(m: &Message) -> usize {
+    serde_json::to_vec(m).map_or(0, |v| v.len())
 }
 
 struct Entry {
@@ -47,6 +61,17 @@ struct Entry {
     /// Order of last update (ties of `updated` broken by it).
     seq: u64,
     events: broadcast::Sender<Event>,
+    /// What it is counted as in [`Inner::bytes`].
+    bytes: usize,
+}
+
+impl Entry {
+    /// Recounts the task's bytes into the store's running sum.
+    fn recount(&mut self, total: &mut usize) {
+        let now = task_bytes(&self.task);
+        *total = total.saturating_sub(self.bytes) + now;
+        self.bytes = now;
+    }
 }
 
 /// A context's SCD session.
@@ -70,6 +95,8 @@ struct Inner {
     contexts: HashMap<String, ContextEntry>,
     last_purge: Option<Instant>,
     seq: u64,
+    /// Bytes of all tasks (the sum of their `Entry::bytes`).
+    bytes: usize,
 }
 
 /// What [`Store::list`] selects.
@@ -87,6 +114,31 @@ pub struct ListFilter {
 pub struct Store {
     limits: StoreLimits,
     inner: Mutex<Inner>,
+}
+
+/// Which tasks of a [`Store::list`] to copy out, and how much of each.
+#[derive(Debug, Clone, Copy)]
+pub struct Page {
+    /// Tasks skipped.
+    pub offset: usize,
+    /// Tasks copied at most.
+    pub size: usize,
+    /// Messages of history per task.
+    pub history: usize,
+    /// Copy the artifacts too.
+    pub artifacts: bool,
+}
+
+/// A copy of `t` with the last `history` messages and, when `artifacts`,
+/// its artifacts (nothing else of its history is copied).
+fn view(t: &Task, history: usize, artifacts: bool) -> Task {
+    Task {
+        id: t.id.clone(),
+        context_id: t.context_id.clone(),
+        status: t.status.clone(),
+        artifacts: if artifacts { t.artifacts.clone() } else { Vec::new() },
+        history: t.history[t.history.len().saturating_sub(history)..].to_vec(),
+    }
 }
 
 /// Messages kept of a history: the last `n` (all when `None`).
@@ -115,7 +167,15 @@ impl Store {
         }
         inner.last_purge = Some(now);
         let ttl = self.limits.ttl;
-        inner.tasks.retain(|_, e| now.duration_since(e.touched) < ttl);
+        let mut freed = 0;
+        inner.tasks.retain(|_, e| {
+            let keep = now.duration_since(e.touched) < ttl;
+            if !keep {
+                freed += e.bytes;
+            }
+            keep
+        });
+        inner.bytes = inner.bytes.saturating_sub(freed);
         inner.contexts.retain(|_, c| now.duration_since(c.touched) < ttl);
     }
 
@@ -139,10 +199,16 @@ impl Store {
             return Err(Error::Exhausted {
                 what: "task store",
                 limit: self.limits.max_tasks,
+                unit: "tasks",
                 flag: "--a2a-max-tasks",
                 retry_after_s: 1,
             });
         }
+        let size = message_bytes(&first);
+        if inner.bytes + size > self.limits.max_bytes {
+            self.purge(&mut inner, true);
+        }
+        self.check_bytes(&inner, size)?;
         let context_id = context_id.unwrap_or_else(uuid_v4);
         let now = Instant::now();
         let ctx = inner.contexts.entry(context_id.clone()).or_insert(ContextEntry {
@@ -168,11 +234,32 @@ impl Store {
         let (events, _) = broadcast::channel(16);
         inner.seq += 1;
         let seq = inner.seq;
-        inner.tasks.insert(
-            id,
-            Entry { task: task.clone(), caller: caller.map(str::to_string), touched: now, updated, seq, events },
-        );
+        let mut e = Entry {
+            task: task.clone(),
+            caller: caller.map(str::to_string),
+            touched: now,
+            updated,
+            seq,
+            events,
+            bytes: 0,
+        };
+        e.recount(&mut inner.bytes);
+        inner.tasks.insert(id, e);
         Ok(task)
+    }
+
+    /// Refuses `more` bytes past `--a2a-max-bytes`.
+    fn check_bytes(&self, inner: &Inner, more: usize) -> Result<(), Error> {
+        if inner.bytes + more > self.limits.max_bytes {
+            return Err(Error::Exhausted {
+                what: "task store",
+                limit: self.limits.max_bytes,
+                unit: "bytes",
+                flag: "--a2a-max-bytes",
+                retry_after_s: 1,
+            });
+        }
+        Ok(())
     }
 
     fn entry<'a>(
@@ -203,6 +290,7 @@ impl Store {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let max = self.limits.max_history;
+        self.check_bytes(inner, message_bytes(&msg))?;
         let e = Self::entry(&mut inner.tasks, id, caller)?;
         if e.task.status.state.is_terminal() {
             return Err(Error::Terminal { id: id.to_string(), state: e.task.status.state });
@@ -226,6 +314,7 @@ impl Store {
         e.task.history.push(msg);
         let ctx = e.task.context_id.clone();
         let out = Self::set_state(e, &mut inner.seq, state, None);
+        e.recount(&mut inner.bytes);
         if let Some(c) = inner.contexts.get_mut(&ctx) {
             c.touched = Instant::now();
         }
@@ -264,7 +353,36 @@ impl Store {
             e.task.artifacts.push(a.clone());
             let _ = e.events.send(Event::Artifact(a));
         }
-        Ok(Self::set_state(e, &mut inner.seq, state, message))
+        let out = Self::set_state(e, &mut inner.seq, state, message);
+        e.recount(&mut inner.bytes);
+        Ok(out)
+    }
+
+    /// Takes back the message last accepted into task `id` (the engine was
+    /// at capacity and the client is told to retry): a new task (`prev`
+    /// `None`) is removed, a continued one returns to `prev` without that
+    /// message. A task canceled meanwhile stays canceled.
+    pub fn take_back(&self, id: &str, prev: Option<TaskStatus>) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(e) = inner.tasks.get_mut(id) else { return };
+        if e.task.status.state.is_terminal() {
+            return;
+        }
+        match prev {
+            None => {
+                inner.bytes = inner.bytes.saturating_sub(e.bytes);
+                inner.tasks.remove(id);
+            }
+            Some(prev) => {
+                e.task.history.pop();
+                inner.seq += 1;
+                e.seq = inner.seq;
+                e.task.status = prev;
+                let _ = e.events.send(Event::Status(e.task.status.clone()));
+                e.recount(&mut inner.bytes);
+            }
+        }
     }
 
     /// Cancels a task that is not terminal.
@@ -277,7 +395,9 @@ impl Store {
         }
         let msg =
             Message::agent(id, &e.task.context_id.clone(), vec![super::types::Part::text("canceled by the client")]);
-        Ok(Self::set_state(e, &mut inner.seq, TaskState::Canceled, Some(msg)))
+        let out = Self::set_state(e, &mut inner.seq, TaskState::Canceled, Some(msg));
+        e.recount(&mut inner.bytes);
+        Ok(out)
     }
 
     /// The task and a receiver of its later events; a terminal task has none.
@@ -293,21 +413,29 @@ impl Store {
         Ok((e.task.clone(), e.events.subscribe()))
     }
 
-    /// `caller`'s tasks matching `filter`, most recently updated first.
-    pub fn list(&self, filter: &ListFilter, caller: Option<&str>) -> Vec<Task> {
+    /// How many of `caller`'s tasks match `filter`, and the `page` of them,
+    /// most recently updated first: references are sorted, only the page is
+    /// copied.
+    pub fn list(&self, filter: &ListFilter, caller: Option<&str>, page: Page) -> (usize, Vec<Task>) {
         let mut inner = self.lock();
         self.purge(&mut inner, false);
-        let mut hits: Vec<(&Entry, u64)> = inner
+        let mut hits: Vec<&Entry> = inner
             .tasks
             .values()
             .filter(|e| e.caller.as_deref() == caller)
             .filter(|e| filter.context_id.as_ref().is_none_or(|c| *c == e.task.context_id))
             .filter(|e| filter.state.is_none_or(|s| s == e.task.status.state))
             .filter(|e| filter.updated_after.is_none_or(|t| e.updated > t))
-            .map(|e| (e, e.seq))
             .collect();
-        hits.sort_by_key(|h| std::cmp::Reverse(h.1));
-        hits.into_iter().map(|(e, _)| e.task.clone()).collect()
+        hits.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
+        let total = hits.len();
+        let tasks = hits
+            .into_iter()
+            .skip(page.offset)
+            .take(page.size)
+            .map(|e| view(&e.task, page.history, page.artifacts))
+            .collect();
+        (total, tasks)
     }
 
     /// The SCD session of `context_id`.
@@ -320,9 +448,24 @@ impl Store {
         self.lock().contexts.get_mut(context_id).and_then(|c| c.session.replace(session))
     }
 
+    /// Forgets the SCD session `session_id` of `context_id` (it is gone
+    /// from the engine); a newer session is kept.
+    pub fn clear_session(&self, context_id: &str, session_id: &str) {
+        if let Some(c) = self.lock().contexts.get_mut(context_id) {
+            if c.session.as_ref().is_some_and(|s| s.id == session_id) {
+                c.session = None;
+            }
+        }
+    }
+
     /// Tasks held.
     pub fn len(&self) -> usize {
         self.lock().tasks.len()
+    }
+
+    /// Bytes the tasks held are counted as.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// No tasks held.
@@ -350,7 +493,7 @@ mod tests {
     }
 
     fn store(max_tasks: usize) -> Store {
-        Store::new(StoreLimits { max_tasks, ttl: Duration::from_secs(3600), max_history: 4 })
+        Store::new(StoreLimits { max_tasks, ttl: Duration::from_secs(3600), max_history: 4, max_bytes: 1 << 20 })
     }
 
     #[test]
@@ -375,13 +518,57 @@ mod tests {
         let full = s.create(None, None, msg("c"), TaskState::Working).unwrap_err();
         assert_eq!(
             full.to_string(),
-            "resource exhausted: task store holds 2 (the limit, --a2a-max-tasks); retry after 1 s"
+            "resource exhausted: task store holds 2 tasks (the limit, --a2a-max-tasks); retry after 1 s"
         );
         assert!(matches!(s.get(&a.id, Some("did:wba:b")), Err(Error::TaskNotFound(_))));
         assert!(matches!(s.cancel(&a.id, None), Err(Error::TaskNotFound(_))));
-        assert_eq!(s.list(&ListFilter::default(), Some("did:wba:a")).len(), 2);
-        assert!(s.list(&ListFilter::default(), None).is_empty());
+        let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
+        assert_eq!(s.list(&ListFilter::default(), Some("did:wba:a"), all).0, 2);
+        assert_eq!(s.list(&ListFilter::default(), None, all), (0, vec![]));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn the_store_is_bounded_in_bytes_as_a_running_sum() {
+        let s = Store::new(StoreLimits { max_bytes: 2000, ..StoreLimits::default() });
+        let t = s.create(None, None, msg(&"a".repeat(600)), TaskState::Working).unwrap();
+        let one = s.bytes();
+        assert_eq!(one, task_bytes(&t));
+        s.update(&t.id, TaskState::InputRequired, Some(msg("b")), None).unwrap();
+        assert_eq!(s.bytes(), task_bytes(&s.get(&t.id, None).unwrap()), "recounted on update");
+        s.create(None, None, msg(&"a".repeat(600)), TaskState::Working).unwrap();
+        let full = s.create(None, None, msg(&"a".repeat(600)), TaskState::Working).unwrap_err();
+        assert_eq!(full.code(), -32000);
+        assert_eq!(
+            full.to_string(),
+            "resource exhausted: task store holds 2000 bytes (the limit, --a2a-max-bytes); retry after 1 s"
+        );
+        let over = s.continue_task(&t.id, None, msg(&"c".repeat(900)), TaskState::Working).unwrap_err();
+        assert!(over.to_string().contains("--a2a-max-bytes"), "{over}");
+        assert_eq!(s.len(), 2);
+        s.take_back(&t.id, None);
+        assert_eq!(s.len(), 1);
+        assert!(s.bytes() < one + 100, "a removed task's bytes are freed: {}", s.bytes());
+    }
+
+    #[test]
+    fn a_list_page_is_sorted_then_copied_trimmed() {
+        let s = store(10);
+        let ids: Vec<String> =
+            (0..5).map(|i| s.create(None, None, msg(&format!("m{i}")), TaskState::Working).unwrap().id).collect();
+        s.update(&ids[0], TaskState::Completed, Some(msg("done")), None).unwrap();
+        let (total, page) =
+            s.list(&ListFilter::default(), None, Page { offset: 1, size: 2, history: 1, artifacts: false });
+        assert_eq!(total, 5);
+        // most recently updated first: 0 (just updated), 4, 3, ...
+        assert_eq!(page.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), [ids[4].as_str(), ids[3].as_str()]);
+        assert_eq!(page[0].history.len(), 1);
+        let (_, first) =
+            s.list(&ListFilter::default(), None, Page { offset: 0, size: 1, history: 0, artifacts: false });
+        assert_eq!(first[0].id, ids[0]);
+        assert!(first[0].history.is_empty());
+        let (_, past) = s.list(&ListFilter::default(), None, Page { offset: 9, size: 5, history: 0, artifacts: false });
+        assert!(past.is_empty());
     }
 
     #[test]

@@ -354,7 +354,7 @@ pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
         return None;
     }
-    let mut rest = &s[19..];
+    let mut rest = s.get(19..)?;
     let mut nanos = 0u32;
     if let Some(frac) = rest.strip_prefix('.') {
         let n = frac.bytes().take_while(u8::is_ascii_digit).count();
@@ -367,9 +367,15 @@ pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
     }
     let offset = match rest {
         "Z" | "z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
-            let m = o[1..3].parse::<i64>().ok()? * 60 + o[4..6].parse::<i64>().ok()?;
-            if o.starts_with('-') {
+        // bytes, not string slices: the offset is network input and may
+        // hold multi-byte characters
+        o if o.len() == 6 && matches!(o.as_bytes()[0], b'+' | b'-') && o.as_bytes()[3] == b':' => {
+            let two = |r: std::ops::Range<usize>| -> Option<i64> {
+                let d = o.as_bytes().get(r)?;
+                d.iter().all(u8::is_ascii_digit).then(|| d.iter().fold(0, |n, c| n * 10 + i64::from(c - b'0')))
+            };
+            let m = two(1..3)? * 60 + two(4..6)?;
+            if o.as_bytes()[0] == b'-' {
                 -m
             } else {
                 m
@@ -427,6 +433,19 @@ mod tests {
         assert_eq!(parse_rfc3339("2025-12-01T01:00:00.123+01:00"), Some(t));
         assert_eq!(parse_rfc3339("not-a-timestamp"), None);
         assert_eq!(parse_rfc3339("2025-13-01T00:00:00Z"), None);
+        // multi-byte characters anywhere are refused, never sliced through
+        for bad in [
+            "2025-12-01T00:00:00+aé00",
+            "2025-12-01T00:00:00+é:00",
+            "2025-12-01T00:00:00+0é00",
+            "2025-12-01T00:00:00.1é",
+            "2025-12-01T00:00:0é+00:00",
+            "2025-12-01T00:00:00+01:é",
+            "2025-12-01T00:00:00+-1:00",
+            "ééééééééééééééééééééé",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
         let id = uuid_v4();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");

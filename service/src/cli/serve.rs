@@ -119,6 +119,12 @@ pub struct ServeArgs {
     /// a resource-exhausted error until tasks expire.
     #[arg(long, env = "SCD_A2A_MAX_TASKS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_max_tasks: u64,
+    /// Bytes all A2A tasks may hold together (each counted as its JSON
+    /// size; a compress message's context is kept in history as a summary of
+    /// field names, kinds and sizes); past it SendMessage answers a
+    /// resource-exhausted error until tasks expire.
+    #[arg(long, env = "SCD_A2A_MAX_BYTES", default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    a2a_max_bytes: u64,
     /// Seconds an A2A task (and its context's session binding) is kept after its last update.
     #[arg(long, env = "SCD_A2A_TASK_TTL_S", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_task_ttl_s: u64,
@@ -249,6 +255,7 @@ fn a2a_limits(args: &ServeArgs) -> crate::a2a::store::StoreLimits {
     crate::a2a::store::StoreLimits {
         max_tasks: usize::try_from(args.a2a_max_tasks).unwrap_or(usize::MAX),
         ttl: Duration::from_secs(args.a2a_task_ttl_s),
+        max_bytes: usize::try_from(args.a2a_max_bytes).unwrap_or(usize::MAX),
         ..Default::default()
     }
 }

@@ -81,6 +81,8 @@ pub async fn serve_metrics(
 
 /// Serves `router` on `listener` with `limits` until the task is dropped;
 /// `on_reject` runs for each connection closed at the connection limit.
+/// Each request carries its client's address as an
+/// `Extension<ConnectInfo<SocketAddr>>` (the A2A agent's audit `peer`).
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     router: axum::Router,
@@ -89,8 +91,8 @@ pub async fn serve_router(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     loop {
-        let sock = match listener.accept().await {
-            Ok((sock, _)) => sock,
+        let (sock, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // e.g. out of file descriptors: back off instead of spinning
                 ACCEPT.hit(&format!("HTTP listener accept failed: {e}"));
@@ -104,7 +106,11 @@ pub async fn serve_router(
             drop(sock);
             continue;
         };
-        let svc = hyper_util::service::TowerToHyperService::new(router.clone());
+        let router = router.clone();
+        let svc = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
+            tower::Service::call(&mut router.clone(), req)
+        });
         tokio::spawn(async move {
             let _permit = permit;
             let conn = hyper::server::conn::http1::Builder::new()

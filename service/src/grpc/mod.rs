@@ -79,7 +79,7 @@ pub struct Limits {
 pub struct ScdService {
     pub(crate) scd: Arc<Scd>,
     pub(crate) batcher: Batcher,
-    compress_slots: Arc<Semaphore>,
+    pub(crate) compress_slots: Arc<Semaphore>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_atp::audit::AuditLog>>,

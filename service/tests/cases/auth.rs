@@ -89,6 +89,22 @@ async fn http_get(addr: SocketAddr, path: &str, host: &str, auth: Option<&str>) 
     (status, head.to_string(), body.to_string())
 }
 
+/// A JSON-RPC call to the A2A endpoint on the HTTP listener.
+async fn a2a_rpc(addr: SocketAddr, auth: Option<&str>, method: &str, params: serde_json::Value) -> (u16, String) {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), body.to_string())
+}
+
 fn at(who: &Identity, nonce: &str, offset_s: i64) -> String {
     sign_header_with(who, "scd", nonce, &format_rfc3339_utc(now_s() + offset_s))
 }
@@ -279,6 +295,48 @@ async fn the_audit_trail_records_the_did_and_each_did_reads_only_its_own() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let e = c.audit(pb::AuditRequest::default()).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_tasks_are_bound_to_the_did_that_sent_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = identities(dir.path());
+    let s = start(dir.path(), 1000.0, 1000).await;
+    // discovery is public and says how to sign
+    let (status, _, card) = http_get(s.http, "/.well-known/agent-card.json", "localhost", None).await;
+    assert_eq!(status, 200, "{card}");
+    assert!(card.contains("\"scheme\":\"DIDWba\""), "{card}");
+    let send = serde_json::json!({"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"data": {
+        "task": "Why do charges fail?",
+        "context": {"fields": [{"name": "logs", "kind": "log", "content": "ERROR payments: card declined"}]},
+        "budget": 50}}]}});
+    let (status, body) = a2a_rpc(s.http, None, "SendMessage", send.clone()).await;
+    assert_eq!(status, 401, "unsigned A2A calls are refused: {body}");
+    assert!(body.contains("missing Authorization header"), "{body}");
+    let sign = |who: &Identity| sign_header(who, "scd", now_s());
+    let (status, body) = a2a_rpc(s.http, Some(&sign(&alice)), "SendMessage", send).await;
+    assert_eq!(status, 200, "{body}");
+    let sent: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = sent["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("{sent}")).to_string();
+    // bob cannot read, cancel or continue alice's task: to him it does not exist
+    let more = serde_json::json!({"message": {"messageId": "m2", "role": "ROLE_USER", "taskId": id,
+        "parts": [{"text": "which card?"}]}});
+    for (method, params) in [
+        ("GetTask", serde_json::json!({"id": id})),
+        ("CancelTask", serde_json::json!({"id": id})),
+        ("SubscribeToTask", serde_json::json!({"id": id})),
+        ("SendMessage", more),
+    ] {
+        let (status, body) = a2a_rpc(s.http, Some(&sign(&bob)), method, params).await;
+        assert_eq!(status, 200, "{body}");
+        let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["error"]["code"], -32001, "{method}: {r}");
+    }
+    let (_, body) = a2a_rpc(s.http, Some(&sign(&bob)), "ListTasks", serde_json::json!({})).await;
+    assert!(!body.contains(&id), "bob's list holds no task of alice's: {body}");
+    let (_, body) = a2a_rpc(s.http, Some(&sign(&alice)), "GetTask", serde_json::json!({"id": id})).await;
+    let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(r["result"]["id"], serde_json::json!(id), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
