@@ -27,6 +27,11 @@ use super::{pb, ScdService};
 /// Records per page read from the database while streaming.
 const PAGE: usize = 256;
 
+/// Audit streams reading the log at once; more are RESOURCE_EXHAUSTED. A
+/// stream holds its place until it has handed its last page to the channel
+/// (a client that stops reading keeps it).
+pub const MAX_AUDIT_STREAMS: usize = 4;
+
 /// The server-streamed Audit reply.
 pub type AuditStream = Pin<Box<dyn Stream<Item = Result<pb::AuditRecordMsg, Status>> + Send>>;
 
@@ -227,8 +232,17 @@ impl ScdService {
             .clone()
             .ok_or_else(|| Status::failed_precondition("audit: the server runs without --audit-db"))?;
         let mut f = filter(r, who.as_deref())?;
+        let permit = self.audit_readers.clone().try_acquire_owned().map_err(|_| {
+            self.metrics.rejected("audit_streams_full");
+            let mut s = Status::resource_exhausted(format!(
+                "audit: {MAX_AUDIT_STREAMS} Audit streams are reading (the limit); retry after 1000 ms"
+            ));
+            s.metadata_mut().insert("retry-after-ms", "1000".parse().expect("ascii"));
+            s
+        })?;
         let (tx, rx) = tokio::sync::mpsc::channel(PAGE);
         tokio::spawn(async move {
+            let _permit = permit;
             let mut left = f.limit.unwrap_or(usize::MAX);
             while left > 0 {
                 f.limit = Some(left.min(PAGE));

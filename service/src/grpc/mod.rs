@@ -83,6 +83,8 @@ pub struct ScdService {
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_atp::audit::AuditLog>>,
+    /// Audit streams scanning at once ([`audit::MAX_AUDIT_STREAMS`]).
+    pub(crate) audit_readers: Arc<Semaphore>,
 }
 
 /// Requests of one EmbedStream queued ahead of the one being answered: a
@@ -152,6 +154,7 @@ impl ScdService {
             limits,
             metrics,
             audit: None,
+            audit_readers: Arc::new(Semaphore::new(audit::MAX_AUDIT_STREAMS)),
         }
     }
 

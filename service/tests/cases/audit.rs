@@ -345,3 +345,43 @@ async fn an_atp_delegation_records_its_transfer_in_the_node_store() {
     assert_eq!(r.task.as_deref(), Some("Why were cards charged twice after gateway timeouts?"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_streams_are_bounded_and_a_closed_one_frees_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
+    // more records than one page, so a stream nobody reads keeps its place
+    let records: Vec<AuditRecord> = (0..600).map(|_| AuditRecord::new("Compress")).collect();
+    log.append_async(records).await.unwrap();
+    let s = start(Some(log)).await;
+    let mut open = Vec::new();
+    for _ in 0..scd_service::grpc::audit::MAX_AUDIT_STREAMS {
+        open.push(s.client.clone().audit(pb::AuditRequest::default()).await.unwrap().into_inner());
+    }
+    let e = s.client.clone().audit(pb::AuditRequest::default()).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().starts_with("audit: 4 Audit streams are reading (the limit)"), "{}", e.message());
+    assert_eq!(e.metadata().get("retry-after-ms").unwrap(), "1000");
+    // a stream read to its end gives its place back
+    let mut first = open.remove(0);
+    let mut n = 0;
+    while let Some(r) = first.next().await {
+        r.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 600);
+    let mut again = None;
+    for _ in 0..100 {
+        match s.client.clone().audit(pb::AuditRequest { limit: 1, ..Default::default() }).await {
+            Ok(st) => {
+                again = Some(st);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert!(again.is_some(), "a finished stream frees its place");
+}
