@@ -31,7 +31,7 @@ impl RawChunk {
 }
 
 /// Chunking parameters.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ChunkConfig {
     /// Prose sentences are grouped up to about this many bytes (0: one sentence per chunk).
     pub target_bytes: usize,

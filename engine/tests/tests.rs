@@ -534,6 +534,55 @@ mod extraction {
         assert!(out.totals.sent_tokens <= budget);
         assert_eq!(out.task_embedding.len(), 384);
     }
+
+    fn prose(name: &str, content: &str) -> Field {
+        Field { name: name.into(), kind: FieldKind::Prose, content: content.into(), confidential: false }
+    }
+
+    #[test]
+    fn a_second_hop_brings_the_fact_only_the_bridge_entity_connects() {
+        // names that no chunk mentions, so links cannot do the hop
+        let ctx = Context {
+            fields: vec![
+                prose("doc1", "Zorblax is a film directed by Quentin Marlowe."),
+                prose("doc2", "Quentin Marlowe was raised in Tulsa."),
+                prose("doc3", "Alice Brown was born in Paris."),
+                prose("doc4", "Bob Stone was born in Rome."),
+                prose("doc5", "Carol King was born in Oslo."),
+            ],
+        };
+        let sent = |w: f32| {
+            let cfg = ScdConfig { second_hop_weight: w, second_hop_sources: 1, ..ScdConfig::default() };
+            let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
+            let out = scd.compress(&req("where was the director of Zorblax born", ctx.clone(), 14)).unwrap();
+            assert!(out.totals.sent_tokens <= 14);
+            out.chunks.iter().map(|c| c.field.clone()).collect::<Vec<_>>()
+        };
+        let (off, on) = (sent(0.0), sent(3.0));
+        assert!(off.contains(&"doc1".to_string()) && !off.contains(&"doc2".to_string()), "{off:?}");
+        assert_eq!(on, ["doc1", "doc2"]);
+    }
+
+    #[test]
+    fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
+        let ctx = Context {
+            fields: vec![prose(
+                "notes",
+                "The gateway timed out at noon. Engineers restarted it. The logs were kept.\n\nLunch was pizza. The office is cold.",
+            )],
+        };
+        let cfg = ScdConfig { group_closure_tokens: 50, ..ScdConfig::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
+        let task = "why did the gateway time out";
+        let out = scd.compress(&req(task, ctx.clone(), 13)).unwrap();
+        let texts: Vec<&str> = out.chunks.iter().map(|c| c.text.as_str()).collect();
+        assert_eq!(texts, ["The gateway timed out at noon.", "Engineers restarted it.", "The logs were kept."]);
+        // when the paragraph cannot fit whole, packing goes on chunk by chunk under the budget
+        let out = scd.compress(&req(task, ctx, 9)).unwrap();
+        assert!(out.totals.sent_tokens <= 9);
+        assert_eq!(out.chunks[0].text, "The gateway timed out at noon.");
+        assert!(out.chunks.len() < 4);
+    }
 }
 
 /// Confidential handling, strict parsing, redaction, sessions and limits.

@@ -33,6 +33,8 @@ enum Command {
     Compress(cli::compress::CompressArgs),
     /// Evidence recall vs reduction on a QA dataset, against baselines.
     Eval(cli::eval::EvalArgs),
+    /// Choose scoring settings by cross-validation over development sets; reports every fold.
+    Tune(cli::tune::TuneArgs),
     /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
     Serve(cli::serve::ServeArgs),
     /// Serve the engine as MCP tools over stdio (or streamable HTTP with --http-addr).
@@ -72,6 +74,7 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => cli::demo::run(&cli.model, args),
         Command::Compress(args) => cli::compress::run(&cli.model, args),
         Command::Eval(args) => cli::eval::run(&cli.model, args),
+        Command::Tune(args) => cli::tune::run(&cli.model, args),
         Command::Serve(args) => cli::serve::run(&cli.model, args),
         Command::Mcp(args) => cli::mcp::run(&cli.model, args),
         Command::Client(args) => cli::client::run(args),

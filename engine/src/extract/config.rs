@@ -23,6 +23,18 @@ pub struct ScdConfig {
     pub link_weight: f32,
     /// Top chunks whose mentions create links.
     pub link_sources: usize,
+    /// Weight of a second hop (0 turns it off): the task is embedded again
+    /// together with the texts of its best chunks from `second_hop_sources`
+    /// different groups (the bridge facts of a multi-hop question), and each
+    /// chunk gains this times its dense z-score against that query.
+    pub second_hop_weight: f32,
+    /// Chunks (count, each from a different group) whose text joins the
+    /// task in the second hop's query.
+    pub second_hop_sources: usize,
+    /// Packing takes the rest of a chunk's group (a paragraph's other
+    /// sentences) with it when the whole group has at most this many tokens
+    /// and all of it fits (0: only the group's lead comes along).
+    pub group_closure_tokens: usize,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions
     /// (dimensionless; 1.0 treats them like any other linked chunk).
@@ -87,6 +99,9 @@ impl Default for ScdConfig {
             field_weight: 0.5,
             link_weight: 2.0,
             link_sources: 3,
+            second_hop_weight: 0.0,
+            second_hop_sources: 2,
+            group_closure_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
             near_duplicate_neighbours: 16,

@@ -260,6 +260,23 @@ impl Scd {
         &self.cfg
     }
 
+    /// Replaces the configuration (a tuning sweep tries many on one engine
+    /// and its caches). Prepared contexts are dropped when anything that
+    /// shapes them (chunking, the HNSW index, near-duplicates) changed.
+    pub fn reconfigure(&mut self, cfg: ScdConfig) {
+        let (a, b) = (&self.cfg, &cfg);
+        if a.chunk != b.chunk
+            || a.hnsw != b.hnsw
+            || a.hnsw_min_chunks != b.hnsw_min_chunks
+            || a.redundancy_cosine != b.redundancy_cosine
+            || a.near_duplicate_neighbours != b.near_duplicate_neighbours
+            || a.stub_words != b.stub_words
+        {
+            self.prepared.invalidate_all();
+        }
+        self.cfg = cfg;
+    }
+
     /// Compresses a context for a task under the receiver's requirement.
     pub fn compress(&self, req: &CompressRequest) -> Result<Compressed> {
         self.compress_with(req, &Cancel::new())
@@ -310,6 +327,7 @@ impl Scd {
         let t2 = Instant::now();
         cancel.check("score")?;
         let scores = self.score(&prepared, &task_vec, &task_text);
+        let scores = self.second_hop(&prepared, &task_text, scores, cancel)?;
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
 

@@ -5,7 +5,10 @@ use std::collections::{HashMap, HashSet};
 
 use super::prepare::PreparedContext;
 use super::Scd;
+use crate::cancel::Cancel;
+use crate::encoder::InputKind;
 use crate::score::{dot, zscores};
+use crate::Result;
 
 fn mentions(haystack_lower: &str, key: &str) -> bool {
     if key.chars().count() < 3 {
@@ -86,5 +89,47 @@ impl Scd {
             }
         }
         s
+    }
+
+    /// The second hop of a multi-hop question: the task embedded again with
+    /// the texts of its best chunks from different groups, so a fact that
+    /// only the bridge entity connects to the task (the second paragraph of
+    /// "where was the director of X born") rises. Adds
+    /// `second_hop_weight` × the dense z-scores against that query, taken
+    /// among the chunks outside the sources' groups (which gain nothing).
+    pub(super) fn second_hop(
+        &self,
+        ctx: &PreparedContext,
+        task: &str,
+        mut scores: Vec<f32>,
+        cancel: &Cancel,
+    ) -> Result<Vec<f32>> {
+        let (w, sources) = (self.cfg.second_hop_weight, self.cfg.second_hop_sources);
+        let chunks = &ctx.chunks;
+        if w == 0.0 || sources == 0 || chunks.len() < 2 {
+            return Ok(scores);
+        }
+        let mut order: Vec<usize> = (0..chunks.len()).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        let mut groups = HashSet::new();
+        let mut query = task.to_string();
+        for &i in &order {
+            if groups.len() >= sources {
+                break;
+            }
+            if groups.insert(chunks[i].group) {
+                query.push(' ');
+                query.push_str(&chunks[i].text);
+            }
+        }
+        let v = self.embed_cached_with(&[query.as_str()], InputKind::Query, cancel)?.remove(0);
+        // z-scores among the other chunks: the sources match their own
+        // text best and would otherwise flatten everyone else's
+        let rest: Vec<usize> = (0..chunks.len()).filter(|&i| !groups.contains(&chunks[i].group)).collect();
+        let dense: Vec<f32> = rest.iter().map(|&i| dot(&v, &chunks[i].embedding)).collect();
+        for (&i, z) in rest.iter().zip(zscores(&dense)) {
+            scores[i] += w * z;
+        }
+        Ok(scores)
     }
 }

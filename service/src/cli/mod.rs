@@ -15,6 +15,7 @@ pub mod load;
 pub mod mcp;
 pub mod models;
 pub mod serve;
+pub mod tune;
 
 use std::path::Path;
 

@@ -1,0 +1,382 @@
+//! `scd tune`: chooses SCD's scoring settings by cross-validation over
+//! development sets and reports every fold, so a setting is kept for how it
+//! does on examples it was not chosen on.
+//!
+//! Every variant of a grid is run on every example at every budget (one
+//! engine, so chunk embeddings are computed once). Then:
+//! - k folds: examples are dealt into `--folds` folds within each set; for
+//!   each fold the variant best on the other folds is scored on it;
+//! - leave one set out: for each set, the variant best on the other sets is
+//!   scored on it (does a choice carry to data of another kind?).
+//!
+//! The objective is the mean over sets of each set's mean evidence recall
+//! over its examples and budgets.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use scd_engine::context::{ContextRequirement, Task};
+use scd_engine::encoder::Encoder;
+use scd_engine::eval::{evidence_recall, load, Dataset, Example};
+use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::ModelArgs;
+
+/// Variants one grid may hold.
+pub const MAX_VARIANTS: usize = 512;
+
+/// Arguments of `scd tune`.
+#[derive(Debug, clap::Args)]
+pub struct TuneArgs {
+    /// A development set as DATASET=PATH (hotpotqa, squad, musique, 2wiki);
+    /// repeat for several.
+    #[arg(long = "set", required = true)]
+    sets: Vec<String>,
+    /// Examples per set at most.
+    #[arg(long, default_value_t = 200)]
+    limit: usize,
+    /// Budgets as fractions of each context's tokens.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.33")]
+    budgets: Vec<f32>,
+    /// Folds of the k-fold cross-validation (at least 2).
+    #[arg(long, default_value_t = 5)]
+    folds: usize,
+    /// JSON object: a setting's name → the list of values to try. The grid
+    /// is their product, plus today's defaults. Settings: lexical_weight,
+    /// field_weight, link_weight, link_sources, lead_link_bonus,
+    /// second_hop_weight, second_hop_sources, group_closure_tokens.
+    #[arg(long)]
+    grid: PathBuf,
+    /// JSON report path.
+    #[arg(long, default_value = "tune_report.json")]
+    report: PathBuf,
+}
+
+/// One grid point: the settings it changes from the defaults.
+type Settings = BTreeMap<String, f64>;
+
+fn apply(cfg: &mut ScdConfig, settings: &Settings) -> anyhow::Result<()> {
+    for (k, &v) in settings {
+        let as_count = || -> anyhow::Result<usize> {
+            if v < 0.0 || v.fract() != 0.0 || v > 1e6 {
+                bail!("--grid: {k} takes whole numbers from 0 to 1000000, got {v}");
+            }
+            Ok(v as usize)
+        };
+        match k.as_str() {
+            "lexical_weight" => cfg.lexical_weight = v as f32,
+            "field_weight" => cfg.field_weight = v as f32,
+            "link_weight" => cfg.link_weight = v as f32,
+            "lead_link_bonus" => cfg.lead_link_bonus = v as f32,
+            "second_hop_weight" => cfg.second_hop_weight = v as f32,
+            "link_sources" => cfg.link_sources = as_count()?,
+            "second_hop_sources" => cfg.second_hop_sources = as_count()?,
+            "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
+            other => bail!(
+                "--grid: unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
+                 link_sources, lead_link_bonus, second_hop_weight, second_hop_sources, group_closure_tokens)"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// The grid's variants: the defaults first, then the product of the lists.
+fn variants(grid: &Value) -> anyhow::Result<Vec<Settings>> {
+    let obj = grid.as_object().context("--grid: must be a JSON object of setting → list of numbers")?;
+    let mut out = vec![Settings::new()];
+    let mut product = vec![Settings::new()];
+    for (k, vs) in obj {
+        let vs = vs.as_array().with_context(|| format!("--grid: {k} must be a list of numbers"))?;
+        let mut next = Vec::new();
+        for p in &product {
+            for v in vs {
+                let x = v.as_f64().with_context(|| format!("--grid: {k} must be a list of numbers, got {v}"))?;
+                let mut q = p.clone();
+                q.insert(k.clone(), x);
+                next.push(q);
+            }
+        }
+        product = next;
+        if product.len() > MAX_VARIANTS {
+            bail!("--grid: more than {MAX_VARIANTS} variants");
+        }
+    }
+    for p in product {
+        apply(&mut ScdConfig::default(), &p)?;
+        if !p.is_empty() {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Serialize)]
+struct Fold {
+    fold: usize,
+    chosen: Settings,
+    train: f64,
+    test: f64,
+    default_test: f64,
+    test_by_set: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct LeaveOut {
+    held_out: String,
+    chosen: Settings,
+    test: f64,
+    default_test: f64,
+    best_in_set: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct VariantRow {
+    settings: Settings,
+    by_set: BTreeMap<String, f64>,
+    mean: f64,
+}
+
+/// `recall[variant][set][example]`: mean recall over the budgets.
+type Recalls = Vec<Vec<Vec<f64>>>;
+
+/// The objective on the examples `keep` selects: mean over `sets` of each
+/// set's mean.
+fn objective(r: &[Vec<f64>], sets: &[usize], keep: &dyn Fn(usize, usize) -> bool) -> f64 {
+    let means: Vec<f64> = sets
+        .iter()
+        .filter_map(|&s| {
+            let xs: Vec<f64> = r[s].iter().enumerate().filter(|(e, _)| keep(s, *e)).map(|(_, x)| *x).collect();
+            (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+        })
+        .collect();
+    means.iter().sum::<f64>() / means.len().max(1) as f64
+}
+
+fn best(recalls: &Recalls, sets: &[usize], keep: &dyn Fn(usize, usize) -> bool) -> (usize, f64) {
+    (0..recalls.len()).map(|v| (v, objective(&recalls[v], sets, keep))).fold((0, f64::MIN), |a, b| {
+        if b.1 > a.1 {
+            b
+        } else {
+            a
+        }
+    })
+}
+
+/// Runs `scd tune`.
+pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.folds >= 2, "--folds: at least 2, got {}", args.folds);
+    for b in &args.budgets {
+        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
+    }
+    let text = std::fs::read_to_string(&args.grid).with_context(|| format!("--grid {}", args.grid.display()))?;
+    let grid: Value =
+        serde_json::from_str(&text).with_context(|| format!("--grid {}: not JSON", args.grid.display()))?;
+    let variants = variants(&grid)?;
+    let mut sets: Vec<(String, Dataset, Vec<Example>)> = Vec::new();
+    for s in &args.sets {
+        let (name, path) = s.split_once('=').with_context(|| format!("--set {s:?}: expected DATASET=PATH"))?;
+        let dataset: Dataset = name.parse().with_context(|| format!("--set {s:?}"))?;
+        let examples = load(dataset, path.as_ref(), args.limit).with_context(|| format!("--set {s:?}"))?;
+        sets.push((name.to_string(), dataset, examples));
+    }
+    let encoder = Arc::new(model.load_encoder()?);
+    let base = ScdConfig { cache_bytes: 2 << 30, prepared_cache_bytes: 4 << 30, ..ScdConfig::default() };
+    let mut scd = Scd::new(encoder.clone(), base.clone());
+    let n: usize = sets.iter().map(|s| s.2.len()).sum();
+    let bar = ProgressBar::new((n * variants.len()) as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} runs {per_sec} eta {eta} {msg}")?);
+    let mut recalls: Recalls = Vec::new();
+    for (vi, v) in variants.iter().enumerate() {
+        let mut cfg = base.clone();
+        apply(&mut cfg, v)?;
+        scd.reconfigure(cfg);
+        bar.set_message(format!("variant {}/{}", vi + 1, variants.len()));
+        let mut per_set = Vec::new();
+        for (_, dataset, examples) in &sets {
+            let mut per_ex = Vec::new();
+            for ex in examples {
+                let total: usize = scd_total_tokens(&*encoder, ex)?;
+                let mut sum = 0.0;
+                for &frac in &args.budgets {
+                    let budget = ((total as f32 * frac).floor() as usize).max(1);
+                    let out = scd.compress(&CompressRequest {
+                        task: Task::new(ex.question.clone()),
+                        context: ex.context.clone(),
+                        requirement: ContextRequirement::with_budget(budget),
+                        session: None,
+                    })?;
+                    let sel: Vec<(usize, (usize, usize))> = out
+                        .chunks
+                        .iter()
+                        .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
+                        .collect();
+                    sum += f64::from(evidence_recall(ex, &sel, *dataset).0);
+                }
+                per_ex.push(sum / args.budgets.len() as f64);
+                bar.inc(1);
+            }
+            per_set.push(per_ex);
+        }
+        recalls.push(per_set);
+    }
+    bar.finish_and_clear();
+
+    let all_sets: Vec<usize> = (0..sets.len()).collect();
+    let k = args.folds;
+    let mut folds = Vec::new();
+    for f in 0..k {
+        let train = |_: usize, e: usize| e % k != f;
+        let test = |_: usize, e: usize| e % k == f;
+        let (v, train_score) = best(&recalls, &all_sets, &train);
+        folds.push(Fold {
+            fold: f,
+            chosen: variants[v].clone(),
+            train: train_score,
+            test: objective(&recalls[v], &all_sets, &test),
+            default_test: objective(&recalls[0], &all_sets, &test),
+            test_by_set: sets
+                .iter()
+                .enumerate()
+                .map(|(s, (name, ..))| (name.clone(), objective(&recalls[v], &[s], &test)))
+                .collect(),
+        });
+    }
+    let mut leave_out = Vec::new();
+    if sets.len() > 1 {
+        for s in 0..sets.len() {
+            let others: Vec<usize> = (0..sets.len()).filter(|&o| o != s).collect();
+            let everything = |_: usize, _: usize| true;
+            let (v, _) = best(&recalls, &others, &everything);
+            leave_out.push(LeaveOut {
+                held_out: sets[s].0.clone(),
+                chosen: variants[v].clone(),
+                test: objective(&recalls[v], &[s], &everything),
+                default_test: objective(&recalls[0], &[s], &everything),
+                best_in_set: best(&recalls, &[s], &everything).1,
+            });
+        }
+    }
+    let mut rows: Vec<VariantRow> = variants
+        .iter()
+        .enumerate()
+        .map(|(v, settings)| VariantRow {
+            settings: settings.clone(),
+            by_set: sets
+                .iter()
+                .enumerate()
+                .map(|(s, (name, ..))| (name.clone(), objective(&recalls[v], &[s], &|_, _| true)))
+                .collect(),
+            mean: objective(&recalls[v], &all_sets, &|_, _| true),
+        })
+        .collect();
+    rows.sort_by(|a, b| b.mean.total_cmp(&a.mean));
+
+    let show = |s: &Settings| {
+        if s.is_empty() {
+            "defaults".to_string()
+        } else {
+            s.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+        }
+    };
+    println!(
+        "{} variants × {} examples ({}) × budgets {:?}, {}-fold",
+        variants.len(),
+        n,
+        sets.iter().map(|s| format!("{} {}", s.0, s.2.len())).collect::<Vec<_>>().join(", "),
+        args.budgets,
+        k
+    );
+    println!("fold  train   test  default  chosen");
+    for f in &folds {
+        println!("{:>4} {:>6.3} {:>6.3} {:>8.3}  {}", f.fold, f.train, f.test, f.default_test, show(&f.chosen));
+    }
+    let cv = folds.iter().map(|f| f.test).sum::<f64>() / k as f64;
+    let cv_default = folds.iter().map(|f| f.default_test).sum::<f64>() / k as f64;
+    println!("cross-validated {cv:.3} (defaults {cv_default:.3})");
+    if !leave_out.is_empty() {
+        println!("held-out set  test  default  best-in-set  chosen on the others");
+        for l in &leave_out {
+            println!(
+                "{:<12} {:>5.3} {:>8.3} {:>12.3}  {}",
+                l.held_out,
+                l.test,
+                l.default_test,
+                l.best_in_set,
+                show(&l.chosen)
+            );
+        }
+    }
+    println!("top variants on all examples:");
+    for r in rows.iter().take(10) {
+        let by: Vec<String> = r.by_set.iter().map(|(s, x)| format!("{s} {x:.3}")).collect();
+        println!("  {:.3}  [{}]  {}", r.mean, by.join(", "), show(&r.settings));
+    }
+    let report = serde_json::json!({
+        "model": encoder.model_id(),
+        "sets": sets.iter().map(|s| serde_json::json!({"dataset": s.0, "examples": s.2.len()})).collect::<Vec<_>>(),
+        "budgets": args.budgets,
+        "folds": folds,
+        "cross_validated": cv,
+        "cross_validated_defaults": cv_default,
+        "leave_one_set_out": leave_out,
+        "variants": rows,
+    });
+    std::fs::write(&args.report, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("--report {}", args.report.display()))?;
+    eprintln!("wrote {}", args.report.display());
+    Ok(())
+}
+
+/// An example's context tokens as `scd eval` counts them: its sentences.
+fn scd_total_tokens(enc: &dyn Encoder, ex: &Example) -> anyhow::Result<usize> {
+    let mut total = 0;
+    for (f, spans) in ex.sentences.iter().enumerate() {
+        for &(a, b) in spans {
+            let t = &ex.context.fields[f].content[a..b];
+            if !t.trim().is_empty() {
+                total += enc.count_tokens(t)?;
+            }
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grid_is_the_defaults_and_the_product_and_unknown_settings_are_named() {
+        let v = variants(&serde_json::json!({"lexical_weight": [0.1, 0.2], "second_hop_weight": [0, 0.5, 1]})).unwrap();
+        assert_eq!(v.len(), 7);
+        assert!(v[0].is_empty());
+        assert_eq!(v[1], Settings::from([("lexical_weight".into(), 0.1), ("second_hop_weight".into(), 0.0)]));
+        let e = variants(&serde_json::json!({"lexical_wieght": [0.1]})).unwrap_err().to_string();
+        assert!(e.starts_with("--grid: unknown setting \"lexical_wieght\""), "{e}");
+        let e = variants(&serde_json::json!({"link_sources": [1.5]})).unwrap_err().to_string();
+        assert_eq!(e, "--grid: link_sources takes whole numbers from 0 to 1000000, got 1.5");
+        let e = variants(&serde_json::json!({"lexical_weight": vec![0; 30], "field_weight": vec![0; 30]})).unwrap_err();
+        assert_eq!(e.to_string(), "--grid: more than 512 variants");
+        let e = variants(&serde_json::json!({"lexical_weight": 0.1})).unwrap_err().to_string();
+        assert_eq!(e, "--grid: lexical_weight must be a list of numbers");
+    }
+
+    #[test]
+    fn folds_choose_on_training_examples_only() {
+        // variant 1 wins on examples 0, 2 (fold 0 of 2) and loses on 1, 3
+        let recalls: Recalls = vec![vec![vec![0.5, 0.5, 0.5, 0.5]], vec![vec![0.9, 0.1, 0.9, 0.1]]];
+        let sets = [0];
+        let (v, train) = best(&recalls, &sets, &|_, e| e % 2 != 0);
+        assert_eq!((v, train), (0, 0.5), "trained on examples 1 and 3, where variant 1 scores 0.1");
+        let (v, train) = best(&recalls, &sets, &|_, e| e % 2 != 1);
+        assert_eq!(v, 1);
+        assert!((train - 0.9).abs() < 1e-9);
+        assert!((objective(&recalls[1], &sets, &|_, e| e % 2 == 1) - 0.1).abs() < 1e-9);
+    }
+}
