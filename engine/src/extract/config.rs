@@ -31,6 +31,10 @@ pub struct ScdConfig {
     /// Chunks (count, each from a different group) whose text joins the
     /// task in the second hop's query.
     pub second_hop_sources: usize,
+    /// Embed each chunk after the previous chunk of its group (a sentence
+    /// with the one before it in its paragraph), so a sentence that says
+    /// "he" or "the film" is embedded with what it refers to.
+    pub embed_neighbour: bool,
     /// Packing takes the rest of a chunk's group (a paragraph's other
     /// sentences) with it when the whole group has at most this many tokens
     /// and all of it fits (0: only the group's lead comes along).
@@ -102,6 +106,7 @@ impl Default for ScdConfig {
             second_hop_weight: 0.0,
             second_hop_sources: 2,
             group_closure_tokens: 0,
+            embed_neighbour: false,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
             near_duplicate_neighbours: 16,

@@ -271,6 +271,7 @@ impl Scd {
             || a.redundancy_cosine != b.redundancy_cosine
             || a.near_duplicate_neighbours != b.near_duplicate_neighbours
             || a.stub_words != b.stub_words
+            || a.embed_neighbour != b.embed_neighbour
         {
             self.prepared.invalidate_all();
         }

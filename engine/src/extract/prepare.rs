@@ -167,6 +167,7 @@ impl Scd {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(self.encoder.model_id().as_bytes());
+        h.update([u8::from(self.cfg.embed_neighbour)]);
         for f in fields {
             h.update((f.name.len() as u64).to_le_bytes());
             h.update(f.name.as_bytes());
@@ -250,7 +251,10 @@ impl Scd {
     }
 
     pub(super) fn prepare_chunks(&self, fields: &[&Field], cancel: &Cancel) -> Result<Vec<Prepared>> {
-        let mut out = Vec::new();
+        let mut out: Vec<Prepared> = Vec::new();
+        // what each chunk is embedded as: its label and text, after the
+        // previous chunk of its group when `embed_neighbour` is on
+        let mut vector_texts = Vec::new();
         for (fi, f) in fields.iter().enumerate() {
             for (n, c) in chunk_field(f, self.cfg.chunk).into_iter().enumerate() {
                 let text = f.content[c.start..c.end].to_string();
@@ -258,6 +262,12 @@ impl Scd {
                     Some(h) if h != &f.name => format!("{} — {h}", f.name),
                     _ => f.name.clone(),
                 };
+                match out.last() {
+                    Some(prev) if self.cfg.embed_neighbour && prev.group == (fi, c.group) => {
+                        vector_texts.push(format!("{label}: {} {text}", prev.text));
+                    }
+                    _ => vector_texts.push(format!("{label}: {text}")),
+                }
                 out.push(Prepared {
                     field: fi,
                     id: format!("{}#{n}", f.name),
@@ -281,7 +291,7 @@ impl Scd {
                 format!("{total} tokens of non-confidential content, over the limit {}", self.cfg.max_context_tokens),
             ));
         }
-        let texts: Vec<&str> = out.iter().map(|p| p.embed_text.as_str()).collect();
+        let texts: Vec<&str> = vector_texts.iter().map(String::as_str).collect();
         let vecs = self.embed_cached_with(&texts, InputKind::Passage, cancel)?;
         for (p, v) in out.iter_mut().zip(vecs) {
             p.embedding = v;

@@ -33,11 +33,11 @@ pub const MAX_VARIANTS: usize = 512;
 /// Arguments of `scd tune`.
 #[derive(Debug, clap::Args)]
 pub struct TuneArgs {
-    /// A development set as DATASET=PATH (hotpotqa, squad, musique, 2wiki);
-    /// repeat for several.
+    /// A development set as DATASET=PATH[,PATH...] (hotpotqa, squad,
+    /// musique, 2wiki); repeat for several.
     #[arg(long = "set", required = true)]
     sets: Vec<String>,
-    /// Examples per set at most.
+    /// Examples per file at most.
     #[arg(long, default_value_t = 200)]
     limit: usize,
     /// Budgets as fractions of each context's tokens.
@@ -49,7 +49,8 @@ pub struct TuneArgs {
     /// JSON object: a setting's name → the list of values to try. The grid
     /// is their product, plus today's defaults. Settings: lexical_weight,
     /// field_weight, link_weight, link_sources, lead_link_bonus,
-    /// second_hop_weight, second_hop_sources, group_closure_tokens.
+    /// second_hop_weight, second_hop_sources, group_closure_tokens,
+    /// embed_neighbour (0 or 1).
     #[arg(long)]
     grid: PathBuf,
     /// JSON report path.
@@ -77,9 +78,11 @@ fn apply(cfg: &mut ScdConfig, settings: &Settings) -> anyhow::Result<()> {
             "link_sources" => cfg.link_sources = as_count()?,
             "second_hop_sources" => cfg.second_hop_sources = as_count()?,
             "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
+            "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
             other => bail!(
                 "--grid: unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
-                 link_sources, lead_link_bonus, second_hop_weight, second_hop_sources, group_closure_tokens)"
+                 link_sources, lead_link_bonus, second_hop_weight, second_hop_sources, group_closure_tokens, \
+                 embed_neighbour)"
             ),
         }
     }
@@ -182,7 +185,10 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
     for s in &args.sets {
         let (name, path) = s.split_once('=').with_context(|| format!("--set {s:?}: expected DATASET=PATH"))?;
         let dataset: Dataset = name.parse().with_context(|| format!("--set {s:?}"))?;
-        let examples = load(dataset, path.as_ref(), args.limit).with_context(|| format!("--set {s:?}"))?;
+        let mut examples = Vec::new();
+        for path in path.split(',') {
+            examples.extend(load(dataset, path.as_ref(), args.limit).with_context(|| format!("--set {s:?}"))?);
+        }
         sets.push((name.to_string(), dataset, examples));
     }
     let encoder = Arc::new(model.load_encoder()?);
