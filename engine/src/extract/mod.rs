@@ -327,8 +327,9 @@ impl Scd {
         let embed_ms = t1.elapsed().as_secs_f64() * 1e3;
         let t2 = Instant::now();
         cancel.check("score")?;
-        let scores = self.score(&prepared, &task_vec, &task_text);
-        let scores = self.second_hop(&prepared, &task_text, scores, cancel)?;
+        let mut parts = self.score(&prepared, &task_vec, &task_text);
+        self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
+        let scores = &parts.fused;
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
 
@@ -344,7 +345,7 @@ impl Scd {
                 && !required.contains(&c.field)
                 && rq.relevance_threshold.is_none_or(|t| dot(&task_vec, &c.embedding) >= t)
         };
-        let z = zscores(&scores);
+        let z = zscores(scores);
         let mut order: Vec<usize> = (0..chunks.len()).filter(|&i| eligible(i)).collect();
         let candidates = order.len();
         order.retain(|&i| rq.min_relative_score.is_none_or(|t| z[i] >= t));
@@ -357,7 +358,7 @@ impl Scd {
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
         let mut out =
-            self.assemble(&prepared, &selected, &scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
+            self.assemble(&prepared, &selected, scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
         out.withheld = split.withheld;
         let remaining = budget.saturating_sub(out.totals.sent_tokens);
         out.session = match (&req.session, continued) {

@@ -55,7 +55,7 @@ impl Scd {
         let chunks = &context.chunks;
         let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
         cancel.check("score")?;
-        let scores = self.score(&context, &qvec, &query);
+        let scores = self.score(&context, &qvec, &query).fused;
         let mut picked = Vec::new();
         let mut reason = None;
         // explicit ids first, then by relevance

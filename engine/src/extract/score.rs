@@ -28,12 +28,33 @@ fn mentions(haystack_lower: &str, key: &str) -> bool {
     false
 }
 
+/// Every chunk's score and its parts, index-aligned with the prepared
+/// chunks: `fused = dense_z + lexical_weight·lexical_z + group_lift +
+/// link_lift`, summed in that order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Scores {
+    /// The fused, calibrated score packing ranks by.
+    pub(super) fused: Vec<f32>,
+    /// z-score of the dense (cosine) similarity to the query.
+    pub(super) dense_z: Vec<f32>,
+    /// z-score of the BM25 score (before `lexical_weight`).
+    pub(super) lexical_z: Vec<f32>,
+    /// `field_weight` × the best base score in the chunk's group.
+    pub(super) group_lift: Vec<f32>,
+    /// What links (a named document, a defined name) added.
+    pub(super) link_lift: Vec<f32>,
+    /// What the second hop added (`second_hop_weight` × its z-score; empty
+    /// when the hop is off).
+    pub(super) hop_lift: Vec<f32>,
+}
+
 impl Scd {
-    /// Fused, calibrated scores of every chunk for `query`, with links.
-    pub(super) fn score(&self, ctx: &PreparedContext, query_vec: &[f32], query: &str) -> Vec<f32> {
+    /// Fused, calibrated scores of every chunk for `query`, with links, and
+    /// their parts.
+    pub(super) fn score(&self, ctx: &PreparedContext, query_vec: &[f32], query: &str) -> Scores {
         let chunks = &ctx.chunks;
         if chunks.is_empty() {
-            return Vec::new();
+            return Scores::default();
         }
         let dense: Vec<f32> = match &ctx.index {
             None => chunks.iter().map(|c| dot(query_vec, &c.embedding)).collect(),
@@ -60,8 +81,9 @@ impl Scd {
             let e = best.entry(c.group).or_insert(f32::MIN);
             *e = e.max(v);
         }
-        for (c, v) in chunks.iter().zip(s.iter_mut()) {
-            *v += self.cfg.field_weight * best[&c.group];
+        let group_lift: Vec<f32> = chunks.iter().map(|c| self.cfg.field_weight * best[&c.group]).collect();
+        for (v, g) in s.iter_mut().zip(&group_lift) {
+            *v += g;
         }
         // links: documents (prose fields) named by the query or by the top
         // chunks (bridge facts), and chunks defining a name they mention (a
@@ -81,14 +103,18 @@ impl Scd {
             .filter(|(fi, key)| key.as_deref().is_some_and(|k| named_by(k, *fi)))
             .map(|(fi, _)| fi)
             .collect();
-        for (c, v) in chunks.iter().zip(s.iter_mut()) {
+        let mut link_lift = vec![0.0; chunks.len()];
+        for ((c, v), l) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()) {
             if linked_fields.contains(&c.field) {
-                *v += self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
+                *l = self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
             } else if c.defines.iter().any(|d| named_by(d, c.field)) {
-                *v += self.cfg.link_weight * self.cfg.lead_link_bonus;
+                *l = self.cfg.link_weight * self.cfg.lead_link_bonus;
+            } else {
+                continue;
             }
+            *v += *l;
         }
-        s
+        Scores { fused: s, dense_z: zd, lexical_z: zl, group_lift, link_lift, hop_lift: Vec::new() }
     }
 
     /// The second hop of a multi-hop question: the task embedded again with
@@ -101,14 +127,15 @@ impl Scd {
         &self,
         ctx: &PreparedContext,
         task: &str,
-        mut scores: Vec<f32>,
+        parts: &mut Scores,
         cancel: &Cancel,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<()> {
         let (w, sources) = (self.cfg.second_hop_weight, self.cfg.second_hop_sources);
         let chunks = &ctx.chunks;
         if w == 0.0 || sources == 0 || chunks.len() < 2 {
-            return Ok(scores);
+            return Ok(());
         }
+        let scores = &mut parts.fused;
         let mut order: Vec<usize> = (0..chunks.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         let mut groups = HashSet::new();
@@ -127,9 +154,54 @@ impl Scd {
         // text best and would otherwise flatten everyone else's
         let rest: Vec<usize> = (0..chunks.len()).filter(|&i| !groups.contains(&chunks[i].group)).collect();
         let dense: Vec<f32> = rest.iter().map(|&i| dot(&v, &chunks[i].embedding)).collect();
+        parts.hop_lift = vec![0.0; chunks.len()];
         for (&i, z) in rest.iter().zip(zscores(&dense)) {
             scores[i] += w * z;
+            parts.hop_lift[i] = w * z;
         }
-        Ok(scores)
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::cancel::Cancel;
+    use crate::context::{Field, FieldKind};
+    use crate::encoder::HashEncoder;
+    use crate::extract::{Scd, ScdConfig};
+
+    #[test]
+    fn the_parts_add_up_to_the_fused_score() {
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default());
+        let fields = [
+            Field {
+                name: "Paris".into(),
+                kind: FieldKind::Prose,
+                confidential: false,
+                content: "Paris is the capital of France. It lies on the Seine. The Louvre is there.".into(),
+            },
+            Field {
+                name: "notes".into(),
+                kind: FieldKind::Prose,
+                confidential: false,
+                content: "Lunch is at noon. We visited Paris in May. The train was late.".into(),
+            },
+        ];
+        let refs: Vec<&Field> = fields.iter().collect();
+        let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
+        let query = "what river runs through paris";
+        let qv = scd.embed_cached(&[query], crate::encoder::InputKind::Query).unwrap().remove(0);
+        let s = scd.score(&ctx, &qv, query);
+        assert_eq!(s.fused.len(), ctx.chunks.len());
+        let w = scd.config().lexical_weight;
+        for i in 0..s.fused.len() {
+            let sum = s.dense_z[i] + w * s.lexical_z[i] + s.group_lift[i] + s.link_lift[i];
+            assert_eq!(sum, s.fused[i], "chunk {i}");
+        }
+        // the query names the document "Paris": its chunks get a link lift
+        assert!(s.link_lift.iter().any(|&l| l > 0.0));
+        assert!(s.group_lift.iter().any(|&g| g != 0.0));
     }
 }
