@@ -27,6 +27,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod cache;
 pub mod cancel;
 pub mod chunk;

@@ -895,6 +895,7 @@ mod inproc {
             audit: o.audit,
             a2a: Default::default(),
             a2a_public_url: None,
+            tokenizers: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {

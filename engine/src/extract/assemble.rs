@@ -1,10 +1,40 @@
-//! Assemble: the selection in reading order, the dropped manifest and the
-//! totals.
+//! Assemble: the selection in reading order, the dropped manifest, the
+//! totals and, when asked, the explanation.
 
 use std::collections::HashSet;
 
+use super::pack::PackTrace;
 use super::prepare::PreparedContext;
-use super::{Compressed, DroppedChunk, Scd, Timings, Totals};
+use super::score::Scores;
+use super::{ChunkWhy, Compressed, Counting, DropReason, DropWhy, DroppedChunk, Explanation, Scd, Timings, Totals};
+
+/// The totals a request counted: the context, what was sent (`None`: the
+/// sum of the chunk counts) and the budget.
+pub(super) struct Sums {
+    pub(super) context_tokens: usize,
+    pub(super) sent_tokens: Option<usize>,
+    pub(super) budget: usize,
+}
+
+/// Where a chunk stood before packing.
+pub(super) enum Gate {
+    /// Its field is required.
+    Required,
+    /// Its field is not listed as optional.
+    NotEligible,
+    /// Under the named threshold, with its value.
+    Below(&'static str, f32),
+    /// Packing considered it.
+    Candidate,
+}
+
+fn ratio(a: usize, b: usize) -> f32 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f32 / b as f32
+    }
+}
 
 impl Scd {
     #[allow(clippy::too_many_arguments)]
@@ -12,33 +42,38 @@ impl Scd {
         &self,
         prepared: &PreparedContext,
         selected: &[usize],
-        scores: &[f32],
+        scores: &Scores,
+        counting: &Counting,
+        sums: Sums,
         task_vec: &[f32],
         warnings: Vec<String>,
         ms: (f64, f64, f64),
     ) -> Compressed {
         let chunks = &prepared.chunks;
+        let tokens = &counting.tokens;
         let mut sel: Vec<usize> = selected.to_vec();
         sel.sort_unstable();
         let chosen: HashSet<usize> = sel.iter().copied().collect();
-        let context_tokens: usize = chunks.iter().map(|c| c.tokens).sum();
-        let sent_tokens: usize = sel.iter().map(|&i| chunks[i].tokens).sum();
+        let context_tokens = sums.context_tokens;
+        let sent_tokens = sums.sent_tokens.unwrap_or_else(|| sel.iter().map(|&i| tokens[i]).sum());
         let dropped = (0..chunks.len())
             .filter(|i| !chosen.contains(i))
             .map(|i| DroppedChunk {
                 field: prepared.field_names[chunks[i].field].clone(),
                 id: chunks[i].id.clone(),
                 stub: chunks[i].stub.clone(),
-                tokens: chunks[i].tokens,
+                tokens: tokens[i],
             })
             .collect();
         Compressed {
-            chunks: sel.iter().map(|&i| prepared.selected(i, scores[i])).collect(),
+            chunks: sel.iter().map(|&i| prepared.selected(i, scores.fused[i], tokens[i])).collect(),
             totals: Totals {
                 context_tokens,
                 sent_tokens,
-                reduction_ratio: if sent_tokens == 0 { 0.0 } else { context_tokens as f32 / sent_tokens as f32 },
+                reduction_ratio: ratio(context_tokens, sent_tokens),
                 r_theorem1: context_tokens as f32 / (sent_tokens + self.encoder.dim()) as f32,
+                tokenizer: counting.name(),
+                requested_ratio: ratio(context_tokens, sums.budget),
             },
             dropped,
             task_embedding: task_vec.to_vec(),
@@ -46,6 +81,62 @@ impl Scd {
             withheld: Vec::new(),
             session: None,
             timings: Timings { prepare_ms: ms.0, task_embed_ms: ms.1, select_ms: ms.2 },
+            explanation: None,
         }
+    }
+
+    /// Why each chunk was sent (`selected` in packing order) or dropped.
+    pub(super) fn explain(
+        &self,
+        prepared: &PreparedContext,
+        selected: &[usize],
+        scores: &Scores,
+        counting: &Counting,
+        trace: &PackTrace,
+        gate: impl Fn(usize) -> Gate,
+    ) -> Explanation {
+        let chunks = &prepared.chunks;
+        let mut reading: Vec<(usize, usize)> = selected.iter().enumerate().map(|(k, &i)| (i, k + 1)).collect();
+        reading.sort_unstable();
+        let chosen: HashSet<usize> = selected.iter().copied().collect();
+        let selected = reading
+            .into_iter()
+            .map(|(i, order)| ChunkWhy {
+                id: chunks[i].id.clone(),
+                order,
+                score: scores.fused[i],
+                dense_z: scores.dense_z[i],
+                lexical_z: scores.lexical_z[i],
+                group_lift: scores.group_lift[i],
+                link_lift: scores.link_lift[i],
+                hop_lift: scores.hop_lift.get(i).copied().unwrap_or(0.0),
+                lead: chunks[i].lead,
+                by_closure: trace.by_closure.contains(&i),
+                required: matches!(gate(i), Gate::Required),
+                tokens: counting.tokens[i],
+                // slot for RawChunk.chunker (code chunking, branch `code`),
+                // not on this branch yet
+                chunker: None,
+            })
+            .collect();
+        let mut dropped: Vec<DropWhy> = (0..chunks.len())
+            .filter(|i| !chosen.contains(i))
+            .map(|i| DropWhy {
+                id: chunks[i].id.clone(),
+                score: scores.fused[i],
+                tokens: counting.tokens[i],
+                reason: match gate(i) {
+                    Gate::NotEligible => DropReason::NotEligible,
+                    Gate::Below(threshold, value) => DropReason::BelowThreshold { threshold, value },
+                    // required chunks are all sent; a candidate packing left out
+                    Gate::Required | Gate::Candidate => match trace.duplicate_of.get(&i) {
+                        Some(&of) if chosen.contains(&of) => DropReason::NearDuplicate { of: chunks[of].id.clone() },
+                        _ => DropReason::OutOfBudget,
+                    },
+                },
+            })
+            .collect();
+        dropped.sort_by(|a, b| b.score.total_cmp(&a.score));
+        Explanation { lexical_weight: self.cfg.lexical_weight, selected, dropped }
     }
 }

@@ -35,7 +35,9 @@ use serde::Serialize;
 use tracing::{debug, instrument};
 
 pub use self::config::ScdConfig;
+use self::pack::PackTrace;
 use self::prepare::{PreparedContext, Split};
+use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
 use crate::cache::{CacheStats, EmbeddingCache};
 use crate::cancel::Cancel;
 use crate::context::{Context, ContextRequirement, Redacted, Task};
@@ -55,6 +57,20 @@ pub struct CompressRequest {
     pub requirement: ContextRequirement,
     /// Open (or continue) a session for adaptive requests.
     pub session: Option<SessionRequest>,
+}
+
+/// How one compression counts and what it reports, beyond the request.
+#[derive(Debug, Clone, Default)]
+pub struct CompressOptions {
+    /// The receiving LLM's tokenizer: the budget, the totals, the chunk
+    /// counts and the dropped manifest are counted in it, and what is sent
+    /// ([`Compressed::sent_text`]: the chunks joined by
+    /// [`CHUNK_SEPARATOR`]) never counts more than the budget in it. `None`:
+    /// the encoder's own tokenizer, chunk counts summed (separators not
+    /// counted), as before. A session remembers it for adaptive requests.
+    pub budget_tokenizer: Option<BudgetTokenizer>,
+    /// Say why each chunk was sent or dropped ([`Compressed::explanation`]).
+    pub explain: bool,
 }
 
 /// Open a session with a compression, or continue one.
@@ -94,7 +110,7 @@ pub struct SelectedChunk {
     pub text: String,
     /// Relevance score (fused, calibrated).
     pub score: f32,
-    /// Tokens in the receiver's tokenizer.
+    /// Tokens in the budget tokenizer.
     pub tokens: usize,
 }
 
@@ -107,21 +123,109 @@ pub struct DroppedChunk {
     pub id: String,
     /// The first words.
     pub stub: String,
-    /// Tokens it would cost.
+    /// Tokens it would cost, in the budget tokenizer.
     pub tokens: usize,
 }
 
-/// Token totals and reduction ratios.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// Token totals and reduction ratios, counted in `tokenizer`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Totals {
-    /// Tokens of the whole (non-confidential) context, C.
+    /// Tokens of the whole (non-confidential) context, C: with a budget
+    /// tokenizer, its fields' contents counted whole; otherwise the sum of
+    /// the chunks' counts.
     pub context_tokens: usize,
-    /// Tokens sent.
+    /// Tokens sent: with a budget tokenizer, the count of
+    /// [`Compressed::sent_text`]; otherwise the sum of the chunks' counts.
     pub sent_tokens: usize,
-    /// C / sent.
+    /// C / sent: the ratio achieved.
     pub reduction_ratio: f32,
     /// Theorem 1: C / (k·c + d), d the embedding dimension.
     pub r_theorem1: f32,
+    /// Which tokenizer counted (`e5` for the encoder's own, `o200k`, ...).
+    pub tokenizer: String,
+    /// C / budget: the ratio asked for.
+    pub requested_ratio: f32,
+}
+
+/// Why the selection is what it is ([`CompressOptions::explain`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// The weight of `lexical_z` in the score.
+    pub lexical_weight: f32,
+    /// Per sent chunk, in reading order (as [`Compressed::chunks`]).
+    pub selected: Vec<ChunkWhy>,
+    /// Per dropped chunk, best score first (confidential fields are never listed).
+    pub dropped: Vec<DropWhy>,
+}
+
+/// Why a chunk was sent: `score = dense_z + lexical_weight·lexical_z +
+/// group_lift + link_lift + hop_lift`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChunkWhy {
+    /// Chunk id.
+    pub id: String,
+    /// When packing took it, 1-based (required chunks first).
+    pub order: usize,
+    /// The fused score.
+    pub score: f32,
+    /// z-score of the dense (cosine) similarity to the task.
+    pub dense_z: f32,
+    /// z-score of BM25 (before the lexical weight).
+    pub lexical_z: f32,
+    /// Lift from the best chunk of its group.
+    pub group_lift: f32,
+    /// Lift from links (a document the task or a top chunk names, a name it defines).
+    pub link_lift: f32,
+    /// Lift from the second hop (the task re-embedded with its best chunks).
+    pub hop_lift: f32,
+    /// It leads its group (a paragraph's first sentence, a table header).
+    pub lead: bool,
+    /// A chunk of its group brought it (closure: the group's lead, or the
+    /// rest of a small group).
+    pub by_closure: bool,
+    /// Its field is required (sent whole, first).
+    pub required: bool,
+    /// Tokens in the budget tokenizer.
+    pub tokens: usize,
+    /// The chunker that made it, when the chunk records one.
+    pub chunker: Option<String>,
+}
+
+/// Why a chunk was not sent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DropWhy {
+    /// Chunk id.
+    pub id: String,
+    /// The fused score.
+    pub score: f32,
+    /// Tokens it would cost, in the budget tokenizer.
+    pub tokens: usize,
+    /// Why.
+    #[serde(flatten)]
+    pub reason: DropReason,
+}
+
+/// The reason a chunk was dropped.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum DropReason {
+    /// Under a relevance threshold: `threshold` names it
+    /// (`relevance_threshold`: cosine; `min_relative_score`: z of the score).
+    BelowThreshold {
+        /// `relevance_threshold` or `min_relative_score`.
+        threshold: &'static str,
+        /// The chunk's value that was compared (cosine or z).
+        value: f32,
+    },
+    /// It did not fit what was left of the budget.
+    OutOfBudget,
+    /// A near-duplicate (or copy) of the chunk `of`, which was sent.
+    NearDuplicate {
+        /// The sent chunk's id.
+        of: String,
+    },
+    /// Its field is not listed in `optional_fields`.
+    NotEligible,
 }
 
 /// Where time went, in milliseconds.
@@ -154,6 +258,18 @@ pub struct Compressed {
     pub session: Option<SessionGrant>,
     /// Timings.
     pub timings: Timings,
+    /// Why each chunk was sent or dropped, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<Explanation>,
+}
+
+impl Compressed {
+    /// What the receiver gets: the chunk texts in reading order joined by
+    /// [`CHUNK_SEPARATOR`]. With a budget tokenizer it never counts more
+    /// than the budget in it.
+    pub fn sent_text(&self) -> String {
+        self.chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR)
+    }
 }
 
 /// Answer to an adaptive context request.
@@ -206,6 +322,32 @@ struct Ledger {
     context: Arc<PreparedContext>,
     sent: HashSet<usize>,
     remaining: usize,
+    /// The budget tokenizer the session counts in, and each chunk's count in it.
+    counting: Counting,
+}
+
+/// Chunk counts in a request's budget tokenizer, and the separator's cost.
+#[derive(Clone)]
+pub(super) struct Counting {
+    pub(super) tokenizer: Option<BudgetTokenizer>,
+    pub(super) tokens: Arc<[usize]>,
+    /// Tokens of [`CHUNK_SEPARATOR`] (0 without a budget tokenizer).
+    pub(super) separator: usize,
+}
+
+impl Counting {
+    /// The budget tokenizer's name.
+    pub(super) fn name(&self) -> String {
+        self.tokenizer.as_ref().map_or(crate::budget::E5, |t| t.name()).to_string()
+    }
+
+    /// The tokens of `texts` joined by the separator, as the receiver gets them.
+    pub(super) fn joined(&self, texts: &[&str]) -> Result<usize> {
+        match &self.tokenizer {
+            Some(t) => t.count(&texts.join(CHUNK_SEPARATOR)),
+            None => Ok(0),
+        }
+    }
 }
 
 /// The SCD engine: an encoder, an embedding cache and session ledgers.
@@ -285,8 +427,14 @@ impl Scd {
 
     /// [`Scd::compress`] that stops with [`Error::Cancelled`] or
     /// [`Error::DeadlineExceeded`] between stages once `cancel` says so.
-    #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]
     pub fn compress_with(&self, req: &CompressRequest, cancel: &Cancel) -> Result<Compressed> {
+        self.compress_opts(req, &CompressOptions::default(), cancel)
+    }
+
+    /// [`Scd::compress_with`] counting in a budget tokenizer and explaining
+    /// the selection, as `opts` asks.
+    #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]
+    pub fn compress_opts(&self, req: &CompressRequest, opts: &CompressOptions, cancel: &Cancel) -> Result<Compressed> {
         let ctx = &req.context;
         ctx.validate_within(&self.cfg.context_limits)?;
         let rq = &req.requirement;
@@ -326,24 +474,33 @@ impl Scd {
         let task_vec = self.embed_cached_with(&[task_text.as_str()], InputKind::Query, cancel)?.remove(0);
         let embed_ms = t1.elapsed().as_secs_f64() * 1e3;
         let t2 = Instant::now();
+        cancel.check("count")?;
+        let counting = self.counting(&prepared, opts.budget_tokenizer.clone())?;
+        let context_tokens = match &counting.tokenizer {
+            None => counting.tokens.iter().sum(),
+            Some(t) => split.public.iter().map(|f| t.count(&f.content)).sum::<Result<usize>>()?,
+        };
         cancel.check("score")?;
         let mut parts = self.score(&prepared, &task_vec, &task_text);
         self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
         let scores = &parts.fused;
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
-
-        let needed: usize = chunks.iter().filter(|c| required.contains(&c.field)).map(|c| c.tokens).sum();
-        if needed > budget {
-            return Err(Error::BudgetTooSmall { needed, budget });
-        }
+        // each chunk pays for one separator; n chunks need n - 1
+        let sep = counting.separator;
+        let cost: Vec<usize> = counting.tokens.iter().map(|t| t + sep).collect();
+        let room = budget + sep;
         let mut selected: Vec<usize> = (0..chunks.len()).filter(|&i| required.contains(&chunks[i].field)).collect();
+        let needed: usize = selected.iter().map(|&i| cost[i]).sum();
+        if needed > room {
+            return Err(Error::BudgetTooSmall { needed: needed - sep, budget });
+        }
         let mut used = needed;
+        let below_relevance =
+            |i: usize| rq.relevance_threshold.is_some_and(|t| dot(&task_vec, &chunks[i].embedding) < t);
         let eligible = |i: usize| {
             let c = &chunks[i];
-            optional.contains(&c.field)
-                && !required.contains(&c.field)
-                && rq.relevance_threshold.is_none_or(|t| dot(&task_vec, &c.embedding) >= t)
+            optional.contains(&c.field) && !required.contains(&c.field) && !below_relevance(i)
         };
         let z = zscores(scores);
         let mut order: Vec<usize> = (0..chunks.len()).filter(|&i| eligible(i)).collect();
@@ -354,13 +511,63 @@ impl Scd {
         }
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         cancel.check("pack")?;
-        self.pack(&prepared, &order, budget, &mut selected, &mut used);
+        let mut trace = PackTrace::default();
+        self.pack(&prepared, &order, &cost, room, &mut selected, &mut used, &mut trace);
+        // what the receiver gets, counted whole: a merge across a separator
+        // could cost more than the parts, so drop the weakest until it fits
+        let mut sent_tokens = None;
+        if counting.tokenizer.is_some() {
+            loop {
+                let mut sel = selected.clone();
+                sel.sort_unstable();
+                let texts: Vec<&str> = sel.iter().map(|&i| chunks[i].text.as_str()).collect();
+                let n = counting.joined(&texts)?;
+                if n <= budget {
+                    sent_tokens = Some(n);
+                    break;
+                }
+                let weakest = (0..selected.len())
+                    .filter(|&k| !required.contains(&chunks[selected[k]].field))
+                    .min_by(|&a, &b| scores[selected[a]].total_cmp(&scores[selected[b]]));
+                match weakest {
+                    Some(k) => {
+                        trace.by_closure.remove(&selected[k]);
+                        selected.remove(k);
+                    }
+                    None => return Err(Error::BudgetTooSmall { needed: n, budget }),
+                }
+            }
+        }
         let select_ms = t2.elapsed().as_secs_f64() * 1e3;
 
-        let mut out =
-            self.assemble(&prepared, &selected, scores, &task_vec, warnings, (chunk_embed_ms, embed_ms, select_ms));
+        let mut out = self.assemble(
+            &prepared,
+            &selected,
+            &parts,
+            &counting,
+            assemble::Sums { context_tokens, sent_tokens, budget },
+            &task_vec,
+            warnings,
+            (chunk_embed_ms, embed_ms, select_ms),
+        );
+        if opts.explain {
+            let gate = |i: usize| {
+                if required.contains(&chunks[i].field) {
+                    assemble::Gate::Required
+                } else if !optional.contains(&chunks[i].field) {
+                    assemble::Gate::NotEligible
+                } else if below_relevance(i) {
+                    assemble::Gate::Below("relevance_threshold", dot(&task_vec, &chunks[i].embedding))
+                } else if rq.min_relative_score.is_some_and(|t| z[i] < t) {
+                    assemble::Gate::Below("min_relative_score", z[i])
+                } else {
+                    assemble::Gate::Candidate
+                }
+            };
+            out.explanation = Some(self.explain(&prepared, &selected, &parts, &counting, &trace, gate));
+        }
         out.withheld = split.withheld;
-        let remaining = budget.saturating_sub(out.totals.sent_tokens);
+        let remaining = budget.saturating_sub(out.totals.sent_tokens + sep);
         out.session = match (&req.session, continued) {
             (None, _) => None,
             (Some(sr), Some(entry)) => {
@@ -371,6 +578,7 @@ impl Scd {
                 let mut ledger = entry.lock();
                 ledger.sent.extend(selected.iter().copied());
                 ledger.remaining = remaining;
+                ledger.counting = counting;
                 Some(SessionGrant {
                     id: sr.id.clone().unwrap_or_default(),
                     token: sr.token.clone().unwrap_or_default(),
@@ -381,7 +589,7 @@ impl Scd {
                 sr.caller.clone(),
                 prepared.key,
                 prepared.bytes + 8 * chunks.len(),
-                Ledger { context: prepared.clone(), sent: selected.iter().copied().collect(), remaining },
+                Ledger { context: prepared.clone(), sent: selected.iter().copied().collect(), remaining, counting },
             )?),
         };
         debug!(sent = out.totals.sent_tokens, ratio = out.totals.reduction_ratio, "compressed");
@@ -399,3 +607,6 @@ impl Scd {
         self.sessions.stats()
     }
 }
+
+#[cfg(test)]
+mod tests;

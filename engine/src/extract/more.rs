@@ -52,7 +52,11 @@ impl Scd {
             });
         }
         let context = session.context.clone();
+        let counting = session.counting.clone();
         let chunks = &context.chunks;
+        // each new chunk pays for the separator before it, in the session's
+        // budget tokenizer
+        let cost = |i: usize| counting.tokens[i] + counting.separator;
         let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
         cancel.check("score")?;
         let scores = self.score(&context, &qvec, &query).fused;
@@ -85,12 +89,12 @@ impl Scd {
             if session.sent.contains(&i) || picked.contains(&i) {
                 continue;
             }
-            if used + chunks[i].tokens > session.remaining {
+            if used + cost(i) > session.remaining {
                 if n < explicit {
                     reason = Some(format!(
                         "chunk {} needs {} tokens, {} left",
                         chunks[i].id,
-                        chunks[i].tokens,
+                        cost(i),
                         session.remaining - used
                     ));
                 }
@@ -101,9 +105,24 @@ impl Scd {
                 break;
             }
             picked.push(i);
-            used += chunks[i].tokens;
+            used += cost(i);
             if n >= explicit && picked.len() >= explicit + self.cfg.more_max_chunks {
                 break;
+            }
+        }
+        // counted whole (a separator before each), drop the last taken until it fits
+        if counting.tokenizer.is_some() {
+            loop {
+                let mut reading = picked.clone();
+                reading.sort_unstable();
+                let mut texts: Vec<&str> = vec![""];
+                texts.extend(reading.iter().map(|&i| chunks[i].text.as_str()));
+                let n = if picked.is_empty() { 0 } else { counting.joined(&texts)? };
+                if n <= session.remaining {
+                    used = n;
+                    break;
+                }
+                picked.pop();
             }
         }
         session.sent.extend(picked.iter().copied());
@@ -113,7 +132,7 @@ impl Scd {
         }
         picked.sort_unstable();
         Ok(MoreContext {
-            chunks: picked.iter().map(|&i| context.selected(i, scores[i])).collect(),
+            chunks: picked.iter().map(|&i| context.selected(i, scores[i], counting.tokens[i])).collect(),
             remaining_tokens: session.remaining,
             reason,
         })

@@ -6,20 +6,35 @@ use std::collections::{HashMap, HashSet};
 use super::prepare::PreparedContext;
 use super::Scd;
 
+/// What packing decided beyond the selection, for explanations.
+#[derive(Debug, Default)]
+pub(super) struct PackTrace {
+    /// Chunks taken because a chunk of their group was (closure: its lead,
+    /// or the rest of a small group).
+    pub(super) by_closure: HashSet<usize>,
+    /// Chunks skipped as near-duplicates (or copies) of a sent chunk: that chunk.
+    pub(super) duplicate_of: HashMap<usize, usize>,
+}
+
 impl Scd {
-    /// Greedy packing by score with redundancy suppression and group closure.
+    /// Greedy packing by score with redundancy suppression and group
+    /// closure; chunk `i` costs `cost[i]`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn pack(
         &self,
         ctx: &PreparedContext,
         order: &[usize],
+        cost: &[usize],
         budget: usize,
         selected: &mut Vec<usize>,
         used: &mut usize,
+        trace: &mut PackTrace,
     ) {
         let chunks = &ctx.chunks;
         let mut chosen: HashSet<usize> = selected.iter().copied().collect();
-        // the distinct embeddings already sent: a chunk identical or near to one is redundant
-        let mut sent: HashSet<u32> = selected.iter().map(|&i| ctx.distinct[i]).collect();
+        // the distinct embeddings already sent (with the chunk that sent
+        // each): a chunk identical or near to one is redundant
+        let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
         let leads: HashMap<(usize, usize), usize> =
             chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
         // each group's chunks and tokens, when closing whole groups is on
@@ -28,22 +43,23 @@ impl Scd {
             for (j, c) in chunks.iter().enumerate() {
                 let e = members.entry(c.group).or_default();
                 e.0.push(j);
-                e.1 += c.tokens;
+                e.1 += cost[j];
             }
         }
         for &i in order {
-            if chosen.contains(&i) || *used + chunks[i].tokens > budget {
+            if chosen.contains(&i) || *used + cost[i] > budget {
                 continue;
             }
             let d = ctx.distinct[i];
-            let redundant = sent.contains(&d) || ctx.near_duplicates[d as usize].iter().any(|j| sent.contains(j));
-            if redundant {
+            let twin = sent.get(&d).or_else(|| ctx.near_duplicates[d as usize].iter().find_map(|j| sent.get(j)));
+            if let Some(&of) = twin {
+                trace.duplicate_of.insert(i, of);
                 continue;
             }
-            sent.insert(d);
+            sent.insert(d, i);
             chosen.insert(i);
             selected.push(i);
-            *used += chunks[i].tokens;
+            *used += cost[i];
             // closure: a chunk brings the rest of a small group (a short
             // paragraph) when all of it fits, else its group's lead (a
             // paragraph's first sentence, a chat answer's question)
@@ -54,22 +70,23 @@ impl Scd {
                 }
                 _ => Vec::new(),
             };
-            let rest_tokens: usize = rest.iter().map(|&j| chunks[j].tokens).sum();
-            let closure = if !rest.is_empty() && *used + rest_tokens <= budget {
+            let rest_cost: usize = rest.iter().map(|&j| cost[j]).sum();
+            let closure = if !rest.is_empty() && *used + rest_cost <= budget {
                 rest
             } else {
                 leads
                     .get(&g)
                     .copied()
-                    .filter(|l| !chosen.contains(l) && *used + chunks[*l].tokens <= budget)
+                    .filter(|l| !chosen.contains(l) && *used + cost[*l] <= budget)
                     .into_iter()
                     .collect()
             };
             for j in closure {
-                sent.insert(ctx.distinct[j]);
+                sent.entry(ctx.distinct[j]).or_insert(j);
                 chosen.insert(j);
                 selected.push(j);
-                *used += chunks[j].tokens;
+                *used += cost[j];
+                trace.by_closure.insert(j);
             }
         }
     }

@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Scd, SelectedChunk, EMBED_SLICE};
+use super::{Counting, Scd, SelectedChunk, EMBED_SLICE};
+use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
 use crate::cache::EmbeddingCache;
 use crate::cancel::Cancel;
 use crate::chunk::chunk_field;
@@ -58,8 +59,9 @@ pub(super) struct PreparedContext {
 }
 
 impl PreparedContext {
-    /// Chunk `i` as sent to the receiver, with its score.
-    pub(super) fn selected(&self, i: usize, score: f32) -> SelectedChunk {
+    /// Chunk `i` as sent to the receiver, with its score and its count in
+    /// the budget tokenizer.
+    pub(super) fn selected(&self, i: usize, score: f32, tokens: usize) -> SelectedChunk {
         let c = &self.chunks[i];
         SelectedChunk {
             field: self.field_names[c.field].clone(),
@@ -67,7 +69,7 @@ impl PreparedContext {
             span: c.span,
             text: c.text.clone(),
             score,
-            tokens: c.tokens,
+            tokens,
         }
     }
 }
@@ -159,6 +161,19 @@ impl Scd {
             }
         }
         Ok(out.into_iter().map(|v| v.expect("filled")).collect())
+    }
+
+    /// Every chunk's tokens in `tokenizer` (the encoder's counts when `None`).
+    pub(super) fn counting(&self, ctx: &PreparedContext, tokenizer: Option<BudgetTokenizer>) -> Result<Counting> {
+        use rayon::prelude::*;
+        Ok(match tokenizer {
+            None => Counting { tokens: ctx.chunks.iter().map(|c| c.tokens).collect(), separator: 0, tokenizer: None },
+            Some(t) => Counting {
+                tokens: ctx.chunks.par_iter().map(|c| t.count(&c.text)).collect::<Result<Vec<usize>>>()?.into(),
+                separator: t.count(CHUNK_SEPARATOR)?,
+                tokenizer: Some(t),
+            },
+        })
     }
 
     /// The prepared form of the public fields, from the context cache when

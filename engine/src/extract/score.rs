@@ -30,7 +30,7 @@ fn mentions(haystack_lower: &str, key: &str) -> bool {
 
 /// Every chunk's score and its parts, index-aligned with the prepared
 /// chunks: `fused = dense_z + lexical_weight·lexical_z + group_lift +
-/// link_lift`, summed in that order.
+/// link_lift (+ hop_lift when the second hop is on)`, summed in that order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Scores {
     /// The fused, calibrated score packing ranks by.

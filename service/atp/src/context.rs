@@ -386,7 +386,7 @@ pub fn transfer_from_scd(
             return Err(Error::ScdReply { rpc: "OpenSession", reason: format!("chunk {id} appears twice") });
         }
     }
-    let totals = resp.totals.unwrap_or_default();
+    let totals = resp.totals.clone().unwrap_or_default();
     let chunk_tokens: u64 = resp.chunks.iter().map(|c| u64::from(c.tokens)).sum();
     let sent_tokens = u64::from(totals.sent_tokens).max(chunk_tokens);
     if sent_tokens > u64::from(budget_tokens) {
@@ -667,6 +667,7 @@ impl ScdLink {
             session_token: String::new(),
             // ATP carries context, not hand-off reports
             render: scd::ReportFormat::Unspecified as i32,
+            ..Default::default()
         };
         let mut c = self.client.clone();
         let open = c

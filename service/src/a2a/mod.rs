@@ -248,6 +248,9 @@ struct CompressInput {
     min_relative_score: Option<f32>,
     #[serde(default)]
     render: Option<RenderFormat>,
+    /// `o200k`, `cl100k`, `e5` or a name the server registered.
+    #[serde(default)]
+    budget_tokenizer: Option<String>,
 }
 
 /// A token count: a JSON integer, or a float with no fractional part
@@ -350,7 +353,7 @@ fn classify(m: &Message) -> Result<Input, Error> {
                 let path = e.path().to_string();
                 let at = if path == "." { String::new() } else { format!(".{path}") };
                 Error::InvalidParams(format!(
-                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?}})",
+                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?}})",
                     e.into_inner()
                 ))
             })?;
@@ -673,6 +676,7 @@ impl Agent {
                 min_relative_score: input.min_relative_score,
             }),
             render: render as i32,
+            budget_tokenizer: input.budget_tokenizer.unwrap_or_default(),
             ..Default::default()
         };
         match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), peer, true).await {
@@ -688,7 +692,8 @@ impl Agent {
                 let data = json!({
                     "chunks": resp.chunks.iter().map(chunk_json).collect::<Vec<_>>(),
                     "totals": {"contextTokens": totals.context_tokens, "sentTokens": totals.sent_tokens,
-                               "reductionRatio": totals.reduction_ratio, "rTheorem1": totals.r_theorem1},
+                               "reductionRatio": totals.reduction_ratio, "rTheorem1": totals.r_theorem1,
+                               "tokenizer": totals.tokenizer, "requestedRatio": totals.requested_ratio},
                     "dropped": resp.dropped.iter().map(|d| json!({"id": d.id, "field": d.field, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
                     "withheldFields": resp.withheld_fields,
                     "warnings": resp.warnings,

@@ -66,6 +66,17 @@ pub enum ClientCommand {
         /// Also write the selection as a hand-off report in this format ("report").
         #[arg(long, value_enum)]
         render: Option<crate::cli::handoff::ReportFormat>,
+        /// The receiving LLM's tokenizer the budget is counted in: `o200k`,
+        /// `cl100k`, `e5` (default) or a name the server registered (never a path).
+        #[arg(long, env = "SCD_BUDGET_TOKENIZER", default_value = "")]
+        budget_tokenizer: String,
+        /// Say why each chunk was sent or dropped ("explanation").
+        #[arg(long)]
+        explain: bool,
+        /// Output: json (one object) or text (the chunks, totals and, with
+        /// --explain, the table).
+        #[arg(long, value_enum, default_value = "json")]
+        format: crate::cli::compress::Format,
     },
     /// Adaptive request on a session.
     More {
@@ -411,7 +422,9 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     .await?;
                 serde_json::json!({"model": r.model, "embeddings": r.embeddings.iter().map(|e| serde_json::json!({"tokens": e.tokens, "embedding": e.values})).collect::<Vec<_>>()})
             }
-            ClientCommand::Compress { task, budget, session, token, render, .. } => {
+            ClientCommand::Compress {
+                task, budget, session, token, render, budget_tokenizer, explain, format, ..
+            } => {
                 // a retry after the server opened the session would find it
                 // taken: only session-less or continuing calls are idempotent
                 let idempotent = session.is_empty() || !token.is_empty();
@@ -424,6 +437,8 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     render: render.map_or(pb::ReportFormat::Unspecified, |f| {
                         crate::grpc::handoff::format_pb(f.into())
                     }) as i32,
+                    budget_tokenizer,
+                    explain,
                 };
                 let r = c
                     .call("Compress", idempotent, |mut cl| {
@@ -431,12 +446,32 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                         async move { cl.compress(req).await }
                     })
                     .await?;
-                let t = r.totals.unwrap_or_default();
-                serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens})).collect::<Vec<_>>(),
-                    "totals": {"context_tokens": t.context_tokens, "sent_tokens": t.sent_tokens, "reduction_ratio": t.reduction_ratio, "r_theorem1": t.r_theorem1},
+                let t = r.totals.clone().unwrap_or_default();
+                let explanation = r.explanation.clone().map(crate::grpc::convert::explanation_from_wire);
+                if format == crate::cli::compress::Format::Text {
+                    let mut w = std::io::stdout().lock();
+                    for ch in &r.chunks {
+                        writeln!(w, "[{}] {}", ch.id, ch.text)?;
+                    }
+                    writeln!(
+                        w,
+                        "-- {} of {} tokens sent in {}: {:.1}x asked, {:.1}x achieved; {} chunks dropped",
+                        t.sent_tokens, t.context_tokens, t.tokenizer, t.requested_ratio, t.reduction_ratio, r.dropped.len()
+                    )?;
+                    if let Some(ex) = &explanation {
+                        crate::cli::compress::explain_table(ex, &t.tokenizer, 20, &mut w)?;
+                    }
+                    return Ok(());
+                }
+                let mut out = serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens})).collect::<Vec<_>>(),
+                    "totals": {"context_tokens": t.context_tokens, "sent_tokens": t.sent_tokens, "reduction_ratio": t.reduction_ratio, "r_theorem1": t.r_theorem1, "tokenizer": t.tokenizer, "requested_ratio": t.requested_ratio},
                     "dropped": r.dropped.iter().map(|d| serde_json::json!({"field": d.field, "id": d.id, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
                     "withheld_fields": r.withheld_fields, "session_id": r.session_id, "session_token": r.session_token,
-                    "report": (!r.report.is_empty()).then_some(r.report)})
+                    "report": (!r.report.is_empty()).then_some(r.report)});
+                if let Some(ex) = explanation {
+                    out["explanation"] = serde_json::to_value(ex)?;
+                }
+                out
             }
             ClientCommand::More { session, token, question, confidence, report } => {
                 let report = match &report {

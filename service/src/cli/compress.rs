@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
+use scd_engine::budget::{BudgetTokenizer, TokenizerRegistry};
+use scd_engine::cancel::Cancel;
 use scd_engine::context::{Context, ContextRequirement, Task};
-use scd_engine::extract::{CompressRequest, Compressed, Scd, ScdConfig};
+use scd_engine::extract::{CompressOptions, CompressRequest, Compressed, DropReason, Explanation, Scd, ScdConfig};
 use scd_engine::handoff;
 use serde::Deserialize;
 
@@ -68,6 +70,17 @@ pub struct CompressArgs {
     /// [FIELD_NAME] section).
     #[arg(long, value_enum)]
     render: Option<ReportFormat>,
+    /// Count the budget in the receiving LLM's tokenizer: `o200k`, `cl100k`,
+    /// `e5` (the encoder's own, the default) or a path to a HuggingFace
+    /// tokenizer.json (Llama, Qwen, Mistral, ...). What is sent (the chunks
+    /// joined by newlines) never counts more than --budget in it.
+    #[arg(long, env = "SCD_BUDGET_TOKENIZER")]
+    budget_tokenizer: Option<String>,
+    /// Say why each chunk was sent (score parts, packing order, group lead)
+    /// or dropped (threshold, budget, near-duplicate of a named chunk, not
+    /// eligible): an "explanation" key in JSON, a table in text.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// One line of `--batch`, parsed strictly (unknown keys are errors).
@@ -122,8 +135,95 @@ pub(crate) fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::R
     Ok(CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None })
 }
 
+/// The budget tokenizer a local command names (`o200k`, `cl100k`, `e5`) or
+/// points at (a tokenizer.json path); errors name `flag`.
+pub(crate) fn budget_tokenizer(flag: &str, value: Option<&str>) -> anyhow::Result<Option<BudgetTokenizer>> {
+    let Some(v) = value else { return Ok(None) };
+    TokenizerRegistry::new().resolve_or_load(v).map_err(|e| match e {
+        scd_engine::Error::InvalidArgument { message, .. } => {
+            anyhow::anyhow!("{flag}: {message}, or a path to a tokenizer.json")
+        }
+        e => anyhow::anyhow!("{flag} {v}: {e}"),
+    })
+}
+
+/// `ex` as a compact table: the sent chunks in reading order, then the
+/// best `max_dropped` dropped ones with their reasons and a count of the rest.
+pub(crate) fn explain_table(
+    ex: &Explanation,
+    tokenizer: &str,
+    max_dropped: usize,
+    w: &mut impl Write,
+) -> std::io::Result<()> {
+    let idw = ex
+        .selected
+        .iter()
+        .map(|c| c.id.len())
+        .chain(ex.dropped.iter().take(max_dropped).map(|d| d.id.len()))
+        .max()
+        .unwrap_or(2)
+        .clamp(2, 48);
+    writeln!(
+        w,
+        "-- why: score = dense_z + {:.2}*lexical_z + group + link + hop; tokens in {tokenizer}",
+        ex.lexical_weight
+    )?;
+    writeln!(
+        w,
+        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:<5} {:>6}",
+        "id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens"
+    )?;
+    for c in &ex.selected {
+        let lead = match (c.required, c.lead, c.by_closure) {
+            (true, _, _) => "req",
+            (_, true, true) => "lead+",
+            (_, true, false) => "lead",
+            (_, false, true) => "grp+",
+            _ => "-",
+        };
+        writeln!(
+            w,
+            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:<5} {:>6}",
+            clip(&c.id, idw),
+            c.order,
+            c.score,
+            c.dense_z,
+            c.lexical_z,
+            c.group_lift,
+            c.link_lift,
+            c.hop_lift,
+            lead,
+            c.tokens
+        )?;
+    }
+    let shown = ex.dropped.len().min(max_dropped);
+    writeln!(w, "-- dropped: {} (best {shown} shown)", ex.dropped.len())?;
+    for d in ex.dropped.iter().take(max_dropped) {
+        let why = match &d.reason {
+            DropReason::BelowThreshold { threshold, value } => format!("below {threshold} ({value:.2})"),
+            DropReason::OutOfBudget => "out of budget".to_string(),
+            DropReason::NearDuplicate { of } => format!("near-duplicate of {of}"),
+            DropReason::NotEligible => "not eligible (field not in optional_fields)".to_string(),
+        };
+        writeln!(w, "{:<idw$} {:>7.2} {:>6}  {why}", clip(&d.id, idw), d.score, d.tokens)?;
+    }
+    if ex.dropped.len() > shown {
+        writeln!(w, "-- and {} more dropped", ex.dropped.len() - shown)?;
+    }
+    Ok(())
+}
+
+fn clip(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
 fn to_json(out: &Compressed) -> serde_json::Value {
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "chunks": out.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens, "span": [c.span.0, c.span.1]})).collect::<Vec<_>>(),
         "totals": out.totals,
         "dropped": out.dropped,
@@ -131,7 +231,11 @@ fn to_json(out: &Compressed) -> serde_json::Value {
         "task_embedding": out.task_embedding,
         "warnings": out.warnings,
         "timings_ms": out.timings,
-    })
+    });
+    if let Some(ex) = &out.explanation {
+        v["explanation"] = serde_json::to_value(ex).unwrap_or_default();
+    }
+    v
 }
 
 fn print(out: &Compressed, report: Option<String>, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
@@ -157,6 +261,16 @@ fn print(out: &Compressed, report: Option<String>, format: Format, w: &mut impl 
                 out.totals.r_theorem1,
                 out.dropped.len()
             )?;
+            if out.totals.tokenizer != scd_engine::budget::E5 || out.explanation.is_some() {
+                writeln!(
+                    w,
+                    "-- counted in {}: {:.1}x asked, {:.1}x achieved",
+                    out.totals.tokenizer, out.totals.requested_ratio, out.totals.reduction_ratio
+                )?;
+            }
+            if let Some(ex) = &out.explanation {
+                explain_table(ex, &out.totals.tokenizer, 20, w)?;
+            }
         }
     }
     Ok(())
@@ -185,6 +299,10 @@ fn check_args(args: &CompressArgs) -> anyhow::Result<()> {
 /// Runs `scd compress`.
 pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     check_args(&args)?;
+    let opts = CompressOptions {
+        budget_tokenizer: budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?,
+        explain: args.explain,
+    };
     let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
@@ -198,7 +316,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
             }
             total += 1;
             let result = parse_batch_line(&line, &defaults).and_then(|r| {
-                let out = scd.compress(&r)?;
+                let out = scd.compress_opts(&r, &opts, &Cancel::new())?;
                 let report = args.render.map(|f| handoff::render_selection(&out, &r, f.into(), None));
                 Ok((out, report))
             });
@@ -239,7 +357,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         min_relative_score: args.min_relative_score,
     };
     let req = CompressRequest { task: Task::new(task), context, requirement, session: None };
-    let out = scd.compress(&req)?;
+    let out = scd.compress_opts(&req, &opts, &Cancel::new())?;
     let report = args.render.map(|f| handoff::render_selection(&out, &req, f.into(), None));
     print(&out, report, args.format, &mut stdout)
 }

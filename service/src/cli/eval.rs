@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
+use scd_engine::budget::BudgetTokenizer;
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind, OrtEncoder};
 use scd_engine::eval::{evidence_recall, load, Dataset, Example};
-use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
 
@@ -53,6 +54,10 @@ pub struct EvalArgs {
     /// Override ScdConfig::link_sources.
     #[arg(long)]
     link_sources: Option<usize>,
+    /// Count budgets, totals and ratios in this tokenizer (o200k, cl100k,
+    /// e5 or a tokenizer.json path), for SCD and the baselines alike.
+    #[arg(long)]
+    budget_tokenizer: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -109,8 +114,8 @@ struct Baselines {
     total: usize,
 }
 
-fn baselines(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
-    let mut base = sentence_units(enc, ex)?;
+fn baselines(enc: &OrtEncoder, ex: &Example, tok: Option<&BudgetTokenizer>) -> anyhow::Result<Baselines> {
+    let mut base = sentence_units(enc, ex, tok)?;
     let texts: Vec<&str> = base.units.iter().map(|&(f, (a, b), _)| &ex.context.fields[f].content[a..b]).collect();
     let q = enc.encode(&[ex.question.as_str()], &EncodeOptions::new(InputKind::Query))?;
     let e = enc.encode(&texts, &EncodeOptions::new(InputKind::Passage).with_windows())?;
@@ -120,13 +125,17 @@ fn baselines(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
 }
 
 /// Sentence units and token totals (scores zero until [`baselines`] fills them).
-fn sentence_units(enc: &OrtEncoder, ex: &Example) -> anyhow::Result<Baselines> {
+fn sentence_units(enc: &OrtEncoder, ex: &Example, tok: Option<&BudgetTokenizer>) -> anyhow::Result<Baselines> {
     let mut units = Vec::new();
     for (f, spans) in ex.sentences.iter().enumerate() {
         for &(a, b) in spans {
             let t = &ex.context.fields[f].content[a..b];
             if !t.trim().is_empty() {
-                units.push((f, (a, b), enc.count_tokens(t)?));
+                let n = match tok {
+                    Some(tok) => tok.count(t)?,
+                    None => enc.count_tokens(t)?,
+                };
+                units.push((f, (a, b), n));
             }
         }
     }
@@ -144,6 +153,8 @@ fn ranked(scores: &[f32]) -> Vec<usize> {
 /// Runs `scd eval`.
 pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let dataset: Dataset = args.dataset.parse()?;
+    let tok = crate::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
+    let opts = CompressOptions { budget_tokenizer: tok.clone(), explain: false };
     for b in &args.budgets {
         anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
     }
@@ -169,7 +180,11 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
     for ex in &examples {
         let t = Instant::now();
-        let base = if args.scd_only { sentence_units(&encoder, ex)? } else { baselines(&encoder, ex)? };
+        let base = if args.scd_only {
+            sentence_units(&encoder, ex, tok.as_ref())?
+        } else {
+            baselines(&encoder, ex, tok.as_ref())?
+        };
         let base_ms = t.elapsed().as_secs_f64() * 1e3;
         let dense_order = ranked(&base.dense);
         let bm25_order = ranked(&base.bm25);
@@ -187,12 +202,13 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         for (bi, &frac) in args.budgets.iter().enumerate() {
             let budget = ((base.total as f32 * frac).floor() as usize).max(1);
             let t = Instant::now();
-            let out = scd.compress(&CompressRequest {
+            let req = CompressRequest {
                 task: Task::new(ex.question.clone()),
                 context: ex.context.clone(),
                 requirement: ContextRequirement::with_budget(budget),
                 session: None,
-            })?;
+            };
+            let out = scd.compress_opts(&req, &opts, &scd_engine::cancel::Cancel::new())?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             let stats = scd.cache_stats();
             scd_hits[bi].0 += stats.hits - hits_before.hits;

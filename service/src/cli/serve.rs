@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use scd_engine::budget::TokenizerRegistry;
 use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
@@ -133,6 +134,11 @@ pub struct ServeArgs {
     /// http:// and each request's Host header.
     #[arg(long, env = "SCD_A2A_PUBLIC_URL")]
     a2a_public_url: Option<String>,
+    /// Register a HuggingFace tokenizer.json as a budget tokenizer requests
+    /// may name: NAME=PATH (repeatable; NAME of letters, digits, '.', '_',
+    /// '-'). o200k, cl100k and e5 are built in; requests never name a path.
+    #[arg(long = "budget-tokenizer", value_name = "NAME=PATH")]
+    budget_tokenizers: Vec<String>,
     /// Audit trail database (redb): Compress, OpenSession and RequestContext
     /// are recorded before they answer; unset records nothing.
     #[arg(long, env = "SCD_AUDIT_DB")]
@@ -260,6 +266,19 @@ fn a2a_limits(args: &ServeArgs) -> crate::a2a::store::StoreLimits {
     }
 }
 
+/// The registry of `--budget-tokenizer NAME=PATH` flags, each file loaded
+/// and checked (before the model loads); errors name the flag.
+pub(crate) fn budget_tokenizers(flags: &[String]) -> anyhow::Result<TokenizerRegistry> {
+    let mut reg = TokenizerRegistry::new();
+    for f in flags {
+        let Some((name, path)) = f.split_once('=') else {
+            anyhow::bail!("--budget-tokenizer {f}: expected NAME=PATH (a name for requests, a tokenizer.json)");
+        };
+        reg.register(name, path, "--budget-tokenizer").map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(reg)
+}
+
 /// Runs `scd serve`: checks the arguments and TLS files, binds the
 /// listeners, and only then loads the model.
 pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
@@ -281,6 +300,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("--audit-db {e}"))
         })
         .transpose()?;
+    let tokenizers = budget_tokenizers(&args.budget_tokenizers)?;
     let listener = bind("--addr", "gRPC", args.addr)?;
     let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
     let encoder = Arc::new(model.load_encoder()?);
@@ -327,6 +347,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             audit,
             a2a: a2a_limits(&args),
             a2a_public_url: args.a2a_public_url.clone(),
+            tokenizers,
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

@@ -163,6 +163,8 @@ pub fn compress_response(out: Compressed, timing: pb::Timing) -> pb::CompressRes
             sent_tokens: out.totals.sent_tokens as u32,
             reduction_ratio: out.totals.reduction_ratio,
             r_theorem1: out.totals.r_theorem1,
+            tokenizer: out.totals.tokenizer.clone(),
+            requested_ratio: out.totals.requested_ratio,
         }),
         dropped: out
             .dropped
@@ -176,5 +178,103 @@ pub fn compress_response(out: Compressed, timing: pb::Timing) -> pb::CompressRes
         session_token: out.session.map(|g| g.token).unwrap_or_default(),
         withheld_fields: out.withheld,
         report: String::new(),
+        explanation: out.explanation.map(explanation),
+    }
+}
+
+/// An explanation on the wire.
+pub fn explanation(ex: scd_engine::extract::Explanation) -> pb::Explanation {
+    use scd_engine::extract::DropReason as R;
+    pb::Explanation {
+        lexical_weight: ex.lexical_weight,
+        selected: ex
+            .selected
+            .into_iter()
+            .map(|c| pb::ChunkWhy {
+                id: c.id,
+                order: c.order as u32,
+                score: c.score,
+                dense_z: c.dense_z,
+                lexical_z: c.lexical_z,
+                group_lift: c.group_lift,
+                link_lift: c.link_lift,
+                hop_lift: c.hop_lift,
+                lead: c.lead,
+                by_closure: c.by_closure,
+                required: c.required,
+                tokens: c.tokens as u32,
+                chunker: c.chunker.unwrap_or_default(),
+            })
+            .collect(),
+        dropped: ex
+            .dropped
+            .into_iter()
+            .map(|d| {
+                let mut w = pb::DropWhy { id: d.id, score: d.score, tokens: d.tokens as u32, ..Default::default() };
+                w.reason = match d.reason {
+                    R::BelowThreshold { threshold, value } => {
+                        w.threshold = threshold.to_string();
+                        w.value = value;
+                        pb::DropReason::BelowThreshold
+                    }
+                    R::OutOfBudget => pb::DropReason::OutOfBudget,
+                    R::NearDuplicate { of } => {
+                        w.duplicate_of = of;
+                        pb::DropReason::NearDuplicate
+                    }
+                    R::NotEligible => pb::DropReason::NotEligible,
+                } as i32;
+                w
+            })
+            .collect(),
+    }
+}
+
+/// An explanation from the wire (the CLI client prints it as a table).
+pub fn explanation_from_wire(ex: pb::Explanation) -> scd_engine::extract::Explanation {
+    use scd_engine::extract::{ChunkWhy, DropReason as R, DropWhy};
+    scd_engine::extract::Explanation {
+        lexical_weight: ex.lexical_weight,
+        selected: ex
+            .selected
+            .into_iter()
+            .map(|c| ChunkWhy {
+                id: c.id,
+                order: c.order as usize,
+                score: c.score,
+                dense_z: c.dense_z,
+                lexical_z: c.lexical_z,
+                group_lift: c.group_lift,
+                link_lift: c.link_lift,
+                hop_lift: c.hop_lift,
+                lead: c.lead,
+                by_closure: c.by_closure,
+                required: c.required,
+                tokens: c.tokens as usize,
+                chunker: (!c.chunker.is_empty()).then_some(c.chunker),
+            })
+            .collect(),
+        dropped: ex
+            .dropped
+            .into_iter()
+            .map(|d| DropWhy {
+                reason: match pb::DropReason::try_from(d.reason).unwrap_or_default() {
+                    pb::DropReason::BelowThreshold => R::BelowThreshold {
+                        threshold: if d.threshold == "relevance_threshold" {
+                            "relevance_threshold"
+                        } else {
+                            "min_relative_score"
+                        },
+                        value: d.value,
+                    },
+                    pb::DropReason::NearDuplicate => R::NearDuplicate { of: d.duplicate_of },
+                    pb::DropReason::NotEligible => R::NotEligible,
+                    pb::DropReason::OutOfBudget | pb::DropReason::Unspecified => R::OutOfBudget,
+                },
+                id: d.id,
+                score: d.score,
+                tokens: d.tokens as usize,
+            })
+            .collect(),
     }
 }

@@ -36,8 +36,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use scd_engine::budget::TokenizerRegistry;
 use scd_engine::cancel::Cancel;
-use scd_engine::extract::{ContextRequest, Scd, SessionRequest};
+use scd_engine::extract::{CompressOptions, ContextRequest, Scd, SessionRequest};
 use tokio::sync::{oneshot, Semaphore};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
@@ -85,6 +86,8 @@ pub struct ScdService {
     pub(crate) audit: Option<Arc<scd_atp::audit::AuditLog>>,
     /// Audit streams scanning at once ([`audit::MAX_AUDIT_STREAMS`]).
     pub(crate) audit_readers: Arc<Semaphore>,
+    /// The budget tokenizers requests may name.
+    pub(crate) tokenizers: Arc<TokenizerRegistry>,
 }
 
 /// Requests of one EmbedStream queued ahead of the one being answered: a
@@ -155,7 +158,15 @@ impl ScdService {
             metrics,
             audit: None,
             audit_readers: Arc::new(Semaphore::new(audit::MAX_AUDIT_STREAMS)),
+            tokenizers: Arc::new(TokenizerRegistry::new()),
         }
+    }
+
+    /// The budget tokenizers requests may name: the built-ins and those
+    /// `scd serve --budget-tokenizer NAME=PATH` registered.
+    pub fn with_tokenizers(mut self, tokenizers: TokenizerRegistry) -> Self {
+        self.tokenizers = Arc::new(tokenizers);
+        self
     }
 
     /// Records Compress, OpenSession and RequestContext in `log` (see
@@ -279,6 +290,10 @@ impl ScdService {
         open: bool,
         fwd: Option<Forward>,
     ) -> Result<pb::CompressResponse, Status> {
+        let opts = CompressOptions {
+            budget_tokenizer: self.tokenizers.resolve(&r.budget_tokenizer).map_err(convert::status)?,
+            explain: r.explain,
+        };
         let mut req = convert::compress_request(r, self.limits.max_fields, caller.clone())?;
         if open && req.session.is_none() {
             req.session = Some(SessionRequest { id: None, token: None, caller });
@@ -288,7 +303,7 @@ impl ScdService {
         }
         let ((out, report), total) = self
             .blocking(deadline, move |scd, cancel| {
-                let out = scd.compress_with(&req, cancel)?;
+                let out = scd.compress_opts(&req, &opts, cancel)?;
                 let report =
                     fwd.map(|f| scd_engine::handoff::render_selection(&out, &req, f.format, f.answer.as_deref()));
                 Ok((out, report))

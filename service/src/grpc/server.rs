@@ -49,6 +49,9 @@ pub struct ServeConfig {
     /// The HTTP listener's public URL for the agent card (`None`: the
     /// request's Host); the gRPC interface is listed on its host.
     pub a2a_public_url: Option<String>,
+    /// The budget tokenizers requests may name (`--budget-tokenizer NAME=PATH`
+    /// plus the built-ins).
+    pub tokenizers: scd_engine::budget::TokenizerRegistry,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -65,7 +68,11 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
     let auth = cfg.auth.map(|a| Arc::new(Auth::new(a, metrics.clone())));
-    let service = Arc::new(ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone()).with_audit(cfg.audit));
+    let service = Arc::new(
+        ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone())
+            .with_audit(cfg.audit)
+            .with_tokenizers(cfg.tokenizers),
+    );
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
     let reflection = || {
         tonic_reflection::server::Builder::configure()

@@ -6,7 +6,7 @@
 //!
 //! | tool | arguments | structured result |
 //! | --- | --- | --- |
-//! | `compress_context` | `task`, `context`, `budget`, optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`) |
+//! | `compress_context` | `task`, `context`, `budget`, optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render`, `budget_tokenizer` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`) |
 //! | `request_more_context` | `session`, `question`, `current_confidence` (or `report`), optional `chunk_ids`, `reasoning` | `chunks`, `remaining_tokens`, `reason` |
 //! | `count_tokens` | `text` | `tokens` |
 //! | `embed` | `texts`, optional `query` | `model`, `dim`, `embeddings` |
@@ -192,6 +192,10 @@ pub struct CompressContextArgs {
     pub min_relative_score: Option<f32>,
     /// Also write the selection as a hand-off report in this format (`report`).
     pub render: Option<RenderFormat>,
+    /// The receiving LLM's tokenizer the budget is counted in: `o200k`,
+    /// `cl100k`, `e5` (the default) or a name the server registered. What
+    /// is sent never counts more than the budget in it.
+    pub budget_tokenizer: Option<String>,
 }
 
 /// Arguments of `request_more_context`.
@@ -263,6 +267,10 @@ pub struct TotalsOut {
     pub reduction_ratio: f32,
     /// The paper's Theorem 1 bound R.
     pub r_theorem1: f32,
+    /// The tokenizer that counted (`e5`, `o200k`, `cl100k` or a registered name).
+    pub tokenizer: String,
+    /// context_tokens / budget: the ratio asked for.
+    pub requested_ratio: f32,
 }
 
 /// A chunk left out, for `request_more_context.chunk_ids`.
@@ -555,6 +563,8 @@ impl ScdMcp {
             session_id,
             session_token,
             render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
+            budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
+            explain: false,
         };
         let r = self.backend.compress(req, open).await.map_err(tool_error)?;
         if !r.session_token.is_empty() {
@@ -568,6 +578,8 @@ impl ScdMcp {
                 sent_tokens: t.sent_tokens,
                 reduction_ratio: t.reduction_ratio,
                 r_theorem1: t.r_theorem1,
+                tokenizer: t.tokenizer,
+                requested_ratio: t.requested_ratio,
             },
             dropped: r
                 .dropped

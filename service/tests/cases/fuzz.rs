@@ -128,6 +128,8 @@ fn compress_request(rng: &mut impl Rng) -> pb::CompressRequest {
         session_id: ["", "s1"][rng.random_range(0..2)].into(),
         session_token: String::new(),
         render: 0,
+        budget_tokenizer: ["", "o200k", "cl100k", "e5", "nope", "/etc/passwd"][rng.random_range(0..6)].into(),
+        explain: rng.random_bool(0.3),
     }
 }
 

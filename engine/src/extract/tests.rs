@@ -1,0 +1,179 @@
+//! Budget tokenizers and explanations across prepare, score, pack and assemble.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::budget::{builtin, TokenizerRegistry};
+use crate::context::{Field, FieldKind};
+use crate::encoder::HashEncoder;
+
+fn scd() -> Scd {
+    Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig::default())
+}
+
+fn prose(name: &str, content: &str) -> Field {
+    Field { name: name.into(), kind: FieldKind::Prose, confidential: false, content: content.into() }
+}
+
+fn context() -> Context {
+    Context {
+        fields: vec![
+            prose(
+                "payments",
+                "The payment service timed out at checkout. Charges failed because the database pool was \
+                 exhausted. The pool size is 10 connections. Retries made the outage worse.\n\nThe payment service \
+                 timed out at checkout.",
+            ),
+            prose("plants", "The office plants need water. The ficus is by the window. Nobody waters the cactus."),
+            prose("copy", "The payment service timed out at checkout. Lunch is at noon on Fridays."),
+            Field {
+                name: "api_keys".into(),
+                kind: FieldKind::Prose,
+                confidential: true,
+                content: "sk_live_SECRET_4242".into(),
+            },
+        ],
+    }
+}
+
+fn request(task: &str, budget: usize) -> CompressRequest {
+    CompressRequest {
+        task: Task::new(task),
+        context: context(),
+        requirement: ContextRequirement::with_budget(budget),
+        session: None,
+    }
+}
+
+fn opts(tokenizer: &str, explain: bool) -> CompressOptions {
+    CompressOptions { budget_tokenizer: TokenizerRegistry::new().resolve(tokenizer).unwrap(), explain }
+}
+
+#[test]
+fn the_sent_text_never_counts_more_than_the_budget_in_the_chosen_tokenizer() {
+    let scd = scd();
+    for name in ["o200k", "cl100k"] {
+        let t = builtin(name).unwrap();
+        for budget in [1, 3, 8, 12, 20, 33, 50, 80, 400] {
+            let out = scd.compress_opts(
+                &request("why did charges fail at checkout", budget),
+                &opts(name, false),
+                &Cancel::new(),
+            );
+            let out = out.unwrap();
+            let n = t.count(&out.sent_text()).unwrap();
+            assert!(n <= budget, "{name} budget {budget}: sent {n}");
+            assert_eq!(out.totals.sent_tokens, n);
+            assert_eq!(out.totals.tokenizer, name);
+            let context: usize =
+                context().fields.iter().filter(|f| !f.confidential).map(|f| t.count(&f.content).unwrap()).sum();
+            assert_eq!(out.totals.context_tokens, context);
+            assert!((out.totals.requested_ratio - context as f32 / budget as f32).abs() < 1e-4);
+            if n > 0 {
+                assert!((out.totals.reduction_ratio - context as f32 / n as f32).abs() < 1e-4);
+            }
+            for c in out.chunks.iter() {
+                assert_eq!(c.tokens, t.count(&c.text).unwrap(), "{}", c.id);
+            }
+            for d in &out.dropped {
+                assert_ne!(d.field, "api_keys");
+            }
+        }
+    }
+    // the default stays the encoder's count, chunks summed
+    let out = scd.compress(&request("why did charges fail", 20)).unwrap();
+    assert_eq!(out.totals.tokenizer, "e5");
+    assert_eq!(out.totals.sent_tokens, out.chunks.iter().map(|c| c.tokens).sum::<usize>());
+    assert!(out.explanation.is_none());
+}
+
+#[test]
+fn required_fields_over_the_budget_in_the_chosen_tokenizer_are_refused() {
+    let mut req = request("why did charges fail", 5);
+    req.requirement.required_fields = vec!["payments".into()];
+    let e = scd().compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap_err().to_string();
+    assert!(e.starts_with("required fields need ") && e.ends_with("over the budget of 5"), "{e}");
+}
+
+#[test]
+fn adaptive_requests_count_the_remaining_budget_in_the_sessions_tokenizer() {
+    let scd = scd();
+    let t = builtin("o200k").unwrap();
+    let mut req = request("why did charges fail at checkout", 20);
+    req.session = Some(SessionRequest::default());
+    let out = scd.compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+    let grant = out.session.clone().unwrap();
+    let first = out.totals.sent_tokens;
+    let more = scd
+        .request_more(&ContextRequest {
+            session_id: grant.id,
+            session_token: grant.token,
+            specific_question: "what about the office plants".into(),
+            current_confidence: 0.2,
+            ..Default::default()
+        })
+        .unwrap();
+    for c in &more.chunks {
+        assert_eq!(c.tokens, t.count(&c.text).unwrap());
+    }
+    let texts: Vec<&str> = more.chunks.iter().map(|c| c.text.as_str()).collect();
+    let added = if texts.is_empty() { 0 } else { t.count(&format!("\n{}", texts.join("\n"))).unwrap() };
+    assert!(first + 1 + added <= 20 || texts.is_empty(), "{first} + {added}");
+    assert_eq!(more.remaining_tokens, 20 - 1 - first - added);
+}
+
+#[test]
+fn the_explanation_adds_up_and_follows_the_packing() {
+    let scd = scd();
+    let mut req = request("why did the payment service time out at checkout", 30);
+    req.requirement.optional_fields = vec!["payments".into(), "copy".into()];
+    let out = scd.compress_opts(&req, &opts("", true), &Cancel::new()).unwrap();
+    let ex = out.explanation.as_ref().unwrap();
+    assert_eq!(ex.selected.len(), out.chunks.len());
+    for (w, c) in ex.selected.iter().zip(&out.chunks) {
+        assert_eq!(w.id, c.id);
+        assert_eq!(w.score, c.score);
+        let sum = w.dense_z + ex.lexical_weight * w.lexical_z + w.group_lift + w.link_lift + w.hop_lift;
+        assert_eq!(sum, w.score, "{}", w.id);
+    }
+    // orders are 1..=n; by score except leads brought by closure
+    let mut by_order: Vec<&ChunkWhy> = ex.selected.iter().collect();
+    by_order.sort_by_key(|w| w.order);
+    assert!(by_order.iter().enumerate().all(|(k, w)| w.order == k + 1));
+    let ranked: Vec<&&ChunkWhy> = by_order.iter().filter(|w| !w.by_closure && !w.required).collect();
+    assert!(ranked.windows(2).all(|p| p[0].score >= p[1].score), "{ranked:?}");
+    assert!(by_order.iter().filter(|w| w.by_closure).all(|w| w.lead));
+    // the copied sentence names the chunk it duplicates; plants are not eligible
+    let dup = ex.dropped.iter().find(|d| d.id == "payments#4").expect("payments#4 dropped");
+    assert_eq!(dup.reason, DropReason::NearDuplicate { of: "payments#0".into() });
+    assert!(out.chunks.iter().any(|c| c.id == "payments#0"));
+    assert!(ex.dropped.iter().filter(|d| d.id.starts_with("plants#")).all(|d| d.reason == DropReason::NotEligible));
+    assert!(ex.dropped.iter().any(|d| d.reason == DropReason::OutOfBudget), "{:?}", ex.dropped);
+    assert!(ex.dropped.windows(2).all(|p| p[0].score >= p[1].score));
+    assert!(!ex.dropped.iter().any(|d| d.id.starts_with("api_keys")));
+}
+
+#[test]
+fn thresholds_are_named_in_the_drop_reason() {
+    let scd = scd();
+    let mut req = request("why did the payment service time out", 400);
+    req.requirement.min_relative_score = Some(0.5);
+    let out = scd.compress_opts(&req, &opts("o200k", true), &Cancel::new()).unwrap();
+    let ex = out.explanation.unwrap();
+    let below: Vec<&DropWhy> = ex
+        .dropped
+        .iter()
+        .filter(|d| matches!(d.reason, DropReason::BelowThreshold { threshold: "min_relative_score", .. }))
+        .collect();
+    assert!(!below.is_empty(), "{:?}", ex.dropped);
+    let json = serde_json::to_value(below[0]).unwrap();
+    assert_eq!(json["reason"], "below_threshold");
+    assert_eq!(json["threshold"], "min_relative_score");
+    req.requirement.min_relative_score = None;
+    req.requirement.relevance_threshold = Some(0.99);
+    let ex = scd.compress_opts(&req, &opts("", true), &Cancel::new()).unwrap().explanation.unwrap();
+    assert!(ex
+        .dropped
+        .iter()
+        .all(|d| matches!(d.reason, DropReason::BelowThreshold { threshold: "relevance_threshold", .. })));
+}
