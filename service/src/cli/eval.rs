@@ -20,7 +20,8 @@ use crate::config::ModelArgs;
 /// Arguments of `scd eval`.
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// hotpotqa, squad, musique or 2wiki.
+    /// hotpotqa, squad, musique, 2wiki or code (for code the baselines rank
+    /// blank-line-separated blocks, not sentences).
     #[arg(long)]
     dataset: String,
     /// Dataset files (read by path; several are concatenated).
@@ -38,6 +39,10 @@ pub struct EvalArgs {
     /// SVG plot path (recall vs reduction per method).
     #[arg(long, default_value = "eval_plot.svg")]
     plot: PathBuf,
+    /// Per-example results as JSON lines (`id`, `method`, `budget`,
+    /// `recall`, `all_kept`), e.g. for cross-validation by crate.
+    #[arg(long)]
+    per_example: Option<PathBuf>,
     /// Only SCD, no baselines (faster while developing).
     #[arg(long)]
     scd_only: bool,
@@ -167,6 +172,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let mut rng = 0x9E3779B97F4A7C15u64;
     let mut hits_before = scd.cache_stats();
     let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
+    let mut per_example = Vec::new();
     for ex in &examples {
         let t = Instant::now();
         let base = if args.scd_only { sentence_units(&encoder, ex)? } else { baselines(&encoder, ex)? };
@@ -204,6 +210,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                 .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
                 .collect();
             let (r, all) = evidence_recall(ex, &sel, dataset);
+            per_example
+                .push(serde_json::json!({"id": ex.id, "method": "scd", "budget": frac, "recall": r, "all_kept": all}));
             let a = &mut acc[0][bi];
             a.recall.push(r);
             a.all.push(f32::from(u8::from(all)));
@@ -216,6 +224,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                 }
                 let (sel, used) = fill(order, &base.units, budget);
                 let (r, all) = evidence_recall(ex, &sel, dataset);
+                per_example.push(
+                    serde_json::json!({"id": ex.id, "method": methods[mi], "budget": frac, "recall": r, "all_kept": all}),
+                );
                 let a = &mut acc[mi][bi];
                 a.recall.push(r);
                 a.all.push(f32::from(u8::from(all)));
@@ -270,6 +281,10 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         .with_context(|| format!("--report {}", args.report.display()))?;
     std::fs::write(&args.plot, svg(&rows, &args.dataset)).with_context(|| format!("--plot {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
+    if let Some(p) = &args.per_example {
+        let lines: String = per_example.iter().map(|v| format!("{v}\n")).collect();
+        std::fs::write(p, lines).with_context(|| format!("--per-example {}", p.display()))?;
+    }
     Ok(())
 }
 
