@@ -350,13 +350,25 @@ async fn an_atp_delegation_records_its_transfer_in_the_node_store() {
 async fn audit_streams_are_bounded_and_a_closed_one_frees_its_place() {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
-    // more records than one page, so a stream nobody reads keeps its place
-    let records: Vec<AuditRecord> = (0..600).map(|_| AuditRecord::new("Compress")).collect();
+    // A stream nobody reads keeps its place only while the server cannot
+    // finish it: the records must overflow the channel (256 records) and
+    // HTTP/2's windows (hyper's client grants 2 MiB a stream, 5 MiB a
+    // connection). 1,000 records of ~10 KB are ~10 MB.
+    const N: usize = 1000;
+    let records: Vec<AuditRecord> = (0..N)
+        .map(|i| AuditRecord {
+            withheld: (0..100).map(|j| format!("{i:04}-{j:03}-{}", "w".repeat(92))).collect(),
+            ..AuditRecord::new("Compress")
+        })
+        .collect();
     log.append_async(records).await.unwrap();
     let s = start(Some(log)).await;
+    // each stream on its own connection: unread streams that share one
+    // would hold its connection window and stall the one read to its end
+    let port: u16 = s._server.grpc.rsplit(':').next().unwrap().parse().unwrap();
     let mut open = Vec::new();
     for _ in 0..scd_service::grpc::audit::MAX_AUDIT_STREAMS {
-        open.push(s.client.clone().audit(pb::AuditRequest::default()).await.unwrap().into_inner());
+        open.push(connect(port).await.audit(pb::AuditRequest::default()).await.unwrap().into_inner());
     }
     let e = s.client.clone().audit(pb::AuditRequest::default()).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
@@ -369,7 +381,7 @@ async fn audit_streams_are_bounded_and_a_closed_one_frees_its_place() {
         r.unwrap();
         n += 1;
     }
-    assert_eq!(n, 600);
+    assert_eq!(n, N);
     let mut again = None;
     for _ in 0..100 {
         match s.client.clone().audit(pb::AuditRequest { limit: 1, ..Default::default() }).await {

@@ -1,0 +1,112 @@
+//! The extractor's tuning and limits.
+
+use std::time::Duration;
+
+use crate::chunk::ChunkConfig;
+use crate::context::ContextLimits;
+use crate::index::HnswParams;
+
+/// Tuning and limits of the extractor.
+#[derive(Debug, Clone)]
+pub struct ScdConfig {
+    /// How fields are chunked.
+    pub chunk: ChunkConfig,
+    /// Embedding cache bound in bytes.
+    pub cache_bytes: usize,
+    /// Largest budget a request may ask for.
+    pub max_budget_tokens: usize,
+    /// Weight of the lexical (BM25) z-score beside the dense one.
+    pub lexical_weight: f32,
+    /// Weight of a field's best chunk score added to each of its chunks.
+    pub field_weight: f32,
+    /// Bonus for chunks of a field that the task or a top chunk names.
+    pub link_weight: f32,
+    /// Top chunks whose mentions create links.
+    pub link_sources: usize,
+    /// Multiplier of `link_weight` for a linked document's lead chunk and for
+    /// a chunk defining a name that the task or a top chunk mentions
+    /// (dimensionless; 1.0 treats them like any other linked chunk).
+    pub lead_link_bonus: f32,
+    /// Chunks this similar (cosine) to a selected one are skipped as redundant.
+    pub redundancy_cosine: f32,
+    /// Nearest neighbours (count) searched per distinct chunk for
+    /// near-duplicates when the context has an HNSW index.
+    pub near_duplicate_neighbours: usize,
+    /// Chunks an adaptive request returns by relevance at most (count),
+    /// beyond the ids it names.
+    pub more_max_chunks: usize,
+    /// Words of a dropped chunk's stub in the manifest (count).
+    pub stub_words: usize,
+    /// Receiver confidence at or above which adaptive requests get nothing (θ_conf).
+    pub confidence_threshold: f32,
+    /// The `current_confidence` a hand-off report's confidence level stands
+    /// for (low 0.3, medium 0.6, high 0.9 by default).
+    pub confidence_map: crate::handoff::ConfidenceMap,
+    /// Session lifetime since last use.
+    pub session_ttl: Duration,
+    /// Sessions held at once (least recently used evicted, never silently).
+    pub max_sessions: usize,
+    /// Bytes all sessions may hold together (each counts its whole context).
+    pub session_bytes: usize,
+    /// Bytes of prepared contexts (chunks, embeddings, BM25, HNSW) kept for reuse.
+    pub prepared_cache_bytes: usize,
+    /// Limits on a context's size, checked before any work.
+    pub context_limits: ContextLimits,
+    /// Tokens of a context's non-confidential content, checked after
+    /// counting and before embedding.
+    pub max_context_tokens: usize,
+    /// Bytes of a task (description, constraints and schema together).
+    pub max_task_bytes: usize,
+    /// Tokens of a task's embedded text.
+    pub max_task_tokens: usize,
+    /// Constraints on a task.
+    pub max_constraints: usize,
+    /// Contexts with at least this many chunks get an HNSW index; dense
+    /// scores are then computed exactly for its candidates only. Building
+    /// the index is not cancellable and costs far more than it saves inside
+    /// one request (measured: 90–140 s at 44k–61k chunks on 2 cores, warm
+    /// selection no faster), so the default keeps it for very large
+    /// contexts that the caller means to query many times.
+    pub hnsw_min_chunks: usize,
+    /// Candidates taken from HNSW per query.
+    pub hnsw_candidates: usize,
+    /// Chunks that are not HNSW candidates score this much (cosine units)
+    /// below the lowest candidate, so they rank after every candidate.
+    pub hnsw_floor_margin: f32,
+    /// HNSW parameters.
+    pub hnsw: HnswParams,
+}
+
+impl Default for ScdConfig {
+    fn default() -> Self {
+        Self {
+            chunk: ChunkConfig::default(),
+            cache_bytes: 256 << 20,
+            max_budget_tokens: 1 << 20,
+            lexical_weight: 0.3,
+            field_weight: 0.5,
+            link_weight: 2.0,
+            link_sources: 3,
+            lead_link_bonus: 1.5,
+            redundancy_cosine: 0.985,
+            near_duplicate_neighbours: 16,
+            more_max_chunks: 8,
+            stub_words: 8,
+            confidence_threshold: 0.7,
+            confidence_map: crate::handoff::ConfidenceMap::default(),
+            session_ttl: Duration::from_secs(1800),
+            max_sessions: 10_000,
+            session_bytes: 1 << 30,
+            prepared_cache_bytes: 512 << 20,
+            context_limits: ContextLimits::default(),
+            max_context_tokens: 1 << 20,
+            max_task_bytes: 64 << 10,
+            max_task_tokens: 4096,
+            max_constraints: 256,
+            hnsw_min_chunks: 200_000,
+            hnsw_candidates: 1024,
+            hnsw_floor_margin: 0.05,
+            hnsw: HnswParams::default(),
+        }
+    }
+}

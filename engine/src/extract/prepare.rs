@@ -1,0 +1,291 @@
+//! Prepare: split off confidential fields, chunk, count, embed and index
+//! a context once, reused by every task asked of it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Scd, SelectedChunk, EMBED_SLICE};
+use crate::cache::EmbeddingCache;
+use crate::cancel::Cancel;
+use crate::chunk::chunk_field;
+use crate::context::{Context, Field};
+use crate::encoder::{EncodeOptions, InputKind};
+use crate::index::HnswIndex;
+use crate::score::{dedup, dot, Bm25};
+use crate::{Error, Result};
+
+#[derive(Clone)]
+pub(super) struct Prepared {
+    pub(super) field: usize,
+    pub(super) id: String,
+    pub(super) span: (usize, usize),
+    pub(super) text: String,
+    pub(super) group: (usize, usize),
+    pub(super) lead: bool,
+    pub(super) tokens: usize,
+    pub(super) embedding: Arc<[f32]>,
+    pub(super) embed_text: String,
+    /// Names this chunk defines (functions, tables, JSON keys): link targets.
+    pub(super) defines: Vec<String>,
+    /// Lower-cased text, for mention matching.
+    pub(super) lower: String,
+    /// Dropped-manifest stub.
+    pub(super) stub: String,
+}
+
+/// The non-confidential part of a context chunked, counted, embedded and
+/// indexed once, reused by every task asked of it. Confidential fields never
+/// reach it: they are split off before, so nothing here (the encoder, the
+/// caches, BM25, links, sessions) ever sees their text.
+pub(super) struct PreparedContext {
+    pub(super) chunks: Vec<Prepared>,
+    pub(super) field_names: Vec<String>,
+    /// Per field: its title's mention key when it is a titled document.
+    pub(super) field_keys: Vec<Option<String>>,
+    pub(super) bm25: Bm25,
+    pub(super) index: Option<HnswIndex>,
+    /// Per chunk, its distinct embedding (bit-identical chunks, such as a
+    /// repeated log line, share one): an index into `near_duplicates`.
+    pub(super) distinct: Vec<u32>,
+    /// Per distinct embedding, the other distinct ones at least
+    /// `redundancy_cosine` similar to it. Identical chunks are one entry, so
+    /// a thousand copies of a line cost one, not a million pairs.
+    pub(super) near_duplicates: Vec<Vec<u32>>,
+    /// Fingerprint of the fields it was built from (model + public fields).
+    pub(super) key: [u8; 32],
+    /// About how much memory it holds.
+    pub(super) bytes: usize,
+}
+
+impl PreparedContext {
+    /// Chunk `i` as sent to the receiver, with its score.
+    pub(super) fn selected(&self, i: usize, score: f32) -> SelectedChunk {
+        let c = &self.chunks[i];
+        SelectedChunk {
+            field: self.field_names[c.field].clone(),
+            id: c.id.clone(),
+            span: c.span,
+            text: c.text.clone(),
+            score,
+            tokens: c.tokens,
+        }
+    }
+}
+
+/// A context with its confidential fields split off: `public` is all any
+/// later stage sees; `withheld` are the confidential fields' names.
+pub(super) struct Split<'a> {
+    pub(super) public: Vec<&'a Field>,
+    pub(super) withheld: Vec<String>,
+}
+
+impl<'a> Split<'a> {
+    pub(super) fn new(ctx: &'a Context) -> Self {
+        let (public, secret): (Vec<&Field>, Vec<&Field>) = ctx.fields.iter().partition(|f| !f.confidential);
+        Self { public, withheld: secret.into_iter().map(|f| f.name.clone()).collect() }
+    }
+
+    /// Position of public field `name`; confidential or unknown names are
+    /// errors naming `what` (the requirement list).
+    pub(super) fn index(&self, names: &HashMap<&str, usize>, name: &str, what: &str) -> Result<usize> {
+        match names.get(name) {
+            Some(&i) => Ok(i),
+            None if self.withheld.iter().any(|w| w == name) => {
+                Err(Error::invalid(what, format!("field {name:?} is confidential and is never sent")))
+            }
+            None => Err(Error::invalid(what, format!("unknown field {name:?}"))),
+        }
+    }
+}
+
+/// For each vector, the index of its distinct value (bit-identical vectors
+/// share one), and the first vector of each distinct value.
+fn distinct_vectors(vectors: &[&[f32]]) -> (Vec<u32>, Vec<usize>) {
+    use sha2::{Digest, Sha256};
+    let mut first: HashMap<[u8; 32], u32> = HashMap::new();
+    let mut unique = Vec::new();
+    let distinct = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut h = Sha256::new();
+            v.iter().for_each(|x| h.update(x.to_le_bytes()));
+            *first.entry(h.finalize().into()).or_insert_with(|| {
+                unique.push(i);
+                (unique.len() - 1) as u32
+            })
+        })
+        .collect();
+    (distinct, unique)
+}
+
+/// The first `words` words of `text`, with `…` when there are more.
+fn stub(text: &str, words: usize) -> String {
+    let first: Vec<&str> = text.split_whitespace().take(words).collect();
+    let mut s = first.join(" ");
+    if text.split_whitespace().count() > words {
+        s.push('…');
+    }
+    s
+}
+
+/// Lower-cased `name` without a trailing parenthetical, for mention matching.
+fn mention_key(name: &str) -> String {
+    let base = name.split(" (").next().unwrap_or(name);
+    base.trim().to_lowercase()
+}
+
+impl Scd {
+    /// Embeds texts through the cache; only misses reach the encoder.
+    pub fn embed_cached(&self, texts: &[&str], kind: InputKind) -> Result<Vec<Arc<[f32]>>> {
+        self.embed_cached_with(texts, kind, &Cancel::new())
+    }
+
+    /// [`Scd::embed_cached`], checking `cancel` before each encoder call of
+    /// at most [`EMBED_SLICE`] texts.
+    pub fn embed_cached_with(&self, texts: &[&str], kind: InputKind, cancel: &Cancel) -> Result<Vec<Arc<[f32]>>> {
+        let kind_byte = u8::from(kind == InputKind::Query);
+        let keys: Vec<_> = texts.iter().map(|t| EmbeddingCache::key(self.encoder.model_id(), kind_byte, t)).collect();
+        let mut out: Vec<Option<Arc<[f32]>>> = keys.iter().map(|k| self.cache.get(k)).collect();
+        let missing: Vec<usize> = (0..texts.len()).filter(|&i| out[i].is_none()).collect();
+        for slice in missing.chunks(EMBED_SLICE) {
+            cancel.check("embed")?;
+            let refs: Vec<&str> = slice.iter().map(|&i| texts[i]).collect();
+            let enc = self.encoder.encode(&refs, &EncodeOptions::new(kind).with_windows())?;
+            for (j, &i) in slice.iter().enumerate() {
+                let v: Arc<[f32]> = Arc::from(enc.row(j));
+                self.cache.put(keys[i], v.clone());
+                out[i] = Some(v);
+            }
+        }
+        Ok(out.into_iter().map(|v| v.expect("filled")).collect())
+    }
+
+    /// The prepared form of the public fields, from the context cache when
+    /// the same fields (names, kinds, contents) were seen before.
+    pub(super) fn prepare(&self, fields: &[&Field], cancel: &Cancel) -> Result<Arc<PreparedContext>> {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.encoder.model_id().as_bytes());
+        for f in fields {
+            h.update((f.name.len() as u64).to_le_bytes());
+            h.update(f.name.as_bytes());
+            h.update([f.kind as u8]);
+            h.update((f.content.len() as u64).to_le_bytes());
+            h.update(f.content.as_bytes());
+        }
+        let key: [u8; 32] = h.finalize().into();
+        if let Some(p) = self.prepared.get(&key) {
+            self.cache.record_hits(p.chunks.len());
+            return Ok(p);
+        }
+        cancel.check("chunk")?;
+        let chunks = self.prepare_chunks(fields, cancel)?;
+        cancel.check("index")?;
+        let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
+        let vectors: Vec<&[f32]> = chunks.iter().map(|c| &*c.embedding).collect();
+        let index = (chunks.len() >= self.cfg.hnsw_min_chunks).then(|| HnswIndex::build(&vectors, self.cfg.hnsw));
+        let (distinct, unique) = distinct_vectors(&vectors);
+        let near_duplicates = self.near_duplicates(&vectors, &distinct, &unique, index.as_ref());
+        let dim = self.encoder.dim();
+        let bytes = 256
+            + chunks
+                .iter()
+                .map(|c| 160 + c.text.len() * 3 + c.embed_text.len() + c.stub.len() + c.id.len() + dim * 4)
+                .sum::<usize>()
+            + near_duplicates.iter().map(|l| 24 + l.len() * 4).sum::<usize>()
+            + distinct.len() * 4
+            + index.as_ref().map_or(0, |i| i.len() * (dim * 4 + 24 * 8 * 2));
+        let prepared = Arc::new(PreparedContext {
+            distinct,
+            near_duplicates,
+            chunks,
+            field_names: fields.iter().map(|f| f.name.clone()).collect(),
+            field_keys: fields
+                .iter()
+                .map(|f| (f.kind == crate::context::FieldKind::Prose).then(|| mention_key(&f.name)))
+                .collect(),
+            bm25,
+            index,
+            key,
+            bytes,
+        });
+        if self.cfg.prepared_cache_bytes > 0 {
+            self.prepared.insert(key, prepared.clone());
+        }
+        Ok(prepared)
+    }
+
+    /// Near-duplicate pairs among the distinct embeddings (`unique`: the
+    /// first chunk of each), found once per context: among each one's
+    /// `near_duplicate_neighbours` nearest neighbours when there is an HNSW index, otherwise by
+    /// [`dedup::near_duplicates`] (exact for small contexts, LSH above).
+    pub(super) fn near_duplicates(
+        &self,
+        vectors: &[&[f32]],
+        distinct: &[u32],
+        unique: &[usize],
+        index: Option<&HnswIndex>,
+    ) -> Vec<Vec<u32>> {
+        use rayon::prelude::*;
+        let t = self.cfg.redundancy_cosine;
+        match index {
+            Some(idx) => (0..unique.len())
+                .into_par_iter()
+                .map(|u| {
+                    let v = vectors[unique[u]];
+                    let mut near: Vec<u32> = idx
+                        .search(v, self.cfg.near_duplicate_neighbours)
+                        .into_iter()
+                        .map(|j| distinct[j])
+                        .filter(|&d| d as usize != u && dot(v, vectors[unique[d as usize]]) >= t)
+                        .collect();
+                    near.sort_unstable();
+                    near.dedup();
+                    near
+                })
+                .collect(),
+            None => dedup::near_duplicates(&unique.iter().map(|&i| vectors[i]).collect::<Vec<_>>(), t),
+        }
+    }
+
+    pub(super) fn prepare_chunks(&self, fields: &[&Field], cancel: &Cancel) -> Result<Vec<Prepared>> {
+        let mut out = Vec::new();
+        for (fi, f) in fields.iter().enumerate() {
+            for (n, c) in chunk_field(f, self.cfg.chunk).into_iter().enumerate() {
+                let text = f.content[c.start..c.end].to_string();
+                let label = match &c.heading {
+                    Some(h) if h != &f.name => format!("{} — {h}", f.name),
+                    _ => f.name.clone(),
+                };
+                out.push(Prepared {
+                    field: fi,
+                    id: format!("{}#{n}", f.name),
+                    span: (c.start, c.end),
+                    tokens: self.encoder.count_tokens(&text)?,
+                    embed_text: format!("{label}: {text}"),
+                    text,
+                    group: (fi, c.group),
+                    lead: c.lead,
+                    embedding: Arc::from(Vec::new()),
+                    defines: c.defines.iter().map(|d| mention_key(d)).collect(),
+                    lower: f.content[c.start..c.end].to_lowercase(),
+                    stub: stub(&f.content[c.start..c.end], self.cfg.stub_words),
+                });
+            }
+        }
+        let total: usize = out.iter().map(|p| p.tokens).sum();
+        if total > self.cfg.max_context_tokens {
+            return Err(Error::invalid(
+                "context",
+                format!("{total} tokens of non-confidential content, over the limit {}", self.cfg.max_context_tokens),
+            ));
+        }
+        let texts: Vec<&str> = out.iter().map(|p| p.embed_text.as_str()).collect();
+        let vecs = self.embed_cached_with(&texts, InputKind::Passage, cancel)?;
+        for (p, v) in out.iter_mut().zip(vecs) {
+            p.embedding = v;
+        }
+        Ok(out)
+    }
+}
