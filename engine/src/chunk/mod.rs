@@ -51,11 +51,14 @@ pub struct ChunkConfig {
     /// chunk, so it is sent whole or not at all (the encoder embeds long
     /// chunks in windows). Longer ones are cut at line breaks like any chunk.
     pub max_code_chunk_bytes: usize,
+    /// Parse code with tree-sitter where a grammar exists (else only the
+    /// line heuristic, as before the parser came: for comparisons).
+    pub code_parser: bool,
 }
 
 impl Default for ChunkConfig {
     fn default() -> Self {
-        Self { target_bytes: 0, max_chunk_bytes: 2048, max_code_chunk_bytes: 16 << 10 }
+        Self { target_bytes: 0, max_chunk_bytes: 2048, max_code_chunk_bytes: 16 << 10, code_parser: true }
     }
 }
 
@@ -64,7 +67,8 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     let text = field.content.as_str();
     let mut out = match field.kind {
         FieldKind::Prose => prose(text, cfg),
-        FieldKind::Code => code_field(field),
+        FieldKind::Code if cfg.code_parser => code_field(field),
+        FieldKind::Code => code(text),
         FieldKind::Log => log(text),
         FieldKind::Json => json(text),
         FieldKind::Chat => chat(text),

@@ -96,6 +96,8 @@ pub struct SelectedChunk {
     pub score: f32,
     /// Tokens in the receiver's tokenizer.
     pub tokens: usize,
+    /// Which chunker cut it (`tree-sitter:rust`, `heuristic:code`, `prose`, ...).
+    pub chunker: &'static str,
 }
 
 /// A chunk left out, listed so the receiver can ask for it by id.
