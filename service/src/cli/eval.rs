@@ -171,8 +171,11 @@ fn ranked(scores: &[f32]) -> Vec<usize> {
 /// `--sweep` only).
 struct Memo {
     inner: Arc<OrtEncoder>,
-    seen: Mutex<HashMap<(bool, String), Arc<[f32]>>>,
+    seen: Mutex<MemoMap>,
 }
+
+/// (is a query, text) → embedding.
+type MemoMap = HashMap<(bool, String), Arc<[f32]>>;
 
 impl Encoder for Memo {
     fn model_id(&self) -> &str {
