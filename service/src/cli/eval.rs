@@ -49,10 +49,12 @@ pub struct EvalArgs {
     /// 2 KiB, no code names: the engine before the parser, for comparisons).
     #[arg(long, default_value = "parser")]
     code_chunker: String,
-    /// Also run SCD with other settings, for tuning: `key=v1,v2` (repeat
-    /// for a grid over several keys). Keys: lexical_weight, field_weight,
-    /// link_weight, code_names (0 or 1). Each setting is a method named
-    /// `scd[key=v ...]`; embeddings are computed once for all of them.
+    /// Also run SCD with other settings, for tuning: a grid
+    /// `key=v1,v2 key2=v3,v4` (every combination); repeat the flag for
+    /// several grids. Keys: lexical_weight, field_weight, link_weight,
+    /// code_names (0 or 1), before (1: the code chunker and scoring before
+    /// the parser, as `--code-chunker heuristic`). Each setting is a method
+    /// named `scd[key=v ...]`; each distinct text is embedded once.
     #[arg(long)]
     sweep: Vec<String>,
     /// The hand-written agent context checked after the dataset (skipped
@@ -217,10 +219,27 @@ impl Encoder for Memo {
     }
 }
 
+/// The code chunking and scoring before the parser: the line heuristic,
+/// code cut at the prose bound, no code names.
+fn before_parser(cfg: &mut ScdConfig) {
+    cfg.chunk.code_parser = false;
+    cfg.chunk.max_code_chunk_bytes = cfg.chunk.max_chunk_bytes;
+    cfg.code_names = false;
+}
+
 /// The settings of `--sweep`: (method name, config) for each combination.
-fn sweep(base: &ScdConfig, specs: &[String]) -> anyhow::Result<Vec<(String, ScdConfig)>> {
+fn sweep(base: &ScdConfig, grids: &[String]) -> anyhow::Result<Vec<(String, ScdConfig)>> {
+    let mut all = Vec::new();
+    for grid in grids {
+        all.extend(grid_of(base, grid)?);
+    }
+    Ok(all)
+}
+
+/// Every combination of one `--sweep` grid.
+fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfig)>> {
     let mut out = vec![(String::new(), base.clone())];
-    for spec in specs {
+    for spec in grid.split_whitespace() {
         let (key, values) = spec.split_once('=').with_context(|| format!("--sweep {spec:?}: expected key=v1,v2"))?;
         let mut next = Vec::new();
         for (name, cfg) in &out {
@@ -232,8 +251,10 @@ fn sweep(base: &ScdConfig, specs: &[String]) -> anyhow::Result<Vec<(String, ScdC
                     "field_weight" => c.field_weight = x,
                     "link_weight" => c.link_weight = x,
                     "code_names" => c.code_names = x != 0.0,
+                    "before" if x != 0.0 => before_parser(&mut c),
+                    "before" => {}
                     other => anyhow::bail!(
-                        "--sweep: unknown key {other:?} (lexical_weight, field_weight, link_weight, code_names)"
+                        "--sweep: unknown key {other:?} (lexical_weight, field_weight, link_weight, code_names, before)"
                     ),
                 }
                 next.push((format!("{name} {key}={}", v.trim()), c));
@@ -309,11 +330,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     cfg.link_sources = args.link_sources.unwrap_or(cfg.link_sources);
     match args.code_chunker.as_str() {
         "parser" => {}
-        "heuristic" => {
-            cfg.chunk.code_parser = false;
-            cfg.chunk.max_code_chunk_bytes = cfg.chunk.max_chunk_bytes;
-            cfg.code_names = false;
-        }
+        "heuristic" => before_parser(&mut cfg),
         other => anyhow::bail!("--code-chunker: expected parser or heuristic, got {other:?}"),
     }
     let variants = sweep(&cfg, &args.sweep)?;
