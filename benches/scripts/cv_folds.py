@@ -24,7 +24,9 @@ def main():
     crate = lambda r: r["id"].split("/")[0]
     crates = sorted({crate(r) for r in rows})
     fold_of = {c: i % a.folds for i, c in enumerate(crates)}
-    budgets = sorted({r["budget"] for r in rows})
+    budgets = sorted({round(r["budget"], 3) for r in rows})
+    for r in rows:
+        r["budget"] = round(r["budget"], 3)
     methods = sorted({r["method"] for r in rows})
     # recall[(method, budget, fold)] -> list
     rec = collections.defaultdict(list)
