@@ -34,31 +34,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use scd_benches::{hotpot_paragraphs, root};
 use scd_engine::chunk::{chunk_field, ChunkConfig};
 use scd_engine::context::{Context, ContextLimits, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::{EncodeOptions, Encoder, HashEncoder, InputKind};
 use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dedup, Bm25};
-
-/// A small seeded RNG (xorshift64*), enough for shuffling.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
-    }
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -107,18 +91,18 @@ fn build(
     seed: u64,
     stop: impl Fn(usize, usize) -> bool,
 ) -> (Context, usize) {
-    let mut rng = Rng(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..sents.len()).collect();
-    rng.shuffle(&mut order);
+    order.shuffle(&mut rng);
     let mut pos = 0;
     let mut fields = Vec::new();
     let mut tokens = 0;
     while !stop(tokens, fields.len()) {
-        let k = if per_field == 0 { 1 + rng.below(2) } else { per_field };
+        let k = if per_field == 0 { rng.random_range(1..=2) } else { per_field };
         let mut content = String::new();
         for _ in 0..k {
             if pos == order.len() {
-                rng.shuffle(&mut order);
+                order.shuffle(&mut rng);
                 pos = 0;
             }
             if !content.is_empty() {

@@ -8,6 +8,11 @@
 
 use std::time::Instant;
 
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
 use scd_benches::{hotpot_paragraphs, load_model};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
 use scd_engine::index::{brute_force, recall_at_k, HnswIndex, HnswParams};
@@ -36,17 +41,8 @@ fn main() {
     let real = emb.len();
     let target: usize = std::env::var("SCD_BENCH_AUGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(65_536);
     let mut all: Vec<Vec<f32>> = (0..real).map(|i| emb.row(i).to_vec()).collect();
-    let mut state = 0x853c49e6748fea9bu64;
-    let mut gauss = || {
-        // Box-Muller from a xorshift stream
-        let mut u = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32
-    };
+    let mut rng = StdRng::seed_from_u64(0x853c_49e6_748f_ea9b);
+    let mut gauss = || -> f32 { rng.sample(StandardNormal) };
     while all.len() < target {
         let base = &all[all.len() % real];
         let scale = 0.35 / (base.len() as f32).sqrt();
