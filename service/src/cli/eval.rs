@@ -18,6 +18,7 @@ use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
 
+use super::plot;
 use crate::config::ModelArgs;
 
 /// Arguments of `scd eval`.
@@ -267,63 +268,16 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(), "results": rows});
     std::fs::write(&args.report, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("--report {}", args.report.display()))?;
-    std::fs::write(&args.plot, svg(&rows, &args.dataset)).with_context(|| format!("--plot {}", args.plot.display()))?;
+    let mut series: Vec<plot::Series> = Vec::new();
+    for r in &rows {
+        match series.iter_mut().find(|s| s.label == r.method) {
+            Some(s) => s.points.push((r.reduction_ratio, r.evidence_recall)),
+            None => series
+                .push(plot::Series { label: r.method.clone(), points: vec![(r.reduction_ratio, r.evidence_recall)] }),
+        }
+    }
+    let title = format!("{}: evidence recall vs token reduction", args.dataset);
+    plot::write_recall_vs_reduction(&args.plot, &title, &series)?;
     eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
     Ok(())
-}
-
-/// Recall (y) vs reduction ratio (x), one line per method.
-fn svg(rows: &[Row], dataset: &str) -> String {
-    let (w, h, pad) = (640.0, 420.0, 50.0);
-    let xmax = rows.iter().map(|r| r.reduction_ratio).fold(1.0f32, f32::max).ceil().max(2.0);
-    let x = |v: f32| pad + (v - 1.0).max(0.0) / (xmax - 1.0) * (w - 2.0 * pad);
-    let y = |v: f32| h - pad - v * (h - 2.0 * pad);
-    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f"];
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='20' text-anchor='middle' font-size='14'>{dataset}: evidence recall vs token reduction</text>\n",
-        w / 2.0
-    );
-    s += &format!("<line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='black'/><line x1='{pad}' y1='{pad}' x2='{pad}' y2='{}' stroke='black'/>\n", h - pad, w - pad, h - pad, h - pad);
-    for i in 0..=5 {
-        let v = i as f32 / 5.0;
-        s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.1}</text><line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='#eee'/>\n", pad - 6.0, y(v) + 4.0, y(v), w - pad, y(v));
-    }
-    for i in 1..=(xmax as usize) {
-        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{i}x</text>\n", x(i as f32), h - pad + 18.0);
-    }
-    s += &format!(
-        "<text x='{}' y='{}' text-anchor='middle'>reduction ratio (context tokens / sent tokens)</text>\n",
-        w / 2.0,
-        h - 10.0
-    );
-    s += &format!(
-        "<text x='14' y='{}' transform='rotate(-90 14 {})' text-anchor='middle'>evidence recall</text>\n",
-        h / 2.0,
-        h / 2.0
-    );
-    let mut methods: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
-    methods.dedup();
-    for (mi, m) in methods.iter().enumerate() {
-        let c = colors[mi % colors.len()];
-        let mut pts: Vec<&Row> = rows.iter().filter(|r| r.method == *m).collect();
-        pts.sort_by(|a, b| a.reduction_ratio.total_cmp(&b.reduction_ratio));
-        let path: Vec<String> =
-            pts.iter().map(|r| format!("{:.1},{:.1}", x(r.reduction_ratio), y(r.evidence_recall))).collect();
-        s += &format!("<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n", path.join(" "));
-        for r in &pts {
-            s += &format!(
-                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>\n",
-                x(r.reduction_ratio),
-                y(r.evidence_recall)
-            );
-        }
-        s += &format!(
-            "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{m}</text>\n",
-            w - pad - 70.0,
-            pad + 16.0 * mi as f32,
-            w - pad - 55.0,
-            pad + 9.0 + 16.0 * mi as f32
-        );
-    }
-    s + "</svg>\n"
 }

@@ -14,6 +14,7 @@ pub mod identity;
 pub mod load;
 pub mod mcp;
 pub mod models;
+pub mod plot;
 pub mod serve;
 
 use std::path::Path;
