@@ -34,31 +34,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use scd_benches::{hotpot_paragraphs, root};
 use scd_engine::chunk::{chunk_field, ChunkConfig};
 use scd_engine::context::{Context, ContextLimits, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::{EncodeOptions, Encoder, HashEncoder, InputKind};
 use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dedup, Bm25};
-
-/// A small seeded RNG (xorshift64*), enough for shuffling.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
-    }
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -107,18 +91,18 @@ fn build(
     seed: u64,
     stop: impl Fn(usize, usize) -> bool,
 ) -> (Context, usize) {
-    let mut rng = Rng(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..sents.len()).collect();
-    rng.shuffle(&mut order);
+    order.shuffle(&mut rng);
     let mut pos = 0;
     let mut fields = Vec::new();
     let mut tokens = 0;
     while !stop(tokens, fields.len()) {
-        let k = if per_field == 0 { 1 + rng.below(2) } else { per_field };
+        let k = if per_field == 0 { rng.random_range(1..=2) } else { per_field };
         let mut content = String::new();
         for _ in 0..k {
             if pos == order.len() {
-                rng.shuffle(&mut order);
+                order.shuffle(&mut rng);
                 pos = 0;
             }
             if !content.is_empty() {
@@ -344,59 +328,72 @@ fn main() {
 }
 
 /// Log-log line plot of cold seconds vs tokens, one line per (part, hnsw),
-/// with a dashed linear reference through each line's first point.
+/// with a dashed linear reference through each line's first point
+/// (plotters' SVG backend; text is left to the viewer's fonts).
 fn svg(rows: &[Row]) -> String {
-    let (w, h, m) = (720.0, 480.0, 60.0);
-    let pts = |r: &Row| ((r.tokens as f64).log10(), r.cold_s.max(1e-5).log10());
+    use plotters::prelude::*;
+    let pts = |r: &Row| (r.tokens as f64, r.cold_s.max(1e-5));
+    let decade = |v: f64, up: bool| 10f64.powf(if up { v.log10().ceil() } else { v.log10().floor() });
     let (xs, ys): (Vec<f64>, Vec<f64>) = rows.iter().map(pts).unzip();
-    let (x0, x1) =
-        (xs.iter().cloned().fold(f64::MAX, f64::min).floor(), xs.iter().cloned().fold(f64::MIN, f64::max).ceil());
-    let (y0, y1) =
-        (ys.iter().cloned().fold(f64::MAX, f64::min).floor(), ys.iter().cloned().fold(f64::MIN, f64::max).ceil());
-    let sx = |x: f64| m + (x - x0) / (x1 - x0).max(1e-9) * (w - 2.0 * m);
-    let sy = |y: f64| h - m - (y - y0) / (y1 - y0).max(1e-9) * (h - 2.0 * m);
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"20\" text-anchor=\"middle\">cold compress seconds vs context tokens (log-log, HashEncoder); dashed: linear</text>\n",
-        w / 2.0
-    );
-    for e in x0 as i32..=x1 as i32 {
-        let x = sx(e as f64);
-        s += &format!("<line x1=\"{x}\" y1=\"{}\" x2=\"{x}\" y2=\"{}\" stroke=\"#ddd\"/><text x=\"{x}\" y=\"{}\" text-anchor=\"middle\">1e{e}</text>\n", m, h - m, h - m + 16.0);
-    }
-    for e in y0 as i32..=y1 as i32 {
-        let y = sy(e as f64);
-        s += &format!("<line x1=\"{m}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{}\" text-anchor=\"end\">1e{e} s</text>\n", w - m, m - 4.0, y + 4.0);
-    }
-    s += &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">tokens</text>\n", w / 2.0, h - 12.0);
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"];
+    let x0 = decade(xs.iter().copied().fold(f64::MAX, f64::min), false);
+    let x1 = decade(xs.iter().copied().fold(f64::MIN, f64::max), true).max(x0 * 10.0);
+    let y0 = decade(ys.iter().copied().fold(f64::MAX, f64::min), false);
+    let y1 = decade(ys.iter().copied().fold(f64::MIN, f64::max), true).max(y0 * 10.0);
+    let colors = [
+        RGBColor(0x1f, 0x77, 0xb4),
+        RGBColor(0xd6, 0x27, 0x28),
+        RGBColor(0x2c, 0xa0, 0x2c),
+        RGBColor(0xff, 0x7f, 0x0e),
+    ];
     let mut series: Vec<(&str, bool)> = Vec::new();
     for r in rows {
         if !series.contains(&(r.part, r.hnsw)) {
             series.push((r.part, r.hnsw));
         }
     }
-    for (k, (part, hnsw)) in series.iter().enumerate() {
-        let c = colors[k % colors.len()];
-        let line: Vec<(f64, f64)> = rows.iter().filter(|r| r.part == *part && r.hnsw == *hnsw).map(pts).collect();
-        let path: Vec<String> = line.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
-        s += &format!("<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" "));
-        for &(x, y) in &line {
-            s += &format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>\n", sx(x), sy(y));
-        }
-        if let (Some(&(ax, ay)), Some(&(bx, _))) = (line.first(), line.last()) {
-            s += &format!(
-                "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{c}\" stroke-dasharray=\"4 4\" opacity=\"0.6\"/>\n",
-                sx(ax), sy(ay), sx(bx), sy(ay + (bx - ax))
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (720, 480)).into_drawing_area();
+        root.fill(&WHITE).unwrap();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "cold compress seconds vs context tokens (log-log, HashEncoder); dashed: linear",
+                ("sans-serif", 14),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())
+            .unwrap();
+        chart
+            .configure_mesh()
+            .light_line_style(WHITE)
+            .x_label_formatter(&|v| format!("{v:.0e}"))
+            .y_label_formatter(&|v| format!("{v:.0e} s"))
+            .x_desc("tokens")
+            .draw()
+            .unwrap();
+        for (k, (part, hnsw)) in series.iter().enumerate() {
+            let c = colors[k % colors.len()];
+            let line: Vec<(f64, f64)> = rows.iter().filter(|r| r.part == *part && r.hnsw == *hnsw).map(pts).collect();
+            let label = format!(
+                "{} ({})",
+                if *part == "tokens" { "paragraph fields" } else { "1-2 sentence fields" },
+                if *hnsw { "HNSW ≥ 20k chunks" } else { "HNSW off, LSH" }
             );
+            chart
+                .draw_series(LineSeries::new(line.iter().copied(), c.stroke_width(2)))
+                .unwrap()
+                .label(label)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
+            chart.draw_series(line.iter().map(|&p| Circle::new(p, 3, c.filled()))).unwrap();
+            if let (Some(&(ax, ay)), Some(&(bx, _))) = (line.first(), line.last()) {
+                let linear = [(ax, ay), (bx, ay * bx / ax)];
+                chart.draw_series(DashedLineSeries::new(linear, 4, 4, c.mix(0.6).stroke_width(1))).unwrap();
+            }
         }
-        let label = format!(
-            "{} ({})",
-            if *part == "tokens" { "paragraph fields" } else { "1-2 sentence fields" },
-            if *hnsw { "HNSW ≥ 20k chunks" } else { "HNSW off, LSH" }
-        );
-        s += &format!("<text x=\"{}\" y=\"{}\" fill=\"{c}\">{label}</text>\n", m + 10.0, m + 16.0 * k as f64);
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).draw().unwrap();
+        root.present().unwrap();
     }
-    s + "</svg>\n"
+    out
 }

@@ -4,15 +4,25 @@
 //! the real sentences (marked `aug`) add noisy copies of real embeddings
 //! (each real vector plus Gaussian noise of norm ~0.35, renormalized).
 //!
+//! Recall@10 and the build time are printed as a table (one measurement per
+//! size: the 64k build alone takes ~30 s); the query times are criterion
+//! benchmarks `hnsw_recall/brute/N` and `hnsw_recall/hnsw/N`, one query per
+//! iteration, cycling through the 100 questions.
+//!
 //! Run: `cargo bench -p scd-benches --bench hnsw_recall`
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
 use scd_benches::{hotpot_paragraphs, load_model};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
 use scd_engine::index::{brute_force, recall_at_k, HnswIndex, HnswParams};
 
-fn main() {
+fn hnsw_recall(c: &mut Criterion) {
     let Some((paras, questions)) = hotpot_paragraphs() else {
         eprintln!("skipping: ../shared/evaldata/hotpotqa absent");
         return;
@@ -36,17 +46,8 @@ fn main() {
     let real = emb.len();
     let target: usize = std::env::var("SCD_BENCH_AUGMENT").ok().and_then(|v| v.parse().ok()).unwrap_or(65_536);
     let mut all: Vec<Vec<f32>> = (0..real).map(|i| emb.row(i).to_vec()).collect();
-    let mut state = 0x853c49e6748fea9bu64;
-    let mut gauss = || {
-        // Box-Muller from a xorshift stream
-        let mut u = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        ((-2.0 * u().ln()).sqrt() * (std::f64::consts::TAU * u()).cos()) as f32
-    };
+    let mut rng = StdRng::seed_from_u64(0x853c_49e6_748f_ea9b);
+    let mut gauss = || -> f32 { rng.sample(StandardNormal) };
     while all.len() < target {
         let base = &all[all.len() % real];
         let scale = 0.35 / (base.len() as f32).sqrt();
@@ -59,7 +60,9 @@ fn main() {
         "params: M={} ef_construction={} ef_search={}",
         params.max_connections, params.ef_construction, params.ef_search
     );
-    println!("{:>7} {:>10} {:>12} {:>12} {:>10} data", "n", "recall@10", "brute_us", "hnsw_us", "build_ms");
+    println!("{:>7} {:>10} {:>10} data", "n", "recall@10", "build_ms");
+    let mut g = c.benchmark_group("hnsw_recall");
+    g.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     let mut n = 1000;
     loop {
         let n_now = n.min(all.len());
@@ -67,28 +70,36 @@ fn main() {
         let t = Instant::now();
         let idx = HnswIndex::build(&vecs, params);
         let build_ms = t.elapsed().as_secs_f64() * 1e3;
-        let (mut rec, mut bt, mut ht) = (0.0, 0.0, 0.0);
-        for i in 0..q.len() {
-            let t = Instant::now();
-            let exact = brute_force(&vecs, q.row(i), 10);
-            bt += t.elapsed().as_secs_f64();
-            let t = Instant::now();
-            let approx = idx.search(q.row(i), 10);
-            ht += t.elapsed().as_secs_f64();
-            rec += f64::from(recall_at_k(&approx, &exact));
-        }
-        let m = q.len() as f64;
+        let recall: f64 = (0..q.len())
+            .map(|i| f64::from(recall_at_k(&idx.search(q.row(i), 10), &brute_force(&vecs, q.row(i), 10))))
+            .sum::<f64>()
+            / q.len() as f64;
         let data = if n_now <= real { "real" } else { "aug" };
-        println!(
-            "{n_now:>7} {:>10.4} {:>12.1} {:>12.1} {:>10.0} {data}",
-            rec / m,
-            bt / m * 1e6,
-            ht / m * 1e6,
-            build_ms
-        );
+        println!("{n_now:>7} {recall:>10.4} {build_ms:>10.0} {data}");
+        let mut i = 0;
+        g.bench_with_input(BenchmarkId::new("brute", n_now), &vecs, |b, vecs| {
+            b.iter(|| {
+                i = (i + 1) % q.len();
+                let hits = brute_force(vecs, q.row(i), 10);
+                assert_eq!(hits.len(), 10);
+                hits
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("hnsw", n_now), &idx, |b, idx| {
+            b.iter(|| {
+                i = (i + 1) % q.len();
+                let hits = idx.search(q.row(i), 10);
+                assert_eq!(hits.len(), 10);
+                hits
+            })
+        });
         if n_now == all.len() {
             break;
         }
         n *= 2;
     }
+    g.finish();
 }
+
+criterion_group!(benches, hnsw_recall);
+criterion_main!(benches);

@@ -13,6 +13,7 @@
 //! (measured against brute force in the tests).
 
 use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
 
 use super::dot;
 
@@ -45,17 +46,7 @@ pub fn near_duplicates(vectors: &[&[f32]], threshold: f32) -> Vec<Vec<u32>> {
     let centred: Vec<Vec<f32>> = vectors.iter().map(|v| v.iter().zip(&mean).map(|(x, m)| x - m).collect()).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5cd_d0d0);
     let mut gauss = |k: usize| -> Vec<Vec<f32>> {
-        (0..k)
-            .map(|_| {
-                (0..dim)
-                    .map(|_| {
-                        // Box–Muller: a standard normal from two uniforms
-                        let (u1, u2): (f32, f32) = (rng.random_range(f32::EPSILON..1.0), rng.random());
-                        (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
-                    })
-                    .collect()
-            })
-            .collect()
+        (0..k).map(|_| (0..dim).map(|_| -> f32 { rng.sample(StandardNormal) }).collect()).collect()
     };
     let planes: Vec<Vec<Vec<f32>>> = (0..TABLES).map(|_| gauss(BITS)).collect();
     let orders: Vec<Vec<f32>> = gauss(TABLES);

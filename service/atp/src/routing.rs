@@ -877,6 +877,8 @@ impl Repricer {
 mod tests {
     use super::*;
     use pb::TaskType::{Analysis, CodeGeneration};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     fn cand(agent: &str, quality: f64, latency_ms: u64, cost: f64) -> Candidate {
         Candidate { agent: agent.into(), task_type: Analysis, quality, latency_ms, cost, trust: 0.9 }
@@ -1009,14 +1011,9 @@ mod tests {
 
     #[test]
     fn branch_and_bound_equals_the_full_scan() {
-        // Seeded xorshift; random networks, q_min low enough that many pairs qualify.
-        let mut state = 0x9e3779b97f4a7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        // Seeded; random networks, q_min low enough that many pairs qualify.
+        let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || -> f64 { rng.random() };
         for round in 0..20 {
             let k = 5 + round * 7;
             let cands: Vec<Candidate> = (0..k)

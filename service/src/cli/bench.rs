@@ -35,13 +35,13 @@ pub fn run(model: &ModelArgs, args: BenchArgs) -> anyhow::Result<()> {
     if let Some(calls) = args.calls {
         let bar = ProgressBar::new(calls as u64);
         bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} calls {per_sec} {msg}")?);
-        let mut samples = vec![(0usize, super::rss_kib("self"))];
+        let mut samples = vec![(0usize, super::rss_kib(super::Proc::This))];
         let start = Instant::now();
         let mut tokens = 0usize;
         for c in 0..calls {
             tokens += encoder.encode(&[refs[c % refs.len()]], &opts)?.tokens[0];
             if (c + 1) % 1000 == 0 {
-                samples.push((c + 1, super::rss_kib("self")));
+                samples.push((c + 1, super::rss_kib(super::Proc::This)));
                 bar.set_message(format!("rss {} MiB", samples.last().unwrap().1 / 1024));
             }
             bar.inc(1);

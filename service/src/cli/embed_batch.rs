@@ -17,13 +17,14 @@
 //! model runs block `k`; at most three blocks exist at once.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressStyle};
+use npyz::WriterBuilder as _;
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder, Prepared};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -154,18 +155,34 @@ enum Sink {
     Jsonl { file: BufWriter<File> },
 }
 
-/// The `.npy` v1.0 header for a float32 `[rows, dim]` array, padded to 64 bytes.
-fn npy_header(rows: usize, dim: usize) -> Vec<u8> {
-    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {dim}), }}");
-    let mut h = b"\x93NUMPY\x01\x00".to_vec();
-    let unpadded = h.len() + 2 + dict.len() + 1;
-    let pad = unpadded.div_ceil(64) * 64 - unpadded;
-    let len = (dict.len() + pad + 1) as u16;
-    h.extend_from_slice(&len.to_le_bytes());
-    h.extend_from_slice(dict.as_bytes());
-    h.extend(std::iter::repeat_n(b' ', pad));
-    h.push(b'\n');
-    h
+/// The `.npy` header (written by `npyz`) for a float32 C-order `[rows, dim]`
+/// array; the data that follows is `rows * dim` little-endian `f32`s.
+fn npy_header(rows: usize, dim: usize) -> std::io::Result<Vec<u8>> {
+    let mut header = Vec::new();
+    npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&[rows as u64, dim as u64])
+        .writer(&mut header)
+        .write_header_only()?;
+    Ok(header)
+}
+
+/// Reads the `.npy` header at the start of `file` and returns its length
+/// in bytes when it describes a float32 C-order `[rows, dim]` array.
+fn npy_data_offset(file: &mut File, path: &Path, rows: usize, dim: usize) -> anyhow::Result<u64> {
+    file.seek(SeekFrom::Start(0))?;
+    let header = npyz::NpyHeader::from_reader(&mut *file).with_context(|| format!("--output {}", path.display()))?;
+    ensure!(
+        header.dtype() == <f32 as npyz::AutoSerialize>::default_dtype()
+            && header.order() == npyz::Order::C
+            && header.shape() == [rows as u64, dim as u64],
+        "--output {}: the .npy header is {:?} {} in {:?} order, not [{rows}, {dim}] float32",
+        path.display(),
+        header.shape(),
+        header.dtype().descr(),
+        header.order(),
+    );
+    Ok(file.stream_position()?)
 }
 
 impl Sink {
@@ -186,18 +203,12 @@ impl Sink {
             .with_context(|| format!("--output {}", path.display()))?;
         let size = file.metadata()?.len();
         let (keep, done) = if npy {
-            let header = npy_header(records, dim);
+            let header = npy_header(records, dim)?;
             let row = 4 * dim as u64;
             if resume && size >= header.len() as u64 {
-                let mut have = vec![0u8; header.len()];
-                file.read_exact(&mut have)?;
-                ensure!(
-                    have == header,
-                    "--output {}: the .npy header is not [{records}, {dim}] float32",
-                    path.display()
-                );
-                let done = ((size - header.len() as u64) / row).min(records as u64);
-                (header.len() as u64 + done * row, done as usize)
+                let offset = npy_data_offset(&mut file, path, records, dim)?;
+                let done = (size.saturating_sub(offset) / row).min(records as u64);
+                (offset + done * row, done as usize)
             } else {
                 file.set_len(0)?;
                 file.write_all(&header)?;
@@ -576,14 +587,43 @@ mod tests {
     #[test]
     fn npy_header_is_aligned_and_parsable() {
         for (rows, dim) in [(1, 384), (123_456, 1024), (0, 8)] {
-            let h = npy_header(rows, dim);
+            let h = npy_header(rows, dim).unwrap();
             assert_eq!(h.len() % 64, 0);
             assert_eq!(&h[..8], b"\x93NUMPY\x01\x00");
             let len = u16::from_le_bytes([h[8], h[9]]) as usize;
             assert_eq!(10 + len, h.len());
             let dict = std::str::from_utf8(&h[10..]).unwrap();
-            assert!(dict.contains(&format!("'shape': ({rows}, {dim})")) && dict.ends_with('\n'), "{dict}");
+            assert!(dict.contains(&format!("'shape': ({rows}, {dim}")) && dict.ends_with('\n'), "{dict}");
         }
+    }
+
+    #[test]
+    fn npy_resume_reads_the_header_and_refuses_another_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.npy");
+        let mut bytes = npy_header(3, 2).unwrap();
+        bytes.extend([1f32, 2., 3., 4., 5.].iter().flat_map(|v| v.to_le_bytes())); // 2.5 rows: torn
+        std::fs::write(&path, &bytes).unwrap();
+        let (_, done) = Sink::open(&path, 3, 2, true).unwrap();
+        assert_eq!(done, 2);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), npy_header(3, 2).unwrap().len() as u64 + 16);
+        // The header written before npyz (`'shape': (3, 2)`, no trailing comma) still resumes.
+        let mut old = b"\x93NUMPY\x01\x00".to_vec();
+        let dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }";
+        let pad = (10 + dict.len() + 1).div_ceil(64) * 64 - (10 + dict.len() + 1);
+        old.extend(((dict.len() + pad + 1) as u16).to_le_bytes());
+        old.extend(dict.as_bytes());
+        old.extend(std::iter::repeat_n(b' ', pad));
+        old.push(b'\n');
+        old.extend(1f32.to_le_bytes());
+        old.extend(2f32.to_le_bytes());
+        std::fs::write(&path, &old).unwrap();
+        assert_eq!(Sink::open(&path, 3, 2, true).unwrap().1, 1);
+        let e = Sink::open(&path, 4, 2, true).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!("--output {}: the .npy header is [3, 2] '<f4' in C order, not [4, 2] float32", path.display())
+        );
     }
 
     #[test]

@@ -9,6 +9,9 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use scd_engine::budget::BudgetTokenizer;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder};
@@ -17,6 +20,7 @@ use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
 
+use super::plot;
 use crate::config::ModelArgs;
 
 /// Arguments of `scd eval`.
@@ -361,7 +365,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         methods.iter().map(|_| args.budgets.iter().map(|_| Acc::default()).collect()).collect();
     let bar = ProgressBar::new(examples.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} examples {per_sec} eta {eta} {msg}")?);
-    let mut rng = 0x9E3779B97F4A7C15u64;
+    // Seeded: the random baseline is the same on every run.
+    let mut rng = StdRng::seed_from_u64(0x9E37_79B9_7F4A_7C15);
     let mut hits_before = scd.cache_stats();
     let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
     let mut per_example = Vec::new();
@@ -380,12 +385,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         let pos_in_field = |i: usize| base.units[..i].iter().filter(|u| u.0 == base.units[i].0).count();
         lead_order.sort_by_key(|&i| (pos_in_field(i), i));
         let mut random_order: Vec<usize> = (0..base.units.len()).collect();
-        for i in (1..random_order.len()).rev() {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            random_order.swap(i, (rng % (i as u64 + 1)) as usize);
-        }
+        random_order.shuffle(&mut rng);
         for (bi, &frac) in args.budgets.iter().enumerate() {
             let budget = ((base.total as f32 * frac).floor() as usize).max(1);
             let t = Instant::now();
@@ -520,67 +520,20 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let report = serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(), "results": rows, "agent_fixture": fixture});
     std::fs::write(&args.report, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("--report {}", args.report.display()))?;
-    std::fs::write(&args.plot, svg(&rows, &args.dataset)).with_context(|| format!("--plot {}", args.plot.display()))?;
+    let mut series: Vec<plot::Series> = Vec::new();
+    for r in &rows {
+        match series.iter_mut().find(|s| s.label == r.method) {
+            Some(s) => s.points.push((r.reduction_ratio, r.evidence_recall)),
+            None => series
+                .push(plot::Series { label: r.method.clone(), points: vec![(r.reduction_ratio, r.evidence_recall)] }),
+        }
+    }
+    let title = format!("{}: evidence recall vs token reduction", args.dataset);
+    plot::write_recall_vs_reduction(&args.plot, &title, &series)?;
     eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
     if let Some(p) = &args.per_example {
         let lines: String = per_example.iter().map(|v| format!("{v}\n")).collect();
         std::fs::write(p, lines).with_context(|| format!("--per-example {}", p.display()))?;
     }
     Ok(())
-}
-
-/// Recall (y) vs reduction ratio (x), one line per method.
-fn svg(rows: &[Row], dataset: &str) -> String {
-    let (w, h, pad) = (640.0, 420.0, 50.0);
-    let xmax = rows.iter().map(|r| r.reduction_ratio).fold(1.0f32, f32::max).ceil().max(2.0);
-    let x = |v: f32| pad + (v - 1.0).max(0.0) / (xmax - 1.0) * (w - 2.0 * pad);
-    let y = |v: f32| h - pad - v * (h - 2.0 * pad);
-    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#7f7f7f"];
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='20' text-anchor='middle' font-size='14'>{dataset}: evidence recall vs token reduction</text>\n",
-        w / 2.0
-    );
-    s += &format!("<line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='black'/><line x1='{pad}' y1='{pad}' x2='{pad}' y2='{}' stroke='black'/>\n", h - pad, w - pad, h - pad, h - pad);
-    for i in 0..=5 {
-        let v = i as f32 / 5.0;
-        s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.1}</text><line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='#eee'/>\n", pad - 6.0, y(v) + 4.0, y(v), w - pad, y(v));
-    }
-    for i in 1..=(xmax as usize) {
-        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{i}x</text>\n", x(i as f32), h - pad + 18.0);
-    }
-    s += &format!(
-        "<text x='{}' y='{}' text-anchor='middle'>reduction ratio (context tokens / sent tokens)</text>\n",
-        w / 2.0,
-        h - 10.0
-    );
-    s += &format!(
-        "<text x='14' y='{}' transform='rotate(-90 14 {})' text-anchor='middle'>evidence recall</text>\n",
-        h / 2.0,
-        h / 2.0
-    );
-    let mut methods: Vec<&str> = rows.iter().map(|r| r.method.as_str()).collect();
-    methods.dedup();
-    for (mi, m) in methods.iter().enumerate() {
-        let c = colors[mi % colors.len()];
-        let mut pts: Vec<&Row> = rows.iter().filter(|r| r.method == *m).collect();
-        pts.sort_by(|a, b| a.reduction_ratio.total_cmp(&b.reduction_ratio));
-        let path: Vec<String> =
-            pts.iter().map(|r| format!("{:.1},{:.1}", x(r.reduction_ratio), y(r.evidence_recall))).collect();
-        s += &format!("<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n", path.join(" "));
-        for r in &pts {
-            s += &format!(
-                "<circle cx='{:.1}' cy='{:.1}' r='3' fill='{c}'/>\n",
-                x(r.reduction_ratio),
-                y(r.evidence_recall)
-            );
-        }
-        s += &format!(
-            "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{m}</text>\n",
-            w - pad - 70.0,
-            pad + 16.0 * mi as f32,
-            w - pad - 55.0,
-            pad + 9.0 + 16.0 * mi as f32
-        );
-    }
-    s + "</svg>\n"
 }

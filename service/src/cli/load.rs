@@ -18,6 +18,7 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
 
+use super::{cpu_seconds, rss_kib, Proc};
 use crate::config::ModelArgs;
 use crate::grpc::pb;
 
@@ -39,16 +40,6 @@ pub struct LoadArgs {
     /// Extra arguments for `scd serve` (e.g. "--queue-size 64").
     #[arg(long, default_value = "")]
     serve_args: String,
-}
-
-/// CPU seconds (user + system) a process has used so far.
-fn cpu_seconds(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // fields after the parenthesised command name; utime and stime are the 12th and 13th of them
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Runs `scd bench-load`.
@@ -132,10 +123,10 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} s {msg}")?);
         let mut rss = Vec::new();
         let start = Instant::now();
-        let (client_cpu0, server_cpu0) = (cpu_seconds("self"), cpu_seconds(&pid.to_string()));
+        let (client_cpu0, server_cpu0) = (cpu_seconds(Proc::This), cpu_seconds(Proc::Pid(pid)));
         while Instant::now() < end {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            rss.push(super::rss_kib(&pid.to_string()));
+            rss.push(rss_kib(Proc::Pid(pid)));
             bar.set_position(start.elapsed().as_secs());
             bar.set_message(format!("rss {} MiB", rss.last().unwrap() / 1024));
         }
@@ -144,8 +135,8 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         }
         bar.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
-        let client_cpu = cpu_seconds("self") - client_cpu0;
-        let server_cpu = cpu_seconds(&pid.to_string()) - server_cpu0;
+        let client_cpu = cpu_seconds(Proc::This) - client_cpu0;
+        let server_cpu = cpu_seconds(Proc::Pid(pid)) - server_cpu0;
         let per_minute: Vec<u64> = rss.iter().step_by(60).map(|k| k / 1024).collect();
         let mut l = lat.lock().unwrap().clone();
         let codes = codes.lock().unwrap().clone();

@@ -14,6 +14,7 @@ pub mod identity;
 pub mod load;
 pub mod mcp;
 pub mod models;
+pub mod plot;
 pub mod serve;
 pub mod tune;
 
@@ -64,14 +65,48 @@ pub(crate) fn jsonl_text(line: usize, raw: &str) -> anyhow::Result<(String, serd
     Ok((text, v))
 }
 
-/// Resident memory of a process in KiB (0 when unknown); `self` for this one.
-pub(crate) fn rss_kib(pid: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+/// A process the benches sample: this one or a child (`scd bench-load`'s server).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Proc {
+    /// This process.
+    This,
+    /// Another process by id.
+    Pid(u32),
+}
+
+#[cfg(target_os = "linux")]
+fn process(p: Proc) -> Option<procfs::process::Process> {
+    match p {
+        Proc::This => procfs::process::Process::myself(),
+        Proc::Pid(pid) => procfs::process::Process::new(i32::try_from(pid).ok()?),
+    }
+    .ok()
+}
+
+/// Resident memory of a process in KiB (`VmRSS`; 0 when unknown or not on Linux).
+pub(crate) fn rss_kib(p: Proc) -> u64 {
+    #[cfg(target_os = "linux")]
+    return process(p).and_then(|p| p.status().ok()?.vmrss).unwrap_or(0);
+    #[cfg(not(target_os = "linux"))]
+    return {
+        let _ = p;
+        0
+    };
+}
+
+/// CPU seconds (user + system) a process has used so far (0 when unknown or
+/// not on Linux), in the kernel's clock ticks per second.
+pub(crate) fn cpu_seconds(p: Proc) -> f64 {
+    #[cfg(target_os = "linux")]
+    return process(p)
+        .and_then(|p| p.stat().ok())
+        .map(|s| (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64)
+        .unwrap_or(0.0);
+    #[cfg(not(target_os = "linux"))]
+    return {
+        let _ = p;
+        0.0
+    };
 }
 
 /// The `p` quantile (0..=1) of `xs` by nearest rank; sorts `xs`; 0 when empty.
@@ -137,4 +172,22 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d), e.g. 7d")),
     };
     n.checked_mul(secs).map(std::time::Duration::from_secs).ok_or_else(|| format!("{s:?}: too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn this_process_has_memory_and_cpu_time_and_a_missing_one_has_none() {
+        let spin: u64 = (0..20_000_000u64).fold(0, |a, x| a.wrapping_add(x * x));
+        assert!(spin > 0);
+        assert!(rss_kib(Proc::This) > 1024, "{}", rss_kib(Proc::This));
+        assert!(cpu_seconds(Proc::This) > 0.0);
+        let me = rss_kib(Proc::Pid(std::process::id()));
+        assert!(me > 1024, "{me}");
+        assert_eq!(rss_kib(Proc::Pid(u32::MAX)), 0);
+        assert_eq!(cpu_seconds(Proc::Pid(u32::MAX)), 0.0);
+    }
 }
