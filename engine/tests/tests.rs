@@ -1055,7 +1055,7 @@ mod loaders {
     fn unknown_dataset_and_bad_file_are_clear_errors() {
         assert_eq!(
             "nq".parse::<Dataset>().unwrap_err().to_string(),
-            "dataset: \"nq\": expected hotpotqa, squad, musique or 2wiki"
+            "dataset: \"nq\": expected hotpotqa, squad, musique, 2wiki or code"
         );
         let tmp = std::env::temp_dir().join("scd_bad_eval.json");
         std::fs::write(&tmp, "not json").unwrap();
