@@ -346,6 +346,12 @@ pub fn covered(
     inside as f32 >= min_share * total as f32
 }
 
+/// The (field index, byte span) pairs a compression of `ex` sent, for
+/// [`evidence_recall`].
+pub fn selection(ex: &Example, chunks: &[crate::extract::SelectedChunk]) -> Vec<(usize, (usize, usize))> {
+    chunks.iter().map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span)).collect()
+}
+
 /// Share of gold units an example's selection keeps (sentences must be
 /// covered whole; a MuSiQue paragraph counts as kept when at least 90 % of
 /// its non-space characters are sent; code functions by [`lines_kept`] ≥ 0.9).

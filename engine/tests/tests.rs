@@ -38,6 +38,18 @@ fn shared_dir() -> PathBuf {
     std::env::var_os("SCD_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"))
 }
 
+/// A dev-set file under `../shared/evaldata`, or None (with a message, a
+/// failure under CI) when the folder is absent.
+fn evaldata(rel: &str) -> Option<PathBuf> {
+    let p = shared_dir().join("evaldata").join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        skip(&format!("{} absent (../shared/evaldata is not part of the repository)", p.display()));
+        None
+    }
+}
+
 /// The model folder, or None (with a message) when set-up has not run.
 fn model_dir(name: &str) -> Option<PathBuf> {
     let dir = models_dir().join(name);
@@ -1000,15 +1012,7 @@ mod hnsw_path {
 mod loaders {
     use scd_engine::eval::{load, Dataset};
 
-    fn evaldata(rel: &str) -> Option<std::path::PathBuf> {
-        let p = super::shared_dir().join("evaldata").join(rel);
-        if p.exists() {
-            Some(p)
-        } else {
-            super::skip(&format!("{} absent (../shared/evaldata is not part of the repository)", p.display()));
-            None
-        }
-    }
+    use super::evaldata;
 
     fn check(dataset: Dataset, rel: &str) {
         let Some(path) = evaldata(rel) else { return };
@@ -1515,14 +1519,7 @@ mod budget_tokenizer {
         check(rel, cases);
     }
 
-    fn evaldata(rel: &str) -> Option<std::path::PathBuf> {
-        let p = super::shared_dir().join("evaldata").join(rel);
-        if p.exists() {
-            return Some(p);
-        }
-        super::skip(&format!("{} absent (../shared/evaldata is not part of the repository)", p.display()));
-        None
-    }
+    use super::evaldata;
 
     #[test]
     fn hotpotqa_within_o200k_budget() {

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use scd_engine::budget::BudgetTokenizer;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder};
-use scd_engine::eval::{evidence_recall, load, Dataset, Example};
+use scd_engine::eval::{evidence_recall, load, selection, Dataset, Example};
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
@@ -401,11 +401,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             scd_hits[bi].0 += stats.hits - hits_before.hits;
             scd_hits[bi].1 += stats.misses - hits_before.misses;
             hits_before = stats;
-            let sel: Selection = out
-                .chunks
-                .iter()
-                .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
-                .collect();
+            let sel = selection(ex, &out.chunks);
             let (r, all) = evidence_recall(ex, &sel, dataset);
             per_example
                 .push(serde_json::json!({"id": ex.id, "method": "scd", "budget": frac, "recall": r, "all_kept": all}));
@@ -441,11 +437,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                     session: None,
                 })?;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
-                let sel: Selection = out
-                    .chunks
-                    .iter()
-                    .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
-                    .collect();
+                let sel = selection(ex, &out.chunks);
                 let (r, all) = evidence_recall(ex, &sel, dataset);
                 per_example.push(
                     serde_json::json!({"id": ex.id, "method": vname, "budget": frac, "recall": r, "all_kept": all}),

@@ -20,7 +20,7 @@ use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::encoder::Encoder;
-use scd_engine::eval::{evidence_recall, load, Dataset, Example};
+use scd_engine::eval::{evidence_recall, load, selection, Dataset, Example};
 use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
 use serde::Serialize;
 use serde_json::Value;
@@ -217,11 +217,7 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
                         requirement: ContextRequirement::with_budget(budget),
                         session: None,
                     })?;
-                    let sel: Vec<(usize, (usize, usize))> = out
-                        .chunks
-                        .iter()
-                        .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
-                        .collect();
+                    let sel = selection(ex, &out.chunks);
                     sum += f64::from(evidence_recall(ex, &sel, *dataset).0);
                 }
                 per_ex.push(sum / args.budgets.len() as f64);
