@@ -1,6 +1,8 @@
 //! Evaluation data: loaders for HotpotQA (official and Hugging Face
 //! layouts), SQuAD 2.0, MuSiQue and 2WikiMultihopQA, turned into contexts
 //! with gold evidence spans, and the coverage check that scores a selection.
+//! The `code` set (functions found by their doc sentence in real Rust files)
+//! scores by lines: see [`lines_kept`].
 
 use std::path::Path;
 
@@ -21,6 +23,9 @@ pub enum Dataset {
     Musique,
     /// 2WikiMultihopQA (gold = `supporting_facts`).
     TwoWiki,
+    /// Code search JSONL (`task`, `context`, `gold` = a function's text):
+    /// units are blank-line-separated blocks, gold is kept by [`lines_kept`].
+    Code,
 }
 
 impl std::str::FromStr for Dataset {
@@ -31,7 +36,10 @@ impl std::str::FromStr for Dataset {
             "squad" => Ok(Self::Squad),
             "musique" => Ok(Self::Musique),
             "2wiki" => Ok(Self::TwoWiki),
-            other => Err(Error::invalid("dataset", format!("{other:?}: expected hotpotqa, squad, musique or 2wiki"))),
+            "code" => Ok(Self::Code),
+            other => {
+                Err(Error::invalid("dataset", format!("{other:?}: expected hotpotqa, squad, musique, 2wiki or code")))
+            }
         }
     }
 }
@@ -46,7 +54,8 @@ pub struct Example {
     pub question: String,
     /// One prose field per paragraph, named by its title.
     pub context: Context,
-    /// Per field, the byte spans of its sentences.
+    /// Per field, the byte spans of its sentences (of its blank-line
+    /// blocks for code): the baselines' units.
     pub sentences: Vec<Vec<(usize, usize)>>,
     /// Gold evidence as (field, byte span) pairs.
     pub gold: Vec<(usize, (usize, usize))>,
@@ -199,6 +208,11 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
                 out.push(ex);
             }
         }
+        Dataset::Code => {
+            for (n, line) in text.lines().filter(|l| !l.trim().is_empty()).take(limit).enumerate() {
+                out.push(code_example(line).map_err(|what| bad(path, &format!("line {}: {what}", n + 1)))?);
+            }
+        }
         Dataset::Squad => {
             let v: Value = serde_json::from_str(&text).map_err(|_| bad(path, "not JSON"))?;
             'articles: for art in v["data"].as_array().ok_or_else(|| bad(path, "data"))? {
@@ -258,6 +272,58 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
     Ok(out)
 }
 
+/// One code-search record: the gold function located verbatim in the field
+/// that holds it.
+fn code_example(line: &str) -> std::result::Result<Example, String> {
+    let r: Value = serde_json::from_str(line).map_err(|_| "not JSON".to_string())?;
+    let context = Context::from_json(&r["context"].to_string()).map_err(|e| format!("context: {e}"))?;
+    let gold_text = r["gold"].as_str().filter(|g| !g.trim().is_empty()).ok_or("gold: expected a non-empty string")?;
+    let gold = context
+        .fields
+        .iter()
+        .enumerate()
+        .find_map(|(f, field)| field.content.find(gold_text).map(|s| (f, (s, s + gold_text.len()))))
+        .ok_or("gold: not found verbatim in any field")?;
+    let sentences = context.fields.iter().map(|f| blocks(&f.content)).collect();
+    Ok(Example { id: str_of(&r["id"]), question: str_of(&r["task"]), context, sentences, gold: vec![gold] })
+}
+
+/// Byte spans of the blank-line-separated blocks of `text` (trimmed).
+pub fn blocks(text: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut cur: Option<(usize, usize)> = None;
+    let mut pos = 0;
+    for line in text.split_inclusive('\n') {
+        let (s, e) = (pos, pos + line.trim_end().len());
+        pos += line.len();
+        if line.trim().is_empty() {
+            out.extend(cur.take());
+        } else {
+            let s = s + (line.len() - line.trim_start().len());
+            cur = Some(cur.map_or((s, e), |(a, _)| (a, e)));
+        }
+    }
+    out.extend(cur);
+    out
+}
+
+/// Share of the gold span's non-empty lines (stripped) found among the
+/// stripped lines of the selected spans of `field` (the code set's rule: a
+/// function counts as kept when this is at least 0.9).
+pub fn lines_kept(selected: &[(usize, (usize, usize))], content: &str, field: usize, span: (usize, usize)) -> f32 {
+    let sent: std::collections::HashSet<&str> = selected
+        .iter()
+        .filter(|(f, _)| *f == field)
+        .flat_map(|&(_, (a, b))| content[a..b].lines().map(str::trim))
+        .filter(|l| !l.is_empty())
+        .collect();
+    let gold: Vec<&str> = content[span.0..span.1].lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    if gold.is_empty() {
+        return 1.0;
+    }
+    gold.iter().filter(|l| sent.contains(*l)).count() as f32 / gold.len() as f32
+}
+
 /// Whether the selected spans of `field` cover `span`: at least `min_share`
 /// of its non-space bytes lie inside a selected span.
 pub fn covered(
@@ -282,10 +348,18 @@ pub fn covered(
 
 /// Share of gold units an example's selection keeps (sentences must be
 /// covered whole; a MuSiQue paragraph counts as kept when at least 90 % of
-/// its non-space characters are sent).
+/// its non-space characters are sent; code functions by [`lines_kept`] ≥ 0.9).
 pub fn evidence_recall(ex: &Example, selected: &[(usize, (usize, usize))], dataset: Dataset) -> (f32, bool) {
     if ex.gold.is_empty() {
         return (1.0, true);
+    }
+    if dataset == Dataset::Code {
+        let kept = ex
+            .gold
+            .iter()
+            .filter(|&&(f, span)| lines_kept(selected, &ex.context.fields[f].content, f, span) >= 0.9)
+            .count();
+        return (kept as f32 / ex.gold.len() as f32, kept == ex.gold.len());
     }
     let share = if dataset == Dataset::Musique { 0.9 } else { 0.999 };
     let kept =
@@ -323,5 +397,77 @@ mod tests {
         assert_eq!(evidence_recall(&ex, &[(0, (0, 18))], Dataset::Musique), (0.0, false));
         // half is no longer enough
         assert_eq!(evidence_recall(&ex, &[(0, (0, 11))], Dataset::Musique), (0.0, false));
+    }
+
+    /// A file with a ten-line function `f` after a header, and the line
+    /// spans of the function's lines.
+    fn code_file() -> (String, (usize, usize), Vec<(usize, usize)>) {
+        let mut s = String::from("use std::fmt;\n\n");
+        let start = s.len();
+        s.push_str("fn f() {\n");
+        for i in 0..8 {
+            s.push_str(&format!("    let x{i} = {i};\n"));
+        }
+        s.push('}');
+        let end = s.len();
+        s.push_str("\n\nfn g() {}\n");
+        let mut lines = Vec::new();
+        let mut p = start;
+        for l in s[start..end].split('\n') {
+            lines.push((p, p + l.len()));
+            p += l.len() + 1;
+        }
+        (s, (start, end), lines)
+    }
+
+    #[test]
+    fn code_gold_is_kept_at_nine_of_ten_lines() {
+        let (s, span, lines) = code_file();
+        assert_eq!(lines.len(), 10);
+        let all: Vec<_> = lines.iter().map(|&l| (0, l)).collect();
+        assert_eq!(lines_kept(&all, &s, 0, span), 1.0);
+        // one line missing of 10: 0.9, kept
+        let nine: Vec<_> = all.iter().copied().filter(|&(_, l)| l != lines[4]).collect();
+        assert!((lines_kept(&nine, &s, 0, span) - 0.9).abs() < 1e-6);
+        let ex = Example {
+            id: "x".into(),
+            question: "q".into(),
+            context: Context {
+                fields: vec![Field {
+                    name: "a.rs".into(),
+                    kind: FieldKind::Code,
+                    content: s.clone(),
+                    confidential: false,
+                }],
+            },
+            sentences: vec![blocks(&s)],
+            gold: vec![(0, span)],
+        };
+        assert_eq!(evidence_recall(&ex, &nine, Dataset::Code), (1.0, true));
+        // 8 of 10: not kept
+        let eight: Vec<_> = nine.iter().copied().filter(|&(_, l)| l != lines[5]).collect();
+        assert!((lines_kept(&eight, &s, 0, span) - 0.8).abs() < 1e-6);
+        assert_eq!(evidence_recall(&ex, &eight, Dataset::Code), (0.0, false));
+        // lines of another field do not count
+        let other: Vec<_> = all.iter().map(|&(_, l)| (1, l)).collect();
+        assert_eq!(lines_kept(&other, &s, 0, span), 0.0);
+    }
+
+    #[test]
+    fn code_records_load_with_blocks_and_verbatim_gold() {
+        let (s, span, _) = code_file();
+        let rec = serde_json::json!({
+            "id": "c-1.0/src/a.rs::f", "crate": "c-1.0", "task": "Does f.",
+            "context": {"fields": [{"name": "c-1.0/src/a.rs", "kind": "code", "content": s, "confidential": false}]},
+            "gold": &s[span.0..span.1],
+        });
+        let ex = code_example(&rec.to_string()).unwrap();
+        assert_eq!(ex.gold, vec![(0, span)]);
+        assert_eq!(ex.question, "Does f.");
+        let b: Vec<&str> = ex.sentences[0].iter().map(|&(a, e)| &s[a..e]).collect();
+        assert_eq!(b, vec!["use std::fmt;", &s[span.0..span.1], "fn g() {}"]);
+        let mut bad = rec.clone();
+        bad["gold"] = "fn missing() {}".into();
+        assert_eq!(code_example(&bad.to_string()).unwrap_err(), "gold: not found verbatim in any field");
     }
 }

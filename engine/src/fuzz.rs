@@ -22,7 +22,13 @@ pub const KINDS: [FieldKind; 6] =
 /// non-empty, inside the text, on char boundaries, trimmed, and the chunks
 /// are in order without overlap. Returns the chunks.
 pub fn check_chunks(text: &str, kind: FieldKind, cfg: ChunkConfig) -> Vec<RawChunk> {
-    let field = Field { name: "f".into(), kind, content: text.into(), confidential: false };
+    check_named_chunks(text, "f", kind, cfg)
+}
+
+/// [`check_chunks`] for a field called `name` (a code field named like a
+/// file goes to its language's parser).
+pub fn check_named_chunks(text: &str, name: &str, kind: FieldKind, cfg: ChunkConfig) -> Vec<RawChunk> {
+    let field = Field { name: name.into(), kind, content: text.into(), confidential: false };
     let chunks = chunk_field(&field, cfg);
     let mut prev_end = 0;
     for (i, c) in chunks.iter().enumerate() {
@@ -54,6 +60,11 @@ pub fn chunkers(data: &[u8]) {
     for kind in KINDS {
         check_chunks(&text, kind, cfg);
     }
+    // one language's parser per input (picked by the first byte): all nine
+    // per input would make the seeded runs nine times slower
+    let names = ["f.rs", "f.py", "f.js", "f.ts", "f.tsx", "f.go", "f.java", "f.c", "f.cpp"];
+    let pick = data.first().map_or(0, |&b| usize::from(b) % names.len());
+    check_named_chunks(&text, names[pick], FieldKind::Code, cfg);
 }
 
 /// The context JSON parser: strict parse, limits and name checks, then, for

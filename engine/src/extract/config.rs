@@ -19,6 +19,11 @@ pub struct ScdConfig {
     pub lexical_weight: f32,
     /// Weight of a field's best chunk score added to each of its chunks.
     pub field_weight: f32,
+    /// Code chunks are embedded and indexed with the names they define
+    /// split into words (`parse_header`, `ParseHeader` → `parse header`)
+    /// beside the file path and owner, and BM25 also sees their
+    /// camel-case identifiers split (off: the code scoring before #13).
+    pub code_names: bool,
     /// Bonus for chunks of a field that the task or a top chunk names.
     pub link_weight: f32,
     /// Top chunks whose mentions create links.
@@ -101,6 +106,7 @@ impl Default for ScdConfig {
             max_budget_tokens: 1 << 20,
             lexical_weight: 0.3,
             field_weight: 0.5,
+            code_names: true,
             link_weight: 2.0,
             link_sources: 3,
             second_hop_weight: 0.0,

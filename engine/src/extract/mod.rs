@@ -112,6 +112,8 @@ pub struct SelectedChunk {
     pub score: f32,
     /// Tokens in the budget tokenizer.
     pub tokens: usize,
+    /// Which chunker cut it (`tree-sitter:rust`, `heuristic:code`, `prose`, ...).
+    pub chunker: &'static str,
 }
 
 /// A chunk left out, listed so the receiver can ask for it by id.

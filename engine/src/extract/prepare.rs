@@ -9,7 +9,7 @@ use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
 use crate::cache::EmbeddingCache;
 use crate::cancel::Cancel;
 use crate::chunk::chunk_field;
-use crate::context::{Context, Field};
+use crate::context::{Context, Field, FieldKind};
 use crate::encoder::{EncodeOptions, InputKind};
 use crate::index::HnswIndex;
 use crate::score::{dedup, dot, Bm25};
@@ -32,6 +32,8 @@ pub(super) struct Prepared {
     pub(super) lower: String,
     /// Dropped-manifest stub.
     pub(super) stub: String,
+    /// Which chunker cut it ([`crate::chunk::RawChunk::chunker`]).
+    pub(super) chunker: &'static str,
 }
 
 /// The non-confidential part of a context chunked, counted, embedded and
@@ -70,6 +72,7 @@ impl PreparedContext {
             text: c.text.clone(),
             score,
             tokens,
+            chunker: c.chunker,
         }
     }
 }
@@ -198,7 +201,19 @@ impl Scd {
         cancel.check("chunk")?;
         let chunks = self.prepare_chunks(fields, cancel)?;
         cancel.check("index")?;
-        let bm25 = Bm25::new(&chunks.iter().map(|c| c.embed_text.as_str()).collect::<Vec<_>>());
+        // code: BM25 also sees camel-case identifiers split (`RandomState` → `random state`)
+        let lexical: Vec<std::borrow::Cow<'_, str>> = chunks
+            .iter()
+            .map(|c| {
+                if self.cfg.code_names && fields[c.field].kind == FieldKind::Code {
+                    std::borrow::Cow::Owned(format!("{} {}", c.embed_text, camel_words(&c.text)))
+                } else {
+                    std::borrow::Cow::Borrowed(c.embed_text.as_str())
+                }
+            })
+            .collect();
+        let bm25 = Bm25::new(&lexical);
+        drop(lexical);
         let vectors: Vec<&[f32]> = chunks.iter().map(|c| &*c.embedding).collect();
         let index = (chunks.len() >= self.cfg.hnsw_min_chunks).then(|| HnswIndex::build(&vectors, self.cfg.hnsw));
         let (distinct, unique) = distinct_vectors(&vectors);
@@ -277,18 +292,24 @@ impl Scd {
                     Some(h) if h != &f.name => format!("{} — {h}", f.name),
                     _ => f.name.clone(),
                 };
+                let names: Vec<String> = c.defines.iter().map(|d| identifier_words(d)).collect();
+                let embed_text = if f.kind == FieldKind::Code && self.cfg.code_names && !names.is_empty() {
+                    format!("{label} ({}): {text}", names.join(", "))
+                } else {
+                    format!("{label}: {text}")
+                };
                 match out.last() {
                     Some(prev) if self.cfg.embed_neighbour && prev.group == (fi, c.group) => {
                         vector_texts.push(format!("{label}: {} {text}", prev.text));
                     }
-                    _ => vector_texts.push(format!("{label}: {text}")),
+                    _ => vector_texts.push(embed_text.clone()),
                 }
                 out.push(Prepared {
                     field: fi,
                     id: format!("{}#{n}", f.name),
                     span: (c.start, c.end),
                     tokens: self.encoder.count_tokens(&text)?,
-                    embed_text: format!("{label}: {text}"),
+                    embed_text,
                     text,
                     group: (fi, c.group),
                     lead: c.lead,
@@ -296,6 +317,7 @@ impl Scd {
                     defines: c.defines.iter().map(|d| mention_key(d)).collect(),
                     lower: f.content[c.start..c.end].to_lowercase(),
                     stub: stub(&f.content[c.start..c.end], self.cfg.stub_words),
+                    chunker: c.chunker,
                 });
             }
         }
@@ -312,5 +334,62 @@ impl Scd {
             p.embedding = v;
         }
         Ok(out)
+    }
+}
+
+/// An identifier as lower-case words: `parse_header`, `ParseHeader` and
+/// `parseHTTPHeader` → `parse header`, `parse header`, `parse http header`.
+pub(super) fn identifier_words(ident: &str) -> String {
+    let mut out = String::with_capacity(ident.len() + 4);
+    let chars: Vec<char> = ident.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if !c.is_alphanumeric() {
+            if !out.ends_with(' ') && !out.is_empty() {
+                out.push(' ');
+            }
+            continue;
+        }
+        let prev = i.checked_sub(1).map(|j| chars[j]);
+        let next = chars.get(i + 1);
+        let boundary = c.is_uppercase()
+            && prev.is_some_and(|p| {
+                p.is_lowercase() || p.is_numeric() || p.is_uppercase() && next.is_some_and(|n| n.is_lowercase())
+            });
+        if boundary && !out.ends_with(' ') {
+            out.push(' ');
+        }
+        out.extend(c.to_lowercase());
+    }
+    out.trim().to_string()
+}
+
+/// The camel-case identifiers of `text` split into words (`RandomState
+/// getHeader` → `random state get header`); identifiers without inner
+/// capitals are left to BM25's own splitting.
+fn camel_words(text: &str) -> String {
+    let mut out = String::new();
+    for word in text.split(|c: char| !c.is_alphanumeric()) {
+        let humps = word.chars().skip(1).any(char::is_uppercase) && word.chars().any(char::is_lowercase);
+        if humps {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&identifier_words(word));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod code_name_tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_split_into_words() {
+        assert_eq!(identifier_words("parse_header"), "parse header");
+        assert_eq!(identifier_words("ParseHeader"), "parse header");
+        assert_eq!(identifier_words("parseHTTPHeader"), "parse http header");
+        assert_eq!(identifier_words("with_seed2"), "with seed2");
+        assert_eq!(camel_words("let s = RandomState::new(); x.get_mut(); getHeader()"), "random state get header");
     }
 }

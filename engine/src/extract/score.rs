@@ -103,12 +103,19 @@ impl Scd {
             .filter(|(fi, key)| key.as_deref().is_some_and(|k| named_by(k, *fi)))
             .map(|(fi, _)| fi)
             .collect();
+        // and the other way: chunks of other fields that mention a name a
+        // top chunk defines (the log line naming the function, the question
+        // naming the table)
+        let top_defines: Vec<(usize, &str)> =
+            top.iter().flat_map(|&i| chunks[i].defines.iter().map(move |d| (chunks[i].field, d.as_str()))).collect();
         let mut link_lift = vec![0.0; chunks.len()];
         for ((c, v), l) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()) {
             if linked_fields.contains(&c.field) {
                 *l = self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
             } else if c.defines.iter().any(|d| named_by(d, c.field)) {
                 *l = self.cfg.link_weight * self.cfg.lead_link_bonus;
+            } else if top_defines.iter().any(|&(f, d)| f != c.field && mentions(&c.lower, d)) {
+                *l = self.cfg.link_weight;
             } else {
                 continue;
             }

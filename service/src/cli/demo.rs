@@ -12,6 +12,12 @@ use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, Sessi
 
 use crate::config::ModelArgs;
 
+/// The demo's receiver budget, as a share of the context's tokens (also
+/// used by `scd eval`'s agent-fixture check).
+pub(crate) const DEMO_SHARE: f32 = 0.8;
+/// The demo's relevance floor (z-score) for the first answer.
+pub(crate) const DEMO_MIN_RELATIVE_SCORE: f32 = 0.5;
+
 /// Arguments of `scd demo`.
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -25,11 +31,11 @@ pub struct DemoArgs {
     #[arg(long, default_value = "fixtures/agent_context.json")]
     context: PathBuf,
     /// Receiver budget as a share of the context's tokens.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = DEMO_SHARE)]
     share: f32,
     /// Send only chunks scoring at least this many standard deviations above
     /// the context's mean (the rest of the budget stays for later requests).
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = DEMO_MIN_RELATIVE_SCORE)]
     min_relative_score: f32,
 }
 

@@ -2,15 +2,16 @@
 //! and baselines (random, lead, BM25, plain dense sentence ranking) in the
 //! same run. Writes a table, a JSON report and an SVG plot.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::budget::BudgetTokenizer;
-use scd_engine::context::{ContextRequirement, Task};
-use scd_engine::encoder::{EncodeOptions, Encoder, InputKind, OrtEncoder};
+use scd_engine::context::{Context, ContextRequirement, Task};
+use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder};
 use scd_engine::eval::{evidence_recall, load, Dataset, Example};
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
@@ -21,7 +22,8 @@ use crate::config::ModelArgs;
 /// Arguments of `scd eval`.
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// hotpotqa, squad, musique or 2wiki.
+    /// hotpotqa, squad, musique, 2wiki or code (for code the baselines rank
+    /// blank-line-separated blocks, not sentences).
     #[arg(long)]
     dataset: String,
     /// Dataset files (read by path; several are concatenated).
@@ -39,6 +41,31 @@ pub struct EvalArgs {
     /// SVG plot path (recall vs reduction per method).
     #[arg(long, default_value = "eval_plot.svg")]
     plot: PathBuf,
+    /// Per-example results as JSON lines (`id`, `method`, `budget`,
+    /// `recall`, `all_kept`), e.g. for cross-validation by crate.
+    #[arg(long)]
+    per_example: Option<PathBuf>,
+    /// Code chunker: `parser` (tree-sitter where a grammar exists) or
+    /// `heuristic` (blank lines and definition lines, functions cut at
+    /// 2 KiB, no code names: the engine before the parser, for comparisons).
+    #[arg(long, default_value = "parser")]
+    code_chunker: String,
+    /// Also run SCD with other settings, for tuning: a grid
+    /// `key=v1,v2 key2=v3,v4` (every combination); repeat the flag for
+    /// several grids. Keys: lexical_weight, field_weight, link_weight,
+    /// code_names (0 or 1), before (1: the code chunker and scoring before
+    /// the parser, as `--code-chunker heuristic`). Each setting is a method
+    /// named `scd[key=v ...]`; each distinct text is embedded once.
+    #[arg(long)]
+    sweep: Vec<String>,
+    /// The hand-written agent context checked after the dataset (skipped
+    /// when absent): compressed as `scd demo` does, its recall of the gold
+    /// substrings in `--fixture-gold` is printed and reported.
+    #[arg(long, default_value = "fixtures/agent_context.json")]
+    fixture: PathBuf,
+    /// Gold labels of `--fixture` (`task`, `gold_substrings`, `confidential_marker`).
+    #[arg(long, default_value = "fixtures/agent_context_gold.json")]
+    fixture_gold: PathBuf,
     /// Only SCD, no baselines (faster while developing).
     #[arg(long)]
     scd_only: bool,
@@ -150,6 +177,149 @@ fn ranked(scores: &[f32]) -> Vec<usize> {
     o
 }
 
+/// An encoder that embeds each distinct (kind, text) once, so a sweep's
+/// settings share their embeddings (memory grows with the dataset: for
+/// `--sweep` only).
+struct Memo {
+    inner: Arc<OrtEncoder>,
+    seen: Mutex<MemoMap>,
+}
+
+/// (is a query, text) → embedding.
+type MemoMap = HashMap<(bool, String), Arc<[f32]>>;
+
+impl Encoder for Memo {
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+    fn max_tokens(&self) -> usize {
+        self.inner.max_tokens()
+    }
+    fn count_tokens(&self, text: &str) -> scd_engine::Result<usize> {
+        self.inner.count_tokens(text)
+    }
+    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> scd_engine::Result<Encoded> {
+        let q = opts.kind == InputKind::Query;
+        let mut missing: Vec<&str> = {
+            let seen = self.seen.lock().expect("memo lock");
+            texts.iter().copied().filter(|t| !seen.contains_key(&(q, (*t).to_string()))).collect()
+        };
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            let e = self.inner.encode(&missing, opts)?;
+            let mut seen = self.seen.lock().expect("memo lock");
+            for (i, t) in missing.iter().enumerate() {
+                seen.insert((q, (*t).to_string()), Arc::from(e.row(i)));
+            }
+        }
+        let seen = self.seen.lock().expect("memo lock");
+        let mut data = Vec::with_capacity(texts.len() * self.dim());
+        for t in texts {
+            data.extend_from_slice(&seen[&(q, (*t).to_string())]);
+        }
+        Ok(Encoded { dim: self.dim(), data, tokens: vec![0; texts.len()], windows: vec![1; texts.len()] })
+    }
+    fn provider(&self) -> &str {
+        self.inner.provider()
+    }
+}
+
+/// The code chunking and scoring before the parser: the line heuristic,
+/// code cut at the prose bound, no code names.
+fn before_parser(cfg: &mut ScdConfig) {
+    cfg.chunk.code_parser = false;
+    cfg.chunk.max_code_chunk_bytes = cfg.chunk.max_chunk_bytes;
+    cfg.code_names = false;
+}
+
+/// The settings of `--sweep`: (method name, config) for each combination.
+fn sweep(base: &ScdConfig, grids: &[String]) -> anyhow::Result<Vec<(String, ScdConfig)>> {
+    let mut all = Vec::new();
+    for grid in grids {
+        all.extend(grid_of(base, grid)?);
+    }
+    Ok(all)
+}
+
+/// Every combination of one `--sweep` grid.
+fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfig)>> {
+    let mut out = vec![(String::new(), base.clone())];
+    for spec in grid.split_whitespace() {
+        let (key, values) = spec.split_once('=').with_context(|| format!("--sweep {spec:?}: expected key=v1,v2"))?;
+        let mut next = Vec::new();
+        for (name, cfg) in &out {
+            for v in values.split(',') {
+                let x: f32 = v.trim().parse().with_context(|| format!("--sweep {key}: {v:?} is not a number"))?;
+                let mut c = cfg.clone();
+                match key {
+                    "lexical_weight" => c.lexical_weight = x,
+                    "field_weight" => c.field_weight = x,
+                    "link_weight" => c.link_weight = x,
+                    "code_names" => c.code_names = x != 0.0,
+                    "before" if x != 0.0 => before_parser(&mut c),
+                    "before" => {}
+                    other => anyhow::bail!(
+                        "--sweep: unknown key {other:?} (lexical_weight, field_weight, link_weight, code_names, before)"
+                    ),
+                }
+                next.push((format!("{name} {key}={}", v.trim()), c));
+            }
+        }
+        out = next;
+    }
+    Ok(out.into_iter().filter(|(n, _)| !n.is_empty()).map(|(n, c)| (format!("scd[{}]", n.trim()), c)).collect())
+}
+
+/// The agent fixture compressed the way `scd demo` does (its task, 0.8 of
+/// the context's tokens, relevance floor 0.5): which gold substrings the
+/// first answer holds, and whether the confidential marker stayed out.
+fn fixture_recall(scd: &Scd, context: &std::path::Path, gold: &std::path::Path) -> anyhow::Result<serde_json::Value> {
+    let raw = std::fs::read_to_string(context).with_context(|| format!("--fixture {}", context.display()))?;
+    let ctx = Context::from_json(&raw).context("--fixture")?;
+    let raw = std::fs::read_to_string(gold).with_context(|| format!("--fixture-gold {}", gold.display()))?;
+    let g: serde_json::Value = serde_json::from_str(&raw).context("--fixture-gold: not JSON")?;
+    let task = g["task"].as_str().context("--fixture-gold: task must be a string")?;
+    let subs: Vec<&str> = g["gold_substrings"]
+        .as_array()
+        .context("--fixture-gold: gold_substrings must be a list")?
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    let total: usize = ctx
+        .fields
+        .iter()
+        .filter(|f| !f.confidential)
+        .map(|f| scd.encoder().count_tokens(&f.content))
+        .sum::<Result<_, _>>()?;
+    let budget = ((total as f32 * super::demo::DEMO_SHARE) as usize).max(1);
+    let out = scd.compress(&CompressRequest {
+        task: Task::new(task),
+        context: ctx,
+        requirement: ContextRequirement {
+            min_relative_score: Some(super::demo::DEMO_MIN_RELATIVE_SCORE),
+            ..ContextRequirement::with_budget(budget)
+        },
+        session: None,
+    })?;
+    let text: String = out.chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join("\n");
+    let missing: Vec<&str> = subs.iter().copied().filter(|s| !text.contains(s)).collect();
+    let leaked = g["confidential_marker"].as_str().is_some_and(|m| text.contains(m));
+    Ok(serde_json::json!({
+        "task": task,
+        "gold": subs.len(),
+        "found": subs.len() - missing.len(),
+        "recall": (subs.len() - missing.len()) as f32 / subs.len().max(1) as f32,
+        "missing": missing,
+        "confidential_leaked": leaked,
+        "sent_tokens": out.totals.sent_tokens,
+        "context_tokens": out.totals.context_tokens,
+    }))
+}
+
 /// Runs `scd eval`.
 pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let dataset: Dataset = args.dataset.parse()?;
@@ -169,8 +339,24 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     cfg.field_weight = args.field_weight.unwrap_or(cfg.field_weight);
     cfg.link_weight = args.link_weight.unwrap_or(cfg.link_weight);
     cfg.link_sources = args.link_sources.unwrap_or(cfg.link_sources);
-    let scd = Scd::new(encoder.clone(), cfg);
-    let methods: &[&str] = if args.scd_only { &["scd"] } else { &["scd", "dense", "bm25", "lead", "random"] };
+    match args.code_chunker.as_str() {
+        "parser" => {}
+        "heuristic" => before_parser(&mut cfg),
+        other => anyhow::bail!("--code-chunker: expected parser or heuristic, got {other:?}"),
+    }
+    let variants = sweep(&cfg, &args.sweep)?;
+    let memo: Arc<dyn Encoder> = if variants.is_empty() {
+        encoder.clone()
+    } else {
+        Arc::new(Memo { inner: encoder.clone(), seen: Mutex::new(HashMap::new()) })
+    };
+    let scd = Scd::new(memo.clone(), cfg);
+    let others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
+    let mut methods: Vec<&str> = vec!["scd"];
+    if !args.scd_only {
+        methods.extend(["dense", "bm25", "lead", "random"]);
+    }
+    methods.extend(others.iter().map(|(n, _)| n.as_str()));
     let mut acc: Vec<Vec<Acc>> =
         methods.iter().map(|_| args.budgets.iter().map(|_| Acc::default()).collect()).collect();
     let bar = ProgressBar::new(examples.len() as u64);
@@ -178,6 +364,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let mut rng = 0x9E3779B97F4A7C15u64;
     let mut hits_before = scd.cache_stats();
     let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
+    let mut per_example = Vec::new();
     for ex in &examples {
         let t = Instant::now();
         let base = if args.scd_only {
@@ -220,6 +407,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                 .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
                 .collect();
             let (r, all) = evidence_recall(ex, &sel, dataset);
+            per_example
+                .push(serde_json::json!({"id": ex.id, "method": "scd", "budget": frac, "recall": r, "all_kept": all}));
             let a = &mut acc[0][bi];
             a.recall.push(r);
             a.all.push(f32::from(u8::from(all)));
@@ -232,12 +421,41 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
                 }
                 let (sel, used) = fill(order, &base.units, budget);
                 let (r, all) = evidence_recall(ex, &sel, dataset);
+                per_example.push(
+                    serde_json::json!({"id": ex.id, "method": methods[mi], "budget": frac, "recall": r, "all_kept": all}),
+                );
                 let a = &mut acc[mi][bi];
                 a.recall.push(r);
                 a.all.push(f32::from(u8::from(all)));
                 a.ratio.push(if used == 0 { 0.0 } else { base.total as f32 / used as f32 });
                 a.r1.push(base.total as f32 / (used + encoder.dim()) as f32);
                 a.ms.push(if mi == 1 { base_ms } else { 0.0 });
+            }
+            for (vi, (vname, v)) in others.iter().enumerate() {
+                let mi = methods.len() - others.len() + vi;
+                let t = Instant::now();
+                let out = v.compress(&CompressRequest {
+                    task: Task::new(ex.question.clone()),
+                    context: ex.context.clone(),
+                    requirement: ContextRequirement::with_budget(budget),
+                    session: None,
+                })?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let sel: Selection = out
+                    .chunks
+                    .iter()
+                    .map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span))
+                    .collect();
+                let (r, all) = evidence_recall(ex, &sel, dataset);
+                per_example.push(
+                    serde_json::json!({"id": ex.id, "method": vname, "budget": frac, "recall": r, "all_kept": all}),
+                );
+                let a = &mut acc[mi][bi];
+                a.recall.push(r);
+                a.all.push(f32::from(u8::from(all)));
+                a.ratio.push(out.totals.reduction_ratio);
+                a.r1.push(out.totals.r_theorem1);
+                a.ms.push(ms);
             }
         }
         bar.inc(1);
@@ -280,12 +498,34 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             r.cache_hit_rate.map(|h| format!("{h:.2}")).unwrap_or_default()
         );
     }
-    let report =
-        serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(), "results": rows});
+    let fixture = if args.fixture.is_file() && args.fixture_gold.is_file() {
+        let f = fixture_recall(&scd, &args.fixture, &args.fixture_gold)?;
+        println!(
+            "agent fixture ({}, as scd demo): {} of {} gold substrings in the first answer{}; confidential leaked: {}",
+            args.fixture.display(),
+            f["found"],
+            f["gold"],
+            if f["missing"].as_array().is_some_and(|m| !m.is_empty()) {
+                format!(" (missing {})", f["missing"])
+            } else {
+                String::new()
+            },
+            f["confidential_leaked"]
+        );
+        f
+    } else {
+        eprintln!("agent fixture: {} not found, skipped", args.fixture.display());
+        serde_json::Value::Null
+    };
+    let report = serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(), "results": rows, "agent_fixture": fixture});
     std::fs::write(&args.report, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("--report {}", args.report.display()))?;
     std::fs::write(&args.plot, svg(&rows, &args.dataset)).with_context(|| format!("--plot {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
+    if let Some(p) = &args.per_example {
+        let lines: String = per_example.iter().map(|v| format!("{v}\n")).collect();
+        std::fs::write(p, lines).with_context(|| format!("--per-example {}", p.display()))?;
+    }
     Ok(())
 }
 

@@ -327,3 +327,65 @@ fn compress_counts_the_budget_in_the_named_tokenizer() {
     assert!(stderr.contains("--budget-tokenizer: unknown tokenizer \"nope\""), "{stderr}");
     assert!(stderr.contains("e5, o200k, cl100k") && stderr.contains("tokenizer.json"), "{stderr}");
 }
+
+/// `scd demo`'s first answer (before any adaptive request) holds the log
+/// line that explains the failing charges, and the whole demo never shows
+/// the confidential field.
+#[test]
+fn demo_first_answer_has_the_pool_exhausted_log_line() {
+    if !ready() {
+        return;
+    }
+    let (ok, stdout, stderr) = scd(&["demo"], "");
+    assert!(ok, "{stderr}");
+    let first = stdout.split("receiver asks").next().unwrap();
+    assert!(
+        first.contains("ERROR payments::db: connection pool exhausted (max=32) in charge_card"),
+        "first answer lacks the log line:\n{first}"
+    );
+    assert!(first.contains("fn charge_card"), "{first}");
+    assert!(!stdout.contains("sk_live_SECRET_4242"));
+}
+
+/// `scd eval` reports the agent fixture's recall as the demo sees it.
+#[test]
+fn eval_reports_the_agent_fixture_recall() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("eval-fixture");
+    let data = dir.join("code.jsonl");
+    let content = "use std::fmt;\n\n/// Adds.\npub fn add(a: u8, b: u8) -> u8 {\n    a + b\n}\n\npub fn sub(a: u8, b: u8) -> u8 {\n    a - b\n}\n";
+    let rec = serde_json::json!({
+        "id": "c-1/src/lib.rs::sub", "crate": "c-1", "task": "Subtracts two bytes",
+        "context": {"fields": [{"name": "c-1/src/lib.rs", "kind": "code", "content": content, "confidential": false}]},
+        "gold": "pub fn sub(a: u8, b: u8) -> u8 {\n    a - b\n}",
+    });
+    std::fs::write(&data, format!("{rec}\n")).unwrap();
+    let report = dir.join("r.json");
+    let (ok, stdout, stderr) = scd(
+        &[
+            "eval",
+            "--dataset",
+            "code",
+            "--path",
+            data.to_str().unwrap(),
+            "--budgets",
+            "0.5",
+            "--report",
+            report.to_str().unwrap(),
+            "--plot",
+            dir.join("p.svg").to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("agent fixture"), "{stdout}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let f = &r["agent_fixture"];
+    assert_eq!(f["gold"], 4);
+    assert_eq!(f["found"], 4, "{f}");
+    assert_eq!(f["confidential_leaked"], false);
+    let methods: Vec<&str> = r["results"].as_array().unwrap().iter().map(|x| x["method"].as_str().unwrap()).collect();
+    assert_eq!(methods, vec!["scd", "dense", "bm25", "lead", "random"]);
+}

@@ -1,6 +1,10 @@
 //! Structure-aware chunking: prose by sentences, code by blocks, logs around
 //! errors, JSON by key paths, chat by turns, tables by table. No chunk
 //! crosses a field; every chunk is a byte span of its field's content.
+//! Code in a language with a built-in grammar is parsed (see [`code`]);
+//! each chunk records which chunker made it.
+
+pub mod code;
 
 use crate::context::{Field, FieldKind};
 
@@ -21,12 +25,15 @@ pub struct RawChunk {
     pub lead: bool,
     /// Names this chunk defines (functions, tables), for dependency links.
     pub defines: Vec<String>,
+    /// Which chunker made it: `prose`, `log`, `json`, `chat`, `table`,
+    /// `heuristic:code`, or `tree-sitter:<language>` (`tree-sitter:rust`).
+    pub chunker: &'static str,
 }
 
 impl RawChunk {
     /// A lead chunk of its own group that defines `name` (a function, a table).
-    fn block(start: usize, end: usize, group: usize, name: Option<String>) -> Self {
-        RawChunk { start, end, heading: name.clone(), group, lead: true, defines: name.into_iter().collect() }
+    fn block(start: usize, end: usize, group: usize, name: Option<String>, chunker: &'static str) -> Self {
+        RawChunk { start, end, heading: name.clone(), group, lead: true, defines: name.into_iter().collect(), chunker }
     }
 }
 
@@ -40,11 +47,18 @@ pub struct ChunkConfig {
     /// whitespace, else at a character boundary, into pieces of one group
     /// led by the first, so every piece can fit a budget.
     pub max_chunk_bytes: usize,
+    /// Longest code chunk in bytes: a function up to this size stays one
+    /// chunk, so it is sent whole or not at all (the encoder embeds long
+    /// chunks in windows). Longer ones are cut at line breaks like any chunk.
+    pub max_code_chunk_bytes: usize,
+    /// Parse code with tree-sitter where a grammar exists (else only the
+    /// line heuristic, as before the parser came: for comparisons).
+    pub code_parser: bool,
 }
 
 impl Default for ChunkConfig {
     fn default() -> Self {
-        Self { target_bytes: 0, max_chunk_bytes: 2048 }
+        Self { target_bytes: 0, max_chunk_bytes: 2048, max_code_chunk_bytes: 16 << 10, code_parser: true }
     }
 }
 
@@ -53,6 +67,7 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     let text = field.content.as_str();
     let mut out = match field.kind {
         FieldKind::Prose => prose(text, cfg),
+        FieldKind::Code if cfg.code_parser => code_field(field),
         FieldKind::Code => code(text),
         FieldKind::Log => log(text),
         FieldKind::Json => json(text),
@@ -63,11 +78,24 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     for c in &mut out {
         trim_span(text, &mut c.start, &mut c.end);
     }
-    if out.iter().any(|c| c.end - c.start > cfg.max_chunk_bytes.max(1)) {
-        out = out.into_iter().flat_map(|c| split_long(text, c, cfg.max_chunk_bytes.max(1))).collect();
+    let max = if field.kind == FieldKind::Code { cfg.max_code_chunk_bytes } else { cfg.max_chunk_bytes }.max(1);
+    if out.iter().any(|c| c.end - c.start > max) {
+        out = out.into_iter().flat_map(|c| split_long(text, c, max)).collect();
     }
     out
 }
+
+/// A code field by its language's parser (named by the field's extension,
+/// else sniffed), else by the line heuristic.
+fn code_field(field: &Field) -> Vec<RawChunk> {
+    let text = field.content.as_str();
+    Lang::from_name(&field.name)
+        .or_else(|| Lang::sniff(text))
+        .and_then(|lang| code::chunk(text, lang))
+        .unwrap_or_else(|| code(text))
+}
+
+pub use code::Lang;
 
 /// Cuts `c` into pieces of at most `max` bytes (see [`ChunkConfig::max_chunk_bytes`]).
 fn split_long(text: &str, c: RawChunk, max: usize) -> Vec<RawChunk> {
@@ -108,6 +136,7 @@ fn split_long(text: &str, c: RawChunk, max: usize) -> Vec<RawChunk> {
                 group: c.group,
                 lead: c.lead && first,
                 defines: if first { c.defines.clone() } else { Vec::new() },
+                chunker: c.chunker,
             });
         }
         if end <= start {
@@ -229,8 +258,15 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
             }
             let (s, e) = (para[0].0, para.last().unwrap().1);
             let g = *group;
-            let sentence_chunk =
-                |start, end, lead| RawChunk { start, end, heading: heading.clone(), group: g, lead, defines: vec![] };
+            let sentence_chunk = |start, end, lead| RawChunk {
+                start,
+                end,
+                heading: heading.clone(),
+                group: g,
+                lead,
+                defines: vec![],
+                chunker: "prose",
+            };
             let mut first = true;
             let mut cur: Option<(usize, usize)> = None;
             for (a, b) in sentences(&text[s..e], s) {
@@ -257,7 +293,15 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
         } else if line.starts_with('#') {
             flush(&mut para, &mut out, &mut group, &heading);
             heading = Some(heading_text(line));
-            out.push(RawChunk { start: s, end: e, heading: heading.clone(), group, lead: true, defines: vec![] });
+            out.push(RawChunk {
+                start: s,
+                end: e,
+                heading: heading.clone(),
+                group,
+                lead: true,
+                defines: vec![],
+                chunker: "prose",
+            });
             group += 1;
         } else {
             para.push((s, e));
@@ -309,7 +353,7 @@ fn code(text: &str) -> Vec<RawChunk> {
             if let Some(c) = cur.take() {
                 out.push(c);
             }
-            cur = Some(RawChunk::block(s, e, i, def));
+            cur = Some(RawChunk::block(s, e, i, def, "heuristic:code"));
         } else if let Some(c) = cur.as_mut() {
             c.end = e;
         }
@@ -358,7 +402,15 @@ fn log(text: &str) -> Vec<RawChunk> {
             }
             _ => {
                 group += 1;
-                out.push(RawChunk { start: s, end: e, heading: None, group, lead: true, defines: vec![] });
+                out.push(RawChunk {
+                    start: s,
+                    end: e,
+                    heading: None,
+                    group,
+                    lead: true,
+                    defines: vec![],
+                    chunker: "log",
+                });
                 ordinary = usize::from(!error);
             }
         }
@@ -373,7 +425,15 @@ fn json(text: &str) -> Vec<RawChunk> {
         return lines(text)
             .into_iter()
             .enumerate()
-            .map(|(i, (s, e))| RawChunk { start: s, end: e, heading: None, group: i, lead: true, defines: vec![] })
+            .map(|(i, (s, e))| RawChunk {
+                start: s,
+                end: e,
+                heading: None,
+                group: i,
+                lead: true,
+                defines: vec![],
+                chunker: "json",
+            })
             .collect();
     };
     let mut out = Vec::new();
@@ -420,7 +480,7 @@ fn json(text: &str) -> Vec<RawChunk> {
 
 fn json_entry(text: &str, start: usize, end: usize) -> RawChunk {
     let key = text[start + 1..].split('"').next().unwrap_or("").to_string();
-    RawChunk { start, end, heading: Some(key.clone()), group: start, lead: true, defines: vec![key] }
+    RawChunk { start, end, heading: Some(key.clone()), group: start, lead: true, defines: vec![key], chunker: "json" }
 }
 
 fn chat(text: &str) -> Vec<RawChunk> {
@@ -453,7 +513,15 @@ fn chat(text: &str) -> Vec<RawChunk> {
         if !answers_prev {
             group += 1;
         }
-        out.push(RawChunk { start: s, end: e, heading: None, group, lead: !answers_prev, defines: vec![] });
+        out.push(RawChunk {
+            start: s,
+            end: e,
+            heading: None,
+            group,
+            lead: !answers_prev,
+            defines: vec![],
+            chunker: "chat",
+        });
         prev_question = question && !answers_prev;
     }
     out
@@ -472,7 +540,7 @@ fn table(text: &str) -> Vec<RawChunk> {
         }
         let name = table_name(line);
         if prev_blank || name.is_some() || out.is_empty() {
-            out.push(RawChunk::block(s, e, s, name));
+            out.push(RawChunk::block(s, e, s, name, "table"));
         } else if let Some(last) = out.last_mut() {
             last.end = e;
         }
@@ -514,14 +582,18 @@ mod tests {
         assert!(c[0].lead && c[1..].iter().all(|x| !x.lead && x.group == c[0].group));
         assert!(c.windows(2).all(|w| w[0].end <= w[1].start), "in order, no overlap");
         // code is cut at line breaks; text without any break at char boundaries
+        // (a code chunk may be as long as max_code_chunk_bytes, so a function stays whole)
         let code = (0..400).map(|i| format!("    let x{i} = {i};\n")).collect::<String>();
         let f = field(FieldKind::Code, &format!("fn big() {{\n{code}}}\n"));
-        let c = chunk_field(&f, ChunkConfig::default());
+        assert_eq!(chunk_field(&f, ChunkConfig::default()).len(), 1);
+        let small = ChunkConfig { max_code_chunk_bytes: 2048, ..ChunkConfig::default() };
+        let c = chunk_field(&f, small);
         assert!(c.len() > 1 && c.iter().all(|c| c.end - c.start <= 2048));
         assert_eq!(c[0].defines, vec!["big".to_string()]);
+        assert!(c.iter().all(|x| x.chunker == "tree-sitter:rust"));
         assert!(c.iter().all(|x| f.content[x.start..x.end].ends_with(';') || f.content[x.start..x.end].ends_with('}')));
         let f = field(FieldKind::Log, &"é".repeat(5000));
-        let c = chunk_field(&f, ChunkConfig { target_bytes: 0, max_chunk_bytes: 1001 });
+        let c = chunk_field(&f, ChunkConfig { target_bytes: 0, max_chunk_bytes: 1001, ..ChunkConfig::default() });
         assert!(c.iter().all(|c| c.end - c.start <= 1001));
         assert_eq!(c.iter().map(|c| c.end - c.start).sum::<usize>(), 10_000, "nothing lost");
     }
