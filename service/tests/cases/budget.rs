@@ -84,6 +84,27 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
     let sent = hf.count(&sent_text(&out.chunks)).unwrap();
     assert!(sent <= 100 && out.totals.unwrap().sent_tokens > 0, "{sent} llama tokens sent");
 
+    // `scd client compress`: the registered name, the table, and an unknown name failing with the server's message
+    let client = |extra: &[&str]| {
+        let mut args = vec!["client", "--addr", server.addr.as_str(), "compress", "--task"];
+        args.extend(["Why are customer charges failing at checkout?", "--context", "fixtures/agent_context.json"]);
+        args.extend(["--budget", "150"]);
+        args.extend(extra);
+        scd(&args, "")
+    };
+    let (ok, stdout, stderr) = client(&["--budget-tokenizer", "llama", "--explain", "--format", "text"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains(" tokens sent in llama: ") && stdout.contains("; tokens in llama"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("id ") && l.ends_with(" chunker")), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("-- dropped: ")), "{stdout}");
+    let (ok, stdout, stderr) = client(&["--budget-tokenizer", "o200k"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["totals"]["tokenizer"], "o200k", "{v}");
+    assert!(v.get("explanation").is_none(), "{v}");
+    let (ok, _, stderr) = client(&["--budget-tokenizer", "nope"]);
+    assert!(!ok && stderr.contains("budget_tokenizer: unknown tokenizer \"nope\""), "{stderr}");
+
     // a session counts its follow-ups in the same tokenizer
     let budget = 120;
     let mut open = with_tokenizer(budget, "o200k");
@@ -151,6 +172,20 @@ async fn grpc_explain_parts_add_up_to_each_score() {
     let dropped: std::collections::BTreeSet<&str> = out.dropped.iter().map(|d| d.id.as_str()).collect();
     assert!(ex.dropped.iter().all(|d| dropped.contains(d.id.as_str())), "explained drops not in the manifest");
     assert!(!format!("{out:?}").contains("sk_live_SECRET_4242"), "confidential content leaked");
+
+    // each row names the chunker that cut it: the Rust field by its parser
+    let mut req = pb::CompressRequest { explain: true, ..grpc::compress_req(400, "") };
+    req.requirement.as_mut().unwrap().required_fields = vec!["code".into()];
+    let out = c.compress(req).await.unwrap().into_inner();
+    let ex = out.explanation.unwrap();
+    let chunker = |prefix: &str| -> Vec<&str> {
+        ex.selected.iter().filter(|w| w.id.starts_with(prefix)).map(|w| w.chunker.as_str()).collect()
+    };
+    let code = chunker("code#");
+    assert!(!code.is_empty() && code.iter().all(|c| *c == "tree-sitter:rust"), "{:?}", ex.selected);
+    assert!(ex.selected.iter().filter(|w| w.id.starts_with("code#")).all(|w| w.required));
+    assert!(chunker("error_logs#").iter().all(|c| *c == "log"), "{:?}", ex.selected);
+    assert!(ex.selected.iter().all(|w| !w.chunker.is_empty()), "{:?}", ex.selected);
 
     // a calibrated threshold: chunks under it are dropped as below the threshold, with their value
     let mut req = pb::CompressRequest { explain: true, ..grpc::compress_req(400, "") };
