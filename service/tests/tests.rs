@@ -18,6 +18,8 @@ mod atp_reference;
 mod audit;
 #[path = "cases/auth.rs"]
 mod auth;
+#[path = "cases/budget.rs"]
+mod budget;
 #[path = "cases/cli.rs"]
 mod cli;
 #[path = "cases/fuzz.rs"]

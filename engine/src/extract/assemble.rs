@@ -114,9 +114,7 @@ impl Scd {
                 by_closure: trace.by_closure.contains(&i),
                 required: matches!(gate(i), Gate::Required),
                 tokens: counting.tokens[i],
-                // slot for RawChunk.chunker (code chunking, branch `code`),
-                // not on this branch yet
-                chunker: None,
+                chunker: Some(chunks[i].chunker.to_string()),
             })
             .collect();
         let mut dropped: Vec<DropWhy> = (0..chunks.len())

@@ -189,7 +189,9 @@ pub struct ChunkWhy {
     pub required: bool,
     /// Tokens in the budget tokenizer.
     pub tokens: usize,
-    /// The chunker that made it, when the chunk records one.
+    /// The chunker that made it (`prose`, `log`, `json`, `chat`, `table`,
+    /// `heuristic:code`, `tree-sitter:<language>`); `None` only when read
+    /// back from a reply that did not carry it.
     pub chunker: Option<String>,
 }
 

@@ -135,6 +135,7 @@ fn the_explanation_adds_up_and_follows_the_packing() {
         assert_eq!(w.score, c.score);
         let sum = w.dense_z + ex.lexical_weight * w.lexical_z + w.group_lift + w.link_lift + w.hop_lift;
         assert_eq!(sum, w.score, "{}", w.id);
+        assert_eq!(w.chunker.as_deref(), Some("prose"), "{}: the chunker that cut it", w.id);
     }
     // orders are 1..=n; by score except leads brought by closure
     let mut by_order: Vec<&ChunkWhy> = ex.selected.iter().collect();

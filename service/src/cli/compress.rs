@@ -170,7 +170,7 @@ pub(crate) fn explain_table(
     )?;
     writeln!(
         w,
-        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:<5} {:>6}",
+        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:<5} {:>6}  chunker",
         "id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens"
     )?;
     for c in &ex.selected {
@@ -183,7 +183,7 @@ pub(crate) fn explain_table(
         };
         writeln!(
             w,
-            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:<5} {:>6}",
+            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:<5} {:>6}  {}",
             clip(&c.id, idw),
             c.order,
             c.score,
@@ -193,7 +193,8 @@ pub(crate) fn explain_table(
             c.link_lift,
             c.hop_lift,
             lead,
-            c.tokens
+            c.tokens,
+            c.chunker.as_deref().unwrap_or("-")
         )?;
     }
     let shown = ex.dropped.len().min(max_dropped);

@@ -6,7 +6,7 @@
 //!
 //! | tool | arguments | structured result |
 //! | --- | --- | --- |
-//! | `compress_context` | `task`, `context`, `budget`, optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render`, `budget_tokenizer` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`) |
+//! | `compress_context` | `task`, `context`, `budget`, optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render`, `budget_tokenizer`, `explain` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`), `explanation` (with `explain`) |
 //! | `request_more_context` | `session`, `question`, `current_confidence` (or `report`), optional `chunk_ids`, `reasoning` | `chunks`, `remaining_tokens`, `reason` |
 //! | `count_tokens` | `text` | `tokens` |
 //! | `embed` | `texts`, optional `query` | `model`, `dim`, `embeddings` |
@@ -196,6 +196,10 @@ pub struct CompressContextArgs {
     /// `cl100k`, `e5` (the default) or a name the server registered. What
     /// is sent never counts more than the budget in it.
     pub budget_tokenizer: Option<String>,
+    /// Say why each chunk was sent (score parts, packing order, group lead)
+    /// or dropped (`explanation`).
+    #[serde(default)]
+    pub explain: bool,
 }
 
 /// Arguments of `request_more_context`.
@@ -304,6 +308,124 @@ pub struct CompressOutput {
     /// The selection as a hand-off report (with `render`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub report: Option<String>,
+    /// Why each chunk was sent or dropped (with `explain`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub explanation: Option<ExplanationOut>,
+}
+
+/// Why the selection is what it is (`compress_context` with `explain`).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExplanationOut {
+    /// The weight of `lexical_z` in the score.
+    pub lexical_weight: f32,
+    /// Per sent chunk, in reading order (as `chunks`).
+    pub selected: Vec<ChunkWhyOut>,
+    /// Per dropped chunk, best score first (confidential fields never listed).
+    pub dropped: Vec<DropWhyOut>,
+}
+
+/// Why a chunk was sent: `score = dense_z + lexical_weight * lexical_z +
+/// group_lift + link_lift + hop_lift`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChunkWhyOut {
+    /// Chunk id.
+    pub id: String,
+    /// When packing took it, 1-based (required chunks first).
+    pub order: u32,
+    /// The fused score.
+    pub score: f32,
+    /// z-score of the dense (cosine) similarity to the task.
+    pub dense_z: f32,
+    /// z-score of BM25, before `lexical_weight`.
+    pub lexical_z: f32,
+    /// Lift from the best chunk of its group.
+    pub group_lift: f32,
+    /// Lift from links (a document the task or a top chunk names).
+    pub link_lift: f32,
+    /// Lift from the second hop.
+    pub hop_lift: f32,
+    /// It leads its group (a paragraph's first sentence, a table header).
+    pub lead: bool,
+    /// A chunk of its group brought it.
+    pub by_closure: bool,
+    /// Its field is required.
+    pub required: bool,
+    /// Tokens in the budget tokenizer.
+    pub tokens: u32,
+    /// The chunker that made it, when recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunker: Option<String>,
+}
+
+/// Why a chunk was not sent.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct DropWhyOut {
+    /// Chunk id.
+    pub id: String,
+    /// The fused score.
+    pub score: f32,
+    /// Tokens it would cost, in the budget tokenizer.
+    pub tokens: u32,
+    /// `below_threshold`, `out_of_budget`, `near_duplicate` or `not_eligible`.
+    pub reason: String,
+    /// `below_threshold`: `relevance_threshold` (cosine) or `min_relative_score` (z).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<String>,
+    /// `below_threshold`: the chunk's value that was compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<f32>,
+    /// `near_duplicate`: the id of the sent chunk it duplicates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub of: Option<String>,
+}
+
+fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
+    ExplanationOut {
+        lexical_weight: ex.lexical_weight,
+        selected: ex
+            .selected
+            .into_iter()
+            .map(|c| ChunkWhyOut {
+                id: c.id,
+                order: c.order,
+                score: c.score,
+                dense_z: c.dense_z,
+                lexical_z: c.lexical_z,
+                group_lift: c.group_lift,
+                link_lift: c.link_lift,
+                hop_lift: c.hop_lift,
+                lead: c.lead,
+                by_closure: c.by_closure,
+                required: c.required,
+                tokens: c.tokens,
+                chunker: (!c.chunker.is_empty()).then_some(c.chunker),
+            })
+            .collect(),
+        dropped: ex
+            .dropped
+            .into_iter()
+            .map(|d| {
+                let reason = pb::DropReason::try_from(d.reason).unwrap_or_default();
+                let below = reason == pb::DropReason::BelowThreshold;
+                let dup = reason == pb::DropReason::NearDuplicate;
+                DropWhyOut {
+                    reason: match reason {
+                        pb::DropReason::BelowThreshold => "below_threshold",
+                        pb::DropReason::NearDuplicate => "near_duplicate",
+                        pb::DropReason::NotEligible => "not_eligible",
+                        pb::DropReason::OutOfBudget | pb::DropReason::Unspecified => "out_of_budget",
+                    }
+                    .into(),
+                    threshold: below.then_some(d.threshold),
+                    value: below.then_some(d.value),
+                    of: dup.then_some(d.duplicate_of),
+                    id: d.id,
+                    score: d.score,
+                    tokens: d.tokens,
+                }
+            })
+            .collect(),
+    }
 }
 
 /// Result of `request_more_context`.
@@ -564,7 +686,7 @@ impl ScdMcp {
             session_token,
             render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
             budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
-            explain: false,
+            explain: a.explain,
         };
         let r = self.backend.compress(req, open).await.map_err(tool_error)?;
         if !r.session_token.is_empty() {
@@ -590,6 +712,7 @@ impl ScdMcp {
             warnings: r.warnings,
             session_id: r.session_id,
             report: (!r.report.is_empty()).then_some(r.report),
+            explanation: r.explanation.map(explanation_out),
         }))
     }
 
@@ -887,6 +1010,59 @@ mod tests {
         assert!(more(over_http(Some("mcp-a")), &s.session_id).await.is_err());
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compress_context_counts_in_the_named_tokenizer_and_explains_when_asked() {
+        let mcp = in_process();
+        let call = |extra: Value| {
+            let mut args =
+                serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12});
+            args.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            mcp.compress_context(stdio(), compress_args(args))
+        };
+        let Json(out) = call(serde_json::json!({})).await.unwrap();
+        assert_eq!(out.totals.tokenizer, "e5");
+        assert!(out.explanation.is_none());
+        assert!(!serde_json::to_string(&out).unwrap().contains("explanation"));
+
+        let Json(out) = call(serde_json::json!({"budget_tokenizer": "o200k"})).await.unwrap();
+        assert_eq!(out.totals.tokenizer, "o200k");
+        let sent: Vec<&str> = out.chunks.iter().map(|c| c.text.as_str()).collect();
+        let n = scd_engine::budget::builtin("o200k").unwrap().count(&sent.join("\n")).unwrap();
+        assert!(n <= 12 && !sent.is_empty(), "{n} o200k tokens");
+        for bad in ["nope", "/etc/passwd"] {
+            let e = call(serde_json::json!({"budget_tokenizer": bad})).await.err().unwrap();
+            assert!(e.starts_with("budget_tokenizer: unknown tokenizer"), "{e}");
+            assert!(e.contains("e5, o200k, cl100k"), "{e}");
+        }
+        let e = call(serde_json::json!({"explain": "yes"})).await.err().unwrap();
+        assert!(e.starts_with("explain: invalid type"), "{e}");
+
+        let Json(out) = call(serde_json::json!({"explain": true})).await.unwrap();
+        let ex = out.explanation.as_ref().expect("an explanation");
+        let ids: Vec<&str> = ex.selected.iter().map(|w| w.id.as_str()).collect();
+        assert_eq!(ids, out.chunks.iter().map(|c| c.id.as_str()).collect::<Vec<_>>());
+        for w in &ex.selected {
+            let sum = w.dense_z + ex.lexical_weight * w.lexical_z + w.group_lift + w.link_lift + w.hop_lift;
+            assert!((sum - w.score).abs() < 1e-3, "{w:?}");
+        }
+        let mut orders: Vec<u32> = ex.selected.iter().map(|w| w.order).collect();
+        orders.sort_unstable();
+        assert_eq!(orders, (1..=ex.selected.len() as u32).collect::<Vec<_>>());
+        assert!(!ex.dropped.is_empty());
+        for d in &ex.dropped {
+            assert!(!d.id.starts_with("keys"), "confidential field listed");
+            let ok = match d.reason.as_str() {
+                "below_threshold" => d.threshold.is_some() && d.value.is_some() && d.of.is_none(),
+                "near_duplicate" => d.of.as_deref().is_some_and(|of| ids.contains(&of)),
+                "out_of_budget" | "not_eligible" => d.threshold.is_none() && d.of.is_none(),
+                _ => false,
+            };
+            assert!(ok, "{d:?}");
+        }
+        let shown = serde_json::to_string(&out).unwrap();
+        assert!(shown.contains("\"explanation\"") && !shown.contains("sk_live"), "{shown}");
+    }
+
     #[test]
     fn session_tokens_are_bounded_oldest_first() {
         let t = SessionTokens::new(2);
@@ -923,5 +1099,10 @@ mod tests {
             None => schema["properties"]["context"].clone(),
         };
         assert_eq!(context["properties"]["fields"]["items"]["additionalProperties"], Value::Bool(false), "{schema}");
+        assert_eq!(schema["additionalProperties"], Value::Bool(false), "{schema}");
+        assert_eq!(schema["properties"]["explain"]["type"], "boolean", "{schema}");
+        assert_eq!(schema["properties"]["budget_tokenizer"]["type"], serde_json::json!(["string", "null"]), "{schema}");
+        let out = Value::Object((*compress.output_schema.clone().unwrap()).clone());
+        assert!(out["properties"].get("explanation").is_some(), "{out}");
     }
 }

@@ -436,3 +436,51 @@ async fn a2a_rejects_bad_envelopes_push_configs_and_long_histories_over_the_netw
     .await
     .unwrap();
 }
+
+/// `budget_tokenizer` in a data part (in-process server, hash encoder): the
+/// artifact's totals name it and the sent text fits the budget in it; an
+/// unknown name rejects the task with a message naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_data_part_counts_the_budget_in_the_named_tokenizer() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let addr = s.http.to_string();
+    tokio::task::spawn_blocking(move || {
+        let send = |tok: &str| {
+            let mut m = compress_message(None);
+            m["message"]["parts"][0]["data"]["budget_tokenizer"] = json!(tok);
+            rpc(&addr, "SendMessage", m)
+        };
+        let r = send("o200k");
+        let task = &r["result"]["task"];
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+        let data = &task["artifacts"][0]["parts"][0]["data"];
+        assert_eq!(data["totals"]["tokenizer"], "o200k", "{data}");
+        let text: Vec<&str> = data["chunks"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+        let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(&text.join("\n")).len();
+        assert!(sent <= 150 && !text.is_empty(), "{sent} o200k tokens sent");
+        let t = &data["totals"];
+        let asked = t["contextTokens"].as_f64().unwrap() / 150.0;
+        assert!((t["requestedRatio"].as_f64().unwrap() - asked).abs() < 1e-3 * asked, "{t}");
+        assert!(!r.to_string().contains("sk_live_SECRET_4242"), "confidential content leaked");
+        // the default is the encoder's own
+        let r = rpc(&addr, "SendMessage", compress_message(None));
+        assert_eq!(r["result"]["task"]["artifacts"][0]["parts"][0]["data"]["totals"]["tokenizer"], "e5", "{r}");
+        // unknown: the task is rejected, naming the key and the choices
+        for bad in ["nope", "/etc/passwd"] {
+            let r = send(bad);
+            let task = &r["result"]["task"];
+            assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{r}");
+            let why = task["status"]["message"]["parts"][0]["text"].as_str().unwrap_or_else(|| panic!("{r}"));
+            assert!(why.starts_with("budget_tokenizer: unknown tokenizer"), "{why}");
+            assert!(why.contains("e5, o200k, cl100k"), "{why}");
+        }
+        // a key of the wrong type names its path
+        let mut m = compress_message(None);
+        m["message"]["parts"][0]["data"]["budget_tokenizer"] = json!(5);
+        let r = rpc(&addr, "SendMessage", m);
+        assert!(r.to_string().contains("budget_tokenizer"), "{r}");
+    })
+    .await
+    .unwrap();
+}

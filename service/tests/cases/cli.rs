@@ -211,6 +211,131 @@ async fn adversarial_grpc_requests_are_invalid_argument_and_nothing_else_is_lost
     assert!(more.is_ok(), "{more:?}");
 }
 
+#[test]
+fn compress_explain_prints_a_table_and_json_carries_it_only_when_asked() {
+    if !ready() {
+        return;
+    }
+    let base = [
+        "compress",
+        "--task",
+        "Why are customer charges failing at checkout?",
+        "--context",
+        "fixtures/agent_context.json",
+        "--budget",
+        "150",
+    ];
+    let with = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let (ok, stdout, stderr) = scd(&args, "");
+        assert!(ok, "{extra:?}: {stderr}");
+        assert!(!stdout.contains("sk_live_SECRET_4242"), "confidential content leaked");
+        stdout
+    };
+    // text: the chunks, then the table: header, a row per sent chunk, the dropped ones
+    let text = with(&["--explain", "--format", "text"]);
+    let lines: Vec<&str> = text.lines().collect();
+    let sent: Vec<&str> =
+        lines.iter().filter_map(|l| l.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(id, _)| id)).collect();
+    assert!(!sent.is_empty(), "{text}");
+    let why =
+        lines.iter().position(|l| l.starts_with("-- why: score = dense_z + ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(lines[why].contains("tokens in e5"), "{}", lines[why]);
+    let header: Vec<&str> = lines[why + 1].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens", "chunker"]
+    );
+    let dropped_at =
+        lines.iter().position(|l| l.starts_with("-- dropped: ")).unwrap_or_else(|| panic!("no dropped line: {text}"));
+    let rows: Vec<&str> = lines[why + 2..dropped_at].iter().map(|l| l.split_whitespace().next().unwrap()).collect();
+    assert_eq!(rows, sent, "one row per sent chunk, in reading order");
+    for row in &lines[why + 2..dropped_at] {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        let want = if cells[0].starts_with("error_logs#") { "log" } else { cells[10] };
+        assert!(cells.len() == 11 && cells[10] == want && cells[10] != "-", "chunker column: {row}");
+    }
+    let mut orders: Vec<usize> =
+        lines[why + 2..dropped_at].iter().map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap()).collect();
+    orders.sort_unstable();
+    assert_eq!(orders, (1..=sent.len()).collect::<Vec<_>>());
+    assert!(lines[dropped_at].contains("best") && lines.len() > dropped_at + 1, "{text}");
+    assert!(
+        lines[dropped_at + 1..].iter().any(|l| l.contains("out of budget") || l.contains("near-duplicate of")),
+        "{text}"
+    );
+    // without --explain: no table
+    let plain = with(&["--format", "text"]);
+    assert!(!plain.contains("-- why:") && !plain.contains("-- dropped:"), "{plain}");
+
+    // json: "explanation" only with --explain
+    let json = |extra: &[&str]| -> serde_json::Value { serde_json::from_str(with(extra).trim()).unwrap() };
+    let v = json(&[]);
+    assert!(v.get("explanation").is_none(), "{v}");
+    assert_eq!(v["totals"]["tokenizer"], "e5");
+    let v = json(&["--explain"]);
+    let ex = &v["explanation"];
+    let ids: Vec<&str> = ex["selected"].as_array().unwrap().iter().map(|w| w["id"].as_str().unwrap()).collect();
+    let sent: Vec<&str> = v["chunks"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, sent);
+    let w = ex["lexical_weight"].as_f64().unwrap();
+    for s in ex["selected"].as_array().unwrap() {
+        let f = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
+        let sum = f("dense_z") + w * f("lexical_z") + f("group_lift") + f("link_lift") + f("hop_lift");
+        assert!((sum - f("score")).abs() < 1e-3, "{s}");
+    }
+    assert!(!ex["dropped"].as_array().unwrap().is_empty(), "{ex}");
+}
+
+#[test]
+fn compress_counts_the_budget_in_the_named_tokenizer() {
+    if !ready() {
+        return;
+    }
+    let run = |tok: &str, format: &str| {
+        scd(
+            &[
+                "compress",
+                "--task",
+                "Why are customer charges failing at checkout?",
+                "--context",
+                "fixtures/agent_context.json",
+                "--budget",
+                "120",
+                "--budget-tokenizer",
+                tok,
+                "--format",
+                format,
+            ],
+            "",
+        )
+    };
+    let (ok, stdout, stderr) = run("o200k", "json");
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["totals"]["tokenizer"], "o200k");
+    let text: Vec<&str> = v["chunks"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(&text.join("\n")).len();
+    assert!(sent <= 120 && !text.is_empty(), "{sent} o200k tokens sent");
+    let asked = v["totals"]["context_tokens"].as_f64().unwrap() / 120.0;
+    assert!((v["totals"]["requested_ratio"].as_f64().unwrap() - asked).abs() < 1e-3 * asked, "{}", v["totals"]);
+    // text: the ratios asked and achieved, in the tokenizer that counted them
+    let (ok, stdout, stderr) = run("o200k", "text");
+    assert!(ok, "{stderr}");
+    assert!(stdout.lines().any(|l| l.starts_with("-- counted in o200k: ") && l.contains("x asked")), "{stdout}");
+    // a tokenizer.json by path, reported under its path
+    let path = root().join("models/out/e5-small/tokenizer.json").display().to_string();
+    let (ok, stdout, stderr) = run(&path, "json");
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["totals"]["tokenizer"], path.as_str());
+    // an unknown name fails, names the flag and the choices, and writes nothing
+    let (ok, stdout, stderr) = run("nope", "json");
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("--budget-tokenizer: unknown tokenizer \"nope\""), "{stderr}");
+    assert!(stderr.contains("e5, o200k, cl100k") && stderr.contains("tokenizer.json"), "{stderr}");
+}
+
 /// `scd demo`'s first answer (before any adaptive request) holds the log
 /// line that explains the failing charges, and the whole demo never shows
 /// the confidential field.

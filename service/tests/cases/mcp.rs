@@ -61,7 +61,14 @@ fn check_summary(s: &serde_json::Value, transport: &str) {
         errors["unknown_key"].as_str().unwrap().starts_with("context.fields[0].confidental: unknown field"),
         "{errors}"
     );
-    assert!(s["responses_checked"].as_u64().unwrap() >= 15, "{s}");
+    assert!(s["responses_checked"].as_u64().unwrap() >= 17, "{s}");
+    // budget_tokenizer and explain reach the engine (in process or on a running server)
+    let b = &s["budget_tokenizer"];
+    assert_eq!(b["tokenizer"], "o200k", "{s}");
+    assert!(b["sent_tokens"].as_u64().unwrap() <= 200 && b["explained"].as_u64().unwrap() >= 1, "{s}");
+    assert!(!b["dropped_reasons"].as_array().unwrap().is_empty(), "{s}");
+    let e = errors["budget_tokenizer"].as_str().unwrap();
+    assert!(e.contains("choose one of: e5, o200k, cl100k") && !e.contains("root:"), "{e}");
 }
 
 fn context() -> String {

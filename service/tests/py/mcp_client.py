@@ -116,6 +116,31 @@ async def suite(s, context):
     check("[STATUS]" in rendered.get("report", ""), "render writes a semi_structured report", rendered.get("report"))
     check(rendered["session_id"] != session, "a new session per call without one", rendered["session_id"])
 
+    # the budget in the receiver's tokenizer, and why each chunk was chosen
+    counted = await ok(
+        s,
+        "compress_context",
+        {"task": TASK, "context": context, "budget": 200, "budget_tokenizer": "o200k", "explain": True},
+    )
+    check(counted["totals"]["tokenizer"] == "o200k", "totals name the budget tokenizer", counted["totals"])
+    check(counted["totals"]["sent_tokens"] <= 200, "within the o200k budget", counted["totals"])
+    ex = counted.get("explanation") or {}
+    check(
+        [w["id"] for w in ex.get("selected", [])] == [c["id"] for c in counted["chunks"]],
+        "the explanation lists the sent chunks in order",
+        ex,
+    )
+    for w in ex["selected"]:
+        parts = w["dense_z"] + ex["lexical_weight"] * w["lexical_z"] + w["group_lift"] + w["link_lift"] + w["hop_lift"]
+        check(abs(parts - w["score"]) < 1e-3, "score parts add up", w)
+    check("explanation" not in rendered, "no explanation unless asked", rendered.keys())
+    summary["budget_tokenizer"] = {
+        "tokenizer": counted["totals"]["tokenizer"],
+        "sent_tokens": counted["totals"]["sent_tokens"],
+        "explained": len(ex["selected"]),
+        "dropped_reasons": sorted({d["reason"] for d in ex["dropped"]}),
+    }
+
     n = await ok(s, "count_tokens", {"text": "the checkout page spins forever"})
     check(n["tokens"] > 0, "count_tokens", n)
     emb = await ok(s, "embed", {"texts": ["connection pool exhausted", "newsletter font"], "query": True})
@@ -142,6 +167,12 @@ async def suite(s, context):
         "compress_context",
         {"task": TASK, "context": {"fields": [{"name": "a", "kind": "poem", "content": "x"}]}, "budget": 50},
         "context.fields[0].kind:",
+    )
+    errors["budget_tokenizer"] = await tool_error(
+        s,
+        "compress_context",
+        {"task": TASK, "context": context, "budget": 50, "budget_tokenizer": "/etc/passwd"},
+        "budget_tokenizer: unknown tokenizer",
     )
     # an error about the confidential field names it, never its content
     text = await tool_error(
