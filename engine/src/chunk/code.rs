@@ -217,6 +217,11 @@ fn inner(node: Node<'_>) -> Node<'_> {
     n
 }
 
+/// Items longer than this (bytes) that are not functions are cut at their
+/// blank lines (a function stays whole up to
+/// [`super::ChunkConfig::max_code_chunk_bytes`]).
+const LONG_LEAF_BYTES: usize = 2048;
+
 /// Containers nested deeper than this are chunked whole (bounds recursion
 /// on adversarial input such as `mod a { mod a { ...`).
 const MAX_DEPTH: usize = 8;
@@ -257,6 +262,20 @@ pub fn chunk(text: &str, lang: Lang) -> Option<Vec<RawChunk>> {
     Some(w.out)
 }
 
+/// A chunk's part in its group.
+#[derive(Clone, Copy)]
+enum Role {
+    /// A top-level item: its own group's lead.
+    Lead,
+    /// A container's header (`impl Foo for Bar {`): leads the group, sent
+    /// only with a member.
+    Header,
+    /// A container's member (a method, a field, a comment).
+    Member,
+    /// A container's closing line (`}`): sent only with a member.
+    Closing,
+}
+
 struct Walker<'a> {
     text: &'a str,
     chunker: &'static str,
@@ -277,7 +296,7 @@ impl Walker<'_> {
         start: usize,
         end: usize,
         group: usize,
-        lead: bool,
+        role: Role,
         heading: Option<String>,
         name: Option<String>,
     ) {
@@ -289,9 +308,10 @@ impl Walker<'_> {
                 end,
                 heading,
                 group,
-                lead,
+                lead: matches!(role, Role::Lead | Role::Header),
                 defines: name.into_iter().collect(),
                 chunker: self.chunker,
+                rides: matches!(role, Role::Header | Role::Closing),
             });
         }
     }
@@ -364,13 +384,40 @@ impl Walker<'_> {
     fn flush_glue(&mut self, glue: &mut Option<(usize, usize)>, owner: Option<(usize, &str)>) {
         if let Some((s, e)) = glue.take() {
             match owner {
-                Some((g, h)) => self.push(s, e, g, false, Some(h.to_string()), None),
+                Some((g, h)) => self.push(s, e, g, Role::Member, Some(h.to_string()), None),
                 None => {
                     let g = self.next_group();
-                    self.push(s, e, g, true, None, None);
+                    self.push(s, e, g, Role::Lead, None, None);
                 }
             }
         }
+    }
+
+    /// A long item that is not a function (a `macro_rules!` body of
+    /// methods, a table of constants): the parser sees no structure inside,
+    /// so it is cut at its blank lines, into one group led by the first
+    /// piece (or into the owner's group). Chunker `heuristic:code`.
+    fn long_leaf(&mut self, start: usize, end: usize, owner: Option<(usize, &str)>, name: Option<String>) {
+        let (g, heading, mut role) = match owner {
+            Some((g, h)) => (g, Some(h.to_string()), Role::Member),
+            None => (self.next_group(), None, Role::Lead),
+        };
+        let mut name = name;
+        let mut piece = start;
+        let mut at = start;
+        let text = self.text;
+        let parser = std::mem::replace(&mut self.chunker, "heuristic:code");
+        for line in text[start..end].split_inclusive('\n') {
+            let line_end = at + line.len();
+            if line.trim().is_empty() && !text[piece..at].trim().is_empty() {
+                self.push(piece, at, g, role, heading.clone(), name.take());
+                role = Role::Member;
+                piece = line_end;
+            }
+            at = line_end;
+        }
+        self.push(piece, end, g, role, heading, name);
+        self.chunker = parser;
     }
 
     /// One item starting at `start` (its attached comments): whole, or as
@@ -378,11 +425,14 @@ impl Walker<'_> {
     fn item(&mut self, n: Node<'_>, start: usize, owner: Option<(usize, &str)>) {
         let name = name_of(n, self.text);
         let Some(body) = members_of(n, self.depth) else {
+            if n.end_byte() - start > LONG_LEAF_BYTES && !is_function(inner(n).kind()) {
+                return self.long_leaf(start, n.end_byte(), owner, name);
+            }
             match owner {
-                Some((g, h)) => self.push(start, n.end_byte(), g, false, Some(h.to_string()), name),
+                Some((g, h)) => self.push(start, n.end_byte(), g, Role::Member, Some(h.to_string()), name),
                 None => {
                     let g = self.next_group();
-                    self.push(start, n.end_byte(), g, true, None, name);
+                    self.push(start, n.end_byte(), g, Role::Lead, None, name);
                 }
             }
             return;
@@ -396,7 +446,7 @@ impl Walker<'_> {
         let heading: String =
             header.trim_end_matches('{').trim().lines().next().unwrap_or("").chars().take(200).collect();
         let g = self.next_group();
-        self.push(start, hend, g, true, owner.map(|(_, h)| h.to_string()), name);
+        self.push(start, hend, g, Role::Header, owner.map(|(_, h)| h.to_string()), name);
         let before = self.out.len();
         self.depth += 1;
         self.list(body, Some((g, &heading)));
@@ -408,7 +458,7 @@ impl Walker<'_> {
         if tail_start < tail_end && !self.text[tail_start..tail_end].trim().is_empty() {
             let s = &self.text[tail_start..tail_end];
             let s0 = tail_start + (s.len() - s.trim_start().len());
-            self.push(s0, tail_end, g, false, Some(heading.clone()), None);
+            self.push(s0, tail_end, g, Role::Closing, Some(heading.clone()), None);
         }
     }
 }
@@ -443,6 +493,8 @@ mod tests {
         assert_eq!(c[3].defines, vec!["get".to_string()]);
         assert_eq!(c[3].heading.as_deref(), Some("impl<T: Clone> Tr for S"));
         assert_eq!(c[2].defines, vec!["S".to_string()]);
+        // the header and the closing line ride with the methods
+        assert_eq!(c.iter().map(|c| c.rides).collect::<Vec<_>>(), vec![false, false, true, false, false, true]);
     }
 
     #[test]
@@ -495,6 +547,30 @@ mod tests {
         assert_eq!(texts(go, Lang::Go).last().unwrap().0, "// F does.\nfunc F() int {\n\treturn 1\n}");
         let c = "#include <x.h>\n\nint f(void) {\n  return 1;\n}\n";
         assert_eq!(texts(c, Lang::C).last().unwrap().0, "int f(void) {\n  return 1;\n}");
+    }
+
+    #[test]
+    fn a_long_macro_is_cut_at_blank_lines_and_a_long_function_stays_whole() {
+        let methods: Vec<String> = (0..24)
+            .map(|i| format!("        /// Returns field {i} of the flags, as stored.\n        pub fn get_{i}(&self) -> u64 {{\n            self.{i}\n        }}\n"))
+            .collect();
+        let mac = format!("macro_rules! flags {{\n    ($t:ident) => {{\n{}    }};\n}}\n", methods.join("\n"));
+        let body: String = (0..120).map(|i| format!("    let x{i} = compute({i});\n")).collect();
+        let long_fn = format!("fn long() {{\n{body}}}\n");
+        assert!(mac.len() > LONG_LEAF_BYTES && long_fn.len() > LONG_LEAF_BYTES);
+        let src = format!("use a::b;\n\n{mac}\n{long_fn}");
+        let c = chunk(&src, Lang::Rust).unwrap();
+        let pieces: Vec<&RawChunk> = c.iter().filter(|c| c.chunker == "heuristic:code").collect();
+        assert_eq!(pieces.len(), 24, "one piece per blank-line block of the macro");
+        assert!(pieces.iter().all(|p| p.group == pieces[0].group && !p.rides));
+        assert!(pieces[0].lead && pieces[1..].iter().all(|p| !p.lead));
+        assert_eq!(pieces[0].defines, vec!["flags".to_string()]);
+        assert!(
+            src[pieces[3].start..pieces[3].end].contains("pub fn get_3(&self) -> u64 {\n            self.3\n        }")
+        );
+        let f = c.iter().find(|c| src[c.start..c.end].starts_with("fn long()")).unwrap();
+        assert_eq!(&src[f.start..f.end], long_fn.trim_end(), "the function is one chunk");
+        assert_eq!(f.chunker, "tree-sitter:rust");
     }
 
     #[test]

@@ -28,12 +28,25 @@ pub struct RawChunk {
     /// Which chunker made it: `prose`, `log`, `json`, `chat`, `table`,
     /// `heuristic:code`, or `tree-sitter:<language>` (`tree-sitter:rust`).
     pub chunker: &'static str,
+    /// Structure only: a container's header or closing line (`impl Foo for
+    /// Bar {`, `}`), sent only together with a member of its group, never on
+    /// its own (alone it tells the receiver nothing and costs budget).
+    pub rides: bool,
 }
 
 impl RawChunk {
     /// A lead chunk of its own group that defines `name` (a function, a table).
     fn block(start: usize, end: usize, group: usize, name: Option<String>, chunker: &'static str) -> Self {
-        RawChunk { start, end, heading: name.clone(), group, lead: true, defines: name.into_iter().collect(), chunker }
+        RawChunk {
+            start,
+            end,
+            heading: name.clone(),
+            group,
+            lead: true,
+            defines: name.into_iter().collect(),
+            chunker,
+            rides: false,
+        }
     }
 }
 
@@ -137,6 +150,7 @@ fn split_long(text: &str, c: RawChunk, max: usize) -> Vec<RawChunk> {
                 lead: c.lead && first,
                 defines: if first { c.defines.clone() } else { Vec::new() },
                 chunker: c.chunker,
+                rides: c.rides,
             });
         }
         if end <= start {
@@ -266,6 +280,7 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
                 lead,
                 defines: vec![],
                 chunker: "prose",
+                rides: false,
             };
             let mut first = true;
             let mut cur: Option<(usize, usize)> = None;
@@ -301,6 +316,7 @@ fn prose(text: &str, cfg: ChunkConfig) -> Vec<RawChunk> {
                 lead: true,
                 defines: vec![],
                 chunker: "prose",
+                rides: false,
             });
             group += 1;
         } else {
@@ -410,6 +426,7 @@ fn log(text: &str) -> Vec<RawChunk> {
                     lead: true,
                     defines: vec![],
                     chunker: "log",
+                    rides: false,
                 });
                 ordinary = usize::from(!error);
             }
@@ -433,6 +450,7 @@ fn json(text: &str) -> Vec<RawChunk> {
                 lead: true,
                 defines: vec![],
                 chunker: "json",
+                rides: false,
             })
             .collect();
     };
@@ -480,7 +498,16 @@ fn json(text: &str) -> Vec<RawChunk> {
 
 fn json_entry(text: &str, start: usize, end: usize) -> RawChunk {
     let key = text[start + 1..].split('"').next().unwrap_or("").to_string();
-    RawChunk { start, end, heading: Some(key.clone()), group: start, lead: true, defines: vec![key], chunker: "json" }
+    RawChunk {
+        start,
+        end,
+        heading: Some(key.clone()),
+        group: start,
+        lead: true,
+        defines: vec![key],
+        chunker: "json",
+        rides: false,
+    }
 }
 
 fn chat(text: &str) -> Vec<RawChunk> {
@@ -521,6 +548,7 @@ fn chat(text: &str) -> Vec<RawChunk> {
             lead: !answers_prev,
             defines: vec![],
             chunker: "chat",
+            rides: false,
         });
         prev_question = question && !answers_prev;
     }

@@ -129,6 +129,7 @@ impl Scd {
                     // required chunks are all sent; a candidate packing left out
                     Gate::Required | Gate::Candidate => match trace.duplicate_of.get(&i) {
                         Some(&of) if chosen.contains(&of) => DropReason::NearDuplicate { of: chunks[of].id.clone() },
+                        _ if chunks[i].rides => DropReason::StructureOnly,
                         _ => DropReason::OutOfBudget,
                     },
                 },

@@ -182,8 +182,8 @@ pub struct ChunkWhy {
     pub hop_lift: f32,
     /// It leads its group (a paragraph's first sentence, a table header).
     pub lead: bool,
-    /// A chunk of its group brought it (closure: the group's lead, or the
-    /// rest of a small group).
+    /// A chunk of its group brought it (closure: the group's lead and a
+    /// container's closing line, or the rest of a small group).
     pub by_closure: bool,
     /// Its field is required (sent whole, first).
     pub required: bool,
@@ -230,6 +230,9 @@ pub enum DropReason {
     },
     /// Its field is not listed in `optional_fields`.
     NotEligible,
+    /// A container's header or closing line (`impl Foo for Bar {`, `}`):
+    /// it is sent only with a member of its group, and none was.
+    StructureOnly,
 }
 
 /// Where time went, in milliseconds.

@@ -86,7 +86,8 @@ impl Scd {
         order.extend(ranked);
         let mut used = 0;
         for (n, &i) in order.iter().enumerate() {
-            if session.sent.contains(&i) || picked.contains(&i) {
+            // by relevance, a container's header or closing line is no answer
+            if session.sent.contains(&i) || picked.contains(&i) || (n >= explicit && chunks[i].rides) {
                 continue;
             }
             if used + cost(i) > session.remaining {

@@ -1,5 +1,6 @@
 //! Pack: greedy by score under the budget, skipping near-duplicates of
-//! what is sent and bringing each chunk's group lead.
+//! what is sent and bringing each chunk's group lead (a container's header
+//! comes only that way).
 
 use std::collections::{HashMap, HashSet};
 
@@ -9,8 +10,8 @@ use super::Scd;
 /// What packing decided beyond the selection, for explanations.
 #[derive(Debug, Default)]
 pub(super) struct PackTrace {
-    /// Chunks taken because a chunk of their group was (closure: its lead,
-    /// or the rest of a small group).
+    /// Chunks taken because a chunk of their group was (closure: its lead
+    /// and a container's closing line, or the rest of a small group).
     pub(super) by_closure: HashSet<usize>,
     /// Chunks skipped as near-duplicates (or copies) of a sent chunk: that chunk.
     pub(super) duplicate_of: HashMap<usize, usize>,
@@ -37,6 +38,9 @@ impl Scd {
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
         let leads: HashMap<(usize, usize), usize> =
             chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
+        // a container's closing line (`}`), which comes with its header
+        let closings: HashMap<(usize, usize), usize> =
+            chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();
         // each group's chunks and tokens, when closing whole groups is on
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         if self.cfg.group_closure_tokens > 0 {
@@ -47,7 +51,8 @@ impl Scd {
             }
         }
         for &i in order {
-            if chosen.contains(&i) || *used + cost[i] > budget {
+            // a container's header or closing line comes only with a member
+            if chosen.contains(&i) || chunks[i].rides || *used + cost[i] > budget {
                 continue;
             }
             let d = ctx.distinct[i];
@@ -74,12 +79,18 @@ impl Scd {
             let closure = if !rest.is_empty() && *used + rest_cost <= budget {
                 rest
             } else {
-                leads
-                    .get(&g)
-                    .copied()
-                    .filter(|l| !chosen.contains(l) && *used + cost[*l] <= budget)
-                    .into_iter()
-                    .collect()
+                // the lead, and then a container's closing line
+                let mut c = Vec::new();
+                let mut extra = 0;
+                for &j in leads.get(&g).into_iter().chain(closings.get(&g)) {
+                    let header_sent = leads.get(&g).is_some_and(|l| chosen.contains(l) || c.contains(l));
+                    let fits = *used + extra + cost[j] <= budget;
+                    if !chosen.contains(&j) && fits && (chunks[j].lead || header_sent) {
+                        extra += cost[j];
+                        c.push(j);
+                    }
+                }
+                c
             };
             for j in closure {
                 sent.entry(ctx.distinct[j]).or_insert(j);

@@ -23,6 +23,9 @@ pub(super) struct Prepared {
     pub(super) text: String,
     pub(super) group: (usize, usize),
     pub(super) lead: bool,
+    /// Structure only ([`crate::chunk::RawChunk::rides`]): sent with a
+    /// member of its group, never alone.
+    pub(super) rides: bool,
     pub(super) tokens: usize,
     pub(super) embedding: Arc<[f32]>,
     pub(super) embed_text: String,
@@ -313,6 +316,7 @@ impl Scd {
                     text,
                     group: (fi, c.group),
                     lead: c.lead,
+                    rides: c.rides,
                     embedding: Arc::from(Vec::new()),
                     defines: c.defines.iter().map(|d| mention_key(d)).collect(),
                     lower: f.content[c.start..c.end].to_lowercase(),

@@ -178,3 +178,44 @@ fn thresholds_are_named_in_the_drop_reason() {
         .iter()
         .all(|d| matches!(d.reason, DropReason::BelowThreshold { threshold: "relevance_threshold", .. })));
 }
+
+#[test]
+fn a_container_header_is_sent_only_with_one_of_its_methods() {
+    let scd = scd();
+    let code = "use std::fmt;\n\n/// A ledger of rows.\npub struct Ledger {\n    rows: Vec<u64>,\n}\n\nimpl Ledger {\n    \
+                /// Sums the rows.\n    pub fn total(&self) -> u64 {\n        self.rows.iter().sum()\n    }\n\n    \
+                /// Prints the ledger in padded columns.\n    pub fn print_columns(&self) {\n        for r in &self.rows \
+                {\n            println!(\"{r:>12}\");\n        }\n    }\n}\n";
+    let field = Field { name: "ledger.rs".into(), kind: FieldKind::Code, confidential: false, content: code.into() };
+    let mut seen_alone_dropped = false;
+    let mut seen_with_member = false;
+    for budget in 1..=80 {
+        let req = CompressRequest {
+            // names the type, so its impl header gets a definition link
+            task: Task::new("the Ledger total"),
+            context: Context { fields: vec![field.clone()] },
+            requirement: ContextRequirement::with_budget(budget),
+            session: None,
+        };
+        let out = match scd.compress_opts(&req, &opts("", true), &Cancel::new()) {
+            Ok(out) => out,
+            Err(Error::BudgetTooSmall { .. }) => continue,
+            Err(e) => panic!("budget {budget}: {e}"),
+        };
+        let texts: Vec<&str> = out.chunks.iter().map(|c| c.text.as_str()).collect();
+        let header = texts.iter().any(|t| t.starts_with("impl Ledger"));
+        let closing = texts.contains(&"}");
+        let member = texts.iter().any(|t| t.contains("pub fn total") || t.contains("pub fn print_columns"));
+        assert!(!(header || closing) || member, "budget {budget}: structure sent alone: {texts:?}");
+        seen_with_member |= header && member;
+        let ex = out.explanation.unwrap();
+        let dropped_header = ex.dropped.iter().find(|d| d.tokens > 0 && d.id == "ledger.rs#2");
+        if let Some(d) = dropped_header {
+            if d.reason == DropReason::StructureOnly {
+                seen_alone_dropped = true;
+            }
+        }
+    }
+    assert!(seen_with_member, "the header never came with its method");
+    assert!(seen_alone_dropped, "no budget dropped the header as structure only");
+}

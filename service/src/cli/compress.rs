@@ -205,6 +205,7 @@ pub(crate) fn explain_table(
             DropReason::OutOfBudget => "out of budget".to_string(),
             DropReason::NearDuplicate { of } => format!("near-duplicate of {of}"),
             DropReason::NotEligible => "not eligible (field not in optional_fields)".to_string(),
+            DropReason::StructureOnly => "structure only (sent with a member of its group)".to_string(),
         };
         writeln!(w, "{:<idw$} {:>7.2} {:>6}  {why}", clip(&d.id, idw), d.score, d.tokens)?;
     }

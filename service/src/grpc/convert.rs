@@ -223,6 +223,7 @@ pub fn explanation(ex: scd_engine::extract::Explanation) -> pb::Explanation {
                         pb::DropReason::NearDuplicate
                     }
                     R::NotEligible => pb::DropReason::NotEligible,
+                    R::StructureOnly => pb::DropReason::StructureOnly,
                 } as i32;
                 w
             })
@@ -269,6 +270,7 @@ pub fn explanation_from_wire(ex: pb::Explanation) -> scd_engine::extract::Explan
                     },
                     pb::DropReason::NearDuplicate => R::NearDuplicate { of: d.duplicate_of },
                     pb::DropReason::NotEligible => R::NotEligible,
+                    pb::DropReason::StructureOnly => R::StructureOnly,
                     pb::DropReason::OutOfBudget | pb::DropReason::Unspecified => R::OutOfBudget,
                 },
                 id: d.id,

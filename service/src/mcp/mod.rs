@@ -366,7 +366,8 @@ pub struct DropWhyOut {
     pub score: f32,
     /// Tokens it would cost, in the budget tokenizer.
     pub tokens: u32,
-    /// `below_threshold`, `out_of_budget`, `near_duplicate` or `not_eligible`.
+    /// `below_threshold`, `out_of_budget`, `near_duplicate`, `not_eligible` or
+    /// `structure_only`.
     pub reason: String,
     /// `below_threshold`: `relevance_threshold` (cosine) or `min_relative_score` (z).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -413,6 +414,7 @@ fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
                         pb::DropReason::BelowThreshold => "below_threshold",
                         pb::DropReason::NearDuplicate => "near_duplicate",
                         pb::DropReason::NotEligible => "not_eligible",
+                        pb::DropReason::StructureOnly => "structure_only",
                         pb::DropReason::OutOfBudget | pb::DropReason::Unspecified => "out_of_budget",
                     }
                     .into(),
@@ -1054,7 +1056,7 @@ mod tests {
             let ok = match d.reason.as_str() {
                 "below_threshold" => d.threshold.is_some() && d.value.is_some() && d.of.is_none(),
                 "near_duplicate" => d.of.as_deref().is_some_and(|of| ids.contains(&of)),
-                "out_of_budget" | "not_eligible" => d.threshold.is_none() && d.of.is_none(),
+                "out_of_budget" | "not_eligible" | "structure_only" => d.threshold.is_none() && d.of.is_none(),
                 _ => false,
             };
             assert!(ok, "{d:?}");

@@ -288,6 +288,53 @@ fn compress_explain_prints_a_table_and_json_carries_it_only_when_asked() {
 }
 
 #[test]
+fn compress_explain_names_a_container_header_left_out_as_structure_only() {
+    if !ready() {
+        return;
+    }
+    let src = std::fs::read_to_string(crate::root().join("fixtures/code/ledger.rs")).unwrap();
+    let ctx = serde_json::json!({"fields": [{"name": "src/ledger.rs", "kind": "code", "content": src, "confidential": false}]});
+    let run = |format: &str| {
+        let args = [
+            "compress",
+            "--task",
+            "Freeze an account so that no posting can touch it",
+            "--context",
+            "-",
+            "--budget",
+            "120",
+            "--explain",
+            "--format",
+            format,
+        ];
+        let (ok, stdout, stderr) = scd(&args, &ctx.to_string());
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    let v: serde_json::Value = serde_json::from_str(run("json").trim()).unwrap();
+    let ex = &v["explanation"];
+    let structure: Vec<&str> = ex["dropped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] == "structure_only")
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert!(!structure.is_empty(), "120 tokens leave some impl unsent: {ex}");
+    // a sent header or closing line came with a method of its impl
+    let chunks = v["chunks"].as_array().unwrap();
+    let sent_fn = chunks.iter().any(|c| c["text"].as_str().unwrap().contains("pub fn freeze"));
+    assert!(sent_fn, "the method asked for is sent: {v}");
+    for (c, w) in chunks.iter().zip(ex["selected"].as_array().unwrap()) {
+        let t = c["text"].as_str().unwrap();
+        if t.starts_with("impl ") || t == "}" {
+            assert_eq!(w["by_closure"], true, "structure sent alone: {t:?}");
+        }
+    }
+    assert!(run("text").contains("structure only (sent with a member of its group)"));
+}
+
+#[test]
 fn compress_counts_the_budget_in_the_named_tokenizer() {
     if !ready() {
         return;
