@@ -26,6 +26,10 @@ pub struct ScdConfig {
     pub code_names: bool,
     /// Bonus for chunks of a field that the task or a top chunk names.
     pub link_weight: f32,
+    /// Bonus for a method of a type that a top chunk defines (code: a
+    /// member of `impl Foo` when `struct Foo` or another `impl Foo` header
+    /// scores among the top chunks); 0 turns it off.
+    pub owner_link_weight: f32,
     /// Top chunks whose mentions create links.
     pub link_sources: usize,
     /// Weight of a second hop (0 turns it off): the task is embedded again
@@ -108,6 +112,7 @@ impl Default for ScdConfig {
             field_weight: 0.5,
             code_names: true,
             link_weight: 2.0,
+            owner_link_weight: 1.0,
             link_sources: 3,
             second_hop_weight: 0.0,
             second_hop_sources: 2,

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::prepare::PreparedContext;
+use super::prepare::{Prepared, PreparedContext};
 use super::Scd;
 use crate::cancel::Cancel;
 use crate::encoder::InputKind;
@@ -108,6 +108,15 @@ impl Scd {
         // naming the table)
         let top_defines: Vec<(usize, &str)> =
             top.iter().flat_map(|&i| chunks[i].defines.iter().map(move |d| (chunks[i].field, d.as_str()))).collect();
+        // and by structure, in code: the methods of a type a top chunk
+        // defines (the struct whose doc the task paraphrases), through the
+        // header of the container they sit in
+        let top_names: HashSet<&str> = top.iter().flat_map(|&i| chunks[i].defines.iter().map(String::as_str)).collect();
+        let owners: HashMap<(usize, usize), &[String]> =
+            chunks.iter().filter(|c| c.lead && c.rides).map(|c| (c.group, c.defines.as_slice())).collect();
+        let owned_by_top = |c: &Prepared| {
+            !c.rides && owners.get(&c.group).is_some_and(|ds| ds.iter().any(|d| top_names.contains(d.as_str())))
+        };
         let mut link_lift = vec![0.0; chunks.len()];
         for ((c, v), l) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()) {
             if linked_fields.contains(&c.field) {
@@ -116,6 +125,8 @@ impl Scd {
                 *l = self.cfg.link_weight * self.cfg.lead_link_bonus;
             } else if top_defines.iter().any(|&(f, d)| f != c.field && mentions(&c.lower, d)) {
                 *l = self.cfg.link_weight;
+            } else if self.cfg.owner_link_weight > 0.0 && owned_by_top(c) {
+                *l = self.cfg.owner_link_weight;
             } else {
                 continue;
             }

@@ -56,9 +56,12 @@ pub struct EvalArgs {
     code_chunker: String,
     /// Also run SCD with other settings, for tuning: a grid
     /// `key=v1,v2 key2=v3,v4` (every combination); repeat the flag for
-    /// several grids. Keys: lexical_weight, field_weight, link_weight,
-    /// code_names (0 or 1), before (1: the code chunker and scoring before
-    /// the parser, as `--code-chunker heuristic`). Each setting is a method
+    /// several grids. Keys: the settings `scd tune --grid` knows
+    /// (lexical_weight, field_weight, link_weight, link_sources,
+    /// lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources,
+    /// group_closure_tokens, embed_neighbour), code_names (0 or 1), before
+    /// (1: the code chunker and scoring before the parser, as
+    /// `--code-chunker heuristic`). Each setting is a method
     /// named `scd[key=v ...]`; each distinct text is embedded once.
     #[arg(long)]
     sweep: Vec<String>,
@@ -260,15 +263,13 @@ fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfi
                 let x: f32 = v.trim().parse().with_context(|| format!("--sweep {key}: {v:?} is not a number"))?;
                 let mut c = cfg.clone();
                 match key {
-                    "lexical_weight" => c.lexical_weight = x,
-                    "field_weight" => c.field_weight = x,
-                    "link_weight" => c.link_weight = x,
+                    // these change how chunks are cut or embedded
                     "code_names" => c.code_names = x != 0.0,
                     "before" if x != 0.0 => before_parser(&mut c),
                     "before" => {}
-                    other => anyhow::bail!(
-                        "--sweep: unknown key {other:?} (lexical_weight, field_weight, link_weight, code_names, before)"
-                    ),
+                    // and the scoring settings `scd tune` knows
+                    other => super::tune::apply_one(&mut c, other, f64::from(x))
+                        .map_err(|e| anyhow::anyhow!("--sweep: {e} (or code_names, before)"))?,
                 }
                 next.push((format!("{name} {key}={}", v.trim()), c));
             }

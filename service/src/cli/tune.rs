@@ -43,12 +43,16 @@ pub struct TuneArgs {
     /// Budgets as fractions of each context's tokens.
     #[arg(long, value_delimiter = ',', default_value = "0.25,0.33")]
     budgets: Vec<f32>,
+    /// Budgets for the code set instead (its SOURCE.md suggests 10 % and
+    /// 20 % of a file's tokens).
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.2")]
+    code_budgets: Vec<f32>,
     /// Folds of the k-fold cross-validation (at least 2).
     #[arg(long, default_value_t = 5)]
     folds: usize,
     /// JSON object: a setting's name → the list of values to try. The grid
     /// is their product, plus today's defaults. Settings: lexical_weight,
-    /// field_weight, link_weight, link_sources, lead_link_bonus,
+    /// field_weight, link_weight, link_sources, lead_link_bonus, owner_link_weight,
     /// second_hop_weight, second_hop_sources, group_closure_tokens,
     /// embed_neighbour (0 or 1).
     #[arg(long)]
@@ -63,28 +67,35 @@ type Settings = BTreeMap<String, f64>;
 
 fn apply(cfg: &mut ScdConfig, settings: &Settings) -> anyhow::Result<()> {
     for (k, &v) in settings {
-        let as_count = || -> anyhow::Result<usize> {
-            if v < 0.0 || v.fract() != 0.0 || v > 1e6 {
-                bail!("--grid: {k} takes whole numbers from 0 to 1000000, got {v}");
-            }
-            Ok(v as usize)
-        };
-        match k.as_str() {
-            "lexical_weight" => cfg.lexical_weight = v as f32,
-            "field_weight" => cfg.field_weight = v as f32,
-            "link_weight" => cfg.link_weight = v as f32,
-            "lead_link_bonus" => cfg.lead_link_bonus = v as f32,
-            "second_hop_weight" => cfg.second_hop_weight = v as f32,
-            "link_sources" => cfg.link_sources = as_count()?,
-            "second_hop_sources" => cfg.second_hop_sources = as_count()?,
-            "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
-            "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
-            other => bail!(
-                "--grid: unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
-                 link_sources, lead_link_bonus, second_hop_weight, second_hop_sources, group_closure_tokens, \
-                 embed_neighbour)"
-            ),
+        apply_one(cfg, k, v).map_err(|e| anyhow::anyhow!("--grid: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Sets one scoring setting by name (shared with `scd eval --sweep`).
+pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<()> {
+    let as_count = || -> anyhow::Result<usize> {
+        if v < 0.0 || v.fract() != 0.0 || v > 1e6 {
+            bail!("{k} takes whole numbers from 0 to 1000000, got {v}");
         }
+        Ok(v as usize)
+    };
+    match k {
+        "lexical_weight" => cfg.lexical_weight = v as f32,
+        "field_weight" => cfg.field_weight = v as f32,
+        "link_weight" => cfg.link_weight = v as f32,
+        "lead_link_bonus" => cfg.lead_link_bonus = v as f32,
+        "owner_link_weight" => cfg.owner_link_weight = v as f32,
+        "second_hop_weight" => cfg.second_hop_weight = v as f32,
+        "link_sources" => cfg.link_sources = as_count()?,
+        "second_hop_sources" => cfg.second_hop_sources = as_count()?,
+        "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
+        "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
+        other => bail!(
+            "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
+             link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
+             group_closure_tokens, embed_neighbour)"
+        ),
     }
     Ok(())
 }
@@ -174,8 +185,10 @@ fn best(recalls: &Recalls, sets: &[usize], keep: &dyn Fn(usize, usize) -> bool) 
 /// Runs `scd tune`.
 pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.folds >= 2, "--folds: at least 2, got {}", args.folds);
-    for b in &args.budgets {
-        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
+    for (flag, bs) in [("--budgets", &args.budgets), ("--code-budgets", &args.code_budgets)] {
+        for b in bs {
+            anyhow::ensure!(*b > 0.0 && *b <= 1.0, "{flag}: each must be in (0, 1], got {b}");
+        }
     }
     let text = std::fs::read_to_string(&args.grid).with_context(|| format!("--grid {}", args.grid.display()))?;
     let grid: Value =
@@ -205,11 +218,12 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         bar.set_message(format!("variant {}/{}", vi + 1, variants.len()));
         let mut per_set = Vec::new();
         for (_, dataset, examples) in &sets {
+            let budgets = if *dataset == Dataset::Code { &args.code_budgets } else { &args.budgets };
             let mut per_ex = Vec::new();
             for ex in examples {
                 let total: usize = scd_total_tokens(&*encoder, ex)?;
                 let mut sum = 0.0;
-                for &frac in &args.budgets {
+                for &frac in budgets {
                     let budget = ((total as f32 * frac).floor() as usize).max(1);
                     let out = scd.compress(&CompressRequest {
                         task: Task::new(ex.question.clone()),
@@ -220,7 +234,7 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
                     let sel = selection(ex, &out.chunks);
                     sum += f64::from(evidence_recall(ex, &sel, *dataset).0);
                 }
-                per_ex.push(sum / args.budgets.len() as f64);
+                per_ex.push(sum / budgets.len() as f64);
                 bar.inc(1);
             }
             per_set.push(per_ex);
@@ -287,11 +301,16 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         }
     };
     println!(
-        "{} variants × {} examples ({}) × budgets {:?}, {}-fold",
+        "{} variants × {} examples ({}) × budgets {:?}{}, {}-fold",
         variants.len(),
         n,
         sets.iter().map(|s| format!("{} {}", s.0, s.2.len())).collect::<Vec<_>>().join(", "),
         args.budgets,
+        if sets.iter().any(|s| s.1 == Dataset::Code) {
+            format!(" (code {:?})", args.code_budgets)
+        } else {
+            String::new()
+        },
         k
     );
     println!("fold  train   test  default  chosen");
@@ -314,6 +333,10 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if let Some(d) = rows.iter().find(|r| r.settings.is_empty()) {
+        let by: Vec<String> = d.by_set.iter().map(|(s, x)| format!("{s} {x:.3}")).collect();
+        println!("defaults on all examples: {:.3}  [{}]", d.mean, by.join(", "));
+    }
     println!("top variants on all examples:");
     for r in rows.iter().take(10) {
         let by: Vec<String> = r.by_set.iter().map(|(s, x)| format!("{s} {x:.3}")).collect();
@@ -323,6 +346,7 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         "model": encoder.model_id(),
         "sets": sets.iter().map(|s| serde_json::json!({"dataset": s.0, "examples": s.2.len()})).collect::<Vec<_>>(),
         "budgets": args.budgets,
+        "code_budgets": args.code_budgets,
         "folds": folds,
         "cross_validated": cv,
         "cross_validated_defaults": cv_default,
