@@ -222,4 +222,37 @@ mod tests {
         assert!(s.link_lift.iter().any(|&l| l > 0.0));
         assert!(s.group_lift.iter().any(|&g| g != 0.0));
     }
+
+    #[test]
+    fn the_methods_of_a_type_a_top_chunk_defines_get_the_owner_link() {
+        let cfg = ScdConfig { link_sources: 1, ..ScdConfig::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
+        let strukt = "/// A ring buffer of bytes.\nstruct Ring {\n    bytes: Vec<u8>,\n}";
+        let code = format!(
+            "{strukt}\n\nimpl Ring {{\n    fn push_byte(&mut self, b: u8) {{\n        self.bytes.push(b);\n    }}\n\n    \
+             fn drain_all(&mut self) {{\n        self.bytes.clear();\n    }}\n}}\n\nimpl Other {{\n    fn spin(&self) {{}}\n}}\n"
+        );
+        let fields = [Field { name: "ring.rs".into(), kind: FieldKind::Code, confidential: false, content: code }];
+        let refs: Vec<&Field> = fields.iter().collect();
+        let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
+        let qv = scd.embed_cached(&[strukt], crate::encoder::InputKind::Query).unwrap().remove(0);
+        let at = |prefix: &str| ctx.chunks.iter().position(|c| c.text.starts_with(prefix)).unwrap();
+        let owner = scd.config().owner_link_weight;
+        assert!(owner > 0.0);
+        let s = scd.score(&ctx, &qv, strukt);
+        // the struct is the top chunk; its impl's methods gain the owner link, the other impl's do not
+        let top = (0..s.fused.len()).max_by(|&a, &b| s.fused[a].total_cmp(&s.fused[b])).unwrap();
+        assert_eq!(top, at("/// A ring buffer"));
+        assert_eq!(s.link_lift[at("fn push_byte")], owner);
+        assert_eq!(s.link_lift[at("fn drain_all")], owner);
+        assert_eq!(s.link_lift[at("fn spin")], 0.0);
+        // off: nothing
+        let scd = Scd::new(
+            Arc::new(HashEncoder::new(64, 512)),
+            ScdConfig { link_sources: 1, owner_link_weight: 0.0, ..ScdConfig::default() },
+        );
+        let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
+        let s = scd.score(&ctx, &qv, strukt);
+        assert_eq!(s.link_lift[at("fn push_byte")], 0.0);
+    }
 }
