@@ -35,7 +35,9 @@ pub struct ScdConfig {
     /// Weight of a second hop (0 turns it off): the task is embedded again
     /// together with the texts of its best chunks from `second_hop_sources`
     /// different groups (the bridge facts of a multi-hop question), and each
-    /// chunk gains this times its dense z-score against that query.
+    /// chunk gains this times its dense z-score against that query. Prose
+    /// fields only (documents; a bridge entity links paragraphs, not
+    /// functions). Chosen by `scd tune` (BENCHMARKS.md).
     pub second_hop_weight: f32,
     /// Chunks (count, each from a different group) whose text joins the
     /// task in the second hop's query.
@@ -46,7 +48,9 @@ pub struct ScdConfig {
     pub embed_neighbour: bool,
     /// Packing takes the rest of a chunk's group (a paragraph's other
     /// sentences) with it when the whole group has at most this many tokens
-    /// and all of it fits (0: only the group's lead comes along).
+    /// and all of it fits (0: only the group's lead comes along). Prose
+    /// fields only: a paragraph is sent whole or not at all, but a method
+    /// does not bring its whole `impl`. Chosen by `scd tune`.
     pub group_closure_tokens: usize,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions
@@ -114,9 +118,9 @@ impl Default for ScdConfig {
             link_weight: 2.0,
             owner_link_weight: 1.0,
             link_sources: 3,
-            second_hop_weight: 0.0,
-            second_hop_sources: 2,
-            group_closure_tokens: 0,
+            second_hop_weight: 0.5,
+            second_hop_sources: 1,
+            group_closure_tokens: 400,
             embed_neighbour: false,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,

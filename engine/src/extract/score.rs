@@ -150,11 +150,13 @@ impl Scd {
     ) -> Result<()> {
         let (w, sources) = (self.cfg.second_hop_weight, self.cfg.second_hop_sources);
         let chunks = &ctx.chunks;
-        if w == 0.0 || sources == 0 || chunks.len() < 2 {
+        // documents only: a bridge entity links paragraphs, not functions
+        let prose = |i: &usize| ctx.field_prose[chunks[*i].field];
+        if w == 0.0 || sources == 0 || (0..chunks.len()).filter(prose).count() < 2 {
             return Ok(());
         }
         let scores = &mut parts.fused;
-        let mut order: Vec<usize> = (0..chunks.len()).collect();
+        let mut order: Vec<usize> = (0..chunks.len()).filter(prose).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         let mut groups = HashSet::new();
         let mut query = task.to_string();
@@ -170,7 +172,7 @@ impl Scd {
         let v = self.embed_cached_with(&[query.as_str()], InputKind::Query, cancel)?.remove(0);
         // z-scores among the other chunks: the sources match their own
         // text best and would otherwise flatten everyone else's
-        let rest: Vec<usize> = (0..chunks.len()).filter(|&i| !groups.contains(&chunks[i].group)).collect();
+        let rest: Vec<usize> = (0..chunks.len()).filter(|i| prose(i) && !groups.contains(&chunks[*i].group)).collect();
         let dense: Vec<f32> = rest.iter().map(|&i| dot(&v, &chunks[i].embedding)).collect();
         parts.hop_lift = vec![0.0; chunks.len()];
         for (&i, z) in rest.iter().zip(zscores(&dense)) {

@@ -124,7 +124,10 @@ fn adaptive_requests_count_the_remaining_budget_in_the_sessions_tokenizer() {
 
 #[test]
 fn the_explanation_adds_up_and_follows_the_packing() {
-    let scd = scd();
+    // closure of whole paragraphs and the second hop off: closure brings only
+    // leads, and the copy ranks after the sentence it copies
+    let cfg = ScdConfig { group_closure_tokens: 0, second_hop_weight: 0.0, ..ScdConfig::default() };
+    let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
     let mut req = request("why did the payment service time out at checkout", 30);
     req.requirement.optional_fields = vec!["payments".into(), "copy".into()];
     let out = scd.compress_opts(&req, &opts("", true), &Cancel::new()).unwrap();
