@@ -240,7 +240,8 @@ pub enum DropReason {
 pub struct Timings {
     /// Chunking, token counting and embedding the chunks (cache misses only).
     pub prepare_ms: f64,
-    /// Embedding the task.
+    /// Embedding the task (and, with the second hop, embedding it again
+    /// with its bridge chunks).
     pub task_embed_ms: f64,
     /// Scoring and packing.
     pub select_ms: f64,
@@ -489,7 +490,11 @@ impl Scd {
         };
         cancel.check("score")?;
         let mut parts = self.score(&prepared, &task_vec, &task_text);
+        // the second hop embeds the task again (with its bridge chunks): its
+        // time is the task's embedding, not selection
+        let t3 = Instant::now();
         self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
+        let hop_ms = t3.elapsed().as_secs_f64() * 1e3;
         let scores = &parts.fused;
         let budget = rq.max_context_tokens;
         let mut warnings = Vec::new();
@@ -545,7 +550,8 @@ impl Scd {
                 }
             }
         }
-        let select_ms = t2.elapsed().as_secs_f64() * 1e3;
+        let select_ms = t2.elapsed().as_secs_f64() * 1e3 - hop_ms;
+        let embed_ms = embed_ms + hop_ms;
 
         let mut out = self.assemble(
             &prepared,
