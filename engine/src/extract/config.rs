@@ -49,8 +49,8 @@ pub struct ScdConfig {
     /// Packing takes the rest of a chunk's group (a paragraph's other
     /// sentences) with it when the whole group has at most this many tokens
     /// and all of it fits (0: only the group's lead comes along). Prose
-    /// fields only: a paragraph is sent whole or not at all, but a method
-    /// does not bring its whole `impl`. Chosen by `scd tune`.
+    /// fields only: a paragraph comes whole, but a method does not bring its
+    /// whole `impl`. Chosen by `scd tune`.
     pub group_closure_tokens: usize,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions
