@@ -45,7 +45,7 @@ impl Scd {
         // whole groups is on
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         if self.cfg.group_closure_tokens > 0 {
-            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.field_prose[c.field]) {
+            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
                 let e = members.entry(c.group).or_default();
                 e.0.push(j);
                 e.1 += cost[j];
@@ -80,16 +80,19 @@ impl Scd {
             let closure = if !rest.is_empty() && *used + rest_cost <= budget {
                 rest
             } else {
-                // the lead, and then a container's closing line
+                // the lead, then a container's closing line once its header is in
                 let mut c = Vec::new();
-                let mut extra = 0;
-                for &j in leads.get(&g).into_iter().chain(closings.get(&g)) {
-                    let header_sent = leads.get(&g).is_some_and(|l| chosen.contains(l) || c.contains(l));
-                    let fits = *used + extra + cost[j] <= budget;
-                    if !chosen.contains(&j) && fits && (chunks[j].lead || header_sent) {
-                        extra += cost[j];
-                        c.push(j);
-                    }
+                let lead = leads.get(&g).copied();
+                if let Some(l) = lead.filter(|l| !chosen.contains(l) && *used + cost[*l] <= budget) {
+                    c.push(l);
+                }
+                let extra: usize = c.iter().map(|&j| cost[j]).sum();
+                let header_in = lead.is_some_and(|l| chosen.contains(&l) || c.contains(&l));
+                let closing = closings.get(&g).copied();
+                if let Some(e) =
+                    closing.filter(|e| header_in && !chosen.contains(e) && *used + extra + cost[*e] <= budget)
+                {
+                    c.push(e);
                 }
                 c
             };

@@ -48,9 +48,6 @@ pub(super) struct PreparedContext {
     pub(super) field_names: Vec<String>,
     /// Per field: its title's mention key when it is a titled document.
     pub(super) field_keys: Vec<Option<String>>,
-    /// Per field: whether it is prose (documents: the second hop and group
-    /// closure work on these only).
-    pub(super) field_prose: Vec<bool>,
     pub(super) bm25: Bm25,
     pub(super) index: Option<HnswIndex>,
     /// Per chunk, its distinct embedding (bit-identical chunks, such as a
@@ -67,6 +64,12 @@ pub(super) struct PreparedContext {
 }
 
 impl PreparedContext {
+    /// Whether field `f` is prose (a document: only prose fields have a
+    /// title key). The second hop and paragraph closure work on these only.
+    pub(super) fn is_prose(&self, f: usize) -> bool {
+        self.field_keys[f].is_some()
+    }
+
     /// Chunk `i` as sent to the receiver, with its score and its count in
     /// the budget tokenizer.
     pub(super) fn selected(&self, i: usize, score: f32, tokens: usize) -> SelectedChunk {
@@ -238,7 +241,6 @@ impl Scd {
             near_duplicates,
             chunks,
             field_names: fields.iter().map(|f| f.name.clone()).collect(),
-            field_prose: fields.iter().map(|f| f.kind == crate::context::FieldKind::Prose).collect(),
             field_keys: fields
                 .iter()
                 .map(|f| (f.kind == crate::context::FieldKind::Prose).then(|| mention_key(&f.name)))

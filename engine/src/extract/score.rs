@@ -111,7 +111,7 @@ impl Scd {
         // and by structure, in code: the methods of a type a top chunk
         // defines (the struct whose doc the task paraphrases), through the
         // header of the container they sit in
-        let top_names: HashSet<&str> = top.iter().flat_map(|&i| chunks[i].defines.iter().map(String::as_str)).collect();
+        let top_names: HashSet<&str> = top_defines.iter().map(|&(_, d)| d).collect();
         let owners: HashMap<(usize, usize), &[String]> =
             chunks.iter().filter(|c| c.lead && c.rides).map(|c| (c.group, c.defines.as_slice())).collect();
         let owned_by_top = |c: &Prepared| {
@@ -151,7 +151,7 @@ impl Scd {
         let (w, sources) = (self.cfg.second_hop_weight, self.cfg.second_hop_sources);
         let chunks = &ctx.chunks;
         // documents only: a bridge entity links paragraphs, not functions
-        let prose = |i: &usize| ctx.field_prose[chunks[*i].field];
+        let prose = |i: &usize| ctx.is_prose(chunks[*i].field);
         if w == 0.0 || sources == 0 || (0..chunks.len()).filter(prose).count() < 2 {
             return Ok(());
         }
