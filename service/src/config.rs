@@ -17,9 +17,14 @@ pub struct ModelArgs {
     /// libonnxruntime.so from the pinned PyPI onnxruntime wheel.
     #[arg(long, env = ORT_LIB_ENV, default_value = ".tools/ort/libonnxruntime.so", global = true)]
     pub ort_lib: PathBuf,
-    /// ONNX Runtime intra-op threads (0 = one per core).
+    /// ONNX Runtime intra-op threads (0 = one per core). Tokenizing a large
+    /// call runs on its own pool (one thread per core) before the model runs.
     #[arg(long, env = "SCD_THREADS", default_value_t = 0, global = true)]
     pub threads: usize,
+    /// Let idle ONNX Runtime threads spin before sleeping (`false`: they
+    /// sleep at once, leaving the cores to other processes).
+    #[arg(long, env = "SCD_ORT_SPINNING", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    pub ort_spinning: bool,
     /// Execution device: cpu, cuda or cuda:N.
     #[arg(long, env = "SCD_DEVICE", default_value = "cpu", global = true)]
     pub device: String,
@@ -55,6 +60,7 @@ impl ModelArgs {
         }
         let mut cfg = OrtConfig::new(&self.ort_lib);
         cfg.intra_threads = self.threads;
+        cfg.intra_spinning = self.ort_spinning;
         cfg.device = self.device()?;
         cfg.batch_tokens = self.batch_tokens;
         cfg.io_binding = self.io_binding;

@@ -31,7 +31,7 @@ pub struct Manifest {
     /// Where the weights came from.
     #[serde(default)]
     pub source: serde_json::Value,
-    /// Weight and activation precision (`fp32`, `fp16`).
+    /// Weight and activation precision (`fp32`, `fp16`, `int8`).
     #[serde(default = "default_precision")]
     pub precision: String,
     /// What the model is for (`default`, `speed measurement only`, ...).
@@ -43,6 +43,11 @@ pub struct Manifest {
     /// ONNX file name inside the folder.
     #[serde(default = "default_onnx")]
     pub onnx: String,
+    /// ONNX Runtime session config entries the model is meant to run with
+    /// (`e5-small-int8`: one graph fusion that is slower on its int8 graph
+    /// turned off). Applied by [`OrtEncoder::load`](super::OrtEncoder::load).
+    #[serde(default)]
+    pub session_config: std::collections::BTreeMap<String, String>,
 }
 
 fn default_pooling() -> String {

@@ -59,6 +59,10 @@ pub struct OrtConfig {
     pub lib_path: PathBuf,
     /// Intra-op threads; 0 lets ONNX Runtime choose (one per core).
     pub intra_threads: usize,
+    /// Whether idle intra-op threads spin before they sleep (ONNX Runtime's
+    /// default, on): lower latency between model calls, at the price of CPU
+    /// that other work on the machine could use (BENCHMARKS.md measures both).
+    pub intra_spinning: bool,
     /// CPU or CUDA.
     pub device: Device,
     /// Padded tokens per model call (batch rows × longest row); 0 picks the
@@ -94,6 +98,7 @@ impl OrtConfig {
         Self {
             lib_path: lib_path.into(),
             intra_threads: 0,
+            intra_spinning: true,
             device: Device::Cpu,
             batch_tokens: 0,
             max_batch: 0,
@@ -259,6 +264,12 @@ impl OrtEncoder {
             Session::builder(&rt.env)?.with_optimization_level(GraphOptimizationLevel::All).map_err(builder_err)?;
         if config.intra_threads > 0 {
             builder = builder.with_intra_threads(config.intra_threads).map_err(builder_err)?;
+        }
+        if !config.intra_spinning {
+            builder = builder.with_intra_op_spinning(false).map_err(builder_err)?;
+        }
+        for (key, value) in &manifest.session_config {
+            builder = builder.with_config_entry(key, value).map_err(builder_err)?;
         }
         let provider = register_provider(builder, config.device)?;
         let (mut builder, provider) = provider;

@@ -80,7 +80,7 @@ impl Scd {
             warnings,
             withheld: Vec::new(),
             session: None,
-            timings: Timings { prepare_ms: ms.0, task_embed_ms: ms.1, select_ms: ms.2 },
+            timings: Timings { prepare_ms: ms.0, task_embed_ms: ms.1, select_ms: ms.2, hop_embed_ms: 0.0 },
             explanation: None,
         }
     }

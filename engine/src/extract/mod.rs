@@ -243,6 +243,9 @@ pub struct Timings {
     /// Embedding the task (and, with the second hop, embedding it again
     /// with its bridge chunks).
     pub task_embed_ms: f64,
+    /// Of `task_embed_ms`, the second hop's embedding (0 when it is off or
+    /// found nothing to hop from).
+    pub hop_embed_ms: f64,
     /// Scoring and packing.
     pub select_ms: f64,
 }
@@ -563,6 +566,7 @@ impl Scd {
             warnings,
             (chunk_embed_ms, embed_ms, select_ms),
         );
+        out.timings.hop_embed_ms = hop_ms;
         if opts.explain {
             let gate = |i: usize| {
                 if required.contains(&chunks[i].field) {

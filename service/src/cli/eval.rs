@@ -65,6 +65,12 @@ pub struct EvalArgs {
     /// named `scd[key=v ...]`; each distinct text is embedded once.
     #[arg(long)]
     sweep: Vec<String>,
+    /// Also run SCD at the same settings with this model, as the method
+    /// `scd@NAME`, on the same examples and budgets in the same run (e.g.
+    /// `--also-model e5-small-int8` against the default). It must share the
+    /// main model's tokenizer, so that the budgets are the same.
+    #[arg(long)]
+    also_model: Vec<String>,
     /// The hand-written agent context checked after the dataset (skipped
     /// when absent): compressed as `scd demo` does, its recall of the gold
     /// substrings in `--fixture-gold` is printed and reported.
@@ -356,7 +362,16 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         Arc::new(Memo { inner: encoder.clone(), seen: Mutex::new(HashMap::new()) })
     };
     let scd = Scd::new(memo.clone(), cfg);
-    let others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
+    let mut others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
+    for name in &args.also_model {
+        let other = ModelArgs { model: name.clone(), ..model.clone() }.load_encoder()?;
+        let tokenizer = |e: &OrtEncoder| e.manifest().files.get("tokenizer.json").cloned();
+        anyhow::ensure!(
+            tokenizer(&other).is_some() && tokenizer(&other) == tokenizer(&encoder),
+            "--also-model {name}: its tokenizer.json differs from {model_id}'s, so the budgets would differ"
+        );
+        others.push((format!("scd@{name}"), Scd::new(Arc::new(other), scd.config().clone())));
+    }
     let mut methods: Vec<&str> = vec!["scd"];
     if !args.scd_only {
         methods.extend(["dense", "bm25", "lead", "random"]);

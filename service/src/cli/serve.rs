@@ -63,6 +63,16 @@ pub struct ServeArgs {
     /// Session lifetime after last use, seconds.
     #[arg(long, env = "SCD_SESSION_TTL_S", default_value_t = 1800)]
     session_ttl_s: u64,
+    /// Weight of the second hop (0 turns it off): the task is embedded a
+    /// second time with its best chunk, which lifts a multi-hop question's
+    /// bridge facts at the cost of one more task embedding per new task
+    /// (BENCHMARKS.md has both sides).
+    #[arg(long, env = "SCD_SECOND_HOP_WEIGHT", default_value_t = ScdConfig::default().second_hop_weight)]
+    second_hop_weight: f32,
+    /// A paragraph of at most this many tokens is sent whole or not at all
+    /// (0: only its lead comes along with a chosen sentence).
+    #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().group_closure_tokens)]
+    group_closure_tokens: usize,
     /// Sessions held at once.
     #[arg(long, env = "SCD_MAX_SESSIONS", default_value_t = 10_000)]
     max_sessions: usize,
@@ -225,6 +235,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--drain-timeout {}: must be between 0 and 86400 seconds",
         args.drain_timeout
     );
+    anyhow::ensure!(
+        args.second_hop_weight.is_finite() && (0.0..=10.0).contains(&args.second_hop_weight),
+        "--second-hop-weight {}: must be between 0 and 10",
+        args.second_hop_weight
+    );
     if args.audit_db.is_none() {
         for (flag, set) in
             [("--audit-max-age", args.audit_max_age.is_some()), ("--audit-max-bytes", args.audit_max_bytes.is_some())]
@@ -305,6 +320,8 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
     let encoder = Arc::new(model.load_encoder()?);
     let cfg = ScdConfig {
+        second_hop_weight: args.second_hop_weight,
+        group_closure_tokens: args.group_closure_tokens,
         cache_bytes: args.cache_bytes,
         session_ttl: Duration::from_secs(args.session_ttl_s),
         max_sessions: args.max_sessions,
