@@ -693,7 +693,7 @@ def quantize_int8(src: Path, dst: Path, fp32_matmuls: list[str]) -> None:
 
     quantize_dynamic(str(src), str(dst), per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
                      op_types_to_quantize=["MatMul"], nodes_to_exclude=fp32_matmuls,
-                     extra_options={"MatMulConstBOnly": True})
+                     extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
 def build_e5_small_int8(wheels: Path, out: Path, work: Path) -> None:

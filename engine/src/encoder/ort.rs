@@ -14,6 +14,7 @@ use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, Memory
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
 use ort::value::Tensor;
+use parking_lot::FairMutex;
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 use tracing::{debug, info, instrument, warn};
@@ -221,7 +222,12 @@ pub struct OrtEncoder {
     tokenizer_path: PathBuf,
     lead: Vec<i64>,
     trail: Vec<i64>,
-    runner: Mutex<Runner>,
+    /// Handed over in arrival order ([`FairMutex`]): a context's encode
+    /// takes it once per batch, so a one-text call (a new task) that arrives
+    /// meanwhile runs after the batch in progress, not after the whole
+    /// context nor behind callers that came later (std's mutex promises no
+    /// order; in a test it happened to behave, see BENCHMARKS.md).
+    runner: FairMutex<Runner>,
     token_type_ids: bool,
     output: String,
     /// The graph's pooled output is used (through IoBinding).
@@ -312,7 +318,7 @@ impl OrtEncoder {
             tokenizer_path,
             lead,
             trail,
-            runner: Mutex::new(Runner { session, pinned, output_memory }),
+            runner: FairMutex::new(Runner { session, pinned, output_memory }),
             token_type_ids,
             output,
             bound,
@@ -432,7 +438,7 @@ impl OrtEncoder {
                 mask[r * len..r * len + s.ids.len()].iter_mut().for_each(|m| *m = 1);
             }
         };
-        let mut runner = self.runner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut runner = self.runner.lock();
         if self.bound {
             return self.run_bound(&mut runner, rows, len, fill);
         }
