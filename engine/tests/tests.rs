@@ -693,10 +693,18 @@ mod hardening {
 
     use super::extraction::req;
 
-    /// Records every text the engine asks it to embed or count.
+    /// Records every text the engine asks it to embed or count (`seen`), and
+    /// the embedded ones alone (`embedded`).
     struct Spy {
         inner: HashEncoder,
         seen: Mutex<Vec<String>>,
+        embedded: Mutex<Vec<String>>,
+    }
+
+    impl Spy {
+        fn new(inner: HashEncoder) -> Self {
+            Self { inner, seen: Mutex::new(Vec::new()), embedded: Mutex::new(Vec::new()) }
+        }
     }
 
     impl Encoder for Spy {
@@ -715,11 +723,46 @@ mod hardening {
         }
         fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> scd_engine::Result<Encoded> {
             self.seen.lock().unwrap().extend(texts.iter().map(|t| t.to_string()));
+            self.embedded.lock().unwrap().extend(texts.iter().map(|t| t.to_string()));
             self.inner.encode(texts, opts)
         }
         fn provider(&self) -> &str {
             "spy"
         }
+    }
+
+    #[test]
+    fn the_second_hop_query_is_cut_at_its_token_cap() {
+        let long =
+            format!("Zorblax is a film directed by Quentin Marlowe, {}.", "who wrote scripts about rivers ".repeat(40));
+        let prose = |name: &str, content: &str| Field {
+            name: name.into(),
+            kind: FieldKind::Prose,
+            content: content.into(),
+            confidential: false,
+        };
+        let ctx =
+            Context { fields: vec![prose("doc1", long.trim()), prose("doc2", "Quentin Marlowe was raised in Tulsa.")] };
+        let task = "where was the director of Zorblax born";
+        let hop_queries = |cap: usize| {
+            let spy = Arc::new(Spy::new(HashEncoder::new(128, 4096)));
+            // both chunks join the hop query, the long one among them
+            let cfg = ScdConfig { second_hop_max_tokens: cap, second_hop_sources: 2, ..ScdConfig::default() };
+            Scd::new(spy.clone(), cfg).compress(&req(task, ctx.clone(), 400)).unwrap();
+            let hops: Vec<String> =
+                spy.embedded.lock().unwrap().iter().filter(|t| t.starts_with(&format!("{task} "))).cloned().collect();
+            hops
+        };
+        let words = |t: &str| t.split_whitespace().count();
+        let whole = hop_queries(10_000);
+        assert_eq!(whole.len(), 1, "{whole:?}");
+        assert!(words(&whole[0]) > 200, "uncapped, the hop carries the whole best chunk: {:?}", whole[0]);
+        let cut = hop_queries(20);
+        assert_eq!(cut.len(), 1, "{cut:?}");
+        assert!((8..=20).contains(&words(&cut[0])), "{:?}", cut[0]);
+        assert!(whole[0].starts_with(&cut[0]), "cut at a word boundary of the same query");
+        // the task alone fills the cap: no hop at all
+        assert!(hop_queries(7).is_empty());
     }
 
     const WORDS: [&str; 14] = [
@@ -773,7 +816,7 @@ mod hardening {
 
     #[test]
     fn confidential_text_never_reaches_the_encoder() {
-        let spy = Arc::new(Spy { inner: HashEncoder::new(64, 512), seen: Mutex::new(Vec::new()) });
+        let spy = Arc::new(Spy::new(HashEncoder::new(64, 512)));
         let scd = Scd::new(spy.clone(), ScdConfig::default());
         let ctx = Context {
             fields: vec![

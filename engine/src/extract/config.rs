@@ -42,6 +42,12 @@ pub struct ScdConfig {
     /// Chunks (count, each from a different group) whose text joins the
     /// task in the second hop's query.
     pub second_hop_sources: usize,
+    /// Tokens of the second hop's query (the task, then its bridge chunks'
+    /// text), in the encoder's tokenizer: the chunks' text is cut at a word
+    /// boundary past it, so a hop costs at most one short embedding however
+    /// long the best chunk is. The task is never cut; when it alone fills the
+    /// cap there is no hop.
+    pub second_hop_max_tokens: usize,
     /// Embed each chunk after the previous chunk of its group (a sentence
     /// with the one before it in its paragraph), so a sentence that says
     /// "he" or "the film" is embedded with what it refers to.
@@ -120,6 +126,7 @@ impl Default for ScdConfig {
             link_sources: 3,
             second_hop_weight: 0.5,
             second_hop_sources: 1,
+            second_hop_max_tokens: 256,
             group_closure_tokens: 400,
             embed_neighbour: false,
             lead_link_bonus: 1.5,

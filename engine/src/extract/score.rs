@@ -135,6 +135,34 @@ impl Scd {
         Scores { fused: s, dense_z: zd, lexical_z: zl, group_lift, link_lift, hop_lift: Vec::new() }
     }
 
+    /// `query` (the task, a space, then the bridge chunks' text) within
+    /// `second_hop_max_tokens`: whole when it fits, else cut at the last word
+    /// boundary that fits (found by bisection over the boundaries after the
+    /// task); None when not one word of chunk text fits.
+    fn capped_hop_query<'q>(&self, task: &str, query: &'q str) -> Result<Option<&'q str>> {
+        let cap = self.cfg.second_hop_max_tokens;
+        if self.encoder.count_tokens(query)? <= cap {
+            return Ok(Some(query));
+        }
+        let ends: Vec<usize> = query[task.len()..]
+            .char_indices()
+            .filter(|(_, c)| c.is_whitespace())
+            .map(|(i, _)| task.len() + i)
+            .filter(|&e| e > task.len())
+            .collect();
+        let (mut lo, mut hi, mut best) = (0, ends.len(), None);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.encoder.count_tokens(&query[..ends[mid]])? <= cap {
+                best = Some(&query[..ends[mid]]);
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(best)
+    }
+
     /// The second hop of a multi-hop question: the task embedded again with
     /// the texts of its best chunks from different groups, so a fact that
     /// only the bridge entity connects to the task (the second paragraph of
@@ -169,7 +197,8 @@ impl Scd {
                 query.push_str(&chunks[i].text);
             }
         }
-        let v = self.embed_cached_with(&[query.as_str()], InputKind::Query, cancel)?.remove(0);
+        let Some(query) = self.capped_hop_query(task, &query)? else { return Ok(()) };
+        let v = self.embed_cached_with(&[query], InputKind::Query, cancel)?.remove(0);
         // z-scores among the other chunks: the sources match their own
         // text best and would otherwise flatten everyone else's
         let rest: Vec<usize> = (0..chunks.len()).filter(|i| prose(i) && !groups.contains(&chunks[*i].group)).collect();
