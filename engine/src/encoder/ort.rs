@@ -62,7 +62,8 @@ pub struct OrtConfig {
     pub intra_threads: usize,
     /// Whether idle intra-op threads spin before they sleep (ONNX Runtime's
     /// default, on): lower latency between model calls, at the price of CPU
-    /// that other work on the machine could use (BENCHMARKS.md measures both).
+    /// that other work on the machine could use (not measured yet: see
+    /// BENCHMARKS.md, issue #25).
     pub intra_spinning: bool,
     /// CPU or CUDA.
     pub device: Device,
