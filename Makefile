@@ -17,6 +17,7 @@ demo: build
 	./target/release/scd demo
 
 test: setup
+	service/tests/setup.sh
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	SCD_REQUIRE_MODELS=1 cargo test --workspace

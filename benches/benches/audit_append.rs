@@ -1,4 +1,4 @@
-//! The audit trail (`scd_atp::audit::AuditLog`): the cost of one durable
+//! The audit trail (`scd_audit::AuditLog`): the cost of one durable
 //! append (one fsync'd redb commit), alone and with 8 threads appending at
 //! once (group commit: one commit carries every pending record), and the
 //! size of a 200-step run's trail at level `summary` vs `chunks`.
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use scd_atp::audit::{AuditChunk, AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_audit::{AuditChunk, AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
 
 fn record(step: usize) -> AuditRecord {
     let mut r = AuditRecord::new("Compress");

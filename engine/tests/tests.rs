@@ -1579,21 +1579,72 @@ mod fuzz_bodies {
         assert!(b.as_secs_f64() < 8.0 * a.as_secs_f64(), "1000 lines {a:?}, 4000 lines {b:?}");
     }
 
-    /// A long field name: 8x the name must not take 8x the time, since the
-    /// content is the same. Measured in release with 4,000 chunks: a 1 KB
-    /// name took 4.6 s, an 8 KB name 14.7 s; the name is copied into every
-    /// chunk's id and embedded text, so name bytes x chunks is quadratic in
-    /// the request size (fix: a limit on name length in `validate`; the test
-    /// passes when the long name is refused).
+    /// A long field name once made compress quadratic: the name is copied
+    /// into every chunk's id and embedded text, so name bytes × chunks grew
+    /// with the request (measured in release with 4,000 chunks: a 1 KB name
+    /// took 4.6 s, an 8 KB name 14.7 s). The fix is a limit on name length.
+    /// Checked without timing: one byte over the limit is refused, naming the
+    /// field and the limit, and the longest name allowed adds at most its own
+    /// bytes once to each text the encoder sees.
     #[test]
-    fn compress_cost_does_not_scale_with_name_length() {
-        let content: String = (0..1000).map(|i| format!("ERROR e{i}\n")).collect();
-        let t = |n| compress_time(&"n".repeat(n), scd_engine::context::FieldKind::Log, content.clone());
-        let a = t(128).expect("a 128-byte name is valid");
-        // refusing the long name is a fix too
-        if let Some(b) = t(8192) {
-            assert!(b.as_secs_f64() < 3.0 * a.as_secs_f64(), "128 B name {a:?}, 8 KB name {b:?}");
+    fn a_long_field_name_is_refused_and_costs_at_most_its_bytes_per_chunk() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task, MAX_FIELD_NAME_BYTES};
+        use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, HashEncoder};
+        use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+
+        /// Counts the texts and bytes given to `encode`.
+        struct Counting(HashEncoder, AtomicUsize, AtomicUsize);
+        impl Encoder for Counting {
+            fn model_id(&self) -> &str {
+                self.0.model_id()
+            }
+            fn dim(&self) -> usize {
+                self.0.dim()
+            }
+            fn max_tokens(&self) -> usize {
+                self.0.max_tokens()
+            }
+            fn count_tokens(&self, text: &str) -> scd_engine::Result<usize> {
+                self.0.count_tokens(text)
+            }
+            fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> scd_engine::Result<Encoded> {
+                self.1.fetch_add(texts.len(), Ordering::Relaxed);
+                self.2.fetch_add(texts.iter().map(|t| t.len()).sum(), Ordering::Relaxed);
+                self.0.encode(texts, opts)
+            }
+            fn provider(&self) -> &str {
+                "counting"
+            }
         }
+        let content: String = (0..1000).map(|i| format!("ERROR e{i} in the payment worker\n")).collect();
+        let run = |name: &str| {
+            let enc = Arc::new(Counting(HashEncoder::new(384, 512), AtomicUsize::new(0), AtomicUsize::new(0)));
+            let scd = Scd::new(enc.clone(), ScdConfig::default());
+            let field =
+                Field { name: name.into(), kind: FieldKind::Log, content: content.clone(), confidential: false };
+            let req = CompressRequest {
+                task: Task::new("why did the payment worker fail"),
+                context: Context { fields: vec![field] },
+                requirement: ContextRequirement::with_budget(100),
+                session: None,
+            };
+            scd.compress(&req).map(|_| (enc.1.load(Ordering::Relaxed), enc.2.load(Ordering::Relaxed)))
+        };
+        let err = run(&"n".repeat(MAX_FIELD_NAME_BYTES + 1)).unwrap_err().to_string();
+        assert!(err.starts_with("context.fields[0].name:") && err.contains(&MAX_FIELD_NAME_BYTES.to_string()), "{err}");
+        let (texts, short) = run("n").unwrap();
+        let (texts_long, long) = run(&"n".repeat(MAX_FIELD_NAME_BYTES)).unwrap();
+        assert!(texts > 100, "{texts} texts embedded: too few to see a per-chunk cost");
+        assert_eq!(texts, texts_long, "the name changed what was embedded");
+        assert!(long > short, "the name is not in the embedded text at all: {long} vs {short} bytes");
+        let per_text = (long - short) as f64 / texts as f64;
+        assert!(
+            per_text <= (MAX_FIELD_NAME_BYTES - 1) as f64,
+            "{per_text:.0} extra bytes per text for a 255-byte longer name"
+        );
     }
 }
 

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod context;
 mod redact;
 
 /// `scd.v1`: the SCD service.
@@ -48,11 +49,5 @@ pub mod atp {
     }
 }
 
-/// `Debug` prints of content: `<N bytes>`.
-pub struct Redacted(pub usize);
-
-impl std::fmt::Debug for Redacted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "<{} bytes>", self.0)
-    }
-}
+/// `Debug` prints of content: `<N bytes>` (the context model's own type).
+pub use scd_context::Redacted;

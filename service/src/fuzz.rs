@@ -18,9 +18,8 @@ use scd_engine::encoder::{HashEncoder, InputKind};
 use scd_engine::extract::{Scd, ScdConfig};
 use tonic::Code;
 
-use crate::cli::compress::{parse_batch_line, BatchDefaults};
-use crate::cli::{jsonl_text, parse_jsonl_texts};
 use crate::grpc::{convert, pb};
+use crate::input::{jsonl_text, parse_batch_line, parse_jsonl_texts, BatchDefaults};
 
 /// Fields a fuzzed compress request may hold (the server's limit is a flag).
 pub const MAX_FIELDS: usize = 256;

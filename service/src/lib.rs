@@ -8,10 +8,13 @@
 
 pub mod a2a;
 pub mod cli;
+pub mod client;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod grpc;
+pub mod input;
 pub mod mcp;
+pub mod server;
 pub mod telemetry;
 pub mod tls;

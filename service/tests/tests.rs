@@ -32,6 +32,8 @@ mod lifecycle;
 mod mcp;
 #[path = "cases/serving.rs"]
 mod serving;
+#[path = "cases/structure.rs"]
+mod structure;
 
 pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -829,12 +831,13 @@ mod inproc {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use scd_atp::audit::AuditLog;
+    use scd_audit::AuditLog;
     use scd_engine::encoder::{Encoder, HashEncoder};
     use scd_engine::extract::{Scd, ScdConfig};
     use scd_service::grpc::auth::AuthConfig;
     use scd_service::grpc::http::HttpLimits;
-    use scd_service::grpc::{serve_on, Limits, ServeConfig};
+    use scd_service::grpc::Limits;
+    use scd_service::server::{serve_on, ServeConfig};
 
     /// `scd serve`'s defaults.
     pub(crate) fn limits() -> Limits {
@@ -898,6 +901,7 @@ mod inproc {
             a2a: Default::default(),
             a2a_public_url: None,
             tokenizers: Default::default(),
+            confidence_map: Default::default(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {

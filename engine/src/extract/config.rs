@@ -74,9 +74,6 @@ pub struct ScdConfig {
     pub stub_words: usize,
     /// Receiver confidence at or above which adaptive requests get nothing (θ_conf).
     pub confidence_threshold: f32,
-    /// The `current_confidence` a hand-off report's confidence level stands
-    /// for (low 0.3, medium 0.6, high 0.9 by default).
-    pub confidence_map: crate::handoff::ConfidenceMap,
     /// Session lifetime since last use.
     pub session_ttl: Duration,
     /// Sessions held at once (least recently used evicted, never silently).
@@ -135,7 +132,6 @@ impl Default for ScdConfig {
             more_max_chunks: 8,
             stub_words: 8,
             confidence_threshold: 0.7,
-            confidence_map: crate::handoff::ConfidenceMap::default(),
             session_ttl: Duration::from_secs(1800),
             max_sessions: 10_000,
             session_bytes: 1 << 30,

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
 use tokio_stream::Stream;
 use tonic::transport::Channel;
@@ -29,17 +28,13 @@ use tonic::{Request, Response, Status};
 
 use crate::context::THETA;
 use crate::handshake::{self, OfferTerms};
+use crate::identity::SignMessages as _;
 use crate::identity::{Identity, Signed, Verifier};
-use crate::planner::PlannerState;
+use crate::requester::PlannerState;
 use crate::store::Ledger;
+pub use crate::work::{WorkOrder, WorkReport, MAX_NEEDS, MAX_PAYLOAD_BYTES, MAX_STEPS};
 use crate::{pb, Error, Result};
 
-/// Bytes of a task payload (the work order).
-pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
-/// Steps of one work order.
-pub const MAX_STEPS: u32 = 100;
-/// Needs of one work order.
-pub const MAX_NEEDS: usize = 32;
 /// Offers remembered for contracts (oldest dropped first).
 const MAX_OPEN_OFFERS: usize = 4096;
 /// Contracts and tasks remembered.
@@ -80,70 +75,6 @@ impl AgentConfig {
     }
 }
 
-/// The simulated work a task asks for: JSON in `TaskSubmit.payload`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkOrder {
-    /// What to do.
-    pub title: String,
-    /// Checkpointed steps (1 to [`MAX_STEPS`]).
-    #[serde(default = "default_steps")]
-    pub steps: u32,
-    /// Facts the work needs from the context (case-insensitive substrings):
-    /// the worker's confidence is the share it found, and below θ it asks
-    /// its requester for each missing one.
-    #[serde(default)]
-    pub needs: Vec<String>,
-    /// A poison order: every agent fails it at step 2 with this error.
-    #[serde(default)]
-    pub fail: Option<String>,
-}
-
-fn default_steps() -> u32 {
-    4
-}
-
-impl WorkOrder {
-    /// Parses and checks a payload; the error names the field and the limit.
-    pub fn parse(payload: &[u8]) -> Result<WorkOrder> {
-        let invalid = |field: &str, reason: String| Error::Invalid { field: field.into(), reason };
-        if payload.len() > MAX_PAYLOAD_BYTES {
-            return Err(invalid("task.payload", format!("{} bytes (limit {MAX_PAYLOAD_BYTES})", payload.len())));
-        }
-        let mut de = serde_json::Deserializer::from_slice(payload);
-        let order: WorkOrder = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| invalid(&format!("task.payload.{}", e.path()), e.inner().to_string()))?;
-        de.end().map_err(|e| invalid("task.payload", e.to_string()))?;
-        if order.steps == 0 || order.steps > MAX_STEPS {
-            return Err(invalid("task.payload.steps", format!("{} (1 to {MAX_STEPS})", order.steps)));
-        }
-        if order.needs.len() > MAX_NEEDS {
-            return Err(invalid("task.payload.needs", format!("{} needs (limit {MAX_NEEDS})", order.needs.len())));
-        }
-        Ok(order)
-    }
-}
-
-/// What the worker did: JSON in the final `TaskResult.payload`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkReport {
-    /// The order's title.
-    pub title: String,
-    /// Steps run here (not counting the ones resumed past).
-    pub steps_run: u32,
-    /// The step this agent resumed after (0 = from scratch).
-    pub resumed_after: u32,
-    /// Chunks of context it used.
-    pub chunks: Vec<String>,
-    /// Its confidence on the context it was sent, in [0, 1].
-    pub confidence: f64,
-    /// Its confidence after its context requests.
-    pub final_confidence: f64,
-    /// RequestContext calls it made.
-    pub context_requests: u32,
-}
-
 /// A contract this agent accepted.
 #[derive(Debug, Clone)]
 struct Contract {
@@ -181,7 +112,7 @@ pub struct Node {
     pub planner: PlannerState,
     /// The audit trail of the context transfers it sends (one `AtpTransfer`
     /// record per delegation), once [`Node::set_audit`] gave it one.
-    audit: std::sync::OnceLock<Arc<crate::audit::AuditLog>>,
+    audit: std::sync::OnceLock<Arc<scd_audit::AuditLog>>,
 }
 
 impl Node {
@@ -207,12 +138,12 @@ impl Node {
     /// Records every context transfer this agent sends in `log` (usually
     /// [`crate::store::Store::audit_log`] of its own store); false when it
     /// already had a log (the first one stays).
-    pub fn set_audit(&self, log: Arc<crate::audit::AuditLog>) -> bool {
+    pub fn set_audit(&self, log: Arc<scd_audit::AuditLog>) -> bool {
         self.audit.set(log).is_ok()
     }
 
     /// The audit trail, if [`Node::set_audit`] gave it one.
-    pub fn audit_log(&self) -> Option<&Arc<crate::audit::AuditLog>> {
+    pub fn audit_log(&self) -> Option<&Arc<scd_audit::AuditLog>> {
         self.audit.get()
     }
 
@@ -487,10 +418,7 @@ fn sender(id: &Option<pb::AgentId>) -> &str {
     id.as_ref().map_or("", |a| a.uuid.as_str())
 }
 
-/// Unix seconds now.
-pub fn now_s() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
-}
+pub use scd_did::time::now_s;
 
 fn chunk_text(c: &pb::ContextChunk) -> String {
     String::from_utf8_lossy(&c.data).to_lowercase()
@@ -717,7 +645,7 @@ impl pb::atp_service_server::AtpService for AgentService {
 
     async fn query_route(&self, request: Request<pb::RouteQuery>) -> Result<Response<pb::RouteResponse>, Status> {
         let query = request.into_inner();
-        let routes = self.0.planner.routes(&self.0, &query).map_err(Status::from)?;
+        let routes = self.0.planner.routes(&self.0.ledger, &query).map_err(Status::from)?;
         Ok(Response::new(pb::RouteResponse { routes }))
     }
 

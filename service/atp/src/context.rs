@@ -39,7 +39,6 @@
 //! ```
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -50,8 +49,8 @@ use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 use tracing::{debug, instrument, warn};
 
-use crate::audit::{AuditChunk, AuditRecord};
 use crate::{pb, Error, Result};
+use scd_audit::{AuditChunk, AuditRecord};
 
 /// θ_conf (paper §6.3): a receiver at or above this confidence gets no more
 /// context.
@@ -77,180 +76,11 @@ const HASH_TAG: &[u8] = b"scd-atp/context/v1\n";
 // The task and the context, as an agent holds them
 // ---------------------------------------------------------------------------
 
-/// The task handed over (paper §6.2 step 1). `Debug` prints sizes, never text.
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Task {
-    /// What to do.
-    pub description: String,
-    /// Constraints on the work.
-    #[serde(default)]
-    pub constraints: Vec<String>,
-    /// Expected output schema, if any (empty = none).
-    #[serde(default)]
-    pub output_schema: Option<String>,
-}
-
-impl std::fmt::Debug for Task {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Task")
-            .field("description", &scd_proto::Redacted(self.description.len()))
-            .field("constraints", &self.constraints.len())
-            .field("output_schema", &self.output_schema.as_ref().map(|s| scd_proto::Redacted(s.len())))
-            .finish()
-    }
-}
-
-impl Task {
-    /// A task with only a description.
-    pub fn new(description: impl Into<String>) -> Self {
-        Self { description: description.into(), ..Self::default() }
-    }
-
-    /// The text SCD embeds as e_task (paper: Encode(task_description,
-    /// constraints, expected_output_schema)), built exactly as SCD builds it
-    /// from a `scd.v1.Task`: the trimmed description, then one
-    /// `"\nConstraint: …"` per constraint and `"\nOutput: …"` for a non-empty
-    /// schema.
-    pub fn text(&self) -> String {
-        let mut s = self.description.trim().to_string();
-        for c in &self.constraints {
-            s.push_str("\nConstraint: ");
-            s.push_str(c.trim());
-        }
-        if let Some(schema) = self.schema() {
-            s.push_str("\nOutput: ");
-            s.push_str(schema.trim());
-        }
-        s
-    }
-
-    /// The schema as the wire carries it: an empty one is no schema.
-    fn schema(&self) -> Option<&str> {
-        self.output_schema.as_deref().filter(|s| !s.is_empty())
-    }
-
-    fn to_scd(&self) -> scd::Task {
-        scd::Task {
-            description: self.description.clone(),
-            constraints: self.constraints.clone(),
-            output_schema: self.schema().unwrap_or_default().to_string(),
-        }
-    }
-}
-
-/// What kind of text a field holds; SCD chunks each kind its own way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FieldKind {
-    /// Sentences and paragraphs.
-    #[default]
-    Prose,
-    /// Source code.
-    Code,
-    /// Log lines.
-    Log,
-    /// A JSON document.
-    Json,
-    /// A conversation, one `speaker: text` turn per line.
-    Chat,
-    /// Schemas and tables.
-    Table,
-}
-
-impl FieldKind {
-    /// The lowercase word used in context files and in [`context_hash`].
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FieldKind::Prose => "prose",
-            FieldKind::Code => "code",
-            FieldKind::Log => "log",
-            FieldKind::Json => "json",
-            FieldKind::Chat => "chat",
-            FieldKind::Table => "table",
-        }
-    }
-
-    fn to_scd(self) -> scd::FieldKind {
-        match self {
-            FieldKind::Prose => scd::FieldKind::Prose,
-            FieldKind::Code => scd::FieldKind::Code,
-            FieldKind::Log => scd::FieldKind::Log,
-            FieldKind::Json => scd::FieldKind::Json,
-            FieldKind::Chat => scd::FieldKind::Chat,
-            FieldKind::Table => scd::FieldKind::Table,
-        }
-    }
-}
-
-/// One named piece of an agent's context, as in SCD's context files.
-///
-/// Parsed strictly: an unknown key (`"confidental"`) is an error, never a
-/// silent default. `Debug` prints the content's size, never the content.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Field {
-    /// Unique name within the context (`db_schema`, `error_logs`, ...).
-    pub name: String,
-    /// How SCD chunks it.
-    #[serde(default)]
-    pub kind: FieldKind,
-    /// The text.
-    pub content: String,
-    /// Never leaves this agent: not in chunks, stubs, hashes or errors.
-    #[serde(default)]
-    pub confidential: bool,
-}
-
-impl std::fmt::Debug for Field {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Field")
-            .field("name", &self.name)
-            .field("kind", &self.kind)
-            .field("confidential", &self.confidential)
-            .field("content", &scd_proto::Redacted(self.content.len()))
-            .finish()
-    }
-}
-
-impl Field {
-    fn to_scd(&self) -> scd::Field {
-        scd::Field {
-            name: self.name.clone(),
-            kind: self.kind.to_scd() as i32,
-            content: self.content.clone(),
-            confidential: self.confidential,
-        }
-    }
-}
-
-/// A context file, `{"fields": [...]}` (the format `scd compress --context`
-/// reads, e.g. `fixtures/agent_context.json`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ContextFile {
-    /// The fields, in reading order.
-    pub fields: Vec<Field>,
-}
-
-impl ContextFile {
-    /// Parses `{"fields": [...]}` strictly (unknown keys are errors).
-    pub fn from_json(json: &str) -> Result<Self> {
-        serde_json::from_str(json).map_err(|e| Error::Invalid { field: "context".into(), reason: e.to_string() })
-    }
-
-    /// Reads and parses a context file; errors name the path.
-    pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| Error::ReadContext { path: path.to_path_buf(), source })?;
-        Self::from_json(&text).map_err(|e| match e {
-            Error::Invalid { reason, .. } => {
-                Error::Invalid { field: format!("context file {}", path.display()), reason }
-            }
-            other => other,
-        })
-    }
-}
+/// The task, the fields and the context file are the context model's own
+/// types (`scd-context`), shared with the engine: one `Task::text`, one
+/// strict parser. A context file is `{"fields": [...]}`, the format
+/// `scd compress --context` reads (e.g. `fixtures/agent_context.json`).
+pub use scd_context::{Context as ContextFile, Field, FieldKind, Task};
 
 /// SHA-256 of the canonical form of a context: the tag
 /// `"scd-atp/context/v1\n"`, then per field in order its name, its kind word
@@ -660,8 +490,8 @@ impl ScdLink {
     ) -> Result<Transfer> {
         let req = requirement_from_offer(requirement)?;
         let compress = scd::CompressRequest {
-            task: Some(task.to_scd()),
-            fields: fields.iter().map(Field::to_scd).collect(),
+            task: Some(scd::Task::from(task)),
+            fields: fields.iter().map(scd::Field::from).collect(),
             requirement: Some(req),
             session_id: String::new(),
             session_token: String::new(),
@@ -919,6 +749,8 @@ impl HopLedger {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn fixture() -> Vec<Field> {
@@ -971,7 +803,7 @@ mod tests {
         let err = ContextFile::from_json(r#"{"fields": [{"name": "a", "content": "x", "confidental": true}]}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.starts_with("context: unknown field `confidental`"), "{err}");
+        assert!(err.starts_with("context.fields[0].confidental: unknown field `confidental`"), "{err}");
         let f = &ContextFile::from_json(r#"{"fields": [{"name": "a", "content": "x"}]}"#).unwrap().fields[0];
         assert_eq!((f.kind, f.confidential), (FieldKind::Prose, false));
         let err = ContextFile::load(Path::new("/nonexistent/ctx.json")).unwrap_err().to_string();
@@ -991,7 +823,7 @@ mod tests {
         );
         // the wire has no "empty but present" schema
         let t = Task { output_schema: Some(String::new()), ..Task::new("x") };
-        assert_eq!((t.text().as_str(), t.to_scd().output_schema.as_str()), ("x", ""));
+        assert_eq!((t.text().as_str(), scd::Task::from(&t).output_schema.as_str()), ("x", ""));
         let printed = format!("{:?}", Task::new("secret plan"));
         assert!(!printed.contains("secret plan"), "{printed}");
         let err = serde_json::from_str::<Task>(r#"{"description": "x", "schema": "y"}"#).unwrap_err();

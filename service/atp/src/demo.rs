@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentConfig, Node, WorkOrder};
 use crate::context::{ContextFile, Task};
+use crate::identity::SignMessages as _;
 use crate::identity::{DidResolver, Identity, Verifier};
 use crate::planner::{short, Event, Job, Outcome, Planner};
 use crate::store::{Ledger, Store};

@@ -1,4 +1,7 @@
-//! The crate's one error type.
+//! The crate's one error type, and [`AuthFailure`]: why a signed message
+//! was refused.
+
+use scd_did::time::MAX_CLOCK_SKEW_S;
 
 /// Everything that can go wrong in the ATP stack.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +32,7 @@ pub enum Error {
     },
     /// A signature, sender, clock or replay check failed.
     #[error(transparent)]
-    Auth(#[from] crate::identity::AuthFailure),
+    Auth(#[from] AuthFailure),
     /// The redb store failed (boxed: redb's error is large).
     #[error("store: {source}")]
     Store {
@@ -148,20 +151,14 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
-    /// The audit trail could not record (its writer stopped or a commit
-    /// failed): the audited call fails rather than go unrecorded.
-    #[error("audit {}: {reason}", path.display())]
-    Audit {
-        /// The audit database.
-        path: std::path::PathBuf,
-        /// What failed.
+    /// The audit trail in the agent's store failed.
+    #[error(transparent)]
+    Audit(#[from] scd_audit::Error),
+    /// The durable replay log failed (the message is refused).
+    #[error("nonce log: {reason}")]
+    NonceLog {
+        /// The storage error.
         reason: String,
-    },
-    /// The audit database is held by another process (redb locks its file).
-    #[error("{}: the audit database is open in another process (a running server holds its lock; query it with --server)", path.display())]
-    AuditLocked {
-        /// The audit database.
-        path: std::path::PathBuf,
     },
     /// The simulation was given no measured context samples.
     #[error("context samples: none given (the simulation draws context efficiency from measured SCD transfers; at least 1 is needed)")]
@@ -173,7 +170,9 @@ impl From<Error> for tonic::Status {
         let msg = e.to_string();
         match e {
             Error::Invalid { .. } | Error::Did { .. } | Error::NoSamples => tonic::Status::invalid_argument(msg),
-            Error::CannotMeet { .. } | Error::AuditLocked { .. } => tonic::Status::failed_precondition(msg),
+            Error::CannotMeet { .. } | Error::Audit(scd_audit::Error::Locked { .. }) => {
+                tonic::Status::failed_precondition(msg)
+            }
             Error::Timeout { .. } => tonic::Status::deadline_exceeded(msg),
             Error::Escalated { .. } | Error::Peer { .. } | Error::Transport { .. } => tonic::Status::unavailable(msg),
             Error::ScdConnect { .. } => tonic::Status::unavailable(msg),
@@ -185,9 +184,94 @@ impl From<Error> for tonic::Status {
             | Error::ConfidentialChunk { .. }
             | Error::ReadContext { .. }
             | Error::Store { .. }
-            | Error::Audit { .. }
+            | Error::Audit(_)
+            | Error::NonceLog { .. }
             | Error::Decode { .. }
             | Error::Json { .. } => tonic::Status::internal(msg),
+        }
+    }
+}
+
+impl From<scd_context::Error> for Error {
+    fn from(e: scd_context::Error) -> Error {
+        match e {
+            scd_context::Error::InvalidArgument { field, message } => Error::Invalid { field, reason: message },
+            scd_context::Error::Read { path, source } => Error::ReadContext { path, source },
+        }
+    }
+}
+
+impl From<scd_did::Error> for Error {
+    fn from(e: scd_did::Error) -> Error {
+        match e {
+            scd_did::Error::Did { did, reason } => Error::Did { did, reason },
+            scd_did::Error::Io { path, source } => Error::Io { path, source },
+            scd_did::Error::IdentityFile { path, reason } => Error::IdentityFile { path, reason },
+            scd_did::Error::NonceLog { reason } => Error::NonceLog { reason },
+        }
+    }
+}
+
+/// Why a signed message was refused. `Display` names which check failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthFailure {
+    /// The message carries no signature.
+    #[error("unsigned: the message carries no signature")]
+    Unsigned,
+    /// The message names no sender DID.
+    #[error("no sender: the message names no sender DID")]
+    NoSender,
+    /// The sender is not a DID we can resolve to a key.
+    #[error("unknown signer {did}: {reason}")]
+    UnknownSigner {
+        /// The sender as the message names it.
+        did: String,
+        /// Why it does not resolve.
+        reason: String,
+    },
+    /// The signature does not verify against the sender's key.
+    #[error("signature does not verify against {did}'s key (altered, or signed by another key)")]
+    BadSignature {
+        /// The sender.
+        did: String,
+    },
+    /// The timestamp is too far from the receiver's clock (or missing).
+    #[error("stale: timestamp {} (limit ±{limit} s)", skew_words(.skew_s), limit = MAX_CLOCK_SKEW_S)]
+    Stale {
+        /// Timestamp minus the receiver's clock, seconds (positive = future).
+        skew_s: i64,
+    },
+    /// The (sender, nonce) pair was already seen.
+    #[error("replayed: nonce {nonce} from {did} already seen")]
+    Replayed {
+        /// The sender.
+        did: String,
+        /// The repeated nonce.
+        nonce: u64,
+    },
+    /// The replay log could not be read or written: the message is refused
+    /// (fail closed).
+    #[error("replay check unavailable: {reason}")]
+    ReplayCheckUnavailable {
+        /// The storage error.
+        reason: String,
+    },
+}
+
+fn skew_words(skew_s: &i64) -> String {
+    let skew_s = *skew_s;
+    if skew_s >= 0 {
+        format!("{skew_s} s from now")
+    } else {
+        format!("{} s ago", skew_s.unsigned_abs())
+    }
+}
+
+impl From<AuthFailure> for tonic::Status {
+    fn from(failure: AuthFailure) -> tonic::Status {
+        match failure {
+            AuthFailure::ReplayCheckUnavailable { .. } => tonic::Status::unavailable(failure.to_string()),
+            _ => tonic::Status::unauthenticated(failure.to_string()),
         }
     }
 }

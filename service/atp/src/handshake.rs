@@ -30,6 +30,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::identity::SignMessages as _;
 use crate::identity::{Identity, Verifier};
 use crate::{pb, Error, Result};
 

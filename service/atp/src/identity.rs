@@ -1,5 +1,9 @@
 //! Layer 1a: who sent this, and may I believe it.
 //!
+//! The keys, DIDs, documents, key file and replay log come from
+//! [`scd_did`] and are re-exported here; this module adds what is ATP's own:
+//! signed `atp.v1` messages and their verification.
+//!
 //! Every agent has an Ed25519 key pair and a DID: `did:key:z…` (self-
 //! certifying: `z` + base58btc(0xed 0x01 ‖ 32-byte public key), so every
 //! Ed25519 did:key starts with `did:key:z6Mk`) or `did:wba:host[:path]`
@@ -26,7 +30,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use scd_atp::identity::{DidResolver, Identity, MemoryNonceLog, Verifier};
+//! use scd_atp::identity::{DidResolver, Identity, MemoryNonceLog, SignMessages, Verifier};
 //! use scd_atp::pb;
 //!
 //! let alice = Identity::generate();
@@ -39,418 +43,56 @@
 //! assert!(verifier.verify(&beat).unwrap_err().to_string().starts_with("replayed"));
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
-use serde::{Deserialize, Serialize};
+use ed25519_dalek::VerifyingKey;
+use scd_did::Error as DidError;
 
-use crate::error::{Error, Result};
+pub use scd_did::document::{
+    did_document_from_json, did_document_to_json, document_key, wba_document_path, VERIFICATION_METHOD_TYPE,
+};
+pub use scd_did::key::{did_key, key_multibase, parse_did_key, parse_key_multibase, verify_bytes, ED25519_MULTICODEC};
+pub use scd_did::nonce::{fresh_nonce, MemoryNonceLog, NonceLog};
+pub use scd_did::time::{now_s, MAX_CLOCK_SKEW_S};
+pub use scd_did::Identity;
+
+pub use crate::error::AuthFailure;
 use crate::pb;
-
-/// How far (seconds) a signed message's timestamp may be from the
-/// receiver's clock, either way.
-pub const MAX_CLOCK_SKEW_S: i64 = 60;
-
-/// The multicodec prefix of an Ed25519 public key (0xed, varint-encoded).
-pub const ED25519_MULTICODEC: [u8; 2] = [0xed, 0x01];
-
-/// The verification method type of the keys in our DID documents.
-pub const VERIFICATION_METHOD_TYPE: &str = "Ed25519VerificationKey2020";
-
-/// Unix time now, whole seconds.
-pub fn now_s() -> i64 {
-    timestamp_now().seconds
-}
 
 /// Unix time now as a protobuf timestamp.
 pub fn timestamp_now() -> pb::Timestamp {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    pb::Timestamp { seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nanos: d.subsec_nanos() as i32 }
+    let now = scd_did::time::now();
+    pb::Timestamp { seconds: now.as_second(), nanos: now.subsec_nanosecond() }
 }
 
-// ---------------------------------------------------------------------------
-// DIDs
-
-/// The multibase form (`z` + base58btc(0xed 0x01 ‖ pk)) of an Ed25519 key,
-/// as used in `did:key` and in `publicKeyMultibase`.
-pub fn key_multibase(vk: &VerifyingKey) -> String {
-    let mut bytes = Vec::with_capacity(34);
-    bytes.extend_from_slice(&ED25519_MULTICODEC);
-    bytes.extend_from_slice(vk.as_bytes());
-    format!("z{}", bs58::encode(bytes).into_string())
-}
-
-/// Decodes a `z…` multibase Ed25519 key (the inverse of [`key_multibase`]).
-pub fn parse_key_multibase(multibase: &str) -> std::result::Result<VerifyingKey, String> {
-    let b58 = multibase.strip_prefix('z').ok_or_else(|| "multibase key must start with 'z' (base58btc)".to_string())?;
-    let bytes = bs58::decode(b58).into_vec().map_err(|e| format!("not base58btc: {e}"))?;
-    if bytes.len() != 34 || bytes[..2] != ED25519_MULTICODEC {
-        return Err(format!(
-            "not an Ed25519 key: expected 0xed 0x01 + 32 bytes, got {} bytes starting {:02x?}",
-            bytes.len(),
-            &bytes[..bytes.len().min(2)]
-        ));
-    }
-    let pk: [u8; 32] = bytes[2..].try_into().expect("length checked");
-    VerifyingKey::from_bytes(&pk).map_err(|_| "not a valid Ed25519 point".to_string())
-}
-
-/// The `did:key` of an Ed25519 key: `did:key:z` + base58btc(0xed 0x01 ‖ pk).
-pub fn did_key(vk: &VerifyingKey) -> String {
-    format!("did:key:{}", key_multibase(vk))
-}
-
-/// The key inside a `did:key:z…` DID.
-pub fn parse_did_key(did: &str) -> Result<VerifyingKey> {
-    let rest = did
-        .strip_prefix("did:key:")
-        .ok_or_else(|| Error::Did { did: did.to_string(), reason: "not a did:key".into() })?;
-    parse_key_multibase(rest).map_err(|reason| Error::Did { did: did.to_string(), reason })
-}
-
-/// Where a `did:wba` DID's document lies under `dir`: `did:wba:example.com`
-/// → `<dir>/example.com/did.json`, `did:wba:example.com:user:alice` →
-/// `<dir>/example.com/user/alice/did.json` (the did:wba method's
-/// `/.well-known/did.json` and `/path/did.json`, mapped onto a directory).
-/// Percent-encoded colons in the host (`example.com%3A3000`) are decoded.
-/// Segments that could leave `dir` (`..`, `.`, empty, containing `/`, `\`
-/// or NUL) are refused.
-pub fn wba_document_path(dir: &Path, did: &str) -> Result<PathBuf> {
-    let bad = |reason: &str| Error::Did { did: did.to_string(), reason: reason.to_string() };
-    let rest = did.strip_prefix("did:wba:").ok_or_else(|| bad("not a did:wba"))?;
-    let mut path = dir.to_path_buf();
-    for segment in rest.split(':') {
-        let segment = segment.replace("%3A", ":").replace("%3a", ":");
-        if segment.is_empty()
-            || segment == "."
-            || segment == ".."
-            || segment.contains(['/', '\\', '\0'])
-            || segment.contains('%')
-        {
-            return Err(bad("path segment is empty, '.', '..' or contains '/', '\\', '%' or NUL"));
-        }
-        path.push(segment);
-    }
-    path.push("did.json");
-    Ok(path)
-}
-
-/// The JSON form (W3C DID Core) of a DID document, as served at
-/// `/.well-known/did.json`.
-pub fn did_document_to_json(doc: &pb::DidDocument) -> serde_json::Value {
-    let methods: Vec<serde_json::Value> = doc
-        .verification_method
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "id": m.id,
-                "type": m.r#type,
-                "controller": m.controller,
-                "publicKeyMultibase": m.public_key_multibase,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "@context": ["https://www.w3.org/ns/did/v1", "https://w3id.org/security/suites/ed25519-2020/v1"],
-        "id": doc.id,
-        "verificationMethod": methods,
-        "authentication": doc.authentication,
-        "assertionMethod": doc.assertion_method,
-    })
-}
-
-/// Parses the JSON form of a DID document (the fields we use).
-pub fn did_document_from_json(value: &serde_json::Value) -> std::result::Result<pb::DidDocument, String> {
-    let text = |v: &serde_json::Value, key: &str| v.get(key).and_then(|s| s.as_str()).unwrap_or_default().to_string();
-    let strings = |key: &str| -> Vec<String> {
-        value
-            .get(key)
-            .and_then(|a| a.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| {
-                        s.as_str()
-                            .map(str::to_string)
-                            .or_else(|| s.get("id").and_then(|i| i.as_str()).map(str::to_string))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let id = text(value, "id");
-    if id.is_empty() {
-        return Err("document has no \"id\"".into());
-    }
-    let verification_method = value
-        .get("verificationMethod")
-        .and_then(|a| a.as_array())
-        .map(|a| {
-            a.iter()
-                .map(|m| pb::VerificationMethod {
-                    id: text(m, "id"),
-                    r#type: text(m, "type"),
-                    controller: text(m, "controller"),
-                    public_key_multibase: text(m, "publicKeyMultibase"),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(pb::DidDocument {
-        id,
-        verification_method,
-        authentication: strings("authentication"),
-        assertion_method: strings("assertionMethod"),
-    })
-}
-
-/// The Ed25519 key a DID document asserts for `did`: the first verification
-/// method listed in `assertionMethod` (else the first one) whose controller
-/// is `did` and whose `publicKeyMultibase` is an Ed25519 key.
-pub fn document_key(doc: &pb::DidDocument, did: &str) -> std::result::Result<VerifyingKey, String> {
-    if doc.id != did {
-        return Err(format!("document id is {:?}, not the DID", doc.id));
-    }
-    let usable = |m: &&pb::VerificationMethod| {
-        (m.controller.is_empty() || m.controller == did) && !m.public_key_multibase.is_empty()
-    };
-    let asserted =
-        doc.verification_method.iter().filter(usable).find(|m| doc.assertion_method.iter().any(|a| a == &m.id));
-    let method = asserted
-        .or_else(|| doc.verification_method.iter().find(usable))
-        .ok_or_else(|| "document has no verification method with a publicKeyMultibase".to_string())?;
-    parse_key_multibase(&method.public_key_multibase)
-}
-
-// ---------------------------------------------------------------------------
-// Identity
-
-/// The identity file's JSON (the key is base58btc; the file is mode 0600).
-#[derive(Serialize, Deserialize)]
-struct IdentityFile {
-    did: String,
-    ed25519_secret_key: String,
-}
-
-/// An agent's Ed25519 signing key and DID. `Debug` and `Display` show the
-/// DID only, never the key.
-pub struct Identity {
-    key: SigningKey,
-    did: String,
-}
-
-impl fmt::Debug for Identity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Identity").field("did", &self.did).finish_non_exhaustive()
-    }
-}
-
-impl fmt::Display for Identity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.did)
-    }
-}
-
-impl Identity {
-    /// A fresh random key with its `did:key`.
-    pub fn generate() -> Identity {
-        Identity::from_signing_key(SigningKey::from_bytes(&rand::random()))
-    }
-
-    /// The identity of an existing key, as its `did:key`.
-    pub fn from_signing_key(key: SigningKey) -> Identity {
-        let did = did_key(&key.verifying_key());
-        Identity { key, did }
-    }
-
-    /// The same key under a `did:wba` DID (its document must then list this
-    /// key, see [`Identity::write_wba_document`]); or under its own did:key.
-    pub fn with_did(self, did: &str) -> Result<Identity> {
-        if did.starts_with("did:wba:") {
-            wba_document_path(Path::new("."), did)?;
-        } else if did != did_key(&self.verifying_key()) {
-            return Err(Error::Did { did: did.to_string(), reason: "neither a did:wba nor this key's did:key".into() });
-        }
-        Ok(Identity { key: self.key, did: did.to_string() })
-    }
-
-    /// Loads the identity at `path` (JSON: `did`, `ed25519_secret_key`), or
-    /// creates one (a new did:key) there on first start, with mode 0600.
-    /// An existing file that others may read (any group/other permission
-    /// bit) is refused, as ssh refuses such a key.
-    pub fn load_or_create(path: &Path) -> Result<Identity> {
-        let io = |source| Error::Io { path: path.to_path_buf(), source };
-        match std::fs::read(path) {
-            Ok(bytes) => {
-                Self::check_mode(path)?;
-                let bad = |reason: String| Error::IdentityFile { path: path.to_path_buf(), reason };
-                let file: IdentityFile =
-                    serde_json::from_slice(&bytes).map_err(|e| bad(format!("not identity JSON: {e}")))?;
-                let secret = bs58::decode(&file.ed25519_secret_key)
-                    .into_vec()
-                    .ok()
-                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
-                    .ok_or_else(|| bad("ed25519_secret_key is not 32 base58btc bytes".into()))?;
-                let identity = Identity::from_signing_key(SigningKey::from_bytes(&secret));
-                let identity = identity
-                    .with_did(&file.did)
-                    .map_err(|_| bad(format!("did {} is not this key's did:key nor a did:wba", file.did)))?;
-                tracing::debug!(did = %identity.did, path = %path.display(), "identity loaded");
-                Ok(identity)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let identity = Identity::generate();
-                identity.save_new(path).map_err(io)?;
-                tracing::info!(did = %identity.did, path = %path.display(), "identity created");
-                // Two processes may race to create it: the file that won is the identity.
-                Self::load_or_create(path)
-            }
-            Err(e) => Err(io(e)),
-        }
-    }
-
-    #[cfg(unix)]
-    fn check_mode(path: &Path) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path)
-            .map_err(|source| Error::Io { path: path.to_path_buf(), source })?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(Error::IdentityFile {
-                path: path.to_path_buf(),
-                reason: format!("mode {:04o} lets others read the key (limit 0600: chmod 600 it)", mode & 0o7777),
-            });
-        }
-        Ok(())
-    }
-
-    #[cfg(not(unix))]
-    fn check_mode(_path: &Path) -> Result<()> {
-        Ok(())
-    }
-
-    /// Writes the file under a temporary name (mode 0600) and links it into
-    /// place, so a crash never leaves half a key and a racing creator never
-    /// overwrites the winner's key.
-    fn save_new(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        let file =
-            IdentityFile { did: self.did.clone(), ed25519_secret_key: bs58::encode(self.key.to_bytes()).into_string() };
-        let json = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
-        }
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = options.open(&tmp)?;
-        f.write_all(&json)?;
-        f.sync_all()?;
-        drop(f);
-        let linked = std::fs::hard_link(&tmp, path);
-        std::fs::remove_file(&tmp)?;
-        match linked {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// This agent's DID.
-    pub fn did(&self) -> &str {
-        &self.did
-    }
-
-    /// This agent on the wire (`uuid` = DID).
-    pub fn agent_id(&self) -> pb::AgentId {
-        pb::AgentId { uuid: self.did.clone() }
-    }
-
-    /// The public key.
-    pub fn verifying_key(&self) -> VerifyingKey {
-        self.key.verifying_key()
-    }
-
-    /// Signs raw bytes (64-byte Ed25519 signature).
-    pub fn sign_bytes(&self, bytes: &[u8]) -> Vec<u8> {
-        self.key.sign(bytes).to_bytes().to_vec()
-    }
-
+/// Signing protobuf messages with an [`Identity`] (see the module docs for
+/// the rule).
+pub trait SignMessages {
     /// Sets `msg`'s signature over [`Signed::signing_bytes`].
-    pub fn sign<M: Signed>(&self, msg: &mut M) {
+    fn sign<M: Signed>(&self, msg: &mut M);
+    /// A fresh random non-zero nonce and the timestamp now, then [`SignMessages::sign`].
+    fn stamp_and_sign<M: Signed>(&self, msg: &mut M);
+    /// The subject's acknowledging signature (`responder_signature`) over
+    /// the same bytes the evaluator signs.
+    fn countersign(&self, proof: &mut pb::InteractionProof);
+}
+
+impl SignMessages for Identity {
+    fn sign<M: Signed>(&self, msg: &mut M) {
         let signature = self.sign_bytes(&msg.signing_bytes());
         *msg.signature_mut() = signature;
     }
 
-    /// A fresh random non-zero nonce and the timestamp now, then [`Identity::sign`].
-    pub fn stamp_and_sign<M: Signed>(&self, msg: &mut M) {
+    fn stamp_and_sign<M: Signed>(&self, msg: &mut M) {
         msg.set_nonce(fresh_nonce());
         msg.set_timestamp_now();
         self.sign(msg);
     }
 
-    /// The subject's acknowledging signature (`responder_signature`) over the
-    /// same bytes the evaluator signs.
-    pub fn countersign(&self, proof: &mut pb::InteractionProof) {
+    fn countersign(&self, proof: &mut pb::InteractionProof) {
         proof.responder_signature = self.sign_bytes(&proof.signing_bytes());
-    }
-
-    /// This agent's DID document (one Ed25519 verification method, used for
-    /// authentication and assertions).
-    pub fn did_document(&self) -> pb::DidDocument {
-        let multibase = key_multibase(&self.verifying_key());
-        let method_id = match self.did.strip_prefix("did:key:") {
-            Some(mb) => format!("{}#{mb}", self.did),
-            None => format!("{}#key-1", self.did),
-        };
-        pb::DidDocument {
-            id: self.did.clone(),
-            verification_method: vec![pb::VerificationMethod {
-                id: method_id.clone(),
-                r#type: VERIFICATION_METHOD_TYPE.into(),
-                controller: self.did.clone(),
-                public_key_multibase: multibase,
-            }],
-            authentication: vec![method_id.clone()],
-            assertion_method: vec![method_id],
-        }
-    }
-
-    /// The JSON form of [`Identity::did_document`], for `/.well-known/did.json`.
-    pub fn did_document_json(&self) -> serde_json::Value {
-        did_document_to_json(&self.did_document())
-    }
-
-    /// Writes this identity's DID document where a [`DidResolver`] with
-    /// `dir` looks for it (see [`wba_document_path`]); the DID must be a did:wba.
-    pub fn write_wba_document(&self, dir: &Path) -> Result<PathBuf> {
-        let path = wba_document_path(dir, &self.did)?;
-        let io = |source| Error::Io { path: path.clone(), source };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
-        }
-        let json = serde_json::to_vec_pretty(&self.did_document_json()).expect("a JSON value serializes");
-        std::fs::write(&path, json).map_err(io)?;
-        Ok(path)
-    }
-}
-
-/// A random non-zero u64.
-pub fn fresh_nonce() -> u64 {
-    loop {
-        let n: u64 = rand::random();
-        if n != 0 {
-            return n;
-        }
     }
 }
 
@@ -568,69 +210,8 @@ impl Signed for pb::AtpMessage {
 // ---------------------------------------------------------------------------
 // Verification
 
-/// Why a signed message was refused. `Display` names which check failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthFailure {
-    /// The message carries no signature.
-    #[error("unsigned: the message carries no signature")]
-    Unsigned,
-    /// The message names no sender DID.
-    #[error("no sender: the message names no sender DID")]
-    NoSender,
-    /// The sender is not a DID we can resolve to a key.
-    #[error("unknown signer {did}: {reason}")]
-    UnknownSigner {
-        /// The sender as the message names it.
-        did: String,
-        /// Why it does not resolve.
-        reason: String,
-    },
-    /// The signature does not verify against the sender's key.
-    #[error("signature does not verify against {did}'s key (altered, or signed by another key)")]
-    BadSignature {
-        /// The sender.
-        did: String,
-    },
-    /// The timestamp is too far from the receiver's clock (or missing).
-    #[error("stale: timestamp {} (limit ±{limit} s)", skew_words(.skew_s), limit = MAX_CLOCK_SKEW_S)]
-    Stale {
-        /// Timestamp minus the receiver's clock, seconds (positive = future).
-        skew_s: i64,
-    },
-    /// The (sender, nonce) pair was already seen.
-    #[error("replayed: nonce {nonce} from {did} already seen")]
-    Replayed {
-        /// The sender.
-        did: String,
-        /// The repeated nonce.
-        nonce: u64,
-    },
-    /// The replay log could not be read or written: the message is refused
-    /// (fail closed).
-    #[error("replay check unavailable: {reason}")]
-    ReplayCheckUnavailable {
-        /// The storage error.
-        reason: String,
-    },
-}
-
-fn skew_words(skew_s: &i64) -> String {
-    let skew_s = *skew_s;
-    if skew_s >= 0 {
-        format!("{skew_s} s from now")
-    } else {
-        format!("{} s ago", skew_s.unsigned_abs())
-    }
-}
-
-impl From<AuthFailure> for tonic::Status {
-    fn from(failure: AuthFailure) -> tonic::Status {
-        match failure {
-            AuthFailure::ReplayCheckUnavailable { .. } => tonic::Status::unavailable(failure.to_string()),
-            _ => tonic::Status::unauthenticated(failure.to_string()),
-        }
-    }
-}
+// ---------------------------------------------------------------------------
+// Verification
 
 /// Maps a DID to its verifying key.
 pub trait Resolver: Send + Sync {
@@ -662,7 +243,7 @@ impl Resolver for DidResolver {
         let unknown = |reason: String| AuthFailure::UnknownSigner { did: did.to_string(), reason };
         if did.starts_with("did:key:") {
             return parse_did_key(did).map_err(|e| match e {
-                Error::Did { reason, .. } => unknown(reason),
+                DidError::Did { reason, .. } => unknown(reason),
                 other => unknown(other.to_string()),
             });
         }
@@ -671,7 +252,7 @@ impl Resolver for DidResolver {
         }
         let dir = self.wba_dir.as_ref().ok_or_else(|| unknown("no did:wba directory configured".into()))?;
         let path = wba_document_path(dir, did).map_err(|e| match e {
-            Error::Did { reason, .. } => unknown(reason),
+            DidError::Did { reason, .. } => unknown(reason),
             other => unknown(other.to_string()),
         })?;
         let bytes = std::fs::read(&path).map_err(|e| unknown(format!("no document at {}: {e}", path.display())))?;
@@ -679,98 +260,6 @@ impl Resolver for DidResolver {
             serde_json::from_slice(&bytes).map_err(|e| unknown(format!("{} is not JSON: {e}", path.display())))?;
         let doc = did_document_from_json(&json).map_err(unknown)?;
         document_key(&doc, did).map_err(unknown)
-    }
-}
-
-/// Remembers which (sender, nonce) pairs were seen.
-pub trait NonceLog: Send + Sync {
-    /// Records (did, nonce) sent at `ts_s`; `true` if it was not seen before.
-    /// Entries older than 2 × [`MAX_CLOCK_SKEW_S`] before a recorded
-    /// timestamp may be forgotten: a replay that old is refused as stale.
-    fn first_seen(&self, did: &str, nonce: u64, ts_s: i64) -> Result<bool>;
-}
-
-/// An in-memory [`NonceLog`] of bounded size.
-///
-/// Entries older than 2 × skew before the newest recorded timestamp are
-/// pruned. If more than `capacity` entries are younger than that (a flood),
-/// the oldest is evicted and everything at or before its timestamp is
-/// refused from then on: the log stays bounded and never lets a replay
-/// through; the price is that a flood can refuse honest messages from the
-/// same second.
-#[derive(Debug)]
-pub struct MemoryNonceLog {
-    capacity: usize,
-    inner: Mutex<MemoryNonces>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryNonces {
-    seen: HashMap<(String, u64), i64>,
-    by_time: BTreeSet<(i64, String, u64)>,
-    /// Messages with a timestamp below this are refused.
-    floor: i64,
-}
-
-impl Default for MemoryNonceLog {
-    fn default() -> MemoryNonceLog {
-        MemoryNonceLog::new(MemoryNonceLog::DEFAULT_CAPACITY)
-    }
-}
-
-impl MemoryNonceLog {
-    /// The default bound on remembered nonces.
-    pub const DEFAULT_CAPACITY: usize = 100_000;
-
-    /// A log remembering at most `capacity` (≥ 1) nonces.
-    pub fn new(capacity: usize) -> MemoryNonceLog {
-        MemoryNonceLog {
-            capacity: capacity.max(1),
-            inner: Mutex::new(MemoryNonces { floor: i64::MIN, ..Default::default() }),
-        }
-    }
-
-    /// How many nonces are remembered now.
-    pub fn len(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).seen.len()
-    }
-
-    /// Whether none is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl NonceLog for MemoryNonceLog {
-    fn first_seen(&self, did: &str, nonce: u64, ts_s: i64) -> Result<bool> {
-        let mut log = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let cutoff = ts_s.saturating_sub(2 * MAX_CLOCK_SKEW_S);
-        if cutoff > log.floor {
-            log.floor = cutoff;
-            while let Some(first) = log.by_time.first().cloned() {
-                if first.0 >= cutoff {
-                    break;
-                }
-                log.by_time.pop_first();
-                log.seen.remove(&(first.1, first.2));
-            }
-        }
-        if ts_s < log.floor {
-            return Ok(false);
-        }
-        let key = (did.to_string(), nonce);
-        if log.seen.contains_key(&key) {
-            return Ok(false);
-        }
-        log.seen.insert(key, ts_s);
-        log.by_time.insert((ts_s, did.to_string(), nonce));
-        while log.seen.len() > self.capacity {
-            let Some(oldest) = log.by_time.pop_first() else { break };
-            log.seen.remove(&(oldest.1, oldest.2));
-            log.floor = log.floor.max(oldest.0.saturating_add(1));
-            tracing::warn!(capacity = self.capacity, floor = log.floor, "nonce log full: refusing older timestamps");
-        }
-        Ok(true)
     }
 }
 
@@ -872,11 +361,6 @@ pub fn check_proof(resolver: &dyn Resolver, proof: &pb::InteractionProof) -> std
     }
 }
 
-/// Strict Ed25519 verification of a 64-byte signature.
-pub fn verify_bytes(key: &VerifyingKey, bytes: &[u8], signature: &[u8]) -> bool {
-    Signature::from_slice(signature).is_ok_and(|sig| key.verify_strict(bytes, &sig).is_ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -894,50 +378,6 @@ mod tests {
             context_tokens: 1200,
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn did_key_round_trips_and_starts_z6mk() {
-        for seed in 0u8..32 {
-            let id = Identity::from_signing_key(SigningKey::from_bytes(&[seed; 32]));
-            assert!(id.did().starts_with("did:key:z6Mk"), "{}", id.did());
-            assert_eq!(parse_did_key(id.did()).unwrap(), id.verifying_key());
-            assert_eq!(did_key(&parse_did_key(id.did()).unwrap()), id.did());
-        }
-        let random = Identity::generate();
-        assert!(random.did().starts_with("did:key:z6Mk"));
-        assert_eq!(parse_did_key(random.did()).unwrap(), random.verifying_key());
-    }
-
-    #[test]
-    fn did_key_known_vector() {
-        // W3C did:key test suite (did-key-ed25519): this DID's public key.
-        let did = "did:key:z6MkiTBz1ymuepAQ4HEHYSF1H8quG5GLVVQR3djdX3mDooWp";
-        let vk = parse_did_key(did).unwrap();
-        assert_eq!(did_key(&vk), did);
-        // RFC 8032 §7.1 test 1: secret key 9d61b1…7f60 has public key d75a98…511a.
-        let secret: [u8; 32] = hex32("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60");
-        let public = hex32("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a");
-        let id = Identity::from_signing_key(SigningKey::from_bytes(&secret));
-        assert_eq!(id.verifying_key().to_bytes(), public);
-        let mut prefixed = ED25519_MULTICODEC.to_vec();
-        prefixed.extend_from_slice(&public);
-        assert_eq!(id.did(), format!("did:key:z{}", bs58::encode(prefixed).into_string()));
-    }
-
-    fn hex32(s: &str) -> [u8; 32] {
-        let v: Vec<u8> = (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect();
-        v.try_into().unwrap()
-    }
-
-    #[test]
-    fn parse_did_key_refuses_garbage() {
-        for bad in ["did:web:example.com", "did:key:6Mk", "did:key:z0OIl", "did:key:z111"] {
-            assert!(matches!(parse_did_key(bad), Err(Error::Did { .. })), "{bad}");
-        }
-        // A secp256k1 did:key (multicodec 0xe7) is not Ed25519.
-        let err = parse_did_key("did:key:zQ3shokFTS3brHcDQrn82RUDfCZESWL1ZdCEJwekUDPQiYBme").unwrap_err();
-        assert!(err.to_string().contains("not an Ed25519 key"), "{err}");
     }
 
     #[test]
@@ -1183,81 +623,5 @@ mod tests {
         assert!(err.to_string().contains("not an Ed25519 key"), "{err}");
         // did:key needs no directory, did:wba needs one.
         assert!(matches!(DidResolver::new().resolve(alice.did()), Err(AuthFailure::UnknownSigner { .. })));
-    }
-
-    #[test]
-    fn did_document_json_round_trips() {
-        let a = Identity::generate();
-        let doc = a.did_document();
-        assert_eq!(doc.verification_method[0].public_key_multibase, a.did().strip_prefix("did:key:").unwrap());
-        let json = a.did_document_json();
-        assert_eq!(json["verificationMethod"][0]["type"], VERIFICATION_METHOD_TYPE);
-        let back = did_document_from_json(&json).unwrap();
-        assert_eq!(back, doc);
-        assert_eq!(document_key(&back, a.did()).unwrap(), a.verifying_key());
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn identity_file_is_created_0600_and_loads_back() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("keys/identity.json");
-        let first = Identity::load_or_create(&path).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let again = Identity::load_or_create(&path).unwrap();
-        assert_eq!(again.did(), first.did());
-        assert_eq!(again.verifying_key(), first.verifying_key());
-        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1, "no temp file left");
-
-        // Debug and Display never show the key, in hex or base58.
-        let secret = first.key.to_bytes();
-        let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        let b58 = bs58::encode(secret).into_string();
-        for shown in [format!("{first:?}"), format!("{first}"), format!("{first:#?}")] {
-            assert!(shown.contains(first.did()), "{shown}");
-            assert!(!shown.to_lowercase().contains(&hex) && !shown.contains(&b58), "{shown}");
-            assert!(!shown.contains(&format!("{:?}", &secret[..8])), "{shown}");
-        }
-        assert!(std::fs::read_to_string(&path).unwrap().contains(&b58));
-
-        // A key file others can read is refused.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let err = Identity::load_or_create(&path).unwrap_err();
-        assert!(err.to_string().contains("mode 0644 lets others read the key"), "{err}");
-    }
-
-    #[test]
-    fn identity_file_with_a_mismatched_did_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("identity.json");
-        let a = Identity::load_or_create(&path).unwrap();
-        let b = Identity::generate();
-        let text = std::fs::read_to_string(&path).unwrap().replace(a.did(), b.did());
-        std::fs::write(&path, text).unwrap();
-        let err = Identity::load_or_create(&path).unwrap_err();
-        assert!(matches!(err, Error::IdentityFile { .. }), "{err}");
-    }
-
-    #[test]
-    fn memory_nonce_log_prunes_and_stays_bounded() {
-        let log = MemoryNonceLog::new(3);
-        assert!(log.first_seen("a", 1, 1000).unwrap());
-        assert!(!log.first_seen("a", 1, 1000).unwrap());
-        assert!(log.first_seen("a", 2, 1001).unwrap());
-        // 121 s later the first two are pruned (a replay that old is stale anyway)...
-        assert!(log.first_seen("a", 3, 1122).unwrap());
-        assert_eq!(log.len(), 1);
-        // ...and anything older than 2×skew is refused outright.
-        assert!(!log.first_seen("a", 1, 1000).unwrap());
-        // A flood past capacity evicts the oldest and refuses its timestamp.
-        assert!(log.first_seen("b", 1, 1123).unwrap());
-        assert!(log.first_seen("b", 2, 1124).unwrap());
-        assert!(log.first_seen("b", 3, 1125).unwrap());
-        assert_eq!(log.len(), 3);
-        assert!(!log.first_seen("a", 3, 1122).unwrap(), "evicted nonce must not be accepted again");
-        assert!(!log.first_seen("c", 9, 1122).unwrap());
-        assert!(log.first_seen("c", 9, 1126).unwrap());
     }
 }

@@ -12,17 +12,19 @@
 //! | 4 routing | [`routing`] | Algorithm 1, composite patterns, repricing |
 //! | 5 fault tolerance | [`fault`] | heartbeats, circuit breakers, poison tasks, back-pressure, checkpoints |
 //!
-//! plus [`wba_auth`] (the ANP `DIDWba` Authorization header that `scd serve
-//! --auth did-wba` checks), [`agent`] (an ATP agent: a tonic server of
-//! `atp.v1.AtpService` and its clients), [`store`] (what survives a restart,
-//! in redb) and [`audit`] (the audit trail of context transfers, in redb).
+//! plus [`agent`] (an ATP agent: a tonic server of `atp.v1.AtpService` and
+//! its clients) and [`store`] (what survives a restart, in redb, with the
+//! audit trail's tables beside it).
+//!
+//! Keys, DIDs, DID documents, the key file, the replay log and the clock
+//! come from `scd-did`; the audit trail from `scd-audit`. Both are general
+//! trust code that `scd serve` uses without this crate.
 //!
 //! This crate does not depend on `scd-engine`: it reaches SCD only through
 //! the `scd.v1` gRPC client, so an agent can run on another machine.
 #![warn(missing_docs)]
 
 pub mod agent;
-pub mod audit;
 pub mod context;
 pub mod demo;
 pub mod error;
@@ -31,11 +33,12 @@ pub mod handshake;
 pub mod identity;
 pub mod merkle;
 pub mod planner;
+pub mod requester;
 pub mod routing;
 pub mod sim;
 pub mod store;
 pub mod trust;
-pub mod wba_auth;
+pub mod work;
 
 pub use error::{Error, Result};
 pub use scd_proto::atp::v1 as pb;

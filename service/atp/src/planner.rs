@@ -25,330 +25,25 @@
 //!    this agent's log; a contract violation makes it a negative proof.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::Status;
 
-use crate::agent::{now_s, Node, WorkOrder, WorkReport};
-use crate::context::{ContextFile, HopLedger, ScdLink, Task, Transfer};
-use crate::fault::{self, Backpressure, CircuitBreakers, HealthMonitor, PoisonDetector};
+use crate::agent::Node;
+use crate::context::{ContextFile, Task, Transfer};
+use crate::fault::{self};
 use crate::handshake::{self, Offer, PeerFailure};
-use crate::routing::{self, Candidate, Constraints, Pattern, Repricer, RoutingParams};
+use crate::identity::now_s;
+use crate::identity::SignMessages as _;
+use crate::requester::{constraints, Delegation};
+pub use crate::requester::{short, Event, PlannerState};
+use crate::routing::{self, Pattern, RoutingParams};
+use crate::work::{WorkOrder, WorkReport};
 use crate::{merkle, pb, Error, Result};
-
-/// What happened, for the demo's story and its JSON. Fields: `task` is the
-/// task id; agents are short DIDs ([`short`]) or, for peers not yet known by
-/// DID, their URLs.
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event {
-    /// A probe round ended.
-    Probed { task: String, round: u32, offers: Vec<String>, down: Vec<String>, declined: Vec<String> },
-    /// A peer's circuit is open: it is skipped.
-    Skipped { task: String, agent: String },
-    /// Algorithm 1 chose a route.
-    Routed {
-        task: String,
-        pattern: String,
-        agents: Vec<String>,
-        quality: f64,
-        latency_ms: u64,
-        cost: f64,
-        score: f64,
-        candidates: usize,
-    },
-    /// A contract was signed by both sides.
-    Contracted { task: String, agent: String, contract: String },
-    /// SCD's minimal sufficient context went with the task.
-    ContextSent {
-        task: String,
-        agent: String,
-        full_tokens: u64,
-        sent_tokens: u64,
-        chunks: usize,
-        withheld: Vec<String>,
-    },
-    /// The worker asked for more context (§6.3).
-    ContextRequested {
-        task: String,
-        agent: String,
-        question: String,
-        confidence: f64,
-        chunks: usize,
-        /// The receiver's budget left after this answer.
-        remaining_tokens: u32,
-    },
-    /// A durable checkpoint arrived.
-    Checkpoint { task: String, agent: String, step: u32 },
-    /// The worker failed (died, missed heartbeats, or failed the task).
-    AgentFailed { task: String, agent: String, why: String },
-    /// The task moved to the next agent of its route.
-    Failover { task: String, from: String, to: String, resumed_after: u32 },
-    /// A circuit changed state.
-    Circuit { agent: String, from: String, to: String },
-    /// A route was skipped (back-pressure, a full queue, a refusal).
-    Rerouted { task: String, agent: String, why: String },
-    /// A task waited for an agent's back-pressure to ease.
-    Buffered { task: String, agent: String, ms: u64 },
-    /// A worker signalled back-pressure.
-    Backpressure { agent: String, queue_depth: u32, action: String },
-    /// The task is poison: back to the originator.
-    Poison { task: String, diagnostics: String },
-    /// Done.
-    Completed { task: String, agent: String, latency_ms: u64, quality: f64, resumed_after: u32 },
-    /// A countersigned proof was appended and trust recomputed.
-    Trust { agent: String, task_type: String, score: f64, samples: u32, log_size: u64, note: String },
-}
-
-/// A task delegated by this agent, as its RequestContext handler sees it.
-struct Delegation {
-    worker: String,
-    transfer: Arc<Transfer>,
-}
-
-/// Requester-side state of an agent (shared with its server: workers call
-/// back with heartbeats, back-pressure and context requests).
-pub struct PlannerState {
-    scd_url: String,
-    scd: tokio::sync::OnceCell<ScdLink>,
-    delegations: Mutex<HashMap<String, Delegation>>,
-    /// Worker health from heartbeats.
-    pub health: Mutex<HealthMonitor>,
-    /// One breaker per peer (keyed by URL: a dead peer has no DID to show).
-    pub breakers: Mutex<CircuitBreakers>,
-    /// Failures per task across agents.
-    pub poison: Mutex<PoisonDetector>,
-    /// Back-pressure per worker.
-    pub pressure: Mutex<Backpressure>,
-    /// Estimates repriced from interaction proofs.
-    pub repricer: Mutex<Repricer>,
-    /// Tokens sent vs full context, per hop.
-    pub hops: Mutex<HopLedger>,
-    offers: Mutex<HashMap<String, Offer>>,
-    /// Tasks whose adaptive requests hit the receiver's budget.
-    starved: Mutex<HashSet<String>>,
-    events: Mutex<Option<UnboundedSender<Event>>>,
-    started: Instant,
-}
-
-impl PlannerState {
-    /// Requester state using the SCD service at `scd_url` (connected on first use).
-    pub fn new(scd_url: &str) -> PlannerState {
-        PlannerState {
-            scd_url: scd_url.to_string(),
-            scd: tokio::sync::OnceCell::new(),
-            delegations: Mutex::default(),
-            health: Mutex::new(HealthMonitor::new()),
-            breakers: Mutex::new(CircuitBreakers::new(fault::BreakerParams::default())),
-            poison: Mutex::new(PoisonDetector::new(fault::PoisonParams::default())),
-            pressure: Mutex::new(Backpressure::new(fault::BackpressureParams::default())),
-            repricer: Mutex::new(Repricer::new(routing::RepricerParams::default())),
-            hops: Mutex::default(),
-            offers: Mutex::default(),
-            starved: Mutex::default(),
-            events: Mutex::new(None),
-            started: Instant::now(),
-        }
-    }
-
-    /// Sends every [`Event`] to `tx` from now on.
-    pub fn subscribe(&self, tx: UnboundedSender<Event>) {
-        *self.events.lock().unwrap() = Some(tx);
-    }
-
-    fn emit(&self, e: Event) {
-        tracing::info!(?e, "atp");
-        if let Some(tx) = self.events.lock().unwrap().as_ref() {
-            let _ = tx.send(e);
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    /// The SCD client (connected once).
-    pub async fn scd(&self) -> Result<&ScdLink> {
-        self.scd.get_or_try_init(|| ScdLink::connect(&self.scd_url)).await
-    }
-
-    /// Answers a worker's RequestContext through the task's SCD session.
-    pub async fn answer_context_request(
-        &self,
-        me: &str,
-        req: &pb::ContextRequest,
-    ) -> Result<pb::ContextResponse, Status> {
-        let transfer = {
-            let delegations = self.delegations.lock().unwrap();
-            let Some(d) = delegations.get(&req.task_id) else {
-                return Err(Status::not_found(format!(
-                    "context.task_id: {:?} is not a task this agent delegated",
-                    req.task_id
-                )));
-            };
-            if Some(d.worker.as_str()) != req.from.as_ref().map(|a| a.uuid.as_str()) {
-                return Err(Status::permission_denied("context.from: the task is delegated to another agent"));
-            }
-            d.transfer.clone()
-        };
-        let scd = self.scd().await.map_err(Status::from)?;
-        let reply = scd.answer(&transfer.session, req).await.map_err(Status::from)?;
-        let worker = req.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
-        if let Err(e) = self.hops.lock().unwrap().record_response(&req.task_id, me, &worker, &reply) {
-            tracing::warn!(error = %e, "accounting a context response");
-        }
-        self.emit(Event::ContextRequested {
-            task: req.task_id.clone(),
-            agent: short(&worker),
-            question: req.specific_question.clone(),
-            confidence: req.current_confidence,
-            chunks: reply.chunks.len(),
-            remaining_tokens: reply.remaining_tokens,
-        });
-        if reply.remaining_tokens == 0 || !reply.reason.is_empty() {
-            // the receiver's budget (or the context) ran out: a shortfall
-            // from here on is not the worker's fault
-            let mut starved = self.starved.lock().unwrap();
-            if starved.len() >= MAX_STARVED {
-                starved.clear();
-            }
-            starved.insert(req.task_id.clone());
-        }
-        Ok(reply)
-    }
-
-    fn routed(&self, job: &Job, route: &routing::RouteChoice, candidates: usize) {
-        self.emit(Event::Routed {
-            task: job.task_id.clone(),
-            pattern: route.pattern.name().to_string(),
-            agents: route.agents.iter().map(|a| short(a)).collect(),
-            quality: route.quality,
-            latency_ms: route.latency_ms,
-            cost: route.cost,
-            score: route.score,
-            candidates,
-        });
-    }
-
-    /// Refuses heartbeats and back-pressure from agents that never offered
-    /// to this one (their state would grow without bound otherwise).
-    pub fn check_peer(&self, from: &Option<pb::AgentId>, field: &str) -> Result<(), Status> {
-        let did = from.as_ref().map_or("", |a| a.uuid.as_str());
-        if self.offers.lock().unwrap().contains_key(did) {
-            Ok(())
-        } else {
-            Err(Status::permission_denied(format!("{field}: {did} is not a peer that made this agent an offer")))
-        }
-    }
-
-    /// A worker's heartbeat.
-    pub fn heartbeat(&self, hb: &pb::Heartbeat) {
-        self.health.lock().unwrap().beat_pb(hb, self.now_ms());
-    }
-
-    /// A worker's back-pressure signal.
-    pub fn backpressure(&self, bp: &pb::Backpressure) {
-        let did = bp.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
-        let status = self.health.lock().unwrap().status(&did, self.now_ms());
-        let action = self.pressure.lock().unwrap().signal(bp, status, self.now_ms());
-        self.emit(Event::Backpressure {
-            agent: short(&did),
-            queue_depth: bp.queue_depth,
-            action: format!("{action:?}"),
-        });
-    }
-
-    /// A peer's report of a circuit it opened (informational).
-    pub fn circuit_report(&self, cb: &pb::CircuitBreak) {
-        tracing::info!(from = ?cb.from, target = ?cb.target, state = cb.state, "peer reported a circuit break");
-    }
-
-    /// Routes this agent would take for `query`, from the offers it has seen.
-    pub fn routes(&self, node: &Node, query: &pb::RouteQuery) -> Result<Vec<pb::Route>> {
-        let task_type = pb::TaskType::try_from(query.task_type).unwrap_or(pb::TaskType::Unspecified);
-        let exclude: HashSet<&str> = query.exclude.iter().map(|a| a.uuid.as_str()).collect();
-        let offers: Vec<Offer> =
-            self.offers.lock().unwrap().values().filter(|o| !exclude.contains(o.did())).cloned().collect();
-        let cands = self.candidates(node, &offers, task_type);
-        let constraints = constraints(&query.qos.unwrap_or_default());
-        let max = if query.max_routes == 0 { 8 } else { query.max_routes.min(64) } as usize;
-        let routes = routing::route(&cands, task_type, &constraints, &RoutingParams::default());
-        Ok(routes.iter().take(max).map(|r| r.to_pb()).collect())
-    }
-
-    /// Routing candidates from verified offers: trust from this agent's
-    /// ledger (Definition 3 over the proofs it evaluated itself, or the
-    /// cold-start prior below the minimum interactions; offers' evidence is
-    /// verified but not counted: a peer's self-chosen history is no rating
-    /// of ours); estimates repriced from interaction proofs. Routes are
-    /// recomputed for every task from the current figures, so a repricing
-    /// trigger takes effect at the next task.
-    fn candidates(&self, node: &Node, offers: &[Offer], task_type: pb::TaskType) -> Vec<Candidate> {
-        let now = now_s();
-        let ledger = node.ledger.lock().unwrap();
-        let mut cands: Vec<Candidate> = offers
-            .iter()
-            .map(|o| {
-                let trust = ledger.trust(o.did(), Some(task_type), now).score;
-                Candidate::from_capability(o.did(), &o.capability(), trust)
-            })
-            .collect();
-        drop(ledger);
-        self.repricer.lock().unwrap().apply(&mut cands);
-        cands
-    }
-
-    fn remember_offers(&self, offers: &[Offer]) {
-        let mut known = self.offers.lock().unwrap();
-        for o in offers {
-            known.insert(o.did().to_string(), o.clone());
-        }
-    }
-
-    fn breaker_failure(&self, url: &str, did: Option<&str>) {
-        let t = self.breakers.lock().unwrap().record_failure(url, self.now_ms());
-        if let Some(t) = t {
-            self.emit(Event::Circuit {
-                agent: did.map_or_else(|| url.to_string(), short),
-                from: format!("{:?}", t.from),
-                to: format!("{:?}", t.to),
-            });
-        }
-    }
-
-    fn breaker_success(&self, url: &str, did: &str) {
-        let t = self.breakers.lock().unwrap().record_success(url, self.now_ms());
-        if let Some(t) = t {
-            self.emit(Event::Circuit { agent: short(did), from: format!("{:?}", t.from), to: format!("{:?}", t.to) });
-        }
-    }
-}
-
-/// QoS with 0 = unbounded, as routing constraints.
-fn constraints(q: &pb::QoSConstraints) -> Constraints {
-    Constraints {
-        min_quality: q.min_quality,
-        max_latency_ms: if q.max_latency_ms == 0 { u64::MAX } else { q.max_latency_ms },
-        max_cost: if q.max_cost <= 0.0 { f64::INFINITY } else { q.max_cost },
-        min_trust: q.min_trust,
-    }
-}
-
-/// The last 8 characters of a DID, for logs and stories.
-pub fn short(did: &str) -> String {
-    let tail: String = did.chars().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
-    if did.len() > 8 {
-        format!("…{tail}")
-    } else {
-        tail
-    }
-}
 
 /// A task to delegate.
 #[derive(Debug, Clone)]
@@ -441,9 +136,6 @@ pub struct Planner {
     peers: Vec<(String, Channel)>,
 }
 
-/// Task ids remembered as budget-starved (cleared when full).
-const MAX_STARVED: usize = 4096;
-
 /// The longest a planner holds a task back for an agent's back-pressure.
 const MAX_BUFFER: Duration = Duration::from_secs(2);
 
@@ -507,7 +199,7 @@ impl Planner {
                 negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
             st.remember_offers(&offers);
             // layer 4: rank routes
-            let cands = st.candidates(&self.node, &offers, job.task_type);
+            let cands = st.candidates(&self.node.ledger, &offers, job.task_type);
             let routes =
                 routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
             let Some(best) = self.admit(job, &routes).await else {
@@ -522,7 +214,7 @@ impl Planner {
                 }
                 continue;
             };
-            st.routed(job, best, cands.len());
+            st.routed(&job.task_id, best, cands.len());
             let Some(offer) = offers.iter().find(|o| o.did() == best.agents[0]) else {
                 break Outcome::Lost { why: "route names an agent without an offer".into(), failovers };
             };
@@ -635,14 +327,14 @@ impl Planner {
         self.account_probe(job, &n);
         let offers: Vec<Offer> = n.offers.into_iter().filter(|o| self.evidence_ok(o)).collect();
         st.remember_offers(&offers);
-        let cands = st.candidates(&self.node, &offers, job.task_type);
+        let cands = st.candidates(&self.node.ledger, &offers, job.task_type);
         let routes = routing::route_patterns(&cands, job.task_type, &constraints(&n.qos), &RoutingParams::default());
         let Some(route) = routes.into_iter().find(|r| r.pattern == pattern) else {
             return Err(Error::CannotMeet {
                 reason: format!("no {} route among {} offers meets the constraints", pattern.name(), offers.len()),
             });
         };
-        st.routed(job, &route, cands.len());
+        st.routed(&job.task_id, &route, cands.len());
         let offer_of = |did: &str| offers.iter().find(|o| o.did() == did).cloned();
         let mut transfer: Option<Arc<Transfer>> = None;
         let mut run = PatternRun { pattern, route: route.agents.clone(), stages: Vec::new(), answer: None };
@@ -837,7 +529,7 @@ impl Planner {
         if let Some(log) = node.audit_log() {
             let budget = offer.offer.context_requirements.as_ref().map_or(0, |r| r.max_context_tokens);
             let rec = t.audit_record(node.did(), &did, &job.task, budget);
-            log.append_async(vec![rec]).await.map_err(Failure::local)?;
+            log.append_async(vec![rec]).await.map_err(|e| Failure::local(e.into()))?;
         }
         st.emit(Event::ContextSent {
             task: job.task_id.clone(),

@@ -8,7 +8,7 @@
 //! | `checkpoints` | task id → `TaskCheckpoint` encoding | the latest per task |
 //! | `peers` | DID → profile JSON | |
 //! | `tasks` | task id → bytes (a small JSON or proto record) | |
-//! | `audit_records`, `audit_meta` | see [`crate::audit`] | only once [`Store::audit_log`] was opened |
+//! | `audit_records`, `audit_meta` | see [`scd_audit`] | only once [`Store::audit_log`] was opened |
 //!
 //! Every write is its own durable (fsync'd) transaction, replay-log entries
 //! included: a message seen just before a crash (SIGKILL, power loss) is
@@ -43,12 +43,12 @@ use std::sync::Arc;
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
-use crate::audit::{AuditLevel, AuditLog, Retention};
 use crate::error::{Error, Result};
 use crate::identity::{check_proof, now_s, NonceLog, Resolver, MAX_CLOCK_SKEW_S};
 use crate::merkle::{proof_leaf_bytes, Hash, MerkleLog};
 use crate::pb;
 use crate::trust::{TrustBook, TrustParams, TrustScore};
+use scd_audit::{AuditLevel, AuditLog, Retention};
 
 const PROOFS: TableDefinition<u64, &[u8]> = TableDefinition::new("proofs");
 const NONCES: TableDefinition<(&str, u64), i64> = TableDefinition::new("nonces");
@@ -111,10 +111,10 @@ impl Store {
         &self.path
     }
 
-    /// The audit trail (see [`crate::audit`]) in this store's file: an ATP
+    /// The audit trail (see [`scd_audit`]) in this store's file: an ATP
     /// node keeps its `AtpTransfer` records beside its proofs.
     pub fn audit_log(&self, level: AuditLevel, retention: Retention) -> Result<AuditLog> {
-        AuditLog::on(self.db.clone(), &self.path, level, retention)
+        Ok(AuditLog::on(self.db.clone(), &self.path, level, retention)?)
     }
 
     /// Makes every earlier write durable (an empty fsync'd commit).
@@ -322,7 +322,13 @@ impl Drop for Store {
 
 impl NonceLog for Store {
     /// Durable: a (DID, nonce) seen before a restart is still refused after it.
-    fn first_seen(&self, did: &str, nonce: u64, ts_s: i64) -> Result<bool> {
+    fn first_seen(&self, did: &str, nonce: u64, ts_s: i64) -> scd_did::Result<bool> {
+        self.first_seen_durably(did, nonce, ts_s).map_err(|e| scd_did::Error::NonceLog { reason: e.to_string() })
+    }
+}
+
+impl Store {
+    fn first_seen_durably(&self, did: &str, nonce: u64, ts_s: i64) -> Result<bool> {
         if ts_s < self.nonce_floor.load(Ordering::SeqCst) {
             return Ok(false);
         }
@@ -474,6 +480,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::SignMessages as _;
     use crate::identity::{fresh_nonce, DidResolver, Identity, MemoryNonceLog, Verifier};
     use crate::merkle::{verify_evidence, verify_inclusion};
 
@@ -662,5 +669,30 @@ mod tests {
         for (did, nonce, ts) in [("a", 1, t), ("a", 1, t), ("b", 1, t), ("a", 2, t + 1), ("b", 1, t + 2)] {
             assert_eq!(store.first_seen(did, nonce, ts).unwrap(), memory.first_seen(did, nonce, ts).unwrap());
         }
+    }
+
+    #[test]
+    fn the_atp_store_hosts_the_audit_tables() {
+        use scd_audit::{AuditChunk, AuditFilter, AuditRecord};
+        let rec = |caller: &str| {
+            let mut r = AuditRecord::new("transfer");
+            r.caller = Some(caller.into());
+            r.chunks = vec![AuditChunk { id: "c1".into(), field: "code".into(), score: 0.5, tokens: 12 }];
+            r.chunk_count = 1;
+            r
+        };
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let log = store.audit_log(AuditLevel::Chunks, Retention::default()).unwrap();
+            log.append(vec![rec("did:key:a")]).unwrap();
+            store.put_task("t", b"{}").unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let log = store.audit_log(AuditLevel::Chunks, Retention::default()).unwrap();
+        let got = log.query(&AuditFilter::default()).unwrap();
+        assert_eq!((got.len(), got[0].chunks[0].id.as_str()), (1, "c1"));
+        assert_eq!(log.path(), store.path());
+        assert_eq!(store.task("t").unwrap().unwrap(), b"{}");
     }
 }

@@ -35,7 +35,7 @@
 //! only ever raises a score.
 //!
 //! ```
-//! use scd_atp::identity::Identity;
+//! use scd_atp::identity::{Identity, SignMessages};
 //! use scd_atp::pb;
 //! use scd_atp::trust::{TrustBook, TrustParams};
 //!
@@ -425,6 +425,7 @@ fn validate_proof(proof: &pb::InteractionProof) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use crate::identity::SignMessages as _;
     use rand::{Rng, SeedableRng};
 
     use super::*;

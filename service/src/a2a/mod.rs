@@ -283,18 +283,6 @@ enum Input {
     Question { text: String, confidence: Option<f32> },
 }
 
-fn field_kind(k: scd_engine::context::FieldKind) -> pb::FieldKind {
-    use scd_engine::context::FieldKind as K;
-    match k {
-        K::Prose => pb::FieldKind::Prose,
-        K::Code => pb::FieldKind::Code,
-        K::Log => pb::FieldKind::Log,
-        K::Json => pb::FieldKind::Json,
-        K::Chat => pb::FieldKind::Chat,
-        K::Table => pb::FieldKind::Table,
-    }
-}
-
 fn chunk_json(c: &pb::Chunk) -> Value {
     json!({"id": c.id, "field": c.field, "start": c.start, "end": c.end, "text": c.text, "score": c.score, "tokens": c.tokens})
 }
@@ -657,17 +645,7 @@ impl Agent {
         };
         let r = pb::CompressRequest {
             task: Some(pb::Task { description: input.task.unwrap_or_default(), ..Default::default() }),
-            fields: input
-                .context
-                .fields
-                .into_iter()
-                .map(|f| pb::Field {
-                    name: f.name,
-                    kind: field_kind(f.kind) as i32,
-                    content: f.content,
-                    confidential: f.confidential,
-                })
-                .collect(),
+            fields: input.context.fields.into_iter().map(pb::Field::from).collect(),
             requirement: Some(pb::ContextRequirement {
                 required_fields: input.required,
                 optional_fields: input.optional,

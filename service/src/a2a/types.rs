@@ -314,84 +314,14 @@ pub fn uuid_v4() -> String {
 
 /// RFC 3339 UTC time with milliseconds of `t`.
 pub fn rfc3339(t: std::time::SystemTime) -> String {
-    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // civil_from_days (H. Hinnant)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+    scd_did::time::format_rfc3339_ms(t)
 }
 
 /// Parses an RFC 3339 time (`2026-12-01T04:00:00Z`, fraction and offset
-/// allowed).
+/// allowed; see [`scd_did::time`] for the grammar).
 pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
-    let b = s.as_bytes();
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse::<u32>().ok().map(i64::from) };
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
-        return None;
-    }
-    let mut rest = s.get(19..)?;
-    let mut nanos = 0u32;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if n == 0 {
-            return None;
-        }
-        let digits = &frac[..n.min(9)];
-        nanos = digits.parse::<u32>().ok()? * 10u32.pow(9 - digits.len() as u32);
-        rest = &frac[n..];
-    }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        // bytes, not string slices: the offset is network input and may
-        // hold multi-byte characters
-        o if o.len() == 6 && matches!(o.as_bytes()[0], b'+' | b'-') && o.as_bytes()[3] == b':' => {
-            let two = |r: std::ops::Range<usize>| -> Option<i64> {
-                let d = o.as_bytes().get(r)?;
-                d.iter().all(u8::is_ascii_digit).then(|| d.iter().fold(0, |n, c| n * 10 + i64::from(c - b'0')))
-            };
-            let m = two(1..3)? * 60 + two(4..6)?;
-            if o.as_bytes()[0] == b'-' {
-                -m
-            } else {
-                m
-            }
-        }
-        _ => return None,
-    };
-    let (yy, mm) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
-    let era = yy.div_euclid(400);
-    let yoe = yy - era * 400;
-    let doy = (153 * mm + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset * 60;
-    let secs = u64::try_from(secs).ok()?;
-    Some(std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos))
+    let t = scd_did::time::parse_rfc3339(s).ok()?;
+    std::time::SystemTime::try_from(t).ok().filter(|t| *t >= std::time::UNIX_EPOCH)
 }
 
 #[cfg(test)]
@@ -433,6 +363,7 @@ mod tests {
         assert_eq!(parse_rfc3339("2025-12-01T01:00:00.123+01:00"), Some(t));
         assert_eq!(parse_rfc3339("not-a-timestamp"), None);
         assert_eq!(parse_rfc3339("2025-13-01T00:00:00Z"), None);
+        assert_eq!(parse_rfc3339("2025-02-31T00:00:00Z"), None, "the calendar is checked");
         // multi-byte characters anywhere are refused, never sliced through
         for bad in [
             "2025-12-01T00:00:00+aé00",

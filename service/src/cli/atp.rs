@@ -47,7 +47,7 @@ pub struct AgentArgs {
     /// Audit trail of the context transfers this agent sends (one
     /// `AtpTransfer` record each, in the store's file): off, summary or chunks.
     #[arg(long, env = "SCD_ATP_AUDIT_LEVEL", default_value = "summary")]
-    pub audit_level: scd_atp::audit::AuditLevel,
+    pub audit_level: scd_audit::AuditLevel,
     /// Transfer records older than this are removed (e.g. 7d, 12h).
     #[arg(long, env = "SCD_ATP_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
     pub audit_max_age: Option<Duration>,
@@ -194,7 +194,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         stdout.flush()?;
         drop(stdout);
         tracing::info!(did = node.did(), %addr, "atp agent serving");
-        scd_atp::agent::serve(node, listener, crate::grpc::shutdown_signal()).await?;
+        scd_atp::agent::serve(node, listener, crate::server::shutdown_signal()).await?;
         Ok(())
     })
 }

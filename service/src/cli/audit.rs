@@ -4,10 +4,10 @@
 //! first.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use scd_atp::audit::{AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_audit::{AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
 use tokio_stream::StreamExt;
 
 use crate::grpc::{audit, pb};
@@ -56,46 +56,14 @@ pub struct AuditArgs {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    scd_did::time::now_ms()
 }
 
 /// Unix ms of an RFC 3339 time (`2025-01-31T12:00:00Z`,
-/// `2025-01-31T12:00:00.250+02:00`).
+/// `2025-01-31T12:00:00.250+02:00`; see [`scd_did::time`] for the grammar).
 fn rfc3339_ms(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 || b[16] != b':' {
-        return None;
-    }
-    let mut rest = &s[19..];
-    let mut frac_ms = 0i64;
-    if let Some(f) = rest.strip_prefix('.') {
-        let digits = f.find(|c: char| !c.is_ascii_digit()).unwrap_or(f.len());
-        if digits == 0 {
-            return None;
-        }
-        let ms = format!("{:0<3}", &f[..digits.min(3)]);
-        frac_ms = ms.parse().ok()?;
-        rest = &f[digits..];
-    }
-    let offset_min = match rest {
-        "Z" | "z" => 0,
-        _ if rest.len() == 6 && rest.as_bytes()[3] == b':' => {
-            let sign = match rest.as_bytes()[0] {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            sign * (rest[1..3].parse::<i64>().ok()? * 60 + rest[4..6].parse::<i64>().ok()?)
-        }
-        _ => return None,
-    };
-    let secs = scd_atp::wba_auth::days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset_min * 60;
-    u64::try_from(secs * 1000 + frac_ms).ok()
+    let t = scd_did::time::parse_rfc3339(s).ok()?;
+    u64::try_from(t.as_millisecond()).ok()
 }
 
 /// `--since` / `--until`: RFC 3339, unix ms, or an age before `now_ms`.
@@ -211,6 +179,7 @@ mod tests {
             "--until \"yesterday\": expected RFC 3339 (2025-01-31T12:00:00Z), unix milliseconds, or an age (10m, 2h, 7d)"
         );
         assert!(rfc3339_ms("2023-13-14T22:13:20Z").is_none());
+        assert!(rfc3339_ms("2023-02-31T22:13:20Z").is_none(), "the calendar is checked");
     }
 
     #[test]

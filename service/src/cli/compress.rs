@@ -1,4 +1,4 @@
-//! `scd compress`: minimal sufficient context for a task (CLI contract in README).
+//! `scd compress`: minimal sufficient context for a task (the CLI contract is in docs/compress.md).
 
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
@@ -10,10 +10,10 @@ use scd_engine::cancel::Cancel;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::extract::{CompressOptions, CompressRequest, Compressed, DropReason, Explanation, Scd, ScdConfig};
 use scd_engine::handoff;
-use serde::Deserialize;
 
 use crate::cli::handoff::ReportFormat;
 use crate::config::ModelArgs;
+use crate::input::{parse_batch_line, BatchDefaults};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -83,29 +83,6 @@ pub struct CompressArgs {
     explain: bool,
 }
 
-/// One line of `--batch`, parsed strictly (unknown keys are errors).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct BatchLine {
-    task: String,
-    context: Context,
-    budget: Option<u64>,
-    required: Option<Vec<String>>,
-    optional: Option<Vec<String>>,
-    threshold: Option<f32>,
-    min_relative_score: Option<f32>,
-}
-
-/// What `--batch` lines leave out, from the flags.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct BatchDefaults {
-    pub budget: Option<u64>,
-    pub required: Vec<String>,
-    pub optional: Vec<String>,
-    pub threshold: Option<f32>,
-    pub min_relative_score: Option<f32>,
-}
-
 impl CompressArgs {
     fn batch_defaults(&self) -> BatchDefaults {
         BatchDefaults {
@@ -116,23 +93,6 @@ impl CompressArgs {
             min_relative_score: self.min_relative_score,
         }
     }
-}
-
-/// Parses one line of `--batch` into a request, `defaults` giving what the
-/// line leaves out. Errors name the key.
-pub(crate) fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<CompressRequest> {
-    let de = &mut serde_json::Deserializer::from_str(raw);
-    let line: BatchLine = serde_path_to_error::deserialize(de).map_err(super::json_path_error)?;
-    let budget = line.budget.or(defaults.budget).context("budget: missing (give it on the line or with --budget)")?;
-    anyhow::ensure!(budget >= 1, "budget: must be at least 1");
-    let requirement = ContextRequirement {
-        required_fields: line.required.unwrap_or_else(|| defaults.required.clone()),
-        optional_fields: line.optional.unwrap_or_else(|| defaults.optional.clone()),
-        max_context_tokens: usize::try_from(budget).unwrap_or(usize::MAX),
-        relevance_threshold: line.threshold.or(defaults.threshold),
-        min_relative_score: line.min_relative_score.or(defaults.min_relative_score),
-    };
-    Ok(CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None })
 }
 
 /// The budget tokenizer a local command names (`o200k`, `cl100k`, `e5`) or

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use scd_atp::identity::Identity;
+use scd_did::Identity;
 
 /// Identity subcommands.
 #[derive(Debug, clap::Subcommand)]

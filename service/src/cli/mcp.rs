@@ -15,7 +15,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::ServiceExt as _;
 use scd_engine::extract::{Scd, ScdConfig};
 
-use crate::cli::client::{Conn, IdentityArgs};
+use crate::cli::client::IdentityArgs;
+use crate::client::Conn;
 use crate::config::ModelArgs;
 use crate::grpc::http::{serve_router, HttpLimits};
 use crate::grpc::Limits;
@@ -144,9 +145,8 @@ impl McpArgs {
                 Ok(Backend::Remote(Box::new(conn)))
             }
             None => {
-                let cfg = ScdConfig { confidence_map: self.confidence.map()?, ..ScdConfig::default() };
-                let scd = Scd::new(Arc::new(model.load_encoder()?), cfg);
-                Ok(Backend::in_process(Arc::new(scd), self.limits()))
+                let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
+                Ok(Backend::in_process_with(Arc::new(scd), self.limits(), self.confidence.map()?))
             }
         }
     }
@@ -202,7 +202,7 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
                 tracing::info!(%local, "MCP over streamable HTTP at /mcp");
                 tokio::select! {
                     () = serve_router(listener, router, limits, || {}) => {}
-                    () = crate::grpc::shutdown_signal() => stop.cancel(),
+                    () = crate::server::shutdown_signal() => stop.cancel(),
                 }
                 Ok(())
             }

@@ -22,47 +22,12 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
-/// A strict-JSON error naming the key it is about (`budget: invalid type…`),
-/// or just the error when it is about the whole document.
-pub(crate) fn json_path_error(e: serde_path_to_error::Error<serde_json::Error>) -> anyhow::Error {
-    let path = e.path().to_string();
-    if path == "." || path == "?" {
-        anyhow::anyhow!("{}", e.into_inner())
-    } else {
-        anyhow::anyhow!("{path}: {}", e.into_inner())
-    }
-}
+pub(crate) use crate::input::{json_path_error, jsonl_text, parse_jsonl_texts};
 
 /// Texts from a JSONL file of `{"text": ...}` objects (`flag` names the option in errors).
 pub(crate) fn read_jsonl_texts(path: &Path, flag: &str) -> anyhow::Result<Vec<String>> {
     let raw = std::fs::read_to_string(path).with_context(|| format!("{flag} {}", path.display()))?;
     parse_jsonl_texts(&raw, flag)
-}
-
-/// Texts of JSONL `raw`, read from option `flag` (see [`read_jsonl_texts`]).
-pub(crate) fn parse_jsonl_texts(raw: &str, flag: &str) -> anyhow::Result<Vec<String>> {
-    let texts: Vec<String> = raw
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).map(|v| v["text"].as_str().unwrap_or_default().to_string())
-        })
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{flag}: expected JSONL with a \"text\" field"))?;
-    anyhow::ensure!(!texts.is_empty(), "{flag}: no texts");
-    Ok(texts)
-}
-
-/// The string field `"text"` of JSONL line `line` (1-based) of `--input`,
-/// and the whole object.
-pub(crate) fn jsonl_text(line: usize, raw: &str) -> anyhow::Result<(String, serde_json::Value)> {
-    let v: serde_json::Value = serde_json::from_str(raw).with_context(|| format!("--input line {line}: not JSON"))?;
-    let text = v
-        .get("text")
-        .and_then(|t| t.as_str())
-        .with_context(|| format!("--input line {line}: no string field \"text\""))?
-        .to_string();
-    Ok((text, v))
 }
 
 /// A process the benches sample: this one or a child (`scd bench-load`'s server).
@@ -145,7 +110,7 @@ pub(crate) fn parse_audit_max_bytes(s: &str) -> Result<AuditMaxBytes, String> {
 pub(crate) fn audit_retention(
     max_age: Option<std::time::Duration>,
     max_bytes: Option<AuditMaxBytes>,
-) -> anyhow::Result<scd_atp::audit::Retention> {
+) -> anyhow::Result<scd_audit::Retention> {
     let max_bytes = match max_bytes {
         None => Some(DEFAULT_AUDIT_MAX_BYTES),
         Some(AuditMaxBytes::Unbounded) => None,
@@ -154,7 +119,7 @@ pub(crate) fn audit_retention(
         }
         Some(AuditMaxBytes::Bytes(n)) => Some(n),
     };
-    Ok(scd_atp::audit::Retention { max_age, max_bytes })
+    Ok(scd_audit::Retention { max_age, max_bytes })
 }
 
 /// A duration such as `90s`, `30m`, `12h` or `7d` (a whole number and a

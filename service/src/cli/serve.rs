@@ -10,13 +10,14 @@ use scd_engine::context::ContextLimits;
 use scd_engine::extract::{Scd, ScdConfig};
 
 use anyhow::Context as _;
-use scd_atp::audit::{AuditLevel, AuditLog};
-use scd_atp::wba_auth::{list_documents, WbaAuthenticator};
+use scd_audit::{AuditLevel, AuditLog};
+use scd_did::wba::{list_documents, WbaAuthenticator};
 
 use crate::config::ModelArgs;
 use crate::grpc::auth::{AuthConfig, DidRateLimiter};
 use crate::grpc::http::HttpLimits;
-use crate::grpc::{serve, Limits, ServeConfig};
+use crate::grpc::Limits;
+use crate::server::{serve, ServeConfig};
 use crate::tls;
 
 /// Arguments of `scd serve`.
@@ -327,7 +328,6 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_sessions: args.max_sessions,
         session_bytes: args.session_bytes,
         max_context_tokens: args.max_context_tokens,
-        confidence_map,
         context_limits: ContextLimits {
             max_fields: args.max_fields,
             max_field_bytes: args.max_field_bytes,
@@ -365,6 +365,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             a2a: a2a_limits(&args),
             a2a_public_url: args.a2a_public_url.clone(),
             tokenizers,
+            confidence_map,
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them
@@ -375,7 +376,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
-    use scd_atp::audit::Retention;
+    use scd_audit::Retention;
 
     use super::*;
     use crate::cli::{audit_retention, DEFAULT_AUDIT_MAX_BYTES};

@@ -18,7 +18,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use scd_atp::audit::{AuditChunk, AuditFilter, AuditLog, AuditRecord, AuditTimings};
+use scd_audit::{AuditChunk, AuditFilter, AuditLog, AuditRecord, AuditTimings};
 use tokio_stream::Stream;
 use tonic::{Code, Status};
 
@@ -179,7 +179,7 @@ pub fn filter(r: pb::AuditRequest, who: Option<&str>) -> Result<AuditFilter, Sta
     Ok(f)
 }
 
-fn audit_status(e: scd_atp::Error) -> Status {
+fn audit_status(e: scd_audit::Error) -> Status {
     Status::internal(format!("audit: {e}"))
 }
 
@@ -193,7 +193,7 @@ impl ScdService {
     /// `None` when the server keeps no audit trail (or at level `off`).
     pub fn audit_record(&self, method: &str, caller: Option<String>, peer: Option<String>) -> Option<AuditRecord> {
         let log = self.audit.as_ref()?;
-        if log.level() == scd_atp::audit::AuditLevel::Off {
+        if log.level() == scd_audit::AuditLevel::Off {
             return None;
         }
         let mut rec = AuditRecord::new(method);
@@ -303,7 +303,7 @@ mod tests {
         r.seq = 7;
         r.caller = Some("did:key:a".into());
         r.set_task("fix the bug");
-        r.level = scd_atp::audit::AuditLevel::Chunks;
+        r.level = scd_audit::AuditLevel::Chunks;
         r.chunks = vec![AuditChunk { id: "c".into(), field: "f".into(), score: 0.5, tokens: 3 }];
         r.chunk_count = 1;
         r.withheld = vec!["secrets".into()];

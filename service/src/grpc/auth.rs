@@ -2,7 +2,7 @@
 //!
 //! Every `scd.v1.Scd` call and every HTTP request must carry an ANP
 //! `Authorization: DIDWba …` header signed by a DID whose document lies in
-//! `--did-dir` (the allowlist; see [`scd_atp::wba_auth`] for the header, the
+//! `--did-dir` (the allowlist; see [`scd_did::wba`] for the header, the
 //! signed bytes and the checks). A refusal is UNAUTHENTICATED (HTTP 401 with
 //! `WWW-Authenticate: DIDWba`) with a message naming the reason.
 //!
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, StatusCode};
-use scd_atp::wba_auth::{did_for_served_path, Reason, WbaAuthenticator};
+use scd_did::wba::{did_for_served_path, Reason, WbaAuthenticator};
 use tonic::Status;
 
 use super::metrics::Metrics;
@@ -255,16 +255,16 @@ impl Auth {
             .map(|v| v.to_str())
             .transpose()
             .map_err(|_| Reason::Malformed { part: "header".into(), reason: "not visible ASCII".into() })?;
-        self.authenticator.check(value, scd_atp::identity::now_s())
+        self.authenticator.check(value, scd_did::time::now_s())
     }
 
     /// The DID document `GET path` serves on `host` (a did:wba path whose
     /// document is in the directory), as JSON text.
     fn served_document(&self, host: &str, path: &str) -> Option<String> {
         let did = did_for_served_path(host, path)?;
-        let file = scd_atp::identity::wba_document_path(self.authenticator.dir(), &did).ok()?;
+        let file = scd_did::document::wba_document_path(self.authenticator.dir(), &did).ok()?;
         let meta = std::fs::metadata(&file).ok()?;
-        if !meta.is_file() || meta.len() > scd_atp::wba_auth::MAX_DOCUMENT_BYTES {
+        if !meta.is_file() || meta.len() > scd_did::wba::MAX_DOCUMENT_BYTES {
             return None;
         }
         std::fs::read_to_string(file).ok()

@@ -31,23 +31,13 @@ pub fn status(err: scd_engine::Error) -> Status {
 }
 
 fn kind(i: usize, k: i32) -> Result<FieldKind, Status> {
-    Ok(
-        match pb::FieldKind::try_from(k)
-            .map_err(|_| Status::invalid_argument(format!("fields[{i}].kind: unknown value {k}")))?
-        {
-            pb::FieldKind::Unspecified => {
-                return Err(Status::invalid_argument(format!(
-                    "fields[{i}].kind: required (FIELD_KIND_PROSE, _CODE, _LOG, _JSON, _CHAT or _TABLE)"
-                )))
-            }
-            pb::FieldKind::Prose => FieldKind::Prose,
-            pb::FieldKind::Code => FieldKind::Code,
-            pb::FieldKind::Log => FieldKind::Log,
-            pb::FieldKind::Json => FieldKind::Json,
-            pb::FieldKind::Chat => FieldKind::Chat,
-            pb::FieldKind::Table => FieldKind::Table,
-        },
-    )
+    let wire = pb::FieldKind::try_from(k)
+        .map_err(|_| Status::invalid_argument(format!("fields[{i}].kind: unknown value {k}")))?;
+    FieldKind::try_from(wire).map_err(|_| {
+        Status::invalid_argument(format!(
+            "fields[{i}].kind: required (FIELD_KIND_PROSE, _CODE, _LOG, _JSON, _CHAT or _TABLE)"
+        ))
+    })
 }
 
 /// A checked engine request from the wire; `caller` is the transport's
@@ -108,7 +98,7 @@ pub fn check_texts(texts: &[String], max_texts: usize, max_text_bytes: usize) ->
                 t.len()
             )));
         }
-        scd_engine::context::check_no_nul(|| format!("texts[{i}]"), t).map_err(status)?;
+        scd_engine::context::check_no_nul(|| format!("texts[{i}]"), t).map_err(|e| status(e.into()))?;
     }
     Ok(())
 }

@@ -55,8 +55,8 @@ async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&gauges))
 }
 
-/// Serves `GET /metrics` (and with `a2a`, the A2A routes, see
-/// [`crate::a2a`]) on `listener` until the task is dropped; with `auth`,
+/// Serves `GET /metrics` (and the `routes` merged in: the server puts the
+/// A2A routes there) on `listener` until the task is dropped; with `auth`,
 /// every request is authenticated (DID documents and the agent card
 /// excepted).
 pub async fn serve_metrics(
@@ -64,11 +64,11 @@ pub async fn serve_metrics(
     service: Arc<ScdService>,
     limits: HttpLimits,
     auth: Option<Arc<Auth>>,
-    a2a: Option<Arc<crate::a2a::Agent>>,
+    routes: Option<axum::Router>,
 ) {
     let mut router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
-    if let Some(agent) = a2a {
-        router = router.merge(crate::a2a::router(agent));
+    if let Some(routes) = routes {
+        router = router.merge(routes);
     }
     if let Some(auth) = auth {
         // the fallback first, so unknown paths pass through the check too

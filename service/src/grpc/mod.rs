@@ -28,9 +28,6 @@ pub mod http;
 pub mod layer;
 pub mod metrics;
 pub mod ratelog;
-mod server;
-
-pub use server::{serve, serve_on, shutdown_signal, ServeConfig};
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -83,7 +80,10 @@ pub struct ScdService {
     pub(crate) compress_slots: Arc<Semaphore>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) audit: Option<Arc<scd_atp::audit::AuditLog>>,
+    pub(crate) audit: Option<Arc<scd_audit::AuditLog>>,
+    /// The `current_confidence` a hand-off report's confidence level stands
+    /// for (`--confidence-map`).
+    pub(crate) confidence_map: scd_engine::handoff::ConfidenceMap,
     /// Audit streams scanning at once ([`audit::MAX_AUDIT_STREAMS`]).
     pub(crate) audit_readers: Arc<Semaphore>,
     /// The budget tokenizers requests may name.
@@ -157,6 +157,7 @@ impl ScdService {
             limits,
             metrics,
             audit: None,
+            confidence_map: scd_engine::handoff::ConfidenceMap::default(),
             audit_readers: Arc::new(Semaphore::new(audit::MAX_AUDIT_STREAMS)),
             tokenizers: Arc::new(TokenizerRegistry::new()),
         }
@@ -171,8 +172,14 @@ impl ScdService {
 
     /// Records Compress, OpenSession and RequestContext in `log` (see
     /// [`audit`]).
-    pub fn with_audit(mut self, log: Option<Arc<scd_atp::audit::AuditLog>>) -> Self {
+    pub fn with_audit(mut self, log: Option<Arc<scd_audit::AuditLog>>) -> Self {
         self.audit = log;
+        self
+    }
+
+    /// Reads hand-off reports' confidence levels through `map`.
+    pub fn with_confidence_map(mut self, map: scd_engine::handoff::ConfidenceMap) -> Self {
+        self.confidence_map = map;
         self
     }
 
@@ -331,7 +338,7 @@ impl ScdService {
         caller: Option<String>,
     ) -> Result<pb::HandoffResponse, Status> {
         use pb::handoff_request::Op;
-        let map = self.scd.config().confidence_map;
+        let map = self.confidence_map;
         match r.op.ok_or_else(|| Status::invalid_argument("op: required (parse, render or forward)"))? {
             Op::Parse(p) => {
                 let parsed = handoff::parse(&p.text, handoff::format("parse.format", p.format)?);
@@ -440,7 +447,7 @@ impl ScdService {
             chunk_ids: r.chunk_ids,
         };
         if !r.report.is_empty() {
-            if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.scd.config().confidence_map) {
+            if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.confidence_map) {
                 return self.record_audit(rec, Err(s)).await;
             }
             // the question may have come from the report's next step
@@ -631,9 +638,9 @@ impl pb::scd_server::Scd for ScdHandler {
             confidence_threshold: cfg.confidence_threshold,
             session_ttl_s: cfg.session_ttl.as_secs(),
             confidence_map: Some(pb::ConfidenceMap {
-                low: cfg.confidence_map.low,
-                medium: cfg.confidence_map.medium,
-                high: cfg.confidence_map.high,
+                low: self.confidence_map.low,
+                medium: self.confidence_map.medium,
+                high: self.confidence_map.high,
             }),
         };
         Ok(Response::new(r))

@@ -1,12 +1,13 @@
 //! Where the tools' work runs: the engine in this process, or a running
 //! `scd serve`. Both speak `scd.v1` messages, so the two answer alike.
 
+use scd_engine::handoff::ConfidenceMap;
 use std::sync::Arc;
 
 use scd_engine::extract::Scd;
 use tonic::{Code, Request, Status};
 
-use crate::cli::client::Conn;
+use crate::client::Conn;
 use crate::grpc::metrics::Metrics;
 use crate::grpc::pb::scd_server::Scd as _;
 use crate::grpc::{pb, Limits, ScdHandler, ScdService};
@@ -27,8 +28,13 @@ pub enum Backend {
 impl Backend {
     /// The engine in this process under `limits` (see [`ScdService::new`]).
     pub fn in_process(scd: Arc<Scd>, limits: Limits) -> Self {
+        Self::in_process_with(scd, limits, ConfidenceMap::default())
+    }
+
+    /// [`Backend::in_process`] reading hand-off confidence levels through `map`.
+    pub fn in_process_with(scd: Arc<Scd>, limits: Limits, map: ConfidenceMap) -> Self {
         let metrics = Arc::new(Metrics::new(limits.max_batch_tokens));
-        Backend::InProcess(ScdHandler(Arc::new(ScdService::new(scd, limits, metrics))))
+        Backend::InProcess(ScdHandler(Arc::new(ScdService::new(scd, limits, metrics).with_confidence_map(map))))
     }
 
     /// `Compress`; `open_session` is OpenSession (the server draws the id
@@ -107,7 +113,7 @@ impl Backend {
 /// One call on a clone of `conn` (clones share the channel), with its retries.
 async fn remote<T, F, Fut>(conn: &Conn, what: &str, idempotent: bool, call: F) -> Result<T, Status>
 where
-    F: FnMut(crate::cli::client::Client) -> Fut,
+    F: FnMut(crate::client::Client) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
 {
     let mut c = conn.clone();

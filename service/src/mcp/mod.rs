@@ -665,18 +665,7 @@ impl ScdMcp {
         let open = session_token.is_empty();
         let req = pb::CompressRequest {
             task: Some(pb::Task { description: a.task, ..Default::default() }),
-            fields: a
-                .context
-                .0
-                .fields
-                .into_iter()
-                .map(|f| pb::Field {
-                    name: f.name,
-                    kind: crate::cli::client::field_kind(f.kind) as i32,
-                    content: f.content,
-                    confidential: f.confidential,
-                })
-                .collect(),
+            fields: a.context.0.fields.into_iter().map(pb::Field::from).collect(),
             requirement: Some(pb::ContextRequirement {
                 required_fields: a.required,
                 optional_fields: a.optional,

@@ -210,42 +210,30 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     assert!(!sse.contains("sk_live_SECRET_4242"));
 }
 
-/// A venv under `.tools/` with `pip install -q <args>` done, (re)made when
-/// `pins` changes (idempotent; PyPI only).
-fn venv(dir: &Path, pins: &Path, args: &[&std::ffi::OsStr]) {
-    let marker = dir.join(".installed");
+/// A venv that `service/tests/setup.sh` made (`make test` runs it; cargo
+/// test installs nothing), current with its `pins`; otherwise a skip, which
+/// fails under CI.
+fn installed_venv(dir: &Path, pins: &Path) -> Option<PathBuf> {
     let want = std::fs::read_to_string(pins).unwrap();
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) && dir.join("bin/python").is_file() {
-        return;
+    let current = std::fs::read_to_string(dir.join(".installed")).is_ok_and(|m| m == want);
+    if current && dir.join("bin/python").is_file() {
+        Some(dir.join("bin/python"))
+    } else {
+        skip(&format!("{}: no venv current with {} (run service/tests/setup.sh)", dir.display(), pins.display()));
+        None
     }
-    let run = |cmd: &mut Command| {
-        let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    if !dir.join("bin/python").is_file() {
-        run(Command::new("python3").args(["-m", "venv"]).arg(dir));
-    }
-    run(Command::new(dir.join("bin/pip")).args(["install", "-q"]).args(args));
-    std::fs::write(&marker, want).unwrap();
 }
 
-/// The kit from the shared tools folder, unpacked with its own pinned venv
-/// (idempotent).
-fn tck() -> Option<PathBuf> {
+/// The conformance kit and its venv, as `service/tests/setup.sh` unpacked
+/// them from the shared tools folder.
+fn tck() -> Option<(PathBuf, PathBuf)> {
     let dir = root().join(".tools/a2a-tck");
-    let pins = root().join("service/tests/py/a2a-tck-constraints.txt");
     if !dir.join("run_tck.py").is_file() {
-        let shared = std::env::var_os("SCD_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"));
-        let tarball = shared.join("tools/a2a-tck.tar.gz");
-        if !tarball.is_file() {
-            skip(&format!("{}: the A2A conformance kit is missing", tarball.display()));
-            return None;
-        }
-        let out = Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(root().join(".tools")).output().unwrap();
-        assert!(out.status.success(), "unpacking {}: {}", tarball.display(), String::from_utf8_lossy(&out.stderr));
+        skip(&format!("{}: the A2A conformance kit is not unpacked (run service/tests/setup.sh)", dir.display()));
+        return None;
     }
-    venv(&dir.join("venv"), &pins, &["-c".as_ref(), pins.as_os_str(), "-e".as_ref(), dir.as_os_str()]);
-    Some(dir)
+    let python = installed_venv(&dir.join("venv"), &root().join("service/tests/py/a2a-tck-constraints.txt"))?;
+    Some((dir, python))
 }
 
 /// Mandatory tests that fail on every agent without push notifications:
@@ -272,10 +260,10 @@ fn a2a_tck_mandatory_passes_over_jsonrpc() {
     if !ready() {
         return;
     }
-    let Some(kit) = tck() else { return };
+    let Some((kit, python)) = tck() else { return };
     let s = start(&[]);
     let port = s.http.rsplit(':').next().unwrap();
-    let out = Command::new(kit.join("venv/bin/python"))
+    let out = Command::new(python)
         .current_dir(&kit)
         .args(["run_tck.py", "--sut-url", &format!("http://localhost:{port}"), "--category", "mandatory"])
         .args(["--transports", "jsonrpc"])
@@ -316,11 +304,10 @@ fn the_a2a_sdk_client_compresses_reads_back_and_asks_more() {
     if !ready() {
         return;
     }
-    let dir = root().join(".tools/a2a-sdk-venv");
     let pins = root().join("service/tests/py/a2a-sdk-requirements.txt");
-    venv(&dir, &pins, &["-r".as_ref(), pins.as_os_str()]);
+    let Some(python) = installed_venv(&root().join(".tools/a2a-sdk-venv"), &pins) else { return };
     let s = start(&[]);
-    let out = Command::new(dir.join("bin/python"))
+    let out = Command::new(python)
         .current_dir(root())
         .arg("service/tests/py/a2a_sdk_client.py")
         .arg(format!("http://{}", s.http))
@@ -340,7 +327,7 @@ fn the_a2a_sdk_client_compresses_reads_back_and_asks_more() {
 /// server over the hash encoder: no model needed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a2a_audit_records_carry_the_clients_address() {
-    use scd_atp::audit::{AuditLevel, AuditLog, Retention};
+    use scd_audit::{AuditLevel, AuditLog, Retention};
     let dir = tempfile::tempdir().unwrap();
     let log = std::sync::Arc::new(
         AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap(),

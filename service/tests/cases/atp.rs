@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use scd_atp::agent::WorkOrder;
 use scd_atp::handshake::{self, Offer};
-use scd_atp::identity::{DidResolver, Identity, MemoryNonceLog, Verifier};
+use scd_atp::identity::{DidResolver, Identity, MemoryNonceLog, SignMessages as _, Verifier};
 use scd_atp::pb;
 use scd_atp::pb::atp_service_client::AtpServiceClient;
 use tonic::transport::Channel;
@@ -246,7 +246,7 @@ async fn did_wba_agents_serve_their_documents_and_verify_peers_from_a_directory(
     assert_eq!(doc["id"], did, "{doc}");
     assert!(http_get(&http, "/.well-known/did.json").0.contains("404"), "only the DID's own path");
     // the served document, stored where a resolver looks, verifies its offers
-    let path = scd_atp::identity::wba_document_path(&dir.join("resolved"), did).unwrap();
+    let path = scd_did::document::wba_document_path(&dir.join("resolved"), did).unwrap();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, &body).unwrap();
     let v =

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use scd_atp::audit::{AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_audit::{AuditLevel, AuditLog, AuditRecord, Retention};
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
 use scd_service::grpc::Limits;

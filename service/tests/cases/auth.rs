@@ -10,9 +10,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use scd_atp::audit::{AuditLevel, AuditLog, Retention};
 use scd_atp::identity::{now_s, Identity};
-use scd_atp::wba_auth::{format_rfc3339_utc, sign_header, sign_header_with, WbaAuthenticator};
+use scd_audit::{AuditLevel, AuditLog, Retention};
+use scd_did::time::format_rfc3339_utc;
+use scd_did::wba::{sign_header, sign_header_with, WbaAuthenticator};
 use scd_service::grpc::auth::AuthConfig;
 use scd_service::grpc::http::HttpLimits;
 use scd_service::grpc::pb;

@@ -18,11 +18,11 @@ use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
-use super::auth::{Auth, AuthConfig, AuthLayer};
-use super::http::{serve_metrics, HttpLimits};
-use super::layer::ObserveLayer;
-use super::metrics::Metrics;
-use super::{pb, Limits, ScdHandler, ScdService, DESCRIPTOR};
+use crate::grpc::auth::{Auth, AuthConfig, AuthLayer};
+use crate::grpc::http::{serve_metrics, HttpLimits};
+use crate::grpc::layer::ObserveLayer;
+use crate::grpc::metrics::Metrics;
+use crate::grpc::{pb, Limits, ScdHandler, ScdService, DESCRIPTOR};
 
 /// Everything `serve` needs. The listeners are bound by the caller, so a
 /// port in use is reported (naming its flag) before the model loads.
@@ -43,7 +43,7 @@ pub struct ServeConfig {
     /// admits everyone (`--auth none`).
     pub auth: Option<AuthConfig>,
     /// The audit trail (`--audit-db`); `None` records nothing.
-    pub audit: Option<Arc<scd_atp::audit::AuditLog>>,
+    pub audit: Option<Arc<scd_audit::AuditLog>>,
     /// A2A task store bounds (the A2A routes are on the HTTP listener).
     pub a2a: crate::a2a::store::StoreLimits,
     /// The HTTP listener's public URL for the agent card (`None`: the
@@ -52,6 +52,8 @@ pub struct ServeConfig {
     /// The budget tokenizers requests may name (`--budget-tokenizer NAME=PATH`
     /// plus the built-ins).
     pub tokenizers: scd_engine::budget::TokenizerRegistry,
+    /// What a hand-off report's confidence level stands for (`--confidence-map`).
+    pub confidence_map: scd_engine::handoff::ConfidenceMap,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -71,7 +73,8 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let service = Arc::new(
         ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone())
             .with_audit(cfg.audit)
-            .with_tokenizers(cfg.tokenizers),
+            .with_tokenizers(cfg.tokenizers)
+            .with_confidence_map(cfg.confidence_map),
     );
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
     let reflection = || {
@@ -99,7 +102,13 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             },
         );
         println!("A2A agent card on http://{}/.well-known/agent-card.json", l.local_addr()?);
-        tokio::spawn(serve_metrics(l, service.clone(), cfg.http, auth.clone(), Some(Arc::new(agent))));
+        tokio::spawn(serve_metrics(
+            l,
+            service.clone(),
+            cfg.http,
+            auth.clone(),
+            Some(crate::a2a::router(Arc::new(agent))),
+        ));
     }
     println!("listening on {local}");
     info!(addr = %local, tls = cfg.tls.is_some(), auth = auth.is_some(), "gRPC listener");

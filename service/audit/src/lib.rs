@@ -1,3 +1,5 @@
+//! # scd-audit
+//!
 //! The audit trail: one record per Compress, OpenSession, RequestContext,
 //! Handoff or ATP transfer (an ACP-style trajectory), kept in redb.
 //!
@@ -37,7 +39,7 @@
 //! `until_ms` and at `limit`); retention bounds that scan.
 //!
 //! ```
-//! use scd_atp::audit::{AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
+//! use scd_audit::{AuditFilter, AuditLevel, AuditLog, AuditRecord, Retention};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let path = dir.path().join("audit.redb");
@@ -52,6 +54,8 @@
 //! assert_eq!(found[0].task.as_deref(), Some("Fix the failing login test"));
 //! ```
 
+#![warn(missing_docs)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +65,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::{Error, Result};
+pub use error::{Error, Result};
+
+mod error;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("audit_records");
 const META: TableDefinition<&str, u64> = TableDefinition::new("audit_meta");
@@ -271,12 +277,12 @@ impl std::fmt::Debug for AuditLog {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    scd_did::time::now_ms()
 }
 
 fn open_db(path: &Path) -> Result<Database> {
     Database::create(path).map_err(|e| match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => Error::AuditLocked { path: path.to_path_buf() },
+        redb::DatabaseError::DatabaseAlreadyOpen => Error::Locked { path: path.to_path_buf() },
         e => store_err(e),
     })
 }
@@ -290,7 +296,7 @@ impl AuditLog {
     }
 
     /// The audit tables in an already open database (see
-    /// [`crate::store::Store::audit_log`]); `path` names it in logs.
+    /// `scd_atp::store::Store::audit_log`); `path` names it in logs.
     pub fn on(db: Arc<Database>, path: &Path, level: AuditLevel, retention: Retention) -> Result<AuditLog> {
         let tx = db.begin_write().map_err(store_err)?;
         tx.open_table(RECORDS).map_err(store_err)?;
@@ -706,29 +712,12 @@ mod tests {
     }
 
     #[test]
-    fn the_atp_store_hosts_the_audit_tables() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = crate::store::Store::open(dir.path()).unwrap();
-            let log = store.audit_log(AuditLevel::Chunks, Retention::default()).unwrap();
-            log.append(vec![rec("transfer", "did:key:a")]).unwrap();
-            store.put_task("t", b"{}").unwrap();
-        }
-        let store = crate::store::Store::open(dir.path()).unwrap();
-        let log = store.audit_log(AuditLevel::Chunks, Retention::default()).unwrap();
-        let got = log.query(&AuditFilter::default()).unwrap();
-        assert_eq!((got.len(), got[0].chunks[0].id.as_str()), (1, "c1"));
-        assert_eq!(log.path(), store.path());
-        assert_eq!(store.task("t").unwrap().unwrap(), b"{}");
-    }
-
-    #[test]
     fn a_second_opener_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let _log = open(&dir, AuditLevel::Summary, Retention::default());
         let path = dir.path().join("audit.redb");
         let err = AuditLog::open(&path, AuditLevel::Summary, Retention::default()).unwrap_err();
-        assert!(matches!(err, Error::AuditLocked { .. }));
+        assert!(matches!(err, Error::Locked { .. }));
         assert_eq!(
             err.to_string(),
             format!(

@@ -34,8 +34,8 @@
 //! the signature verified, so forged headers cannot burn honest nonces.
 //!
 //! ```
-//! use scd_atp::identity::Identity;
-//! use scd_atp::wba_auth::{sign_header, WbaAuthenticator};
+//! use scd_did::Identity;
+//! use scd_did::wba::{sign_header, WbaAuthenticator};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let alice = Identity::generate().with_did("did:wba:example.com:user:alice").unwrap();
@@ -55,11 +55,12 @@ use base64::Engine as _;
 use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
+use crate::document::{did_document_from_json, wba_document_path};
 use crate::error::{Error, Result};
-use crate::identity::{
-    did_document_from_json, parse_key_multibase, verify_bytes, wba_document_path, Identity, MemoryNonceLog, NonceLog,
-    MAX_CLOCK_SKEW_S,
-};
+use crate::key::{parse_key_multibase, verify_bytes};
+use crate::nonce::{MemoryNonceLog, NonceLog};
+use crate::time::{format_rfc3339_utc, parse_rfc3339_utc, MAX_CLOCK_SKEW_S};
+use crate::Identity;
 
 /// The authentication scheme (compared case-insensitively).
 pub const SCHEME: &str = "DIDWba";
@@ -149,12 +150,6 @@ fn skew_words(skew_s: &i64) -> String {
         format!("{skew_s} s ahead of")
     } else {
         format!("{} s behind", skew_s.unsigned_abs())
-    }
-}
-
-impl From<Reason> for tonic::Status {
-    fn from(reason: Reason) -> tonic::Status {
-        tonic::Status::unauthenticated(reason.to_string())
     }
 }
 
@@ -266,7 +261,8 @@ impl AuthHeader {
                 format!("expected {} to {} characters of [A-Za-z0-9_-]", NONCE_CHARS.start(), NONCE_CHARS.end()),
             ));
         }
-        let timestamp_s = parse_rfc3339_utc(timestamp).map_err(|e| malformed("timestamp", e))?;
+        let timestamp_s = parse_rfc3339_utc(timestamp)
+            .map_err(|e| malformed("timestamp", format!("{e}, got {}", shown(timestamp))))?;
         if method.is_empty() || method.len() > MAX_DID_BYTES || method.contains(' ') {
             return Err(malformed(
                 "verification_method",
@@ -457,70 +453,6 @@ pub fn did_for_served_path(host: &str, path: &str) -> Option<String> {
     Some(format!("did:wba:{host}:{}", inner.replace('/', ":")))
 }
 
-// ---------------------------------------------------------------------------
-// RFC 3339 (UTC only)
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-/// Unix seconds of `YYYY-MM-DDTHH:MM:SS[.fraction]Z` (fraction 1 to 9
-/// digits, dropped); the error says what is wrong.
-pub fn parse_rfc3339_utc(s: &str) -> std::result::Result<i64, String> {
-    let expected = || format!("expected RFC 3339 UTC like 2026-03-27T10:30:00Z, got {}", shown(s));
-    let b = s.as_bytes();
-    if b.len() < 20 || b.len() > 30 || b[b.len() - 1] != b'Z' {
-        return Err(expected());
-    }
-    let num = |r: std::ops::Range<usize>| -> std::result::Result<i64, String> {
-        let part = &b[r];
-        if part.iter().all(u8::is_ascii_digit) {
-            Ok(part.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0')))
-        } else {
-            Err(expected())
-        }
-    };
-    if b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b't') || b[13] != b':' || b[16] != b':' {
-        return Err(expected());
-    }
-    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    let frac = &b[19..b.len() - 1];
-    if !frac.is_empty() && (frac[0] != b'.' || frac.len() < 2 || frac.len() > 10 || num(20..b.len() - 1).is_err()) {
-        return Err(expected());
-    }
-    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    if !(1..=12).contains(&mo) || d < 1 || d > month_days[(mo - 1) as usize] || h > 23 || mi > 59 || sec > 60 {
-        return Err(format!("{}: a field is out of range", expected()));
-    }
-    Ok(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + sec.min(59))
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` of Unix seconds `s` (years 0 to 9999).
-pub fn format_rfc3339_utc(s: i64) -> String {
-    let (days, secs) = (s.div_euclid(86_400), s.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -533,32 +465,6 @@ mod tests {
         alice.write_wba_document(dir.path()).unwrap();
         let auth = WbaAuthenticator::new(dir.path(), "scd");
         (dir, alice, auth)
-    }
-
-    #[test]
-    fn rfc3339_round_trips_and_matches_known_dates() {
-        assert_eq!(parse_rfc3339_utc("1970-01-01T00:00:00Z"), Ok(0));
-        assert_eq!(parse_rfc3339_utc("2026-03-27T10:30:00Z"), Ok(1_774_607_400));
-        assert_eq!(parse_rfc3339_utc("2000-02-29T23:59:59.123456789Z"), Ok(951_868_799));
-        assert_eq!(format_rfc3339_utc(1_774_607_400), "2026-03-27T10:30:00Z");
-        for s in [0, 1, 951_868_799, NOW, 4_102_444_800, -86_400] {
-            assert_eq!(parse_rfc3339_utc(&format_rfc3339_utc(s)), Ok(s), "{s}");
-        }
-        for bad in [
-            "",
-            "2026-03-27T10:30:00",
-            "2026-03-27T10:30:00+00:00",
-            "2026-03-27 10:30:00Z",
-            "2026-13-27T10:30:00Z",
-            "2025-02-29T10:30:00Z",
-            "2026-03-27T24:00:00Z",
-            "2026-03-27T10:30:00.Z",
-            "2026-03-27T10:30:00.1234567890Z",
-            "1800000000",
-            "२०२६-03-27T10:30:00Z",
-        ] {
-            assert!(parse_rfc3339_utc(bad).is_err(), "{bad:?}");
-        }
     }
 
     #[test]
@@ -683,9 +589,8 @@ mod tests {
             part(&good.replacen("\"0123456789abcdef\"", "\"short\"", 1)),
             "nonce: expected 16 to 128 characters of [A-Za-z0-9_-]"
         );
-        assert!(
-            part(&good.replace("2026-03-27T10:30:00Z", "1774607400")).starts_with("timestamp: expected RFC 3339 UTC")
-        );
+        assert!(part(&good.replace("2026-03-27T10:30:00Z", "1774607400"))
+            .starts_with("timestamp: expected RFC 3339 like 2026-03-27T10:30:00Z, got \"1774607400\""));
         assert_eq!(
             part(&(good.clone() + "\"")),
             format!("parameters: expected ',' after signature at byte {}", good.len() - SCHEME.len() - 1)

@@ -1,0 +1,397 @@
+//! # scd-context
+//!
+//! The problem SCD solves (paper §6.2), as one set of types that the engine,
+//! the service and the ATP stack all use: an agent's [`Context`] of named
+//! [`Field`]s, the [`Task`] handed over (with the one [`Task::text`] that
+//! is embedded as e_task), and the receiver's [`ContextRequirement`].
+//!
+//! Dependency-free on purpose (serde and thiserror only): the ATP stack
+//! uses these types without depending on the engine. Parsing is strict and
+//! every limit is checked before any work is done; `Debug` prints the size
+//! of content, never the content.
+//!
+//! ```
+//! use scd_context::{Context, ContextLimits, Task};
+//!
+//! let ctx = Context::from_json(r#"{"fields": [{"name": "logs", "kind": "log", "content": "E1 timeout"}]}"#).unwrap();
+//! ctx.validate_within(&ContextLimits::default()).unwrap();
+//! assert_eq!(format!("{:?}", ctx.fields[0]).contains("timeout"), false);
+//! let err = Context::from_json(r#"{"fields": [{"name": "x", "content": "", "confidental": true}]}"#).unwrap_err();
+//! assert!(err.to_string().starts_with("context.fields[0].confidental: unknown field"), "{err}");
+//! let mut task = Task::new("Fix the login test");
+//! task.constraints.push("no new dependencies".into());
+//! assert_eq!(task.text(), "Fix the login test\nConstraint: no new dependencies");
+//! ```
+#![warn(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Why a context, task or requirement is refused. Messages name the field
+/// and the limit, never the content.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A field is missing, malformed or over a limit.
+    #[error("{field}: {message}")]
+    InvalidArgument {
+        /// The field, e.g. `context.fields[2].content`.
+        field: String,
+        /// What is wrong, with the limit.
+        message: String,
+    },
+    /// A context file could not be read.
+    #[error("cannot read context file {}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// An [`Error::InvalidArgument`].
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgument { field: field.into(), message: message.into() }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What kind of text a field holds; it decides how the field is chunked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FieldKind {
+    /// Sentences and paragraphs (with optional `#` headings).
+    #[default]
+    Prose,
+    /// Source code: chunked by top-level blocks/functions.
+    Code,
+    /// Log lines: grouped around errors with their stack frames.
+    Log,
+    /// A JSON document: chunked by key paths.
+    Json,
+    /// A conversation, one `speaker: text` turn per line; a question keeps its answer.
+    Chat,
+    /// Schemas and tables: chunked by table.
+    Table,
+}
+
+impl FieldKind {
+    /// Every kind, in wire order.
+    pub const ALL: [FieldKind; 6] =
+        [FieldKind::Prose, FieldKind::Code, FieldKind::Log, FieldKind::Json, FieldKind::Chat, FieldKind::Table];
+
+    /// The lowercase word of context files (`"prose"`, `"code"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FieldKind::Prose => "prose",
+            FieldKind::Code => "code",
+            FieldKind::Log => "log",
+            FieldKind::Json => "json",
+            FieldKind::Chat => "chat",
+            FieldKind::Table => "table",
+        }
+    }
+}
+
+/// One named piece of an agent's context (`db_schema`, `error_logs`, ...).
+///
+/// Parsed strictly: an unknown key (`"confidental"`) or a `confidential`
+/// that is not a boolean is an error, never a silent default. `Debug`
+/// prints the content's size, never the content.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Field {
+    /// Unique name within the context.
+    pub name: String,
+    /// How to chunk it.
+    #[serde(default)]
+    pub kind: FieldKind,
+    /// The text.
+    pub content: String,
+    /// Confidential fields never leave: not in chunks, stubs, logs or errors.
+    #[serde(default)]
+    pub confidential: bool,
+}
+
+impl std::fmt::Debug for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Field")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("confidential", &self.confidential)
+            .field("content", &Redacted(self.content.len()))
+            .finish()
+    }
+}
+
+/// Stands in for text in `Debug` output: `<N bytes>`.
+pub struct Redacted(pub usize);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes>", self.0)
+    }
+}
+
+/// An agent's whole context: `{"fields": [...]}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Context {
+    /// The fields, in reading order.
+    pub fields: Vec<Field>,
+}
+
+/// Size limits on one context, checked before any work is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextLimits {
+    /// Fields per context.
+    pub max_fields: usize,
+    /// Bytes of one field's content.
+    pub max_field_bytes: usize,
+    /// Bytes of all contents together.
+    pub max_context_bytes: usize,
+}
+
+/// Longest field name in bytes (a name labels every chunk of its field).
+pub const MAX_FIELD_NAME_BYTES: usize = 256;
+
+impl Default for ContextLimits {
+    fn default() -> Self {
+        Self { max_fields: 100_000, max_field_bytes: 4 << 20, max_context_bytes: 16 << 20 }
+    }
+}
+
+/// `Err` naming `field` and the offset when `text` holds a NUL byte: NUL in
+/// text is binary data sent by mistake, and is refused rather than guessed at.
+pub fn check_no_nul(field: impl Fn() -> String, text: &str) -> Result<()> {
+    match text.bytes().position(|b| b == 0) {
+        Some(at) => Err(Error::invalid(field(), format!("contains a NUL byte at offset {at}"))),
+        None => Ok(()),
+    }
+}
+
+impl Context {
+    /// Parses `{"fields": [...]}` strictly: unknown keys and wrongly typed
+    /// values are errors naming their path (`fields[2].confidential`).
+    pub fn from_json(json: &str) -> Result<Self> {
+        let mut de = serde_json::Deserializer::from_str(json);
+        let ctx: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." || path == "?" { "context".to_string() } else { format!("context.{path}") };
+            Error::invalid(field, e.into_inner().to_string())
+        })?;
+        // one JSON document, nothing after it
+        de.end().map_err(|e| Error::invalid("context", e.to_string()))?;
+        Ok(ctx)
+    }
+
+    /// Reads and parses a context file; errors name the path.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+        Self::from_json(&text).map_err(|e| match e {
+            Error::InvalidArgument { field, message } => {
+                Error::invalid(format!("context file {}: {field}", path.display()), message)
+            }
+            other => other,
+        })
+    }
+
+    /// Checks names are non-empty and unique, and that no text holds a NUL
+    /// byte or goes over `limits`.
+    pub fn validate_within(&self, limits: &ContextLimits) -> Result<()> {
+        if self.fields.len() > limits.max_fields {
+            return Err(Error::invalid(
+                "context.fields",
+                format!("{} fields, over the limit {}", self.fields.len(), limits.max_fields),
+            ));
+        }
+        let mut total = 0usize;
+        for (i, f) in self.fields.iter().enumerate() {
+            if f.content.len() > limits.max_field_bytes {
+                return Err(Error::invalid(
+                    format!("context.fields[{i}].content"),
+                    format!("{} bytes, over the limit {}", f.content.len(), limits.max_field_bytes),
+                ));
+            }
+            if f.name.len() > MAX_FIELD_NAME_BYTES {
+                return Err(Error::invalid(
+                    format!("context.fields[{i}].name"),
+                    format!("{} bytes, over the limit {MAX_FIELD_NAME_BYTES}", f.name.len()),
+                ));
+            }
+            total += f.content.len();
+            check_no_nul(|| format!("context.fields[{i}].name"), &f.name)?;
+            check_no_nul(|| format!("context.fields[{i}].content"), &f.content)?;
+        }
+        if total > limits.max_context_bytes {
+            return Err(Error::invalid(
+                "context",
+                format!("{total} bytes of content, over the limit {}", limits.max_context_bytes),
+            ));
+        }
+        self.validate()
+    }
+
+    /// Checks names are non-empty and unique.
+    pub fn validate(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for (i, f) in self.fields.iter().enumerate() {
+            if f.name.trim().is_empty() {
+                return Err(Error::invalid(format!("context.fields[{i}].name"), "must not be empty"));
+            }
+            if !seen.insert(f.name.as_str()) {
+                return Err(Error::invalid(
+                    format!("context.fields[{i}].name"),
+                    format!("duplicate field name {:?}", f.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The task handed to the receiver (paper step 1). `Debug` prints sizes,
+/// never the text.
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    /// What to do.
+    pub description: String,
+    /// Constraints on the work.
+    #[serde(default)]
+    pub constraints: Vec<String>,
+    /// Expected output schema, if any.
+    #[serde(default)]
+    pub output_schema: Option<String>,
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task")
+            .field("description", &Redacted(self.description.len()))
+            .field("constraints", &self.constraints.len())
+            .field("output_schema", &self.output_schema.as_ref().map(|s| Redacted(s.len())))
+            .finish()
+    }
+}
+
+impl Task {
+    /// A task with only a description.
+    pub fn new(description: impl Into<String>) -> Self {
+        Self { description: description.into(), ..Self::default() }
+    }
+
+    /// Checks the task is non-empty, within `max_bytes` (all its text) and
+    /// `max_constraints`, and free of NUL bytes.
+    pub fn validate(&self, max_bytes: usize, max_constraints: usize) -> Result<()> {
+        if self.description.trim().is_empty() {
+            return Err(Error::invalid("task.description", "must not be empty"));
+        }
+        if self.constraints.len() > max_constraints {
+            return Err(Error::invalid(
+                "task.constraints",
+                format!("{} constraints, over the limit {max_constraints}", self.constraints.len()),
+            ));
+        }
+        let bytes = self.description.len()
+            + self.constraints.iter().map(String::len).sum::<usize>()
+            + self.output_schema.as_ref().map_or(0, String::len);
+        if bytes > max_bytes {
+            return Err(Error::invalid("task", format!("{bytes} bytes, over the limit {max_bytes}")));
+        }
+        check_no_nul(|| "task.description".into(), &self.description)?;
+        for (i, c) in self.constraints.iter().enumerate() {
+            check_no_nul(|| format!("task.constraints[{i}]"), c)?;
+        }
+        if let Some(schema) = &self.output_schema {
+            check_no_nul(|| "task.output_schema".into(), schema)?;
+        }
+        Ok(())
+    }
+
+    /// The text embedded as e_task (paper: Encode(task_description,
+    /// constraints, expected_output_schema)): the trimmed description, then
+    /// one `"\nConstraint: …"` per constraint and `"\nOutput: …"` for a
+    /// non-empty schema. The engine, the service and ATP all build it here.
+    pub fn text(&self) -> String {
+        let mut s = self.description.trim().to_string();
+        for c in &self.constraints {
+            s.push_str("\nConstraint: ");
+            s.push_str(c.trim());
+        }
+        if let Some(schema) = self.schema() {
+            s.push_str("\nOutput: ");
+            s.push_str(schema.trim());
+        }
+        s
+    }
+
+    /// The schema as the wire carries it: an empty one is no schema.
+    pub fn schema(&self) -> Option<&str> {
+        self.output_schema.as_deref().filter(|s| !s.is_empty())
+    }
+}
+
+/// What the receiver asks for (paper step 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextRequirement {
+    /// Fields sent whole, first; if they do not fit the budget the request fails.
+    #[serde(default)]
+    pub required_fields: Vec<String>,
+    /// Fields that fill what is left, by relevance. Empty with no required
+    /// fields means every field is optional.
+    #[serde(default)]
+    pub optional_fields: Vec<String>,
+    /// The receiver's budget in its tokenizer's tokens: a hard limit.
+    pub max_context_tokens: usize,
+    /// Paper's absolute cosine threshold: chunks below it are never sent.
+    #[serde(default)]
+    pub relevance_threshold: Option<f32>,
+    /// Calibrated threshold: chunks whose fused score is below this many
+    /// standard deviations from the context's mean are not sent.
+    #[serde(default)]
+    pub min_relative_score: Option<f32>,
+}
+
+impl ContextRequirement {
+    /// Every field optional, `budget` tokens.
+    pub fn with_budget(budget: usize) -> Self {
+        Self {
+            required_fields: Vec::new(),
+            optional_fields: Vec::new(),
+            max_context_tokens: budget,
+            relevance_threshold: None,
+            min_relative_score: None,
+        }
+    }
+
+    /// Checks the numbers (the named fields are checked against the context
+    /// when it is split into public and confidential fields).
+    pub fn validate(&self, max_budget: usize) -> Result<()> {
+        if self.max_context_tokens == 0 {
+            return Err(Error::invalid("max_context_tokens", "must be at least 1"));
+        }
+        if self.max_context_tokens > max_budget {
+            return Err(Error::invalid(
+                "max_context_tokens",
+                format!("{} is over the limit {max_budget}", self.max_context_tokens),
+            ));
+        }
+        if let Some(t) = self.relevance_threshold {
+            if !t.is_finite() || !(-1.0..=1.0).contains(&t) {
+                return Err(Error::invalid("relevance_threshold", format!("must be a cosine in [-1, 1], got {t}")));
+            }
+        }
+        if let Some(t) = self.min_relative_score {
+            if !t.is_finite() {
+                return Err(Error::invalid("min_relative_score", "must be finite"));
+            }
+        }
+        Ok(())
+    }
+}

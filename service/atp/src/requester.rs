@@ -1,0 +1,345 @@
+//! What a requesting agent keeps between calls: the peers' offers, their
+//! health, breakers, back-pressure and repricing, the context sent per hop,
+//! and the [`Event`]s of its story. An agent's server ([`crate::agent`])
+//! feeds it with the heartbeats, back-pressure and context requests its
+//! workers send back; the [`crate::planner`] reads it to route and delegate.
+//! It depends on neither, so the two do not depend on each other.
+//!
+//! ```
+//! use scd_atp::requester::short;
+//!
+//! assert_eq!(short("did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK"), "…EGta2doK");
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tonic::Status;
+
+use crate::context::{HopLedger, ScdLink, Transfer};
+use crate::fault::{self, Backpressure, CircuitBreakers, HealthMonitor, PoisonDetector};
+use crate::handshake::Offer;
+use crate::identity::now_s;
+use crate::routing::{self, Candidate, Constraints, Repricer, RoutingParams};
+use crate::store::Ledger;
+use crate::{pb, Result};
+
+/// Task ids remembered as budget-starved (cleared when full).
+const MAX_STARVED: usize = 4096;
+
+/// What happened, for the demo's story and its JSON. Fields: `task` is the
+/// task id; agents are short DIDs ([`short`]) or, for peers not yet known by
+/// DID, their URLs.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A probe round ended.
+    Probed { task: String, round: u32, offers: Vec<String>, down: Vec<String>, declined: Vec<String> },
+    /// A peer's circuit is open: it is skipped.
+    Skipped { task: String, agent: String },
+    /// Algorithm 1 chose a route.
+    Routed {
+        task: String,
+        pattern: String,
+        agents: Vec<String>,
+        quality: f64,
+        latency_ms: u64,
+        cost: f64,
+        score: f64,
+        candidates: usize,
+    },
+    /// A contract was signed by both sides.
+    Contracted { task: String, agent: String, contract: String },
+    /// SCD's minimal sufficient context went with the task.
+    ContextSent {
+        task: String,
+        agent: String,
+        full_tokens: u64,
+        sent_tokens: u64,
+        chunks: usize,
+        withheld: Vec<String>,
+    },
+    /// The worker asked for more context (§6.3).
+    ContextRequested {
+        task: String,
+        agent: String,
+        question: String,
+        confidence: f64,
+        chunks: usize,
+        /// The receiver's budget left after this answer.
+        remaining_tokens: u32,
+    },
+    /// A durable checkpoint arrived.
+    Checkpoint { task: String, agent: String, step: u32 },
+    /// The worker failed (died, missed heartbeats, or failed the task).
+    AgentFailed { task: String, agent: String, why: String },
+    /// The task moved to the next agent of its route.
+    Failover { task: String, from: String, to: String, resumed_after: u32 },
+    /// A circuit changed state.
+    Circuit { agent: String, from: String, to: String },
+    /// A route was skipped (back-pressure, a full queue, a refusal).
+    Rerouted { task: String, agent: String, why: String },
+    /// A task waited for an agent's back-pressure to ease.
+    Buffered { task: String, agent: String, ms: u64 },
+    /// A worker signalled back-pressure.
+    Backpressure { agent: String, queue_depth: u32, action: String },
+    /// The task is poison: back to the originator.
+    Poison { task: String, diagnostics: String },
+    /// Done.
+    Completed { task: String, agent: String, latency_ms: u64, quality: f64, resumed_after: u32 },
+    /// A countersigned proof was appended and trust recomputed.
+    Trust { agent: String, task_type: String, score: f64, samples: u32, log_size: u64, note: String },
+}
+
+/// A task delegated by this agent, as its RequestContext handler sees it.
+pub(crate) struct Delegation {
+    pub(crate) worker: String,
+    pub(crate) transfer: Arc<Transfer>,
+}
+
+/// Requester-side state of an agent (shared with its server: workers call
+/// back with heartbeats, back-pressure and context requests).
+pub struct PlannerState {
+    pub(crate) scd_url: String,
+    pub(crate) scd: tokio::sync::OnceCell<ScdLink>,
+    pub(crate) delegations: Mutex<HashMap<String, Delegation>>,
+    /// Worker health from heartbeats.
+    pub health: Mutex<HealthMonitor>,
+    /// One breaker per peer (keyed by URL: a dead peer has no DID to show).
+    pub breakers: Mutex<CircuitBreakers>,
+    /// Failures per task across agents.
+    pub poison: Mutex<PoisonDetector>,
+    /// Back-pressure per worker.
+    pub pressure: Mutex<Backpressure>,
+    /// Estimates repriced from interaction proofs.
+    pub repricer: Mutex<Repricer>,
+    /// Tokens sent vs full context, per hop.
+    pub hops: Mutex<HopLedger>,
+    pub(crate) offers: Mutex<HashMap<String, Offer>>,
+    /// Tasks whose adaptive requests hit the receiver's budget.
+    pub(crate) starved: Mutex<HashSet<String>>,
+    pub(crate) events: Mutex<Option<UnboundedSender<Event>>>,
+    pub(crate) started: Instant,
+}
+
+impl PlannerState {
+    /// Requester state using the SCD service at `scd_url` (connected on first use).
+    pub fn new(scd_url: &str) -> PlannerState {
+        PlannerState {
+            scd_url: scd_url.to_string(),
+            scd: tokio::sync::OnceCell::new(),
+            delegations: Mutex::default(),
+            health: Mutex::new(HealthMonitor::new()),
+            breakers: Mutex::new(CircuitBreakers::new(fault::BreakerParams::default())),
+            poison: Mutex::new(PoisonDetector::new(fault::PoisonParams::default())),
+            pressure: Mutex::new(Backpressure::new(fault::BackpressureParams::default())),
+            repricer: Mutex::new(Repricer::new(routing::RepricerParams::default())),
+            hops: Mutex::default(),
+            offers: Mutex::default(),
+            starved: Mutex::default(),
+            events: Mutex::new(None),
+            started: Instant::now(),
+        }
+    }
+
+    /// Sends every [`Event`] to `tx` from now on.
+    pub fn subscribe(&self, tx: UnboundedSender<Event>) {
+        *self.events.lock().unwrap() = Some(tx);
+    }
+
+    pub(crate) fn emit(&self, e: Event) {
+        tracing::info!(?e, "atp");
+        if let Some(tx) = self.events.lock().unwrap().as_ref() {
+            let _ = tx.send(e);
+        }
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// The SCD client (connected once).
+    pub async fn scd(&self) -> Result<&ScdLink> {
+        self.scd.get_or_try_init(|| ScdLink::connect(&self.scd_url)).await
+    }
+
+    /// Answers a worker's RequestContext through the task's SCD session.
+    pub async fn answer_context_request(
+        &self,
+        me: &str,
+        req: &pb::ContextRequest,
+    ) -> Result<pb::ContextResponse, Status> {
+        let transfer = {
+            let delegations = self.delegations.lock().unwrap();
+            let Some(d) = delegations.get(&req.task_id) else {
+                return Err(Status::not_found(format!(
+                    "context.task_id: {:?} is not a task this agent delegated",
+                    req.task_id
+                )));
+            };
+            if Some(d.worker.as_str()) != req.from.as_ref().map(|a| a.uuid.as_str()) {
+                return Err(Status::permission_denied("context.from: the task is delegated to another agent"));
+            }
+            d.transfer.clone()
+        };
+        let scd = self.scd().await.map_err(Status::from)?;
+        let reply = scd.answer(&transfer.session, req).await.map_err(Status::from)?;
+        let worker = req.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
+        if let Err(e) = self.hops.lock().unwrap().record_response(&req.task_id, me, &worker, &reply) {
+            tracing::warn!(error = %e, "accounting a context response");
+        }
+        self.emit(Event::ContextRequested {
+            task: req.task_id.clone(),
+            agent: short(&worker),
+            question: req.specific_question.clone(),
+            confidence: req.current_confidence,
+            chunks: reply.chunks.len(),
+            remaining_tokens: reply.remaining_tokens,
+        });
+        if reply.remaining_tokens == 0 || !reply.reason.is_empty() {
+            // the receiver's budget (or the context) ran out: a shortfall
+            // from here on is not the worker's fault
+            let mut starved = self.starved.lock().unwrap();
+            if starved.len() >= MAX_STARVED {
+                starved.clear();
+            }
+            starved.insert(req.task_id.clone());
+        }
+        Ok(reply)
+    }
+
+    pub(crate) fn routed(&self, task_id: &str, route: &routing::RouteChoice, candidates: usize) {
+        self.emit(Event::Routed {
+            task: task_id.to_string(),
+            pattern: route.pattern.name().to_string(),
+            agents: route.agents.iter().map(|a| short(a)).collect(),
+            quality: route.quality,
+            latency_ms: route.latency_ms,
+            cost: route.cost,
+            score: route.score,
+            candidates,
+        });
+    }
+
+    /// Refuses heartbeats and back-pressure from agents that never offered
+    /// to this one (their state would grow without bound otherwise).
+    pub fn check_peer(&self, from: &Option<pb::AgentId>, field: &str) -> Result<(), Status> {
+        let did = from.as_ref().map_or("", |a| a.uuid.as_str());
+        if self.offers.lock().unwrap().contains_key(did) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!("{field}: {did} is not a peer that made this agent an offer")))
+        }
+    }
+
+    /// A worker's heartbeat.
+    pub fn heartbeat(&self, hb: &pb::Heartbeat) {
+        self.health.lock().unwrap().beat_pb(hb, self.now_ms());
+    }
+
+    /// A worker's back-pressure signal.
+    pub fn backpressure(&self, bp: &pb::Backpressure) {
+        let did = bp.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
+        let status = self.health.lock().unwrap().status(&did, self.now_ms());
+        let action = self.pressure.lock().unwrap().signal(bp, status, self.now_ms());
+        self.emit(Event::Backpressure {
+            agent: short(&did),
+            queue_depth: bp.queue_depth,
+            action: format!("{action:?}"),
+        });
+    }
+
+    /// A peer's report of a circuit it opened (informational).
+    pub fn circuit_report(&self, cb: &pb::CircuitBreak) {
+        tracing::info!(from = ?cb.from, target = ?cb.target, state = cb.state, "peer reported a circuit break");
+    }
+
+    /// Routes this agent would take for `query`, from the offers it has seen.
+    pub fn routes(&self, ledger: &Mutex<Ledger>, query: &pb::RouteQuery) -> Result<Vec<pb::Route>> {
+        let task_type = pb::TaskType::try_from(query.task_type).unwrap_or(pb::TaskType::Unspecified);
+        let exclude: HashSet<&str> = query.exclude.iter().map(|a| a.uuid.as_str()).collect();
+        let offers: Vec<Offer> =
+            self.offers.lock().unwrap().values().filter(|o| !exclude.contains(o.did())).cloned().collect();
+        let cands = self.candidates(ledger, &offers, task_type);
+        let constraints = constraints(&query.qos.unwrap_or_default());
+        let max = if query.max_routes == 0 { 8 } else { query.max_routes.min(64) } as usize;
+        let routes = routing::route(&cands, task_type, &constraints, &RoutingParams::default());
+        Ok(routes.iter().take(max).map(|r| r.to_pb()).collect())
+    }
+
+    /// Routing candidates from verified offers: trust from this agent's
+    /// ledger (Definition 3 over the proofs it evaluated itself, or the
+    /// cold-start prior below the minimum interactions; offers' evidence is
+    /// verified but not counted: a peer's self-chosen history is no rating
+    /// of ours); estimates repriced from interaction proofs. Routes are
+    /// recomputed for every task from the current figures, so a repricing
+    /// trigger takes effect at the next task.
+    pub(crate) fn candidates(
+        &self,
+        ledger: &Mutex<Ledger>,
+        offers: &[Offer],
+        task_type: pb::TaskType,
+    ) -> Vec<Candidate> {
+        let now = now_s();
+        let ledger = ledger.lock().unwrap();
+        let mut cands: Vec<Candidate> = offers
+            .iter()
+            .map(|o| {
+                let trust = ledger.trust(o.did(), Some(task_type), now).score;
+                Candidate::from_capability(o.did(), &o.capability(), trust)
+            })
+            .collect();
+        drop(ledger);
+        self.repricer.lock().unwrap().apply(&mut cands);
+        cands
+    }
+
+    pub(crate) fn remember_offers(&self, offers: &[Offer]) {
+        let mut known = self.offers.lock().unwrap();
+        for o in offers {
+            known.insert(o.did().to_string(), o.clone());
+        }
+    }
+
+    pub(crate) fn breaker_failure(&self, url: &str, did: Option<&str>) {
+        let t = self.breakers.lock().unwrap().record_failure(url, self.now_ms());
+        if let Some(t) = t {
+            self.emit(Event::Circuit {
+                agent: did.map_or_else(|| url.to_string(), short),
+                from: format!("{:?}", t.from),
+                to: format!("{:?}", t.to),
+            });
+        }
+    }
+
+    pub(crate) fn breaker_success(&self, url: &str, did: &str) {
+        let t = self.breakers.lock().unwrap().record_success(url, self.now_ms());
+        if let Some(t) = t {
+            self.emit(Event::Circuit { agent: short(did), from: format!("{:?}", t.from), to: format!("{:?}", t.to) });
+        }
+    }
+}
+
+/// QoS with 0 = unbounded, as routing constraints.
+pub(crate) fn constraints(q: &pb::QoSConstraints) -> Constraints {
+    Constraints {
+        min_quality: q.min_quality,
+        max_latency_ms: if q.max_latency_ms == 0 { u64::MAX } else { q.max_latency_ms },
+        max_cost: if q.max_cost <= 0.0 { f64::INFINITY } else { q.max_cost },
+        min_trust: q.min_trust,
+    }
+}
+
+/// The last 8 characters of a DID, for logs and stories.
+pub fn short(did: &str) -> String {
+    let tail: String = did.chars().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+    if did.len() > 8 {
+        format!("…{tail}")
+    } else {
+        tail
+    }
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Test-only tooling, installed before `cargo test` runs (cargo test itself
+# installs nothing). Idempotent; PyPI only. `make test` calls it.
+#   1. the official A2A conformance kit, unpacked from the shared tools
+#      folder into .tools/a2a-tck with its own venv (its pins:
+#      service/tests/py/a2a-tck-constraints.txt)
+#   2. the official A2A Python SDK in .tools/a2a-sdk-venv
+#      (service/tests/py/a2a-sdk-requirements.txt)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+TOOLS="$ROOT/.tools"
+SHARED="${SCD_SHARED_DIR:-$ROOT/../shared}"
+PY="${PYTHON:-python3}"
+say() { printf '[test-setup] %s\n' "$*"; }
+mkdir -p "$TOOLS"
+
+# venv DIR PINS PIP-ARGS...: (re)made when PINS changes
+venv() {
+  local dir="$1" pins="$2"; shift 2
+  if [ -x "$dir/bin/python" ] && cmp -s "$pins" "$dir/.installed"; then
+    return
+  fi
+  [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
+  say "installing into $dir (pins: ${pins#"$ROOT"/})"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+  cp "$pins" "$dir/.installed"
+}
+
+KIT="$TOOLS/a2a-tck"
+if [ ! -f "$KIT/run_tck.py" ]; then
+  if [ -f "$SHARED/tools/a2a-tck.tar.gz" ]; then
+    say "unpacking the A2A conformance kit from $SHARED/tools"
+    tar -xzf "$SHARED/tools/a2a-tck.tar.gz" -C "$TOOLS"
+  else
+    say "no $SHARED/tools/a2a-tck.tar.gz: the conformance test will skip (and fail under CI=true)"
+  fi
+fi
+if [ -f "$KIT/run_tck.py" ]; then
+  PINS="$ROOT/service/tests/py/a2a-tck-constraints.txt"
+  venv "$KIT/venv" "$PINS" -c "$PINS" -e "$KIT"
+fi
+
+PINS="$ROOT/service/tests/py/a2a-sdk-requirements.txt"
+venv "$TOOLS/a2a-sdk-venv" "$PINS" -r "$PINS"
+say "ready"
