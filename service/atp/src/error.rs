@@ -160,16 +160,13 @@ pub enum Error {
         /// The storage error.
         reason: String,
     },
-    /// The simulation was given no measured context samples.
-    #[error("context samples: none given (the simulation draws context efficiency from measured SCD transfers; at least 1 is needed)")]
-    NoSamples,
 }
 
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> tonic::Status {
         let msg = e.to_string();
         match e {
-            Error::Invalid { .. } | Error::Did { .. } | Error::NoSamples => tonic::Status::invalid_argument(msg),
+            Error::Invalid { .. } | Error::Did { .. } => tonic::Status::invalid_argument(msg),
             Error::CannotMeet { .. } | Error::Audit(scd_audit::Error::Locked { .. }) => {
                 tonic::Status::failed_precondition(msg)
             }

@@ -26,7 +26,6 @@
 
 pub mod agent;
 pub mod context;
-pub mod demo;
 pub mod error;
 pub mod fault;
 pub mod handshake;
@@ -35,7 +34,6 @@ pub mod merkle;
 pub mod planner;
 pub mod requester;
 pub mod routing;
-pub mod sim;
 pub mod store;
 pub mod trust;
 pub mod work;

@@ -243,9 +243,10 @@ impl TrustBook {
         self.add_checked(proof)
     }
 
-    /// [`TrustBook::add`] without the signature checks, for proofs checked
-    /// before they were stored.
-    pub(crate) fn add_checked(&mut self, proof: &pb::InteractionProof) -> Result<()> {
+    /// [`TrustBook::add`] without the signature checks: only for proofs
+    /// whose signatures were checked before (the store's, read back) and for
+    /// simulated proofs (`scd atp simulate`). Never for a peer's proof.
+    pub fn add_checked(&mut self, proof: &pb::InteractionProof) -> Result<()> {
         validate_proof(proof)?;
         let evaluator = proof.sender().to_string();
         if !self.seen.insert((evaluator.clone(), proof.nonce)) {

@@ -22,13 +22,13 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::{AgentConfig, Node, WorkOrder};
-use crate::context::{ContextFile, Task};
-use crate::identity::SignMessages as _;
-use crate::identity::{DidResolver, Identity, Verifier};
-use crate::planner::{short, Event, Job, Outcome, Planner};
-use crate::store::{Ledger, Store};
-use crate::{pb, Error, Result};
+use scd_atp::agent::{AgentConfig, Node, WorkOrder};
+use scd_atp::context::{ContextFile, Task};
+use scd_atp::identity::SignMessages as _;
+use scd_atp::identity::{DidResolver, Identity, Verifier};
+use scd_atp::planner::{short, Event, Job, Outcome, Planner};
+use scd_atp::store::{Ledger, Store};
+use scd_atp::{pb, Error, Result};
 
 /// How to run the demo.
 #[derive(Debug, Clone)]
@@ -278,15 +278,15 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     let addr = listener.local_addr().map_err(io(&cfg.workdir))?;
     let identity = Identity::load_or_create(&cfg.workdir.join("planner.identity.json"))?;
     let store = Arc::new(Store::open(&cfg.workdir.join("planner"))?);
-    let resolver: Arc<dyn crate::identity::Resolver> = Arc::new(DidResolver::new());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
     let verifier = Verifier::new(resolver.clone(), store.clone());
-    let ledger = Ledger::open(store, identity.did(), crate::trust::TrustParams::default(), resolver)?;
+    let ledger = Ledger::open(store, identity.did(), scd_atp::trust::TrustParams::default(), resolver)?;
     let mut config = AgentConfig::new(vec![], format!("http://{addr}"), scd_url.clone());
     config.heartbeat = cfg.heartbeat;
     let node = Node::new(identity, verifier, ledger, config);
     say(out, format!("planner    {} at http://{addr}", short(node.did())));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::agent::serve(node.clone(), listener, async {
+    let server = tokio::spawn(scd_atp::agent::serve(node.clone(), listener, async {
         let _ = stop_rx.await;
     }));
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
@@ -415,7 +415,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     {
         let ledger = node.ledger.lock().unwrap();
         report.proofs = ledger.len();
-        let now = crate::agent::now_s();
+        let now = scd_atp::agent::now_s();
         for w in &workers {
             for t in [pb::TaskType::CodeGeneration, pb::TaskType::Analysis] {
                 let score = ledger.trust(&w.did, Some(t), now);
@@ -498,7 +498,7 @@ fn story(e: &Event, name: &dyn Fn(&str) -> String) -> String {
 /// Sends a forged, a replayed and a stale envelope to `target` and counts
 /// the UNAUTHENTICATED refusals by reason.
 async fn attacks(me: &Identity, target: &Worker) -> Result<Rejected> {
-    let channel = crate::handshake::channel(&target.url)?;
+    let channel = scd_atp::handshake::channel(&target.url)?;
     let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
     let task_type =
         if target.capability.starts_with("analysis") { pb::TaskType::Analysis } else { pb::TaskType::CodeGeneration };

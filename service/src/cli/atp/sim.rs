@@ -33,11 +33,11 @@
 //!   per stage; every message goes to every participant, so each stage sees
 //!   the whole conversation and earlier speakers keep receiving; failures as
 //!   round-robin.
-//! - *atp*: per stage, [`crate::routing::route`] over the capable agents that
-//!   the [`crate::fault::HealthMonitor`] (1 s heartbeats, T_fail 3 s) and the
-//!   [`crate::fault::CircuitBreakers`] allow, with quality, latency and cost
-//!   from the [`crate::routing::Repricer`] (EWMA of interaction proofs) and
-//!   trust from a [`crate::trust::TrustBook`] owned by the planner (Definition
+//! - *atp*: per stage, [`scd_atp::routing::route`] over the capable agents that
+//!   the [`scd_atp::fault::HealthMonitor`] (1 s heartbeats, T_fail 3 s) and the
+//!   [`scd_atp::fault::CircuitBreakers`] allow, with quality, latency and cost
+//!   from the [`scd_atp::routing::Repricer`] (EWMA of interaction proofs) and
+//!   trust from a [`scd_atp::trust::TrustBook`] owned by the planner (Definition
 //!   3 per task type, cold-start prior 0.5 below 3 proofs), fed the planner's
 //!   interaction proofs and recomputed when the routing table is (every 60 s
 //!   and on a repricing trigger). The proofs are not signed here (the book
@@ -66,15 +66,17 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use anyhow::Context as _;
+use plotters::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::fault::{BreakerParams, CircuitBreakers, HealthMonitor, MISSED_HEARTBEATS};
-use crate::pb::{self, AgentStatus, TaskType};
-use crate::routing::{self, Candidate, Constraints, Observation, Repricer, RepricerParams, RoutingParams};
-use crate::trust::{TrustBook, TrustParams};
-use crate::{Error, Result};
+use scd_atp::fault::{BreakerParams, CircuitBreakers, HealthMonitor, MISSED_HEARTBEATS};
+use scd_atp::pb::{self, AgentStatus, TaskType};
+use scd_atp::routing::{self, Candidate, Constraints, Observation, Repricer, RepricerParams, RoutingParams};
+use scd_atp::trust::{TrustBook, TrustParams};
+use scd_atp::{Error, Result};
 
 /// One measured SCD transfer: the full context and what SCD sent of it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -786,7 +788,12 @@ impl Ctx<'_> {
 /// or a sample is impossible (no full tokens, or more sent than full).
 pub fn run(cfg: &SimConfig, samples: &[ContextSample]) -> Result<Report> {
     if samples.is_empty() {
-        return Err(Error::NoSamples);
+        return Err(Error::Invalid {
+            field: "context samples".into(),
+            reason:
+                "none given (the simulation draws context efficiency from measured SCD transfers; at least 1 is needed)"
+                    .into(),
+        });
     }
     for (i, s) in samples.iter().enumerate() {
         if s.full_tokens == 0 || s.sent_tokens > s.full_tokens {
@@ -915,13 +922,15 @@ impl Report {
     }
 }
 
-/// A grouped bar chart of the report: per metric, one bar per strategy,
-/// heights relative to the largest value of that metric, raw values on top.
-pub fn write_svg(report: &Report, path: &Path) -> Result<()> {
-    std::fs::write(path, svg(report)).map_err(|source| Error::Io { path: path.to_path_buf(), source })
+/// Writes [`svg`] to `path`; the error names the path.
+pub fn write_svg(report: &Report, path: &Path) -> anyhow::Result<()> {
+    std::fs::write(path, svg(report)?).with_context(|| format!("--plot {}", path.display()))
 }
 
-fn svg(report: &Report) -> String {
+/// The report as grouped bars, one group per metric, one bar per strategy,
+/// each bar relative to the largest in its group (∞ where a strategy never
+/// recovers), drawn with plotters' SVG backend as the CLI's other plots are.
+pub fn svg(report: &Report) -> anyhow::Result<String> {
     type Metric = (&'static str, fn(&StrategyReport) -> Option<f64>);
     let metrics: [Metric; 6] = [
         ("cost/task ($)", |r| Some(r.cost_per_task)),
@@ -931,66 +940,64 @@ fn svg(report: &Report) -> String {
         ("tasks lost", |r| Some(r.lost as f64)),
         ("context efficiency", |r| Some(r.context_efficiency)),
     ];
-    let (w, h, pad) = (760.0, 420.0, 50.0);
-    let colors = ["#d62728", "#1f77b4", "#9467bd", "#2ca02c", "#7f7f7f"];
     let n = report.strategies.len().max(1) as f64;
-    let group_w = (w - 2.0 * pad) / metrics.len() as f64;
-    let bar_w = group_w * 0.8 / n;
-    let y = |v: f64| h - pad - v * (h - 2.0 * pad - 20.0);
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='20' text-anchor='middle' font-size='14'>AgentNet-Bench-style simulation: {} agents, {} tasks (bars relative to the largest per metric)</text>\n",
-        w / 2.0,
-        report.config.agents,
-        report.config.tasks
+    let bar_w = 0.8 / n;
+    let title = format!(
+        "AgentNet-Bench-style simulation: {} agents, {} tasks (bars relative to the largest per metric)",
+        report.config.agents, report.config.tasks
     );
-    s += &format!("<line x1='{pad}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n", h - pad, w - pad, h - pad);
-    for (mi, (name, get)) in metrics.iter().enumerate() {
-        let x0 = pad + group_w * mi as f64 + group_w * 0.1;
-        let max = report.strategies.iter().filter_map(get).fold(0.0f64, f64::max);
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (860, 440)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 14))
+            .margin(12)
+            .build_cartesian_2d(0f64..metrics.len() as f64, -0.12f64..1.12f64)?;
+        chart.draw_series(std::iter::once(PathElement::new([(0.0, 0.0), (metrics.len() as f64, 0.0)], BLACK)))?;
         for (si, r) in report.strategies.iter().enumerate() {
-            let c = colors[si % colors.len()];
-            let x = x0 + bar_w * si as f64;
-            match get(r) {
-                Some(v) => {
-                    let rel = if max > 0.0 { v / max } else { 0.0 };
-                    s += &format!(
-                        "<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{:.1}' fill='{c}'/>\n<text x='{:.1}' y='{:.1}' text-anchor='middle' font-size='9'>{}</text>\n",
-                        y(rel),
-                        bar_w - 2.0,
-                        h - pad - y(rel),
-                        x + bar_w / 2.0,
-                        y(rel) - 3.0,
-                        if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.3}") }
-                    );
-                }
-                None => {
-                    s += &format!(
-                        "<text x='{:.1}' y='{:.1}' text-anchor='middle' font-size='11' fill='{c}'>∞</text>\n",
-                        x + bar_w / 2.0,
-                        h - pad - 6.0
-                    );
+            let color = COLORS[si % COLORS.len()];
+            let mut bars = Vec::new();
+            let mut labels = Vec::new();
+            for (mi, (_, get)) in metrics.iter().enumerate() {
+                let max = report.strategies.iter().filter_map(get).fold(0.0f64, f64::max);
+                let x = mi as f64 + 0.1 + bar_w * si as f64;
+                match get(r) {
+                    Some(v) => {
+                        let rel = if max > 0.0 { v / max } else { 0.0 };
+                        bars.push(Rectangle::new([(x, 0.0), (x + bar_w * 0.9, rel)], color.filled()));
+                        let shown = if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.3}") };
+                        labels.push(Text::new(shown, (x, rel + 0.05), ("sans-serif", 9)));
+                    }
+                    None => labels.push(Text::new("∞".to_string(), (x, 0.06), ("sans-serif", 11))),
                 }
             }
+            chart
+                .draw_series(bars)?
+                .label(r.strategy.as_str())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+            chart.draw_series(labels)?;
         }
-        s += &format!(
-            "<text x='{:.1}' y='{}' text-anchor='middle'>{name}</text>\n",
-            pad + group_w * (mi as f64 + 0.5),
-            h - pad + 18.0
-        );
+        chart.draw_series(
+            metrics
+                .iter()
+                .enumerate()
+                .map(|(mi, (name, _))| Text::new(*name, (mi as f64 + 0.15, -0.07), ("sans-serif", 12))),
+        )?;
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).draw()?;
+        root.present()?;
     }
-    for (si, r) in report.strategies.iter().enumerate() {
-        let c = colors[si % colors.len()];
-        s += &format!(
-            "<rect x='{}' y='{}' width='10' height='10' fill='{c}'/><text x='{}' y='{}'>{}</text>\n",
-            pad + 110.0 * si as f64,
-            h - 18.0,
-            pad + 14.0 + 110.0 * si as f64,
-            h - 9.0,
-            r.strategy
-        );
-    }
-    s + "</svg>\n"
+    Ok(out)
 }
+
+/// Colours of the strategies, in order.
+const COLORS: [RGBColor; 5] = [
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x7f, 0x7f, 0x7f),
+];
 
 #[cfg(test)]
 mod tests {
@@ -1066,7 +1073,7 @@ mod tests {
     #[test]
     fn empty_or_impossible_samples_are_refused() {
         let e = run(&small(1), &[]).unwrap_err();
-        assert!(matches!(e, Error::NoSamples));
+        assert!(matches!(&e, Error::Invalid { field, .. } if field == "context samples"), "{e}");
         assert_eq!(
             e.to_string(),
             "context samples: none given (the simulation draws context efficiency from measured SCD transfers; at least 1 is needed)"
@@ -1105,10 +1112,12 @@ mod tests {
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         for s in ["sequential", "round-robin", "broadcast", "atp"] {
-            assert!(svg.contains(&format!(">{s}</text>")), "{s}");
+            // plotters puts each text on its own line inside <text>
+            assert!(svg.contains(&format!(">\n{s}\n</text>")), "{s}");
         }
         let missing = dir.path().join("no/such/dir/sim.svg");
-        assert!(matches!(write_svg(&r, &missing), Err(Error::Io { .. })));
+        let err = format!("{:#}", write_svg(&r, &missing).unwrap_err());
+        assert!(err.starts_with(&format!("--plot {}", missing.display())), "{err}");
     }
 
     /// Prints the default-size table (10,000 tasks) with synthetic samples:

@@ -1,5 +1,8 @@
 //! `scd atp …`: the ATP stack (see the `scd-atp` crate).
 
+pub mod demo;
+pub mod sim;
+
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -243,7 +246,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
             tmp.path().to_path_buf()
         }
     };
-    let cfg = scd_atp::demo::DemoConfig {
+    let cfg = demo::DemoConfig {
         exe: std::env::current_exe().context("locating the scd binary")?,
         context: args.context.clone(),
         workdir,
@@ -252,7 +255,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
     };
     let report = runtime()?.block_on(async {
         let mut out = std::io::stdout();
-        scd_atp::demo::run(&cfg, &mut out).await
+        demo::run(&cfg, &mut out).await
     })?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
@@ -357,7 +360,6 @@ fn real_contexts(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<RealCont
 /// gRPC, then runs the seeded simulation with those samples.
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
-    use scd_atp::sim;
 
     anyhow::ensure!((2..=10_000).contains(&args.agents), "--agents {}: must be 2 to 10000", args.agents);
     anyhow::ensure!((1..=1_000_000).contains(&args.tasks), "--tasks {}: must be 1 to 1000000", args.tasks);
@@ -370,11 +372,11 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let (_scd, url) = match &args.scd {
             Some(u) => (None, u.clone()),
             None => {
-                let (p, u) = scd_atp::demo::start_scd(&exe)?;
+                let (p, u) = demo::start_scd(&exe)?;
                 (Some(p), u)
             }
         };
-        scd_atp::demo::wait_serving(&url).await?;
+        demo::wait_serving(&url).await?;
         let link = scd_atp::context::ScdLink::connect(&url).await?;
         let bar = ProgressBar::new(contexts.len() as u64);
         bar.set_style(ProgressStyle::with_template("SCD samples {bar:30} {pos}/{len} {msg}").expect("template"));
