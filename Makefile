@@ -20,6 +20,8 @@ test: setup
 	service/tests/setup.sh
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	# the binary without the ATP stack (feature `atp` off) builds and lints clean
+	cargo clippy -p scd-service --no-default-features --lib --bins -- -D warnings
 	SCD_REQUIRE_MODELS=1 cargo test --workspace
 	# the GPU build, without a GPU: it compiles, lints clean, and --device cuda
 	# fails naming what is missing instead of falling back to the CPU

@@ -17,7 +17,7 @@
 //! task_embed_ms + select_ms`, median of 3 tasks). Cold is the median of 3
 //! runs below 200k tokens and a single run above (multi-second runs; criterion
 //! adds nothing there). Every size runs with the default config (HNSW from
-//! 20,000 chunks) and, from 16k chunks up, also with HNSW off so the LSH
+//! 200,000 chunks, `ScdConfig::hnsw_min_chunks`) and, from 16k chunks up, also with HNSW off so the LSH
 //! near-duplicate path shows. A stage split (same chunks, outside `Scd`):
 //! chunk, encode (hash), BM25 build, near-duplicates (brute force up to
 //! 2,048 chunks, LSH above); the HNSW build is the difference between the

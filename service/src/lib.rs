@@ -1,9 +1,17 @@
 //! # scd-service
 //!
-//! The `scd` binary's library: CLI subcommands ([`cli`]), configuration
-//! ([`config`]), the gRPC server and its client types ([`grpc`]), and the
-//! process's tracing subscriber ([`telemetry`]), TLS ([`tls`]), and the MCP
-//! tool server ([`mcp`]).
+//! The `scd` binary's library:
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`grpc`] | the `scd.v1` service every surface calls, its conversions, auth, audit, batcher and metrics |
+//! | [`server`] | the composition of gRPC, the HTTP listener and A2A, with health, reflection, TLS and drain |
+//! | [`a2a`] | SCD as an A2A v1.0 agent on the HTTP listener |
+//! | [`mcp`] | the MCP tool server |
+//! | [`client`] | the retrying, signing gRPC client |
+//! | [`input`] | strict parsing of the CLI's line inputs |
+//! | [`cli`] | one module per subcommand: flags and printing |
+//! | [`config`], [`tls`], [`telemetry`] | model flags, TLS files, the one tracing subscriber |
 #![warn(missing_docs)]
 
 pub mod a2a;

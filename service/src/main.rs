@@ -51,6 +51,7 @@ enum Command {
     #[command(subcommand)]
     Handoff(cli::handoff::HandoffCommand),
     /// The ATP stack: run an agent, the live demo, or the simulation bench.
+    #[cfg(feature = "atp")]
     #[command(subcommand)]
     Atp(cli::atp::AtpCommand),
     /// Identities for DID-authenticated calls (serve --auth did-wba, client --identity).
@@ -61,8 +62,11 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let level = match &cli.command {
-        Command::Serve(_) | Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
+        Command::Serve(_) => "info",
+        #[cfg(feature = "atp")]
+        Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
         // the simulated agents' circuits open by design: their WARNs are noise
+        #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Bench(_)) => "error",
         _ => "warn",
     };
@@ -82,8 +86,11 @@ fn main() -> anyhow::Result<()> {
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
+        #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(args),
+        #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
+        #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),
         Command::Identity(cmd) => cli::identity::run(cmd),
     }

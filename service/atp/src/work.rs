@@ -7,9 +7,9 @@
 //! ```
 //! use scd_atp::work::{WorkOrder, MAX_STEPS};
 //!
-//! let order = WorkOrder::parse(br#"{"answer": "42", "steps": 3}"#).unwrap();
+//! let order = WorkOrder::parse(br#"{"title": "triage the outage", "steps": 3}"#).unwrap();
 //! assert_eq!(order.steps, 3);
-//! let too_long = format!(r#"{{"answer": "x", "steps": {}}}"#, MAX_STEPS + 1);
+//! let too_long = format!(r#"{{"title": "x", "steps": {}}}"#, MAX_STEPS + 1);
 //! assert!(WorkOrder::parse(too_long.as_bytes()).unwrap_err().to_string().starts_with("task.payload.steps"));
 //! ```
 
@@ -23,6 +23,7 @@ pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 pub const MAX_STEPS: u32 = 100;
 /// Needs of one work order.
 pub const MAX_NEEDS: usize = 32;
+
 /// The simulated work a task asks for: JSON in `TaskSubmit.payload`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+#[cfg(feature = "atp")]
 pub mod atp;
 pub mod audit;
 pub mod bench;
