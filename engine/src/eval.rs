@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::chunk::sentences;
@@ -114,22 +115,158 @@ fn from_paragraphs(
     Example { id, question, context: Context { fields }, sentences: spans, gold }
 }
 
-fn str_of(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_string()
+// ---------------------------------------------------------------------------
+// The datasets' own layouts, typed: a missing or mistyped key is an error
+// naming the record and the key, never a silent empty string or 0. Keys a
+// loader does not use (answers, types, decompositions) are ignored.
+
+/// A HotpotQA or 2WikiMultihopQA record, official or Hugging Face layout.
+#[derive(Deserialize)]
+struct MultiHopRecord {
+    #[serde(rename = "_id", alias = "id")]
+    id: String,
+    question: String,
+    context: MultiHopContext,
+    supporting_facts: SupportingFacts,
 }
 
-fn titled_sentences(ctx: &Value) -> Vec<(String, Vec<String>)> {
-    ctx.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| {
-                    let t = str_of(p.get(0)?);
-                    let s = p.get(1)?.as_array()?.iter().map(str_of).collect();
-                    Some((t, s))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MultiHopContext {
+    /// `[[title, [sentence, ...]], ...]`
+    Official(Vec<(String, Vec<String>)>),
+    /// `{"title": [...], "sentences": [[...], ...]}`
+    HuggingFace { title: Vec<String>, sentences: Vec<Vec<String>> },
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SupportingFacts {
+    /// `[[title, sent_id], ...]`
+    Official(Vec<(String, usize)>),
+    /// `{"title": [...], "sent_id": [...]}`
+    HuggingFace { title: Vec<String>, sent_id: Vec<usize> },
+}
+
+impl MultiHopRecord {
+    fn into_example(self) -> std::result::Result<Example, String> {
+        let paras = match self.context {
+            MultiHopContext::Official(p) => p,
+            MultiHopContext::HuggingFace { title, sentences } => {
+                if title.len() != sentences.len() {
+                    return Err(format!("context: {} titles but {} sentence lists", title.len(), sentences.len()));
+                }
+                title.into_iter().zip(sentences).collect()
+            }
+        };
+        let gold = match self.supporting_facts {
+            SupportingFacts::Official(g) => g,
+            SupportingFacts::HuggingFace { title, sent_id } => {
+                if title.len() != sent_id.len() {
+                    return Err(format!("supporting_facts: {} titles but {} sent_ids", title.len(), sent_id.len()));
+                }
+                title.into_iter().zip(sent_id).collect()
+            }
+        };
+        Ok(from_paragraphs(self.id, self.question, paras, &gold))
+    }
+}
+
+/// A MuSiQue record (gold = the `is_supporting` paragraphs; a paragraph
+/// without the key is not supporting, as in MuSiQue's unlabelled splits).
+#[derive(Deserialize)]
+struct MusiqueRecord {
+    id: String,
+    question: String,
+    paragraphs: Vec<MusiqueParagraph>,
+}
+
+#[derive(Deserialize)]
+struct MusiqueParagraph {
+    title: String,
+    paragraph_text: String,
+    #[serde(default)]
+    is_supporting: bool,
+}
+
+/// SQuAD 2.0's file: articles of paragraphs of questions (`is_impossible`
+/// and `answers` may be absent, as in SQuAD 1.1).
+#[derive(Deserialize)]
+struct SquadFile {
+    data: Vec<SquadArticle>,
+}
+
+#[derive(Deserialize)]
+struct SquadArticle {
+    title: String,
+    paragraphs: Vec<SquadParagraph>,
+}
+
+#[derive(Deserialize)]
+struct SquadParagraph {
+    context: String,
+    qas: Vec<SquadQuestion>,
+}
+
+#[derive(Deserialize)]
+struct SquadQuestion {
+    id: String,
+    question: String,
+    #[serde(default)]
+    answers: Vec<SquadAnswer>,
+    #[serde(default)]
+    is_impossible: bool,
+}
+
+#[derive(Deserialize)]
+struct SquadAnswer {
+    answer_start: usize,
+}
+
+/// A code-search record (the context is parsed by [`Context::from_json`]
+/// for its path-named errors).
+#[derive(Deserialize)]
+struct CodeRecord {
+    id: String,
+    task: String,
+    context: Value,
+    gold: String,
+}
+
+/// Parses `json` as `T`; the error names the key path.
+fn typed<T: serde::de::DeserializeOwned>(json: &str) -> std::result::Result<T, String> {
+    let de = &mut serde_json::Deserializer::from_str(json);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        let inner = e.into_inner();
+        if at == "." {
+            format!("{inner}")
+        } else {
+            format!("{at}: {inner}")
+        }
+    })
+}
+
+/// The records of a JSON list, or of JSONL; errors name the record (1-based).
+fn records<T: serde::de::DeserializeOwned>(path: &Path, text: &str, limit: usize) -> Result<Vec<T>> {
+    if text.trim_start().starts_with('[') {
+        let all: Vec<Value> = serde_json::from_str(text).map_err(|_| bad(path, "not a JSON list"))?;
+        all.into_iter()
+            .take(limit)
+            .enumerate()
+            .map(|(n, v)| typed(&v.to_string()).map_err(|e| bad(path, &format!("record {}: {e}", n + 1))))
+            .collect()
+    } else {
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .take(limit)
+            .enumerate()
+            .map(|(n, l)| {
+                serde_json::from_str::<serde::de::IgnoredAny>(l).map_err(|_| bad(path, "not JSONL"))?;
+                typed(l).map_err(|e| bad(path, &format!("line {}: {e}", n + 1)))
+            })
+            .collect()
+    }
 }
 
 /// Loads examples from `path` in `dataset`'s layout, at most `limit`.
@@ -138,107 +275,63 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
     let mut out = Vec::new();
     match dataset {
         Dataset::HotpotQa | Dataset::TwoWiki => {
-            let records: Vec<Value> = if text.trim_start().starts_with('[') {
-                serde_json::from_str(&text).map_err(|_| bad(path, "not a JSON list"))?
-            } else {
-                text.lines()
-                    .filter(|l| !l.trim().is_empty())
-                    .map(serde_json::from_str)
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|_| bad(path, "not JSONL"))?
-            };
-            for r in records.into_iter().take(limit) {
-                let id = str_of(r.get("_id").or_else(|| r.get("id")).unwrap_or(&Value::Null));
-                let question = str_of(&r["question"]);
-                let (paras, gold) = if r["context"].is_object() {
-                    // Hugging Face layout
-                    let titles: Vec<String> = r["context"]["title"]
-                        .as_array()
-                        .ok_or_else(|| bad(path, "context.title"))?
-                        .iter()
-                        .map(str_of)
-                        .collect();
-                    let sents = r["context"]["sentences"].as_array().ok_or_else(|| bad(path, "context.sentences"))?;
-                    let paras = titles
-                        .into_iter()
-                        .zip(
-                            sents
-                                .iter()
-                                .map(|s| s.as_array().map(|a| a.iter().map(str_of).collect()).unwrap_or_default()),
-                        )
-                        .collect();
-                    let st = r["supporting_facts"]["title"].as_array().cloned().unwrap_or_default();
-                    let si = r["supporting_facts"]["sent_id"].as_array().cloned().unwrap_or_default();
-                    (
-                        paras,
-                        st.iter()
-                            .zip(&si)
-                            .map(|(t, i)| (str_of(t), i.as_u64().unwrap_or(0) as usize))
-                            .collect::<Vec<_>>(),
-                    )
-                } else {
-                    let gold = r["supporting_facts"]
-                        .as_array()
-                        .ok_or_else(|| bad(path, "supporting_facts"))?
-                        .iter()
-                        .map(|p| (str_of(&p[0]), p[1].as_u64().unwrap_or(0) as usize))
-                        .collect();
-                    (titled_sentences(&r["context"]), gold)
-                };
-                out.push(from_paragraphs(id, question, paras, &gold));
+            for (n, r) in records::<MultiHopRecord>(path, &text, limit)?.into_iter().enumerate() {
+                out.push(r.into_example().map_err(|e| bad(path, &format!("record {}: {e}", n + 1)))?);
             }
         }
         Dataset::Musique => {
-            for line in text.lines().filter(|l| !l.trim().is_empty()).take(limit) {
-                let r: Value = serde_json::from_str(line).map_err(|_| bad(path, "not JSONL"))?;
+            for r in records::<MusiqueRecord>(path, &text, limit)? {
                 let mut paras = Vec::new();
                 let mut supporting = Vec::new();
-                for p in r["paragraphs"].as_array().ok_or_else(|| bad(path, "paragraphs"))? {
-                    let body = str_of(&p["paragraph_text"]);
-                    let sents: Vec<String> =
-                        sentences(&body, 0).into_iter().map(|(a, b)| body[a..b].to_string()).collect();
-                    if p["is_supporting"].as_bool() == Some(true) {
+                for p in r.paragraphs {
+                    let sents: Vec<String> = sentences(&p.paragraph_text, 0)
+                        .into_iter()
+                        .map(|(a, b)| p.paragraph_text[a..b].to_string())
+                        .collect();
+                    if p.is_supporting {
                         supporting.push(paras.len());
                     }
-                    paras.push((str_of(&p["title"]), sents));
+                    paras.push((p.title, sents));
                 }
-                let mut ex = from_paragraphs(str_of(&r["id"]), str_of(&r["question"]), paras, &[]);
+                let mut ex = from_paragraphs(r.id, r.question, paras, &[]);
                 // gold unit: the whole supporting paragraph
                 ex.gold = supporting.into_iter().map(|fi| (fi, (0, ex.context.fields[fi].content.len()))).collect();
                 out.push(ex);
             }
         }
         Dataset::Code => {
-            for (n, line) in text.lines().filter(|l| !l.trim().is_empty()).take(limit).enumerate() {
-                out.push(code_example(line).map_err(|what| bad(path, &format!("line {}: {what}", n + 1)))?);
+            for (n, r) in records::<CodeRecord>(path, &text, limit)?.into_iter().enumerate() {
+                out.push(code_example(r).map_err(|what| bad(path, &format!("line {}: {what}", n + 1)))?);
             }
         }
         Dataset::Squad => {
-            let v: Value = serde_json::from_str(&text).map_err(|_| bad(path, "not JSON"))?;
-            'articles: for art in v["data"].as_array().ok_or_else(|| bad(path, "data"))? {
-                let title = str_of(&art["title"]);
-                let paras: Vec<&Value> = art["paragraphs"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+            let file: SquadFile = typed(&text).map_err(|e| {
+                if serde_json::from_str::<serde::de::IgnoredAny>(&text).is_err() {
+                    bad(path, "not JSON")
+                } else {
+                    bad(path, &e)
+                }
+            })?;
+            'articles: for art in &file.data {
+                let paras = &art.paragraphs;
                 for (pi, p) in paras.iter().enumerate() {
-                    for qa in p["qas"].as_array().cloned().unwrap_or_default() {
-                        if qa["is_impossible"].as_bool() == Some(true) {
-                            continue;
-                        }
+                    for qa in p.qas.iter().filter(|qa| !qa.is_impossible) {
                         if out.len() >= limit {
                             break 'articles;
                         }
                         // the answer's paragraph plus up to 9 neighbours of the same article
                         let lo = pi.saturating_sub(5);
-                        let window: Vec<usize> = (lo..(lo + 10).min(paras.len())).collect();
                         let mut fields = Vec::new();
                         let mut spans = Vec::new();
                         let mut gold = Vec::new();
-                        for &j in &window {
-                            let body = str_of(&paras[j]["context"]);
-                            let sp = sentences(&body, 0);
+                        for (j, para) in paras.iter().enumerate().skip(lo).take(10) {
+                            let body = &para.context;
+                            let sp = sentences(body, 0);
                             if j == pi {
-                                for a in qa["answers"].as_array().cloned().unwrap_or_default() {
-                                    let start = a["answer_start"].as_u64().unwrap_or(0) as usize;
-                                    if let Some(&s) = sp.iter().find(|(x, y)| *x <= start && start < *y) {
+                                for a in &qa.answers {
+                                    if let Some(&s) =
+                                        sp.iter().find(|(x, y)| *x <= a.answer_start && a.answer_start < *y)
+                                    {
                                         let g = (fields.len(), s);
                                         if !gold.contains(&g) {
                                             gold.push(g);
@@ -247,16 +340,16 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
                                 }
                             }
                             fields.push(Field {
-                                name: format!("{title} ¶{j}"),
+                                name: format!("{} ¶{j}", art.title),
                                 kind: FieldKind::Prose,
-                                content: body,
+                                content: body.clone(),
                                 confidential: false,
                             });
                             spans.push(sp);
                         }
                         out.push(Example {
-                            id: str_of(&qa["id"]),
-                            question: str_of(&qa["question"]),
+                            id: qa.id.clone(),
+                            question: qa.question.clone(),
                             context: Context { fields },
                             sentences: spans,
                             gold,
@@ -274,10 +367,12 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
 
 /// One code-search record: the gold function located verbatim in the field
 /// that holds it.
-fn code_example(line: &str) -> std::result::Result<Example, String> {
-    let r: Value = serde_json::from_str(line).map_err(|_| "not JSON".to_string())?;
-    let context = Context::from_json(&r["context"].to_string()).map_err(|e| format!("context: {e}"))?;
-    let gold_text = r["gold"].as_str().filter(|g| !g.trim().is_empty()).ok_or("gold: expected a non-empty string")?;
+fn code_example(r: CodeRecord) -> std::result::Result<Example, String> {
+    let context = Context::from_json(&r.context.to_string()).map_err(|e| format!("context: {e}"))?;
+    let gold_text = r.gold.as_str();
+    if gold_text.trim().is_empty() {
+        return Err("gold: expected a non-empty string".into());
+    }
     let gold = context
         .fields
         .iter()
@@ -285,7 +380,7 @@ fn code_example(line: &str) -> std::result::Result<Example, String> {
         .find_map(|(f, field)| field.content.find(gold_text).map(|s| (f, (s, s + gold_text.len()))))
         .ok_or("gold: not found verbatim in any field")?;
     let sentences = context.fields.iter().map(|f| blocks(&f.content)).collect();
-    Ok(Example { id: str_of(&r["id"]), question: str_of(&r["task"]), context, sentences, gold: vec![gold] })
+    Ok(Example { id: r.id, question: r.task, context, sentences, gold: vec![gold] })
 }
 
 /// Byte spans of the blank-line-separated blocks of `text` (trimmed).
@@ -377,6 +472,47 @@ pub fn evidence_recall(ex: &Example, selected: &[(usize, (usize, usize))], datas
 mod tests {
     use super::*;
 
+    fn load_text(dataset: Dataset, name: &str, text: &str) -> Result<Vec<Example>> {
+        let dir = std::env::temp_dir().join(format!("scd_eval_{}_{name}", std::process::id()));
+        std::fs::write(&dir, text).unwrap();
+        let out = load(dataset, &dir, 10);
+        std::fs::remove_file(&dir).unwrap();
+        out
+    }
+
+    #[test]
+    fn loaders_refuse_missing_and_mistyped_keys_by_record_and_key() {
+        let ok = r#"{"id": "a", "question": "q?", "context": {"title": ["T"], "sentences": [["One.", "Two."]]},
+                     "supporting_facts": {"title": ["T"], "sent_id": [1]}, "answer": "x"}"#
+            .replace('\n', " ");
+        let ex = load_text(Dataset::HotpotQa, "ok.jsonl", &ok).unwrap();
+        assert_eq!((ex[0].id.as_str(), ex[0].gold.len()), ("a", 1), "unused keys are ignored");
+        let cases = [
+            (ok.replace(r#""question": "q?", "#, ""), "line 1: missing field `question`"),
+            (ok.replace(r#""sent_id": [1]"#, r#""sent_id": ["1"]"#), "line 1: supporting_facts"),
+            (
+                ok.replace(r#""sent_id": [1]"#, r#""sent_id": [1, 2]"#),
+                "record 1: supporting_facts: 1 titles but 2 sent_ids",
+            ),
+            (
+                ok.replace(r#""sentences": [["One.", "Two."]]"#, r#""sentences": []"#),
+                "record 1: context: 1 titles but 0",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = load_text(Dataset::HotpotQa, "bad.jsonl", &text).unwrap_err().to_string();
+            assert!(err.contains(want), "{want:?} not in {err}");
+        }
+        let squad = r#"{"data": [{"title": "A", "paragraphs": [{"context": "Yes. No.", "qas": [{"id": "1", "question": "q", "answers": [{"answer_start": "5"}]}]}]}]}"#;
+        let err = load_text(Dataset::Squad, "squad.json", squad).unwrap_err().to_string();
+        assert!(err.contains("data[0].paragraphs[0].qas[0].answers[0].answer_start"), "{err}");
+        let musique = r#"{"id": "m", "question": "q", "paragraphs": [{"title": "T", "paragraph_text": "P."}]}"#;
+        let ex = load_text(Dataset::Musique, "m.jsonl", musique).unwrap();
+        assert!(ex[0].gold.is_empty(), "a paragraph without is_supporting is not gold");
+        let err = load_text(Dataset::Musique, "m.jsonl", &musique.replace(r#""title": "T", "#, "")).unwrap_err();
+        assert!(err.to_string().contains("line 1: paragraphs[0]: missing field `title`"), "{err}");
+    }
+
     #[test]
     fn paragraphs_keep_sentence_spans_and_gold() {
         let ex = from_paragraphs(
@@ -467,13 +603,16 @@ mod tests {
             "context": {"fields": [{"name": "c-1.0/src/a.rs", "kind": "code", "content": s, "confidential": false}]},
             "gold": &s[span.0..span.1],
         });
-        let ex = code_example(&rec.to_string()).unwrap();
+        let ex = code_example(typed(&rec.to_string()).unwrap()).unwrap();
         assert_eq!(ex.gold, vec![(0, span)]);
         assert_eq!(ex.question, "Does f.");
         let b: Vec<&str> = ex.sentences[0].iter().map(|&(a, e)| &s[a..e]).collect();
         assert_eq!(b, vec!["use std::fmt;", &s[span.0..span.1], "fn g() {}"]);
         let mut bad = rec.clone();
         bad["gold"] = "fn missing() {}".into();
-        assert_eq!(code_example(&bad.to_string()).unwrap_err(), "gold: not found verbatim in any field");
+        assert_eq!(
+            code_example(typed(&bad.to_string()).unwrap()).unwrap_err(),
+            "gold: not found verbatim in any field"
+        );
     }
 }
