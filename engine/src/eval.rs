@@ -123,8 +123,11 @@ fn from_paragraphs(
 /// A HotpotQA or 2WikiMultihopQA record, official or Hugging Face layout.
 #[derive(Deserialize)]
 struct MultiHopRecord {
-    #[serde(rename = "_id", alias = "id")]
-    id: String,
+    /// HotpotQA's official layout and 2Wiki name it `_id`; Hugging Face's
+    /// `id`. With both, `_id` wins.
+    #[serde(rename = "_id")]
+    underscore_id: Option<String>,
+    id: Option<String>,
     question: String,
     context: MultiHopContext,
     supporting_facts: SupportingFacts,
@@ -168,7 +171,8 @@ impl MultiHopRecord {
                 title.into_iter().zip(sent_id).collect()
             }
         };
-        Ok(from_paragraphs(self.id, self.question, paras, &gold))
+        let id = self.underscore_id.or(self.id).ok_or("missing field `_id` (or `id`)")?;
+        Ok(from_paragraphs(id, self.question, paras, &gold))
     }
 }
 
@@ -247,26 +251,25 @@ fn typed<T: serde::de::DeserializeOwned>(json: &str) -> std::result::Result<T, S
     })
 }
 
-/// The records of a JSON list, or of JSONL; errors name the record (1-based).
+/// The first `limit` records of a JSON list, or of JSONL (every line is
+/// checked to be JSON, the first `limit` non-blank ones are parsed); errors
+/// name the record, counted from 1 over the list or the non-blank lines.
 fn records<T: serde::de::DeserializeOwned>(path: &Path, text: &str, limit: usize) -> Result<Vec<T>> {
-    if text.trim_start().starts_with('[') {
+    let raw: Vec<std::borrow::Cow<str>> = if text.trim_start().starts_with('[') {
         let all: Vec<Value> = serde_json::from_str(text).map_err(|_| bad(path, "not a JSON list"))?;
-        all.into_iter()
-            .take(limit)
-            .enumerate()
-            .map(|(n, v)| typed(&v.to_string()).map_err(|e| bad(path, &format!("record {}: {e}", n + 1))))
-            .collect()
+        all.into_iter().map(|v| v.to_string().into()).collect()
     } else {
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .take(limit)
-            .enumerate()
-            .map(|(n, l)| {
-                serde_json::from_str::<serde::de::IgnoredAny>(l).map_err(|_| bad(path, "not JSONL"))?;
-                typed(l).map_err(|e| bad(path, &format!("line {}: {e}", n + 1)))
-            })
-            .collect()
-    }
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        if lines.iter().any(|l| serde_json::from_str::<serde::de::IgnoredAny>(l).is_err()) {
+            return Err(bad(path, "not JSONL"));
+        }
+        lines.into_iter().map(Into::into).collect()
+    };
+    raw.iter()
+        .take(limit)
+        .enumerate()
+        .map(|(n, r)| typed(r).map_err(|e| bad(path, &format!("record {}: {e}", n + 1))))
+        .collect()
 }
 
 /// Loads examples from `path` in `dataset`'s layout, at most `limit`.
@@ -301,7 +304,7 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
         }
         Dataset::Code => {
             for (n, r) in records::<CodeRecord>(path, &text, limit)?.into_iter().enumerate() {
-                out.push(code_example(r).map_err(|what| bad(path, &format!("line {}: {what}", n + 1)))?);
+                out.push(code_example(r).map_err(|what| bad(path, &format!("record {}: {what}", n + 1)))?);
             }
         }
         Dataset::Squad => {
@@ -473,9 +476,13 @@ mod tests {
     use super::*;
 
     fn load_text(dataset: Dataset, name: &str, text: &str) -> Result<Vec<Example>> {
+        load_at_most(dataset, name, text, 10)
+    }
+
+    fn load_at_most(dataset: Dataset, name: &str, text: &str, limit: usize) -> Result<Vec<Example>> {
         let dir = std::env::temp_dir().join(format!("scd_eval_{}_{name}", std::process::id()));
         std::fs::write(&dir, text).unwrap();
-        let out = load(dataset, &dir, 10);
+        let out = load(dataset, &dir, limit);
         std::fs::remove_file(&dir).unwrap();
         out
     }
@@ -487,9 +494,18 @@ mod tests {
             .replace('\n', " ");
         let ex = load_text(Dataset::HotpotQa, "ok.jsonl", &ok).unwrap();
         assert_eq!((ex[0].id.as_str(), ex[0].gold.len()), ("a", 1), "unused keys are ignored");
+        let both = ok.replacen(r#""id": "a""#, r#""id": "a", "_id": "b""#, 1);
+        assert_eq!(load_text(Dataset::HotpotQa, "both.jsonl", &both).unwrap()[0].id, "b", "_id wins");
+        let no_id = ok.replacen(r#""id": "a", "#, "", 1);
+        let err = load_text(Dataset::HotpotQa, "noid.jsonl", &no_id).unwrap_err().to_string();
+        assert!(err.contains("record 1: missing field `_id` (or `id`)"), "{err}");
+        let late_garbage = format!("{ok}\n{ok}\nnot json\n");
+        assert!(load_text(Dataset::Musique, "m0.jsonl", "").unwrap_err().to_string().contains("no examples"));
+        let err = load_at_most(Dataset::HotpotQa, "late.jsonl", &late_garbage, 1).unwrap_err().to_string();
+        assert!(err.ends_with("not JSONL"), "a bad line past the limit still fails: {err}");
         let cases = [
-            (ok.replace(r#""question": "q?", "#, ""), "line 1: missing field `question`"),
-            (ok.replace(r#""sent_id": [1]"#, r#""sent_id": ["1"]"#), "line 1: supporting_facts"),
+            (ok.replace(r#""question": "q?", "#, ""), "record 1: missing field `question`"),
+            (ok.replace(r#""sent_id": [1]"#, r#""sent_id": ["1"]"#), "record 1: supporting_facts"),
             (
                 ok.replace(r#""sent_id": [1]"#, r#""sent_id": [1, 2]"#),
                 "record 1: supporting_facts: 1 titles but 2 sent_ids",
@@ -510,7 +526,7 @@ mod tests {
         let ex = load_text(Dataset::Musique, "m.jsonl", musique).unwrap();
         assert!(ex[0].gold.is_empty(), "a paragraph without is_supporting is not gold");
         let err = load_text(Dataset::Musique, "m.jsonl", &musique.replace(r#""title": "T", "#, "")).unwrap_err();
-        assert!(err.to_string().contains("line 1: paragraphs[0]: missing field `title`"), "{err}");
+        assert!(err.to_string().contains("record 1: paragraphs[0]: missing field `title`"), "{err}");
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<C
     Ok(CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None })
 }
 
-/// Texts of JSONL `raw`, read from option `flag` (`scd embed --input` and the benches read files through it).
+/// Texts of JSONL `raw`, read from option `flag` (`scd bench-encode` and `scd bench-load` read their `--input` through it; `scd embed` reads line by line with [`jsonl_text`]).
 pub fn parse_jsonl_texts(raw: &str, flag: &str) -> anyhow::Result<Vec<String>> {
     let texts: Vec<String> = raw
         .lines()

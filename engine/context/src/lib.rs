@@ -5,7 +5,7 @@
 //! [`Field`]s, the [`Task`] handed over (with the one [`Task::text`] that
 //! is embedded as e_task), and the receiver's [`ContextRequirement`].
 //!
-//! Dependency-free on purpose (serde and thiserror only): the ATP stack
+//! Dependency-free on purpose (serde, serde_json and thiserror only): the ATP stack
 //! uses these types without depending on the engine. Parsing is strict and
 //! every limit is checked before any work is done; `Debug` prints the size
 //! of content, never the content.
@@ -393,5 +393,41 @@ impl ContextRequirement {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_text_is_one_rule_and_an_empty_schema_is_no_schema() {
+        let t = Task {
+            description: "  Fix the bug ".into(),
+            constraints: vec![" no new deps".into()],
+            output_schema: Some(" {\"patch\": string} ".into()),
+        };
+        assert_eq!(t.text(), "Fix the bug\nConstraint: no new deps\nOutput: {\"patch\": string}");
+        // the wire has no "empty but present" schema, so neither has the text
+        let empty = Task { output_schema: Some(String::new()), ..Task::new("x") };
+        assert_eq!((empty.text().as_str(), empty.schema()), ("x", None));
+        assert!(!format!("{:?}", Task::new("secret plan")).contains("secret"));
+    }
+
+    #[test]
+    fn a_context_file_is_read_strictly_and_errors_name_the_file() {
+        let dir = std::env::temp_dir().join(format!("scd_context_{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.json");
+        std::fs::write(&good, r#"{"fields": [{"name": "a", "kind": "code", "content": "fn f() {}"}]}"#).unwrap();
+        assert_eq!(Context::load(&good).unwrap().fields[0].kind, FieldKind::Code);
+        let trailing = dir.join("trailing.json");
+        std::fs::write(&trailing, r#"{"fields": []} {"fields": []}"#).unwrap();
+        let err = Context::load(&trailing).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("context file {}: context:", trailing.display())), "{err}");
+        let missing = dir.join("missing.json");
+        let err = Context::load(&missing).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("cannot read context file {}", missing.display())), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,7 +13,10 @@
 //! | 5 fault tolerance | [`fault`] | heartbeats, circuit breakers, poison tasks, back-pressure, checkpoints |
 //!
 //! plus [`agent`] (an ATP agent: a tonic server of `atp.v1.AtpService` and
-//! its clients) and [`store`] (what survives a restart, in redb, with the
+//! its clients), [`planner`] (the requester side: one task through the five
+//! layers), [`requester`] (what a requester keeps between calls, fed by its
+//! server and read by its planner), [`work`] (the simulated work orders both
+//! sides exchange) and [`store`] (what survives a restart, in redb, with the
 //! audit trail's tables beside it).
 //!
 //! Keys, DIDs, DID documents, the key file, the replay log and the clock

@@ -243,10 +243,18 @@ impl TrustBook {
         self.add_checked(proof)
     }
 
-    /// [`TrustBook::add`] without the signature checks: only for proofs
-    /// whose signatures were checked before (the store's, read back) and for
-    /// simulated proofs (`scd atp simulate`). Never for a peer's proof.
-    pub fn add_checked(&mut self, proof: &pb::InteractionProof) -> Result<()> {
+    /// Adds a simulated proof (`scd atp bench`) without the signature
+    /// checks: the simulator's agents have no keys. Only with the
+    /// `simulation` feature, which no agent needs; a peer's proof always
+    /// goes through [`TrustBook::add`].
+    #[cfg(feature = "simulation")]
+    pub fn add_simulated(&mut self, proof: &pb::InteractionProof) -> Result<()> {
+        self.add_checked(proof)
+    }
+
+    /// [`TrustBook::add`] without the signature checks, for proofs checked
+    /// before they were stored.
+    pub(crate) fn add_checked(&mut self, proof: &pb::InteractionProof) -> Result<()> {
         validate_proof(proof)?;
         let evaluator = proof.sender().to_string();
         if !self.seen.insert((evaluator.clone(), proof.nonce)) {

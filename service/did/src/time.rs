@@ -4,8 +4,10 @@
 //!
 //! **The grammar** is RFC 3339 §5.6 `date-time`, strictly: `YYYY-MM-DD`,
 //! `T` (or `t`, or a space as the RFC's note allows), `HH:MM:SS`, an
-//! optional fraction of 1 to 9 digits, then `Z` (or `z`) or `±HH:MM`.
-//! ASCII only. The calendar is checked by jiff, so February 31 and a 13th
+//! optional fraction of one or more digits (nanoseconds kept, the rest
+//! dropped), then `Z` (or `z`) or `±HH:MM`. ASCII only. The DIDWba header's
+//! [`parse_rfc3339_utc`] is narrower, as it always was: `T` or `t`, at most
+//! 9 fraction digits, and an upper-case `Z`. The calendar is checked by jiff, so February 31 and a 13th
 //! month are refused; a leap second (`:60`) reads as `:59`. The shape is
 //! checked here first because jiff's own parser is the wider ISO 8601 /
 //! Temporal grammar (it would take `+01`, a missing seconds field or a
@@ -78,12 +80,13 @@ pub fn parse_rfc3339(s: &str) -> Result<Timestamp, TimeError> {
         return Err(TimeError::Shape);
     }
     let mut rest = &b[19..];
+    let mut frac_digits = 0;
     if let Some(frac) = rest.strip_prefix(b".") {
-        let n = frac.iter().take_while(|c| c.is_ascii_digit()).count();
-        if !(1..=9).contains(&n) {
+        frac_digits = frac.iter().take_while(|c| c.is_ascii_digit()).count();
+        if frac_digits == 0 {
             return Err(TimeError::Shape);
         }
-        rest = &frac[n..];
+        rest = &frac[frac_digits..];
     }
     let offset_ok = match rest {
         b"Z" | b"z" => true,
@@ -97,6 +100,10 @@ pub fn parse_rfc3339(s: &str) -> Result<Timestamp, TimeError> {
     }
     // All ASCII from here on, so byte positions are character positions.
     let mut normal = s.to_string();
+    if frac_digits > 9 {
+        // jiff keeps nanoseconds; finer digits are dropped, not rounded
+        normal.replace_range(20 + 9..20 + frac_digits, "");
+    }
     normal.replace_range(10..11, "T");
     if normal.ends_with('z') {
         normal.replace_range(normal.len() - 1.., "Z");
@@ -113,10 +120,11 @@ pub fn parse_rfc3339(s: &str) -> Result<Timestamp, TimeError> {
 /// carries it.
 pub fn parse_rfc3339_utc(s: &str) -> Result<i64, TimeError> {
     let t = parse_rfc3339(s)?;
-    if s.as_bytes()[10] == b' ' {
+    let fraction = s.get(19..).and_then(|f| f.strip_prefix('.')).map_or(0, |f| f.len() - 1);
+    if s.as_bytes()[10] == b' ' || fraction > 9 || s.ends_with('z') {
         return Err(TimeError::Shape);
     }
-    if !s.ends_with(['Z', 'z']) {
+    if !s.ends_with('Z') {
         return Err(TimeError::NotUtc);
     }
     Ok(t.as_second())
@@ -146,7 +154,7 @@ mod tests {
         assert_eq!(parse_rfc3339_utc("1970-01-01T00:00:00Z"), Ok(0));
         assert_eq!(parse_rfc3339_utc("2026-03-27T10:30:00Z"), Ok(1_774_607_400));
         assert_eq!(parse_rfc3339_utc("2000-02-29T23:59:59.123456789Z"), Ok(951_868_799));
-        assert_eq!(parse_rfc3339_utc("2026-03-27t10:30:00z"), Ok(1_774_607_400));
+        assert_eq!(parse_rfc3339_utc("2026-03-27t10:30:00Z"), Ok(1_774_607_400));
         assert_eq!(parse_rfc3339_utc("2016-12-31T23:59:60Z"), Ok(1_483_228_799), "a leap second reads as :59");
         assert_eq!(format_rfc3339_utc(1_774_607_400), "2026-03-27T10:30:00Z");
         for s in [0, 1, 951_868_799, NOW, 4_102_444_800, -86_400] {
@@ -157,6 +165,7 @@ mod tests {
             ("", TimeError::Shape),
             ("2026-03-27T10:30:00", TimeError::Shape),
             ("2026-03-27 10:30:00Z", TimeError::Shape),
+            ("2026-03-27T10:30:00z", TimeError::Shape),
             ("2026-13-27T10:30:00Z", TimeError::Range),
             ("2025-02-29T10:30:00Z", TimeError::Range),
             ("2026-02-31T10:30:00Z", TimeError::Range),
@@ -176,6 +185,10 @@ mod tests {
         assert_eq!(t.as_millisecond(), 1_764_547_200_123);
         assert_eq!(parse_rfc3339("2025-12-01T01:00:00.123+01:00"), Ok(t));
         assert_eq!(parse_rfc3339("2025-11-30 23:00:00.123-01:00"), Ok(t));
+        assert_eq!(parse_rfc3339("2025-12-01t00:00:00.123z"), Ok(t));
+        // RFC 3339 allows any number of fraction digits: past nanoseconds they are dropped
+        let fine = parse_rfc3339("2025-12-01T00:00:00.1234567891234Z").unwrap();
+        assert_eq!(fine.subsec_nanosecond(), 123_456_789);
         assert_eq!(format_rfc3339_ms(SystemTime::try_from(t).unwrap()), "2025-12-01T00:00:00.123Z");
         // Temporal forms jiff alone would take, and multi-byte input that
         // must never be sliced through.
@@ -199,6 +212,6 @@ mod tests {
     fn the_clock_agrees_with_the_system_clock() {
         let sys = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs() as i64;
         assert!((now_s() - sys).abs() <= 1);
-        assert!((now_ms() / 1000) as i64 - sys <= 1);
+        assert!(((now_ms() / 1000) as i64 - sys).abs() <= 1);
     }
 }

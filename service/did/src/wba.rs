@@ -59,7 +59,7 @@ use crate::document::{did_document_from_json, wba_document_path};
 use crate::error::{Error, Result};
 use crate::key::{parse_key_multibase, verify_bytes};
 use crate::nonce::{MemoryNonceLog, NonceLog};
-use crate::time::{format_rfc3339_utc, parse_rfc3339_utc, MAX_CLOCK_SKEW_S};
+use crate::time::{format_rfc3339_utc, parse_rfc3339_utc, TimeError, MAX_CLOCK_SKEW_S};
 use crate::Identity;
 
 /// The authentication scheme (compared case-insensitively).
@@ -261,8 +261,13 @@ impl AuthHeader {
                 format!("expected {} to {} characters of [A-Za-z0-9_-]", NONCE_CHARS.start(), NONCE_CHARS.end()),
             ));
         }
-        let timestamp_s = parse_rfc3339_utc(timestamp)
-            .map_err(|e| malformed("timestamp", format!("{e}, got {}", shown(timestamp))))?;
+        let timestamp_s = parse_rfc3339_utc(timestamp).map_err(|e| {
+            let expected = format!("expected RFC 3339 UTC like 2026-03-27T10:30:00Z, got {}", shown(timestamp));
+            match e {
+                TimeError::Range => malformed("timestamp", format!("{expected}: a field is out of range")),
+                TimeError::Shape | TimeError::NotUtc => malformed("timestamp", expected),
+            }
+        })?;
         if method.is_empty() || method.len() > MAX_DID_BYTES || method.contains(' ') {
             return Err(malformed(
                 "verification_method",
@@ -590,7 +595,7 @@ mod tests {
             "nonce: expected 16 to 128 characters of [A-Za-z0-9_-]"
         );
         assert!(part(&good.replace("2026-03-27T10:30:00Z", "1774607400"))
-            .starts_with("timestamp: expected RFC 3339 like 2026-03-27T10:30:00Z, got \"1774607400\""));
+            .starts_with("timestamp: expected RFC 3339 UTC like 2026-03-27T10:30:00Z, got \"1774607400\""));
         assert_eq!(
             part(&(good.clone() + "\"")),
             format!("parameters: expected ',' after signature at byte {}", good.len() - SCHEME.len() - 1)

@@ -50,39 +50,113 @@ fn code_lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `crate::NAME` paths used in `lines`.
-fn crate_refs(lines: &[String]) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for l in lines {
-        let mut rest = l.as_str();
-        while let Some(at) = rest.find("crate::") {
-            let before = rest[..at].chars().last();
-            rest = &rest[at + "crate::".len()..];
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                continue; // e.g. `scd_crate::`
+fn ident(s: &str) -> String {
+    s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+}
+
+/// The first segment of each path in a `{a, b::c, d::{e, f}}` group.
+fn group_heads(group: &str) -> Vec<String> {
+    let (mut depth, mut start, mut out) = (0usize, 0usize, Vec::new());
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                out.push(ident(&group[start..i]));
+                return out;
             }
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            out.insert(name);
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(ident(&group[start..i]));
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(ident(&group[start..]));
+    out
+}
+
+/// The items a crate root re-exports from its own modules
+/// (`pub use error::{Error, Result};` → Error and Result live in `error`).
+fn reexports(root_lines: &[String], modules: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for l in root_lines {
+        let Some(rest) = l.strip_prefix("pub use ") else { continue };
+        let module = ident(rest);
+        if !modules.contains(&module) {
+            continue;
+        }
+        let tail = rest[module.len()..].trim_start_matches("::").trim_end_matches(';');
+        let names = match tail.strip_prefix('{') {
+            Some(group) => group_heads(group),
+            None => vec![tail.rsplit("::").next().unwrap_or(tail).to_string()],
+        };
+        for name in names {
+            // `X as Y` is known as Y
+            let name = name.rsplit(" as ").next().unwrap_or(&name).trim().to_string();
+            out.insert(name, module.clone());
         }
     }
     out
 }
 
-/// The top-level modules of `src` and the ones each one uses.
+/// The crate-level names `lines` use: the first segment after each
+/// `crate::` (every head of a `crate::{…}` group), and after `super::` when
+/// `super` is the crate root (`root_super`).
+fn crate_refs(lines: &[String], root_super: bool) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let prefixes: &[&str] = if root_super { &["crate::", "super::"] } else { &["crate::"] };
+    for l in lines {
+        for prefix in prefixes {
+            for (at, _) in l.match_indices(prefix) {
+                let before = l[..at].chars().last();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    continue; // e.g. `scd_crate::`, the second `super::` of `super::super::`
+                }
+                let rest = &l[at + prefix.len()..];
+                match rest.strip_prefix('{') {
+                    Some(group) => out.extend(group_heads(group)),
+                    // `super::super::` is not the crate root
+                    None if ident(rest) == "super" => {}
+                    None => {
+                        out.insert(ident(rest));
+                    }
+                }
+            }
+        }
+    }
+    out.remove("");
+    out
+}
+
+/// The top-level modules of `src` and the ones each one uses (directly, or
+/// through an item the crate root re-exports from it).
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    let mut root_lines = Vec::new();
     for f in rust_files(src) {
         let rel = f.strip_prefix(src).unwrap();
         let top = rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
-        if top != "lib" && top != "main" {
+        if top == "lib" || top == "main" {
+            root_lines.extend(code_lines(&f));
+        } else {
             files.entry(top).or_default().push(f);
         }
     }
     let names: BTreeSet<String> = files.keys().cloned().collect();
+    let via = reexports(&root_lines, &names);
     files
         .iter()
         .map(|(m, fs)| {
-            let used = fs.iter().flat_map(|f| crate_refs(&code_lines(f))).filter(|r| r != m && names.contains(r));
+            let used = fs
+                .iter()
+                .flat_map(|f| {
+                    // a file directly in src/ has the crate root as `super`
+                    let top_file = f.parent() == Some(src);
+                    crate_refs(&code_lines(f), top_file)
+                })
+                .filter_map(|r| if names.contains(&r) { Some(r) } else { via.get(&r).cloned() })
+                .filter(|r| r != m);
             (m.clone(), used.collect())
         })
         .collect()
@@ -143,8 +217,17 @@ fn the_cycle_finder_finds_a_planted_cycle() {
             .map(|(k, v)| (k.to_string(), v.into_iter().map(str::to_string).collect()))
             .collect();
     assert_eq!(cycles(&g), vec![vec!["a".to_string(), "b".into(), "c".into()]]);
-    let refs = crate_refs(&["use crate::agent::Node; x = scd_crate::y; crate::work::f()".to_string()]);
+    let refs = crate_refs(&["use crate::agent::Node; x = scd_crate::y; crate::work::f()".to_string()], false);
     assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["agent", "work"]);
+    let line = "use crate::{merkle, pb::{self, X}, Error}; super::store::f(); super::super::z()".to_string();
+    let refs = crate_refs(std::slice::from_ref(&line), true);
+    assert_eq!(refs.into_iter().collect::<Vec<_>>(), ["Error", "merkle", "pb", "store"]);
+    let modules: BTreeSet<String> = ["error", "identity"].map(String::from).into();
+    let root = ["pub use error::{Error, Result};", "pub use identity::Identity;", "pub use scd_proto::x as pb;"];
+    let via = reexports(&root.map(String::from), &modules);
+    assert_eq!(via.get("Result").map(String::as_str), Some("error"));
+    assert_eq!(via.get("Identity").map(String::as_str), Some("identity"));
+    assert!(!via.contains_key("pb"));
 }
 
 #[test]
@@ -201,5 +284,24 @@ fn only_the_atp_subcommand_imports_the_atp_stack() {
         for upper in ["scd-engine", "scd-atp", "scd-service", "tonic"] {
             assert!(!deps.contains(upper), "{lower} depends on {upper}");
         }
+    }
+}
+
+#[test]
+fn architecture_md_lists_every_crate_with_its_workspace_dependencies() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let mut listed = BTreeMap::new();
+    for row in text.lines().filter(|l| l.starts_with("| `scd-")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (folder, deps) = (cells[2].trim_matches('`').trim_end_matches('/'), cells[3]);
+        let deps: BTreeSet<String> =
+            deps.split(',').map(|d| d.trim().trim_matches('`').to_string()).filter(|d| d.starts_with("scd-")).collect();
+        listed.insert(folder.to_string(), deps);
+    }
+    let crates: BTreeSet<String> = CRATES.iter().map(|s| s.trim_end_matches("/src").to_string()).collect();
+    assert_eq!(listed.keys().cloned().collect::<BTreeSet<_>>(), crates, "ARCHITECTURE.md's crate table");
+    for (folder, deps) in listed {
+        let actual: BTreeSet<String> = dependencies(&folder).into_iter().filter(|d| d.starts_with("scd-")).collect();
+        assert_eq!(deps, actual, "{folder}: ARCHITECTURE.md says {deps:?}, Cargo.toml has {actual:?}");
     }
 }
