@@ -107,9 +107,122 @@ pub fn jsonl_text(line: usize, raw: &str) -> anyhow::Result<(String, serde_json:
     Ok((text, v))
 }
 
+/// Longest field name a JSON error keeps (`unknown field `…``).
+const MAX_ECHOED_KEY_CHARS: usize = 40;
+
+/// A serde_json error message with every value the client sent taken out,
+/// for the network surfaces (MCP, A2A): an error may name the path, the
+/// expected type and the limit, never quote a value that could be content.
+/// `invalid type: string "<secret>", expected struct Context` becomes
+/// `invalid type: a string, expected struct Context`; `unknown variant
+/// `<secret>`, expected one of …` becomes `unknown variant, expected one of
+/// …`; numbers, characters and byte strings go the same way; an unknown
+/// key is kept (it names the typo) but cut at 40 characters.
+pub fn redact_json_error(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    loop {
+        let next = [("string \"", Quote::Double, "a string"), ("character `", Quote::Back, "a character")]
+            .into_iter()
+            .chain([
+                ("unknown variant `", Quote::Back, "unknown variant"),
+                ("integer `", Quote::Back, "an integer"),
+                ("floating point `", Quote::Back, "a number"),
+                ("byte array", Quote::None, "a byte array"),
+            ])
+            .filter_map(|(p, q, r)| rest.find(p).map(|at| (at, p, q, r)))
+            .chain(rest.find("unknown field `").map(|at| (at, "unknown field `", Quote::Key, "")))
+            .min_by_key(|(at, ..)| *at);
+        let Some((at, prefix, quote, replacement)) = next else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..at]);
+        let after = &rest[at + prefix.len()..];
+        let end = match quote {
+            Quote::None => 0,
+            Quote::Double => closing_quote(after).map_or(after.len(), |e| e + 1),
+            // serde writes `value`, then `, expected` or the end
+            Quote::Back | Quote::Key => {
+                after.rfind("`, expected").or_else(|| after.rfind('`')).map_or(after.len(), |e| e + 1)
+            }
+        };
+        if let Quote::Key = quote {
+            let key: String = after[..end.saturating_sub(1)].chars().take(MAX_ECHOED_KEY_CHARS).collect();
+            out.push_str("unknown field `");
+            out.push_str(&key);
+            out.push('`');
+        } else {
+            out.push_str(replacement);
+        }
+        rest = &after[end..];
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Quote {
+    None,
+    Double,
+    Back,
+    Key,
+}
+
+/// The byte offset of the `"` closing a Rust-escaped string literal.
+fn closing_quote(s: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        match c {
+            '\\' if !escaped => escaped = true,
+            '"' if !escaped => return Some(i),
+            _ => escaped = false,
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_errors_lose_every_value_the_client_sent() {
+        let secret = "sk_live_SECRET_4242 \\\"quoted\\\" `tick`";
+        let cases = [
+            (
+                format!("invalid type: string \"{secret}\", expected struct Context"),
+                "invalid type: a string, expected struct Context",
+            ),
+            (
+                format!("unknown variant `{secret}`, expected one of `prose`, `code`"),
+                "unknown variant, expected one of `prose`, `code`",
+            ),
+            ("invalid value: integer `-1`, expected u32".to_string(), "invalid value: an integer, expected u32"),
+            ("invalid type: floating point `0.5`, expected u32".to_string(), "invalid type: a number, expected u32"),
+            ("missing field `texts`".to_string(), "missing field `texts`"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(redact_json_error(&raw), want, "{raw}");
+        }
+        let long = format!("unknown field `{}`, expected `task`", "k".repeat(100));
+        assert_eq!(redact_json_error(&long), format!("unknown field `{}`, expected `task`", "k".repeat(40)));
+        assert_eq!(
+            redact_json_error("unknown field `budgte`, expected one of `task`"),
+            "unknown field `budgte`, expected one of `task`"
+        );
+        // what serde_json really writes, with a secret in a string where a context belongs
+        let e = serde_json::from_str::<Context>(&format!("{:?}", format!("{{\"fields\": [{secret}]}}"))).unwrap_err();
+        let redacted = redact_json_error(&e.to_string());
+        assert!(!redacted.contains("SECRET") && redacted.starts_with("invalid type: a string, expected"), "{redacted}");
+        let e = serde_json::from_str::<scd_engine::context::Field>(
+            r#"{"name": "a", "content": "b", "kind": "The gateway key is sk_live_9"}"#,
+        )
+        .unwrap_err();
+        let redacted = redact_json_error(&e.to_string());
+        assert!(
+            !redacted.contains("sk_live") && redacted.starts_with("unknown variant, expected one of"),
+            "{redacted}"
+        );
+    }
 
     #[test]
     fn jsonl_texts_without_a_text_are_refused_by_line() {

@@ -45,7 +45,7 @@ pub(crate) fn params<T: DeserializeOwned>(v: Value) -> Result<T, Error> {
     serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         let at = if path == "." { "params".to_string() } else { format!("params.{path}") };
-        Error::InvalidParams(format!("{at}: {}", e.into_inner()))
+        Error::InvalidParams(format!("{at}: {}", crate::input::redact_json_error(&e.into_inner().to_string())))
     })
 }
 

@@ -342,7 +342,7 @@ fn classify(m: &Message) -> Result<Input, Error> {
                 let at = if path == "." { String::new() } else { format!(".{path}") };
                 Error::InvalidParams(format!(
                     "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?}})",
-                    e.into_inner()
+                    crate::input::redact_json_error(&e.into_inner().to_string())
                 ))
             })?;
             if input.budget == 0 {
@@ -1154,6 +1154,22 @@ mod tests {
         assert_eq!(e.code(), -32005);
         let Err(e) = classify(&msg(json!([{"text": "a", "data": {}}]))) else { panic!() };
         assert!(e.to_string().contains("exactly one of text, raw, url or data, got 2"));
+    }
+
+    #[test]
+    fn a_context_sent_as_a_string_or_content_in_kind_is_never_quoted_back() {
+        let secret = "The production payment gateway key is sk_live_SECRET_4242";
+        let as_string = json!({"fields": [{"name": "k", "content": secret, "confidential": true}]}).to_string();
+        for data in [
+            json!({"task": "t", "context": as_string, "budget": 10}),
+            json!({"task": "t", "context": {"fields": [{"name": "k", "kind": secret, "content": "x"}]}, "budget": 10}),
+        ] {
+            let Err(e) = classify(&msg(json!([{ "data": data }]))) else { panic!("accepted") };
+            assert_eq!(e.code(), -32602);
+            let text = e.to_string();
+            assert!(!text.contains("sk_live") && !text.contains("gateway"), "{text}");
+            assert!(text.starts_with("invalid params: message.parts[0].data.context"), "{text}");
+        }
     }
 
     #[test]

@@ -93,10 +93,12 @@ impl<T: serde::de::DeserializeOwned> Args<T> {
     pub fn parse(self) -> Result<T, String> {
         serde_path_to_error::deserialize(Value::Object(self.0)).map_err(|e| {
             let path = e.path().to_string();
+            // never echo a value: it may be a confidential field's content
+            let message = crate::input::redact_json_error(&e.into_inner().to_string());
             if path == "." || path == "?" {
-                format!("arguments: {}", e.into_inner())
+                format!("arguments: {message}")
             } else {
-                format!("{path}: {}", e.into_inner())
+                format!("{path}: {message}")
             }
         })
     }
@@ -827,10 +829,17 @@ mod tests {
     fn bad_arguments_are_named_by_their_path() {
         let e = args::<CompressContextArgs>(serde_json::json!({"task": "t", "context": {"fields": []}, "budget": -1}))
             .unwrap_err();
-        assert!(e.starts_with("budget: invalid value: integer `-1`"), "{e}");
+        assert!(e.starts_with("budget: invalid value: an integer, expected"), "{e}");
         let ctx = serde_json::json!({"fields": [{"name": "a", "content": "x"}, {"name": "b", "kind": "poem", "content": "y"}]});
         let e = args::<CompressContextArgs>(serde_json::json!({"task": "t", "context": ctx, "budget": 5})).unwrap_err();
-        assert!(e.starts_with("context.fields[1].kind: unknown variant `poem`"), "{e}");
+        assert!(e.starts_with("context.fields[1].kind: unknown variant, expected one of `prose`"), "{e}");
+        assert!(!e.contains("poem"), "the value is not echoed: {e}");
+        let secret = "The production payment gateway key is sk_live_SECRET_4242";
+        let as_string =
+            serde_json::json!({"fields": [{"name": "k", "content": secret, "confidential": true}]}).to_string();
+        let e = args::<CompressContextArgs>(serde_json::json!({"task": "t", "context": as_string, "budget": 5}))
+            .unwrap_err();
+        assert!(e.starts_with("context: invalid type: a string, expected") && !e.contains("sk_live"), "{e}");
         let e = args::<CompressContextArgs>(
             serde_json::json!({"task": "t", "context": {"fields": []}, "budget": 5, "budgte": 1}),
         )
