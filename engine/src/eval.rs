@@ -60,6 +60,10 @@ pub struct Example {
     pub sentences: Vec<Vec<(usize, usize)>>,
     /// Gold evidence as (field, byte span) pairs.
     pub gold: Vec<(usize, (usize, usize))>,
+    /// MuSiQue: the questions of the hops after the first, from
+    /// `question_decomposition`, each `#n` filled with hop n's answer (a
+    /// receiver's follow-ups, in order). Empty for the other datasets.
+    pub follow_ups: Vec<String>,
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -112,7 +116,7 @@ fn from_paragraphs(
             }
         }
     }
-    Example { id, question, context: Context { fields }, sentences: spans, gold }
+    Example { id, question, context: Context { fields }, sentences: spans, gold, follow_ups: Vec::new() }
 }
 
 // ---------------------------------------------------------------------------
@@ -183,6 +187,31 @@ struct MusiqueRecord {
     id: String,
     question: String,
     paragraphs: Vec<MusiqueParagraph>,
+    #[serde(default)]
+    question_decomposition: Vec<MusiqueHop>,
+}
+
+/// One hop of a MuSiQue question: its question (`#n` names hop n's
+/// answer) and answer.
+#[derive(Deserialize)]
+struct MusiqueHop {
+    question: String,
+    answer: String,
+}
+
+/// The questions of hops 2.. with each `#n` replaced by hop n's answer
+/// (highest n first, so `#1` does not eat the start of `#12`).
+pub fn follow_up_questions(hops: &[(String, String)]) -> Vec<String> {
+    hops.iter()
+        .skip(1)
+        .map(|(q, _)| {
+            let mut q = q.clone();
+            for (n, (_, answer)) in hops.iter().enumerate().rev() {
+                q = q.replace(&format!("#{}", n + 1), answer);
+            }
+            q
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -297,6 +326,9 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
                     paras.push((p.title, sents));
                 }
                 let mut ex = from_paragraphs(r.id, r.question, paras, &[]);
+                let hops: Vec<(String, String)> =
+                    r.question_decomposition.into_iter().map(|h| (h.question, h.answer)).collect();
+                ex.follow_ups = follow_up_questions(&hops);
                 // gold unit: the whole supporting paragraph
                 ex.gold = supporting.into_iter().map(|fi| (fi, (0, ex.context.fields[fi].content.len()))).collect();
                 out.push(ex);
@@ -356,6 +388,7 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
                             context: Context { fields },
                             sentences: spans,
                             gold,
+                            follow_ups: Vec::new(),
                         });
                     }
                 }
@@ -383,7 +416,7 @@ fn code_example(r: CodeRecord) -> std::result::Result<Example, String> {
         .find_map(|(f, field)| field.content.find(gold_text).map(|s| (f, (s, s + gold_text.len()))))
         .ok_or("gold: not found verbatim in any field")?;
     let sentences = context.fields.iter().map(|f| blocks(&f.content)).collect();
-    Ok(Example { id: r.id, question: r.task, context, sentences, gold: vec![gold] })
+    Ok(Example { id: r.id, question: r.task, context, sentences, gold: vec![gold], follow_ups: Vec::new() })
 }
 
 /// Byte spans of the blank-line-separated blocks of `text` (trimmed).
@@ -546,6 +579,20 @@ mod tests {
     }
 
     #[test]
+    fn follow_ups_are_the_later_hops_with_earlier_answers_filled_in() {
+        let hops = |v: &[(&str, &str)]| v.iter().map(|(q, a)| (q.to_string(), a.to_string())).collect::<Vec<_>>();
+        let two = hops(&[("Who wrote Dune?", "Frank Herbert"), ("Where was #1 born?", "Tacoma")]);
+        assert_eq!(follow_up_questions(&two), ["Where was Frank Herbert born?"]);
+        let mut many: Vec<(String, String)> = (1..=12).map(|n| (format!("q{n}"), format!("a{n}"))).collect();
+        many.push(("#12 and #1".into(), "x".into()));
+        assert_eq!(follow_up_questions(&many).last().unwrap(), "a12 and a1");
+        assert!(follow_up_questions(&two[..1]).is_empty());
+        let record = r#"{"id": "m", "question": "Where was the author of Dune born?", "paragraphs": [{"title": "T", "paragraph_text": "P."}], "question_decomposition": [{"id": 1, "question": "Who wrote Dune?", "answer": "Frank Herbert", "paragraph_support_idx": 0}, {"id": 2, "question": "Where was #1 born?", "answer": "Tacoma", "paragraph_support_idx": null}]}"#;
+        let ex = load_text(Dataset::Musique, "m.jsonl", record).unwrap();
+        assert_eq!(ex[0].follow_ups, ["Where was Frank Herbert born?"]);
+    }
+
+    #[test]
     fn a_musique_paragraph_is_kept_from_90_percent_of_its_characters() {
         let body = "abcdefghij klmnopqrst"; // 20 non-space characters
         let mut ex = from_paragraphs("m".into(), "q".into(), vec![("P".into(), vec![body.into()])], &[]);
@@ -600,6 +647,7 @@ mod tests {
             },
             sentences: vec![blocks(&s)],
             gold: vec![(0, span)],
+            follow_ups: Vec::new(),
         };
         assert_eq!(evidence_recall(&ex, &nine, Dataset::Code), (1.0, true));
         // 8 of 10: not kept

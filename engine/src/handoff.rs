@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::context::{Field, FieldKind, MAX_FIELD_NAME_BYTES};
-use crate::extract::{CompressRequest, Compressed, SelectedChunk};
+use crate::extract::{CompressRequest, Compressed, Envelope, SelectedChunk};
 use crate::{Error, Result};
 
 /// The prefix of the scorer-facing final line.
@@ -520,8 +520,40 @@ pub fn from_fields<'a>(parts: impl IntoIterator<Item = (&'a str, &'a str)>) -> R
 /// fields go back to their sections ([`from_fields`]). A report with no
 /// summary of its own gets one naming the task.
 pub fn render_selection(out: &Compressed, req: &CompressRequest, format: Format, answer: Option<&str>) -> String {
+    render_chunks(&out.chunks, req, format, answer)
+}
+
+/// The envelope ([`crate::extract::CompressOptions::envelope`]) that renders a selection as
+/// [`render_selection`] does: with it the report, wrapping included, is
+/// what the engine fits in the budget and returns as `text`.
+pub fn envelope(req: &CompressRequest, format: Format, answer: Option<String>) -> Envelope {
+    let fields: Vec<Field> = req.context.fields.iter().filter(|f| !f.confidential).cloned().collect();
+    let task = req.task.description.clone();
+    Envelope(std::sync::Arc::new(move |chunks: &[SelectedChunk]| {
+        render_parts(
+            chunks,
+            |name| fields.iter().find(|f| f.name == name).map(|f| f.content.as_str()),
+            &task,
+            format,
+            answer.as_deref(),
+        )
+    }))
+}
+
+fn render_chunks(chunks: &[SelectedChunk], req: &CompressRequest, format: Format, answer: Option<&str>) -> String {
+    let content = |name: &str| req.context.fields.iter().find(|f| f.name == name).map(|f| f.content.as_str());
+    render_parts(chunks, content, &req.task.description, format, answer)
+}
+
+fn render_parts<'a>(
+    chunks: &[SelectedChunk],
+    content_of: impl Fn(&str) -> Option<&'a str>,
+    task: &str,
+    format: Format,
+    answer: Option<&str>,
+) -> String {
     let mut fields: Vec<(&str, Vec<&SelectedChunk>)> = Vec::new();
-    for c in &out.chunks {
+    for c in chunks {
         match fields.iter_mut().find(|(n, _)| *n == c.field) {
             Some((_, cs)) => cs.push(c),
             None => fields.push((&c.field, vec![c])),
@@ -530,7 +562,7 @@ pub fn render_selection(out: &Compressed, req: &CompressRequest, format: Format,
     let mut parts: Vec<(&str, String)> = Vec::new();
     for (name, mut chunks) in fields {
         chunks.sort_by_key(|c| c.span);
-        let content = req.context.fields.iter().find(|f| f.name == name).map_or("", |f| f.content.as_str());
+        let content = content_of(name).unwrap_or("");
         let mut text = String::new();
         let mut prev_end: Option<usize> = None;
         for c in chunks {
@@ -547,7 +579,7 @@ pub fn render_selection(out: &Compressed, req: &CompressRequest, format: Format,
     }
     let mut report = from_fields(parts.iter().map(|(n, t)| (*n, t.as_str())));
     if report.summary.is_none() {
-        report.summary = Some(format!("Context selected for the task: {}", req.task.description.trim()));
+        report.summary = Some(format!("Context selected for the task: {}", task.trim()));
     }
     render(&report, format, answer)
 }

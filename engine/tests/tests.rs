@@ -561,13 +561,15 @@ mod extraction {
         let mut seen: std::collections::HashSet<String> = first.chunks.iter().map(|c| c.id.clone()).collect();
         let confident = scd.request_more(&more(&g, "which table", 0.9)).unwrap();
         assert!(confident.chunks.is_empty() && confident.reason.unwrap().contains("threshold"));
-        let mut remaining = 40 - first.totals.sent_tokens;
+        // each follow-up has its own budget (by default the first answer's);
+        // the session keeps the total
+        let mut total = first.totals.sent_tokens;
         for q in ["which table stores charges", "what code acquires the connection", "what did the user report"] {
             let more = scd.request_more(&more(&g, q, 0.3)).unwrap();
             let used: usize = more.chunks.iter().map(|c| c.tokens).sum();
-            assert!(used <= remaining);
-            remaining -= used;
-            assert_eq!(more.remaining_tokens, remaining);
+            assert!(used <= 40 && used == more.sent_tokens, "{used} {more:?}");
+            total += used;
+            assert_eq!((more.budget, more.session_sent_tokens, more.remaining_tokens), (40, total, 40));
             for c in more.chunks {
                 assert!(seen.insert(c.id.clone()), "chunk {} resent", c.id);
             }
@@ -886,7 +888,7 @@ mod hardening {
         )
         .unwrap();
         let mut r = req("the task text TASK_SECRET", ctx, 10);
-        r.session = Some(SessionRequest { id: None, token: Some("TOKEN_SECRET".into()), caller: None });
+        r.session = Some(SessionRequest { id: None, token: Some("TOKEN_SECRET".into()), ..Default::default() });
         let q = ContextRequest {
             session_id: "s".into(),
             session_token: "TOKEN_SECRET".into(),
@@ -950,6 +952,7 @@ mod hardening {
                     id: id.map(String::from),
                     token: token.map(String::from),
                     caller: caller.map(String::from),
+                    ..Default::default()
                 }),
                 ..req("charge retry", ctx.clone(), 20)
             })
@@ -1659,7 +1662,9 @@ mod budget_tokenizer {
     use scd_engine::context::{Context, ContextRequirement, Task};
     use scd_engine::encoder::HashEncoder;
     use scd_engine::eval::{load, Dataset};
-    use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
+    use scd_engine::extract::{CompressOptions, CompressRequest, Compressed, Scd, ScdConfig};
+    use scd_engine::handoff::{envelope, render_selection, Format};
+    use scd_engine::Error;
 
     const EXAMPLES: usize = 30;
 
@@ -1667,8 +1672,8 @@ mod budget_tokenizer {
         assert!(cases.len() >= 20, "{name}: only {} examples", cases.len());
         let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig::default());
         let o200k = builtin("o200k").unwrap();
-        let opts = CompressOptions { budget_tokenizer: Some(o200k.clone()), explain: false };
-        let mut checked = 0;
+        let opts = CompressOptions { budget_tokenizer: Some(o200k.clone()), ..Default::default() };
+        let (mut checked, mut rendered, mut too_small) = (0, 0, 0);
         for (task, context) in cases {
             let total: usize = context.fields.iter().map(|f| o200k.count(&f.content).unwrap()).sum();
             for frac in [0.1, 0.2, 0.3, 0.4, 0.5] {
@@ -1685,9 +1690,37 @@ mod budget_tokenizer {
                 assert_eq!(out.totals.sent_tokens, sent);
                 assert_eq!(out.totals.context_tokens, total);
                 checked += 1;
+                // a rendered report counts whole, its sections and summary included
+                for format in [Format::Freeform, Format::SemiStructured, Format::StructuredSoft] {
+                    let opts = CompressOptions { envelope: Some(envelope(&req, format, None)), ..opts.clone() };
+                    match scd.compress_opts(&req, &opts, &Cancel::new()) {
+                        Ok(out) => {
+                            let n = o200k.count(&out.text).unwrap();
+                            assert!(n <= budget, "{name} {format:?} at {frac}: {n} o200k tokens over {budget}");
+                            assert_eq!(out.totals.sent_tokens, n);
+                            assert_eq!(out.text, render_selection(&out, &req, format, None));
+                            rendered += 1;
+                        }
+                        // only when the report's own text, with no chunk, is over the budget
+                        Err(Error::BudgetTooSmall { needed, .. }) => {
+                            let empty = Compressed { chunks: vec![], ..out.clone() };
+                            let bare = o200k.count(&render_selection(&empty, &req, format, None)).unwrap();
+                            assert!(
+                                bare > budget && needed == bare,
+                                "{name} {format:?}: {needed} vs {bare} > {budget}"
+                            );
+                            too_small += 1;
+                        }
+                        Err(e) => panic!("{name} {format:?}: {e}"),
+                    }
+                }
             }
         }
-        eprintln!("{name}: {checked} compressions within the o200k budget");
+        eprintln!(
+            "{name}: {checked} compressions and {rendered} reports within the o200k budget ({too_small} budgets \
+             under a bare report)"
+        );
+        assert!(rendered > 3 * checked / 2, "{name}: only {rendered} of {} reports fit", 3 * checked);
     }
 
     fn dataset(dataset: Dataset, rel: &str) {

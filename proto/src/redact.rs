@@ -189,7 +189,7 @@ mod tests {
         };
         let q = pb::ContextRequest { specific_question: "QUESTION-TEXT".into(), ..Default::default() };
         let e = pb::EmbedRequest { texts: vec!["EMBED-TEXT".into()], ..Default::default() };
-        let t = pb::CountTokensRequest { texts: vec!["COUNT-TEXT".into()] };
+        let t = pb::CountTokensRequest { texts: vec!["COUNT-TEXT".into()], ..Default::default() };
         let logged = format!("{req:?} {c:#?} {q:?} {e:?} {t:?}");
         for s in ["TOKEN-SECRET", "CHUNK-TEXT", "TASK-TEXT", "FIELD-TEXT", "QUESTION-TEXT", "EMBED-TEXT", "COUNT-TEXT"]
         {

@@ -26,3 +26,4 @@ pub mod mcp;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod view;

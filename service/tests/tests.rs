@@ -153,17 +153,45 @@ fn compress_json_follows_the_cli_contract() {
     );
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    // the one output view: the text to paste, chunk ids and spans (their
+    // text is in "text"), sizes, and a count of what was held back
+    let ctx_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap();
+    let mut joined = Vec::new();
     for c in v["chunks"].as_array().unwrap() {
-        for k in ["field", "id", "text", "score", "tokens"] {
+        for k in ["field", "id", "score", "tokens", "span"] {
             assert!(c.get(k).is_some(), "chunk lacks {k}");
         }
+        assert!(c.get("text").is_none(), "chunk text repeated: {c}");
+        let field = ctx_json["fields"].as_array().unwrap().iter().find(|f| f["name"] == c["field"]).unwrap();
+        let content = field["content"].as_str().unwrap();
+        joined.push(&content[c["span"][0].as_u64().unwrap() as usize..c["span"][1].as_u64().unwrap() as usize]);
     }
+    assert_eq!(v["text"].as_str().unwrap(), joined.join("\n"), "text is the chunks in reading order");
     let t = &v["totals"];
     assert!(t["sent_tokens"].as_u64().unwrap() <= 150);
     assert!(t["context_tokens"].as_u64().unwrap() > t["sent_tokens"].as_u64().unwrap());
-    assert!(t["reduction_ratio"].as_f64().unwrap() > 1.0 && t["r_theorem1"].as_f64().is_some());
-    assert_eq!(v["task_embedding"].as_array().unwrap().len(), 384);
-    assert!(v["dropped"].as_array().unwrap().iter().all(|d| d["stub"].is_string() && d["id"].is_string()));
+    assert!(t["reduction_ratio"].as_f64().unwrap() > 1.0 && t.get("r_theorem1").is_none());
+    assert!(v.get("task_embedding").is_none(), "no 384 floats in the default view");
+    assert!(v["dropped"]["count"].as_u64().unwrap() > 0 && v["dropped"]["tokens"].as_u64().unwrap() > 0, "{v}");
+    let (ok, listed, stderr) = scd(
+        &[
+            "compress",
+            "--task",
+            "Why are customer charges failing?",
+            "--context",
+            "fixtures/agent_context.json",
+            "--budget",
+            "150",
+            "--list-dropped",
+        ],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    let listed: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
+    let held = listed["dropped"]["listed"].as_array().unwrap();
+    assert!(!held.is_empty() && held.len() <= 100, "{listed}");
+    assert!(held.iter().all(|d| d["stub"].is_string() && d["id"].is_string()));
     assert!(!stdout.contains("sk_live_SECRET_4242"), "confidential field leaked");
     // stdin context and batch mode
     let ctx = std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap();
@@ -600,7 +628,7 @@ mod grpc {
         assert_eq!(gone.code(), Code::NotFound);
 
         let tokens = c
-            .count_tokens(pb::CountTokensRequest { texts: vec!["".into(), "hello world".into()] })
+            .count_tokens(pb::CountTokensRequest { texts: vec!["".into(), "hello world".into()], ..Default::default() })
             .await
             .unwrap()
             .into_inner();

@@ -9,11 +9,13 @@ use super::score::Scores;
 use super::{ChunkWhy, Compressed, Counting, DropReason, DropWhy, DroppedChunk, Explanation, Scd, Timings, Totals};
 
 /// The totals a request counted: the context, what was sent (`None`: the
-/// sum of the chunk counts) and the budget.
-pub(super) struct Sums {
+/// sum of the chunk counts), the budget, and what the session sent before
+/// (neither sent again nor listed as dropped).
+pub(super) struct Sums<'a> {
     pub(super) context_tokens: usize,
     pub(super) sent_tokens: Option<usize>,
     pub(super) budget: usize,
+    pub(super) already: &'a HashSet<usize>,
 }
 
 /// Where a chunk stood before packing.
@@ -44,7 +46,7 @@ impl Scd {
         selected: &[usize],
         scores: &Scores,
         counting: &Counting,
-        sums: Sums,
+        sums: Sums<'_>,
         task_vec: &[f32],
         warnings: Vec<String>,
         ms: (f64, f64, f64),
@@ -57,7 +59,7 @@ impl Scd {
         let context_tokens = sums.context_tokens;
         let sent_tokens = sums.sent_tokens.unwrap_or_else(|| sel.iter().map(|&i| tokens[i]).sum());
         let dropped = (0..chunks.len())
-            .filter(|i| !chosen.contains(i))
+            .filter(|i| !chosen.contains(i) && !sums.already.contains(i))
             .map(|i| DroppedChunk {
                 field: prepared.field_names[chunks[i].field].clone(),
                 id: chunks[i].id.clone(),
@@ -82,6 +84,7 @@ impl Scd {
             session: None,
             timings: Timings { prepare_ms: ms.0, task_embed_ms: ms.1, select_ms: ms.2, hop_embed_ms: 0.0 },
             explanation: None,
+            text: String::new(),
         }
     }
 

@@ -59,6 +59,18 @@ pub struct CompressRequest {
     pub session: Option<SessionRequest>,
 }
 
+/// What the receiver pastes, built from the selected chunks in reading
+/// order: a hand-off report, say. The engine counts what it returns within
+/// the budget, so the wrapping is paid for by dropping the weakest chunks.
+#[derive(Clone)]
+pub struct Envelope(pub Arc<dyn Fn(&[SelectedChunk]) -> String + Send + Sync>);
+
+impl std::fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Envelope(..)")
+    }
+}
+
 /// How one compression counts and what it reports, beyond the request.
 #[derive(Debug, Clone, Default)]
 pub struct CompressOptions {
@@ -71,6 +83,11 @@ pub struct CompressOptions {
     pub budget_tokenizer: Option<BudgetTokenizer>,
     /// Say why each chunk was sent or dropped ([`Compressed::explanation`]).
     pub explain: bool,
+    /// Wrap the selection (a report format): [`Compressed::text`] is what
+    /// it returns, counted within the budget (in the budget tokenizer, or
+    /// the encoder's), wrapping included. `None`: the chunks joined by
+    /// [`CHUNK_SEPARATOR`].
+    pub envelope: Option<Envelope>,
 }
 
 /// Open a session with a compression, or continue one.
@@ -85,6 +102,14 @@ pub struct SessionRequest {
     /// Who calls, when the transport knows (TLS client certificate, DID);
     /// a session opened with one can only be used by the same caller.
     pub caller: Option<String>,
+    /// When opening: the session's total over every reply (this answer and
+    /// all follow-ups). `None`: no total; each reply is bounded by its own
+    /// budget only.
+    pub max_total_tokens: Option<usize>,
+    /// When opening: tokens of this answer's budget held back for
+    /// follow-ups. The answer sends at most `budget - reserve_tokens`, and
+    /// the session's total defaults to the budget.
+    pub reserve_tokens: usize,
 }
 
 impl std::fmt::Debug for SessionRequest {
@@ -93,6 +118,8 @@ impl std::fmt::Debug for SessionRequest {
             .field("id", &self.id)
             .field("token", &self.token.as_ref().map(|_| "<secret>"))
             .field("caller", &self.caller)
+            .field("max_total_tokens", &self.max_total_tokens)
+            .field("reserve_tokens", &self.reserve_tokens)
             .finish()
     }
 }
@@ -272,15 +299,23 @@ pub struct Compressed {
     /// Why each chunk was sent or dropped, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<Explanation>,
+    /// Exactly what the receiver pastes: the envelope's text, or the chunk
+    /// texts in reading order joined by [`CHUNK_SEPARATOR`]. With a budget
+    /// tokenizer or an envelope it is counted whole and never exceeds the
+    /// budget (`totals.sent_tokens` is its count).
+    pub text: String,
 }
 
 impl Compressed {
-    /// What the receiver gets: the chunk texts in reading order joined by
-    /// [`CHUNK_SEPARATOR`]. With a budget tokenizer it never counts more
-    /// than the budget in it.
+    /// What the receiver gets ([`Compressed::text`]).
     pub fn sent_text(&self) -> String {
-        self.chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR)
+        self.text.clone()
     }
+}
+
+/// The chunk texts joined as the receiver reads them.
+pub fn joined_text(chunks: &[SelectedChunk]) -> String {
+    chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR)
 }
 
 /// Answer to an adaptive context request.
@@ -288,9 +323,20 @@ impl Compressed {
 pub struct MoreContext {
     /// New chunks, never sent before in this session, in reading order.
     pub chunks: Vec<SelectedChunk>,
-    /// Budget left after these.
+    /// Exactly what the receiver pastes: the new chunks joined by
+    /// [`CHUNK_SEPARATOR`], within this reply's budget.
+    pub text: String,
+    /// Tokens of `text` in the session's budget tokenizer.
+    pub sent_tokens: usize,
+    /// The reply's budget: the request's own, or the session's default
+    /// (the opening answer's budget), cut to what the session's total left.
+    pub budget: usize,
+    /// Tokens sent in this session so far, this reply included.
+    pub session_sent_tokens: usize,
+    /// The most the next follow-up can get without naming a budget: the
+    /// session's default reply budget, cut to what its total leaves.
     pub remaining_tokens: usize,
-    /// Why nothing (or less than asked) was sent.
+    /// Why nothing (or less than the budget) was sent.
     pub reason: Option<String>,
 }
 
@@ -312,6 +358,10 @@ pub struct ContextRequest {
     pub reasoning: String,
     /// Ids from the dropped manifest it wants.
     pub chunk_ids: Vec<String>,
+    /// This reply's own budget (tokens, in the session's budget tokenizer).
+    /// `None`: the session's default, the budget of the answer that opened
+    /// it. Cut to what the session's total leaves, when it has one.
+    pub max_tokens: Option<usize>,
 }
 
 impl std::fmt::Debug for ContextRequest {
@@ -324,17 +374,35 @@ impl std::fmt::Debug for ContextRequest {
             .field("current_confidence", &self.current_confidence)
             .field("reasoning", &Redacted(self.reasoning.len()))
             .field("chunk_ids", &self.chunk_ids)
+            .field("max_tokens", &self.max_tokens)
             .finish()
     }
 }
 
-/// A session's ledger: what the receiver holds and the budget it has left.
+/// A session's ledger: what the receiver holds and what it may still get.
 struct Ledger {
     context: Arc<PreparedContext>,
     sent: HashSet<usize>,
-    remaining: usize,
+    /// Tokens sent over every reply.
+    total_sent: usize,
+    /// The session's total over every reply, if it has one.
+    cap: Option<usize>,
+    /// A follow-up's budget when it names none.
+    reply_budget: usize,
     /// The budget tokenizer the session counts in, and each chunk's count in it.
     counting: Counting,
+}
+
+impl Ledger {
+    /// What the session's total leaves (unbounded without one).
+    fn total_left(&self) -> usize {
+        self.cap.map_or(usize::MAX, |c| c.saturating_sub(self.total_sent))
+    }
+
+    /// The most a follow-up naming no budget gets.
+    fn remaining(&self) -> usize {
+        self.reply_budget.min(self.total_left())
+    }
 }
 
 /// Chunk counts in a request's budget tokenizer, and the separator's cost.
@@ -350,14 +418,6 @@ impl Counting {
     /// The budget tokenizer's name.
     pub(super) fn name(&self) -> String {
         self.tokenizer.as_ref().map_or(crate::budget::E5, |t| t.name()).to_string()
-    }
-
-    /// The tokens of `texts` joined by the separator, as the receiver gets them.
-    pub(super) fn joined(&self, texts: &[&str]) -> Result<usize> {
-        match &self.tokenizer {
-            Some(t) => t.count(&texts.join(CHUNK_SEPARATOR)),
-            None => Ok(0),
-        }
     }
 }
 
@@ -471,15 +531,40 @@ impl Scd {
             ));
         }
         let continued = match &req.session {
-            Some(SessionRequest { id: Some(id), token, caller }) if self.sessions.contains(id) => {
+            Some(SessionRequest { id: Some(id), token, caller, .. }) if self.sessions.contains(id) => {
                 Some(self.sessions.get(id, token.as_deref().unwrap_or(""), caller.as_deref())?)
             }
             _ => None,
         };
+        let opening = req.session.as_ref().filter(|_| continued.is_none());
+        if let Some(sr) = opening {
+            if sr.reserve_tokens >= rq.max_context_tokens {
+                return Err(Error::invalid(
+                    "reserve_tokens",
+                    format!("{} is not below the budget {}", sr.reserve_tokens, rq.max_context_tokens),
+                ));
+            }
+            if sr.max_total_tokens == Some(0) {
+                return Err(Error::invalid("max_total_tokens", "must be at least 1 (leave it out for no total)"));
+            }
+        }
 
         let t0 = Instant::now();
         let prepared = self.prepare(&split.public, cancel)?;
         let chunks = &prepared.chunks;
+        // a continued session's own lock, held to the end: what it already
+        // sent is never sent again, and no concurrent request picks it too
+        let mut ledger = match &continued {
+            Some(entry) => {
+                if entry.context_key() != &prepared.key {
+                    let id = req.session.as_ref().and_then(|s| s.id.clone()).unwrap_or_default();
+                    return Err(Error::SessionContextMismatch { session_id: id });
+                }
+                Some(entry.lock())
+            }
+            None => None,
+        };
+        let already: HashSet<usize> = ledger.as_ref().map(|l| l.sent.clone()).unwrap_or_default();
         let chunk_embed_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t1 = Instant::now();
         let task_vec = self.embed_cached_with(&[task_text.as_str()], InputKind::Query, cancel)?.remove(0);
@@ -499,13 +584,24 @@ impl Scd {
         self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
         let hop_ms = t3.elapsed().as_secs_f64() * 1e3;
         let scores = &parts.fused;
-        let budget = rq.max_context_tokens;
+        // what this answer may send: the budget, less what an opening
+        // answer reserves, cut to what a continued session's total leaves
+        let budget = match (opening, &ledger) {
+            (Some(sr), _) => rq.max_context_tokens - sr.reserve_tokens,
+            (None, Some(l)) => rq.max_context_tokens.min(l.total_left()),
+            (None, None) => rq.max_context_tokens,
+        };
         let mut warnings = Vec::new();
+        if budget < rq.max_context_tokens && opening.is_none() {
+            warnings
+                .push(format!("the session's total leaves {budget} of the {} tokens asked for", rq.max_context_tokens));
+        }
         // each chunk pays for one separator; n chunks need n - 1
         let sep = counting.separator;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + sep).collect();
         let room = budget + sep;
-        let mut selected: Vec<usize> = (0..chunks.len()).filter(|&i| required.contains(&chunks[i].field)).collect();
+        let mut selected: Vec<usize> =
+            (0..chunks.len()).filter(|&i| required.contains(&chunks[i].field) && !already.contains(&i)).collect();
         let needed: usize = selected.iter().map(|&i| cost[i]).sum();
         if needed > room {
             return Err(Error::BudgetTooSmall { needed: needed - sep, budget });
@@ -515,7 +611,7 @@ impl Scd {
             |i: usize| rq.relevance_threshold.is_some_and(|t| dot(&task_vec, &chunks[i].embedding) < t);
         let eligible = |i: usize| {
             let c = &chunks[i];
-            optional.contains(&c.field) && !required.contains(&c.field) && !below_relevance(i)
+            optional.contains(&c.field) && !required.contains(&c.field) && !below_relevance(i) && !already.contains(&i)
         };
         let z = zscores(scores);
         let mut order: Vec<usize> = (0..chunks.len()).filter(|&i| eligible(i)).collect();
@@ -527,16 +623,32 @@ impl Scd {
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         cancel.check("pack")?;
         let mut trace = PackTrace::default();
+        // packed against what the receiver already holds: closure brings no
+        // lead it has, nor a near-duplicate of one; those are then set aside
+        let mut held: Vec<usize> = already.iter().copied().collect();
+        held.sort_unstable();
+        let n_held = held.len();
+        held.append(&mut selected);
+        let mut selected = held;
         self.pack(&prepared, &order, &cost, room, &mut selected, &mut used, &mut trace);
-        // what the receiver gets, counted whole: a merge across a separator
-        // could cost more than the parts, so drop the weakest until it fits
+        let mut selected = selected.split_off(n_held);
+        // what the receiver gets, counted whole (wrapping included): a merge
+        // across a separator, or a report's own text, could cost more than
+        // the parts, so drop the weakest until it fits
+        let wrap = |sel: &[usize]| -> String {
+            let mut sel = sel.to_vec();
+            sel.sort_unstable();
+            let picked: Vec<SelectedChunk> =
+                sel.iter().map(|&i| prepared.selected(i, scores[i], counting.tokens[i])).collect();
+            match &opts.envelope {
+                Some(e) => (e.0)(&picked),
+                None => joined_text(&picked),
+            }
+        };
         let mut sent_tokens = None;
-        if counting.tokenizer.is_some() {
+        if counting.tokenizer.is_some() || opts.envelope.is_some() {
             loop {
-                let mut sel = selected.clone();
-                sel.sort_unstable();
-                let texts: Vec<&str> = sel.iter().map(|&i| chunks[i].text.as_str()).collect();
-                let n = counting.joined(&texts)?;
+                let n = self.count_text(&counting, &wrap(&selected))?;
                 if n <= budget {
                     sent_tokens = Some(n);
                     break;
@@ -561,11 +673,12 @@ impl Scd {
             &selected,
             &parts,
             &counting,
-            assemble::Sums { context_tokens, sent_tokens, budget },
+            assemble::Sums { context_tokens, sent_tokens, budget, already: &already },
             &task_vec,
             warnings,
             (chunk_embed_ms, embed_ms, select_ms),
         );
+        out.text = wrap(&selected);
         out.timings.hop_embed_ms = hop_ms;
         if opts.explain {
             let gate = |i: usize| {
@@ -584,33 +697,48 @@ impl Scd {
             out.explanation = Some(self.explain(&prepared, &selected, &parts, &counting, &trace, gate));
         }
         out.withheld = split.withheld;
-        let remaining = budget.saturating_sub(out.totals.sent_tokens + sep);
-        out.session = match (&req.session, continued) {
+        let sent = out.totals.sent_tokens;
+        out.session = match (&req.session, ledger.as_mut()) {
             (None, _) => None,
-            (Some(sr), Some(entry)) => {
-                if entry.context_key() != &prepared.key {
-                    let id = sr.id.clone().unwrap_or_default();
-                    return Err(Error::SessionContextMismatch { session_id: id });
-                }
-                let mut ledger = entry.lock();
-                ledger.sent.extend(selected.iter().copied());
-                ledger.remaining = remaining;
-                ledger.counting = counting;
+            (Some(sr), Some(l)) => {
+                l.sent.extend(selected.iter().copied());
+                l.total_sent += sent;
+                l.counting = counting;
                 Some(SessionGrant {
                     id: sr.id.clone().unwrap_or_default(),
                     token: sr.token.clone().unwrap_or_default(),
                 })
             }
-            (Some(sr), None) => Some(self.sessions.open(
-                sr.id.clone(),
-                sr.caller.clone(),
-                prepared.key,
-                prepared.bytes + 8 * chunks.len(),
-                Ledger { context: prepared.clone(), sent: selected.iter().copied().collect(), remaining, counting },
-            )?),
+            (Some(sr), None) => {
+                let cap = sr.max_total_tokens.or((sr.reserve_tokens > 0).then_some(rq.max_context_tokens));
+                Some(self.sessions.open(
+                    sr.id.clone(),
+                    sr.caller.clone(),
+                    prepared.key,
+                    prepared.bytes + 8 * chunks.len(),
+                    Ledger {
+                        context: prepared.clone(),
+                        sent: selected.iter().copied().collect(),
+                        total_sent: sent,
+                        cap,
+                        reply_budget: rq.max_context_tokens,
+                        counting,
+                    },
+                )?)
+            }
         };
+        drop(ledger);
         debug!(sent = out.totals.sent_tokens, ratio = out.totals.reduction_ratio, "compressed");
         Ok(out)
+    }
+
+    /// Tokens of `text` as the receiver counts it: in the budget tokenizer,
+    /// else the encoder's.
+    pub(super) fn count_text(&self, counting: &Counting, text: &str) -> Result<usize> {
+        match &counting.tokenizer {
+            Some(t) => t.count(text),
+            None => self.encoder.count_tokens(text),
+        }
     }
 
     /// Closes a session; `Ok(false)` when none was open under `id`. The

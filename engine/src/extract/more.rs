@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use tracing::instrument;
 
-use super::{ContextRequest, MoreContext, Scd, MAX_CHUNK_IDS};
+use super::{ContextRequest, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
+use crate::budget::CHUNK_SEPARATOR;
 use crate::cancel::Cancel;
 use crate::context::check_no_nul;
 use crate::encoder::InputKind;
@@ -41,100 +42,119 @@ impl Scd {
         // this session's own lock, held through scoring: concurrent requests
         // on one session take turns, so none can pick a chunk another sends
         let mut session = entry.lock();
-        if req.current_confidence >= self.cfg.confidence_threshold {
-            return Ok(MoreContext {
-                chunks: vec![],
-                remaining_tokens: session.remaining,
-                reason: Some(format!(
-                    "confidence {} is at or above the threshold {}; no context sent",
-                    req.current_confidence, self.cfg.confidence_threshold
-                )),
-            });
+        let budget = req.max_tokens.unwrap_or(session.reply_budget).min(session.total_left());
+        if req.max_tokens == Some(0) {
+            return Err(Error::invalid("max_tokens", "must be at least 1 (leave it out for the session's default)"));
         }
-        let context = session.context.clone();
-        let counting = session.counting.clone();
-        let chunks = &context.chunks;
-        // each new chunk pays for the separator before it, in the session's
-        // budget tokenizer
-        let cost = |i: usize| counting.tokens[i] + counting.separator;
-        let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
-        cancel.check("score")?;
-        let scores = self.score(&context, &qvec, &query).fused;
-        let mut picked = Vec::new();
-        let mut reason = None;
-        // explicit ids first, then by relevance
-        let mut order: Vec<usize> = Vec::new();
+        let nothing = |session: &Ledger, reason: String| MoreContext {
+            chunks: vec![],
+            text: String::new(),
+            sent_tokens: 0,
+            budget,
+            session_sent_tokens: session.total_sent,
+            remaining_tokens: session.remaining(),
+            reason: Some(reason),
+        };
+        if req.current_confidence >= self.cfg.confidence_threshold {
+            let why = format!(
+                "confidence {} is at or above the threshold {}; no context sent",
+                req.current_confidence, self.cfg.confidence_threshold
+            );
+            return Ok(nothing(&session, why));
+        }
         if req.chunk_ids.len() > MAX_CHUNK_IDS {
             return Err(Error::invalid(
                 "chunk_ids",
                 format!("{} ids, over the limit {MAX_CHUNK_IDS}", req.chunk_ids.len()),
             ));
         }
+        let context = session.context.clone();
+        let counting = session.counting.clone();
+        let chunks = &context.chunks;
         let by_id: HashMap<&str, usize> = chunks.iter().enumerate().map(|(i, c)| (c.id.as_str(), i)).collect();
+        // explicit ids first (in the order named), then by relevance
+        let mut explicit: Vec<usize> = Vec::new();
         for id in &req.chunk_ids {
             match by_id.get(id.as_str()).copied() {
-                Some(i) => order.push(i),
+                Some(i) => explicit.push(i),
                 None => return Err(Error::invalid("chunk_ids", format!("unknown chunk id {id:?}"))),
             }
         }
-        if req.specific_question.trim().is_empty() && order.is_empty() {
+        if req.specific_question.trim().is_empty() && explicit.is_empty() {
             return Err(Error::invalid("specific_question", "must not be empty (or name chunk_ids)"));
         }
-        let mut ranked: Vec<usize> = (0..chunks.len()).collect();
-        ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        let explicit = order.len();
-        order.extend(ranked);
-        let mut used = 0;
-        for (n, &i) in order.iter().enumerate() {
-            // by relevance, a container's header or closing line is no answer
-            if session.sent.contains(&i) || picked.contains(&i) || (n >= explicit && chunks[i].rides) {
-                continue;
-            }
-            if used + cost(i) > session.remaining {
-                if n < explicit {
-                    reason = Some(format!(
-                        "chunk {} needs {} tokens, {} left",
-                        chunks[i].id,
-                        cost(i),
-                        session.remaining - used
-                    ));
-                }
-                continue;
-            }
-            // beyond explicit ids, stop at chunks scoring below the context's average
-            if n >= explicit && scores[i] < 0.0 && !picked.is_empty() {
-                break;
-            }
-            picked.push(i);
-            used += cost(i);
-            if n >= explicit && picked.len() >= explicit + self.cfg.more_max_chunks {
-                break;
-            }
+        if budget == 0 {
+            let why = match session.cap {
+                Some(cap) => format!("the session's total of {cap} tokens is spent"),
+                None => "the reply's budget is 0".into(),
+            };
+            return Ok(nothing(&session, why));
         }
-        // counted whole (a separator before each), drop the last taken until it fits
+        let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
+        cancel.check("score")?;
+        // the question is scored on its own: it is the receiver's next hop,
+        // not the task again
+        let scores = self.score(&context, &qvec, &query).fused;
+        let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
+        let mut ranked: Vec<usize> = (0..chunks.len())
+            .filter(|i| !session.sent.contains(i) && !explicit.contains(i))
+            // beyond explicit ids, only chunks above the context's average
+            .filter(|&i| scores[i] >= 0.0)
+            .collect();
+        ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        ranked.truncate(self.cfg.more_max_chunks);
+        let named: Vec<usize> = explicit.iter().copied().filter(|i| !session.sent.contains(i)).collect();
+        let mut order = named.clone();
+        order.extend(ranked);
+        // pack as a first answer does (a sentence brings its paragraph),
+        // against what the receiver already holds: those are neither sent
+        // again nor repeated as near-duplicates
+        let mut selected: Vec<usize> = session.sent.iter().copied().collect();
+        selected.sort_unstable();
+        let held = selected.len();
+        let mut used = 0;
+        let mut trace = super::pack::PackTrace::default();
+        self.pack(&context, &order, &cost, budget + counting.separator, &mut selected, &mut used, &mut trace);
+        let mut picked: Vec<usize> = selected.split_off(held);
+        // counted whole, as the receiver pastes it: drop the weakest until it fits
+        let text_of = |picked: &[usize]| {
+            let mut reading = picked.to_vec();
+            reading.sort_unstable();
+            reading.iter().map(|&i| chunks[i].text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR)
+        };
+        let mut sent_tokens = picked.iter().map(|&i| counting.tokens[i]).sum::<usize>();
         if counting.tokenizer.is_some() {
             loop {
-                let mut reading = picked.clone();
-                reading.sort_unstable();
-                let mut texts: Vec<&str> = vec![""];
-                texts.extend(reading.iter().map(|&i| chunks[i].text.as_str()));
-                let n = if picked.is_empty() { 0 } else { counting.joined(&texts)? };
-                if n <= session.remaining {
-                    used = n;
+                sent_tokens = if picked.is_empty() { 0 } else { self.count_text(&counting, &text_of(&picked))? };
+                if sent_tokens <= budget {
                     break;
                 }
-                picked.pop();
+                let weakest = (0..picked.len()).min_by(|&a, &b| scores[picked[a]].total_cmp(&scores[picked[b]]));
+                picked.remove(weakest.expect("over the budget, so not empty"));
             }
         }
-        session.sent.extend(picked.iter().copied());
-        session.remaining -= used;
-        if picked.is_empty() && reason.is_none() {
-            reason = Some("no unseen chunk fits the remaining budget".into());
+        let mut reason = None;
+        if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
+            reason = Some(format!("chunk {} needs {} tokens, {} left in this reply", chunks[i].id, cost[i], budget));
         }
+        if picked.is_empty() && reason.is_none() {
+            let unseen = (0..chunks.len()).filter(|i| !session.sent.contains(i)).count();
+            reason = Some(if unseen == 0 {
+                "every chunk of the context was already sent".into()
+            } else {
+                format!("no unseen chunk above the context's average relevance fits the reply's {budget} tokens")
+            });
+        }
+        session.sent.extend(picked.iter().copied());
+        session.total_sent += sent_tokens;
         picked.sort_unstable();
         Ok(MoreContext {
+            text: text_of(&picked),
             chunks: picked.iter().map(|&i| context.selected(i, scores[i], counting.tokens[i])).collect(),
-            remaining_tokens: session.remaining,
+            sent_tokens,
+            budget,
+            session_sent_tokens: session.total_sent,
+            remaining_tokens: session.remaining(),
             reason,
         })
     }

@@ -6,6 +6,7 @@ use super::*;
 use crate::budget::{builtin, TokenizerRegistry};
 use crate::context::{Field, FieldKind};
 use crate::encoder::HashEncoder;
+use crate::session::SessionGrant;
 
 fn scd() -> Scd {
     Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig::default())
@@ -46,7 +47,7 @@ fn request(task: &str, budget: usize) -> CompressRequest {
 }
 
 fn opts(tokenizer: &str, explain: bool) -> CompressOptions {
-    CompressOptions { budget_tokenizer: TokenizerRegistry::new().resolve(tokenizer).unwrap(), explain }
+    CompressOptions { budget_tokenizer: TokenizerRegistry::new().resolve(tokenizer).unwrap(), explain, envelope: None }
 }
 
 #[test]
@@ -95,8 +96,39 @@ fn required_fields_over_the_budget_in_the_chosen_tokenizer_are_refused() {
     assert!(e.starts_with("required fields need ") && e.ends_with("over the budget of 5"), "{e}");
 }
 
+fn follow_up(grant: &SessionGrant, question: &str, max_tokens: Option<usize>) -> ContextRequest {
+    ContextRequest {
+        session_id: grant.id.clone(),
+        session_token: grant.token.clone(),
+        specific_question: question.into(),
+        current_confidence: 0.2,
+        max_tokens,
+        ..Default::default()
+    }
+}
+
 #[test]
-fn adaptive_requests_count_the_remaining_budget_in_the_sessions_tokenizer() {
+fn a_session_total_bounds_every_reply_counted_in_the_sessions_tokenizer() {
+    let scd = scd();
+    let t = builtin("o200k").unwrap();
+    let mut req = request("why did charges fail at checkout", 20);
+    req.session = Some(SessionRequest { max_total_tokens: Some(20), ..Default::default() });
+    let out = scd.compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+    let grant = out.session.clone().unwrap();
+    let first = out.totals.sent_tokens;
+    let more = scd.request_more(&follow_up(&grant, "what about the office plants", None)).unwrap();
+    for c in &more.chunks {
+        assert_eq!(c.tokens, t.count(&c.text).unwrap());
+    }
+    let added = t.count(&more.text).unwrap();
+    assert_eq!(more.sent_tokens, added);
+    assert!(first + added <= 20, "{first} + {added}");
+    assert_eq!(more.budget, 20 - first);
+    assert_eq!((more.session_sent_tokens, more.remaining_tokens), (first + added, 20 - first - added));
+}
+
+#[test]
+fn a_follow_up_has_its_own_budget_and_is_scored_on_its_own_question() {
     let scd = scd();
     let t = builtin("o200k").unwrap();
     let mut req = request("why did charges fail at checkout", 20);
@@ -104,22 +136,45 @@ fn adaptive_requests_count_the_remaining_budget_in_the_sessions_tokenizer() {
     let out = scd.compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
     let grant = out.session.clone().unwrap();
     let first = out.totals.sent_tokens;
-    let more = scd
-        .request_more(&ContextRequest {
-            session_id: grant.id,
-            session_token: grant.token,
-            specific_question: "what about the office plants".into(),
-            current_confidence: 0.2,
-            ..Default::default()
-        })
-        .unwrap();
-    for c in &more.chunks {
-        assert_eq!(c.tokens, t.count(&c.text).unwrap());
-    }
-    let texts: Vec<&str> = more.chunks.iter().map(|c| c.text.as_str()).collect();
-    let added = if texts.is_empty() { 0 } else { t.count(&format!("\n{}", texts.join("\n"))).unwrap() };
-    assert!(first + 1 + added <= 20 || texts.is_empty(), "{first} + {added}");
-    assert_eq!(more.remaining_tokens, 20 - 1 - first - added);
+    assert!(first > 12, "the first answer used most of its budget: {first}");
+    assert!(!out.text.contains("plants"), "{}", out.text);
+    // the first answer took the budget; the follow-up still gets its own
+    let more = scd.request_more(&follow_up(&grant, "which office plants need water", Some(12))).unwrap();
+    assert!(more.text.contains("plants need water"), "the next hop, not the task again: {:?}", more.text);
+    assert!(t.count(&more.text).unwrap() <= 12 && more.sent_tokens <= 12, "{more:?}");
+    assert_eq!(more.budget, 12);
+    assert_eq!(more.session_sent_tokens, first + more.sent_tokens);
+    // by default a follow-up's budget is the opening answer's
+    assert_eq!(more.remaining_tokens, 20);
+    let again = scd.request_more(&follow_up(&grant, "which office plants need water", None)).unwrap();
+    let before: Vec<&str> = out.chunks.iter().chain(&more.chunks).map(|c| c.id.as_str()).collect();
+    assert!(again.chunks.iter().all(|c| !before.contains(&c.id.as_str())), "resent: {again:?}");
+    let e = scd.request_more(&follow_up(&grant, "x", Some(0))).unwrap_err().to_string();
+    assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
+}
+
+#[test]
+fn a_later_compress_in_the_session_never_resends_and_a_reserve_holds_headroom() {
+    let scd = scd();
+    let mut req = request("why did charges fail at checkout", 40);
+    req.session = Some(SessionRequest { reserve_tokens: 25, ..Default::default() });
+    let out = scd.compress(&req).unwrap();
+    assert!(out.totals.sent_tokens <= 15, "the reserve is held back: {:?}", out.totals);
+    let grant = out.session.clone().unwrap();
+    // the session's total is the budget: a bigger follow-up compress gets what the reserve left
+    req.session =
+        Some(SessionRequest { id: Some(grant.id.clone()), token: Some(grant.token.clone()), ..Default::default() });
+    req.requirement = ContextRequirement::with_budget(400);
+    let later = scd.compress(&req).unwrap();
+    let first: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert!(!later.chunks.is_empty());
+    assert!(later.chunks.iter().all(|c| !first.contains(&c.id.as_str())), "resent: {first:?} {:?}", later.chunks);
+    assert!(later.dropped.iter().all(|d| !first.contains(&d.id.as_str())), "sent chunks listed as dropped");
+    assert!(out.totals.sent_tokens + later.totals.sent_tokens <= 40, "{:?} {:?}", out.totals, later.totals);
+    assert!(later.warnings.iter().any(|w| w.contains("session's total leaves")), "{:?}", later.warnings);
+    req.session = Some(SessionRequest { reserve_tokens: 400, ..Default::default() });
+    let e = scd.compress(&req.clone()).map(|_| ()).unwrap_err().to_string();
+    assert!(e.starts_with("reserve_tokens: 400 is not below the budget 400"), "{e}");
 }
 
 #[test]

@@ -497,6 +497,9 @@ impl ScdLink {
             session_token: String::new(),
             // ATP carries context, not hand-off reports
             render: scd::ReportFormat::Unspecified as i32,
+            // the offer's budget is the receiver's whole window: the first
+            // transfer and every adaptive request share it
+            session_max_total_tokens: requirement.max_context_tokens,
             ..Default::default()
         };
         let mut c = self.client.clone();
@@ -610,6 +613,8 @@ impl ScdLink {
                 chunk_ids,
                 session_token: session.token.clone(),
                 report: String::new(),
+                // the session's total bounds it (the offer's budget)
+                max_tokens: 0,
             })
             .await
             .map_err(|s| self.status("RequestContext", s))?

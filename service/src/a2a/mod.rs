@@ -251,6 +251,16 @@ struct CompressInput {
     /// `o200k`, `cl100k`, `e5` or a name the server registered.
     #[serde(default)]
     budget_tokenizer: Option<String>,
+    /// Tokens of `budget` held back for follow-ups (the session's total is `budget`).
+    #[serde(default, deserialize_with = "whole_u32_opt")]
+    reserve: Option<u32>,
+    /// List what was held back (at most 100, best first) in the data part.
+    #[serde(default)]
+    list_dropped: bool,
+}
+
+fn whole_u32_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    whole_u32(d).map(Some)
 }
 
 /// A token count: a JSON integer, or a float with no fractional part
@@ -281,14 +291,6 @@ enum RenderFormat {
 enum Input {
     Compress(Box<CompressInput>),
     Question { text: String, confidence: Option<f32> },
-}
-
-fn chunk_json(c: &pb::Chunk) -> Value {
-    json!({"id": c.id, "field": c.field, "start": c.start, "end": c.end, "text": c.text, "score": c.score, "tokens": c.tokens})
-}
-
-fn selection_text(chunks: &[pb::Chunk]) -> String {
-    chunks.iter().map(|c| format!("[{}] {}\n", c.id, c.text)).collect()
 }
 
 /// Longest client-chosen id (`messageId`, `contextId`, `taskId`,
@@ -341,7 +343,7 @@ fn classify(m: &Message) -> Result<Input, Error> {
                 let path = e.path().to_string();
                 let at = if path == "." { String::new() } else { format!(".{path}") };
                 Error::InvalidParams(format!(
-                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?}})",
+                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?, reserve?, list_dropped?}})",
                     crate::input::redact_json_error(&e.into_inner().to_string())
                 ))
             })?;
@@ -467,7 +469,7 @@ impl Agent {
     pub fn card(&self, base: &str) -> Value {
         let mut card = json!({
             "name": "SCD",
-            "description": "Sufficient Context Distillation: give it a task, an agent context and a budget; it answers the minimal sufficient context (chunks ranked by relevance, confidential fields withheld) and, in the same contextId, more context on request.",
+            "description": "Semantic Context Differentials (SCD): give it a task, an agent context and a budget; it answers the minimal sufficient context (chunks ranked by relevance, confidential fields withheld) and, in the same contextId, more context on request.",
             "version": env!("CARGO_PKG_VERSION"),
             "supportedInterfaces": [
                 {"url": format!("{base}/"), "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
@@ -482,7 +484,7 @@ impl Agent {
                 {
                     "id": "compress-context",
                     "name": "Compress context",
-                    "description": "A data part {task, context: {fields: [{name, kind, content, confidential}]}, budget, required?, optional?, threshold?, min_relative_score?, render?} yields a completed task whose artifact holds the minimal sufficient context within the budget: a data part (chunks, totals, dropped manifest, withheld confidential field names) and a text part (the selection, or a hand-off report in `render`: freeform, semi_structured or structured_soft). It opens an SCD session for the contextId.",
+                    "description": "A data part {task, context: {fields: [{name, kind, content, confidential}]}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?, reserve?, list_dropped?} yields a completed task whose artifact holds the minimal sufficient context within the budget: a text part (exactly the context to hand over, or a hand-off report in `render`: freeform, semi_structured or structured_soft; within the budget, wrapping included) and a data part (the same text, the chunk ids, totals, the count of chunks held back, withheld confidential field names; snake_case keys). reserve? holds tokens back for follow-ups; list_dropped? lists what was held back. It opens an SCD session for the contextId.",
                     "tags": ["context", "compression", "retrieval", "handoff"],
                     "examples": [
                         "{\"task\": \"Why does checkout time out?\", \"context\": {\"fields\": [{\"name\": \"error_logs\", \"kind\": \"log\", \"content\": \"ERROR payments::db: connection pool exhausted\"}]}, \"budget\": 200}"
@@ -655,8 +657,10 @@ impl Agent {
             }),
             render: render as i32,
             budget_tokenizer: input.budget_tokenizer.unwrap_or_default(),
+            reserve_tokens: input.reserve.unwrap_or(0),
             ..Default::default()
         };
+        let list_dropped = input.list_dropped;
         match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), peer, true).await {
             Ok(resp) => {
                 let old = self.store.set_session(
@@ -666,25 +670,18 @@ impl Agent {
                 if let Some(old) = old {
                     let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref());
                 }
-                let totals = resp.totals.unwrap_or_default();
-                let data = json!({
-                    "chunks": resp.chunks.iter().map(chunk_json).collect::<Vec<_>>(),
-                    "totals": {"contextTokens": totals.context_tokens, "sentTokens": totals.sent_tokens,
-                               "reductionRatio": totals.reduction_ratio, "rTheorem1": totals.r_theorem1,
-                               "tokenizer": totals.tokenizer, "requestedRatio": totals.requested_ratio},
-                    "dropped": resp.dropped.iter().map(|d| json!({"id": d.id, "field": d.field, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
-                    "withheldFields": resp.withheld_fields,
-                    "warnings": resp.warnings,
-                });
-                let text = if resp.report.is_empty() { selection_text(&resp.chunks) } else { resp.report.clone() };
+                let view = crate::view::compress_view(resp, list_dropped);
                 let note = format!(
-                    "sent {} chunks, {} of {} tokens ({} dropped, {} withheld); ask for more with a text message in contextId {context_id}",
-                    resp.chunks.len(),
-                    totals.sent_tokens,
-                    totals.context_tokens,
-                    resp.dropped.len(),
-                    resp.withheld_fields.len()
+                    "sent {} chunks, {} of {} {} tokens ({} held back, {} withheld); ask for more with a text message in contextId {context_id}",
+                    view.chunks.len(),
+                    view.totals.sent_tokens,
+                    view.totals.context_tokens,
+                    view.totals.tokenizer,
+                    view.dropped.count,
+                    view.withheld_fields.len()
                 );
+                let text = view.text.clone();
+                let data = serde_json::to_value(&view).unwrap_or_default();
                 Outcome::done(
                     TaskState::Completed,
                     note,
@@ -735,23 +732,23 @@ impl Agent {
         let session_id = r.session_id.clone();
         match self.svc.request_context_audited("A2A SendMessage", r, None, caller, peer).await {
             Ok(resp) => {
-                let note = if resp.chunks.is_empty() {
+                let view = crate::view::more_view(resp);
+                let note = if view.chunks.is_empty() {
                     format!(
                         "nothing more to send: {}",
-                        if resp.reason.is_empty() { "no unsent chunk answers the question" } else { &resp.reason }
+                        if view.reason.is_empty() { "no unsent chunk answers the question" } else { &view.reason }
                     )
                 } else {
                     format!(
-                        "sent {} more chunks; {} tokens of context remain unsent",
-                        resp.chunks.len(),
-                        resp.remaining_tokens
+                        "sent {} more chunks, {} of {} tokens asked; {} tokens sent in this context",
+                        view.chunks.len(),
+                        view.sent_tokens,
+                        view.budget,
+                        view.session_sent_tokens
                     )
                 };
-                let data = json!({
-                    "chunks": resp.chunks.iter().map(chunk_json).collect::<Vec<_>>(),
-                    "remainingTokens": resp.remaining_tokens,
-                    "reason": resp.reason,
-                });
+                let text = view.text.clone();
+                let data = serde_json::to_value(&view).unwrap_or_default();
                 Outcome::done(
                     TaskState::Completed,
                     note,
@@ -761,7 +758,7 @@ impl Agent {
                         description: "Chunks of the session's context not sent before".into(),
                         parts: vec![
                             Part::data(data),
-                            Part { media_type: Some("text/plain".into()), ..Part::text(selection_text(&resp.chunks)) },
+                            Part { media_type: Some("text/plain".into()), ..Part::text(text) },
                         ],
                     }),
                 )

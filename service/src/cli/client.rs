@@ -45,12 +45,34 @@ pub enum ClientCommand {
         /// The task.
         #[arg(long)]
         task: String,
-        /// Context JSON file.
+        /// Context JSON file; `-` reads stdin.
         #[arg(long)]
         context: PathBuf,
-        /// Budget in tokens.
-        #[arg(long)]
+        /// Budget in tokens (at least 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         budget: u32,
+        /// Fields sent whole, first (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        required: Vec<String>,
+        /// Fields that fill the rest by relevance (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        optional: Vec<String>,
+        /// Absolute cosine threshold in [-1, 1].
+        #[arg(long, allow_negative_numbers = true)]
+        threshold: Option<f32>,
+        /// Calibrated threshold in standard deviations of the context's scores.
+        #[arg(long, allow_negative_numbers = true)]
+        min_relative_score: Option<f32>,
+        /// When opening a session: tokens of --budget held back for follow-ups
+        /// (the session's total is then --budget).
+        #[arg(long, default_value_t = 0)]
+        reserve: u32,
+        /// When opening a session: its total over every reply (0: none).
+        #[arg(long, default_value_t = 0)]
+        session_total: u32,
+        /// List the chunks held back (at most 100) under "dropped.listed".
+        #[arg(long)]
+        list_dropped: bool,
         /// Open (or, with --token, continue) a session under this id.
         #[arg(long, default_value = "")]
         session: String,
@@ -90,6 +112,13 @@ pub enum ClientCommand {
         /// sets the current confidence through the server's confidence map.
         #[arg(long)]
         report: Option<PathBuf>,
+        /// This reply's own budget (default: the opening answer's budget,
+        /// cut to what the session's total leaves).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_tokens: Option<u32>,
+        /// Output: json, or text (exactly the new chunks; sizes on stderr).
+        #[arg(long, value_enum, default_value = "json")]
+        format: crate::cli::compress::Format,
     },
 }
 
@@ -163,7 +192,11 @@ impl IdentityArgs {
 /// The fields of a context file, parsed strictly by the engine's own type
 /// (unknown keys and non-boolean `confidential` are errors).
 fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
-    let raw = std::fs::read_to_string(path).with_context(|| format!("--context {}", path.display()))?;
+    let raw = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("--context -: reading stdin")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("--context {}", path.display()))?
+    };
     let ctx = Context::from_json(&raw).map_err(|e| anyhow::anyhow!("--context {}: {e}", path.display()))?;
     Ok(ctx.fields.into_iter().map(pb::Field::from).collect())
 }
@@ -239,7 +272,22 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 serde_json::json!({"model": r.model, "embeddings": r.embeddings.iter().map(|e| serde_json::json!({"tokens": e.tokens, "embedding": e.values})).collect::<Vec<_>>()})
             }
             ClientCommand::Compress {
-                task, budget, session, token, render, budget_tokenizer, explain, format, ..
+                task,
+                budget,
+                session,
+                token,
+                render,
+                budget_tokenizer,
+                explain,
+                format,
+                required,
+                optional,
+                threshold,
+                min_relative_score,
+                reserve,
+                session_total,
+                list_dropped,
+                ..
             } => {
                 // a retry after the server opened the session would find it
                 // taken: only session-less or continuing calls are idempotent
@@ -247,7 +295,13 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 let req = pb::CompressRequest {
                     task: Some(pb::Task { description: task, ..Default::default() }),
                     fields,
-                    requirement: Some(pb::ContextRequirement { max_context_tokens: budget, ..Default::default() }),
+                    requirement: Some(pb::ContextRequirement {
+                        max_context_tokens: budget,
+                        required_fields: required,
+                        optional_fields: optional,
+                        relevance_threshold: threshold,
+                        min_relative_score,
+                    }),
                     session_id: session,
                     session_token: token,
                     render: render.map_or(pb::ReportFormat::Unspecified, |f| {
@@ -255,6 +309,8 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     }) as i32,
                     budget_tokenizer,
                     explain,
+                    session_max_total_tokens: session_total,
+                    reserve_tokens: reserve,
                 };
                 let r = c
                     .call("Compress", idempotent, |mut cl| {
@@ -265,31 +321,26 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                 let t = r.totals.clone().unwrap_or_default();
                 let explanation = r.explanation.clone().map(crate::grpc::convert::explanation_from_wire);
                 if format == crate::cli::compress::Format::Text {
-                    let mut w = std::io::stdout().lock();
-                    for ch in &r.chunks {
-                        writeln!(w, "[{}] {}", ch.id, ch.text)?;
-                    }
+                    // stdout: exactly what the receiver pastes; the sizes on stderr
+                    writeln!(std::io::stdout().lock(), "{}", r.text)?;
+                    let mut e = std::io::stderr().lock();
                     writeln!(
-                        w,
-                        "-- {} of {} tokens sent in {}: {:.1}x asked, {:.1}x achieved; {} chunks dropped",
-                        t.sent_tokens, t.context_tokens, t.tokenizer, t.requested_ratio, t.reduction_ratio, r.dropped.len()
+                        e,
+                        "-- {} of {} {} tokens sent ({:.1}x reduction, {:.1}x asked); {} chunks held back",
+                        t.sent_tokens, t.context_tokens, t.tokenizer, t.reduction_ratio, t.requested_ratio, r.dropped.len()
                     )?;
                     if let Some(ex) = &explanation {
-                        crate::cli::compress::explain_table(ex, &t.tokenizer, 20, &mut w)?;
+                        crate::cli::compress::explain_table(ex, &t.tokenizer, 20, &mut e)?;
                     }
                     return Ok(());
                 }
-                let mut out = serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens})).collect::<Vec<_>>(),
-                    "totals": {"context_tokens": t.context_tokens, "sent_tokens": t.sent_tokens, "reduction_ratio": t.reduction_ratio, "r_theorem1": t.r_theorem1, "tokenizer": t.tokenizer, "requested_ratio": t.requested_ratio},
-                    "dropped": r.dropped.iter().map(|d| serde_json::json!({"field": d.field, "id": d.id, "stub": d.stub, "tokens": d.tokens})).collect::<Vec<_>>(),
-                    "withheld_fields": r.withheld_fields, "session_id": r.session_id, "session_token": r.session_token,
-                    "report": (!r.report.is_empty()).then_some(r.report)});
-                if let Some(ex) = explanation {
-                    out["explanation"] = serde_json::to_value(ex)?;
-                }
+                // the one output view, and the session's secret (this client holds it)
+                let token = r.session_token.clone();
+                let mut out = serde_json::to_value(crate::view::compress_view(r, list_dropped))?;
+                out["session_token"] = token.into();
                 out
             }
-            ClientCommand::More { session, token, question, confidence, report } => {
+            ClientCommand::More { session, token, question, confidence, report, max_tokens, format } => {
                 let report = match &report {
                     Some(p) => std::fs::read_to_string(p).with_context(|| format!("--report {}", p.display()))?,
                     None => String::new(),
@@ -300,6 +351,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     specific_question: question,
                     current_confidence: confidence.unwrap_or(if report.is_empty() { 0.5 } else { 0.0 }),
                     report,
+                    max_tokens: max_tokens.unwrap_or(0),
                     ..Default::default()
                 };
                 // advances the session: not retried when the connection broke under it
@@ -309,7 +361,18 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                         async move { cl.request_context(req).await }
                     })
                     .await?;
-                serde_json::json!({"chunks": r.chunks.iter().map(|c| serde_json::json!({"id": c.id, "text": c.text, "tokens": c.tokens})).collect::<Vec<_>>(), "remaining_tokens": r.remaining_tokens, "reason": r.reason})
+                if format == crate::cli::compress::Format::Text {
+                    writeln!(std::io::stdout().lock(), "{}", r.text)?;
+                    eprintln!(
+                        "-- {} of {} tokens sent ({} in the session); {}",
+                        r.sent_tokens,
+                        r.budget,
+                        r.session_sent_tokens,
+                        if r.reason.is_empty() { "more may be asked for" } else { &r.reason }
+                    );
+                    return Ok(());
+                }
+                serde_json::to_value(crate::view::more_view(r))?
             }
         };
         println!("{out}");

@@ -61,10 +61,10 @@ pub struct CompressArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "json")]
     format: Format,
-    /// Also write the selected context as a hand-off report in this format,
-    /// for the next agent: with --format json each result gains a "report"
-    /// key holding the report's text; with --format text the report is
-    /// printed instead of the chunk list. Required fields always appear in
+    /// Hand over the selected context as a hand-off report in this format,
+    /// for the next agent: the report, its own text included, is what fits
+    /// the budget ("text" in JSON; all that --format text prints). Required
+    /// fields always appear in
     /// it whole; fields named report.* (from a parsed report) go back to
     /// their sections, others become payload entries (semi_structured: a
     /// [FIELD_NAME] section).
@@ -78,9 +78,13 @@ pub struct CompressArgs {
     budget_tokenizer: Option<String>,
     /// Say why each chunk was sent (score parts, packing order, group lead)
     /// or dropped (threshold, budget, near-duplicate of a named chunk, not
-    /// eligible): an "explanation" key in JSON, a table in text.
+    /// eligible): an "explanation" key in JSON, a table on stderr in text.
     #[arg(long)]
     explain: bool,
+    /// List the chunks held back (at most 100, best first with --explain)
+    /// under "dropped.listed"; by default only their count and tokens.
+    #[arg(long)]
+    list_dropped: bool,
 }
 
 impl CompressArgs {
@@ -184,54 +188,33 @@ fn clip(s: &str, width: usize) -> String {
     t
 }
 
-fn to_json(out: &Compressed) -> serde_json::Value {
-    let mut v = serde_json::json!({
-        "chunks": out.chunks.iter().map(|c| serde_json::json!({"field": c.field, "id": c.id, "text": c.text, "score": c.score, "tokens": c.tokens, "span": [c.span.0, c.span.1]})).collect::<Vec<_>>(),
-        "totals": out.totals,
-        "dropped": out.dropped,
-        "withheld_fields": out.withheld,
-        "task_embedding": out.task_embedding,
-        "warnings": out.warnings,
-        "timings_ms": out.timings,
-    });
-    if let Some(ex) = &out.explanation {
-        v["explanation"] = serde_json::to_value(ex).unwrap_or_default();
-    }
-    v
+/// The one output view ([`crate::view`]), as every surface gives it.
+fn to_json(out: &Compressed, list_dropped: bool) -> anyhow::Result<serde_json::Value> {
+    let wire = crate::grpc::convert::compress_response(out.clone(), Default::default());
+    Ok(serde_json::to_value(crate::view::compress_view(wire, list_dropped))?)
 }
 
-fn print(out: &Compressed, report: Option<String>, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
+/// Writes one result. Text: stdout gets exactly what the receiver pastes
+/// (`text`: the chunks, or the report with --render), within the budget;
+/// the sizes (and the --explain table) go to stderr.
+fn print(out: &Compressed, list_dropped: bool, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
     match format {
-        Format::Json => {
-            let mut json = to_json(out);
-            if let Some(r) = report {
-                json["report"] = r.into();
-            }
-            writeln!(w, "{json}")?
-        }
-        Format::Text if report.is_some() => write!(w, "{}", report.unwrap_or_default())?,
+        Format::Json => writeln!(w, "{}", to_json(out, list_dropped)?)?,
         Format::Text => {
-            for c in &out.chunks {
-                writeln!(w, "[{}] {}", c.id, c.text)?;
-            }
+            writeln!(w, "{}", out.text)?;
+            let mut e = std::io::stderr().lock();
             writeln!(
-                w,
-                "-- {} of {} tokens sent ({:.1}x reduction, R={:.1}); {} chunks dropped",
+                e,
+                "-- {} of {} {} tokens sent ({:.1}x reduction, {:.1}x asked); {} chunks held back",
                 out.totals.sent_tokens,
                 out.totals.context_tokens,
+                out.totals.tokenizer,
                 out.totals.reduction_ratio,
-                out.totals.r_theorem1,
+                out.totals.requested_ratio,
                 out.dropped.len()
             )?;
-            if out.totals.tokenizer != scd_engine::budget::E5 || out.explanation.is_some() {
-                writeln!(
-                    w,
-                    "-- counted in {}: {:.1}x asked, {:.1}x achieved",
-                    out.totals.tokenizer, out.totals.requested_ratio, out.totals.reduction_ratio
-                )?;
-            }
             if let Some(ex) = &out.explanation {
-                explain_table(ex, &out.totals.tokenizer, 20, w)?;
+                explain_table(ex, &out.totals.tokenizer, 20, &mut e)?;
             }
         }
     }
@@ -264,6 +247,12 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     let opts = CompressOptions {
         budget_tokenizer: budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?,
         explain: args.explain,
+        envelope: None,
+    };
+    // with --render the report, wrapping included, is what fits the budget
+    let with_render = |req: &CompressRequest| CompressOptions {
+        envelope: args.render.map(|f| handoff::envelope(req, f.into(), None)),
+        ..opts.clone()
     };
     let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
     let mut stdout = std::io::stdout().lock();
@@ -277,13 +266,10 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
                 continue;
             }
             total += 1;
-            let result = parse_batch_line(&line, &defaults).and_then(|r| {
-                let out = scd.compress_opts(&r, &opts, &Cancel::new())?;
-                let report = args.render.map(|f| handoff::render_selection(&out, &r, f.into(), None));
-                Ok((out, report))
-            });
+            let result = parse_batch_line(&line, &defaults)
+                .and_then(|r| Ok(scd.compress_opts(&r, &with_render(&r), &Cancel::new())?));
             match result {
-                Ok((out, report)) => print(&out, report, args.format, &mut stdout)?,
+                Ok(out) => print(&out, args.list_dropped, args.format, &mut stdout)?,
                 Err(e) => {
                     failed += 1;
                     let msg = format!("{e:#}");
@@ -319,7 +305,6 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         min_relative_score: args.min_relative_score,
     };
     let req = CompressRequest { task: Task::new(task), context, requirement, session: None };
-    let out = scd.compress_opts(&req, &opts, &Cancel::new())?;
-    let report = args.render.map(|f| handoff::render_selection(&out, &req, f.into(), None));
-    print(&out, report, args.format, &mut stdout)
+    let out = scd.compress_opts(&req, &with_render(&req), &Cancel::new())?;
+    print(&out, args.list_dropped, args.format, &mut stdout)
 }

@@ -94,6 +94,7 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
         current_confidence: 0.4,
         reasoning: "need to know whether the failure persisted".into(),
         chunk_ids: vec![],
+        max_tokens: None,
     })?;
     println!("\nreceiver asks (confidence 0.4): {question}");
     for c in &more.chunks {

@@ -98,6 +98,17 @@ pub struct EvalArgs {
     /// e5 or a tokenizer.json path), for SCD and the baselines alike.
     #[arg(long)]
     budget_tokenizer: Option<String>,
+    /// MuSiQue only: the adaptive loop (paper §6.3) beside one-shot at the
+    /// same total tokens. --budgets are the first answer's budgets; each
+    /// later hop's question is a follow-up with its own budget.
+    #[arg(long)]
+    adaptive: bool,
+    /// With --adaptive: each follow-up's budget, a fraction of the context.
+    #[arg(long, default_value_t = 0.1)]
+    hop_budget: f32,
+    /// With --adaptive: folds the report splits the examples into.
+    #[arg(long, default_value_t = 5)]
+    folds: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -335,7 +346,7 @@ fn fixture_recall(scd: &Scd, context: &std::path::Path, gold: &std::path::Path) 
 pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let dataset: Dataset = args.dataset.parse()?;
     let tok = crate::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
-    let opts = CompressOptions { budget_tokenizer: tok.clone(), explain: false };
+    let opts = CompressOptions { budget_tokenizer: tok.clone(), ..Default::default() };
     for b in &args.budgets {
         anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
     }
@@ -362,6 +373,23 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         Arc::new(Memo { inner: encoder.clone(), seen: Mutex::new(HashMap::new()) })
     };
     let scd = Scd::new(memo.clone(), cfg);
+    if args.adaptive {
+        anyhow::ensure!(
+            dataset == Dataset::Musique,
+            "--adaptive: needs --dataset musique (its question_decomposition)"
+        );
+        return super::eval_adaptive::run(
+            &scd,
+            &opts,
+            &examples,
+            &args.budgets,
+            args.hop_budget,
+            args.folds,
+            &model_id,
+            &args.report,
+            &args.plot,
+        );
+    }
     let mut others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
     for name in &args.also_model {
         let other = ModelArgs { model: name.clone(), ..model.clone() }.load_encoder()?;

@@ -10,6 +10,7 @@ pub mod demo;
 pub mod embed;
 pub mod embed_batch;
 pub mod eval;
+mod eval_adaptive;
 pub mod handoff;
 pub mod identity;
 pub mod load;

@@ -214,6 +214,7 @@ mod tests {
             current_confidence: 0.0,
             reasoning: String::new(),
             chunk_ids: vec![],
+            max_tokens: None,
         }
     }
 

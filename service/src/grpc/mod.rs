@@ -297,22 +297,34 @@ impl ScdService {
         open: bool,
         fwd: Option<Forward>,
     ) -> Result<pb::CompressResponse, Status> {
-        let opts = CompressOptions {
+        let mut opts = CompressOptions {
             budget_tokenizer: self.tokenizers.resolve(&r.budget_tokenizer).map_err(convert::status)?,
             explain: r.explain,
+            envelope: None,
         };
+        let (max_total, reserve) = (r.session_max_total_tokens, r.reserve_tokens);
         let mut req = convert::compress_request(r, self.limits.max_fields, caller.clone())?;
         if open && req.session.is_none() {
-            req.session = Some(SessionRequest { id: None, token: None, caller });
+            req.session = Some(SessionRequest {
+                caller,
+                max_total_tokens: (max_total > 0).then_some(max_total as usize),
+                reserve_tokens: reserve as usize,
+                ..SessionRequest::default()
+            });
+        } else if req.session.is_none() && (max_total > 0 || reserve > 0) {
+            let field = if reserve > 0 { "reserve_tokens" } else { "session_max_total_tokens" };
+            return Err(Status::invalid_argument(format!("{field}: needs a session (set session_id)")));
         }
         if let Some(report) = fwd.as_ref().and_then(|f| f.report.as_ref()) {
             handoff::add_report_fields(&mut req.context.fields, report)?;
         }
+        // a report is fitted in the budget whole, its wrapping included
+        let rendered = fwd.is_some();
+        opts.envelope = fwd.map(|f| scd_engine::handoff::envelope(&req, f.format, f.answer));
         let ((out, report), total) = self
             .blocking(deadline, move |scd, cancel| {
                 let out = scd.compress_opts(&req, &opts, cancel)?;
-                let report =
-                    fwd.map(|f| scd_engine::handoff::render_selection(&out, &req, f.format, f.answer.as_deref()));
+                let report = rendered.then(|| out.text.clone());
                 Ok((out, report))
             })
             .await?;
@@ -445,6 +457,7 @@ impl ScdService {
             current_confidence: r.current_confidence,
             reasoning: r.reasoning,
             chunk_ids: r.chunk_ids,
+            max_tokens: (r.max_tokens > 0).then_some(r.max_tokens as usize),
         };
         if !r.report.is_empty() {
             if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.confidence_map) {
@@ -460,8 +473,12 @@ impl ScdService {
             self.blocking(d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(|(more, total)| {
                 pb::ContextResponse {
                     chunks: more.chunks.iter().map(convert::chunk).collect(),
-                    remaining_tokens: more.remaining_tokens as u32,
+                    remaining_tokens: u32::try_from(more.remaining_tokens).unwrap_or(u32::MAX),
                     reason: more.reason.unwrap_or_default(),
+                    sent_tokens: more.sent_tokens as u32,
+                    budget: u32::try_from(more.budget).unwrap_or(u32::MAX),
+                    session_sent_tokens: more.session_sent_tokens as u32,
+                    text: more.text,
                     timing: Some(pb::Timing {
                         queue_ms: 0.0,
                         inference_ms: 0.0,
@@ -586,12 +603,23 @@ impl pb::scd_server::Scd for ScdHandler {
         request: Request<pb::CountTokensRequest>,
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
         let d = deadline(&request);
-        let texts = request.into_inner().texts;
+        let r = request.into_inner();
+        let texts = r.texts;
+        let tokenizer = match self.tokenizers.resolve(&r.tokenizer) {
+            Ok(t) => t,
+            Err(e) => return Err(Status::invalid_argument(e.to_string().replacen("budget_tokenizer", "tokenizer", 1))),
+        };
         let res = if let Err(s) = convert::check_texts(&texts, self.limits.max_texts, self.limits.max_text_bytes) {
             Err(s)
         } else {
             self.blocking(d, move |scd, _| {
-                texts.iter().map(|t| scd.encoder().count_tokens(t).map(|n| n as u32)).collect()
+                texts
+                    .iter()
+                    .map(|t| match &tokenizer {
+                        Some(b) => b.count(t).map(|n| n as u32),
+                        None => scd.encoder().count_tokens(t).map(|n| n as u32),
+                    })
+                    .collect()
             })
             .await
             .map(|(tokens, _)| pb::CountTokensResponse { tokens })

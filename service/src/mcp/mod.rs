@@ -66,6 +66,11 @@ use serde_json::{Map, Value};
 use tonic::{Code, Status};
 
 use crate::grpc::pb;
+use crate::view;
+pub use crate::view::{
+    ChunkOut, ChunkWhyOut, CompressOutput, DropWhyOut, DroppedOut, DroppedSummary, ExplanationOut, MoreOutput,
+    TotalsOut, MAX_EXPLAINED_DROPPED, MAX_LISTED_DROPPED,
+};
 
 /// Tool arguments as sent, described by `T`'s JSON schema and parsed into a
 /// `T` by [`Args::parse`], so that a bad argument is a tool error naming it
@@ -176,7 +181,9 @@ pub struct CompressContextArgs {
     pub task: String,
     /// The sender's context, `{"fields": [{"name", "kind", "content", "confidential"}]}`.
     pub context: ContextArg,
-    /// The receiver's budget in tokens, a hard limit (at least 1).
+    /// The receiver's budget in tokens, a hard limit (at least 1): the text
+    /// handed over counts within it, in `budget_tokenizer`.
+    #[schemars(range(min = 1))]
     pub budget: u64,
     /// Fields sent whole, first.
     #[serde(default)]
@@ -199,9 +206,19 @@ pub struct CompressContextArgs {
     /// is sent never counts more than the budget in it.
     pub budget_tokenizer: Option<String>,
     /// Say why each chunk was sent (score parts, packing order, group lead)
-    /// or dropped (`explanation`).
+    /// or dropped (`explanation`, in the structured result only; the
+    /// dropped part lists the 50 best).
     #[serde(default)]
     pub explain: bool,
+    /// When this call opens the session: tokens of `budget` held back for
+    /// `request_more_context` (this answer sends at most `budget - reserve`;
+    /// the session's total is `budget`).
+    #[schemars(range(min = 0))]
+    pub reserve: Option<u32>,
+    /// List the chunks held back (id, field, stub, tokens; at most 100, best
+    /// first) in the structured result; by default only their count and tokens.
+    #[serde(default)]
+    pub list_dropped: bool,
 }
 
 /// Arguments of `request_more_context`.
@@ -224,6 +241,10 @@ pub struct RequestMoreArgs {
     /// The receiver's own hand-off report (any format): its confidence sets
     /// `current_confidence`, its next step the question when none is given.
     pub report: Option<String>,
+    /// This reply's own budget in tokens (default: the budget of the
+    /// `compress_context` that opened the session).
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<u32>,
 }
 
 /// Arguments of `count_tokens`.
@@ -232,6 +253,9 @@ pub struct RequestMoreArgs {
 pub struct CountTokensArgs {
     /// The text to count (no prefix, no special tokens).
     pub text: String,
+    /// The tokenizer: `o200k`, `cl100k`, `e5` (the default, the model's own)
+    /// or a name the server registered.
+    pub tokenizer: Option<String>,
 }
 
 /// Arguments of `embed`.
@@ -243,218 +267,31 @@ pub struct EmbedArgs {
     /// Embed as queries (questions, tasks) rather than passages.
     #[serde(default)]
     pub query: bool,
-}
-
-/// A selected chunk.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ChunkOut {
-    /// The field it comes from.
-    pub field: String,
-    /// Stable chunk id.
-    pub id: String,
-    /// The text.
-    pub text: String,
-    /// Relevance score.
-    pub score: f32,
-    /// Tokens it costs.
-    pub tokens: u32,
-    /// Byte span `[start, end)` in the field's content.
-    pub span: [u32; 2],
-}
-
-/// Sizes of a compression.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct TotalsOut {
-    /// Tokens of the whole non-confidential context.
-    pub context_tokens: u32,
-    /// Tokens sent.
-    pub sent_tokens: u32,
-    /// context_tokens / sent_tokens.
-    pub reduction_ratio: f32,
-    /// The paper's Theorem 1 bound R.
-    pub r_theorem1: f32,
-    /// The tokenizer that counted (`e5`, `o200k`, `cl100k` or a registered name).
-    pub tokenizer: String,
-    /// context_tokens / budget: the ratio asked for.
-    pub requested_ratio: f32,
-}
-
-/// A chunk left out, for `request_more_context.chunk_ids`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct DroppedOut {
-    /// The field it comes from.
-    pub field: String,
-    /// Chunk id.
-    pub id: String,
-    /// A short stub of its text.
-    pub stub: String,
-    /// Tokens it would cost.
-    pub tokens: u32,
-}
-
-/// Result of `compress_context`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct CompressOutput {
-    /// The selection, within the budget.
-    pub chunks: Vec<ChunkOut>,
-    /// Sizes.
-    pub totals: TotalsOut,
-    /// What was left out (confidential fields never appear).
-    pub dropped: Vec<DroppedOut>,
-    /// Names of the confidential fields withheld.
-    pub withheld_fields: Vec<String>,
-    /// Notes on the selection.
-    pub warnings: Vec<String>,
-    /// The session to name in `request_more_context`.
-    pub session_id: String,
-    /// The selection as a hand-off report (with `render`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub report: Option<String>,
-    /// Why each chunk was sent or dropped (with `explain`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub explanation: Option<ExplanationOut>,
-}
-
-/// Why the selection is what it is (`compress_context` with `explain`).
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ExplanationOut {
-    /// The weight of `lexical_z` in the score.
-    pub lexical_weight: f32,
-    /// Per sent chunk, in reading order (as `chunks`).
-    pub selected: Vec<ChunkWhyOut>,
-    /// Per dropped chunk, best score first (confidential fields never listed).
-    pub dropped: Vec<DropWhyOut>,
-}
-
-/// Why a chunk was sent: `score = dense_z + lexical_weight * lexical_z +
-/// group_lift + link_lift + hop_lift`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ChunkWhyOut {
-    /// Chunk id.
-    pub id: String,
-    /// When packing took it, 1-based (required chunks first).
-    pub order: u32,
-    /// The fused score.
-    pub score: f32,
-    /// z-score of the dense (cosine) similarity to the task.
-    pub dense_z: f32,
-    /// z-score of BM25, before `lexical_weight`.
-    pub lexical_z: f32,
-    /// Lift from the best chunk of its group.
-    pub group_lift: f32,
-    /// Lift from links (a document the task or a top chunk names).
-    pub link_lift: f32,
-    /// Lift from the second hop.
-    pub hop_lift: f32,
-    /// It leads its group (a paragraph's first sentence, a table header).
-    pub lead: bool,
-    /// A chunk of its group brought it.
-    pub by_closure: bool,
-    /// Its field is required.
-    pub required: bool,
-    /// Tokens in the budget tokenizer.
-    pub tokens: u32,
-    /// The chunker that made it, when recorded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub chunker: Option<String>,
-}
-
-/// Why a chunk was not sent.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct DropWhyOut {
-    /// Chunk id.
-    pub id: String,
-    /// The fused score.
-    pub score: f32,
-    /// Tokens it would cost, in the budget tokenizer.
-    pub tokens: u32,
-    /// `below_threshold`, `out_of_budget`, `near_duplicate`, `not_eligible` or
-    /// `structure_only`.
-    pub reason: String,
-    /// `below_threshold`: `relevance_threshold` (cosine) or `min_relative_score` (z).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub threshold: Option<String>,
-    /// `below_threshold`: the chunk's value that was compared.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<f32>,
-    /// `near_duplicate`: the id of the sent chunk it duplicates.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub of: Option<String>,
-}
-
-fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
-    ExplanationOut {
-        lexical_weight: ex.lexical_weight,
-        selected: ex
-            .selected
-            .into_iter()
-            .map(|c| ChunkWhyOut {
-                id: c.id,
-                order: c.order,
-                score: c.score,
-                dense_z: c.dense_z,
-                lexical_z: c.lexical_z,
-                group_lift: c.group_lift,
-                link_lift: c.link_lift,
-                hop_lift: c.hop_lift,
-                lead: c.lead,
-                by_closure: c.by_closure,
-                required: c.required,
-                tokens: c.tokens,
-                chunker: (!c.chunker.is_empty()).then_some(c.chunker),
-            })
-            .collect(),
-        dropped: ex
-            .dropped
-            .into_iter()
-            .map(|d| {
-                let reason = pb::DropReason::try_from(d.reason).unwrap_or_default();
-                let below = reason == pb::DropReason::BelowThreshold;
-                let dup = reason == pb::DropReason::NearDuplicate;
-                DropWhyOut {
-                    reason: match reason {
-                        pb::DropReason::BelowThreshold => "below_threshold",
-                        pb::DropReason::NearDuplicate => "near_duplicate",
-                        pb::DropReason::NotEligible => "not_eligible",
-                        pb::DropReason::StructureOnly => "structure_only",
-                        pb::DropReason::OutOfBudget | pb::DropReason::Unspecified => "out_of_budget",
-                    }
-                    .into(),
-                    threshold: below.then_some(d.threshold),
-                    value: below.then_some(d.value),
-                    of: dup.then_some(d.duplicate_of),
-                    id: d.id,
-                    score: d.score,
-                    tokens: d.tokens,
-                }
-            })
-            .collect(),
-    }
-}
-
-/// Result of `request_more_context`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct MoreOutput {
-    /// The next chunks, within the session's remaining budget.
-    pub chunks: Vec<ChunkOut>,
-    /// Budget left in the session.
-    pub remaining_tokens: u32,
-    /// Why nothing (or less) was sent, if so.
-    pub reason: String,
+    /// Return the vectors themselves (`values`, in the structured result).
+    /// By default each embedding is its dimensions, tokens and a digest,
+    /// which is what fits a model's context.
+    #[serde(default)]
+    pub vectors: bool,
 }
 
 /// Result of `count_tokens`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct TokensOutput {
-    /// Tokens in the model's tokenizer.
+    /// Tokens in `tokenizer`.
     pub tokens: u32,
+    /// The tokenizer that counted.
+    pub tokenizer: String,
 }
 
 /// One embedding.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct EmbeddingOut {
-    /// L2-normalized vector of `dim` floats.
+    /// With `vectors`: the L2-normalized vector of `dim` floats.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<f32>,
+    /// SHA-256 of the vector's little-endian f32 bytes, 16 hex digits: equal
+    /// digests, equal vectors.
+    pub digest: String,
     /// Tokens fed to the model.
     pub tokens: u32,
     /// Windows averaged (1 unless the text was over the model's length).
@@ -605,8 +442,34 @@ fn not_yours(id: &str) -> String {
     format!("session: {id:?} is not a session of this MCP client; open one with compress_context")
 }
 
-fn chunk_out(c: pb::Chunk) -> ChunkOut {
-    ChunkOut { field: c.field, id: c.id, text: c.text, score: c.score, tokens: c.tokens, span: [c.start, c.end] }
+/// A tool result as the receiving model gets it: one text block (a
+/// one-line header, then the context itself) and the machine view as
+/// structured content, never the JSON repeated as text.
+#[derive(Debug)]
+pub struct Delivered<T> {
+    /// The text block.
+    pub text: String,
+    /// The structured result.
+    pub out: T,
+}
+
+impl<T: Serialize> rmcp::handler::server::tool::IntoCallToolResult for Delivered<T> {
+    fn into_call_tool_result(self) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let value = serde_json::to_value(&self.out)
+            .map_err(|e| rmcp::ErrorData::internal_error(format!("serializing the result: {e}"), None))?;
+        let mut r = rmcp::model::CallToolResult::structured(value);
+        r.content = vec![rmcp::model::ContentBlock::text(self.text)];
+        Ok(r.into())
+    }
+}
+
+/// `text` after the header line (the header alone when `text` is empty).
+fn with_header(header: String, text: &str) -> String {
+    if text.is_empty() {
+        header
+    } else {
+        format!("{header}\n{text}")
+    }
 }
 
 /// The MCP server: the four tools over a [`Backend`].
@@ -632,15 +495,19 @@ impl ScdMcp {
 
     #[tool(
         name = "compress_context",
-        description = "Select the minimal sufficient context for a task under a token budget: the chunks to hand \
-                       to the receiving agent, the totals, the manifest of dropped chunks (ask for them with \
-                       request_more_context) and the session id. Confidential fields are never sent back."
+        title = "Compress context for a task",
+        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<CompressOutput>(),
+        description = "Select the minimal sufficient context for a task under a token budget. The text result is \
+                       the context to hand the receiving agent (after a one-line header), within the budget; the \
+                       structured result has the sizes, the chunk ids and the session id. If the receiver needs \
+                       more, call request_more_context with the session. Confidential fields are never sent back."
     )]
     async fn compress_context(
         &self,
         extensions: rmcp::model::Extensions,
         Parameters(args): Parameters<Args<CompressContextArgs>>,
-    ) -> Result<Json<CompressOutput>, String> {
+    ) -> Result<Delivered<CompressOutput>, String> {
         let owner = Owner::of(&extensions);
         let a = args.parse()?;
         if a.budget < 1 {
@@ -680,50 +547,44 @@ impl ScdMcp {
             render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
             budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
             explain: a.explain,
+            session_max_total_tokens: 0,
+            reserve_tokens: if open { a.reserve.unwrap_or(0) } else { 0 },
         };
-        let r = self.backend.compress(req, open).await.map_err(tool_error)?;
+        let mut r = self
+            .backend
+            .compress(req, open)
+            .await
+            .map_err(|s| tool_error(s).replacen("reserve_tokens", "reserve", 1))?;
         if !r.session_token.is_empty() {
-            self.tokens.insert(r.session_id.clone(), owner, r.session_token);
+            self.tokens.insert(r.session_id.clone(), owner, std::mem::take(&mut r.session_token));
         }
-        let t = r.totals.unwrap_or_default();
-        Ok(Json(CompressOutput {
-            chunks: r.chunks.into_iter().map(chunk_out).collect(),
-            totals: TotalsOut {
-                context_tokens: t.context_tokens,
-                sent_tokens: t.sent_tokens,
-                reduction_ratio: t.reduction_ratio,
-                r_theorem1: t.r_theorem1,
-                tokenizer: t.tokenizer,
-                requested_ratio: t.requested_ratio,
-            },
-            dropped: r
-                .dropped
-                .into_iter()
-                .map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens })
-                .collect(),
-            withheld_fields: r.withheld_fields,
-            warnings: r.warnings,
-            session_id: r.session_id,
-            report: (!r.report.is_empty()).then_some(r.report),
-            explanation: r.explanation.map(explanation_out),
-        }))
+        let out = view::compress_view(r, a.list_dropped);
+        let header = view::compress_header(&out, &format!("request_more_context session {:?}", out.session_id));
+        Ok(Delivered { text: with_header(header, &out.text), out })
     }
 
     #[tool(
         name = "request_more_context",
-        description = "Ask for more of a session's context: the next unseen chunks for a specific question (or \
-                       the chunk_ids named), within the session's remaining budget. Give current_confidence, or \
-                       your own hand-off report whose confidence sets it."
+        title = "Ask for more context",
+        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<MoreOutput>(),
+        description = "Ask for more of a session's context: the next chunks the receiver has not seen, for its \
+                       specific question (its next step, scored on its own) or the chunk_ids named, within this \
+                       reply's budget (max_tokens, default the first answer's budget). Give current_confidence, \
+                       or your own hand-off report whose confidence sets it."
     )]
     async fn request_more_context(
         &self,
         extensions: rmcp::model::Extensions,
         Parameters(args): Parameters<Args<RequestMoreArgs>>,
-    ) -> Result<Json<MoreOutput>, String> {
+    ) -> Result<Delivered<MoreOutput>, String> {
         let owner = Owner::of(&extensions);
         let a = args.parse()?;
         if a.session.is_empty() {
             return Err("session: must not be empty".into());
+        }
+        if a.max_tokens == Some(0) {
+            return Err("max_tokens: must be at least 1 (leave it out for the session's default)".into());
         }
         let confidence = match (a.current_confidence, &a.report) {
             (Some(_), Some(_)) => {
@@ -752,36 +613,47 @@ impl ScdMcp {
             reasoning: a.reasoning,
             chunk_ids: a.chunk_ids,
             report: a.report.unwrap_or_default(),
+            max_tokens: a.max_tokens.unwrap_or(0),
         };
         let r = self.backend.request_context(req).await.map_err(tool_error)?;
-        Ok(Json(MoreOutput {
-            chunks: r.chunks.into_iter().map(chunk_out).collect(),
-            remaining_tokens: r.remaining_tokens,
-            reason: r.reason,
-        }))
+        let out = view::more_view(r);
+        let header = view::more_header(&out);
+        Ok(Delivered { text: with_header(header, &out.text), out })
     }
 
-    #[tool(name = "count_tokens", description = "Count the tokens of a text in the model's tokenizer.")]
+    #[tool(
+        name = "count_tokens",
+        title = "Count tokens",
+        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
+        description = "Count the tokens of a text in a tokenizer: o200k, cl100k, e5 (the default, the model's own) \
+                       or a name the server registered."
+    )]
     async fn count_tokens(
         &self,
         Parameters(args): Parameters<Args<CountTokensArgs>>,
     ) -> Result<Json<TokensOutput>, String> {
         let a = args.parse()?;
+        let tokenizer = a.tokenizer.unwrap_or_default();
         let r = self
             .backend
-            .count_tokens(pb::CountTokensRequest { texts: vec![a.text] })
+            .count_tokens(pb::CountTokensRequest { texts: vec![a.text], tokenizer: tokenizer.clone() })
             .await
             .map_err(|s| tool_error(s).replacen("texts[0]", "text", 1))?;
         let tokens = r.tokens.first().copied().ok_or("the server counted no text")?;
-        Ok(Json(TokensOutput { tokens }))
+        let tokenizer = if tokenizer.trim().is_empty() { scd_engine::budget::E5.to_string() } else { tokenizer };
+        Ok(Json(TokensOutput { tokens, tokenizer }))
     }
 
     #[tool(
         name = "embed",
+        title = "Embed texts",
+        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<EmbedOutput>(),
         description = "Embed texts with the model (L2-normalized vectors); query: true for questions and tasks, \
-                       false (default) for passages. Long texts are embedded as a weighted mean of windows."
+                       false (default) for passages. The result gives each embedding's dimensions, tokens and a \
+                       digest; vectors: true adds the vectors to the structured result."
     )]
-    async fn embed(&self, Parameters(args): Parameters<Args<EmbedArgs>>) -> Result<Json<EmbedOutput>, String> {
+    async fn embed(&self, Parameters(args): Parameters<Args<EmbedArgs>>) -> Result<Delivered<EmbedOutput>, String> {
         let a = args.parse()?;
         let kind = if a.query { pb::InputKind::Query } else { pb::InputKind::Passage };
         let r = self
@@ -790,16 +662,41 @@ impl ScdMcp {
             .await
             .map_err(tool_error)?;
         let dim = r.embeddings.first().map_or(0, |e| e.values.len() as u32);
-        Ok(Json(EmbedOutput {
+        let out = EmbedOutput {
             model: r.model,
             dim,
             embeddings: r
                 .embeddings
                 .into_iter()
-                .map(|e| EmbeddingOut { values: e.values, tokens: e.tokens, windows: e.windows })
+                .map(|e| EmbeddingOut {
+                    digest: vector_digest(&e.values),
+                    values: if a.vectors { e.values } else { Vec::new() },
+                    tokens: e.tokens,
+                    windows: e.windows,
+                })
                 .collect(),
-        }))
+        };
+        let digests: Vec<&str> = out.embeddings.iter().map(|e| e.digest.as_str()).collect();
+        let text = format!(
+            "[SCD: {} embeddings of {} dimensions by {}{}] digests: {}",
+            out.embeddings.len(),
+            out.dim,
+            out.model,
+            if a.vectors { "; the vectors are in the structured result" } else { "" },
+            digests.join(" ")
+        );
+        Ok(Delivered { text, out })
     }
+}
+
+/// SHA-256 of a vector's little-endian f32 bytes, the first 16 hex digits.
+fn vector_digest(values: &[f32]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for v in values {
+        h.update(v.to_le_bytes());
+    }
+    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 #[tool_handler(router = self.tool_router)]
@@ -921,7 +818,7 @@ mod tests {
     async fn sessions_continue_by_id_alone_and_secrets_stay_out() {
         let mcp = in_process();
         let context = charges_context();
-        let Json(out) = mcp
+        let Delivered { out, .. } = mcp
             .compress_context(
                 stdio(),
                 compress_args(serde_json::json!({
@@ -937,7 +834,7 @@ mod tests {
         let token = mcp.tokens.get(&out.session_id, &Owner::Stdio).unwrap().unwrap();
         assert!(!shown.contains("sk_live") && !shown.contains(&token), "{shown}");
         // the id alone continues the session
-        let Json(more) = mcp
+        let Delivered { out: more, .. } = mcp
             .request_more_context(
                 stdio(),
                 more_args(serde_json::json!({
@@ -989,7 +886,7 @@ mod tests {
                 more_args(serde_json::json!({"session": session, "question": "q", "current_confidence": 0.1})),
             )
         };
-        let Json(a) = open(over_http(Some("mcp-a")), None).await.unwrap();
+        let Delivered { out: a, .. } = open(over_http(Some("mcp-a")), None).await.unwrap();
         let id = a.session_id.clone();
         let refused = format!("session: {id:?} is not a session of this MCP client; open one with compress_context");
         // another MCP session, a stateless request, stdio: neither asks for more nor continues it
@@ -999,13 +896,13 @@ mod tests {
         }
         // its own client still does both
         more(over_http(Some("mcp-a")), &id).await.unwrap();
-        let Json(again) = open(over_http(Some("mcp-a")), Some(&id)).await.unwrap();
+        let Delivered { out: again, .. } = open(over_http(Some("mcp-a")), Some(&id)).await.unwrap();
         assert_eq!(again.session_id, id);
         // a client-chosen id taken by another client is refused too
         open(over_http(Some("mcp-a")), Some("mine")).await.unwrap();
         assert!(open(over_http(Some("mcp-b")), Some("mine")).await.is_err());
         // stateless requests share one binding
-        let Json(s) = open(over_http(None), None).await.unwrap();
+        let Delivered { out: s, .. } = open(over_http(None), None).await.unwrap();
         more(over_http(None), &s.session_id).await.unwrap();
         assert!(more(over_http(Some("mcp-a")), &s.session_id).await.is_err());
     }
@@ -1019,16 +916,15 @@ mod tests {
             args.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             mcp.compress_context(stdio(), compress_args(args))
         };
-        let Json(out) = call(serde_json::json!({})).await.unwrap();
+        let Delivered { out, .. } = call(serde_json::json!({})).await.unwrap();
         assert_eq!(out.totals.tokenizer, "e5");
         assert!(out.explanation.is_none());
         assert!(!serde_json::to_string(&out).unwrap().contains("explanation"));
 
-        let Json(out) = call(serde_json::json!({"budget_tokenizer": "o200k"})).await.unwrap();
+        let Delivered { out, .. } = call(serde_json::json!({"budget_tokenizer": "o200k"})).await.unwrap();
         assert_eq!(out.totals.tokenizer, "o200k");
-        let sent: Vec<&str> = out.chunks.iter().map(|c| c.text.as_str()).collect();
-        let n = scd_engine::budget::builtin("o200k").unwrap().count(&sent.join("\n")).unwrap();
-        assert!(n <= 12 && !sent.is_empty(), "{n} o200k tokens");
+        let n = scd_engine::budget::builtin("o200k").unwrap().count(&out.text).unwrap();
+        assert!(n <= 12 && !out.chunks.is_empty(), "{n} o200k tokens");
         for bad in ["nope", "/etc/passwd"] {
             let e = call(serde_json::json!({"budget_tokenizer": bad})).await.err().unwrap();
             assert!(e.starts_with("budget_tokenizer: unknown tokenizer"), "{e}");
@@ -1037,7 +933,7 @@ mod tests {
         let e = call(serde_json::json!({"explain": "yes"})).await.err().unwrap();
         assert!(e.starts_with("explain: invalid type"), "{e}");
 
-        let Json(out) = call(serde_json::json!({"explain": true})).await.unwrap();
+        let Delivered { out, .. } = call(serde_json::json!({"explain": true})).await.unwrap();
         let ex = out.explanation.as_ref().expect("an explanation");
         let ids: Vec<&str> = ex.selected.iter().map(|w| w.id.as_str()).collect();
         assert_eq!(ids, out.chunks.iter().map(|c| c.id.as_str()).collect::<Vec<_>>());

@@ -133,10 +133,14 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     let task = &r["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
     let data = &task["artifacts"][0]["parts"][0]["data"];
-    assert!(data["totals"]["sentTokens"].as_u64().unwrap() <= 150);
+    // the one output view (snake_case), and the text part is exactly its text
+    assert!(data["totals"]["sent_tokens"].as_u64().unwrap() <= 150);
     assert!(!data["chunks"].as_array().unwrap().is_empty());
-    assert_eq!(data["withheldFields"], json!(["api_keys"]));
-    assert!(task["artifacts"][0]["parts"][1]["text"].as_str().unwrap().starts_with('['));
+    assert_eq!(data["withheld_fields"], json!(["api_keys"]));
+    assert!(data["dropped"]["count"].as_u64().unwrap() > 0 && data["dropped"].get("listed").is_none(), "{data}");
+    let pasted = task["artifacts"][0]["parts"][1]["text"].as_str().unwrap();
+    assert_eq!(pasted, data["text"].as_str().unwrap());
+    assert!(!pasted.is_empty() && !pasted.starts_with('{'), "the context, not JSON: {pasted}");
     let (id, ctx) = (task["id"].as_str().unwrap().to_string(), task["contextId"].as_str().unwrap().to_string());
 
     // a text part in the same context: an adaptive request on its session
@@ -148,6 +152,10 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     assert_ne!(t2["id"], json!(id));
     assert_eq!(t2["artifacts"][0]["name"], "more-context");
     assert!(!r2.to_string().contains("sk_live_SECRET_4242"));
+    // its own budget: the follow-up brings something even though the first answer filled its budget
+    let more = &t2["artifacts"][0]["parts"][0]["data"];
+    assert!(more["sent_tokens"].as_u64().unwrap() > 0, "{more}");
+    assert_eq!(t2["artifacts"][0]["parts"][1]["text"], more["text"]);
 
     // bad input: spec-shaped errors, nothing held changes
     let before = rpc(&s.http, "GetTask", json!({"id": id}));
@@ -443,12 +451,13 @@ async fn a2a_data_part_counts_the_budget_in_the_named_tokenizer() {
         assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
         let data = &task["artifacts"][0]["parts"][0]["data"];
         assert_eq!(data["totals"]["tokenizer"], "o200k", "{data}");
-        let text: Vec<&str> = data["chunks"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
-        let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(&text.join("\n")).len();
-        assert!(sent <= 150 && !text.is_empty(), "{sent} o200k tokens sent");
+        let pasted = task["artifacts"][0]["parts"][1]["text"].as_str().unwrap();
+        let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(pasted).len();
+        assert!(sent <= 150 && !pasted.is_empty(), "{sent} o200k tokens sent");
         let t = &data["totals"];
-        let asked = t["contextTokens"].as_f64().unwrap() / 150.0;
-        assert!((t["requestedRatio"].as_f64().unwrap() - asked).abs() < 1e-3 * asked, "{t}");
+        assert_eq!(t["sent_tokens"].as_u64().unwrap() as usize, sent, "{t}");
+        let asked = t["context_tokens"].as_f64().unwrap() / 150.0;
+        assert!((t["requested_ratio"].as_f64().unwrap() - asked).abs() < 1e-3 * asked, "{t}");
         assert!(!r.to_string().contains("sk_live_SECRET_4242"), "confidential content leaked");
         // the default is the encoder's own
         let r = rpc(&addr, "SendMessage", compress_message(None));

@@ -94,9 +94,11 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
     };
     let (ok, stdout, stderr) = client(&["--budget-tokenizer", "llama", "--explain", "--format", "text"]);
     assert!(ok, "{stderr}");
-    assert!(stdout.contains(" tokens sent in llama: ") && stdout.contains("; tokens in llama"), "{stdout}");
-    assert!(stdout.lines().any(|l| l.starts_with("id ") && l.ends_with(" chunker")), "{stdout}");
-    assert!(stdout.lines().any(|l| l.starts_with("-- dropped: ")), "{stdout}");
+    // stdout: only the text; stderr: the sizes and the table
+    assert!(!stdout.contains("-- ") && !stdout.trim().is_empty(), "{stdout}");
+    assert!(stderr.contains(" llama tokens sent (") && stderr.contains("; tokens in llama"), "{stderr}");
+    assert!(stderr.lines().any(|l| l.starts_with("id ") && l.ends_with(" chunker")), "{stderr}");
+    assert!(stderr.lines().any(|l| l.starts_with("-- dropped: ")), "{stderr}");
     let (ok, stdout, stderr) = client(&["--budget-tokenizer", "o200k"]);
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -109,6 +111,8 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
     let budget = 120;
     let mut open = with_tokenizer(budget, "o200k");
     open.session_id = "budget-o200k".into();
+    // a session total: the first answer and its follow-ups share the budget
+    open.session_max_total_tokens = budget;
     open.requirement.as_mut().unwrap().min_relative_score = Some(1.0);
     let first = c.compress(open).await.unwrap().into_inner();
     let first_sent = o200k(&sent_text(&first.chunks));
@@ -126,9 +130,26 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
     for ch in &more.chunks {
         assert_eq!(ch.tokens as usize, o200k(&ch.text), "{}", ch.id);
     }
-    let more_sent = o200k(&sent_text(&more.chunks));
+    let more_sent = o200k(&more.text);
+    assert_eq!(more.text, sent_text(&more.chunks));
+    assert_eq!(more.sent_tokens as usize, more_sent);
     assert!(first_sent + more_sent <= budget as usize, "{first_sent} + {more_sent} o200k tokens over {budget}");
-    assert!(more.remaining_tokens as usize <= budget as usize - first_sent - more_sent, "{more:?}");
+    assert_eq!(more.session_sent_tokens as usize, first_sent + more_sent, "{more:?}");
+    assert_eq!(more.remaining_tokens as usize, budget as usize - first_sent - more_sent, "{more:?}");
+    // a follow-up's own budget bounds it too
+    let small = c
+        .request_context(pb::ContextRequest {
+            session_id: first.session_id.clone(),
+            session_token: first.session_token.clone(),
+            specific_question: "what did the user report?".into(),
+            current_confidence: 0.1,
+            max_tokens: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(o200k(&small.text) <= 10 && small.budget <= 10, "{small:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -199,7 +199,10 @@ async fn adversarial_grpc_requests_are_invalid_argument_and_nothing_else_is_lost
         assert!(err.message().starts_with(want), "{:?} does not start with {want:?}", err.message());
     }
     let big = "word ".repeat(300_000);
-    let err = c.count_tokens(pb::CountTokensRequest { texts: vec!["ok".into(), big] }).await.unwrap_err();
+    let err = c
+        .count_tokens(pb::CountTokensRequest { texts: vec!["ok".into(), big], ..Default::default() })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert_eq!(err.message(), "texts[1]: 1500000 bytes, over the limit 1048576 (--max-text-bytes)");
     // the session opened before is intact
@@ -229,18 +232,21 @@ fn compress_explain_prints_a_table_and_json_carries_it_only_when_asked() {
         "--budget",
         "150",
     ];
-    let with = |extra: &[&str]| {
+    let with_stderr = |extra: &[&str]| {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let (ok, stdout, stderr) = scd(&args, "");
         assert!(ok, "{extra:?}: {stderr}");
         assert!(!stdout.contains("sk_live_SECRET_4242"), "confidential content leaked");
-        stdout
+        (stdout, stderr)
     };
-    // text: the chunks, then the table: header, a row per sent chunk, the dropped ones
-    let text = with(&["--explain", "--format", "text"]);
+    let with = |extra: &[&str]| with_stderr(extra).0;
+    let explained: serde_json::Value = serde_json::from_str(with(&["--explain"]).trim()).unwrap();
+    // text: stdout is exactly what the receiver pastes; the sizes and the
+    // table (header, a row per sent chunk, the dropped ones) go to stderr
+    let (pasted, text) = with_stderr(&["--explain", "--format", "text"]);
+    assert_eq!(pasted.strip_suffix('\n').unwrap(), explained["text"].as_str().unwrap());
     let lines: Vec<&str> = text.lines().collect();
-    let sent: Vec<&str> =
-        lines.iter().filter_map(|l| l.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(id, _)| id)).collect();
+    let sent: Vec<&str> = explained["chunks"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert!(!sent.is_empty(), "{text}");
     let why =
         lines.iter().position(|l| l.starts_with("-- why: score = dense_z + ")).unwrap_or_else(|| panic!("{text}"));
@@ -269,8 +275,9 @@ fn compress_explain_prints_a_table_and_json_carries_it_only_when_asked() {
         "{text}"
     );
     // without --explain: no table
-    let plain = with(&["--format", "text"]);
-    assert!(!plain.contains("-- why:") && !plain.contains("-- dropped:"), "{plain}");
+    let (plain, sizes) = with_stderr(&["--format", "text"]);
+    assert!(!sizes.contains("-- why:") && !sizes.contains("-- dropped:"), "{sizes}");
+    assert!(!plain.contains("-- ") && !plain.contains("[error_logs#"), "only the context: {plain}");
 
     // json: "explanation" only with --explain
     let json = |extra: &[&str]| -> serde_json::Value { serde_json::from_str(with(extra).trim()).unwrap() };
@@ -313,9 +320,9 @@ fn compress_explain_names_a_container_header_left_out_as_structure_only() {
         ];
         let (ok, stdout, stderr) = scd(&args, &ctx.to_string());
         assert!(ok, "{stderr}");
-        stdout
+        (stdout, stderr)
     };
-    let v: serde_json::Value = serde_json::from_str(run("json").trim()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(run("json").0.trim()).unwrap();
     let ex = &v["explanation"];
     let structure: Vec<&str> = ex["dropped"]
         .as_array()
@@ -327,15 +334,17 @@ fn compress_explain_names_a_container_header_left_out_as_structure_only() {
     assert!(!structure.is_empty(), "120 tokens leave some impl unsent: {ex}");
     // a sent header or closing line came with a method of its impl
     let chunks = v["chunks"].as_array().unwrap();
-    let sent_fn = chunks.iter().any(|c| c["text"].as_str().unwrap().contains("pub fn freeze"));
+    let text_of =
+        |c: &serde_json::Value| &src[c["span"][0].as_u64().unwrap() as usize..c["span"][1].as_u64().unwrap() as usize];
+    let sent_fn = chunks.iter().any(|c| text_of(c).contains("pub fn freeze"));
     assert!(sent_fn, "the method asked for is sent: {v}");
     for (c, w) in chunks.iter().zip(ex["selected"].as_array().unwrap()) {
-        let t = c["text"].as_str().unwrap();
+        let t = text_of(c);
         if t.starts_with("impl ") || t == "}" {
             assert_eq!(w["by_closure"], true, "structure sent alone: {t:?}");
         }
     }
-    assert!(run("text").contains("structure only (sent with a member of its group)"));
+    assert!(run("text").1.contains("structure only (sent with a member of its group)"));
 }
 
 #[test]
@@ -365,15 +374,22 @@ fn compress_counts_the_budget_in_the_named_tokenizer() {
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["totals"]["tokenizer"], "o200k");
-    let text: Vec<&str> = v["chunks"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap()).collect();
-    let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(&text.join("\n")).len();
+    let text = v["text"].as_str().unwrap();
+    let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(text).len();
     assert!(sent <= 120 && !text.is_empty(), "{sent} o200k tokens sent");
+    assert_eq!(v["totals"]["sent_tokens"].as_u64().unwrap() as usize, sent);
     let asked = v["totals"]["context_tokens"].as_f64().unwrap() / 120.0;
     assert!((v["totals"]["requested_ratio"].as_f64().unwrap() - asked).abs() < 1e-3 * asked, "{}", v["totals"]);
     // text: the ratios asked and achieved, in the tokenizer that counted them
     let (ok, stdout, stderr) = run("o200k", "text");
     assert!(ok, "{stderr}");
-    assert!(stdout.lines().any(|l| l.starts_with("-- counted in o200k: ") && l.contains("x asked")), "{stdout}");
+    // stdout is the text alone, within the budget; the sizes go to stderr
+    let sent = tiktoken_rs::o200k_base_singleton().encode_ordinary(stdout.strip_suffix('\n').unwrap()).len();
+    assert!(sent <= 120, "{sent} o200k tokens printed");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("-- ") && l.contains("o200k tokens sent") && l.contains("x asked")),
+        "{stderr}"
+    );
     // a tokenizer.json by path, reported under its path
     let path = root().join("models/out/e5-small/tokenizer.json").display().to_string();
     let (ok, stdout, stderr) = run(&path, "json");

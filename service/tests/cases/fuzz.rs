@@ -130,6 +130,8 @@ fn compress_request(rng: &mut impl Rng) -> pb::CompressRequest {
         render: 0,
         budget_tokenizer: ["", "o200k", "cl100k", "e5", "nope", "/etc/passwd"][rng.random_range(0..6)].into(),
         explain: rng.random_bool(0.3),
+        session_max_total_tokens: [0, 0, 1, 50, u32::MAX][rng.random_range(0..5)],
+        reserve_tokens: [0, 0, 0, 10, u32::MAX][rng.random_range(0..5)],
     }
 }
 

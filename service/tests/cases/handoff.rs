@@ -19,6 +19,13 @@ fn seeds() -> [(&'static str, String); 3] {
     ]
 }
 
+/// Tokens of `text` in e5-small's own tokenizer (the default budget's).
+fn scd_count(text: &str) -> u64 {
+    let path = root().join("models/out/e5-small/tokenizer.json");
+    let t = scd_engine::budget::TokenizerRegistry::new().resolve_or_load(path.to_str().unwrap()).unwrap().unwrap();
+    t.count(text).unwrap() as u64
+}
+
 fn parse_json(args: &[&str], stdin: &str) -> Value {
     let (ok, stdout, stderr) = scd(args, stdin);
     assert!(ok, "{args:?}: {stderr}");
@@ -160,15 +167,18 @@ fn compress_render_writes_a_report_that_parses_and_keeps_the_required_field() {
             "--context",
             p,
             "--budget",
-            "200",
+            "300",
             "--required",
             "db_schema",
             "--render",
             format,
         ];
         let out = parse_json(&args, "");
-        let report = out["report"].as_str().unwrap_or_else(|| panic!("no report key: {out}"));
+        // with --render the report is the text handed over, its wrapping counted in the budget
+        let report = out["text"].as_str().unwrap_or_else(|| panic!("no text key: {out}"));
         assert!(out["chunks"].as_array().is_some_and(|c| !c.is_empty()), "the chunks are still there");
+        assert_eq!(out["totals"]["sent_tokens"].as_u64().unwrap(), scd_count(report), "{format}");
+        assert!(out["totals"]["sent_tokens"].as_u64().unwrap() <= 300, "{format}: {}", out["totals"]);
         let f: Format = format.parse().unwrap();
         let parsed = handoff::parse(report, f);
         assert!(parsed.parsed, "{format}: {:?}\n{report}", parsed.why_not);
@@ -182,7 +192,7 @@ fn compress_render_writes_a_report_that_parses_and_keeps_the_required_field() {
         // --format text prints the report itself
         let (ok, text, stderr) = scd(&[&args[..], &["--format", "text"]].concat(), "");
         assert!(ok, "{stderr}");
-        assert_eq!(text, report, "{format}");
+        assert_eq!(text.strip_suffix('\n'), Some(report), "{format}");
     }
 }
 
@@ -445,7 +455,7 @@ mod rpc {
             assert!(ok, "{err}");
             (out, more_out)
         });
-        let text = out["report"].as_str().unwrap();
+        let text = out["text"].as_str().unwrap();
         assert!(handoff::parse(text, Format::SemiStructured).parsed, "{text}");
         assert!(!text.contains("sk_live_SECRET_4242"));
         let more_out: serde_json::Value = serde_json::from_str(&more_out).unwrap();

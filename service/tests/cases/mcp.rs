@@ -4,7 +4,7 @@
 //! over stdio again with the tools forwarded to a running `scd serve`.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use crate::{grpc, ready, root};
@@ -84,6 +84,60 @@ fn mcp_over_stdio_with_the_python_client() {
     let bin = env!("CARGO_BIN_EXE_scd");
     let s = client(&python, &["stdio", &context(), "--", bin, "mcp"]);
     check_summary(&s, "stdio");
+}
+
+/// A dev-set file under `../shared/evaldata` (or `SCD_SHARED_DIR`), or a
+/// skip (a failure under CI).
+fn evaldata(rel: &str) -> Option<String> {
+    let shared = std::env::var_os("SCD_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("../shared"));
+    let p = shared.join("evaldata").join(rel);
+    if p.is_file() {
+        return Some(p.display().to_string());
+    }
+    crate::skip(&format!("{} absent (../shared/evaldata is not part of the repository)", p.display()));
+    None
+}
+
+/// OpenAI's cl100k_base file as the tiktoken-rs crate ships it (cargo has
+/// it in its registry: it is a dependency of the engine).
+fn cl100k_file() -> Option<String> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+    let src = home.join("registry/src");
+    let found = std::fs::read_dir(&src).ok()?.flatten().find_map(|index| {
+        let p = index.path().join("tiktoken-rs-0.12.1/assets/cl100k_base.tiktoken");
+        p.is_file().then_some(p)
+    });
+    if found.is_none() {
+        crate::skip(&format!("no tiktoken-rs-0.12.1/assets/cl100k_base.tiktoken under {}", src.display()));
+    }
+    found.map(|p| p.display().to_string())
+}
+
+/// What a model actually receives: every text block of `compress_context`
+/// (plain, with explain, rendered semi_structured and structured_soft with
+/// explain) and of a follow-up with its own budget, on three HotpotQA and
+/// three Rust-source contexts, counted by tiktoken's cl100k in Python: at
+/// most 1.1x the budget plus a 64-token header.
+#[test]
+fn what_a_model_sees_of_mcp_results_fits_the_budget_in_tiktoken_cl100k() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp, tiktoken") else { return };
+    let (Some(hotpot), Some(code), Some(cl100k)) =
+        (evaldata("hotpotqa/hotpot_hf_schema.jsonl"), evaldata("code/code_search_dev.jsonl"), cl100k_file())
+    else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_scd");
+    let s = client(&python, &["window", &context(), &cl100k, &hotpot, &code, "--", bin, "mcp"]);
+    eprintln!("receiver's window: {s}");
+    assert_eq!(s["calls"], 6 * 5, "{s}");
+    assert!(s["header_max_tokens"].as_u64().unwrap() <= 64, "{s}");
+    assert!(s["worst_body_ratio"].as_f64().unwrap() <= 1.0, "the text itself within the budget: {s}");
+    assert!(s["overall_ratio"].as_f64().unwrap() <= 1.1, "{s}");
 }
 
 #[test]

@@ -4,6 +4,8 @@
     mcp_client.py http CONTEXT_JSON URL                          # a running `scd mcp --http-addr`
     mcp_client.py bench CONTEXT_JSON N -- SCD_BINARY [ARGS...]   # latency of N calls per tool over stdio
     mcp_client.py two_clients CONTEXT_JSON URL                   # sessions stay with the MCP client that opened them
+    mcp_client.py window CONTEXT_JSON CL100K HOTPOT CODE -- SCD_BINARY [ARGS...]
+        # what a model sees: every text block of real results counted with tiktoken's cl100k
 
 Lists the tools (4 names, each with an input and an output schema), calls
 each one, checks the structured results (the client itself validates them
@@ -57,7 +59,15 @@ async def ok(s, name, args):
     r = await call(s, name, args)
     check(not r.is_error, f"{name} succeeds", error_text(r))
     check(isinstance(r.structured_content, dict), f"{name} has structured content", r.structured_content)
-    return r.structured_content
+    out = r.structured_content
+    if "text" in out:
+        # the text block is the context itself after a one-line header, never the JSON again
+        check(len(r.content) == 1, f"{name}: one text block", len(r.content))
+        block = r.content[0].text
+        header, _, body = block.partition("\n")
+        check(header.startswith("[SCD: ") and header.endswith("]"), f"{name}: a one-line header", header)
+        check(body == out["text"], f"{name}: the text block is the context", (body[:80], out["text"][:80]))
+    return out
 
 
 async def tool_error(s, name, args, starts):
@@ -90,11 +100,15 @@ async def suite(s, context):
     check(out["session_id"], "a session id", out)
     check("session_token" not in json.dumps(out), "no session token reaches the client", out)
     check(out["withheld_fields"] == ["api_keys"], "the confidential field is withheld", out["withheld_fields"])
-    check(all(d["field"] != "api_keys" for d in out["dropped"]), "no confidential stub", out["dropped"])
-    check(out["dropped"], "a dropped manifest", out)
+    check(out["dropped"]["count"] > 0 and "listed" not in out["dropped"], "a summary of what was held back", out)
+    check(all(w not in out["text"] for w in [SECRET]), "the text holds no secret", out["text"][:200])
     session = out["session_id"]
     first = {c["id"] for c in out["chunks"]}
-    summary["compress"] = {"chunks": len(out["chunks"]), "sent_tokens": sent, "dropped": len(out["dropped"])}
+    summary["compress"] = {"chunks": len(out["chunks"]), "sent_tokens": sent, "dropped": out["dropped"]["count"]}
+    listed = await ok(s, "compress_context", {"task": TASK, "context": context, "budget": 150, "list_dropped": True})
+    held = listed["dropped"]["listed"]
+    check(0 < len(held) <= 100 and len(held) <= listed["dropped"]["count"], "list_dropped lists them", listed["dropped"])
+    check(all(d["field"] != "api_keys" for d in held), "no confidential stub", held)
 
     more = await ok(
         s,
@@ -113,7 +127,7 @@ async def suite(s, context):
     rendered = await ok(
         s, "compress_context", {"task": TASK, "context": context, "budget": budget, "render": "semi_structured"}
     )
-    check("[STATUS]" in rendered.get("report", ""), "render writes a semi_structured report", rendered.get("report"))
+    check(rendered["text"].startswith("[STATUS]"), "render writes a semi_structured report", rendered["text"][:80])
     check(rendered["session_id"] != session, "a new session per call without one", rendered["session_id"])
 
     # the budget in the receiver's tokenizer, and why each chunk was chosen
@@ -142,8 +156,14 @@ async def suite(s, context):
     }
 
     n = await ok(s, "count_tokens", {"text": "the checkout page spins forever"})
-    check(n["tokens"] > 0, "count_tokens", n)
-    emb = await ok(s, "embed", {"texts": ["connection pool exhausted", "newsletter font"], "query": True})
+    check(n["tokens"] > 0 and n["tokenizer"] == "e5", "count_tokens", n)
+    n = await ok(s, "count_tokens", {"text": "the checkout page spins forever", "tokenizer": "cl100k"})
+    check(n["tokens"] == 5 and n["tokenizer"] == "cl100k", "count_tokens in cl100k", n)
+    brief = await ok(s, "embed", {"texts": ["connection pool exhausted"], "query": True})
+    check("values" not in brief["embeddings"][0], "no vectors unless asked", brief)
+    check(len(brief["embeddings"][0]["digest"]) == 16, "a digest", brief)
+    emb = await ok(s, "embed", {"texts": ["connection pool exhausted", "newsletter font"], "query": True, "vectors": True})
+    check(emb["embeddings"][0]["digest"] == brief["embeddings"][0]["digest"], "equal vectors, equal digests", emb)
     check(len(emb["embeddings"]) == 2, "two embeddings", len(emb["embeddings"]))
     for e in emb["embeddings"]:
         norm = math.sqrt(sum(v * v for v in e["values"]))
@@ -257,6 +277,95 @@ async def two_clients(url, context):
     return out
 
 
+def cl100k(path):
+    """tiktoken's own cl100k_base, its file seeded into tiktoken's cache from
+    a local copy (tiktoken checks its sha256, so it is OpenAI's file)."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    cache = tempfile.mkdtemp(prefix="tiktoken-")
+    shutil.copyfile(path, os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()))
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base")
+
+
+def real_contexts(hotpot, code, n):
+    """`n` HotpotQA contexts (a field per paragraph) and `n` Rust source contexts."""
+    out = []
+    with open(hotpot) as f:
+        for line in f:
+            r = json.loads(line)
+            c = r["context"]
+            fields = [
+                {"name": t, "kind": "prose", "content": " ".join(ss)} for t, ss in zip(c["title"], c["sentences"])
+            ]
+            seen, uniq = set(), []
+            for fl in fields:
+                if fl["name"] not in seen:
+                    seen.add(fl["name"])
+                    uniq.append(fl)
+            out.append(("hotpotqa", r["question"], {"fields": uniq}))
+            if len(out) == n:
+                break
+    with open(code) as f:
+        for line in f:
+            r = json.loads(line)
+            out.append(("code", r["task"], r["context"]))
+            if len(out) == 2 * n:
+                break
+    check(len(out) == 2 * n, "enough real contexts", len(out))
+    return out
+
+
+async def window(s, enc, cases):
+    """Every text block a model gets from compress_context (and a follow-up)
+    counted with tiktoken's cl100k: at most 1.1x the budget plus a 64-token
+    header, with explain and render too."""
+    count = lambda t: len(enc.encode(t, disallowed_special=()))
+    variants = [{}, {"explain": True}, {"render": "semi_structured"}, {"render": "structured_soft", "explain": True}]
+    calls, worst, total_blocks, total_budget, header_max = 0, 0.0, 0, 0, 0
+    for source, task, context in cases:
+        size = sum(count(fl["content"]) for fl in context["fields"])
+        budget = max(size // 5, 1)
+        for v in variants:
+            args = dict({"task": task, "context": context, "budget": budget, "budget_tokenizer": "cl100k"}, **v)
+            r = await call(s, "compress_context", args)
+            check(not r.is_error, f"{source} {v}: succeeds", error_text(r))
+            blocks = [c.text for c in r.content if getattr(c, "type", "") == "text"]
+            n = sum(count(b) for b in blocks)
+            header = count(blocks[0].partition("\n")[0])
+            header_max = max(header_max, header)
+            check(header <= 64, f"{source} {v}: the header is at most 64 tokens", header)
+            check(n <= 1.1 * budget + 64, f"{source} {v}: {n} cl100k tokens for a budget of {budget}", blocks[0][:200])
+            body = r.structured_content["text"]
+            check(count(body) <= budget, f"{source} {v}: the text within the budget", count(body))
+            calls += 1
+            worst = max(worst, (n - header) / budget)
+            total_blocks += n
+            total_budget += budget
+        # a follow-up with its own budget
+        ask = max(budget // 2, 1)
+        r = await call(
+            s,
+            "request_more_context",
+            {"session": r.structured_content["session_id"], "question": task, "current_confidence": 0.2,
+             "max_tokens": ask},
+        )
+        check(not r.is_error, f"{source}: a follow-up succeeds", error_text(r))
+        n = sum(count(c.text) for c in r.content if getattr(c, "type", "") == "text")
+        check(n <= 1.1 * ask + 64, f"{source}: follow-up {n} cl100k tokens for {ask}", r.content[0].text[:200])
+        calls += 1
+        total_blocks += n
+        total_budget += ask
+    return {"calls": calls, "worst_body_ratio": round(worst, 3), "overall_ratio": round(total_blocks / total_budget, 3),
+            "header_max_tokens": header_max}
+
+
 async def main():
     mode, context_path = sys.argv[1], sys.argv[2]
     with open(context_path) as f:
@@ -270,6 +379,17 @@ async def main():
                 await s.initialize()
                 summary = await bench(s, context, int(sys.argv[3]))
         summary["server"] = rest
+        print(json.dumps(summary))
+        return
+    if mode == "window":
+        rest = sys.argv[sys.argv.index("--") + 1 :]
+        enc = cl100k(sys.argv[3])
+        cases = real_contexts(sys.argv[4], sys.argv[5], 3)
+        params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                summary = await window(s, enc, cases)
         print(json.dumps(summary))
         return
     if mode == "stdio":
