@@ -1,12 +1,19 @@
 //! Content-addressed embedding cache: (model id, input kind, normalized
 //! text) → vector, bounded in bytes. A `moka` cache (TinyLFU admission,
-//! weighed by bytes) rather than a hand-written LRU.
+//! weighed by bytes) rather than a hand-written LRU, over an optional
+//! persistent tier ([`DiskTier`]): one redb file that every process of the
+//! machine shares (`scd compress`, `scd mcp`, `scd serve`), so re-sending a
+//! file, or calling again after a restart, embeds only what is new.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use sha2::{Digest, Sha256};
+use tracing::{debug, warn};
 
 type Key = [u8; 32];
 
@@ -17,17 +24,22 @@ pub struct CacheStats {
     pub hits: u64,
     /// Lookups that had to embed.
     pub misses: u64,
+    /// Lookups answered by the persistent tier (counted in `hits` too).
+    pub disk_hits: u64,
     /// Vectors held.
     pub entries: usize,
     /// Bytes held (vectors + keys).
     pub bytes: usize,
 }
 
-/// A thread-safe, byte-bounded embedding cache.
+/// A thread-safe, byte-bounded embedding cache, over an optional
+/// persistent tier.
 pub struct EmbeddingCache {
     cache: Option<Cache<Key, Arc<[f32]>>>,
+    disk: Option<DiskTier>,
     hits: AtomicU64,
     misses: AtomicU64,
+    disk_hits: AtomicU64,
 }
 
 impl std::fmt::Debug for EmbeddingCache {
@@ -48,7 +60,56 @@ impl EmbeddingCache {
     pub fn new(max_bytes: usize) -> Self {
         let cache = (max_bytes > 0)
             .then(|| Cache::builder().max_capacity(max_bytes as u64).weigher(|_, v: &Arc<[f32]>| weight(v)).build());
-        Self { cache, hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+        Self { cache, disk: None, hits: AtomicU64::new(0), misses: AtomicU64::new(0), disk_hits: AtomicU64::new(0) }
+    }
+
+    /// This cache over the persistent tier `disk`.
+    pub fn with_disk(mut self, disk: Option<DiskTier>) -> Self {
+        self.disk = disk;
+        self
+    }
+
+    /// The persistent tier, if any.
+    pub fn disk(&self) -> Option<&DiskTier> {
+        self.disk.as_ref()
+    }
+
+    /// The vectors of `keys` from memory, then from the persistent tier (one
+    /// read there for all memory misses); counts hits and misses.
+    pub fn get_many(&self, keys: &[Key]) -> Vec<Option<Arc<[f32]>>> {
+        let mut out: Vec<Option<Arc<[f32]>>> =
+            keys.iter().map(|k| self.cache.as_ref().and_then(|c| c.get(k))).collect();
+        if let Some(disk) = &self.disk {
+            let missing: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+            if !missing.is_empty() {
+                let wanted: Vec<Key> = missing.iter().map(|&i| keys[i]).collect();
+                for (&i, v) in missing.iter().zip(disk.get_many(&wanted)) {
+                    if let Some(v) = v {
+                        if let Some(c) = &self.cache {
+                            c.insert(keys[i], v.clone());
+                        }
+                        self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                        out[i] = Some(v);
+                    }
+                }
+            }
+        }
+        let hits = out.iter().filter(|v| v.is_some()).count() as u64;
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+        self.misses.fetch_add(keys.len() as u64 - hits, Ordering::Relaxed);
+        out
+    }
+
+    /// Stores vectors in memory and (one write) in the persistent tier.
+    pub fn put_many(&self, entries: &[(Key, Arc<[f32]>)]) {
+        if let Some(c) = &self.cache {
+            for (k, v) in entries {
+                c.insert(*k, v.clone());
+            }
+        }
+        if let Some(disk) = &self.disk {
+            disk.put_many(entries);
+        }
     }
 
     /// The key of `text` under `model`: whitespace-normalized text.
@@ -98,9 +159,198 @@ impl EmbeddingCache {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            disk_hits: self.disk_hits.load(Ordering::Relaxed),
             entries,
             bytes,
         }
+    }
+}
+
+/// Vectors by key: 8 bytes of insertion sequence, then the f32s (LE).
+const VECTORS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("vectors");
+/// Keys by insertion sequence, oldest first: what the bound evicts.
+const ORDER: TableDefinition<u64, &[u8]> = TableDefinition::new("order");
+/// `next_seq` and `bytes`.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// Bytes one stored entry counts against the bound.
+fn stored_bytes(floats: usize) -> u64 {
+    (32 + 8 + 8 + 4 * floats) as u64
+}
+
+/// How long an operation waits for another process holding the file.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// The persistent tier: one redb file holding vectors by content key,
+/// bounded in bytes (oldest written first out). The file is opened per
+/// operation and closed after, so that several processes share it: one
+/// that finds it held by another retries for up to two seconds, then goes
+/// on without it (a cache never fails a request; the first failure is
+/// logged). A vector found on disk is not re-dated, so the bound is by age
+/// of writing.
+pub struct DiskTier {
+    path: PathBuf,
+    max_bytes: u64,
+    /// One operation at a time in this process (redb allows one opener).
+    lock: Mutex<()>,
+    warned: AtomicBool,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier").field("path", &self.path).field("max_bytes", &self.max_bytes).finish()
+    }
+}
+
+fn store_error(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl DiskTier {
+    /// A tier in the file `path` (created with its folder on first write),
+    /// holding at most `max_bytes` of entries.
+    pub fn new(path: impl Into<PathBuf>, max_bytes: u64) -> Self {
+        Self { path: path.into(), max_bytes, lock: Mutex::new(()), warned: AtomicBool::new(false) }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The bound in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    fn fail(&self, what: &str, e: String) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            warn!(path = %self.path.display(), error = %e, "embedding cache: {what} failed; going on without it");
+        } else {
+            debug!(path = %self.path.display(), error = %e, "embedding cache: {what} failed");
+        }
+    }
+
+    /// Opens the file, waiting out another process that holds it.
+    fn open(&self, create: bool) -> Result<Option<Database>, String> {
+        if !create && !self.path.exists() {
+            return Ok(None);
+        }
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let start = Instant::now();
+        loop {
+            match Database::create(&self.path) {
+                Ok(db) => return Ok(Some(db)),
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) if start.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(store_error(e)),
+            }
+        }
+    }
+
+    /// The stored vectors of `keys` (None where absent, or when the file
+    /// cannot be read).
+    pub fn get_many(&self, keys: &[Key]) -> Vec<Option<Arc<[f32]>>> {
+        let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let read = || -> Result<Vec<Option<Arc<[f32]>>>, String> {
+            let Some(db) = self.open(false)? else { return Ok(vec![None; keys.len()]) };
+            let tx = db.begin_read().map_err(store_error)?;
+            let table = match tx.open_table(VECTORS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(vec![None; keys.len()]),
+                Err(e) => return Err(store_error(e)),
+            };
+            keys.iter()
+                .map(|k| {
+                    Ok(table.get(k.as_slice()).map_err(store_error)?.and_then(|v| {
+                        let bytes = v.value();
+                        // a value that is not 8 + 4n bytes is not ours: a miss
+                        (bytes.len() >= 8 && (bytes.len() - 8) % 4 == 0).then(|| {
+                            bytes[8..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+                        })
+                    }))
+                })
+                .collect()
+        };
+        read().unwrap_or_else(|e| {
+            self.fail("reading", e);
+            vec![None; keys.len()]
+        })
+    }
+
+    /// Stores `entries` (those not stored yet) in one transaction, then
+    /// removes the oldest until the bound holds.
+    pub fn put_many(&self, entries: &[(Key, Arc<[f32]>)]) {
+        if entries.is_empty() {
+            return;
+        }
+        let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let write = || -> Result<usize, String> {
+            let db = self.open(true)?.expect("created");
+            let mut tx = db.begin_write().map_err(store_error)?;
+            tx.set_durability(Durability::Immediate).map_err(store_error)?;
+            let mut evicted = 0;
+            {
+                let mut vectors = tx.open_table(VECTORS).map_err(store_error)?;
+                let mut order = tx.open_table(ORDER).map_err(store_error)?;
+                let mut meta = tx.open_table(META).map_err(store_error)?;
+                let get = |m: &redb::Table<&str, u64>, k: &str| m.get(k).map(|v| v.map_or(0, |v| v.value()));
+                let mut next = get(&meta, "next_seq").map_err(store_error)?;
+                let mut bytes = get(&meta, "bytes").map_err(store_error)?;
+                let mut value = Vec::new();
+                for (k, v) in entries {
+                    if vectors.get(k.as_slice()).map_err(store_error)?.is_some() {
+                        continue;
+                    }
+                    value.clear();
+                    value.extend_from_slice(&next.to_le_bytes());
+                    for x in v.iter() {
+                        value.extend_from_slice(&x.to_le_bytes());
+                    }
+                    vectors.insert(k.as_slice(), value.as_slice()).map_err(store_error)?;
+                    order.insert(next, k.as_slice()).map_err(store_error)?;
+                    bytes += stored_bytes(v.len());
+                    next += 1;
+                }
+                while bytes > self.max_bytes {
+                    let Some((_, key)) = order.pop_first().map_err(store_error)? else { break };
+                    let key = key.value().to_vec();
+                    if let Some(old) = vectors.remove(key.as_slice()).map_err(store_error)? {
+                        bytes = bytes.saturating_sub(stored_bytes((old.value().len().saturating_sub(8)) / 4));
+                    }
+                    evicted += 1;
+                }
+                meta.insert("next_seq", next).map_err(store_error)?;
+                meta.insert("bytes", bytes).map_err(store_error)?;
+            }
+            tx.commit().map_err(store_error)?;
+            Ok(evicted)
+        };
+        match write() {
+            Ok(evicted) if evicted > 0 => debug!(evicted, "embedding cache: oldest entries evicted"),
+            Ok(_) => {}
+            Err(e) => self.fail("writing", e),
+        }
+    }
+
+    /// Entries and their bytes on disk (0, 0 when the file is absent).
+    pub fn stats(&self) -> (u64, u64) {
+        let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let read = || -> Result<(u64, u64), String> {
+            let Some(db) = self.open(false)? else { return Ok((0, 0)) };
+            let tx = db.begin_read().map_err(store_error)?;
+            let (Ok(vectors), Ok(meta)) = (tx.open_table(VECTORS), tx.open_table(META)) else { return Ok((0, 0)) };
+            let n = redb::ReadableTableMetadata::len(&vectors).map_err(store_error)?;
+            let bytes = meta.get("bytes").map_err(store_error)?.map_or(0, |v| v.value());
+            Ok((n, bytes))
+        };
+        read().unwrap_or_else(|e| {
+            self.fail("reading", e);
+            (0, 0)
+        })
     }
 }
 
@@ -125,6 +375,58 @@ mod tests {
         let s = c.stats();
         assert!(s.bytes <= bound && s.entries <= 10, "{s:?}");
         assert_eq!((s.hits, s.misses), (1, 1));
+    }
+
+    fn vector(seed: usize) -> Arc<[f32]> {
+        (0..8).map(|i| (seed * 8 + i) as f32).collect()
+    }
+
+    #[test]
+    fn the_disk_tier_keeps_vectors_across_instances_within_its_byte_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/embeddings.redb");
+        let keys: Vec<Key> = (0..20).map(|i| EmbeddingCache::key("m", 0, &i.to_string())).collect();
+        // a fresh file: nothing, and nothing created by a read
+        let a = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 10 * stored_bytes(8))));
+        assert!(a.get_many(&keys[..2]).iter().all(Option::is_none));
+        assert!(!path.exists());
+        a.put_many(&keys[..4].iter().enumerate().map(|(i, k)| (*k, vector(i))).collect::<Vec<_>>());
+        // another instance (a new process) reads them back, bit for bit
+        let b = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 10 * stored_bytes(8))));
+        let got = b.get_many(&keys[..5]);
+        for (i, v) in got.iter().enumerate().take(4) {
+            assert_eq!(v.as_deref(), Some(&*vector(i)), "entry {i}");
+        }
+        assert!(got[4].is_none());
+        let s = b.stats();
+        assert_eq!((s.hits, s.disk_hits, s.misses), (4, 4, 1));
+        // then from memory, not the disk again
+        b.get_many(&keys[..4]);
+        assert_eq!(b.stats().disk_hits, 4);
+        // the bound: 10 entries at most, the oldest written go first
+        b.put_many(&keys[4..].iter().enumerate().map(|(i, k)| (*k, vector(i + 4))).collect::<Vec<_>>());
+        let disk = b.disk().unwrap();
+        assert_eq!(disk.stats(), (10, 10 * stored_bytes(8)));
+        let c = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 10 * stored_bytes(8))));
+        let held = c.get_many(&keys);
+        assert!(held[..10].iter().all(Option::is_none) && held[10..].iter().all(Option::is_some), "{held:?}");
+    }
+
+    #[test]
+    fn a_disk_tier_that_cannot_be_used_is_a_miss_never_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.redb");
+        std::fs::write(&junk, b"not a database at all, just bytes").unwrap();
+        let key = EmbeddingCache::key("m", 0, "x");
+        for path in [junk, dir.path().to_path_buf()] {
+            let c = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 1 << 20)));
+            c.put_many(&[(key, vector(1))]);
+            // memory still serves it; the file is neither read nor replaced
+            assert_eq!(c.get_many(&[key])[0].as_deref(), Some(&*vector(1)));
+            let fresh = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 1 << 20)));
+            assert!(fresh.get_many(&[key])[0].is_none());
+        }
+        assert_eq!(std::fs::read(dir.path().join("junk.redb")).unwrap(), b"not a database at all, just bytes");
     }
 
     #[test]

@@ -38,9 +38,43 @@ pub struct ModelArgs {
     /// plain runs, pooling on the host).
     #[arg(long, env = "SCD_IO_BINDING", default_value_t = true, action = clap::ArgAction::Set, global = true)]
     pub io_binding: bool,
+    /// The persistent embedding cache: a redb file shared by every scd
+    /// process of the machine (a vector is keyed by model and text), or
+    /// `off`. Default: $XDG_CACHE_HOME/scd/embeddings.redb (else
+    /// ~/.cache/scd/embeddings.redb).
+    #[arg(long, env = "SCD_EMBEDDING_CACHE", global = true)]
+    pub embedding_cache: Option<String>,
+    /// Bytes the persistent embedding cache holds at most (oldest written
+    /// first out).
+    #[arg(long, env = "SCD_EMBEDDING_CACHE_BYTES", default_value_t = 1 << 30, global = true)]
+    pub embedding_cache_bytes: u64,
 }
 
 impl ModelArgs {
+    /// The persistent embedding cache's file (`None`: off).
+    pub fn embedding_cache_path(&self) -> Option<PathBuf> {
+        match self.embedding_cache.as_deref().map(str::trim) {
+            Some("off") | Some("") => None,
+            Some(p) => Some(PathBuf::from(p)),
+            None => {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .filter(|p| p.is_absolute())
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+                Some(base.join("scd").join("embeddings.redb"))
+            }
+        }
+    }
+
+    /// The engine's default settings with this persistent embedding cache.
+    pub fn scd_config(&self) -> scd_engine::extract::ScdConfig {
+        scd_engine::extract::ScdConfig {
+            embedding_store: self.embedding_cache_path(),
+            embedding_store_bytes: self.embedding_cache_bytes,
+            ..Default::default()
+        }
+    }
+
     /// Parses `--device`.
     pub fn device(&self) -> anyhow::Result<Device> {
         match self.device.as_str() {

@@ -31,6 +31,8 @@ enum Command {
     Demo(cli::demo::DemoArgs),
     /// Minimal sufficient context for a task under a token budget.
     Compress(cli::compress::CompressArgs),
+    /// Build a context from files (name: the path, kind: the extension): `scd context src/ notes.md > ctx.json`.
+    Context(cli::context::ContextArgs),
     /// Evidence recall vs reduction on a QA dataset, against baselines.
     Eval(cli::eval::EvalArgs),
     /// Choose scoring settings by cross-validation over development sets; reports every fold.
@@ -77,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),
         Command::Compress(args) => cli::compress::run(&cli.model, args),
+        Command::Context(args) => cli::context::run(args),
         Command::Eval(args) => cli::eval::run(&cli.model, args),
         Command::Tune(args) => cli::tune::run(&cli.model, args),
         Command::Serve(args) => cli::serve::run(&cli.model, args),

@@ -63,6 +63,8 @@ pub(crate) fn scd(args: &[&str], stdin: &str) -> (bool, String, String) {
         .current_dir(root())
         .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
         .env("SCD_MODELS_DIR", root().join("models/out"))
+        // the persistent embedding cache is tested on its own
+        .env("SCD_EMBEDDING_CACHE", "off")
         .env("SCD_THREADS", "2")
         .args(args)
         .stdin(Stdio::piped())
@@ -427,6 +429,8 @@ mod grpc {
             .current_dir(root())
             .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
             .env("SCD_MODELS_DIR", root().join("models/out"))
+            // the persistent embedding cache is tested on its own
+            .env("SCD_EMBEDDING_CACHE", "off")
             .env("SCD_THREADS", "2")
             .args(["serve", "--addr", "127.0.0.1:0"])
             .args(extra)

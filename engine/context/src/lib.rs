@@ -145,6 +145,9 @@ pub struct Context {
     pub fields: Vec<Field>,
 }
 
+/// The context's JSON shape, as errors name it.
+pub const CONTEXT_SHAPE: &str = r#"{"fields": [{"name", "kind", "content", "confidential"}]}"#;
+
 /// Size limits on one context, checked before any work is done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ContextLimits {
@@ -180,6 +183,9 @@ impl Context {
     pub fn from_json(json: &str) -> Result<Self> {
         let mut de = serde_json::Deserializer::from_str(json);
         let ctx: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            if let Some(hint) = Self::common_mistake(json) {
+                return Error::invalid("context", hint);
+            }
             let path = e.path().to_string();
             let field = if path == "." || path == "?" { "context".to_string() } else { format!("context.{path}") };
             Error::invalid(field, e.into_inner().to_string())
@@ -187,6 +193,36 @@ impl Context {
         // one JSON document, nothing after it
         de.end().map_err(|e| Error::invalid("context", e.to_string()))?;
         Ok(ctx)
+    }
+
+    /// What is wrong with a context that did not parse, when it is one of
+    /// the common mistakes: a bare array of fields, a JSON string holding
+    /// the context, or a text that is not JSON at all (a raw file). The
+    /// message says what to send instead and never quotes the input.
+    pub fn common_mistake(json: &str) -> Option<String> {
+        match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(v) => Self::mistaken_shape(&v),
+            Err(_) if !json.trim_start().starts_with(['{', '[', '"']) => Some(format!(
+                "not JSON (a raw text file?); build a context from files with `scd context FILE...` or \
+                 `scd compress --files FILE...`, or send {CONTEXT_SHAPE}"
+            )),
+            Err(_) => None,
+        }
+    }
+
+    /// [`Context::common_mistake`] for a context already parsed as JSON (a
+    /// tool's or a message's argument): a bare array of fields or a string.
+    pub fn mistaken_shape(v: &serde_json::Value) -> Option<String> {
+        match v {
+            serde_json::Value::Array(items) if items.iter().all(serde_json::Value::is_object) => Some(format!(
+                "a bare array of {} fields; wrap it as {{\"fields\": [...]}}, the shape {CONTEXT_SHAPE}",
+                items.len()
+            )),
+            serde_json::Value::String(_) => {
+                Some(format!("a JSON string; send the context object itself, {CONTEXT_SHAPE}, not a string holding it"))
+            }
+            _ => None,
+        }
     }
 
     /// Reads and parses a context file; errors name the path.
@@ -412,6 +448,24 @@ mod tests {
         let empty = Task { output_schema: Some(String::new()), ..Task::new("x") };
         assert_eq!((empty.text().as_str(), empty.schema()), ("x", None));
         assert!(!format!("{:?}", Task::new("secret plan")).contains("secret"));
+    }
+
+    #[test]
+    fn the_common_mistakes_get_an_error_saying_what_to_send_and_never_the_input() {
+        let bare = r#"[{"name": "a", "content": "SECRET-1"}, {"name": "b", "content": "x"}]"#;
+        let e = Context::from_json(bare).unwrap_err().to_string();
+        assert!(e.starts_with("context: a bare array of 2 fields; wrap it as {\"fields\": [...]}"), "{e}");
+        let string = serde_json::to_string(r#"{"fields": [{"name": "a", "content": "SECRET-2"}]}"#).unwrap();
+        let e = Context::from_json(&string).unwrap_err().to_string();
+        assert!(e.starts_with("context: a JSON string; send the context object itself"), "{e}");
+        let e = Context::from_json("SECRET-3 is the password\nand more text").unwrap_err().to_string();
+        assert!(e.starts_with("context: not JSON (a raw text file?)") && e.contains("scd context FILE"), "{e}");
+        for e in [bare, &string] {
+            assert!(!Context::from_json(e).unwrap_err().to_string().contains("SECRET"));
+        }
+        // other errors still name the path
+        let e = Context::from_json(r#"{"fields": [{"name": "a", "content": 3}]}"#).unwrap_err().to_string();
+        assert!(e.starts_with("context.fields[0].content: invalid type"), "{e}");
     }
 
     #[test]

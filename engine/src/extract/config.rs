@@ -13,6 +13,11 @@ pub struct ScdConfig {
     pub chunk: ChunkConfig,
     /// Embedding cache bound in bytes.
     pub cache_bytes: usize,
+    /// The persistent embedding cache's file ([`crate::cache::DiskTier`]),
+    /// shared by every process that names it; `None`: memory only.
+    pub embedding_store: Option<std::path::PathBuf>,
+    /// Bytes the persistent cache holds at most.
+    pub embedding_store_bytes: u64,
     /// Largest budget a request may ask for.
     pub max_budget_tokens: usize,
     /// Weight of the lexical (BM25) z-score beside the dense one.
@@ -114,6 +119,8 @@ impl Default for ScdConfig {
         Self {
             chunk: ChunkConfig::default(),
             cache_bytes: 256 << 20,
+            embedding_store: None,
+            embedding_store_bytes: 1 << 30,
             max_budget_tokens: 1 << 20,
             lexical_weight: 0.3,
             field_weight: 0.5,

@@ -38,7 +38,7 @@ pub use self::config::ScdConfig;
 use self::pack::PackTrace;
 use self::prepare::{PreparedContext, Split};
 use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
-use crate::cache::{CacheStats, EmbeddingCache};
+use crate::cache::{CacheStats, DiskTier, EmbeddingCache};
 use crate::cancel::Cancel;
 use crate::context::{Context, ContextRequirement, Redacted, Task};
 use crate::encoder::{Encoder, InputKind};
@@ -455,7 +455,8 @@ impl Scd {
             .max_capacity(cfg.prepared_cache_bytes as u64)
             .weigher(|_, p: &Arc<PreparedContext>| u32::try_from(p.bytes).unwrap_or(u32::MAX))
             .build();
-        Self { cache: EmbeddingCache::new(cfg.cache_bytes), encoder, sessions, prepared, cfg }
+        let disk = cfg.embedding_store.as_ref().map(|p| DiskTier::new(p, cfg.embedding_store_bytes));
+        Self { cache: EmbeddingCache::new(cfg.cache_bytes).with_disk(disk), encoder, sessions, prepared, cfg }
     }
 
     /// The encoder.

@@ -160,17 +160,20 @@ impl Scd {
     pub fn embed_cached_with(&self, texts: &[&str], kind: InputKind, cancel: &Cancel) -> Result<Vec<Arc<[f32]>>> {
         let kind_byte = u8::from(kind == InputKind::Query);
         let keys: Vec<_> = texts.iter().map(|t| EmbeddingCache::key(self.encoder.model_id(), kind_byte, t)).collect();
-        let mut out: Vec<Option<Arc<[f32]>>> = keys.iter().map(|k| self.cache.get(k)).collect();
+        let mut out = self.cache.get_many(&keys);
         let missing: Vec<usize> = (0..texts.len()).filter(|&i| out[i].is_none()).collect();
         for slice in missing.chunks(EMBED_SLICE) {
             cancel.check("embed")?;
             let refs: Vec<&str> = slice.iter().map(|&i| texts[i]).collect();
             let enc = self.encoder.encode(&refs, &EncodeOptions::new(kind).with_windows())?;
+            let mut fresh = Vec::with_capacity(slice.len());
             for (j, &i) in slice.iter().enumerate() {
                 let v: Arc<[f32]> = Arc::from(enc.row(j));
-                self.cache.put(keys[i], v.clone());
+                fresh.push((keys[i], v.clone()));
                 out[i] = Some(v);
             }
+            // each slice stored as it is done: a cancelled call keeps its work
+            self.cache.put_many(&fresh);
         }
         Ok(out.into_iter().map(|v| v.expect("filled")).collect())
     }

@@ -339,6 +339,9 @@ fn classify(m: &Message) -> Result<Input, Error> {
             if data.is_some() {
                 return Err(Error::InvalidParams(format!("message.parts[{i}]: one data part per message")));
             }
+            if let Some(hint) = d.get("context").and_then(scd_engine::context::Context::mistaken_shape) {
+                return Err(Error::InvalidParams(format!("message.parts[{i}].data.context: {hint}")));
+            }
             let input: CompressInput = serde_path_to_error::deserialize(d.clone()).map_err(|e| {
                 let path = e.path().to_string();
                 let at = if path == "." { String::new() } else { format!(".{path}") };

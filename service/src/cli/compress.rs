@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _};
 use scd_engine::budget::{BudgetTokenizer, TokenizerRegistry};
 use scd_engine::cancel::Cancel;
 use scd_engine::context::{Context, ContextRequirement, Task};
-use scd_engine::extract::{CompressOptions, CompressRequest, Compressed, DropReason, Explanation, Scd, ScdConfig};
+use scd_engine::extract::{CompressOptions, CompressRequest, Compressed, DropReason, Explanation, Scd};
 use scd_engine::handoff;
 
 use crate::cli::handoff::ReportFormat;
@@ -31,8 +31,16 @@ pub struct CompressArgs {
     #[arg(long, required_unless_present = "batch")]
     task: Option<String>,
     /// Context JSON `{"fields": [{"name", "kind", "content", "confidential"}]}`; `-` reads stdin.
-    #[arg(long, required_unless_present = "batch")]
+    #[arg(long, required_unless_present_any = ["batch", "files"])]
     context: Option<PathBuf>,
+    /// Build the context from files instead (as `scd context` does: a field
+    /// per file named by its path, the kind from the extension; folders and
+    /// quoted patterns like 'src/**/*.rs' work).
+    #[arg(long, num_args = 1.., conflicts_with_all = ["context", "batch"])]
+    files: Vec<String>,
+    /// With --files: paths matching this pattern are confidential (repeatable).
+    #[arg(long, requires = "files")]
+    confidential: Vec<String>,
     /// The receiver's budget in tokens (hard limit, at least 1). With
     /// --batch: the budget of lines that give none.
     #[arg(long, required_unless_present = "batch", value_parser = clap::value_parser!(u64).range(1..))]
@@ -254,7 +262,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         envelope: args.render.map(|f| handoff::envelope(req, f.into(), None)),
         ..opts.clone()
     };
-    let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
+    let scd = Scd::new(Arc::new(model.load_encoder()?), model.scd_config());
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;
@@ -287,16 +295,27 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let (Some(task), Some(path), Some(budget)) = (args.task, args.context, args.budget) else {
-        bail!("--task, --context and --budget are required without --batch");
+    let (Some(task), Some(budget)) = (args.task, args.budget) else {
+        bail!("--task and --budget are required without --batch");
     };
-    let mut raw = String::new();
-    if path.as_os_str() == "-" {
-        std::io::stdin().read_to_string(&mut raw)?;
+    let context = if args.files.is_empty() {
+        let Some(path) = args.context else { bail!("--context (or --files) is required without --batch") };
+        let mut raw = String::new();
+        if path.as_os_str() == "-" {
+            std::io::stdin().read_to_string(&mut raw)?;
+        } else {
+            raw = std::fs::read_to_string(&path).with_context(|| format!("--context {}", path.display()))?;
+        }
+        Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?
     } else {
-        raw = std::fs::read_to_string(&path).with_context(|| format!("--context {}", path.display()))?;
-    }
-    let context = Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?;
+        let files = crate::cli::context::ContextArgs {
+            paths: args.files,
+            confidential: args.confidential,
+            kind: scd_engine::context::FieldKind::Prose,
+            output: None,
+        };
+        crate::cli::context::build(&files, &scd.config().context_limits).context("--files")?
+    };
     let requirement = ContextRequirement {
         required_fields: args.required,
         optional_fields: args.optional,
@@ -306,5 +325,15 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
     };
     let req = CompressRequest { task: Task::new(task), context, requirement, session: None };
     let out = scd.compress_opts(&req, &with_render(&req), &Cancel::new())?;
-    print(&out, args.list_dropped, args.format, &mut stdout)
+    print(&out, args.list_dropped, args.format, &mut stdout)?;
+    if args.format == Format::Text {
+        let s = scd.cache_stats();
+        eprintln!(
+            "-- embeddings: {} computed, {} from the cache file{}",
+            s.misses,
+            s.disk_hits,
+            scd.config().embedding_store.as_ref().map_or(" (off)".to_string(), |p| format!(" {}", p.display()))
+        );
+    }
+    Ok(())
 }

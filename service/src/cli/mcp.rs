@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt as _;
-use scd_engine::extract::{Scd, ScdConfig};
+use scd_engine::extract::Scd;
 
 use crate::cli::client::IdentityArgs;
 use crate::client::Conn;
@@ -145,7 +145,7 @@ impl McpArgs {
                 Ok(Backend::Remote(Box::new(conn)))
             }
             None => {
-                let scd = Scd::new(Arc::new(model.load_encoder()?), ScdConfig::default());
+                let scd = Scd::new(Arc::new(model.load_encoder()?), model.scd_config());
                 Ok(Backend::in_process_with(Arc::new(scd), self.limits(), self.confidence.map()?))
             }
         }

@@ -333,7 +333,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             max_field_bytes: args.max_field_bytes,
             max_context_bytes: args.max_request_bytes,
         },
-        ..ScdConfig::default()
+        ..model.scd_config()
     };
     let scd = Arc::new(Scd::new(encoder, cfg));
     let limits = Limits {

@@ -509,6 +509,9 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<CompressContextArgs>>,
     ) -> Result<Delivered<CompressOutput>, String> {
         let owner = Owner::of(&extensions);
+        if let Some(hint) = args.0.get("context").and_then(Context::mistaken_shape) {
+            return Err(format!("context: {hint}"));
+        }
         let a = args.parse()?;
         if a.budget < 1 {
             return Err("budget: must be at least 1".into());

@@ -32,6 +32,8 @@ fn start(extra: &[&str]) -> Server {
         .current_dir(root())
         .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
         .env("SCD_MODELS_DIR", root().join("models/out"))
+        // the persistent embedding cache is tested on its own
+        .env("SCD_EMBEDDING_CACHE", "off")
         .env("SCD_THREADS", "2")
         .args(["serve", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(extra)

@@ -464,3 +464,114 @@ fn eval_reports_the_agent_fixture_recall() {
     let methods: Vec<&str> = r["results"].as_array().unwrap().iter().map(|x| x["method"].as_str().unwrap()).collect();
     assert_eq!(methods, vec!["scd", "dense", "bm25", "lead", "random"]);
 }
+
+/// `scd compress` in a new process finds the embeddings an earlier one
+/// stored in the persistent cache: the same call computes none and prints
+/// the same text; a context with one more field computes only its chunks.
+#[test]
+fn a_second_process_embeds_only_what_the_persistent_cache_lacks() {
+    if !ready() {
+        return;
+    }
+    let dir = crate::scratch("embedding-cache");
+    let db = dir.join("embeddings.redb");
+    let ctx = std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap();
+    let run = |ctx: &str| {
+        let args = ["--embedding-cache", db.to_str().unwrap(), "compress", "--task", "Why are charges failing?"];
+        let args: Vec<&str> =
+            args.iter().copied().chain(["--context", "-", "--budget", "150", "--format", "text"]).collect();
+        let (ok, stdout, stderr) = scd(&args, ctx);
+        assert!(ok, "{stderr}");
+        let line = stderr.lines().find(|l| l.starts_with("-- embeddings: ")).unwrap_or_else(|| panic!("{stderr}"));
+        let n: Vec<usize> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        (stdout, n[0], n[1])
+    };
+    let (first, computed, from_disk) = run(&ctx);
+    assert!(computed > 5 && from_disk == 0, "{computed} {from_disk}");
+    assert!(db.is_file());
+    let (second, computed2, from_disk2) = run(&ctx);
+    assert_eq!((computed2, from_disk2), (0, computed), "the task and every chunk from the file");
+    assert_eq!(second, first);
+    let mut v: serde_json::Value = serde_json::from_str(&ctx).unwrap();
+    v["fields"].as_array_mut().unwrap().push(serde_json::json!({"name": "new_notes", "kind": "prose",
+        "content": "The retry storm started after the deploy at noon. Nobody paged the on-call engineer."}));
+    let (_, computed3, from_disk3) = run(&v.to_string());
+    assert!((1..=3).contains(&computed3) && from_disk3 >= computed, "only the new field: {computed3} {from_disk3}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `scd context` builds the context from files (name: the path, kind: the
+/// extension; hidden files, target/ and binaries left out; confidential by
+/// pattern), and `scd compress --files` compresses them in one command.
+#[test]
+fn files_become_a_context_and_compress_in_one_command() {
+    if !ready() {
+        return;
+    }
+    let dir = crate::scratch("context-files");
+    let w = |rel: &str, body: &[u8]| {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    };
+    w("src/pool.rs", b"pub fn acquire(pool: &Pool) -> Conn {\n    pool.get().expect(\"pool exhausted\")\n}\n");
+    w("notes.md", b"# Outage\n\nCharges failed because the database pool was exhausted.\n");
+    w("logs/app.log", b"2026-11-30T00:12:07Z ERROR payments: connection pool exhausted\n");
+    w("prod.env", b"STRIPE_KEY=sk_live_SECRET_4242\n");
+    w(".hidden/x.rs", b"fn hidden() {}\n");
+    w("target/debug/y.rs", b"fn built() {}\n");
+    w("blob.bin", &[0u8, 159, 146, 150]);
+    let d = dir.to_str().unwrap();
+    let (ok, stdout, stderr) = scd(&["context", d, "--confidential", "*.env"], "");
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let fields: Vec<(String, String, bool)> = v["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let name = f["name"].as_str().unwrap().trim_start_matches(d).trim_start_matches('/').to_string();
+            (name, f["kind"].as_str().unwrap().to_string(), f["confidential"].as_bool().unwrap())
+        })
+        .collect();
+    let want = [
+        ("logs/app.log", "log", false),
+        ("notes.md", "prose", false),
+        ("prod.env", "prose", true),
+        ("src/pool.rs", "code", false),
+    ];
+    let want: Vec<(String, String, bool)> = want.iter().map(|(a, b, c)| (a.to_string(), b.to_string(), *c)).collect();
+    assert_eq!(fields, want);
+    assert!(stderr.contains("blob.bin: not UTF-8 text, skipped"), "{stderr}");
+    // a quoted pattern, and one command from files to the context to paste
+    let pattern = format!("{d}/**/*.rs");
+    let (ok, stdout, stderr) = scd(
+        &[
+            "compress",
+            "--files",
+            d,
+            "--confidential",
+            "*.env",
+            "--task",
+            "why did charges fail?",
+            "--budget",
+            "60",
+            "--format",
+            "text",
+        ],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("pool") && !stdout.contains("sk_live_SECRET_4242"), "{stdout}");
+    let (ok, stdout, _) = scd(&["context", &pattern], "");
+    assert!(ok && stdout.contains("pool.rs") && !stdout.contains("hidden"), "{stdout}");
+    let (ok, _, stderr) = scd(&["context", &format!("{d}/nope/*.rs")], "");
+    assert!(!ok && stderr.contains("the pattern matches no file"), "{stderr}");
+    // the common mistake: a bare array of fields
+    w("bare.json", br#"[{"name": "a", "content": "sk_live_SECRET_4242"}]"#);
+    let bare = dir.join("bare.json");
+    let (ok, _, stderr) = scd(&["compress", "--task", "t", "--context", bare.to_str().unwrap(), "--budget", "9"], "");
+    assert!(!ok && stderr.contains("a bare array of 1 fields; wrap it as {\"fields\": [...]}"), "{stderr}");
+    assert!(!stderr.contains("sk_live"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

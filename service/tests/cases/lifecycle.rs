@@ -129,6 +129,8 @@ impl Serve {
             .envs(env.iter().copied())
             .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
             .env("SCD_MODELS_DIR", root().join("models/out"))
+            // the persistent embedding cache is tested on its own
+            .env("SCD_EMBEDDING_CACHE", "off")
             .env("SCD_THREADS", "2")
             .arg("serve")
             .args(args)

@@ -25,6 +25,8 @@ fn model_env(cmd: &mut Command) -> &mut Command {
     cmd.current_dir(root())
         .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
         .env("SCD_MODELS_DIR", root().join("models/out"))
+        // the persistent embedding cache is tested on its own
+        .env("SCD_EMBEDDING_CACHE", "off")
         .env("SCD_THREADS", "2")
 }
 

@@ -490,6 +490,8 @@ async fn overload_logs_a_few_lines_and_counts_every_rejection() {
         .current_dir(crate::root())
         .env("SCD_ORT_LIB", crate::root().join(".tools/ort/libonnxruntime.so"))
         .env("SCD_MODELS_DIR", crate::root().join("models/out"))
+        // the persistent embedding cache is tested on its own
+        .env("SCD_EMBEDDING_CACHE", "off")
         .env("SCD_THREADS", "2")
         .args([
             "serve",
