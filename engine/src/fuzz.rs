@@ -15,8 +15,7 @@ use crate::context::{Context, ContextLimits, Field, FieldKind};
 use crate::handoff::{self, Format, ParseRate};
 
 /// Every field kind, in the order the chunker body runs them.
-pub const KINDS: [FieldKind; 6] =
-    [FieldKind::Prose, FieldKind::Code, FieldKind::Log, FieldKind::Json, FieldKind::Chat, FieldKind::Table];
+pub const KINDS: [FieldKind; 7] = FieldKind::ALL;
 
 /// Chunks `text` as `kind` and asserts the span invariants: every chunk is
 /// non-empty, inside the text, on char boundaries, trimmed, and the chunks

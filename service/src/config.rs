@@ -108,4 +108,12 @@ impl ModelArgs {
         let cfg = self.ort_config()?;
         OrtEncoder::load(&dir, &cfg).with_context(|| format!("loading model {}", dir.display()))
     }
+
+    /// The model, its ONNX Runtime session made on the first embedding (a
+    /// call the embedding cache answers whole loads none).
+    pub fn lazy_encoder(&self) -> anyhow::Result<scd_engine::encoder::LazyOrtEncoder> {
+        let dir = resolve_model(&self.models_dir, &self.model)?;
+        let cfg = self.ort_config()?;
+        scd_engine::encoder::LazyOrtEncoder::new(&dir, &cfg).with_context(|| format!("loading model {}", dir.display()))
+    }
 }

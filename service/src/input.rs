@@ -40,6 +40,23 @@ struct BatchLine {
     optional: Option<Vec<String>>,
     threshold: Option<f32>,
     min_relative_score: Option<f32>,
+    budget_tokenizer: Option<String>,
+    render: Option<String>,
+    explain: Option<bool>,
+    list_dropped: Option<bool>,
+}
+
+/// A `--batch` line's own output options; `None`: the flag's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineOptions {
+    /// `budget_tokenizer`: a name or a tokenizer.json path, as the flag.
+    pub budget_tokenizer: Option<String>,
+    /// `render`: `freeform`, `semi_structured` or `structured_soft`.
+    pub render: Option<scd_engine::handoff::Format>,
+    /// `explain`.
+    pub explain: Option<bool>,
+    /// `list_dropped`.
+    pub list_dropped: Option<bool>,
 }
 
 /// What `--batch` lines leave out, from the flags.
@@ -60,8 +77,32 @@ pub struct BatchDefaults {
 /// Parses one line of `--batch` into a request, `defaults` giving what the
 /// line leaves out. Errors name the key.
 pub fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<CompressRequest> {
+    parse_batch_line_with(raw, defaults).map(|(req, _)| req)
+}
+
+/// [`parse_batch_line`], and the line's own output options (every option
+/// the flags have: `budget_tokenizer`, `render`, `explain`, `list_dropped`).
+pub fn parse_batch_line_with(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<(CompressRequest, LineOptions)> {
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(raw) {
+        if let Some(hint) = v.get("context").and_then(Context::mistaken_shape) {
+            anyhow::bail!("context: {hint}");
+        }
+    }
     let de = &mut serde_json::Deserializer::from_str(raw);
     let line: BatchLine = serde_path_to_error::deserialize(de).map_err(json_path_error)?;
+    let render = match line.render.as_deref() {
+        None => None,
+        Some(f) => Some(
+            f.parse::<scd_engine::handoff::Format>()
+                .map_err(|_| anyhow::anyhow!("render: expected freeform, semi_structured or structured_soft"))?,
+        ),
+    };
+    let opts = LineOptions {
+        budget_tokenizer: line.budget_tokenizer.clone(),
+        render,
+        explain: line.explain,
+        list_dropped: line.list_dropped,
+    };
     let budget = line.budget.or(defaults.budget).context("budget: missing (give it on the line or with --budget)")?;
     anyhow::ensure!(budget >= 1, "budget: must be at least 1");
     let requirement = ContextRequirement {
@@ -71,7 +112,7 @@ pub fn parse_batch_line(raw: &str, defaults: &BatchDefaults) -> anyhow::Result<C
         relevance_threshold: line.threshold.or(defaults.threshold),
         min_relative_score: line.min_relative_score.or(defaults.min_relative_score),
     };
-    Ok(CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None })
+    Ok((CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None }, opts))
 }
 
 /// Texts of JSONL `raw`, read from option `flag` (`scd bench-encode` and `scd bench-load` read their `--input` through it; `scd embed` reads line by line with [`jsonl_text`]).
@@ -183,6 +224,37 @@ fn closing_quote(s: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_line_takes_every_option_the_flags_do() {
+        let ctx = r#"{"fields": [{"name": "a", "content": "b"}]}"#;
+        let line = format!(
+            r#"{{"task": "t", "context": {ctx}, "budget": 9, "budget_tokenizer": "o200k", "render": "semi_structured", "explain": true, "list_dropped": false}}"#
+        );
+        let (req, o) = parse_batch_line_with(&line, &BatchDefaults::default()).unwrap();
+        assert_eq!(req.requirement.max_context_tokens, 9);
+        assert_eq!(
+            o,
+            LineOptions {
+                budget_tokenizer: Some("o200k".into()),
+                render: Some(scd_engine::handoff::Format::SemiStructured),
+                explain: Some(true),
+                list_dropped: Some(false),
+            }
+        );
+        let (_, none) = parse_batch_line_with(
+            &format!(r#"{{"task": "t", "context": {ctx}, "budget": 9}}"#),
+            &BatchDefaults::default(),
+        )
+        .unwrap();
+        assert_eq!(none, LineOptions::default());
+        let bad = format!(r#"{{"task": "t", "context": {ctx}, "budget": 9, "render": "poem"}}"#);
+        let e = parse_batch_line_with(&bad, &BatchDefaults::default()).unwrap_err().to_string();
+        assert_eq!(e, "render: expected freeform, semi_structured or structured_soft");
+        let bare = r#"{"task": "t", "context": [{"name": "a", "content": "SECRET"}], "budget": 9}"#;
+        let e = parse_batch_line_with(bare, &BatchDefaults::default()).unwrap_err().to_string();
+        assert!(e.starts_with("context: a bare array of 1 fields") && !e.contains("SECRET"), "{e}");
+    }
 
     #[test]
     fn json_errors_lose_every_value_the_client_sent() {

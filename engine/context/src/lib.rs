@@ -77,12 +77,22 @@ pub enum FieldKind {
     Chat,
     /// Schemas and tables: chunked by table.
     Table,
+    /// Markdown: headings lead their sections; fenced code, list items and
+    /// tables stay whole.
+    Markdown,
 }
 
 impl FieldKind {
     /// Every kind, in wire order.
-    pub const ALL: [FieldKind; 6] =
-        [FieldKind::Prose, FieldKind::Code, FieldKind::Log, FieldKind::Json, FieldKind::Chat, FieldKind::Table];
+    pub const ALL: [FieldKind; 7] = [
+        FieldKind::Prose,
+        FieldKind::Code,
+        FieldKind::Log,
+        FieldKind::Json,
+        FieldKind::Chat,
+        FieldKind::Table,
+        FieldKind::Markdown,
+    ];
 
     /// The lowercase word of context files (`"prose"`, `"code"`, ...).
     pub fn as_str(self) -> &'static str {
@@ -93,6 +103,7 @@ impl FieldKind {
             FieldKind::Json => "json",
             FieldKind::Chat => "chat",
             FieldKind::Table => "table",
+            FieldKind::Markdown => "markdown",
         }
     }
 }

@@ -5,6 +5,7 @@
 //! each chunk records which chunker made it.
 
 pub mod code;
+pub mod markdown;
 
 use crate::context::{Field, FieldKind};
 
@@ -79,7 +80,9 @@ impl Default for ChunkConfig {
 pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     let text = field.content.as_str();
     let mut out = match field.kind {
+        FieldKind::Prose if markdown::looks_like_markdown(text) => markdown::chunk(text, "markdown:detected"),
         FieldKind::Prose => prose(text, cfg),
+        FieldKind::Markdown => markdown::chunk(text, "markdown"),
         FieldKind::Code if cfg.code_parser => code_field(field),
         FieldKind::Code => code(text),
         FieldKind::Log => log(text),
@@ -91,7 +94,9 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     for c in &mut out {
         trim_span(text, &mut c.start, &mut c.end);
     }
-    let max = if field.kind == FieldKind::Code { cfg.max_code_chunk_bytes } else { cfg.max_chunk_bytes }.max(1);
+    // code, and markdown's fenced blocks, stay whole up to the code bound
+    let whole = field.kind == FieldKind::Code || out.iter().any(|c| c.chunker.starts_with("markdown"));
+    let max = if whole { cfg.max_code_chunk_bytes } else { cfg.max_chunk_bytes }.max(1);
     if out.iter().any(|c| c.end - c.start > max) {
         out = out.into_iter().flat_map(|c| split_long(text, c, max)).collect();
     }

@@ -64,6 +64,17 @@ fn default_onnx() -> String {
 }
 
 impl Manifest {
+    /// The model's stable id: its name and the first 12 hex digits of its
+    /// ONNX file's hash (`e5-small@ea07969944bd`), the embedding cache key.
+    pub fn model_id(&self) -> String {
+        let digest = self.files.get(&self.onnx).map(|h| h.chars().take(12).collect::<String>()).unwrap_or_default();
+        if digest.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}@{digest}", self.name)
+        }
+    }
+
     /// Reads `dir/manifest.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("manifest.json");

@@ -20,7 +20,7 @@ mod ort;
 
 pub use self::hash::HashEncoder;
 pub use self::manifest::{list_models, resolve_model, Manifest, ModelEntry};
-pub use self::ort::{Device, OrtConfig, OrtEncoder, OrtRuntime, Prepared, ORT_LIB_ENV};
+pub use self::ort::{Device, LazyOrtEncoder, OrtConfig, OrtEncoder, OrtRuntime, Prepared, ORT_LIB_ENV};
 
 use crate::Result;
 

@@ -7,7 +7,7 @@
 //! naming the path and the variable, never a panic.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ort::environment::Environment;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
@@ -308,9 +308,7 @@ impl OrtEncoder {
         };
         let bound = config.io_binding && outputs.iter().any(|o| o == POOLED_OUTPUT);
         let (pinned, output_memory) = if bound { bound_memory(&session, config.device)? } else { (None, None) };
-        let digest =
-            manifest.files.get(&manifest.onnx).map(|h| h.chars().take(12).collect::<String>()).unwrap_or_default();
-        let id = if digest.is_empty() { manifest.name.clone() } else { format!("{}@{digest}", manifest.name) };
+        let id = manifest.model_id();
         info!(model = %id, provider, token_type_ids, io_binding = bound, "encoder ready");
         Ok(Self {
             manifest,
@@ -601,5 +599,101 @@ impl Encoder for OrtEncoder {
 
     fn provider(&self) -> &str {
         self.provider
+    }
+}
+
+/// An [`OrtEncoder`] whose ONNX Runtime session is made on the first
+/// [`Encoder::encode`]: the id, the dimension and token counts come from
+/// the manifest and the tokenizer alone. A call whose embeddings are all in
+/// the cache (a second `scd compress` on the same files) never loads the
+/// model.
+pub struct LazyOrtEncoder {
+    dir: PathBuf,
+    config: OrtConfig,
+    manifest: Manifest,
+    id: String,
+    tokenizer: Tokenizer,
+    tokenizer_path: PathBuf,
+    loaded: Mutex<Option<Arc<OrtEncoder>>>,
+}
+
+impl std::fmt::Debug for LazyOrtEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyOrtEncoder").field("model", &self.id).finish()
+    }
+}
+
+impl LazyOrtEncoder {
+    /// The model in `dir`, its manifest and tokenizer read now, its session
+    /// made when first needed (errors then name what failed).
+    pub fn new(dir: &Path, config: &OrtConfig) -> Result<Self> {
+        let manifest = Manifest::load(dir)?;
+        let tokenizer_path = dir.join("tokenizer.json");
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
+        tokenizer.with_truncation(None).map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
+        tokenizer.with_padding(None);
+        let onnx = dir.join(&manifest.onnx);
+        if !onnx.is_file() {
+            return Err(Error::ModelShape { path: onnx, reason: "file missing (run models/setup.sh)".into() });
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config: config.clone(),
+            id: manifest.model_id(),
+            manifest,
+            tokenizer,
+            tokenizer_path,
+            loaded: Mutex::new(None),
+        })
+    }
+
+    /// The encoder, loaded on first use.
+    pub fn loaded(&self) -> Result<Arc<OrtEncoder>> {
+        let mut slot = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = slot.as_ref() {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(OrtEncoder::load(&self.dir, &self.config)?);
+        *slot = Some(e.clone());
+        Ok(e)
+    }
+
+    /// Whether the session was made.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+}
+
+impl Encoder for LazyOrtEncoder {
+    fn model_id(&self) -> &str {
+        &self.id
+    }
+
+    fn dim(&self) -> usize {
+        self.manifest.dim
+    }
+
+    fn max_tokens(&self) -> usize {
+        self.manifest.max_tokens
+    }
+
+    fn count_tokens(&self, text: &str) -> Result<usize> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|source| Error::Tokenizer { path: self.tokenizer_path.clone(), source })?;
+        Ok(enc.len())
+    }
+
+    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<Encoded> {
+        self.loaded()?.encode(texts, opts)
+    }
+
+    fn provider(&self) -> &str {
+        match self.config.device {
+            Device::Cpu => "cpu",
+            Device::Cuda(_) => "cuda",
+        }
     }
 }

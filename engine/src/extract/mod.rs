@@ -63,7 +63,10 @@ pub struct CompressRequest {
 /// order: a hand-off report, say. The engine counts what it returns within
 /// the budget, so the wrapping is paid for by dropping the weakest chunks.
 #[derive(Clone)]
-pub struct Envelope(pub Arc<dyn Fn(&[SelectedChunk]) -> String + Send + Sync>);
+pub struct Envelope(pub Arc<Wrap>);
+
+/// What an [`Envelope`] runs: the selection in reading order to the text.
+pub type Wrap = dyn Fn(&[SelectedChunk]) -> String + Send + Sync;
 
 impl std::fmt::Debug for Envelope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

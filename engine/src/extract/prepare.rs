@@ -246,7 +246,10 @@ impl Scd {
             field_names: fields.iter().map(|f| f.name.clone()).collect(),
             field_keys: fields
                 .iter()
-                .map(|f| (f.kind == crate::context::FieldKind::Prose).then(|| mention_key(&f.name)))
+                .map(|f| {
+                    matches!(f.kind, crate::context::FieldKind::Prose | crate::context::FieldKind::Markdown)
+                        .then(|| mention_key(&f.name))
+                })
                 .collect(),
             bm25,
             index,

@@ -13,7 +13,7 @@ use scd_engine::handoff;
 
 use crate::cli::handoff::ReportFormat;
 use crate::config::ModelArgs;
-use crate::input::{parse_batch_line, BatchDefaults};
+use crate::input::{parse_batch_line_with, BatchDefaults};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -60,8 +60,9 @@ pub struct CompressArgs {
     #[arg(long, allow_negative_numbers = true)]
     min_relative_score: Option<f32>,
     /// JSONL of {"task", "context", "budget", "required", "optional",
-    /// "threshold", "min_relative_score"} objects (budget and the rest
-    /// default to the flags); one result per line, model loaded once. A bad
+    /// "threshold", "min_relative_score", "budget_tokenizer", "render",
+    /// "explain", "list_dropped"} objects (all but task and context default
+    /// to the flags); one result per line, model loaded once. A bad
     /// line gets {"line", "error"} in its place and the others are answered;
     /// the exit status is the number of failed lines (at most 100).
     #[arg(long, conflicts_with_all = ["task", "context"])]
@@ -262,22 +263,44 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         envelope: args.render.map(|f| handoff::envelope(req, f.into(), None)),
         ..opts.clone()
     };
-    let scd = Scd::new(Arc::new(model.load_encoder()?), model.scd_config());
+    // the session is made on the first embedding: a call the embedding
+    // cache answers whole loads no model
+    let scd = Scd::new(Arc::new(model.lazy_encoder()?), model.scd_config());
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;
         let (mut total, mut failed) = (0usize, 0usize);
         let defaults = args.batch_defaults();
+        // tokenizers the lines name, loaded once each
+        let mut tokenizers: std::collections::HashMap<String, Option<BudgetTokenizer>> = Default::default();
         for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
             let line = line.with_context(|| format!("--batch line {}", n + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
             total += 1;
-            let result = parse_batch_line(&line, &defaults)
-                .and_then(|r| Ok(scd.compress_opts(&r, &with_render(&r), &Cancel::new())?));
+            let result = parse_batch_line_with(&line, &defaults).and_then(|(r, line_opts)| {
+                // a line's own options over the flags'
+                let mut o = with_render(&r);
+                if let Some(name) = &line_opts.budget_tokenizer {
+                    o.budget_tokenizer = match tokenizers.get(name) {
+                        Some(t) => t.clone(),
+                        None => {
+                            let t = budget_tokenizer("budget_tokenizer", Some(name))?;
+                            tokenizers.insert(name.clone(), t.clone());
+                            t
+                        }
+                    };
+                }
+                if let Some(f) = line_opts.render {
+                    o.envelope = Some(handoff::envelope(&r, f, None));
+                }
+                o.explain = line_opts.explain.unwrap_or(o.explain);
+                let out = scd.compress_opts(&r, &o, &Cancel::new())?;
+                Ok((out, line_opts.list_dropped.unwrap_or(args.list_dropped)))
+            });
             match result {
-                Ok(out) => print(&out, args.list_dropped, args.format, &mut stdout)?,
+                Ok((out, list)) => print(&out, list, args.format, &mut stdout)?,
                 Err(e) => {
                     failed += 1;
                     let msg = format!("{e:#}");
@@ -335,5 +358,9 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
             scd.config().embedding_store.as_ref().map_or(" (off)".to_string(), |p| format!(" {}", p.display()))
         );
     }
+    stdout.flush()?;
+    // the process ends here: freeing the model's 250k-entry vocabulary and
+    // the caches one by one would cost a quarter of a warm call
+    std::mem::forget(scd);
     Ok(())
 }

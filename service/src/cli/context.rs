@@ -46,7 +46,8 @@ pub fn kind_of(path: &Path) -> Option<FieldKind> {
         "log" => FieldKind::Log,
         "json" | "jsonl" | "ndjson" => FieldKind::Json,
         "csv" | "tsv" | "sql" => FieldKind::Table,
-        "md" | "markdown" | "txt" | "rst" | "adoc" => FieldKind::Prose,
+        "md" | "markdown" => FieldKind::Markdown,
+        "txt" | "rst" | "adoc" => FieldKind::Prose,
         _ => return None,
     })
 }

@@ -145,7 +145,7 @@ impl McpArgs {
                 Ok(Backend::Remote(Box::new(conn)))
             }
             None => {
-                let scd = Scd::new(Arc::new(model.load_encoder()?), model.scd_config());
+                let scd = Scd::new(Arc::new(model.lazy_encoder()?), model.scd_config());
                 Ok(Backend::in_process_with(Arc::new(scd), self.limits(), self.confidence.map()?))
             }
         }

@@ -133,7 +133,7 @@ impl JsonSchema for ContextArg {
                             "name": {"type": "string", "description": "Unique, non-empty name (e.g. db_schema)."},
                             "kind": {
                                 "type": "string",
-                                "enum": ["prose", "code", "log", "json", "chat", "table"],
+                                "enum": ["prose", "code", "log", "json", "chat", "table", "markdown"],
                                 "default": "prose",
                                 "description": "How the field is chunked."
                             },

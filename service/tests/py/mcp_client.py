@@ -6,6 +6,8 @@
     mcp_client.py two_clients CONTEXT_JSON URL                   # sessions stay with the MCP client that opened them
     mcp_client.py window CONTEXT_JSON CL100K HOTPOT CODE -- SCD_BINARY [ARGS...]
         # what a model sees: every text block of real results counted with tiktoken's cl100k
+    mcp_client.py show CONTEXT_JSON TASK BUDGET -- SCD_BINARY [ARGS...]
+        # prints the text block of one compress_context (budget in cl100k), as a model gets it
 
 Lists the tools (4 names, each with an input and an output schema), calls
 each one, checks the structured results (the client itself validates them
@@ -380,6 +382,17 @@ async def main():
                 summary = await bench(s, context, int(sys.argv[3]))
         summary["server"] = rest
         print(json.dumps(summary))
+        return
+    if mode == "show":
+        rest = sys.argv[sys.argv.index("--") + 1 :]
+        params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                args = {"task": sys.argv[3], "context": context, "budget": int(sys.argv[4]), "budget_tokenizer": "cl100k"}
+                r = await s.call_tool("compress_context", args)
+                for c in r.content:
+                    print(c.text)
         return
     if mode == "window":
         rest = sys.argv[sys.argv.index("--") + 1 :]

@@ -1,0 +1,210 @@
+//! Markdown: a heading leads its section (it is sent only with a chunk of
+//! the section, never alone), a fenced code block is one chunk from fence
+//! to fence, a list item and its continuation lines are one chunk, a
+//! table is one chunk with its header (longer ones are cut between rows),
+//! and paragraphs go by sentences as prose does. Prose that is clearly
+//! markdown ([`looks_like_markdown`]) is chunked this way too, under the
+//! chunker name `markdown:detected`.
+
+use super::{heading_text, lines, sentences, RawChunk};
+
+/// Whether a prose field is clearly markdown: a closed code fence, or a
+/// heading together with a list or a table.
+pub fn looks_like_markdown(text: &str) -> bool {
+    let (mut fences, mut headings, mut items, mut rows) = (0, 0, 0, 0);
+    for line in text.lines().map(str::trim_start) {
+        if is_fence(line).is_some() {
+            fences += 1;
+        } else if is_heading(line) {
+            headings += 1;
+        } else if is_item(line) {
+            items += 1;
+        } else if line.starts_with('|') && line.trim_end().ends_with('|') {
+            rows += 1;
+        }
+    }
+    fences >= 2 || (headings >= 1 && (items >= 2 || rows >= 2))
+}
+
+/// The fence of a fence line (```` ``` ```` or `~~~`, three or more).
+fn is_fence(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    ["```", "~~~"].into_iter().find(|f| t.starts_with(f)).map(|f| {
+        let n = t.bytes().take_while(|&b| b == f.as_bytes()[0]).count();
+        &t[..n]
+    })
+}
+
+fn is_heading(line: &str) -> bool {
+    let hashes = line.bytes().take_while(|&b| b == b'#').count();
+    (1..=6).contains(&hashes) && line[hashes..].starts_with([' ', '\t'])
+}
+
+fn is_item(line: &str) -> bool {
+    let t = line.trim_start();
+    if t.starts_with("- ") || t.starts_with("* ") || t.starts_with("+ ") {
+        return true;
+    }
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    digits > 0 && (t[digits..].starts_with(". ") || t[digits..].starts_with(") "))
+}
+
+fn is_row(line: &str) -> bool {
+    line.trim_start().starts_with('|')
+}
+
+/// Chunks `text` as markdown; `chunker` names it (`markdown` or `markdown:detected`).
+pub fn chunk(text: &str, chunker: &'static str) -> Vec<RawChunk> {
+    let lines = lines(text);
+    let mut out: Vec<RawChunk> = Vec::new();
+    let mut group = 0usize;
+    let mut heading: Option<String> = None;
+    // whether the current section has a heading chunk leading it
+    let mut led = false;
+    let piece = |start, end, group, heading: &Option<String>, lead, rides| RawChunk {
+        start,
+        end,
+        heading: heading.clone(),
+        group,
+        lead,
+        defines: vec![],
+        chunker,
+        rides,
+    };
+    let mut i = 0;
+    while i < lines.len() {
+        let (s, e) = lines[i];
+        let line = &text[s..e];
+        let t = line.trim();
+        if t.is_empty() {
+            i += 1;
+            continue;
+        }
+        if is_heading(t) {
+            // a new section: the heading leads it and rides with its chunks
+            group += 1;
+            heading = Some(heading_text(t));
+            out.push(piece(s, e, group, &heading, true, true));
+            led = true;
+            i += 1;
+            continue;
+        }
+        if let Some(fence) = is_fence(t) {
+            // to the closing fence (or the end): one chunk
+            let mut j = i + 1;
+            while j < lines.len() && !text[lines[j].0..lines[j].1].trim_start().starts_with(fence) {
+                j += 1;
+            }
+            let end = lines[j.min(lines.len() - 1)].1;
+            out.push(piece(s, end, group, &heading, !led, false));
+            led = true;
+            i = j + 1;
+            continue;
+        }
+        if is_item(t) {
+            // the item and its continuation lines (indented, not a new item)
+            let indent = line.len() - line.trim_start().len();
+            let mut j = i + 1;
+            while j < lines.len() {
+                let next = &text[lines[j].0..lines[j].1];
+                let nt = next.trim();
+                let deeper = next.len() - next.trim_start().len() > indent;
+                if nt.is_empty() || (is_item(nt) && !deeper) || is_heading(nt) || is_fence(nt).is_some() {
+                    break;
+                }
+                if !deeper && is_row(nt) {
+                    break;
+                }
+                j += 1;
+            }
+            out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
+            led = true;
+            i = j;
+            continue;
+        }
+        if is_row(t) {
+            let mut j = i + 1;
+            while j < lines.len() && is_row(text[lines[j].0..lines[j].1].trim()) {
+                j += 1;
+            }
+            out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
+            led = true;
+            i = j;
+            continue;
+        }
+        // a paragraph: to a blank line or a block of another kind, by sentences
+        let mut j = i + 1;
+        while j < lines.len() {
+            let nt = text[lines[j].0..lines[j].1].trim();
+            if nt.is_empty() || is_heading(nt) || is_fence(nt).is_some() || is_item(nt) || is_row(nt) {
+                break;
+            }
+            j += 1;
+        }
+        let end = lines[j - 1].1;
+        for (a, b) in sentences(&text[s..end], s) {
+            out.push(piece(a, b, group, &heading, !led, false));
+            led = true;
+        }
+        i = j;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{chunk_field, ChunkConfig};
+    use crate::context::{Field, FieldKind};
+
+    const DOC: &str = "# Install\n\nRun the set-up first. It is idempotent.\n\n```sh\nmake setup\n\nmake test\n```\n\n## Options\n\n- `--budget`: the receiver's budget\n  in tokens, a hard limit\n- `--explain`: why each chunk\n\n| flag | default |\n| --- | --- |\n| --budget | none |\n";
+
+    fn chunks(kind: FieldKind, text: &str) -> Vec<(String, usize, bool, bool, &'static str)> {
+        let f = Field { name: "README.md".into(), kind, content: text.into(), confidential: false };
+        chunk_field(&f, ChunkConfig::default())
+            .into_iter()
+            .map(|c| (text[c.start..c.end].to_string(), c.group, c.lead, c.rides, c.chunker))
+            .collect()
+    }
+
+    #[test]
+    fn headings_lead_their_section_fences_lists_and_tables_stay_whole() {
+        let c = chunks(FieldKind::Markdown, DOC);
+        let texts: Vec<&str> = c.iter().map(|c| c.0.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "# Install",
+                "Run the set-up first.",
+                "It is idempotent.",
+                "```sh\nmake setup\n\nmake test\n```",
+                "## Options",
+                "- `--budget`: the receiver's budget\n  in tokens, a hard limit",
+                "- `--explain`: why each chunk",
+                "| flag | default |\n| --- | --- |\n| --budget | none |",
+            ]
+        );
+        // a heading leads its section and rides: sent only with one of its chunks
+        assert!(c[0].2 && c[0].3 && c[4].2 && c[4].3);
+        assert!(c[1..4].iter().all(|x| x.1 == c[0].1 && !x.2 && !x.3));
+        assert!(c[5..].iter().all(|x| x.1 == c[4].1 && x.1 != c[0].1));
+        assert!(c.iter().all(|x| x.4 == "markdown"));
+    }
+
+    #[test]
+    fn prose_that_is_clearly_markdown_is_chunked_as_markdown_and_says_so() {
+        let c = chunks(FieldKind::Prose, DOC);
+        assert!(c.iter().all(|x| x.4 == "markdown:detected"), "{c:?}");
+        assert!(c.iter().any(|x| x.0 == "```sh\nmake setup\n\nmake test\n```"));
+        // plain prose with a '#' line and no list, table or fence stays prose
+        let plain = "# Notes\n\nThe pool is exhausted. Retries made it worse.\n";
+        assert!(chunks(FieldKind::Prose, plain).iter().all(|x| x.4 == "prose"));
+        assert!(!super::looks_like_markdown("- one item\nand text"));
+    }
+
+    #[test]
+    fn an_unclosed_fence_runs_to_the_end_and_text_before_a_heading_has_a_lead() {
+        let c = chunks(FieldKind::Markdown, "Intro line.\n\n```\ncode\nmore");
+        assert_eq!(c.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(), ["Intro line.", "```\ncode\nmore"]);
+        assert!(c[0].2 && !c[1].2 && c[0].1 == c[1].1);
+    }
+}
