@@ -536,7 +536,7 @@ fn files_become_a_context_and_compress_in_one_command() {
         .collect();
     let want = [
         ("logs/app.log", "log", false),
-        ("notes.md", "prose", false),
+        ("notes.md", "markdown", false),
         ("prod.env", "prose", true),
         ("src/pool.rs", "code", false),
     ];

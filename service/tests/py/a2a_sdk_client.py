@@ -62,7 +62,8 @@ async def main(url, context_path):
         data = json_format.MessageToDict(next(p.data for p in artifact.parts if p.HasField("data")))
         assert data["chunks"], data
         assert sum(c["tokens"] for c in data["chunks"]) <= 150, data
-        assert data["withheldFields"] == ["api_keys"], data
+        assert data["withheld_fields"] == ["api_keys"], data
+        assert data["text"] and sum(c["tokens"] for c in data["chunks"]) > 0, data
         follow = await last_task(
             client,
             message([Part(text="Which log line shows the failure?")], got.context_id, {"currentConfidence": 0.2}),
