@@ -591,7 +591,7 @@ impl Scd {
         // what this answer may send: the budget, less what an opening
         // answer reserves, cut to what a continued session's total leaves
         let budget = match (opening, &ledger) {
-            (Some(sr), _) => rq.max_context_tokens - sr.reserve_tokens,
+            (Some(sr), _) => (rq.max_context_tokens - sr.reserve_tokens).min(sr.max_total_tokens.unwrap_or(usize::MAX)),
             (None, Some(l)) => rq.max_context_tokens.min(l.total_left()),
             (None, None) => rq.max_context_tokens,
         };

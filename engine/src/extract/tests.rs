@@ -172,6 +172,10 @@ fn a_later_compress_in_the_session_never_resends_and_a_reserve_holds_headroom() 
     assert!(later.dropped.iter().all(|d| !first.contains(&d.id.as_str())), "sent chunks listed as dropped");
     assert!(out.totals.sent_tokens + later.totals.sent_tokens <= 40, "{:?} {:?}", out.totals, later.totals);
     assert!(later.warnings.iter().any(|w| w.contains("session's total leaves")), "{:?}", later.warnings);
+    // an opening answer never sends more than the session's total
+    req.session = Some(SessionRequest { max_total_tokens: Some(9), ..Default::default() });
+    let capped = scd.compress(&req).unwrap();
+    assert!(capped.totals.sent_tokens <= 9, "{:?}", capped.totals);
     req.session = Some(SessionRequest { reserve_tokens: 400, ..Default::default() });
     let e = scd.compress(&req.clone()).map(|_| ()).unwrap_err().to_string();
     assert!(e.starts_with("reserve_tokens: 400 is not below the budget 400"), "{e}");
