@@ -43,8 +43,17 @@ impl Scd {
         // on one session take turns, so none can pick a chunk another sends
         let mut session = entry.lock();
         let budget = req.max_tokens.unwrap_or(session.reply_budget).min(session.total_left());
-        if req.max_tokens == Some(0) {
-            return Err(Error::invalid("max_tokens", "must be at least 1 (leave it out for the session's default)"));
+        match req.max_tokens {
+            Some(0) => {
+                return Err(Error::invalid("max_tokens", "must be at least 1 (leave it out for the session's default)"))
+            }
+            Some(n) if n > self.cfg.max_budget_tokens => {
+                return Err(Error::invalid(
+                    "max_tokens",
+                    format!("{n} is over the limit {} of one budget", self.cfg.max_budget_tokens),
+                ))
+            }
+            _ => {}
         }
         let nothing = |session: &Ledger, reason: String| MoreContext {
             chunks: vec![],

@@ -151,6 +151,9 @@ fn a_follow_up_has_its_own_budget_and_is_scored_on_its_own_question() {
     assert!(again.chunks.iter().all(|c| !before.contains(&c.id.as_str())), "resent: {again:?}");
     let e = scd.request_more(&follow_up(&grant, "x", Some(0))).unwrap_err().to_string();
     assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
+    let over = scd.config().max_budget_tokens + 1;
+    let e = scd.request_more(&follow_up(&grant, "x", Some(over))).unwrap_err().to_string();
+    assert_eq!(e, format!("max_tokens: {over} is over the limit {} of one budget", over - 1));
 }
 
 #[test]
