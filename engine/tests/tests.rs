@@ -230,6 +230,31 @@ fn long_input_is_an_error_unless_windows_are_asked_for() {
     assert_eq!(out.tokens[1], content + 2 * out.windows[1], "every window carries <s> and </s>");
 }
 
+/// A long windowed text runs as several model batches; a cancel set while
+/// the first runs stops it before the next (a check only at the start
+/// would finish and answer Ok), and an untouched cancel changes nothing.
+#[test]
+fn a_cancel_stops_a_long_windowed_text_between_model_batches() {
+    let Some((enc, _)) = e5() else { return };
+    let opts = EncodeOptions::new(InputKind::Passage).with_windows();
+    let cancel = scd_engine::cancel::Cancel::new();
+    let same = enc.encode_cancellable(&["a short passage"], &opts, &cancel).unwrap();
+    let plain = enc.encode(&["a short passage"], &opts).unwrap();
+    assert!(cosine(same.row(0), plain.row(0)) > 0.99999);
+    let long = "budget tokens context window ".repeat(6000);
+    let setter = cancel.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        setter.cancel();
+    });
+    let r = enc.encode_cancellable(&[&long], &opts, &cancel);
+    t.join().unwrap();
+    match r {
+        Err(Error::Cancelled { stage }) => assert_eq!(stage, "embed"),
+        other => panic!("expected Cancelled, got {:?}", other.map(|e| e.windows)),
+    }
+}
+
 #[test]
 fn batching_does_not_change_embeddings() {
     let Some((enc, r)) = e5() else { return };

@@ -113,6 +113,20 @@ pub trait Encoder: Send + Sync {
     fn count_tokens(&self, text: &str) -> Result<usize>;
     /// Embeds `texts`; one normalized row per text.
     fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<Encoded>;
+    /// [`Encoder::encode`] that stops between its model runs once `cancel`
+    /// says so ([`crate::Error::Cancelled`] / `DeadlineExceeded`), so one
+    /// long windowed text cannot hold a worker after its caller went away.
+    /// The default checks once, before encoding; the ONNX encoder checks
+    /// before each of its token-bounded batches.
+    fn encode_cancellable(
+        &self,
+        texts: &[&str],
+        opts: &EncodeOptions,
+        cancel: &crate::cancel::Cancel,
+    ) -> Result<Encoded> {
+        cancel.check("embed")?;
+        self.encode(texts, opts)
+    }
     /// Which execution provider runs the model (`cpu`, `cuda`, `hash`).
     fn provider(&self) -> &str;
 }

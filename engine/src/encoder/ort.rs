@@ -398,6 +398,11 @@ impl OrtEncoder {
     /// token budget, window averages, normalization.
     #[instrument(skip_all, fields(texts = prepared.len(), model = %self.id))]
     pub fn run_prepared(&self, prepared: &Prepared) -> Result<Encoded> {
+        self.run_prepared_cancellable(prepared, &crate::cancel::Cancel::new())
+    }
+
+    /// [`OrtEncoder::run_prepared`], checking `cancel` before each batch.
+    pub fn run_prepared_cancellable(&self, prepared: &Prepared, cancel: &crate::cancel::Cancel) -> Result<Encoded> {
         let dim = self.manifest.dim;
         let n = prepared.len();
         let seqs = &prepared.seqs;
@@ -407,6 +412,7 @@ impl OrtEncoder {
         let mut acc = vec![0f32; n * dim];
         let mut weight = vec![0f32; n];
         for batch in &batches {
+            cancel.check("embed")?;
             let group: Vec<&Sequence> = batch.iter().map(|&i| &seqs[i]).collect();
             let pooled = self.run_batch(&group)?;
             for (s, row) in group.iter().zip(pooled.chunks_exact(dim)) {
@@ -597,6 +603,16 @@ impl Encoder for OrtEncoder {
         self.run_prepared(&self.prepare(texts, opts)?)
     }
 
+    fn encode_cancellable(
+        &self,
+        texts: &[&str],
+        opts: &EncodeOptions,
+        cancel: &crate::cancel::Cancel,
+    ) -> Result<Encoded> {
+        cancel.check("embed")?;
+        self.run_prepared_cancellable(&self.prepare(texts, opts)?, cancel)
+    }
+
     fn provider(&self) -> &str {
         self.provider
     }
@@ -688,6 +704,15 @@ impl Encoder for LazyOrtEncoder {
 
     fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<Encoded> {
         self.loaded()?.encode(texts, opts)
+    }
+
+    fn encode_cancellable(
+        &self,
+        texts: &[&str],
+        opts: &EncodeOptions,
+        cancel: &crate::cancel::Cancel,
+    ) -> Result<Encoded> {
+        self.loaded()?.encode_cancellable(texts, opts, cancel)
     }
 
     fn provider(&self) -> &str {

@@ -446,6 +446,10 @@ pub const MAX_CHUNK_IDS: usize = 1024;
 /// between cancellation checks.
 pub const EMBED_SLICE: usize = 256;
 
+/// Bytes of text per encoder call when embedding a context's chunks (about
+/// 16k tokens: a few seconds of CPU), so a cancelled call stops soon.
+pub const EMBED_SLICE_BYTES: usize = 64 << 10;
+
 impl Scd {
     /// An engine over `encoder`.
     pub fn new(encoder: Arc<dyn Encoder>, cfg: ScdConfig) -> Self {

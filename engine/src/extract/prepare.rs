@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Counting, Scd, SelectedChunk, EMBED_SLICE};
+use super::{Counting, Scd, SelectedChunk, EMBED_SLICE, EMBED_SLICE_BYTES};
 use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
 use crate::cache::EmbeddingCache;
 use crate::cancel::Cancel;
@@ -149,6 +149,26 @@ fn mention_key(name: &str) -> String {
     base.trim().to_lowercase()
 }
 
+/// Consecutive runs of `items`, each of at most [`EMBED_SLICE`] items and
+/// [`EMBED_SLICE_BYTES`] bytes (`bytes` of an item), an item over the bytes
+/// alone in its run.
+fn slices(items: &[usize], bytes: impl Fn(usize) -> usize) -> Vec<&[usize]> {
+    let mut out = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (k, &i) in items.iter().enumerate() {
+        let b = bytes(i);
+        if k > start && (k - start == EMBED_SLICE || size + b > EMBED_SLICE_BYTES) {
+            out.push(&items[start..k]);
+            (start, size) = (k, 0);
+        }
+        size += b;
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
 impl Scd {
     /// Embeds texts through the cache; only misses reach the encoder.
     pub fn embed_cached(&self, texts: &[&str], kind: InputKind) -> Result<Vec<Arc<[f32]>>> {
@@ -156,16 +176,17 @@ impl Scd {
     }
 
     /// [`Scd::embed_cached`], checking `cancel` before each encoder call of
-    /// at most [`EMBED_SLICE`] texts.
+    /// at most [`EMBED_SLICE`] texts and [`EMBED_SLICE_BYTES`] bytes (and
+    /// inside it, between the encoder's own batches).
     pub fn embed_cached_with(&self, texts: &[&str], kind: InputKind, cancel: &Cancel) -> Result<Vec<Arc<[f32]>>> {
         let kind_byte = u8::from(kind == InputKind::Query);
         let keys: Vec<_> = texts.iter().map(|t| EmbeddingCache::key(self.encoder.model_id(), kind_byte, t)).collect();
         let mut out = self.cache.get_many(&keys);
         let missing: Vec<usize> = (0..texts.len()).filter(|&i| out[i].is_none()).collect();
-        for slice in missing.chunks(EMBED_SLICE) {
+        for slice in slices(&missing, |i| texts[i].len()) {
             cancel.check("embed")?;
             let refs: Vec<&str> = slice.iter().map(|&i| texts[i]).collect();
-            let enc = self.encoder.encode(&refs, &EncodeOptions::new(kind).with_windows())?;
+            let enc = self.encoder.encode_cancellable(&refs, &EncodeOptions::new(kind).with_windows(), cancel)?;
             let mut fresh = Vec::with_capacity(slice.len());
             for (j, &i) in slice.iter().enumerate() {
                 let v: Arc<[f32]> = Arc::from(enc.row(j));
@@ -407,5 +428,18 @@ mod code_name_tests {
         assert_eq!(identifier_words("parseHTTPHeader"), "parse http header");
         assert_eq!(identifier_words("with_seed2"), "with seed2");
         assert_eq!(camel_words("let s = RandomState::new(); x.get_mut(); getHeader()"), "random state get header");
+    }
+
+    #[test]
+    fn embed_slices_are_bounded_in_texts_and_bytes() {
+        let items: Vec<usize> = (0..600).collect();
+        let runs = slices(&items, |_| 10);
+        assert_eq!(runs.iter().map(|r| r.len()).collect::<Vec<_>>(), [256, 256, 88]);
+        // 40 KiB each: one per run past the byte bound, in order, none lost
+        let runs = slices(&items[..5], |_| 40 << 10);
+        assert_eq!(runs, [&[0][..], &[1], &[2], &[3], &[4]]);
+        let big = slices(&[7, 8, 9], |i| if i == 8 { 1 << 20 } else { 100 });
+        assert_eq!(big, [&[7][..], &[8], &[9]]);
+        assert!(slices(&[], |_| 1).is_empty());
     }
 }
