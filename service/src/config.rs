@@ -117,3 +117,50 @@ impl ModelArgs {
         scd_engine::encoder::LazyOrtEncoder::new(&dir, &cfg).with_context(|| format!("loading model {}", dir.display()))
     }
 }
+
+/// The connection guard of a gRPC listener (`scd serve`, `scd atp agent`):
+/// see [`scd_net`].
+#[derive(Debug, Clone, clap::Args)]
+pub struct GrpcConnArgs {
+    /// gRPC connections open at once, all peers together; past it (and the
+    /// health-check reserve) new ones are closed on accept.
+    #[arg(long, env = "SCD_GRPC_MAX_CONNECTIONS", default_value_t = 512)]
+    pub grpc_max_connections: usize,
+    /// gRPC connections from one IP address.
+    #[arg(long, env = "SCD_GRPC_MAX_PER_PEER", default_value_t = 64)]
+    pub grpc_max_per_peer: usize,
+    /// Connections past --grpc-max-connections admitted for health checks
+    /// (grpc.health.v1) only.
+    #[arg(long, env = "SCD_GRPC_RESERVE", default_value_t = 8)]
+    pub grpc_reserve: usize,
+    /// Milliseconds a connection with no call in flight is kept.
+    #[arg(long, env = "SCD_GRPC_IDLE_TIMEOUT_MS", default_value_t = 120_000)]
+    pub grpc_idle_timeout_ms: u64,
+    /// Milliseconds a new connection has to start its first call.
+    #[arg(long, env = "SCD_GRPC_FIRST_CALL_TIMEOUT_MS", default_value_t = 10_000)]
+    pub grpc_first_call_timeout_ms: u64,
+}
+
+impl GrpcConnArgs {
+    /// The checked limits; an error names the flag.
+    pub fn limits(&self) -> anyhow::Result<scd_net::ConnLimits> {
+        let l = scd_net::ConnLimits {
+            max_connections: self.grpc_max_connections,
+            max_per_peer: self.grpc_max_per_peer,
+            reserve: self.grpc_reserve,
+            idle_timeout: std::time::Duration::from_millis(self.grpc_idle_timeout_ms),
+            first_call_timeout: std::time::Duration::from_millis(self.grpc_first_call_timeout_ms),
+        };
+        l.check().map_err(|scd_net::Error::Invalid { field, reason }| {
+            let flag = match field {
+                "max_connections" => "--grpc-max-connections",
+                "max_per_peer" => "--grpc-max-per-peer",
+                "reserve" => "--grpc-reserve",
+                "idle_timeout" => "--grpc-idle-timeout-ms",
+                _ => "--grpc-first-call-timeout-ms",
+            };
+            anyhow::anyhow!("{flag} {reason}")
+        })?;
+        Ok(l)
+    }
+}

@@ -24,11 +24,18 @@ use crate::grpc::layer::ObserveLayer;
 use crate::grpc::metrics::Metrics;
 use crate::grpc::{pb, Limits, ScdHandler, ScdService, DESCRIPTOR};
 
+/// How often the server pings a connection's peer over HTTP/2.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection is closed.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Everything `serve` needs. The listeners are bound by the caller, so a
 /// port in use is reported (naming its flag) before the model loads.
 pub struct ServeConfig {
     /// gRPC listener.
     pub listener: std::net::TcpListener,
+    /// Its connection caps and idle timeouts (`--grpc-max-connections`, …).
+    pub connections: scd_net::ConnLimits,
     /// Metrics listener.
     pub http_listener: Option<std::net::TcpListener>,
     /// Limits.
@@ -149,23 +156,28 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let svc = pb::scd_server::ScdServer::new(ScdHandler(service))
         .max_decoding_message_size(cfg.limits.max_request_bytes)
         .max_encoding_message_size(64 << 20);
-    // TCP_NODELAY: without it a reply of more than one segment waits for
-    // the client's delayed ACK (~40 ms on Linux) under Nagle; tonic sets it
-    // only on listeners it binds itself
-    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
-        if let Ok(c) = &conn {
-            if let Err(e) = c.set_nodelay(true) {
-                warn!(error = %e, "TCP_NODELAY not set");
-            }
-        }
-        conn
-    });
-    let mut builder = tonic::transport::Server::builder();
+    // caps per listener and per peer, a reserve for health checks, idle
+    // and silent connections closed (scd_net); each closing or refusal is
+    // counted in scd_rejected_total{kind}
+    let counted = metrics.clone();
+    let guard = scd_net::ConnGuard::with_events(
+        cfg.connections,
+        Some(Arc::new(move |e: scd_net::Event| counted.rejected(e.as_str()))),
+    );
+    let incoming = guard.incoming(listener);
+    // server pings find peers that vanished without closing (a call in
+    // flight keeps a connection open, so the idle timeout cannot)
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT));
     if let Some(tls) = cfg.tls {
         builder = builder.tls_config(tls)?;
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = builder
+        // outermost: a call refused on a reserve connection is not counted
+        // as a call, and every other call keeps its connection open
+        .layer(guard.layer())
         .layer(DrainLayer(drain.clone()))
         .layer(ObserveLayer::new(metrics))
         // inside the counting layer: a refusal is counted once

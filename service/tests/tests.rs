@@ -892,6 +892,7 @@ mod inproc {
         pub(crate) http: HttpLimits,
         pub(crate) auth: Option<AuthConfig>,
         pub(crate) audit: Option<Arc<AuditLog>>,
+        pub(crate) connections: scd_net::ConnLimits,
     }
 
     impl Default for Options {
@@ -902,6 +903,7 @@ mod inproc {
                 http: HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) },
                 auth: None,
                 audit: None,
+                connections: scd_net::ConnLimits::default(),
             }
         }
     }
@@ -923,6 +925,7 @@ mod inproc {
         let scd = Arc::new(Scd::new(o.encoder, ScdConfig::default()));
         let cfg = ServeConfig {
             listener: l,
+            connections: o.connections,
             http_listener: Some(h),
             limits: o.limits,
             http: o.http,

@@ -58,6 +58,9 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
     /// The context budget it asks for in its offers (tokens).
     pub context_budget_tokens: u32,
+    /// Caps and idle timeouts of its listener (a peer is an adversary until
+    /// verified: one must not hold every socket).
+    pub connections: scd_net::ConnLimits,
 }
 
 impl AgentConfig {
@@ -71,6 +74,7 @@ impl AgentConfig {
             max_running: 2,
             heartbeat: Duration::from_secs(1),
             context_budget_tokens: 512,
+            connections: scd_net::ConnLimits::default(),
         }
     }
 }
@@ -796,11 +800,16 @@ pub async fn serve(
         .build_v1()
         .map_err(|e| Error::Invalid { field: "reflection".into(), reason: e.to_string() })?;
     node.start_heartbeats();
+    let node_limits = node.config.connections;
     let svc = pb::atp_service_server::AtpServiceServer::new(AgentService(node))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let guard = scd_net::ConnGuard::new(node_limits);
+    let incoming = guard.incoming(listener);
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .layer(guard.layer())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS as usize)
         .add_service(health)

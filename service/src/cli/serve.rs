@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// specials); a single request over it runs alone.
     #[arg(long, env = "SCD_MAX_BATCH_TOKENS", default_value_t = 8192)]
     max_batch_tokens: usize,
+    /// Caps and idle timeouts of the gRPC listener.
+    #[command(flatten)]
+    grpc_conn: crate::config::GrpcConnArgs,
     /// Connections to --http-addr open at once; more are closed on accept.
     #[arg(long, env = "SCD_HTTP_MAX_CONNECTIONS", default_value_t = 256)]
     http_max_connections: usize,
@@ -317,6 +320,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         })
         .transpose()?;
     let tokenizers = budget_tokenizers(&args.budget_tokenizers)?;
+    let connections = args.grpc_conn.limits()?;
     let listener = bind("--addr", "gRPC", args.addr)?;
     let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
     let encoder = Arc::new(model.load_encoder()?);
@@ -355,6 +359,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         scd,
         ServeConfig {
             listener,
+            connections,
             http_listener,
             limits,
             http,

@@ -569,3 +569,64 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     assert!(!stdout.contains("sk_live_DEMO_NEVER_LEAVES"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_caps_silent_sockets_per_peer_and_closes_them() {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::store::{Ledger, Store};
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let url = format!("http://{addr}");
+    let identity = Identity::generate();
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let ledger = Ledger::open(store.clone(), identity.did(), Default::default(), resolver.clone()).unwrap();
+    let mut config = AgentConfig::new(vec![], url.clone(), "http://127.0.0.1:1".into());
+    config.connections = scd_net::ConnLimits {
+        max_per_peer: 3,
+        first_call_timeout: Duration::from_millis(300),
+        ..scd_net::ConnLimits::default()
+    };
+    let node = Node::new(identity, Verifier::new(resolver, store), ledger, config);
+    tokio::spawn(scd_atp::agent::serve(node, listener, std::future::pending()));
+    let closed = |mut s: tokio::net::TcpStream, wait: Duration| async move {
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::time::timeout(wait, s.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0) | Err(_)) => return true,
+                Ok(Ok(_)) => {}
+            }
+        }
+    };
+    let mut socks = Vec::new();
+    for _ in 0..8 {
+        socks.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let (kept, over) = socks.split_at_mut(3);
+    let _ = kept;
+    let mut refused = 0;
+    for s in over.iter_mut() {
+        let mut buf = [0u8; 8];
+        refused += usize::from(matches!(
+            tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        ));
+    }
+    assert_eq!(refused, 5, "past 3 per peer each socket is closed at once");
+    // the silent three are closed after the first-call timeout
+    for s in socks.drain(..3) {
+        assert!(closed(s, Duration::from_secs(3)).await, "a silent socket was kept");
+    }
+    // and a real peer is served
+    let ch = Channel::from_shared(url).unwrap().connect().await.unwrap();
+    let status = tonic_health::pb::health_client::HealthClient::new(ch)
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, 1);
+}

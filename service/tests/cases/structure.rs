@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::root;
 
 /// Every crate's `src/`, relative to the workspace root.
-const CRATES: [&str; 8] = [
+const CRATES: [&str; 9] = [
     "engine/src",
     "engine/context/src",
     "proto/src",
@@ -18,6 +18,7 @@ const CRATES: [&str; 8] = [
     "service/did/src",
     "service/audit/src",
     "service/atp/src",
+    "service/net/src",
     "benches/src",
 ];
 
@@ -285,6 +286,8 @@ fn only_the_atp_subcommand_imports_the_atp_stack() {
             assert!(!deps.contains(upper), "{lower} depends on {upper}");
         }
     }
+    let net: Vec<String> = dependencies("service/net").into_iter().filter(|d| d.starts_with("scd-")).collect();
+    assert!(net.is_empty(), "the listener guard holds no protocol logic, yet depends on {net:?}");
 }
 
 #[test]

@@ -83,6 +83,9 @@ pub struct AgentArgs {
     /// Context budget (tokens) this agent asks for in its offers.
     #[arg(long, default_value_t = 512)]
     pub context_budget: u32,
+    /// Caps and idle timeouts of the ATP listener.
+    #[command(flatten)]
+    pub grpc_conn: crate::config::GrpcConnArgs,
 }
 
 /// A capability from `TYPE:QUALITY:LATENCY_MS:COST`.
@@ -145,6 +148,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     if args.context_budget == 0 {
         bail!("--context-budget 0: must be at least 1 token");
     }
+    let connections = args.grpc_conn.limits()?;
     let mut identity = Identity::load_or_create(&args.identity)?;
     if let Some(did) = &args.did_wba {
         if !did.starts_with("did:wba:") {
@@ -171,6 +175,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         config.max_queue = args.max_queue;
         config.max_running = args.max_running;
         config.context_budget_tokens = args.context_budget;
+        config.connections = connections;
         let document = (did_document_path(identity.did()), identity.did_document_json());
         let node = Node::new(identity, verifier, ledger, config);
         node.set_audit(Arc::new(audit));
