@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder};
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
@@ -42,6 +43,10 @@ pub struct Job {
     pub queued: Instant,
     /// Past this the job is dropped unrun.
     pub deadline: Option<Instant>,
+    /// Set when the caller goes away: a job that runs alone (one over the
+    /// batch token budget, e.g. a long windowed text) stops between the
+    /// encoder's own batches instead of holding the thread to the end.
+    pub cancel: Cancel,
 }
 
 /// Queue and batch bounds.
@@ -195,10 +200,16 @@ impl Worker {
         }
     }
 
-    /// Encodes under `catch_unwind`; `Err` holds the panic's message.
-    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> Result<scd_engine::Result<Encoded>, String> {
+    /// Encodes under `catch_unwind`, stopping between the encoder's batches
+    /// once `cancel` says so; `Err` holds the panic's message.
+    fn encode(
+        &self,
+        texts: &[&str],
+        opts: &EncodeOptions,
+        cancel: &Cancel,
+    ) -> Result<scd_engine::Result<Encoded>, String> {
         self.metrics.encoded(texts.len(), 0);
-        let r = catch_unwind(AssertUnwindSafe(|| self.encoder.encode(texts, opts)))
+        let r = catch_unwind(AssertUnwindSafe(|| self.encoder.encode_cancellable(texts, opts, cancel)))
             .map_err(|p| format!("encoder panicked: {}", panic_message(&*p)))?;
         if let Ok(enc) = &r {
             self.metrics.encoded(0, enc.tokens.iter().sum());
@@ -254,8 +265,14 @@ impl Worker {
         }
         let queued = |j: &Job| (started - j.queued).as_secs_f64() * 1e3;
         // one call for the whole batch; on error (e.g. one over-long text)
-        // each job runs alone so only the faulty request fails
-        let whole = match self.encode(&texts, opts) {
+        // each job runs alone so only the faulty request fails. A job alone
+        // can be cancelled mid-way; a batch of several is within the token
+        // budget and runs to its end
+        let whole_cancel = match jobs.as_slice() {
+            [only] => only.cancel.clone(),
+            _ => Cancel::new(),
+        };
+        let whole = match self.encode(&texts, opts, &whole_cancel) {
             Ok(r) => r,
             Err(cause) => {
                 for j in jobs {
@@ -281,13 +298,22 @@ impl Worker {
                     let _ = j.reply.send((Ok(part), q));
                 }
             }
+            Err(e) if whole_cancel.check("embed").is_err() => {
+                // the caller of the only job went away: nothing to retry
+                self.metrics.job_dropped("cancelled");
+                let status = super::convert::status(e);
+                for j in jobs {
+                    let q = queued(&j);
+                    let _ = j.reply.send((Err(status.clone()), q));
+                }
+            }
             Err(e) => {
                 debug!(error = %e, "batch failed; retrying its requests one by one");
                 let mut jobs = jobs.into_iter();
                 while let Some(j) = jobs.next() {
                     let refs: Vec<&str> = j.texts.iter().map(String::as_str).collect();
                     let q = queued(&j);
-                    match self.encode(&refs, &j.opts) {
+                    match self.encode(&refs, &j.opts, &j.cancel) {
                         Ok(r) => {
                             let _ = j.reply.send((r.map_err(super::convert::status), q));
                         }

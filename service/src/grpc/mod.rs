@@ -78,6 +78,9 @@ pub struct ScdService {
     pub(crate) scd: Arc<Scd>,
     pub(crate) batcher: Batcher,
     pub(crate) compress_slots: Arc<Semaphore>,
+    /// CountTokens' own lane: cheap calls are not refused because
+    /// compressions hold every compress slot.
+    pub(crate) count_slots: Arc<Semaphore>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_audit::AuditLog>>,
@@ -98,9 +101,24 @@ const STREAM_WINDOW: usize = 4;
 struct PendingEmbed {
     rx: oneshot::Receiver<Reply>,
     start: Instant,
+    /// Cancels the job's encoding when the caller goes away (dropped).
+    _cancel: scd_engine::cancel::CancelOnDrop,
 }
 
 static COMPRESS_FULL: RateLimitedWarn = RateLimitedWarn::new("compress_slots_full");
+static COUNT_FULL: RateLimitedWarn = RateLimitedWarn::new("count_slots_full");
+
+/// CountTokens calls in flight at once (tokenizing only: a few ms each).
+pub const COUNT_SLOTS: usize = 4;
+
+/// Which slots a blocking call waits behind.
+#[derive(Debug, Clone, Copy)]
+enum Lane {
+    /// Compress, RequestContext, Handoff: the engine's heavy work.
+    Compress,
+    /// CountTokens.
+    Count,
+}
 
 /// The caller's deadline, from `grpc-timeout` (see [`layer`]).
 fn deadline<T>(r: &Request<T>) -> Option<Instant> {
@@ -152,6 +170,7 @@ impl ScdService {
         let batcher = Batcher::start(scd.encoder().clone(), batch, metrics.clone());
         Self {
             compress_slots: Arc::new(Semaphore::new(limits.max_concurrent_compress.max(1))),
+            count_slots: Arc::new(Semaphore::new(COUNT_SLOTS)),
             scd,
             batcher,
             limits,
@@ -198,26 +217,31 @@ impl ScdService {
         let start = Instant::now();
         let (texts, opts) = convert::embed_request(r, self.limits.max_texts, self.limits.max_text_bytes)?;
         let (tx, rx) = oneshot::channel();
-        self.batcher.submit(Job { texts, opts, reply: tx, queued: Instant::now(), deadline }).map_err(|e| match e {
+        let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
+        let guard = cancel.guard();
+        let job = Job { texts, opts, reply: tx, queued: Instant::now(), deadline, cancel };
+        self.batcher.submit(job).map_err(|e| match e {
             Refused::Full => {
                 self.metrics.rejected("embed_queue_full");
                 overloaded("embed")
             }
             Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
         })?;
-        Ok(PendingEmbed { rx, start })
+        Ok(PendingEmbed { rx, start, _cancel: guard })
     }
 
     /// Waits for a queued embed request's answer; dropping this future (or
     /// the deadline) drops the receiver, and the batcher skips the job.
     async fn embed_wait(&self, p: PendingEmbed, deadline: Option<Instant>) -> Result<pb::EmbedResponse, Status> {
-        let got = until(deadline, "waiting for the encoder", p.start, p.rx).await?;
+        let PendingEmbed { rx, start, _cancel: guard } = p;
+        let got = until(deadline, "waiting for the encoder", start, rx).await?;
+        guard.disarm();
         let (result, queue_ms) = match got {
             Ok(r) => r,
             Err(_) => return Err(self.stopped_status().await),
         };
         let enc = result?;
-        let total = ms(p.start);
+        let total = ms(start);
         self.metrics.stage("Embed", "queue", queue_ms);
         self.metrics.stage("Embed", "inference", total - queue_ms);
         Ok(pb::EmbedResponse {
@@ -252,11 +276,32 @@ impl ScdService {
         deadline: Option<Instant>,
         f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
     ) -> Result<(T, f64), Status> {
+        self.blocking_in(Lane::Compress, deadline, f).await
+    }
+
+    /// [`Self::blocking`] behind `lane`'s slots.
+    async fn blocking_in<T: Send + 'static>(
+        &self,
+        lane: Lane,
+        deadline: Option<Instant>,
+        f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
+    ) -> Result<(T, f64), Status> {
         let queued = Instant::now();
-        let permit = self.compress_slots.clone().try_acquire_owned().map_err(|_| {
-            self.metrics.rejected("compress_slots_full");
-            COMPRESS_FULL.hit("compress slots full");
-            overloaded("compress")
+        let slots = match lane {
+            Lane::Compress => &self.compress_slots,
+            Lane::Count => &self.count_slots,
+        };
+        let permit = slots.clone().try_acquire_owned().map_err(|_| match lane {
+            Lane::Compress => {
+                self.metrics.rejected("compress_slots_full");
+                COMPRESS_FULL.hit("compress slots full");
+                overloaded("compress")
+            }
+            Lane::Count => {
+                self.metrics.rejected("count_slots_full");
+                COUNT_FULL.hit("count_tokens slots full");
+                overloaded("count_tokens")
+            }
         })?;
         let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
         let guard = cancel.guard();
@@ -612,7 +657,7 @@ impl pb::scd_server::Scd for ScdHandler {
         let res = if let Err(s) = convert::check_texts(&texts, self.limits.max_texts, self.limits.max_text_bytes) {
             Err(s)
         } else {
-            self.blocking(d, move |scd, _| {
+            self.blocking_in(Lane::Count, d, move |scd, _| {
                 texts
                     .iter()
                     .map(|t| match &tokenizer {

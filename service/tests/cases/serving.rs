@@ -28,6 +28,11 @@ struct TestEncoder {
     inner: HashEncoder,
     delay_ms: AtomicU64,
     calls: AtomicUsize,
+    /// Milliseconds per text in `encode_cancellable`, which checks the
+    /// cancel before each text (as the ONNX encoder does before each batch).
+    piece_ms: AtomicU64,
+    /// Texts `encode_cancellable` has started.
+    pieces: AtomicUsize,
 }
 
 const MAGIC: &str = "please panic now";
@@ -38,6 +43,8 @@ impl TestEncoder {
             inner: HashEncoder::new(64, 512),
             delay_ms: AtomicU64::new(delay_ms),
             calls: AtomicUsize::new(0),
+            piece_ms: AtomicU64::new(0),
+            pieces: AtomicUsize::new(0),
         })
     }
 }
@@ -62,6 +69,19 @@ impl Encoder for TestEncoder {
         self.calls.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst)));
         self.inner.encode(texts, opts)
+    }
+    fn encode_cancellable(
+        &self,
+        texts: &[&str],
+        opts: &EncodeOptions,
+        cancel: &scd_engine::cancel::Cancel,
+    ) -> scd_engine::Result<Encoded> {
+        for _ in texts {
+            cancel.check("embed")?;
+            self.pieces.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(self.piece_ms.load(Ordering::SeqCst)));
+        }
+        self.encode(texts, opts)
     }
     fn provider(&self) -> &str {
         "test"
@@ -580,4 +600,221 @@ fn python_grpcio_reflection_v1alpha_resolves_the_service() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("scd.v1.Scd") && stdout.contains("Compress"), "{stdout}");
+}
+
+/// A raw socket to `addr` from the loopback address `from` (any 127.x.y.z
+/// is local on Linux): another peer, as far as per-peer caps go.
+async fn socket_from(from: &str, addr: &str) -> tokio::net::TcpStream {
+    let to: SocketAddr = addr.trim_start_matches("http://").parse().unwrap();
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    s.connect(to).await.unwrap()
+}
+
+/// An Scd client whose connections come from `from`.
+async fn client_from(from: &str, addr: &str) -> ScdClient<Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
+        .unwrap()
+        .local_address(Some(from.parse().unwrap()))
+        .connect()
+        .await
+        .unwrap();
+    ScdClient::new(ch)
+}
+
+/// True once the server has closed `s` (read gives EOF or an error).
+async fn closed_within(s: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(wait, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // the server's HTTP/2 preface or a GOAWAY: keep reading
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_grpc_sockets_are_capped_per_peer_closed_and_new_clients_still_served() {
+    let connections = scd_net::ConnLimits {
+        max_connections: 64,
+        max_per_peer: 8,
+        reserve: 2,
+        idle_timeout: Duration::from_millis(800),
+        first_call_timeout: Duration::from_millis(400),
+    };
+    let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
+    let mut c = client(&s).await;
+    c.embed(embed(&["a"], pb::InputKind::Query)).await.unwrap();
+    // one peer opens 40 sockets and never speaks: 7 fit beside its client
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(socket_from("127.0.0.1", &s.grpc).await);
+    }
+    let mut shut_at_once = 0;
+    for sock in &mut idle {
+        if closed_within(sock, Duration::from_millis(150)).await {
+            shut_at_once += 1;
+        }
+    }
+    assert!(shut_at_once >= 32, "{shut_at_once} of 40 closed at the per-peer cap");
+    // another peer is served meanwhile
+    let mut other = client_from("127.0.0.2", &s.grpc).await;
+    other.embed(embed(&["b"], pb::InputKind::Query)).await.unwrap();
+    // the silent ones are closed after the first-call timeout
+    for sock in &mut idle {
+        assert!(closed_within(sock, Duration::from_secs(3)).await, "a silent socket was kept");
+    }
+    // and the first peer is served again, by its old channel too
+    c.embed(embed(&["c"], pb::InputKind::Query)).await.unwrap();
+    let mut again = client_from("127.0.0.1", &s.grpc).await;
+    again.embed(embed(&["d"], pb::InputKind::Query)).await.unwrap();
+    let m = scrape(&s).await;
+    let per_peer = metric(&m, "scd_rejected_total", &[("kind", "grpc_connections_per_peer")]);
+    let silent = metric(&m, "scd_rejected_total", &[("kind", "grpc_silent_closed")]);
+    assert!(per_peer >= 32.0 && silent >= 7.0, "per-peer {per_peer}, silent {silent}\n{m}");
+}
+
+/// A health `Watch` on a connection of its own: a call in flight that
+/// holds the connection (it cannot give way to a newcomer).
+async fn watching(addr: &str) -> (Channel, tonic::Streaming<tonic_health::pb::HealthCheckResponse>) {
+    let ch = Channel::from_shared(addr.to_string()).unwrap().connect().await.unwrap();
+    let mut stream = tonic_health::pb::health_client::HealthClient::new(ch.clone())
+        .watch(tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.status, SERVING);
+    (ch, stream)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_it() {
+    let connections = scd_net::ConnLimits {
+        max_connections: 4,
+        max_per_peer: 100,
+        reserve: 1,
+        idle_timeout: Duration::from_secs(30),
+        first_call_timeout: Duration::from_secs(30),
+    };
+    let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
+    crate::inproc::wait_serving(&s).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // four clients hold every normal slot with calls in flight
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(watching(&s.grpc).await);
+    }
+    // the reserve connection reads health but may not compute
+    let (ch, _watch) = watching(&s.grpc).await;
+    let e = ScdClient::new(ch).embed(embed(&["x"], pb::InputKind::Query)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("kept for health checks") && e.message().contains("retry after"), "{}", e.message());
+    let hint: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
+    assert!((1..=30_000).contains(&hint), "retry-after-ms {hint}");
+    // past the reserve, with no idle connection to give way: closed at once
+    tokio::time::sleep(scd_net::EVICT_MIN_IDLE).await;
+    let mut extra = socket_from("127.0.0.1", &s.grpc).await;
+    assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
+    // a slot freed serves calls again
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut c = client_from("127.0.0.1", &s.grpc).await;
+    c.embed(embed(&["y"], pb::InputKind::Query)).await.unwrap();
+    let m = scrape(&s).await;
+    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_connections")]), 1.0, "{m}");
+    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_reserve_call")]), 1.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listener_full_of_silent_sockets_still_serves_a_new_client_at_once() {
+    let connections = scd_net::ConnLimits {
+        max_connections: 16,
+        max_per_peer: 16,
+        reserve: 2,
+        idle_timeout: Duration::from_secs(30),
+        first_call_timeout: Duration::from_secs(30),
+    };
+    let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
+    crate::inproc::wait_serving(&s).await;
+    // 18 peers' worth of silent sockets fill the listener and its reserve
+    let mut silent = Vec::new();
+    for i in 0..18 {
+        silent.push(socket_from(&format!("127.0.1.{}", i + 1), &s.grpc).await);
+    }
+    tokio::time::sleep(scd_net::EVICT_MIN_IDLE + Duration::from_millis(50)).await;
+    // a real client takes the place of one of them, without waiting 30 s
+    let t = Instant::now();
+    let mut c = client_from("127.0.0.2", &s.grpc).await;
+    c.embed(embed(&["served"], pb::InputKind::Query)).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let mut closed = 0;
+    for sock in &mut silent {
+        closed += usize::from(closed_within(sock, Duration::from_millis(50)).await);
+    }
+    assert!(closed >= 1, "no silent socket gave way");
+    let m = scrape(&s).await;
+    assert!(metric(&m, "scd_rejected_total", &[("kind", "grpc_idle_evicted")]) >= 1.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn count_tokens_has_its_own_lane_while_compressions_hold_every_slot() {
+    let enc = TestEncoder::new(0);
+    let s = start(enc.clone(), Limits { max_concurrent_compress: 1, ..limits() }, http_limits()).await;
+    let c = client(&s).await;
+    enc.delay_ms.store(300, Ordering::SeqCst);
+    let mut busy = c.clone();
+    let busy = tokio::spawn(async move { busy.compress(big_compress("busy")).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // the only compress slot is taken: another compress is refused ...
+    let e = c.clone().compress(big_compress("refused")).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    // ... but counting is served, every time
+    for i in 0..20 {
+        let r = c
+            .clone()
+            .count_tokens(pb::CountTokensRequest { texts: vec![format!("count me {i}")], ..Default::default() })
+            .await
+            .unwrap();
+        assert_eq!(r.into_inner().tokens.len(), 1);
+    }
+    enc.delay_ms.store(0, Ordering::SeqCst);
+    busy.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_long_embed_stops_between_pieces_and_frees_the_encoder() {
+    let enc = TestEncoder::new(0);
+    // a 40-text request is over the batch budget: it runs alone
+    let s = start(enc.clone(), Limits { max_batch_tokens: 64, ..limits() }, http_limits()).await;
+    let c = client(&s).await;
+    enc.piece_ms.store(100, Ordering::SeqCst);
+    let texts: Vec<String> = (0..40).map(|i| format!("long windowed text number {i}")).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let long = embed(&refs, pb::InputKind::Passage);
+    // one caller gives up after 300 ms (its deadline), one walks away
+    let mut timed = c.clone();
+    let mut r = tonic::Request::new(long.clone());
+    r.set_timeout(Duration::from_millis(300));
+    let e = timed.embed(r).await.unwrap_err();
+    assert!(is_deadline(&e), "{e:?}");
+    let t = Instant::now();
+    let mut short = c.clone();
+    short.embed(embed(&["short"], pb::InputKind::Query)).await.unwrap();
+    let waited = t.elapsed();
+    let mut gone = c.clone();
+    let h = tokio::spawn(async move { gone.embed(long).await });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    h.abort();
+    let t2 = Instant::now();
+    short.embed(embed(&["short again"], pb::InputKind::Query)).await.unwrap();
+    let waited2 = t2.elapsed();
+    let pieces = enc.pieces.load(Ordering::SeqCst);
+    // 80 texts were asked for; each caller stopped within a piece or two
+    assert!(pieces < 20, "{pieces} of 80 pieces ran for callers that had gone");
+    eprintln!(
+        "after the deadline a short embed waited {waited:?}; after the walk-away {waited2:?}; {pieces} pieces ran"
+    );
 }
