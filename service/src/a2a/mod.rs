@@ -754,13 +754,7 @@ impl Agent {
         }
     }
 
-    async fn question(
-        &self,
-        context_id: &str,
-        text: String,
-        confidence: Option<f32>,
-        who: &Caller,
-    ) -> Outcome {
+    async fn question(&self, context_id: &str, text: String, confidence: Option<f32>, who: &Caller) -> Outcome {
         let owner = who.owner();
         let Some(session) = self.store.session(&owner, context_id) else {
             // the task stays working on the question, waiting for its
@@ -1129,7 +1123,10 @@ mod tests {
         let session = a.store().session("local", &ctx).unwrap();
         assert!(svc.scd.close_session(&session.id, &session.token, None).unwrap());
         let q = a
-            .send(send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})), Caller::default())
+            .send(
+                send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})),
+                Caller::default(),
+            )
             .await
             .unwrap();
         assert_eq!(q.status.state, TaskState::InputRequired, "{:?}", q.status);
@@ -1156,7 +1153,8 @@ mod tests {
         assert!(a.store().is_empty(), "no failed task is kept");
         // a continued task (a question waiting for its context) returns to
         // where it was, without the message
-        let waiting = a.send(send_req(json!({"parts": [{"text": "why do charges fail?"}]})), Caller::default()).await.unwrap();
+        let waiting =
+            a.send(send_req(json!({"parts": [{"text": "why do charges fail?"}]})), Caller::default()).await.unwrap();
         assert_eq!(waiting.status.state, TaskState::Working);
         let more = send_req(json!({"taskId": waiting.id, "parts": [compress_part(None)]}));
         assert_eq!(a.send(more.clone(), Caller::default()).await.unwrap_err().code(), -32000);

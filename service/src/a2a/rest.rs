@@ -170,10 +170,9 @@ pub async fn get_task(
     }
     let who = caller(did, from);
     if let Some(id) = id.strip_suffix(":subscribe") {
-        return match agent.subscribe(
-            super::types::TaskIdRequest { tenant: String::new(), id: id.to_string(), metadata: None },
-            &who,
-        ) {
+        return match agent
+            .subscribe(super::types::TaskIdRequest { tenant: String::new(), id: id.to_string(), metadata: None }, &who)
+        {
             Ok(s) => sse(s, |v| v),
             Err(e) => error(e),
         };

@@ -152,10 +152,10 @@ struct Usage {
 
 impl Inner {
     fn usage(&self, owner: &Owner) -> Usage {
-        self.tasks.values().filter(|e| e.owner == owner).fold(Usage::default(), |u, e| Usage {
-            tasks: u.tasks + 1,
-            bytes: u.bytes + e.bytes,
-        })
+        self.tasks
+            .values()
+            .filter(|e| e.owner == owner)
+            .fold(Usage::default(), |u, e| Usage { tasks: u.tasks + 1, bytes: u.bytes + e.bytes })
     }
 
     /// The oldest (least recently updated) terminal task of `owner`.
@@ -811,7 +811,8 @@ mod tests {
             s.list(&ListFilter::default(), "local", Page { offset: 0, size: 1, history: 0, artifacts: false });
         assert_eq!(first[0].id, ids[0]);
         assert!(first[0].history.is_empty());
-        let (_, past) = s.list(&ListFilter::default(), "local", Page { offset: 9, size: 5, history: 0, artifacts: false });
+        let (_, past) =
+            s.list(&ListFilter::default(), "local", Page { offset: 9, size: 5, history: 0, artifacts: false });
         assert!(past.is_empty());
     }
 

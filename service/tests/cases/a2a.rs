@@ -490,7 +490,13 @@ async fn a2a_data_part_counts_the_budget_in_the_named_tokenizer() {
 
 /// One HTTP/1.1 exchange from the local address `from` (any 127.x.y.z is
 /// this host on Linux) with `Host: host`: status and body.
-async fn http_from(from: &str, addr: std::net::SocketAddr, host: &str, path: &str, body: Option<&str>) -> (u16, String) {
+async fn http_from(
+    from: &str,
+    addr: std::net::SocketAddr,
+    host: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
