@@ -54,7 +54,7 @@ pub struct ServeConfig {
     /// A2A task store bounds (the A2A routes are on the HTTP listener).
     pub a2a: crate::a2a::store::StoreLimits,
     /// The HTTP listener's public URL for the agent card (`None`: the
-    /// request's Host); the gRPC interface is listed on its host.
+    /// listener's own address); the gRPC interface is listed on its host.
     pub a2a_public_url: Option<String>,
     /// The budget tokenizers requests may name (`--budget-tokenizer NAME=PATH`
     /// plus the built-ins).
@@ -106,6 +106,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
                 grpc_scheme: scheme,
                 did_wba: auth.is_some(),
                 public_url: cfg.a2a_public_url.clone(),
+                http_addr: l.local_addr()?,
             },
         );
         println!("A2A agent card on http://{}/.well-known/agent-card.json", l.local_addr()?);

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
-use super::{Agent, Error};
+use super::{Agent, Caller, Error};
 use crate::grpc::auth::AuthenticatedDid;
 
 /// A JSON response.
@@ -67,8 +67,7 @@ pub async fn handle(
     uri: Uri,
     body: Body,
 ) -> Response {
-    let caller = did.map(|Extension(d)| d.0);
-    let peer = peer.map(|Extension(ConnectInfo(a))| a.to_string());
+    let who = Caller { did: did.map(|Extension(d)| d.0), addr: peer.map(|Extension(ConnectInfo(a))| a) };
     let raw = match read_body(body, agent.config().max_request_bytes).await {
         Ok(b) => b,
         Err(e) => return reply(&Value::Null, Err(e)),
@@ -115,7 +114,6 @@ pub async fn handle(
     if let Err(e) = Agent::check_version(&headers, uri.query()) {
         return reply(&id, Err(e));
     }
-    let who = caller.as_deref();
     // a streaming method's error goes in the stream the client asked for
     let wants_sse =
         headers.get(header::ACCEPT).and_then(|a| a.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
@@ -130,24 +128,24 @@ pub async fn handle(
     };
     let result = match method.as_str() {
         "SendMessage" => match params(p) {
-            Ok(r) => agent.send(r, caller.clone(), peer).await.map(|t| json!({"task": t})),
+            Ok(r) => agent.send(r, who).await.map(|t| json!({"task": t})),
             Err(e) => Err(e),
         },
         "SendStreamingMessage" => {
-            return match params(p).and_then(|r| agent.send_streaming(r, caller.clone(), peer)) {
+            return match params(p).and_then(|r| agent.send_streaming(r, who)) {
                 Ok(s) => sse(s, move |v| json!({"jsonrpc": "2.0", "id": id, "result": v})),
                 Err(e) => stream_error(id, e),
             }
         }
         "SubscribeToTask" => {
-            return match params(p).and_then(|r| agent.subscribe(r, caller.clone())) {
+            return match params(p).and_then(|r| agent.subscribe(r, &who)) {
                 Ok(s) => sse(s, move |v| json!({"jsonrpc": "2.0", "id": id, "result": v})),
                 Err(e) => stream_error(id, e),
             }
         }
-        "GetTask" => params(p).and_then(|r| agent.get(r, who)).map(|t| json!(t)),
-        "CancelTask" => params(p).and_then(|r| agent.cancel(r, who)).map(|t| json!(t)),
-        "ListTasks" => params(p).and_then(|r| agent.list(r, who)),
+        "GetTask" => params(p).and_then(|r| agent.get(r, &who)).map(|t| json!(t)),
+        "CancelTask" => params(p).and_then(|r| agent.cancel(r, &who)).map(|t| json!(t)),
+        "ListTasks" => params(p).and_then(|r| agent.list(r, &who)),
         "GetExtendedAgentCard" => Err(Error::NoExtendedCard),
         "CreateTaskPushNotificationConfig"
         | "GetTaskPushNotificationConfig"

@@ -13,7 +13,7 @@ use axum::Extension;
 use serde_json::{json, Map, Value};
 
 use super::jsonrpc::{json_response, params, read_body, sse};
-use super::{Agent, Error};
+use super::{Agent, Caller, Error};
 use crate::grpc::auth::AuthenticatedDid;
 
 /// The error body; overload is 429 with `Retry-After` (whole seconds,
@@ -39,15 +39,11 @@ fn done(r: Result<Value, Error>) -> Response {
     }
 }
 
-fn caller(did: Option<Extension<AuthenticatedDid>>) -> Option<String> {
-    did.map(|Extension(d)| d.0)
-}
-
 /// The client's address (see `grpc::http::serve_router`).
 type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 
-fn peer(p: Peer) -> Option<String> {
-    p.map(|Extension(ConnectInfo(a))| a.to_string())
+fn caller(did: Option<Extension<AuthenticatedDid>>, from: Peer) -> Caller {
+    Caller { did: did.map(|Extension(d)| d.0), addr: from.map(|Extension(ConnectInfo(a))| a) }
 }
 
 fn percent_decode(s: &str) -> String {
@@ -100,16 +96,11 @@ async fn body_json(agent: &Agent, body: Body) -> Result<Value, Error> {
     serde_json::from_slice(&raw).map_err(|e| Error::Parse(e.to_string()))
 }
 
-/// `GET /.well-known/agent-card.json`.
-pub async fn card(State(agent): State<Arc<Agent>>, headers: HeaderMap) -> Response {
-    let base = match &agent.config().public_url {
-        Some(u) => u.trim_end_matches('/').to_string(),
-        None => {
-            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
-            format!("http://{host}")
-        }
-    };
-    json_response(StatusCode::OK, &agent.card(&base))
+/// `GET /.well-known/agent-card.json`: URLs on `--a2a-public-url` or the
+/// listener's own address, never the request's Host header (a client
+/// could name any host there, and a cache would hand that card to others).
+pub async fn card(State(agent): State<Arc<Agent>>) -> Response {
+    json_response(StatusCode::OK, &agent.card(&agent.config().base_url()))
 }
 
 /// `POST /message:send`.
@@ -124,7 +115,7 @@ pub async fn send(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send(req, caller(did), peer(from)).await.map(|t| json!({"task": t}))
+        agent.send(req, caller(did, from)).await.map(|t| json!({"task": t}))
     };
     done(r.await)
 }
@@ -141,7 +132,7 @@ pub async fn stream(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send_streaming(req, caller(did), peer(from))
+        agent.send_streaming(req, caller(did, from))
     };
     match r.await {
         Ok(s) => sse(s, |v| v),
@@ -153,13 +144,14 @@ pub async fn stream(
 pub async fn list(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
     let r = (|| {
         Agent::check_version(&headers, uri.query())?;
         let q = query_object(uri.query(), &["pageSize", "historyLength"], &["includeArtifacts"])?;
-        agent.list(params(q)?, caller(did).as_deref())
+        agent.list(params(q)?, &caller(did, from))
     })();
     done(r)
 }
@@ -168,6 +160,7 @@ pub async fn list(
 pub async fn get_task(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     Path(id): Path<String>,
     headers: HeaderMap,
     uri: Uri,
@@ -175,11 +168,11 @@ pub async fn get_task(
     if let Err(e) = Agent::check_version(&headers, uri.query()) {
         return error(e);
     }
+    let who = caller(did, from);
     if let Some(id) = id.strip_suffix(":subscribe") {
-        return match agent.subscribe(
-            super::types::TaskIdRequest { tenant: String::new(), id: id.to_string(), metadata: None },
-            caller(did),
-        ) {
+        return match agent
+            .subscribe(super::types::TaskIdRequest { tenant: String::new(), id: id.to_string(), metadata: None }, &who)
+        {
             Ok(s) => sse(s, |v| v),
             Err(e) => error(e),
         };
@@ -187,7 +180,7 @@ pub async fn get_task(
     let r = (|| {
         let mut q = query_object(uri.query(), &["historyLength"], &[])?;
         q["id"] = json!(id);
-        agent.get(params(q)?, caller(did).as_deref()).map(|t| json!(t))
+        agent.get(params(q)?, &who).map(|t| json!(t))
     })();
     done(r)
 }
@@ -196,6 +189,7 @@ pub async fn get_task(
 pub async fn post_task(
     State(agent): State<Arc<Agent>>,
     did: Option<Extension<AuthenticatedDid>>,
+    from: Peer,
     Path(id): Path<String>,
     headers: HeaderMap,
     uri: Uri,
@@ -216,7 +210,7 @@ pub async fn post_task(
             return Err(Error::InvalidParams("the body must be a JSON object".into()));
         }
         v["id"] = json!(id);
-        agent.cancel(params(v)?, caller(did).as_deref()).map(|t| json!(t))
+        agent.cancel(params(v)?, &caller(did, from)).map(|t| json!(t))
     };
     done(r.await)
 }

@@ -2,11 +2,25 @@
 //! contexts) holding at most `max_bytes` together (each task counted as its
 //! JSON size, kept as a running sum; checked when a message is accepted,
 //! while results, bounded by their budget, are always stored), each dropped
-//! `ttl` after its last update; terminal states are
-//! immutable; each context holds its SCD session (id and token stay on the
-//! server) and the caller (DID) it is bound to.
+//! `ttl` after its last update; terminal states are immutable.
+//!
+//! Everything is namespaced by its [`Owner`] (the caller's DID, else its IP
+//! address): a task is seen only by its owner, and a context is keyed by
+//! (owner, contextId), so two owners naming the same contextId hold two
+//! contexts, each with its own SCD session (id and token stay on the
+//! server), and neither learns that the other's exists.
+//!
+//! Each owner has a share: `max_tasks_per_caller` tasks and
+//! `max_bytes_per_caller` bytes. An owner at its share gives up its own
+//! oldest terminal task (completed, failed, canceled, rejected) for the new
+//! one; with only live tasks it is refused, told to retry when its earliest
+//! task expires. A full store gives up the oldest terminal task of the owner
+//! holding the most; with none terminal it is refused until the earliest
+//! task in the store expires. Contexts follow: a new context takes the
+//! place of one of the owner's contexts that holds no task (or, in a full
+//! store, of the largest owner's).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +28,10 @@ use tokio::sync::broadcast;
 
 use super::types::{rfc3339, uuid_v4, Artifact, Message, Task, TaskState, TaskStatus};
 use super::Error;
+
+/// Whom tasks and contexts belong to: the caller's DID under `--auth
+/// did-wba`, else its IP address (see [`super::Caller::owner`]).
+pub type Owner = str;
 
 /// One change of a task, as sent to its subscribers.
 #[derive(Debug, Clone)]
@@ -35,12 +53,32 @@ pub struct StoreLimits {
     pub max_history: usize,
     /// Bytes all tasks may hold together (their JSON size).
     pub max_bytes: usize,
+    /// Tasks (and contexts) one owner may hold.
+    pub max_tasks_per_caller: usize,
+    /// Bytes one owner's tasks may hold.
+    pub max_bytes_per_caller: usize,
+}
+
+impl StoreLimits {
+    /// The default share of a global bound: a tenth, at least 1.
+    pub fn default_share(global: usize) -> usize {
+        (global / 10).max(1)
+    }
 }
 
 impl Default for StoreLimits {
-    /// 10,000 tasks, one hour, 100 messages, 256 MiB.
+    /// 10,000 tasks, one hour, 100 messages, 256 MiB; a tenth of each per
+    /// owner.
     fn default() -> Self {
-        Self { max_tasks: 10_000, ttl: Duration::from_secs(3600), max_history: 100, max_bytes: 256 << 20 }
+        let (max_tasks, max_bytes) = (10_000, 256 << 20);
+        Self {
+            max_tasks,
+            ttl: Duration::from_secs(3600),
+            max_history: 100,
+            max_bytes,
+            max_tasks_per_caller: Self::default_share(max_tasks),
+            max_bytes_per_caller: Self::default_share(max_bytes),
+        }
     }
 }
 
@@ -55,7 +93,7 @@ fn message_bytes(m: &Message) -> usize {
 
 struct Entry {
     task: Task,
-    caller: Option<String>,
+    owner: String,
     touched: Instant,
     updated: SystemTime,
     /// Order of last update (ties of `updated` broken by it).
@@ -84,19 +122,117 @@ pub struct Session {
 }
 
 struct ContextEntry {
-    caller: Option<String>,
     session: Option<Session>,
     touched: Instant,
+}
+
+/// A context's key: its owner and the contextId.
+type ContextKey = (String, String);
+
+fn key(owner: &Owner, context_id: &str) -> ContextKey {
+    (owner.to_string(), context_id.to_string())
 }
 
 #[derive(Default)]
 struct Inner {
     tasks: HashMap<String, Entry>,
-    contexts: HashMap<String, ContextEntry>,
+    contexts: HashMap<ContextKey, ContextEntry>,
     last_purge: Option<Instant>,
     seq: u64,
     /// Bytes of all tasks (the sum of their `Entry::bytes`).
     bytes: usize,
+}
+
+/// What one owner holds.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    tasks: usize,
+    bytes: usize,
+}
+
+impl Inner {
+    fn usage(&self, owner: &Owner) -> Usage {
+        self.tasks
+            .values()
+            .filter(|e| e.owner == owner)
+            .fold(Usage::default(), |u, e| Usage { tasks: u.tasks + 1, bytes: u.bytes + e.bytes })
+    }
+
+    /// The oldest (least recently updated) terminal task of `owner`.
+    fn oldest_terminal(&self, owner: &Owner) -> Option<String> {
+        self.tasks
+            .values()
+            .filter(|e| e.owner == owner && e.task.status.state.is_terminal())
+            .min_by_key(|e| e.seq)
+            .map(|e| e.task.id.clone())
+    }
+
+    /// The oldest terminal task of the owner holding the most (by `weigh`)
+    /// among those holding a terminal task.
+    fn oldest_terminal_of_largest(&self, weigh: impl Fn(Usage) -> usize) -> Option<String> {
+        let mut usage: HashMap<&str, Usage> = HashMap::new();
+        for e in self.tasks.values() {
+            let u = usage.entry(e.owner.as_str()).or_default();
+            u.tasks += 1;
+            u.bytes += e.bytes;
+        }
+        let mut owners: Vec<(&str, Usage)> = usage.into_iter().collect();
+        owners.sort_unstable_by_key(|(o, u)| (std::cmp::Reverse(weigh(*u)), *o));
+        owners.into_iter().find_map(|(o, _)| self.oldest_terminal(o))
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(e) = self.tasks.remove(id) {
+            self.bytes = self.bytes.saturating_sub(e.bytes);
+        }
+    }
+
+    /// Seconds (rounded up, at least 1) until the first task of `owner`
+    /// (of anyone when `None`) expires by `ttl`; `ttl` when it holds none.
+    fn retry_after_s(&self, owner: Option<&Owner>, ttl: Duration, now: Instant) -> u64 {
+        let left = self
+            .tasks
+            .values()
+            .filter(|e| owner.is_none_or(|o| e.owner == o))
+            .map(|e| (e.touched + ttl).saturating_duration_since(now))
+            .min()
+            .unwrap_or(ttl);
+        ceil_s(left)
+    }
+
+    /// Makes room for a context of `owner`: one of its contexts that holds
+    /// no task gives way when it is at `share`, else one of the largest
+    /// owner's when the store holds `max`.
+    fn context_room(&mut self, owner: &Owner, share: usize, max: usize) {
+        let busy: HashSet<(&str, &str)> =
+            self.tasks.values().map(|e| (e.owner.as_str(), e.task.context_id.as_str())).collect();
+        let idle = |k: &ContextKey| !busy.contains(&(k.0.as_str(), k.1.as_str()));
+        let mine = self.contexts.keys().filter(|k| k.0 == owner).count();
+        let victim = if mine >= share {
+            self.contexts.iter().filter(|(k, _)| k.0 == owner && idle(k)).min_by_key(|(_, c)| c.touched)
+        } else if self.contexts.len() >= max {
+            let mut count: HashMap<&str, usize> = HashMap::new();
+            for k in self.contexts.keys() {
+                *count.entry(k.0.as_str()).or_default() += 1;
+            }
+            self.contexts
+                .iter()
+                .filter(|(k, _)| idle(k))
+                .max_by_key(|(k, c)| (count[k.0.as_str()], std::cmp::Reverse(c.touched)))
+        } else {
+            None
+        };
+        let victim = victim.map(|(k, _)| k.clone());
+        drop(busy);
+        if let Some(k) = victim {
+            self.contexts.remove(&k);
+        }
+    }
+}
+
+/// Whole seconds, rounded up, at least 1.
+fn ceil_s(d: Duration) -> u64 {
+    d.as_millis().div_ceil(1000).max(1) as u64
 }
 
 /// What [`Store::list`] selects.
@@ -179,47 +315,67 @@ impl Store {
         inner.contexts.retain(|_, c| now.duration_since(c.touched) < ttl);
     }
 
-    /// A new task in `context_id` (a new context when `None`) holding `first`
-    /// in its history, bound to `caller`.
+    /// Makes room for `tasks` (0 or 1) more tasks and `bytes` more bytes of
+    /// `owner` (see the module docs): terminal tasks give way, or the
+    /// message is refused with the time until a task expires.
+    fn room(&self, inner: &mut Inner, owner: &Owner, tasks: usize, bytes: usize) -> Result<(), Error> {
+        let l = &self.limits;
+        let mut purged = false;
+        loop {
+            let mine = inner.usage(owner);
+            let (victim, refusal) = if mine.tasks + tasks > l.max_tasks_per_caller {
+                (inner.oldest_terminal(owner), (true, l.max_tasks_per_caller, "tasks", "--a2a-max-tasks-per-caller"))
+            } else if mine.bytes + bytes > l.max_bytes_per_caller {
+                (inner.oldest_terminal(owner), (true, l.max_bytes_per_caller, "bytes", "--a2a-max-bytes-per-caller"))
+            } else if inner.tasks.len() + tasks > l.max_tasks {
+                (inner.oldest_terminal_of_largest(|u| u.tasks), (false, l.max_tasks, "tasks", "--a2a-max-tasks"))
+            } else if inner.bytes + bytes > l.max_bytes {
+                (inner.oldest_terminal_of_largest(|u| u.bytes), (false, l.max_bytes, "bytes", "--a2a-max-bytes"))
+            } else {
+                return Ok(());
+            };
+            if !purged {
+                // expired tasks go first
+                purged = true;
+                self.purge(inner, true);
+                continue;
+            }
+            let (own, limit, unit, flag) = refusal;
+            match victim {
+                Some(id) => inner.remove(&id),
+                None => {
+                    return Err(Error::Exhausted {
+                        what: if own { "this caller's share of the task store" } else { "task store" },
+                        limit,
+                        unit,
+                        flag,
+                        retry_after_s: inner.retry_after_s(own.then_some(owner), l.ttl, Instant::now()),
+                    })
+                }
+            }
+        }
+    }
+
+    /// A new task of `owner` in its context `context_id` (a new context
+    /// when `None`, or when `owner` holds none of that id) holding `first`
+    /// in its history.
     pub fn create(
         &self,
         context_id: Option<String>,
-        caller: Option<&str>,
+        owner: &Owner,
         mut first: Message,
         state: TaskState,
     ) -> Result<Task, Error> {
         let mut inner = self.lock();
         self.purge(&mut inner, false);
-        if inner.tasks.len() >= self.limits.max_tasks {
-            self.purge(&mut inner, true);
-        }
-        let full = inner.tasks.len() >= self.limits.max_tasks;
-        let new_context = context_id.as_ref().is_none_or(|c| !inner.contexts.contains_key(c));
-        if full || (new_context && inner.contexts.len() >= self.limits.max_tasks) {
-            return Err(Error::Exhausted {
-                what: "task store",
-                limit: self.limits.max_tasks,
-                unit: "tasks",
-                flag: "--a2a-max-tasks",
-                retry_after_s: 1,
-            });
-        }
-        let size = message_bytes(&first);
-        if inner.bytes + size > self.limits.max_bytes {
-            self.purge(&mut inner, true);
-        }
-        self.check_bytes(&inner, size)?;
+        self.room(&mut inner, owner, 1, message_bytes(&first))?;
         let context_id = context_id.unwrap_or_else(uuid_v4);
-        let now = Instant::now();
-        let ctx = inner.contexts.entry(context_id.clone()).or_insert(ContextEntry {
-            caller: caller.map(str::to_string),
-            session: None,
-            touched: now,
-        });
-        if ctx.caller.as_deref() != caller {
-            return Err(Error::InvalidParams(format!("message.contextId {context_id}: bound to another caller")));
+        let k = key(owner, &context_id);
+        if !inner.contexts.contains_key(&k) {
+            inner.context_room(owner, self.limits.max_tasks_per_caller, self.limits.max_tasks);
         }
-        ctx.touched = now;
+        let now = Instant::now();
+        inner.contexts.entry(k).or_insert(ContextEntry { session: None, touched: now }).touched = now;
         let id = uuid_v4();
         first.task_id = Some(id.clone());
         first.context_id = Some(context_id.clone());
@@ -234,64 +390,34 @@ impl Store {
         let (events, _) = broadcast::channel(16);
         inner.seq += 1;
         let seq = inner.seq;
-        let mut e = Entry {
-            task: task.clone(),
-            caller: caller.map(str::to_string),
-            touched: now,
-            updated,
-            seq,
-            events,
-            bytes: 0,
-        };
+        let mut e =
+            Entry { task: task.clone(), owner: owner.to_string(), touched: now, updated, seq, events, bytes: 0 };
         e.recount(&mut inner.bytes);
         inner.tasks.insert(id, e);
         Ok(task)
     }
 
-    /// Refuses `more` bytes past `--a2a-max-bytes`.
-    fn check_bytes(&self, inner: &Inner, more: usize) -> Result<(), Error> {
-        if inner.bytes + more > self.limits.max_bytes {
-            return Err(Error::Exhausted {
-                what: "task store",
-                limit: self.limits.max_bytes,
-                unit: "bytes",
-                flag: "--a2a-max-bytes",
-                retry_after_s: 1,
-            });
-        }
-        Ok(())
-    }
-
-    fn entry<'a>(
-        tasks: &'a mut HashMap<String, Entry>,
-        id: &str,
-        caller: Option<&str>,
-    ) -> Result<&'a mut Entry, Error> {
+    fn entry<'a>(tasks: &'a mut HashMap<String, Entry>, id: &str, owner: &Owner) -> Result<&'a mut Entry, Error> {
         match tasks.get_mut(id) {
-            Some(e) if e.caller.as_deref() == caller => Ok(e),
-            // another caller's task is as good as absent
+            Some(e) if e.owner == owner => Ok(e),
+            // another owner's task is as good as absent
             _ => Err(Error::TaskNotFound(id.to_string())),
         }
     }
 
-    /// The task, if `caller` may see it.
-    pub fn get(&self, id: &str, caller: Option<&str>) -> Result<Task, Error> {
-        Self::entry(&mut self.lock().tasks, id, caller).map(|e| e.task.clone())
+    /// The task, if `owner` holds it.
+    pub fn get(&self, id: &str, owner: &Owner) -> Result<Task, Error> {
+        Self::entry(&mut self.lock().tasks, id, owner).map(|e| e.task.clone())
     }
 
     /// Adds `msg` to a task that is not terminal, as `state`.
-    pub fn continue_task(
-        &self,
-        id: &str,
-        caller: Option<&str>,
-        mut msg: Message,
-        state: TaskState,
-    ) -> Result<Task, Error> {
+    pub fn continue_task(&self, id: &str, owner: &Owner, mut msg: Message, state: TaskState) -> Result<Task, Error> {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let max = self.limits.max_history;
-        self.check_bytes(inner, message_bytes(&msg))?;
-        let e = Self::entry(&mut inner.tasks, id, caller)?;
+        Self::entry(&mut inner.tasks, id, owner)?;
+        self.room(inner, owner, 0, message_bytes(&msg))?;
+        let e = Self::entry(&mut inner.tasks, id, owner)?;
         if e.task.status.state.is_terminal() {
             return Err(Error::Terminal { id: id.to_string(), state: e.task.status.state });
         }
@@ -312,7 +438,7 @@ impl Store {
         }
         msg.context_id = Some(e.task.context_id.clone());
         e.task.history.push(msg);
-        let ctx = e.task.context_id.clone();
+        let ctx = key(owner, &e.task.context_id);
         let out = Self::set_state(e, &mut inner.seq, state, None);
         e.recount(&mut inner.bytes);
         if let Some(c) = inner.contexts.get_mut(&ctx) {
@@ -386,10 +512,10 @@ impl Store {
     }
 
     /// Cancels a task that is not terminal.
-    pub fn cancel(&self, id: &str, caller: Option<&str>) -> Result<Task, Error> {
+    pub fn cancel(&self, id: &str, owner: &Owner) -> Result<Task, Error> {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let e = Self::entry(&mut inner.tasks, id, caller)?;
+        let e = Self::entry(&mut inner.tasks, id, owner)?;
         if e.task.status.state.is_terminal() {
             return Err(Error::NotCancelable { id: id.to_string(), state: e.task.status.state });
         }
@@ -401,9 +527,9 @@ impl Store {
     }
 
     /// The task and a receiver of its later events; a terminal task has none.
-    pub fn subscribe(&self, id: &str, caller: Option<&str>) -> Result<(Task, broadcast::Receiver<Event>), Error> {
+    pub fn subscribe(&self, id: &str, owner: &Owner) -> Result<(Task, broadcast::Receiver<Event>), Error> {
         let mut inner = self.lock();
-        let e = Self::entry(&mut inner.tasks, id, caller)?;
+        let e = Self::entry(&mut inner.tasks, id, owner)?;
         if e.task.status.state.is_terminal() {
             return Err(Error::Unsupported(format!(
                 "SubscribeToTask: task {id} is {} (terminal); read it with GetTask",
@@ -413,16 +539,16 @@ impl Store {
         Ok((e.task.clone(), e.events.subscribe()))
     }
 
-    /// How many of `caller`'s tasks match `filter`, and the `page` of them,
+    /// How many of `owner`'s tasks match `filter`, and the `page` of them,
     /// most recently updated first: references are sorted, only the page is
     /// copied.
-    pub fn list(&self, filter: &ListFilter, caller: Option<&str>, page: Page) -> (usize, Vec<Task>) {
+    pub fn list(&self, filter: &ListFilter, owner: &Owner, page: Page) -> (usize, Vec<Task>) {
         let mut inner = self.lock();
         self.purge(&mut inner, false);
         let mut hits: Vec<&Entry> = inner
             .tasks
             .values()
-            .filter(|e| e.caller.as_deref() == caller)
+            .filter(|e| e.owner == owner)
             .filter(|e| filter.context_id.as_ref().is_none_or(|c| *c == e.task.context_id))
             .filter(|e| filter.state.is_none_or(|s| s == e.task.status.state))
             .filter(|e| filter.updated_after.is_none_or(|t| e.updated > t))
@@ -438,20 +564,21 @@ impl Store {
         (total, tasks)
     }
 
-    /// The SCD session of `context_id`.
-    pub fn session(&self, context_id: &str) -> Option<Session> {
-        self.lock().contexts.get(context_id).and_then(|c| c.session.clone())
+    /// The SCD session of `owner`'s context `context_id`.
+    pub fn session(&self, owner: &Owner, context_id: &str) -> Option<Session> {
+        self.lock().contexts.get(&key(owner, context_id)).and_then(|c| c.session.clone())
     }
 
-    /// Sets the SCD session of `context_id`, returning the one it replaces.
-    pub fn set_session(&self, context_id: &str, session: Session) -> Option<Session> {
-        self.lock().contexts.get_mut(context_id).and_then(|c| c.session.replace(session))
+    /// Sets the SCD session of `owner`'s context `context_id`, returning the
+    /// one it replaces.
+    pub fn set_session(&self, owner: &Owner, context_id: &str, session: Session) -> Option<Session> {
+        self.lock().contexts.get_mut(&key(owner, context_id)).and_then(|c| c.session.replace(session))
     }
 
-    /// Forgets the SCD session `session_id` of `context_id` (it is gone
-    /// from the engine); a newer session is kept.
-    pub fn clear_session(&self, context_id: &str, session_id: &str) {
-        if let Some(c) = self.lock().contexts.get_mut(context_id) {
+    /// Forgets the SCD session `session_id` of `owner`'s context
+    /// `context_id` (it is gone from the engine); a newer session is kept.
+    pub fn clear_session(&self, owner: &Owner, context_id: &str, session_id: &str) {
+        if let Some(c) = self.lock().contexts.get_mut(&key(owner, context_id)) {
             if c.session.as_ref().is_some_and(|s| s.id == session_id) {
                 c.session = None;
             }
@@ -493,19 +620,136 @@ mod tests {
     }
 
     fn store(max_tasks: usize) -> Store {
-        Store::new(StoreLimits { max_tasks, ttl: Duration::from_secs(3600), max_history: 4, max_bytes: 1 << 20 })
+        Store::new(StoreLimits {
+            max_tasks,
+            ttl: Duration::from_secs(3600),
+            max_history: 4,
+            max_bytes: 1 << 20,
+            max_tasks_per_caller: max_tasks,
+            max_bytes_per_caller: 1 << 20,
+        })
+    }
+
+    /// A store of `max_tasks`, `share` of them per owner, tasks kept `ttl`.
+    fn shared(max_tasks: usize, share: usize, ttl: Duration) -> Store {
+        Store::new(StoreLimits { max_tasks, max_tasks_per_caller: share, ttl, ..StoreLimits::default() })
+    }
+
+    fn live(s: &Store, owner: &str) -> Result<Task, Error> {
+        s.create(None, owner, msg("q"), TaskState::Working)
+    }
+
+    fn done(s: &Store, owner: &str) -> Task {
+        let t = live(s, owner).unwrap();
+        s.update(&t.id, TaskState::Completed, None, None).unwrap()
+    }
+
+    fn retry_s(e: &Error) -> u64 {
+        match e {
+            Error::Exhausted { retry_after_s, .. } => *retry_after_s,
+            e => panic!("not exhausted: {e}"),
+        }
+    }
+
+    #[test]
+    fn another_owner_sees_none_of_the_tasks_and_naming_a_context_gets_its_own() {
+        let s = store(10);
+        let a = s.create(Some("shared".into()), "127.0.0.1", msg("a"), TaskState::InputRequired).unwrap();
+        let mine = Session { id: "s-a".into(), token: "t-a".into() };
+        assert_eq!(s.set_session("127.0.0.1", "shared", mine.clone()), None);
+        // B names A's contextId: no error, no hint that it exists, a fresh context
+        let b = s.create(Some("shared".into()), "127.0.0.2", msg("b"), TaskState::InputRequired).unwrap();
+        assert_eq!(b.context_id, "shared");
+        assert_eq!(s.session("127.0.0.2", "shared"), None, "B reaches A's session");
+        assert_eq!(s.session("127.0.0.1", "shared"), Some(mine.clone()));
+        let theirs = Session { id: "s-b".into(), token: "t-b".into() };
+        assert_eq!(s.set_session("127.0.0.2", "shared", theirs.clone()), None, "B replaced A's session");
+        assert_eq!(s.session("127.0.0.1", "shared"), Some(mine));
+        s.clear_session("127.0.0.1", "shared", "s-b");
+        assert_eq!(s.session("127.0.0.2", "shared"), Some(theirs));
+        // A's task is not found for B, whatever B does with it
+        let gone = |r: Result<Task, Error>| assert!(matches!(r, Err(Error::TaskNotFound(_))), "{r:?}");
+        gone(s.get(&a.id, "127.0.0.2"));
+        gone(s.cancel(&a.id, "127.0.0.2"));
+        gone(s.continue_task(&a.id, "127.0.0.2", msg("c"), TaskState::Working));
+        assert!(matches!(s.subscribe(&a.id, "127.0.0.2"), Err(Error::TaskNotFound(_))));
+        let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
+        let (n, listed) = s.list(&ListFilter::default(), "127.0.0.2", all);
+        assert_eq!((n, listed[0].id.as_str()), (1, b.id.as_str()));
+        let in_ctx = ListFilter { context_id: Some("shared".into()), ..Default::default() };
+        assert_eq!(s.list(&in_ctx, "127.0.0.1", all).1.iter().map(|t| &t.id).collect::<Vec<_>>(), [&a.id]);
+        assert_eq!(s.get(&a.id, "127.0.0.1").unwrap().status.state, TaskState::InputRequired);
+    }
+
+    #[test]
+    fn an_owner_at_its_share_does_not_stop_another() {
+        let s = shared(10, 3, Duration::from_secs(3600));
+        for _ in 0..3 {
+            live(&s, "a").unwrap();
+        }
+        let e = live(&s, "a").unwrap_err();
+        assert_eq!(e.code(), -32000);
+        assert_eq!(
+            e.to_string(),
+            "resource exhausted: this caller's share of the task store holds 3 tasks (the limit, --a2a-max-tasks-per-caller); retry after 3600 s"
+        );
+        for _ in 0..3 {
+            live(&s, "b").unwrap();
+        }
+        assert_eq!(s.len(), 6);
+    }
+
+    #[test]
+    fn terminal_tasks_give_way_to_new_ones() {
+        // the owner's own oldest terminal task, at its share
+        let s = shared(10, 3, Duration::from_secs(3600));
+        let old = done(&s, "a");
+        let newer = done(&s, "a");
+        let running = live(&s, "a").unwrap();
+        live(&s, "a").unwrap();
+        assert!(matches!(s.get(&old.id, "a"), Err(Error::TaskNotFound(_))), "the oldest terminal task stays");
+        assert!(s.get(&newer.id, "a").is_ok() && s.get(&running.id, "a").is_ok());
+        // a full store: the oldest terminal task of the owner holding the most
+        let s = shared(4, 3, Duration::from_secs(3600));
+        let a_done = done(&s, "a");
+        done(&s, "a");
+        let b_done = done(&s, "b");
+        live(&s, "a").unwrap();
+        assert_eq!(s.len(), 4);
+        live(&s, "c").unwrap();
+        assert!(matches!(s.get(&a_done.id, "a"), Err(Error::TaskNotFound(_))));
+        assert!(s.get(&b_done.id, "b").is_ok(), "b holds fewer: its task stays");
+        assert_eq!(s.len(), 4);
+    }
+
+    #[test]
+    fn the_retry_hint_is_the_time_until_the_first_task_expires() {
+        let ttl = Duration::from_millis(3000);
+        let s = shared(2, 1, ttl);
+        live(&s, "a").unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+        // a's share: its own task expires in 1.8 s
+        assert_eq!(retry_s(&live(&s, "a").unwrap_err()), 2);
+        live(&s, "b").unwrap();
+        // the whole store: a's task expires first
+        let e = live(&s, "c").unwrap_err();
+        assert!(e.to_string().contains("task store holds 2 tasks (the limit, --a2a-max-tasks)"), "{e}");
+        assert_eq!(retry_s(&e), 2);
+        std::thread::sleep(Duration::from_millis(1900));
+        // a's task expired: its place is free
+        live(&s, "c").unwrap();
     }
 
     #[test]
     fn terminal_states_are_immutable() {
         let s = store(10);
-        let t = s.create(None, None, msg("a"), TaskState::Working).unwrap();
+        let t = s.create(None, "local", msg("a"), TaskState::Working).unwrap();
         s.update(&t.id, TaskState::Completed, None, None).unwrap();
         let err = s.update(&t.id, TaskState::Failed, None, None).unwrap_err();
         assert_eq!(err.code(), -32004);
-        assert!(matches!(s.cancel(&t.id, None).unwrap_err(), Error::NotCancelable { .. }));
-        assert!(matches!(s.continue_task(&t.id, None, msg("b"), TaskState::Working), Err(Error::Terminal { .. })));
-        let got = s.get(&t.id, None).unwrap();
+        assert!(matches!(s.cancel(&t.id, "local").unwrap_err(), Error::NotCancelable { .. }));
+        assert!(matches!(s.continue_task(&t.id, "local", msg("b"), TaskState::Working), Err(Error::Terminal { .. })));
+        let got = s.get(&t.id, "local").unwrap();
         assert_eq!(got.status.state, TaskState::Completed);
         assert_eq!(got.history.len(), 1);
     }
@@ -513,37 +757,37 @@ mod tests {
     #[test]
     fn the_store_is_bounded_and_another_callers_tasks_are_not_found() {
         let s = store(2);
-        let a = s.create(None, Some("did:wba:a"), msg("a"), TaskState::Working).unwrap();
-        s.create(Some(a.context_id.clone()), Some("did:wba:a"), msg("b"), TaskState::Working).unwrap();
-        let full = s.create(None, None, msg("c"), TaskState::Working).unwrap_err();
+        let a = s.create(None, "did:wba:a", msg("a"), TaskState::Working).unwrap();
+        s.create(Some(a.context_id.clone()), "did:wba:a", msg("b"), TaskState::Working).unwrap();
+        let full = s.create(None, "local", msg("c"), TaskState::Working).unwrap_err();
         assert_eq!(
             full.to_string(),
-            "resource exhausted: task store holds 2 tasks (the limit, --a2a-max-tasks); retry after 1 s"
+            "resource exhausted: task store holds 2 tasks (the limit, --a2a-max-tasks); retry after 3600 s"
         );
-        assert!(matches!(s.get(&a.id, Some("did:wba:b")), Err(Error::TaskNotFound(_))));
-        assert!(matches!(s.cancel(&a.id, None), Err(Error::TaskNotFound(_))));
+        assert!(matches!(s.get(&a.id, "did:wba:b"), Err(Error::TaskNotFound(_))));
+        assert!(matches!(s.cancel(&a.id, "local"), Err(Error::TaskNotFound(_))));
         let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
-        assert_eq!(s.list(&ListFilter::default(), Some("did:wba:a"), all).0, 2);
-        assert_eq!(s.list(&ListFilter::default(), None, all), (0, vec![]));
+        assert_eq!(s.list(&ListFilter::default(), "did:wba:a", all).0, 2);
+        assert_eq!(s.list(&ListFilter::default(), "local", all), (0, vec![]));
         assert_eq!(s.len(), 2);
     }
 
     #[test]
     fn the_store_is_bounded_in_bytes_as_a_running_sum() {
         let s = Store::new(StoreLimits { max_bytes: 2000, ..StoreLimits::default() });
-        let t = s.create(None, None, msg(&"a".repeat(600)), TaskState::Working).unwrap();
+        let t = s.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap();
         let one = s.bytes();
         assert_eq!(one, task_bytes(&t));
         s.update(&t.id, TaskState::InputRequired, Some(msg("b")), None).unwrap();
-        assert_eq!(s.bytes(), task_bytes(&s.get(&t.id, None).unwrap()), "recounted on update");
-        s.create(None, None, msg(&"a".repeat(600)), TaskState::Working).unwrap();
-        let full = s.create(None, None, msg(&"a".repeat(600)), TaskState::Working).unwrap_err();
+        assert_eq!(s.bytes(), task_bytes(&s.get(&t.id, "local").unwrap()), "recounted on update");
+        s.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap();
+        let full = s.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap_err();
         assert_eq!(full.code(), -32000);
         assert_eq!(
             full.to_string(),
-            "resource exhausted: task store holds 2000 bytes (the limit, --a2a-max-bytes); retry after 1 s"
+            "resource exhausted: task store holds 2000 bytes (the limit, --a2a-max-bytes); retry after 3600 s"
         );
-        let over = s.continue_task(&t.id, None, msg(&"c".repeat(900)), TaskState::Working).unwrap_err();
+        let over = s.continue_task(&t.id, "local", msg(&"c".repeat(900)), TaskState::Working).unwrap_err();
         assert!(over.to_string().contains("--a2a-max-bytes"), "{over}");
         assert_eq!(s.len(), 2);
         s.take_back(&t.id, None);
@@ -555,48 +799,49 @@ mod tests {
     fn a_list_page_is_sorted_then_copied_trimmed() {
         let s = store(10);
         let ids: Vec<String> =
-            (0..5).map(|i| s.create(None, None, msg(&format!("m{i}")), TaskState::Working).unwrap().id).collect();
+            (0..5).map(|i| s.create(None, "local", msg(&format!("m{i}")), TaskState::Working).unwrap().id).collect();
         s.update(&ids[0], TaskState::Completed, Some(msg("done")), None).unwrap();
         let (total, page) =
-            s.list(&ListFilter::default(), None, Page { offset: 1, size: 2, history: 1, artifacts: false });
+            s.list(&ListFilter::default(), "local", Page { offset: 1, size: 2, history: 1, artifacts: false });
         assert_eq!(total, 5);
         // most recently updated first: 0 (just updated), 4, 3, ...
         assert_eq!(page.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), [ids[4].as_str(), ids[3].as_str()]);
         assert_eq!(page[0].history.len(), 1);
         let (_, first) =
-            s.list(&ListFilter::default(), None, Page { offset: 0, size: 1, history: 0, artifacts: false });
+            s.list(&ListFilter::default(), "local", Page { offset: 0, size: 1, history: 0, artifacts: false });
         assert_eq!(first[0].id, ids[0]);
         assert!(first[0].history.is_empty());
-        let (_, past) = s.list(&ListFilter::default(), None, Page { offset: 9, size: 5, history: 0, artifacts: false });
+        let (_, past) =
+            s.list(&ListFilter::default(), "local", Page { offset: 9, size: 5, history: 0, artifacts: false });
         assert!(past.is_empty());
     }
 
     #[test]
     fn history_is_bounded_and_the_context_must_match() {
         let s = store(10);
-        let t = s.create(None, None, msg("a"), TaskState::InputRequired).unwrap();
-        let t2 = s.continue_task(&t.id, None, msg("b"), TaskState::InputRequired).unwrap();
+        let t = s.create(None, "local", msg("a"), TaskState::InputRequired).unwrap();
+        let t2 = s.continue_task(&t.id, "local", msg("b"), TaskState::InputRequired).unwrap();
         assert_eq!(t2.history.len(), 2);
         let mut other = msg("c");
         other.context_id = Some("elsewhere".into());
         assert!(s
-            .continue_task(&t.id, None, other, TaskState::InputRequired)
+            .continue_task(&t.id, "local", other, TaskState::InputRequired)
             .unwrap_err()
             .to_string()
             .contains("belongs to context"));
-        s.continue_task(&t.id, None, msg("d"), TaskState::InputRequired).unwrap();
-        let over = s.continue_task(&t.id, None, msg("e"), TaskState::InputRequired).unwrap_err();
+        s.continue_task(&t.id, "local", msg("d"), TaskState::InputRequired).unwrap();
+        let over = s.continue_task(&t.id, "local", msg("e"), TaskState::InputRequired).unwrap_err();
         assert!(over.to_string().contains("history limit is 4"), "{over}");
-        assert_eq!(trim_history(s.get(&t.id, None).unwrap(), Some(1)).history.len(), 1);
+        assert_eq!(trim_history(s.get(&t.id, "local").unwrap(), Some(1)).history.len(), 1);
     }
 
     #[test]
     fn subscribers_see_updates_until_terminal() {
         let s = store(10);
-        let t = s.create(None, None, msg("a"), TaskState::Working).unwrap();
-        let (_, mut rx) = s.subscribe(&t.id, None).unwrap();
+        let t = s.create(None, "local", msg("a"), TaskState::Working).unwrap();
+        let (_, mut rx) = s.subscribe(&t.id, "local").unwrap();
         s.update(&t.id, TaskState::Completed, None, None).unwrap();
         assert!(matches!(rx.try_recv().unwrap(), Event::Status(st) if st.state == TaskState::Completed));
-        assert!(matches!(s.subscribe(&t.id, None), Err(Error::Unsupported(_))));
+        assert!(matches!(s.subscribe(&t.id, "local"), Err(Error::Unsupported(_))));
     }
 }

@@ -140,12 +140,24 @@ pub struct ServeArgs {
     /// resource-exhausted error until tasks expire.
     #[arg(long, env = "SCD_A2A_MAX_BYTES", default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_max_bytes: u64,
+    /// A2A tasks (and contexts) one caller (its DID under --auth did-wba,
+    /// else its IP address) may hold; at it, the caller's oldest finished
+    /// task gives way, and with none finished SendMessage answers a
+    /// resource-exhausted error until one expires. Default: a tenth of
+    /// --a2a-max-tasks.
+    #[arg(long, env = "SCD_A2A_MAX_TASKS_PER_CALLER", value_parser = clap::value_parser!(u64).range(1..))]
+    a2a_max_tasks_per_caller: Option<u64>,
+    /// Bytes one caller's A2A tasks may hold (as --a2a-max-tasks-per-caller).
+    /// Default: a tenth of --a2a-max-bytes.
+    #[arg(long, env = "SCD_A2A_MAX_BYTES_PER_CALLER", value_parser = clap::value_parser!(u64).range(1..))]
+    a2a_max_bytes_per_caller: Option<u64>,
     /// Seconds an A2A task (and its context's session binding) is kept after its last update.
     #[arg(long, env = "SCD_A2A_TASK_TTL_S", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_task_ttl_s: u64,
     /// The URL A2A clients reach --http-addr at (behind a proxy, or a
     /// name instead of an address), written into the agent card; unset:
-    /// http:// and each request's Host header.
+    /// http:// and the listener's own address (never a request's Host
+    /// header).
     #[arg(long, env = "SCD_A2A_PUBLIC_URL")]
     a2a_public_url: Option<String>,
     /// Register a HuggingFace tokenizer.json as a budget tokenizer requests
@@ -277,10 +289,15 @@ fn bind(flag: &str, what: &str, addr: SocketAddr) -> anyhow::Result<std::net::Tc
 }
 
 fn a2a_limits(args: &ServeArgs) -> crate::a2a::store::StoreLimits {
-    crate::a2a::store::StoreLimits {
-        max_tasks: usize::try_from(args.a2a_max_tasks).unwrap_or(usize::MAX),
+    use crate::a2a::store::StoreLimits;
+    let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let (max_tasks, max_bytes) = (size(args.a2a_max_tasks), size(args.a2a_max_bytes));
+    StoreLimits {
+        max_tasks,
         ttl: Duration::from_secs(args.a2a_task_ttl_s),
-        max_bytes: usize::try_from(args.a2a_max_bytes).unwrap_or(usize::MAX),
+        max_bytes,
+        max_tasks_per_caller: args.a2a_max_tasks_per_caller.map_or(StoreLimits::default_share(max_tasks), size),
+        max_bytes_per_caller: args.a2a_max_bytes_per_caller.map_or(StoreLimits::default_share(max_bytes), size),
         ..Default::default()
     }
 }

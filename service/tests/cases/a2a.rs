@@ -68,7 +68,12 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &s
     s.write_all(body.as_bytes()).unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
+    parse_response(&raw)
+}
+
+/// Status and body of a raw HTTP/1.1 response.
+fn parse_response(raw: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap();
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
     let body =
@@ -481,4 +486,109 @@ async fn a2a_data_part_counts_the_budget_in_the_named_tokenizer() {
     })
     .await
     .unwrap();
+}
+
+/// One HTTP/1.1 exchange from the local address `from` (any 127.x.y.z is
+/// this host on Linux) with `Host: host`: status and body.
+async fn http_from(
+    from: &str,
+    addr: std::net::SocketAddr,
+    host: &str,
+    path: &str,
+    body: Option<&str>,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    let method = if body.is_some() { "POST" } else { "GET" };
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    parse_response(&raw)
+}
+
+/// A JSON-RPC call from the local address `from`.
+async fn rpc_from(from: &str, addr: std::net::SocketAddr, method: &str, params: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
+    let (status, text) = http_from(from, addr, &addr.to_string(), "/", Some(&body)).await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Without auth a caller is its IP address (in-process server, hash
+/// encoder): a client at 127.0.0.2 lists, reads, cancels and subscribes to
+/// none of the tasks of one at 127.0.0.1, and naming its contextId gets a
+/// context of its own, none of the first client's chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_clients_at_two_addresses_see_none_of_each_others_tasks_or_contexts() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let (a, b) = ("127.0.0.1", "127.0.0.2");
+    let marker = "ERROR payments::db: pool ZETA-4471 exhausted";
+    let send = json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "contextId": "shared-ctx",
+        "parts": [{"data": {"task": "Why do charges fail?", "context": {"fields": [
+            {"name": "logs", "kind": "log", "content": format!("{marker}\nWARN retry 3 of 5\nINFO checkout page rendered")}]},
+        "budget": 50}}]}});
+    let r = rpc_from(a, s.http, "SendMessage", send).await;
+    let task = &r["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    assert!(r.to_string().contains("ZETA-4471"), "A's own answer holds its chunk: {r}");
+    let id = task["id"].as_str().unwrap().to_string();
+
+    // B: A's task is not found, whatever B asks of it
+    let listed = rpc_from(b, s.http, "ListTasks", json!({})).await;
+    assert_eq!(listed["result"]["totalSize"], 0, "{listed}");
+    let listed = rpc_from(b, s.http, "ListTasks", json!({"contextId": "shared-ctx"})).await;
+    assert_eq!(listed["result"]["totalSize"], 0, "{listed}");
+    for method in ["GetTask", "CancelTask", "SubscribeToTask"] {
+        let r = rpc_from(b, s.http, method, json!({ "id": id })).await;
+        assert_eq!(r["error"]["code"], -32001, "{method}: {r}");
+    }
+    let (status, body) = http_from(b, s.http, &s.http.to_string(), &format!("/tasks/{id}"), None).await;
+    assert_eq!(status, 404, "{body}");
+    let more = json!({"message": {"messageId": "m-2", "role": "ROLE_USER", "taskId": id, "parts": [{"text": "more"}]}});
+    assert_eq!(rpc_from(b, s.http, "SendMessage", more).await["error"]["code"], -32001);
+
+    // B names A's contextId: a fresh context, no session, none of A's chunks
+    let q = json!({"message": {"messageId": "m-3", "role": "ROLE_USER", "contextId": "shared-ctx",
+        "parts": [{"text": "Which pool is exhausted?"}], "metadata": {"currentConfidence": 0.1}}});
+    let r = rpc_from(b, s.http, "SendMessage", q.clone()).await;
+    let t = &r["result"]["task"];
+    assert_eq!(t["status"]["state"], "TASK_STATE_WORKING", "{r}");
+    assert!(t["status"]["message"]["parts"][0]["text"].as_str().unwrap().starts_with("waiting for the context"), "{r}");
+    assert!(!r.to_string().contains("ZETA-4471"), "B got A's chunks: {r}");
+    assert!(t["artifacts"].as_array().is_none_or(|a| a.is_empty()), "{r}");
+
+    // A's context still answers A, and A lists only its own task
+    let r = rpc_from(a, s.http, "SendMessage", q).await;
+    assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    assert_eq!(r["result"]["task"]["artifacts"][0]["name"], "more-context", "{r}");
+    let listed = rpc_from(a, s.http, "ListTasks", json!({})).await;
+    assert_eq!(listed["result"]["totalSize"], 2, "{listed}");
+    let listed = rpc_from(b, s.http, "ListTasks", json!({})).await;
+    assert_eq!(listed["result"]["totalSize"], 1, "{listed}");
+}
+
+/// The agent card's URLs name the listener's own address, whatever Host
+/// header the request carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_card_urls_ignore_a_forged_host_header() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let (status, body) = http_from("127.0.0.1", s.http, "evil.example", "/.well-known/agent-card.json", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("evil.example"), "{body}");
+    let card: Value = serde_json::from_str(&body).unwrap();
+    let urls: Vec<&str> =
+        card["supportedInterfaces"].as_array().unwrap().iter().map(|i| i["url"].as_str().unwrap()).collect();
+    let base = format!("http://{}", s.http);
+    let grpc_port = s.grpc.rsplit(':').next().unwrap();
+    assert_eq!(urls, [format!("{base}/"), base.clone(), format!("http://127.0.0.1:{grpc_port}")]);
+    assert_eq!(card["provider"]["url"], base);
 }
