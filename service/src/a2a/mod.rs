@@ -241,9 +241,17 @@ pub struct A2aConfig {
 impl A2aConfig {
     /// The base of the card's URLs: `--a2a-public-url`, else
     /// `http://` and the listener's address.
+    ///
+    /// A loopback or unspecified (`0.0.0.0`, `[::]`) listener is named
+    /// `localhost`: a card never lists an internal address (the A2A
+    /// conformance kit's sensitive-information check), and a listener on
+    /// every interface should set `--a2a-public-url` (`scd serve` warns).
     pub fn base_url(&self) -> String {
         match &self.public_url {
             Some(u) => u.trim_end_matches('/').to_string(),
+            None if self.http_addr.ip().is_loopback() || self.http_addr.ip().is_unspecified() => {
+                format!("http://localhost:{}", self.http_addr.port())
+            }
             None => format!("http://{}", self.http_addr),
         }
     }

@@ -156,8 +156,9 @@ pub struct ServeArgs {
     a2a_task_ttl_s: u64,
     /// The URL A2A clients reach --http-addr at (behind a proxy, or a
     /// name instead of an address), written into the agent card; unset:
-    /// http:// and the listener's own address (never a request's Host
-    /// header).
+    /// http:// and the listener's own address, `localhost` for a loopback
+    /// one or 0.0.0.0 (never a request's Host header). Set it when the
+    /// listener is on every interface.
     #[arg(long, env = "SCD_A2A_PUBLIC_URL")]
     a2a_public_url: Option<String>,
     /// Register a HuggingFace tokenizer.json as a budget tokenizer requests
@@ -340,6 +341,14 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     let connections = args.grpc_conn.limits()?;
     let listener = bind("--addr", "gRPC", args.addr)?;
     let http_listener = args.http_addr.map(|a| bind("--http-addr", "HTTP metrics", a)).transpose()?;
+    if let (Some(a), None) = (args.http_addr, &args.a2a_public_url) {
+        if a.ip().is_unspecified() {
+            tracing::warn!(
+                http_addr = %a,
+                "the A2A agent card names localhost for a listener on every interface: set --a2a-public-url to the URL remote clients reach"
+            );
+        }
+    }
     let encoder = Arc::new(model.load_encoder()?);
     let cfg = ScdConfig {
         second_hop_weight: args.second_hop_weight,

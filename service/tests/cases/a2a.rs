@@ -575,8 +575,8 @@ async fn a2a_clients_at_two_addresses_see_none_of_each_others_tasks_or_contexts(
     assert_eq!(listed["result"]["totalSize"], 1, "{listed}");
 }
 
-/// The agent card's URLs name the listener's own address, whatever Host
-/// header the request carries.
+/// The agent card's URLs name the listener's own address (a loopback one
+/// as `localhost`), whatever Host header the request carries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a2a_card_urls_ignore_a_forged_host_header() {
     let s = crate::inproc::start(Default::default());
@@ -587,8 +587,8 @@ async fn a2a_card_urls_ignore_a_forged_host_header() {
     let card: Value = serde_json::from_str(&body).unwrap();
     let urls: Vec<&str> =
         card["supportedInterfaces"].as_array().unwrap().iter().map(|i| i["url"].as_str().unwrap()).collect();
-    let base = format!("http://{}", s.http);
+    let base = format!("http://localhost:{}", s.http.port());
     let grpc_port = s.grpc.rsplit(':').next().unwrap();
-    assert_eq!(urls, [format!("{base}/"), base.clone(), format!("http://127.0.0.1:{grpc_port}")]);
+    assert_eq!(urls, [format!("{base}/"), base.clone(), format!("http://localhost:{grpc_port}")]);
     assert_eq!(card["provider"]["url"], base);
 }
