@@ -158,3 +158,116 @@ pub fn grpc_convert_stage(data: &[u8]) -> Stage {
     }
     Stage::Compressed(out.chunks.len())
 }
+
+/// Input strings at least this long must not appear in an error (shorter
+/// ones meet the error's own words by chance).
+pub const MIN_QUOTED_BYTES: usize = 8;
+/// The longest error a tool call may get back: a huge id, key or value is
+/// never echoed.
+pub const MAX_TOOL_ERROR_BYTES: usize = 1024;
+
+/// The network surfaces' parsers of a tool call, before any work: first
+/// byte even: MCP `compress_context` arguments
+/// ([`crate::mcp::compress_arguments`]), odd: the params of A2A's
+/// `SendMessage` (parsed, the tenant checked, the message classified as
+/// the agent does); the rest is JSON. Each rejection names where it is
+/// (`context`, `params.message`, `message.contextId`, …), stays within
+/// [`MAX_TOOL_ERROR_BYTES`], and quotes no string value of the input: a
+/// context sent as a string, content put in an enum field or a huge id
+/// comes back as the path, the expected type and the limit.
+pub fn tool_input(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else { return };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(rest) else { return };
+    let Some(err) = tool_input_error(which, v.clone()) else { return };
+    check_tool_error(which, &v, &err);
+}
+
+/// [`tool_input`]'s parser on `data`: the error it gives, if any (`None`
+/// also when `data` is not JSON).
+pub fn tool_input_rejection(data: &[u8]) -> Option<String> {
+    let (&which, rest) = data.split_first()?;
+    tool_input_error(which, serde_json::from_slice(rest).ok()?)
+}
+
+fn check_tool_error(which: u8, v: &serde_json::Value, err: &str) {
+    assert!(err.len() <= MAX_TOOL_ERROR_BYTES, "a {}-byte error: {}", err.len(), &err[..err.floor_char_boundary(200)]);
+    assert!(names_a_place(which, err), "the error does not say where: {err}");
+    let mut strings = Vec::new();
+    collect_strings(v, &mut strings);
+    for s in strings.iter().filter(|s| s.len() >= MIN_QUOTED_BYTES) {
+        if err.contains(s.as_str()) {
+            // the error's own words, not an echo: it says them without s too
+            let masked = replace_strings(v, s, &"\u{1}".repeat(s.chars().count()));
+            let again = tool_input_error(which, masked).unwrap_or_default();
+            assert!(again.contains(s.as_str()), "the error quotes an input value: {err}");
+        }
+    }
+}
+
+/// Whether an error starts by naming where it is: `arguments` or an
+/// argument of `compress_context` (MCP), `params`, `message`, `tenant` or
+/// `configuration` after the JSON-RPC error's kind (A2A).
+fn names_a_place(which: u8, err: &str) -> bool {
+    let roots: &[&str] = if which % 2 == 0 {
+        &[
+            "arguments",
+            "task",
+            "context",
+            "budget",
+            "required",
+            "optional",
+            "session",
+            "threshold",
+            "min_relative_score",
+            "render",
+            "budget_tokenizer",
+            "explain",
+            "reserve",
+            "list_dropped",
+        ]
+    } else {
+        &["params", "message", "tenant", "configuration"]
+    };
+    let rest =
+        ["invalid params: ", "content type not supported: "].iter().find_map(|k| err.strip_prefix(k)).unwrap_or(err);
+    let name = rest.split([':', '.', '[', ' ']).next().unwrap_or("");
+    roots.contains(&name) || err.starts_with("push notifications are not supported")
+}
+
+/// The error [`tool_input`]'s parser gives `v`, if any.
+fn tool_input_error(which: u8, v: serde_json::Value) -> Option<String> {
+    if which % 2 == 0 {
+        let args: crate::mcp::Args<crate::mcp::CompressContextArgs> = match serde_json::from_value(v) {
+            Ok(a) => a,
+            // rmcp refuses arguments that are not an object before the tool runs
+            Err(_) => return None,
+        };
+        return crate::mcp::compress_arguments(args).err();
+    }
+    let req: crate::a2a::types::SendMessageRequest = match crate::a2a::jsonrpc::params(v) {
+        Ok(r) => r,
+        Err(e) => return Some(e.to_string()),
+    };
+    crate::a2a::Agent::check_tenant(&req.tenant)
+        .and_then(|()| crate::a2a::classify(&req.message))
+        .err()
+        .map(|e| e.to_string())
+}
+
+fn collect_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_strings(x, out)),
+        serde_json::Value::Object(o) => o.values().for_each(|x| collect_strings(x, out)),
+        _ => {}
+    }
+}
+
+fn replace_strings(v: &serde_json::Value, from: &str, to: &str) -> serde_json::Value {
+    match v {
+        serde_json::Value::String(s) if s == from => serde_json::Value::String(to.to_string()),
+        serde_json::Value::Array(a) => a.iter().map(|x| replace_strings(x, from, to)).collect(),
+        serde_json::Value::Object(o) => o.iter().map(|(k, x)| (k.clone(), replace_strings(x, from, to))).collect(),
+        x => x.clone(),
+    }
+}

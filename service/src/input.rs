@@ -151,6 +151,13 @@ pub fn jsonl_text(line: usize, raw: &str) -> anyhow::Result<(String, serde_json:
 /// Longest field name a JSON error keeps (`unknown field `…``).
 const MAX_ECHOED_KEY_CHARS: usize = 40;
 
+/// A client's key as an error may name it: its first
+/// [`MAX_ECHOED_KEY_CHARS`] characters (a key is a name, yet a careless
+/// client may put anything there).
+pub fn echoed_key(key: &str) -> String {
+    key.chars().take(MAX_ECHOED_KEY_CHARS).collect()
+}
+
 /// A serde_json error message with every value the client sent taken out,
 /// for the network surfaces (MCP, A2A): an error may name the path, the
 /// expected type and the limit, never quote a value that could be content.

@@ -96,7 +96,10 @@ pub async fn handle(
     if let Some(k) = req.keys().find(|k| !["jsonrpc", "method", "params", "id"].contains(&k.as_str())) {
         return reply(
             &id,
-            Err(Error::InvalidRequest(format!("{k}: unknown key (a request has jsonrpc, method, params, id)"))),
+            Err(Error::InvalidRequest(format!(
+                "{}: unknown key (a request has jsonrpc, method, params, id)",
+                crate::input::echoed_key(k)
+            ))),
         );
     }
     if req.get("jsonrpc") != Some(&json!("2.0")) {

@@ -295,7 +295,7 @@ pub struct Agent {
 /// The data part of a compress message, parsed strictly.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CompressInput {
+pub(crate) struct CompressInput {
     #[serde(default)]
     task: Option<String>,
     context: scd_engine::context::Context,
@@ -351,7 +351,7 @@ enum RenderFormat {
 }
 
 /// What a message asks for.
-enum Input {
+pub(crate) enum Input {
     Compress(Box<CompressInput>),
     Question { text: String, confidence: Option<f32> },
 }
@@ -368,7 +368,7 @@ fn check_id(field: &str, id: &str) -> Result<(), Error> {
 }
 
 /// Reads `message` into what it asks for; errors name the JSON path.
-fn classify(m: &Message) -> Result<Input, Error> {
+pub(crate) fn classify(m: &Message) -> Result<Input, Error> {
     if m.message_id.is_empty() {
         return Err(Error::InvalidParams("message.messageId: must not be empty".into()));
     }
@@ -598,11 +598,11 @@ impl Agent {
         }
     }
 
-    fn check_tenant(tenant: &str) -> Result<(), Error> {
+    pub(crate) fn check_tenant(tenant: &str) -> Result<(), Error> {
         if tenant.is_empty() {
             Ok(())
         } else {
-            Err(Error::InvalidParams(format!("tenant {tenant:?}: this agent has no tenants; leave it empty")))
+            Err(Error::InvalidParams("tenant: this agent has no tenants; leave it empty".into()))
         }
     }
 
@@ -882,20 +882,21 @@ impl Agent {
             Some(t) => t
                 .strip_prefix("o")
                 .and_then(|n| n.parse::<usize>().ok())
-                .ok_or_else(|| Error::InvalidParams(format!("pageToken {t:?}: not a token this agent gave")))?,
+                .ok_or_else(|| Error::InvalidParams("pageToken: not a token this agent gave".to_string()))?,
         };
         let state = match r.status.as_deref() {
             None | Some("") | Some("TASK_STATE_UNSPECIFIED") => None,
             Some(s) => Some(TaskState::parse(s).ok_or_else(|| {
-                Error::InvalidParams(format!("status {s:?}: not a TaskState (TASK_STATE_SUBMITTED, _WORKING, ...)"))
+                Error::InvalidParams("status: not a TaskState (TASK_STATE_SUBMITTED, _WORKING, ...)".to_string())
             })?),
         };
-        let updated_after = match r.status_timestamp_after.as_deref() {
-            None => None,
-            Some(t) => Some(types::parse_rfc3339(t).ok_or_else(|| {
-                Error::InvalidParams(format!("statusTimestampAfter {t:?}: not an RFC 3339 timestamp"))
-            })?),
-        };
+        let updated_after =
+            match r.status_timestamp_after.as_deref() {
+                None => None,
+                Some(t) => Some(types::parse_rfc3339(t).ok_or_else(|| {
+                    Error::InvalidParams("statusTimestampAfter: not an RFC 3339 timestamp".to_string())
+                })?),
+            };
         let history = history_len("historyLength", r.history_length)?.unwrap_or(0);
         let filter = store::ListFilter { context_id: r.context_id.filter(|c| !c.is_empty()), state, updated_after };
         let artifacts = r.include_artifacts.unwrap_or(false);
@@ -1220,6 +1221,30 @@ mod tests {
             assert!(!text.contains("sk_live") && !text.contains("gateway"), "{text}");
             assert!(text.starts_with("invalid params: message.parts[0].data.context"), "{text}");
         }
+    }
+
+    /// A value a client puts in ListTasks' filters or the tenant is named
+    /// by its key, never quoted: a careless client may paste anything.
+    #[test]
+    fn list_filters_and_the_tenant_are_refused_without_quoting_them() {
+        let (agent, _) = agent_with(ScdConfig::default(), StoreLimits::default());
+        let secret = "The production payment gateway key is sk_live_SECRET_4242";
+        let who = Caller::default();
+        for (key, want) in [
+            ("status", "invalid params: status: not a TaskState"),
+            ("pageToken", "invalid params: pageToken: not a token"),
+            ("statusTimestampAfter", "invalid params: statusTimestampAfter: not an RFC 3339"),
+            ("tenant", "invalid params: tenant: this agent has no tenants"),
+        ] {
+            let r: types::ListTasksRequest = serde_json::from_value(json!({ key: secret })).unwrap();
+            let e = agent.list(r, &who).unwrap_err().to_string();
+            assert!(e.starts_with(want) && !e.contains("sk_live"), "{e}");
+        }
+        let mut req = send_req(json!({"parts": [{"text": "more"}]}));
+        req.tenant = secret.into();
+        let Err(e) = agent.accept(&req, &who).map(|_| ()) else { panic!("a tenant was accepted") };
+        let e = e.to_string();
+        assert!(e.starts_with("invalid params: tenant:") && !e.contains("sk_live"), "{e}");
     }
 
     #[test]

@@ -80,9 +80,9 @@ fn query_object(q: Option<&str>, numeric: &[&str], boolean: &[&str]) -> Result<V
             continue;
         }
         let val = if numeric.contains(&k.as_str()) {
-            json!(v.parse::<i64>().map_err(|_| Error::InvalidParams(format!("{k}: {v:?} is not an integer")))?)
+            json!(v.parse::<i64>().map_err(|_| Error::InvalidParams(format!("{k}: not an integer")))?)
         } else if boolean.contains(&k.as_str()) {
-            json!(v.parse::<bool>().map_err(|_| Error::InvalidParams(format!("{k}: {v:?} is not true or false")))?)
+            json!(v.parse::<bool>().map_err(|_| Error::InvalidParams(format!("{k}: not true or false")))?)
         } else {
             json!(v)
         };

@@ -109,6 +109,30 @@ impl<T: serde::de::DeserializeOwned> Args<T> {
     }
 }
 
+/// `compress_context`'s arguments, checked before any work: a context sent
+/// in a mistaken shape (a JSON string, a bare array) is named with what to
+/// send, the rest is parsed strictly, and the budget and thresholds are in
+/// range. Errors name the argument and never quote a value.
+pub(crate) fn compress_arguments(args: Args<CompressContextArgs>) -> Result<(CompressContextArgs, u32), String> {
+    if let Some(hint) = args.0.get("context").and_then(Context::mistaken_shape) {
+        return Err(format!("context: {hint}"));
+    }
+    let a = args.parse()?;
+    if a.budget < 1 {
+        return Err("budget: must be at least 1".into());
+    }
+    let budget = u32::try_from(a.budget).map_err(|_| format!("budget: {} is over the limit {}", a.budget, u32::MAX))?;
+    if let Some(t) = a.threshold {
+        if !(t.is_finite() && (-1.0..=1.0).contains(&t)) {
+            return Err(format!("threshold: must be a cosine in [-1, 1], got {t}"));
+        }
+    }
+    if a.min_relative_score.is_some_and(|t| !t.is_finite()) {
+        return Err("min_relative_score: must be finite".into());
+    }
+    Ok((a, budget))
+}
+
 /// A context argument: `{"fields": [...]}` exactly as `scd compress
 /// --context` reads it (the engine's [`Context`], strict).
 #[derive(Debug, Deserialize)]
@@ -509,23 +533,7 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<CompressContextArgs>>,
     ) -> Result<Delivered<CompressOutput>, String> {
         let owner = Owner::of(&extensions);
-        if let Some(hint) = args.0.get("context").and_then(Context::mistaken_shape) {
-            return Err(format!("context: {hint}"));
-        }
-        let a = args.parse()?;
-        if a.budget < 1 {
-            return Err("budget: must be at least 1".into());
-        }
-        let budget =
-            u32::try_from(a.budget).map_err(|_| format!("budget: {} is over the limit {}", a.budget, u32::MAX))?;
-        if let Some(t) = a.threshold {
-            if !(t.is_finite() && (-1.0..=1.0).contains(&t)) {
-                return Err(format!("threshold: must be a cosine in [-1, 1], got {t}"));
-            }
-        }
-        if a.min_relative_score.is_some_and(|t| !t.is_finite()) {
-            return Err("min_relative_score: must be finite".into());
-        }
+        let (a, budget) = compress_arguments(args)?;
         let (session_id, session_token) = match a.session {
             Some(id) if id.is_empty() => return Err("session: must not be empty (leave it out to open one)".into()),
             Some(id) => {

@@ -4,7 +4,7 @@
 
 use prost::Message;
 use rand::{Rng, SeedableRng};
-use scd_service::fuzz::{grpc_convert, grpc_convert_stage, jsonl, Stage, MAX_FIELDS};
+use scd_service::fuzz::{grpc_convert, grpc_convert_stage, jsonl, tool_input, tool_input_rejection, Stage, MAX_FIELDS};
 use scd_service::grpc::pb;
 
 fn bytes(rng: &mut impl Rng, max_len: usize) -> Vec<u8> {
@@ -223,11 +223,12 @@ fn grpc_convert_pipeline_keeps_budget_and_confidentiality() {
 fn seed_corpora_pass_their_bodies() {
     let seeds = crate::root().join("service/fuzz/seeds");
     type Body = fn(&[u8]);
-    let bodies: [(&str, Body); 4] = [
+    let bodies: [(&str, Body); 5] = [
         ("chunkers", scd_engine::fuzz::chunkers),
         ("context_json", scd_engine::fuzz::context_json),
         ("jsonl", jsonl),
         ("grpc_convert", grpc_convert),
+        ("tool_input", tool_input),
     ];
     for (target, body) in bodies {
         let dir = seeds.join(target);
@@ -241,4 +242,121 @@ fn seed_corpora_pass_their_bodies() {
     assert!(matches!(grpc_convert_stage(&fixture), Stage::Compressed(n) if n > 0));
     let unset = std::fs::read(seeds.join("grpc_convert/compress_unset_kind")).unwrap();
     assert_eq!(grpc_convert_stage(&unset), Stage::Rejected);
+    // the tool-call seeds: the well-formed ones pass, every other is refused
+    for f in std::fs::read_dir(seeds.join("tool_input")).unwrap() {
+        let path = f.unwrap().path();
+        let rejection = tool_input_rejection(&std::fs::read(&path).unwrap());
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(rejection.is_none(), name.ends_with("_ok"), "{name}: {rejection:?}");
+    }
+}
+
+/// A secret as a careless client puts it where a name or a kind belongs.
+const SECRET: &str = "The production payment gateway key is sk_live_51Hx9";
+
+/// A well-formed tool call: MCP `compress_context` arguments (`a2a`
+/// false) or A2A `SendMessage` params.
+fn tool_call(rng: &mut impl Rng, a2a: bool) -> serde_json::Value {
+    let fields: Vec<serde_json::Value> = (0..rng.random_range(1..4))
+        .map(|i| {
+            let kind = ["prose", "code", "log", "json", "chat", "markdown"][rng.random_range(0..6)];
+            serde_json::json!({"name": format!("f{i}"), "kind": kind, "content": SECRET, "confidential": i == 0})
+        })
+        .collect();
+    let args =
+        serde_json::json!({"task": text(rng, 5), "context": {"fields": fields}, "budget": rng.random_range(1..500)});
+    if !a2a {
+        return args;
+    }
+    let mut m = serde_json::json!({"messageId": "m1", "role": "ROLE_USER", "parts": [{"data": args}]});
+    if rng.random_bool(0.3) {
+        m["contextId"] = serde_json::json!("ctx-1");
+    }
+    serde_json::json!({"message": m})
+}
+
+/// Every place in `v` (a JSON pointer), the root first.
+fn places(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+    out.push(at.clone());
+    match v {
+        serde_json::Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| places(x, format!("{at}/{i}"), out)),
+        serde_json::Value::Object(o) => o.iter().for_each(|(k, x)| places(x, format!("{at}/{k}"), out)),
+        _ => {}
+    }
+}
+
+/// The mistakes the probe made: a node replaced by the secret, by itself
+/// as a JSON string (a context sent as a string), by a number or an array
+/// holding the secret, or a huge id.
+fn mistake(rng: &mut impl Rng, v: &mut serde_json::Value) {
+    let mut at = Vec::new();
+    places(v, String::new(), &mut at);
+    let p = at[rng.random_range(1..at.len())].clone();
+    let node = v.pointer_mut(&p).unwrap();
+    *node = match rng.random_range(0..5) {
+        0 => serde_json::json!(SECRET),
+        1 => serde_json::json!(node.to_string()),
+        2 => serde_json::json!([SECRET]),
+        3 => serde_json::json!({SECRET: SECRET}),
+        _ => serde_json::json!("x".repeat(rng.random_range(257..200_000))),
+    };
+}
+
+/// The finding: a context sent as a JSON string, content in an enum field
+/// (`kind`, `role`, `render`), a huge contextId. The errors of MCP's
+/// `compress_context` and A2A's `SendMessage` name the path and the limit
+/// and never quote the content.
+#[test]
+fn tool_call_errors_name_the_path_and_never_quote_the_content() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+    let mut refused = [0usize; 2];
+    for i in 0..3000 {
+        let a2a = i % 2 == 1;
+        let mut v = tool_call(&mut rng, a2a);
+        for _ in 0..rng.random_range(1..3) {
+            mistake(&mut rng, &mut v);
+        }
+        let data = [vec![u8::from(a2a)], serde_json::to_vec(&v).unwrap()].concat();
+        tool_input(&data);
+        refused[usize::from(a2a)] += usize::from(tool_input_rejection(&data).is_some());
+    }
+    // the mistakes reach the checks: most calls are refused on each surface
+    assert!(refused.iter().all(|&n| n > 1000), "refused {refused:?} of 1500 each");
+    let fields =
+        serde_json::json!({"fields": [{"name": "key", "kind": "prose", "content": SECRET, "confidential": true}]});
+    let cases = [
+        (0, serde_json::json!({"task": "t", "context": fields.to_string(), "budget": 9}), "context: "),
+        (
+            0,
+            serde_json::json!({"task": "t", "context": {"fields": [{"name": "k", "kind": SECRET, "content": "x"}]}, "budget": 9}),
+            "context.fields[0].kind: unknown variant",
+        ),
+        (
+            1,
+            serde_json::json!({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"data": {"task": "t", "context": fields.to_string(), "budget": 9}}]}}),
+            "invalid params: message.parts[0].data.context: ",
+        ),
+        (
+            1,
+            serde_json::json!({"message": {"messageId": "m", "role": SECRET, "parts": [{"text": "more"}]}}),
+            "invalid params: params.message.role: unknown variant",
+        ),
+        (
+            1,
+            serde_json::json!({"message": {"messageId": "m", "contextId": "c".repeat(1 << 20), "role": "ROLE_USER", "parts": [{"text": "more"}]}}),
+            "invalid params: message.contextId: 1048576 bytes, the limit is 256",
+        ),
+        (
+            1,
+            serde_json::json!({"tenant": SECRET, "message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "more"}]}}),
+            "invalid params: tenant: ",
+        ),
+    ];
+    for (which, v, starts) in cases {
+        let data = [vec![which], serde_json::to_vec(&v).unwrap()].concat();
+        let e = tool_input_rejection(&data).unwrap_or_else(|| panic!("accepted: {starts}"));
+        assert!(e.starts_with(starts), "{e}");
+        assert!(!e.contains("sk_live") && !e.contains("ccccccccc") && e.len() < 1024, "{e}");
+        tool_input(&data);
+    }
 }
