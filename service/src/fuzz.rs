@@ -208,7 +208,7 @@ fn check_tool_error(which: u8, v: &serde_json::Value, err: &str) {
 /// argument of `compress_context` (MCP), `params`, `message`, `tenant` or
 /// `configuration` after the JSON-RPC error's kind (A2A).
 fn names_a_place(which: u8, err: &str) -> bool {
-    let roots: &[&str] = if which % 2 == 0 {
+    let roots: &[&str] = if which.is_multiple_of(2) {
         &[
             "arguments",
             "task",
@@ -236,7 +236,7 @@ fn names_a_place(which: u8, err: &str) -> bool {
 
 /// The error [`tool_input`]'s parser gives `v`, if any.
 fn tool_input_error(which: u8, v: serde_json::Value) -> Option<String> {
-    if which % 2 == 0 {
+    if which.is_multiple_of(2) {
         let args: crate::mcp::Args<crate::mcp::CompressContextArgs> = match serde_json::from_value(v) {
             Ok(a) => a,
             // rmcp refuses arguments that are not an object before the tool runs

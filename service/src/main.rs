@@ -47,6 +47,8 @@ enum Command {
     Audit(cli::audit::AuditArgs),
     /// Load-test a real server over loopback against the raw encoder; prints JSON.
     BenchLoad(cli::load::LoadArgs),
+    /// Idle sockets against a real server under a file-descriptor limit, guarded and with the caps lifted; prints JSON.
+    BenchConns(cli::conns::ConnsArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
     /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
@@ -87,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),
+        Command::BenchConns(args) => cli::conns::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]
