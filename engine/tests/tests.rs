@@ -1090,6 +1090,47 @@ mod hardening {
         assert!(err.to_string().contains("is gone: evicted to keep sessions under"), "{err}");
     }
 
+    /// A context within its token limit whose embedding would cost more
+    /// encoder tokens than a request may spend (the prose neighbours and
+    /// labels about double it) is refused before the encoder runs, naming
+    /// the spend and the limit; the same context once cached costs nothing.
+    #[test]
+    fn a_context_whose_embedding_would_spend_too_many_encoder_tokens_is_refused_unrun() {
+        let hash = HashEncoder::new(64, 512);
+        let prose = (0..200).map(|i| format!("Sentence {i} says w{i} happened.")).collect::<Vec<_>>().join(" ");
+        let field = Field { name: "notes".into(), kind: FieldKind::Prose, content: prose, confidential: false };
+        let ctx = Context { fields: vec![field] };
+        let tokens = hash.count_tokens(&ctx.fields[0].content).unwrap();
+        let spent = |spy: &Spy| -> usize {
+            let embedded = spy.embedded.lock().unwrap();
+            embedded.iter().filter(|t| t.starts_with("notes")).map(|t| hash.count_tokens(t).unwrap() + 2).sum()
+        };
+        let spy = Arc::new(Spy::new(HashEncoder::new(64, 512)));
+        Scd::new(spy.clone(), ScdConfig::default()).compress(&req("what happened", ctx.clone(), 50)).unwrap();
+        let full = spent(&spy);
+        assert!(full > tokens, "neighbours and labels cost {full} tokens for a {tokens}-token context");
+        let limit = full - full / 4;
+        let spy = Arc::new(Spy::new(HashEncoder::new(64, 512)));
+        let cfg = ScdConfig { max_context_tokens: tokens + 10, max_encoder_tokens: limit, ..ScdConfig::default() };
+        let err = Scd::new(spy.clone(), cfg).compress(&req("what happened", ctx.clone(), 50)).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("context: embedding its ")
+                && msg.contains(&format!("would spend {full} encoder tokens"))
+                && msg.ends_with(&format!("over the limit of {limit} per request")),
+            "{msg}"
+        );
+        assert!(
+            spy.embedded.lock().unwrap().iter().all(|t| !t.starts_with("notes")),
+            "the encoder ran for a refused request"
+        );
+        // at the limit it runs
+        let cfg = ScdConfig { max_encoder_tokens: full, ..ScdConfig::default() };
+        Scd::new(spy.clone(), cfg).compress(&req("what happened", ctx, 50)).unwrap();
+        assert_eq!(spent(&spy), full);
+    }
+
     #[test]
     fn oversized_and_binary_input_is_refused_with_field_and_limit() {
         let scd = Scd::new(

@@ -893,6 +893,7 @@ mod inproc {
         pub(crate) auth: Option<AuthConfig>,
         pub(crate) audit: Option<Arc<AuditLog>>,
         pub(crate) connections: scd_net::ConnLimits,
+        pub(crate) scd: ScdConfig,
     }
 
     impl Default for Options {
@@ -904,6 +905,7 @@ mod inproc {
                 auth: None,
                 audit: None,
                 connections: scd_net::ConnLimits::default(),
+                scd: ScdConfig::default(),
             }
         }
     }
@@ -922,7 +924,7 @@ mod inproc {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let h = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let (grpc, http) = (l.local_addr().unwrap(), h.local_addr().unwrap());
-        let scd = Arc::new(Scd::new(o.encoder, ScdConfig::default()));
+        let scd = Arc::new(Scd::new(o.encoder, o.scd));
         let cfg = ServeConfig {
             listener: l,
             connections: o.connections,

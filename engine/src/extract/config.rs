@@ -92,6 +92,11 @@ pub struct ScdConfig {
     /// Tokens of a context's non-confidential content, checked after
     /// counting and before embedding.
     pub max_context_tokens: usize,
+    /// Encoder tokens one request may spend embedding its context (the
+    /// chunks' embedded texts not yet cached, labels and neighbours
+    /// included): the bound on its CPU, as the bytes and tokens above bound
+    /// its size.
+    pub max_encoder_tokens: usize,
     /// Bytes of a task (description, constraints and schema together).
     pub max_task_bytes: usize,
     /// Tokens of a task's embedded text.
@@ -145,6 +150,7 @@ impl Default for ScdConfig {
             prepared_cache_bytes: 512 << 20,
             context_limits: ContextLimits::default(),
             max_context_tokens: 1 << 20,
+            max_encoder_tokens: 1 << 21,
             max_task_bytes: 64 << 10,
             max_task_tokens: 4096,
             max_constraints: 256,

@@ -183,6 +183,9 @@ impl Scd {
         let keys: Vec<_> = texts.iter().map(|t| EmbeddingCache::key(self.encoder.model_id(), kind_byte, t)).collect();
         let mut out = self.cache.get_many(&keys);
         let missing: Vec<usize> = (0..texts.len()).filter(|&i| out[i].is_none()).collect();
+        if kind == InputKind::Passage {
+            self.check_encoder_spend(texts, &missing)?;
+        }
         for slice in slices(&missing, |i| texts[i].len()) {
             cancel.check("embed")?;
             let refs: Vec<&str> = slice.iter().map(|&i| texts[i]).collect();
@@ -197,6 +200,33 @@ impl Scd {
             self.cache.put_many(&fresh);
         }
         Ok(out.into_iter().map(|v| v.expect("filled")).collect())
+    }
+
+    /// Refuses a context whose embedding would cost more than
+    /// [`ScdConfig::max_encoder_tokens`]: the tokens of the texts not yet in
+    /// the cache (a chunk's embedded text carries its label and, for prose,
+    /// its neighbour, so it can cost twice the context's own tokens), two
+    /// specials each. A text has at most as many tokens as bytes, so the
+    /// count is skipped when the bytes are within the limit.
+    fn check_encoder_spend(&self, texts: &[&str], missing: &[usize]) -> Result<()> {
+        use rayon::prelude::*;
+        let limit = self.cfg.max_encoder_tokens;
+        let bytes: usize = missing.iter().map(|&i| texts[i].len() + 2).sum();
+        if bytes <= limit {
+            return Ok(());
+        }
+        let spend: usize =
+            missing.par_iter().map(|&i| self.encoder.count_tokens(texts[i]).map(|n| n + 2)).sum::<Result<usize>>()?;
+        if spend > limit {
+            return Err(Error::invalid(
+                "context",
+                format!(
+                    "embedding its {} chunks would spend {spend} encoder tokens, over the limit of {limit} per request",
+                    missing.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Every chunk's tokens in `tokenizer` (the encoder's counts when `None`).

@@ -88,6 +88,12 @@ pub struct ServeArgs {
     /// Tokens of one Compress request's non-confidential context.
     #[arg(long, env = "SCD_MAX_CONTEXT_TOKENS", default_value_t = 262_144)]
     max_context_tokens: usize,
+    /// Encoder tokens one request may spend: a Compress embedding its
+    /// context's uncached chunks (labels and prose neighbours included, so
+    /// up to about twice its tokens), an Embed its texts. The bound on one
+    /// request's CPU (about 2,500 tokens/s per 2 cores with e5-small).
+    #[arg(long, env = "SCD_MAX_REQUEST_ENCODER_TOKENS", default_value_t = 262_144)]
+    max_request_encoder_tokens: usize,
     /// Bytes of one field's content.
     #[arg(long, env = "SCD_MAX_FIELD_BYTES", default_value_t = 4 << 20)]
     max_field_bytes: usize,
@@ -242,6 +248,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         ("--http-header-timeout-ms", args.http_header_timeout_ms as usize),
         ("--session-bytes", args.session_bytes),
         ("--max-context-tokens", args.max_context_tokens),
+        ("--max-request-encoder-tokens", args.max_request_encoder_tokens),
         ("--max-field-bytes", args.max_field_bytes),
         ("--max-text-bytes", args.max_text_bytes),
     ] {
@@ -358,6 +365,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_sessions: args.max_sessions,
         session_bytes: args.session_bytes,
         max_context_tokens: args.max_context_tokens,
+        max_encoder_tokens: args.max_request_encoder_tokens,
         context_limits: ContextLimits {
             max_fields: args.max_fields,
             max_field_bytes: args.max_field_bytes,

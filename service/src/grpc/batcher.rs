@@ -58,6 +58,9 @@ pub struct BatchLimits {
     pub batch_texts: usize,
     /// Tokens per encoder call, 2 specials per text included.
     pub max_batch_tokens: usize,
+    /// Tokens one request's texts may hold (2 specials each); a larger one
+    /// is INVALID_ARGUMENT, unrun.
+    pub max_request_tokens: usize,
 }
 
 /// Handle to the batching thread.
@@ -195,6 +198,15 @@ impl Worker {
             self.depth.fetch_sub(1, Ordering::Relaxed);
             if let Some(j) = self.alive(j) {
                 let n = self.tokens(&j);
+                if n > self.limits.max_request_tokens {
+                    self.metrics.job_dropped("over_request_tokens");
+                    let limit = self.limits.max_request_tokens;
+                    let msg = format!(
+                        "texts: {n} encoder tokens, over the limit of {limit} per request (--max-request-encoder-tokens); send fewer or shorter texts"
+                    );
+                    let _ = j.reply.send((Err(Status::invalid_argument(msg)), 0.0));
+                    continue;
+                }
                 return Some((j, n));
             }
         }

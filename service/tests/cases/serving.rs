@@ -818,3 +818,43 @@ async fn a_cancelled_long_embed_stops_between_pieces_and_frees_the_encoder() {
         "after the deadline a short embed waited {waited:?}; after the walk-away {waited2:?}; {pieces} pieces ran"
     );
 }
+
+/// The finding: one request within the byte limits could cost a minute of
+/// CPU. A request may spend at most `max_encoder_tokens` encoder tokens
+/// (`--max-request-encoder-tokens`): an Embed over it and a Compress whose
+/// context would cost more to embed are INVALID_ARGUMENT naming the field
+/// and the limit, unrun; smaller ones are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
+    let enc = TestEncoder::new(0);
+    let scd = scd_engine::extract::ScdConfig { max_encoder_tokens: 2000, ..Default::default() };
+    let s = crate::inproc::start(Options {
+        encoder: enc.clone(),
+        limits: limits(),
+        http: http_limits(),
+        scd,
+        ..Default::default()
+    });
+    let mut c = client(&s).await;
+    let before = enc.calls.load(Ordering::SeqCst);
+    let long = "word ".repeat(1200);
+    let e = c.embed(embed(&[long.as_str(), long.as_str()], pb::InputKind::Passage)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().starts_with(
+            "texts: 2404 encoder tokens, over the limit of 2000 per request (--max-request-encoder-tokens)"
+        ),
+        "{}",
+        e.message()
+    );
+    let e = c.compress(big_compress("spend")).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("context: embedding its ") && e.message().contains("over the limit of 2000 per request"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(enc.calls.load(Ordering::SeqCst), before, "the encoder ran for a refused request");
+    let ok = c.embed(embed(&[long.as_str()], pb::InputKind::Passage)).await.unwrap().into_inner();
+    assert_eq!(ok.embeddings.len(), 1);
+}
