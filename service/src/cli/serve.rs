@@ -91,7 +91,7 @@ pub struct ServeArgs {
     /// Encoder tokens one request may spend: a Compress embedding its
     /// context's uncached chunks (labels and prose neighbours included, so
     /// up to about twice its tokens), an Embed its texts. The bound on one
-    /// request's CPU (about 2,500 tokens/s per 2 cores with e5-small).
+    /// request's CPU; over it the request is refused before the encoder runs.
     #[arg(long, env = "SCD_MAX_REQUEST_ENCODER_TOKENS", default_value_t = 262_144)]
     max_request_encoder_tokens: usize,
     /// Bytes of one field's content.
