@@ -12,8 +12,8 @@
 //! | `scd_queue_wait_seconds` | histogram | time an embed request waited for the encoder |
 //! | `scd_batch_texts`, `scd_batch_tokens` | histogram | texts and tokens (+2 specials per text) per encoder batch |
 //! | `scd_encoder_texts_total`, `scd_encoder_tokens_total` | counter | texts fed to the encoder, tokens it reported |
-//! | `scd_jobs_dropped_total` | counter | `reason` (`deadline`, `cancelled`): embed requests dropped unrun |
-//! | `scd_rejected_total` | counter | `kind` (`embed_queue_full`, `compress_slots_full`, `http_connections`) |
+//! | `scd_jobs_dropped_total` | counter | `reason` (`deadline`, `cancelled`, `over_request_tokens`): embed requests dropped unrun |
+//! | `scd_rejected_total` | counter | `kind` (`embed_queue_full`, `compress_slots_full`, `count_slots_full`, `embed_caller_share`, `compress_caller_share`, `http_connections`, and the listener guard's `grpc_connections`, `grpc_connections_per_peer`, `grpc_idle_closed`, `grpc_silent_closed`, `grpc_reserve_call`, `grpc_idle_evicted`) |
 //! | `scd_queue_depth`, `scd_sessions`, `scd_cache_*` | gauge | |
 
 use metrics::{counter, gauge, histogram, Counter, Histogram};

@@ -28,6 +28,7 @@ pub mod http;
 pub mod layer;
 pub mod metrics;
 pub mod ratelog;
+pub mod shares;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -81,6 +82,10 @@ pub struct ScdService {
     /// CountTokens' own lane: cheap calls are not refused because
     /// compressions hold every compress slot.
     pub(crate) count_slots: Arc<Semaphore>,
+    /// Each caller's share of the compress slots (a quarter).
+    compress_shares: Arc<shares::Shares>,
+    /// Each caller's share of the embed queue (an eighth).
+    embed_shares: Arc<shares::Shares>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_audit::AuditLog>>,
@@ -103,6 +108,8 @@ struct PendingEmbed {
     start: Instant,
     /// Cancels the job's encoding when the caller goes away (dropped).
     _cancel: scd_engine::cancel::CancelOnDrop,
+    /// The caller's place in the embed queue's shares, until answered.
+    _share: shares::ShareGuard,
 }
 
 static COMPRESS_FULL: RateLimitedWarn = RateLimitedWarn::new("compress_slots_full");
@@ -149,6 +156,16 @@ fn empty_session(id: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// RESOURCE_EXHAUSTED for a caller past its share of `what`.
+fn past_share(what: &str, p: shares::PastShare) -> Status {
+    let mut s = Status::resource_exhausted(format!(
+        "{what}: this caller holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after 100 ms",
+        p.held, p.capacity, p.share
+    ));
+    s.metadata_mut().insert("retry-after-ms", "100".parse().expect("ascii"));
+    s
+}
+
 fn overloaded(what: &str) -> Status {
     let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after 100 ms"));
     s.metadata_mut().insert("retry-after-ms", "100".parse().expect("ascii"));
@@ -172,6 +189,8 @@ impl ScdService {
         Self {
             compress_slots: Arc::new(Semaphore::new(limits.max_concurrent_compress.max(1))),
             count_slots: Arc::new(Semaphore::new(COUNT_SLOTS)),
+            compress_shares: shares::Shares::new(limits.max_concurrent_compress.max(1), 4),
+            embed_shares: shares::Shares::new(limits.queue_size.max(1), 8),
             scd,
             batcher,
             limits,
@@ -208,15 +227,24 @@ impl ScdService {
         &self.batcher
     }
 
-    async fn embed_inner(&self, r: pb::EmbedRequest, deadline: Option<Instant>) -> Result<pb::EmbedResponse, Status> {
-        let pending = self.embed_submit(r, deadline)?;
+    async fn embed_inner(
+        &self,
+        r: pb::EmbedRequest,
+        deadline: Option<Instant>,
+        who: &str,
+    ) -> Result<pb::EmbedResponse, Status> {
+        let pending = self.embed_submit(r, deadline, who)?;
         self.embed_wait(pending, deadline).await
     }
 
     /// Validates an embed request and queues it for the batcher.
-    fn embed_submit(&self, r: pb::EmbedRequest, deadline: Option<Instant>) -> Result<PendingEmbed, Status> {
+    fn embed_submit(&self, r: pb::EmbedRequest, deadline: Option<Instant>, who: &str) -> Result<PendingEmbed, Status> {
         let start = Instant::now();
         let (texts, opts) = convert::embed_request(r, self.limits.max_texts, self.limits.max_text_bytes)?;
+        let share = self.embed_shares.take(who).map_err(|p| {
+            self.metrics.rejected("embed_caller_share");
+            past_share("embed queue", p)
+        })?;
         let (tx, rx) = oneshot::channel();
         let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
         let guard = cancel.guard();
@@ -228,13 +256,13 @@ impl ScdService {
             }
             Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
         })?;
-        Ok(PendingEmbed { rx, start, _cancel: guard })
+        Ok(PendingEmbed { rx, start, _cancel: guard, _share: share })
     }
 
     /// Waits for a queued embed request's answer; dropping this future (or
     /// the deadline) drops the receiver, and the batcher skips the job.
     async fn embed_wait(&self, p: PendingEmbed, deadline: Option<Instant>) -> Result<pb::EmbedResponse, Status> {
-        let PendingEmbed { rx, start, _cancel: guard } = p;
+        let PendingEmbed { rx, start, _cancel: guard, _share } = p;
         let got = until(deadline, "waiting for the encoder", start, rx).await?;
         guard.disarm();
         let (result, queue_ms) = match got {
@@ -272,12 +300,20 @@ impl ScdService {
     /// Runs CPU-bound engine work off the runtime, behind the compress slots.
     /// Past `deadline` (or when this future is dropped) the work is told to
     /// stop at its next stage boundary, which frees the slot.
+    /// `who` ([`shares::key`]) draws on its share of the slots.
     async fn blocking<T: Send + 'static>(
         &self,
+        who: &str,
         deadline: Option<Instant>,
         f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
     ) -> Result<(T, f64), Status> {
-        self.blocking_in(Lane::Compress, deadline, f).await
+        let share = self.compress_shares.take(who).map_err(|p| {
+            self.metrics.rejected("compress_caller_share");
+            past_share("compress slots", p)
+        })?;
+        let out = self.blocking_in(Lane::Compress, deadline, f).await;
+        drop(share);
+        out
     }
 
     /// [`Self::blocking`] behind `lane`'s slots.
@@ -327,10 +363,11 @@ impl ScdService {
         r: pb::CompressRequest,
         deadline: Option<Instant>,
         caller: Option<String>,
+        who: &str,
         open: bool,
     ) -> Result<pb::CompressResponse, Status> {
         let render = handoff::format("render", r.render)?.map(|format| Forward { report: None, format, answer: None });
-        self.compress_run(r, deadline, caller, open, render).await
+        self.compress_run(r, deadline, caller, who, open, render).await
     }
 
     /// [`Self::compress_inner`], with a forwarded report's sections added to
@@ -340,6 +377,7 @@ impl ScdService {
         r: pb::CompressRequest,
         deadline: Option<Instant>,
         caller: Option<String>,
+        who: &str,
         open: bool,
         fwd: Option<Forward>,
     ) -> Result<pb::CompressResponse, Status> {
@@ -368,7 +406,7 @@ impl ScdService {
         let rendered = fwd.is_some();
         opts.envelope = fwd.map(|f| scd_engine::handoff::envelope(&req, f.format, f.answer));
         let ((out, report), total) = self
-            .blocking(deadline, move |scd, cancel| {
+            .blocking(who, deadline, move |scd, cancel| {
                 let out = scd.compress_opts(&req, &opts, cancel)?;
                 let report = rendered.then(|| out.text.clone());
                 Ok((out, report))
@@ -394,6 +432,7 @@ impl ScdService {
         r: pb::HandoffRequest,
         deadline: Option<Instant>,
         caller: Option<String>,
+        who: &str,
     ) -> Result<pb::HandoffResponse, Status> {
         use pb::handoff_request::Op;
         let map = self.confidence_map;
@@ -426,7 +465,7 @@ impl ScdService {
                     ));
                 }
                 let fwd = Forward { report: Some(parsed.report.clone()), format, answer: parsed.answer.clone() };
-                let compressed = self.compress_run(compress, deadline, caller, false, Some(fwd)).await?;
+                let compressed = self.compress_run(compress, deadline, caller, who, false, Some(fwd)).await?;
                 Ok(pb::HandoffResponse {
                     parsed: Some(handoff::parsed_pb(&parsed, &map)),
                     text: compressed.report.clone(),
@@ -459,6 +498,7 @@ impl ScdService {
         peer: Option<String>,
         open: bool,
     ) -> Result<pb::CompressResponse, Status> {
+        let who = shares::key(caller.as_deref(), peer.as_deref());
         let mut rec = self.audit_record(method, caller.clone(), peer);
         if let Some(rec) = rec.as_mut() {
             if let Some(t) = &r.task {
@@ -467,7 +507,7 @@ impl ScdService {
             rec.budget_tokens = r.requirement.as_ref().map(|q| q.max_context_tokens);
             rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
         }
-        let res = self.compress_inner(r, deadline, caller, open).await;
+        let res = self.compress_inner(r, deadline, caller, &who, open).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
             audit::fill_from_compress(rec, reply);
         }
@@ -487,6 +527,7 @@ impl ScdService {
         who: Option<String>,
         from: Option<String>,
     ) -> Result<pb::ContextResponse, Status> {
+        let share_key = shares::key(who.as_deref(), from.as_deref());
         let mut rec = self.audit_record(method, who.clone(), from);
         if let Some(rec) = rec.as_mut() {
             rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
@@ -515,24 +556,18 @@ impl ScdService {
             }
         }
         let start = Instant::now();
-        let res =
-            self.blocking(d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(|(more, total)| {
-                pb::ContextResponse {
-                    chunks: more.chunks.iter().map(convert::chunk).collect(),
-                    remaining_tokens: u32::try_from(more.remaining_tokens).unwrap_or(u32::MAX),
-                    reason: more.reason.unwrap_or_default(),
-                    sent_tokens: more.sent_tokens as u32,
-                    budget: u32::try_from(more.budget).unwrap_or(u32::MAX),
-                    session_sent_tokens: more.session_sent_tokens as u32,
-                    text: more.text,
-                    timing: Some(pb::Timing {
-                        queue_ms: 0.0,
-                        inference_ms: 0.0,
-                        selection_ms: ms(start),
-                        total_ms: total,
-                    }),
-                }
-            });
+        let res = self.blocking(&share_key, d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(
+            |(more, total)| pb::ContextResponse {
+                chunks: more.chunks.iter().map(convert::chunk).collect(),
+                remaining_tokens: u32::try_from(more.remaining_tokens).unwrap_or(u32::MAX),
+                reason: more.reason.unwrap_or_default(),
+                sent_tokens: more.sent_tokens as u32,
+                budget: u32::try_from(more.budget).unwrap_or(u32::MAX),
+                session_sent_tokens: more.session_sent_tokens as u32,
+                text: more.text,
+                timing: Some(pb::Timing { queue_ms: 0.0, inference_ms: 0.0, selection_ms: ms(start), total_ms: total }),
+            },
+        );
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
             audit::fill_chunks(rec, &reply.chunks);
             audit::fill_timing(rec, reply.timing.as_ref());
@@ -562,7 +597,8 @@ impl pb::scd_server::Scd for ScdHandler {
 
     async fn embed(&self, request: Request<pb::EmbedRequest>) -> Result<Response<pb::EmbedResponse>, Status> {
         let d = deadline(&request);
-        self.embed_inner(request.into_inner(), d).await.map(Response::new)
+        let who = shares::key(caller(&request).as_deref(), peer(&request).as_deref());
+        self.embed_inner(request.into_inner(), d, &who).await.map(Response::new)
     }
 
     async fn embed_stream(
@@ -570,6 +606,7 @@ impl pb::scd_server::Scd for ScdHandler {
         request: Request<tonic::Streaming<pb::EmbedRequest>>,
     ) -> Result<Response<EmbedStream>, Status> {
         let d = deadline(&request);
+        let who = shares::key(caller(&request).as_deref(), peer(&request).as_deref());
         let mut input = request.into_inner();
         // requests are validated and queued as they arrive (up to
         // STREAM_WINDOW ahead) and answered in order
@@ -577,7 +614,7 @@ impl pb::scd_server::Scd for ScdHandler {
         let me = self.clone();
         tokio::spawn(async move {
             while let Some(item) = input.next().await {
-                let pending = item.and_then(|r| me.embed_submit(r, d));
+                let pending = item.and_then(|r| me.embed_submit(r, d, &who));
                 let stop = pending.is_err();
                 if queued_tx.send(pending).await.is_err() || stop {
                     break;
@@ -676,6 +713,7 @@ impl pb::scd_server::Scd for ScdHandler {
     async fn handoff(&self, request: Request<pb::HandoffRequest>) -> Result<Response<pb::HandoffResponse>, Status> {
         let (d, who, from) = (deadline(&request), caller(&request), peer(&request));
         let r = request.into_inner();
+        let share_key = shares::key(who.as_deref(), from.as_deref());
         // one record per call; a forward's records its compression
         let mut rec = self.audit_record("Handoff", who.clone(), from);
         if let (Some(rec), Some(pb::handoff_request::Op::Forward(f))) = (rec.as_mut(), &r.op) {
@@ -687,7 +725,7 @@ impl pb::scd_server::Scd for ScdHandler {
                 rec.session_id = (!c.session_id.is_empty()).then(|| c.session_id.clone());
             }
         }
-        let res = self.handoff_inner(r, d, who).await;
+        let res = self.handoff_inner(r, d, who, &share_key).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
             if let Some(c) = &reply.compressed {
                 audit::fill_from_compress(rec, c);

@@ -858,3 +858,65 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
     let ok = c.embed(embed(&[long.as_str()], pb::InputKind::Passage)).await.unwrap().into_inner();
     assert_eq!(ok.embeddings.len(), 1);
 }
+
+/// The finding: one client filled the shared bounds and everyone else was
+/// refused. A caller (its identity, else its address) may use free room
+/// past its share, but not the last places: another client from another
+/// address is still served while the first is refused past its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_client_cannot_take_every_compress_slot_or_the_whole_embed_queue() {
+    let enc = TestEncoder::new(0);
+    let limits = Limits { max_concurrent_compress: 4, queue_size: 8, max_batch_tokens: 16, batch_texts: 1, ..limits() };
+    let s = start(enc.clone(), limits, http_limits()).await;
+    client(&s).await;
+    let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
+    // the other client has come (a caller alone may use every place)
+    other
+        .clone()
+        .count_tokens(pb::CountTokensRequest { texts: vec!["hi".into()], ..Default::default() })
+        .await
+        .unwrap();
+    other.clone().embed(embed(&["hello"], pb::InputKind::Passage)).await.unwrap();
+    other.clone().compress(big_compress("hello")).await.unwrap();
+    enc.delay_ms.store(400, Ordering::SeqCst);
+    // compress: 4 slots, a share of 1; the hog gets 3, the last is kept
+    let held: Vec<_> = (0..3)
+        .map(|i| {
+            let mut c = hog.clone();
+            tokio::spawn(async move { c.compress(big_compress(&format!("hog {i}"))).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let e = hog.clone().compress(big_compress("hog 4")).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().starts_with("compress slots: this caller holds 3 of 4, past its share of 1"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(e.metadata().get("retry-after-ms").and_then(|v| v.to_str().ok()), Some("100"));
+    let served = other.clone().compress(big_compress("other")).await;
+    assert!(served.is_ok(), "the other client was refused: {served:?}");
+    for h in held {
+        h.await.unwrap().unwrap();
+    }
+    // the embed queue: 8 places, a share of 1
+    let word = |i: usize| format!("text {i}");
+    let queued: Vec<_> = (0..7)
+        .map(|i| {
+            let mut c = hog.clone();
+            let t = word(i);
+            tokio::spawn(async move { c.embed(embed(&[t.as_str()], pb::InputKind::Passage)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let e = hog.clone().embed(embed(&["one more"], pb::InputKind::Passage)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().starts_with("embed queue: this caller holds 7 of 8, past its share of 1"), "{}", e.message());
+    enc.delay_ms.store(0, Ordering::SeqCst);
+    let mut other = other;
+    assert!(other.embed(embed(&["the other client"], pb::InputKind::Passage)).await.is_ok());
+    for q in queued {
+        q.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,156 @@
+//! Per-caller shares of a bound the callers share (the compress slots, the
+//! embed queue), so that one client cannot take all of it.
+//!
+//! Work-conserving: a caller may use more than its share while there is
+//! room, and all of it while no other caller has come for [`RECENT`]; but
+//! while others do, a caller past its share cannot take the last `share`
+//! free places, which stay for them. A caller is its verified identity
+//! (mTLS, DID), else its IP address, else `local` (an in-process call):
+//! see [`key`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a caller counts as present after it last took a place.
+pub const RECENT: Duration = Duration::from_secs(30);
+
+/// Whose share a call draws on: the verified identity, else the peer's IP
+/// address without its port, else `local`.
+pub fn key(caller: Option<&str>, peer: Option<&str>) -> String {
+    match (caller, peer) {
+        (Some(c), _) => format!("id:{c}"),
+        (None, Some(p)) => {
+            p.parse::<SocketAddr>().map_or_else(|_| format!("ip:{p}"), |a| format!("ip:{}", a.ip().to_canonical()))
+        }
+        (None, None) => "local".into(),
+    }
+}
+
+/// A shared bound of `capacity` places and each caller's `share` of it.
+#[derive(Debug)]
+pub struct Shares {
+    capacity: usize,
+    share: usize,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    total: usize,
+    by_caller: HashMap<String, usize>,
+    /// When each caller last took a place (pruned past [`RECENT`]; at most
+    /// one entry per caller seen in that time).
+    seen: HashMap<String, Instant>,
+}
+
+/// A refused take: what the caller holds and its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PastShare {
+    /// Places the caller holds.
+    pub held: usize,
+    /// Its share.
+    pub share: usize,
+    /// The bound's places.
+    pub capacity: usize,
+}
+
+impl Shares {
+    /// `capacity` places, each caller's share `capacity / parts` (at least 1).
+    pub fn new(capacity: usize, parts: usize) -> Arc<Self> {
+        let share = (capacity / parts.max(1)).max(1);
+        Arc::new(Self { capacity, share, held: Mutex::new(Held::default()) })
+    }
+
+    /// Each caller's share.
+    pub fn share(&self) -> usize {
+        self.share
+    }
+
+    /// One place for `caller`, held until the guard drops; refused when the
+    /// caller is at its share, no more than `share` places are free, and
+    /// another caller came within [`RECENT`].
+    pub fn take(self: &Arc<Self>, caller: &str) -> Result<ShareGuard, PastShare> {
+        self.take_at(caller, Instant::now())
+    }
+
+    fn take_at(self: &Arc<Self>, caller: &str, now: Instant) -> Result<ShareGuard, PastShare> {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if h.seen.len() > 64 {
+            h.seen.retain(|_, t| now.saturating_duration_since(*t) < RECENT);
+        }
+        let others = h.seen.iter().any(|(k, t)| k != caller && now.saturating_duration_since(*t) < RECENT);
+        let mine = h.by_caller.get(caller).copied().unwrap_or(0);
+        let free = self.capacity.saturating_sub(h.total);
+        if others && mine >= self.share && free <= self.share {
+            return Err(PastShare { held: mine, share: self.share, capacity: self.capacity });
+        }
+        h.seen.insert(caller.to_string(), now);
+        h.total += 1;
+        *h.by_caller.entry(caller.to_string()).or_default() += 1;
+        Ok(ShareGuard { shares: self.clone(), caller: caller.to_string() })
+    }
+}
+
+/// A place held in a [`Shares`]; given back on drop.
+#[derive(Debug)]
+pub struct ShareGuard {
+    shares: Arc<Shares>,
+    caller: String,
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        let mut h = self.shares.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.total = h.total.saturating_sub(1);
+        if let Some(n) = h.by_caller.get_mut(&self.caller) {
+            *n -= 1;
+            if *n == 0 {
+                h.by_caller.remove(&self.caller);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caller_alone_may_use_every_place() {
+        let s = Shares::new(2, 4);
+        let _all: Vec<_> = (0..2).map(|_| s.take("a").unwrap()).collect();
+        // another caller long ago does not count
+        let t = Instant::now();
+        let s = Shares::new(2, 4);
+        drop(s.take_at("b", t).unwrap());
+        let _all: Vec<_> = (0..2).map(|_| s.take_at("a", t + RECENT).unwrap()).collect();
+    }
+
+    #[test]
+    fn one_caller_uses_the_room_but_leaves_a_share_for_the_others() {
+        let s = Shares::new(8, 4);
+        assert_eq!(s.share(), 2);
+        drop(s.take("b").unwrap());
+        let mut a: Vec<_> = (0..6).map(|_| s.take("a").unwrap()).collect();
+        assert_eq!(s.take("a").unwrap_err(), PastShare { held: 6, share: 2, capacity: 8 });
+        let b: Vec<_> = (0..2).map(|_| s.take("b").unwrap()).collect();
+        assert!(s.take("b").is_err(), "b is at its share and nothing is free");
+        a.truncate(3);
+        // three free: b, past its share, may take one but not the last two
+        let b3 = s.take("b").unwrap();
+        assert!(s.take("b").is_err());
+        let c: Vec<_> = (0..2).map(|_| s.take("c").expect("a caller within its share always may")).collect();
+        drop((b3, c));
+        drop((a, b));
+    }
+
+    #[test]
+    fn keys_are_the_identity_else_the_address_without_its_port() {
+        assert_eq!(key(Some("did:key:z6Mk"), Some("10.0.0.1:4000")), "id:did:key:z6Mk");
+        assert_eq!(key(None, Some("10.0.0.1:4000")), key(None, Some("10.0.0.1:5000")));
+        assert_eq!(key(None, Some("[::ffff:10.0.0.1]:1")), "ip:10.0.0.1");
+        assert_eq!(key(None, None), "local");
+    }
+}
