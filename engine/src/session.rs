@@ -11,6 +11,10 @@
 //!   session weighs what it holds (its prepared context, counted in full for
 //!   every session that holds it, so the bound is conservative), and at
 //!   least `max_bytes / max_sessions`, so the count bound holds too.
+//! * **Client-chosen ids are the caller's own.** A generated id (`s-` and
+//!   32 hex digits) is global; an id the client chose lives in its scope
+//!   (its identity, else its address: the service says), so a caller can
+//!   neither take another's id first nor learn whether it exists.
 //! * **Never silently gone.** An evicted, expired or closed session leaves a
 //!   tombstone; its owner's next call says which of these happened.
 //! * **One lock per session.** Concurrent requests on one session serialize
@@ -22,10 +26,15 @@
 //! let store: SessionStore<Vec<u32>> = SessionStore::new(SessionLimits {
 //!     ttl: Duration::from_secs(60), max_sessions: 10, max_bytes: 1 << 20,
 //! });
-//! let grant = store.open(None, None, [0; 32], 100, vec![]).unwrap();
+//! let grant = store.open(None, None, None, [0; 32], 100, vec![]).unwrap();
 //! assert_eq!(grant.id.len(), 34); // "s-" + 128 bits in hex
-//! assert!(store.get(&grant.id, &grant.token, None).is_ok());
-//! assert!(store.get(&grant.id, "guessed", None).is_err());
+//! assert!(store.get(&grant.id, &grant.token, None, None).is_ok());
+//! assert!(store.get(&grant.id, "guessed", None, None).is_err());
+//! // a chosen id is the scope's own: another scope opens its own under it
+//! let mine = store.open(Some("deploy-42".into()), None, Some("ip:10.0.0.1"), [0; 32], 100, vec![]).unwrap();
+//! let theirs = store.open(Some("deploy-42".into()), None, Some("ip:10.0.0.2"), [0; 32], 100, vec![]).unwrap();
+//! assert!(store.get("deploy-42", &theirs.token, None, Some("ip:10.0.0.1")).is_err());
+//! assert!(store.get("deploy-42", &mine.token, None, Some("ip:10.0.0.1")).is_ok());
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -149,6 +158,22 @@ pub fn check_session_id(id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `id` has the form of a generated id: `s-` and 32 lower-case hex
+/// digits.
+fn is_generated(id: &str) -> bool {
+    id.len() == 34 && id.starts_with("s-") && id[2..].bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The store's key of `id` in `scope`: a generated id as it is (128 random
+/// bits, global), a chosen one within its scope.
+fn key(id: &str, scope: Option<&str>) -> String {
+    if is_generated(id) {
+        id.to_string()
+    } else {
+        format!("{}\u{1f}{id}", scope.unwrap_or(""))
+    }
+}
+
 impl<S: Send + Sync + 'static> SessionStore<S> {
     /// An empty store.
     pub fn new(limits: SessionLimits) -> Self {
@@ -209,13 +234,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
     }
 
     /// Opens a session holding `state` (about `bytes` of memory) for the
-    /// context fingerprinted by `context_key`. `id`: the caller's choice, or
-    /// `None` for 128 random bits. An id already live is refused: continue
-    /// it with [`SessionStore::get`].
+    /// context fingerprinted by `context_key`. `id`: the caller's choice
+    /// (within `scope`), or `None` for 128 random bits. An id already live
+    /// in the scope is refused: continue it with [`SessionStore::get`].
     pub fn open(
         &self,
         id: Option<String>,
         caller: Option<String>,
+        scope: Option<&str>,
         context_key: [u8; 32],
         bytes: usize,
         state: S,
@@ -235,28 +261,36 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
             weight: self.weight(bytes)?,
             state: Mutex::new(state),
         });
-        let fresh = self.live.entry(id.clone()).or_insert_with(|| entry).is_fresh();
+        let k = key(&id, scope);
+        let fresh = self.live.entry(k.clone()).or_insert_with(|| entry).is_fresh();
         if !fresh {
             return Err(Error::SessionForbidden { session_id: id });
         }
-        self.gone.invalidate(&id);
+        self.gone.invalidate(&k);
         Ok(SessionGrant { id, token })
     }
 
-    /// True when `id` names a live session (whoever owns it).
-    pub fn contains(&self, id: &str) -> bool {
-        self.live.contains_key(id)
+    /// True when `id` names a live session in `scope` (whoever owns it).
+    pub fn contains(&self, id: &str, scope: Option<&str>) -> bool {
+        self.live.contains_key(&key(id, scope))
     }
 
     /// The live session `id`, if `token` (and `caller`, when the session has
     /// an owner) match. A missing session says whether it was evicted,
     /// expired or closed, when the store still remembers.
-    pub fn get(&self, id: &str, token: &str, caller: Option<&str>) -> Result<Arc<SessionEntry<S>>> {
+    pub fn get(
+        &self,
+        id: &str,
+        token: &str,
+        caller: Option<&str>,
+        scope: Option<&str>,
+    ) -> Result<Arc<SessionEntry<S>>> {
         if id.is_empty() {
             return Err(Error::invalid("session_id", "must not be empty"));
         }
-        let Some(entry) = self.live.get(id) else {
-            return Err(match self.gone.get(id) {
+        let k = key(id, scope);
+        let Some(entry) = self.live.get(&k) else {
+            return Err(match self.gone.get(&k) {
                 Some(cause) => Error::SessionGone { session_id: id.to_string(), cause },
                 None => Error::UnknownSession { session_id: id.to_string() },
             });
@@ -269,10 +303,10 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
     }
 
     /// Closes a session; `Ok(false)` when none is live under `id`.
-    pub fn close(&self, id: &str, token: &str, caller: Option<&str>) -> Result<bool> {
-        match self.get(id, token, caller) {
+    pub fn close(&self, id: &str, token: &str, caller: Option<&str>, scope: Option<&str>) -> Result<bool> {
+        match self.get(id, token, caller, scope) {
             Ok(_) => {
-                self.live.invalidate(id);
+                self.live.invalidate(&key(id, scope));
                 Ok(true)
             }
             Err(Error::UnknownSession { .. } | Error::SessionGone { .. }) => Ok(false),
@@ -303,8 +337,8 @@ mod tests {
     #[test]
     fn generated_ids_are_128_random_bits_and_distinct() {
         let s = store(100, 1 << 20);
-        let a = s.open(None, None, [0; 32], 10, 0).unwrap();
-        let b = s.open(None, None, [0; 32], 10, 0).unwrap();
+        let a = s.open(None, None, None, [0; 32], 10, 0).unwrap();
+        let b = s.open(None, None, None, [0; 32], 10, 0).unwrap();
         assert_ne!(a.id, b.id);
         assert_ne!(a.token, b.token);
         assert!(a.id.starts_with("s-") && a.id[2..].len() == 32 && u128::from_str_radix(&a.id[2..], 16).is_ok());
@@ -314,39 +348,42 @@ mod tests {
     #[test]
     fn token_and_owner_are_checked() {
         let s = store(100, 1 << 20);
-        let g = s.open(Some("mine".into()), Some("alice".into()), [0; 32], 10, 7).unwrap();
-        assert_eq!(*s.get("mine", &g.token, Some("alice")).unwrap().lock(), 7);
+        let g = s.open(Some("mine".into()), Some("alice".into()), None, [0; 32], 10, 7).unwrap();
+        assert_eq!(*s.get("mine", &g.token, Some("alice"), None).unwrap().lock(), 7);
         for (token, caller) in [("x", Some("alice")), (g.token.as_str(), Some("bob")), (g.token.as_str(), None)] {
-            let e = s.get("mine", token, caller).err().unwrap();
+            let e = s.get("mine", token, caller, None).err().unwrap();
             assert!(matches!(e, Error::SessionForbidden { .. }), "{e}");
         }
         // an id already live cannot be taken over by opening it again
-        assert!(matches!(s.open(Some("mine".into()), None, [1; 32], 10, 0), Err(Error::SessionForbidden { .. })));
-        assert!(matches!(s.close("mine", "x", Some("alice")), Err(Error::SessionForbidden { .. })));
-        assert!(s.close("mine", &g.token, Some("alice")).unwrap());
-        let e = s.get("mine", &g.token, Some("alice")).err().unwrap();
+        assert!(matches!(s.open(Some("mine".into()), None, None, [1; 32], 10, 0), Err(Error::SessionForbidden { .. })));
+        assert!(matches!(s.close("mine", "x", Some("alice"), None), Err(Error::SessionForbidden { .. })));
+        assert!(s.close("mine", &g.token, Some("alice"), None).unwrap());
+        let e = s.get("mine", &g.token, Some("alice"), None).err().unwrap();
         assert_eq!(e.to_string(), "session \"mine\" is gone: closed");
-        assert!(matches!(s.get("", "", None), Err(Error::InvalidArgument { .. })));
-        assert!(matches!(s.open(Some("bad id\n".into()), None, [0; 32], 1, 0), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(s.get("", "", None, None), Err(Error::InvalidArgument { .. })));
+        assert!(matches!(
+            s.open(Some("bad id\n".into()), None, None, [0; 32], 1, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 
     #[test]
     fn bounded_by_count_and_bytes_and_eviction_is_not_silent() {
         // 4 sessions at most by count (1000 / 4 = 250 bytes each at least)
         let s = store(4, 1000);
-        let grants: Vec<_> = (0..6).map(|i| s.open(None, None, [0; 32], 10, i).unwrap()).collect();
+        let grants: Vec<_> = (0..6).map(|i| s.open(None, None, None, [0; 32], 10, i).unwrap()).collect();
         let st = s.stats();
         assert!(st.live <= 4 && st.bytes <= 1000, "{st:?}");
         assert!(st.evicted >= 2, "{st:?}");
-        let first = s.get(&grants[0].id, &grants[0].token, None).err().unwrap();
+        let first = s.get(&grants[0].id, &grants[0].token, None, None).err().unwrap();
         assert!(first.to_string().contains("evicted to keep sessions under"), "{first}");
         // by bytes: one session of 600 bytes leaves room for one of 250, not two
         let s = store(100, 1000);
-        s.open(None, None, [0; 32], 600, 0).unwrap();
-        s.open(None, None, [0; 32], 250, 0).unwrap();
-        s.open(None, None, [0; 32], 250, 0).unwrap();
+        s.open(None, None, None, [0; 32], 600, 0).unwrap();
+        s.open(None, None, None, [0; 32], 250, 0).unwrap();
+        s.open(None, None, None, [0; 32], 250, 0).unwrap();
         assert!(s.stats().bytes <= 1000);
-        let e = s.open(None, None, [0; 32], 5000, 0).err().unwrap();
+        let e = s.open(None, None, None, [0; 32], 5000, 0).err().unwrap();
         assert_eq!(e.to_string(), "session: the context needs 5000 bytes of session memory, over the limit 1000");
     }
 
@@ -354,8 +391,8 @@ mod tests {
     fn sessions_expire_after_idle_time() {
         let s =
             SessionStore::new(SessionLimits { ttl: Duration::from_millis(50), max_sessions: 10, max_bytes: 1 << 20 });
-        let g = s.open(None, None, [0; 32], 10, 0u8).unwrap();
+        let g = s.open(None, None, None, [0; 32], 10, 0u8).unwrap();
         std::thread::sleep(Duration::from_millis(120));
-        assert!(s.get(&g.id, &g.token, None).is_err());
+        assert!(s.get(&g.id, &g.token, None, None).is_err());
     }
 }

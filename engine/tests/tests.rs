@@ -1049,12 +1049,12 @@ mod hardening {
             ..Default::default()
         });
         assert_eq!(many.unwrap_err().to_string(), "chunk_ids: 1025 ids, over the limit 1024");
-        assert!(matches!(scd.close_session(&g.id, &g.token, Some("bob")), Err(Error::SessionForbidden { .. })));
+        assert!(matches!(scd.close_session(&g.id, &g.token, Some("bob"), None), Err(Error::SessionForbidden { .. })));
         // the owner continues it on the same context, not on another
         assert!(open(Some("shared-name"), Some(&g.token), Some("alice"), &ctx).is_ok());
         let err = open(Some("shared-name"), Some(&g.token), Some("alice"), &other).unwrap_err();
         assert!(matches!(err, Error::SessionContextMismatch { .. }), "{err}");
-        assert!(scd.close_session(&g.id, &g.token, Some("alice")).unwrap());
+        assert!(scd.close_session(&g.id, &g.token, Some("alice"), None).unwrap());
         // no id given: 128 random bits
         let a = open(None, None, None, &ctx).unwrap().session.unwrap();
         let b = open(None, None, None, &ctx).unwrap().session.unwrap();

@@ -105,6 +105,10 @@ pub struct SessionRequest {
     /// Who calls, when the transport knows (TLS client certificate, DID);
     /// a session opened with one can only be used by the same caller.
     pub caller: Option<String>,
+    /// The namespace of a client-chosen `id`: the caller's identity, else
+    /// its address (the service sets it); `None`: the one shared namespace.
+    /// Generated ids are global.
+    pub scope: Option<String>,
     /// When opening: the session's total over every reply (this answer and
     /// all follow-ups). `None`: no total; each reply is bounded by its own
     /// budget only.
@@ -121,6 +125,7 @@ impl std::fmt::Debug for SessionRequest {
             .field("id", &self.id)
             .field("token", &self.token.as_ref().map(|_| "<secret>"))
             .field("caller", &self.caller)
+            .field("scope", &self.scope)
             .field("max_total_tokens", &self.max_total_tokens)
             .field("reserve_tokens", &self.reserve_tokens)
             .finish()
@@ -353,6 +358,9 @@ pub struct ContextRequest {
     pub session_token: String,
     /// Who calls, when the transport knows.
     pub caller: Option<String>,
+    /// The namespace of a client-chosen session id (as
+    /// [`SessionRequest::scope`]).
+    pub scope: Option<String>,
     /// What the receiver needs.
     pub specific_question: String,
     /// Its confidence, in [0, 1].
@@ -373,6 +381,7 @@ impl std::fmt::Debug for ContextRequest {
             .field("session_id", &self.session_id)
             .field("session_token", &"<secret>")
             .field("caller", &self.caller)
+            .field("scope", &self.scope)
             .field("specific_question", &Redacted(self.specific_question.len()))
             .field("current_confidence", &self.current_confidence)
             .field("reasoning", &Redacted(self.reasoning.len()))
@@ -539,8 +548,10 @@ impl Scd {
             ));
         }
         let continued = match &req.session {
-            Some(SessionRequest { id: Some(id), token, caller, .. }) if self.sessions.contains(id) => {
-                Some(self.sessions.get(id, token.as_deref().unwrap_or(""), caller.as_deref())?)
+            Some(SessionRequest { id: Some(id), token, caller, scope, .. })
+                if self.sessions.contains(id, scope.as_deref()) =>
+            {
+                Some(self.sessions.get(id, token.as_deref().unwrap_or(""), caller.as_deref(), scope.as_deref())?)
             }
             _ => None,
         };
@@ -722,6 +733,7 @@ impl Scd {
                 Some(self.sessions.open(
                     sr.id.clone(),
                     sr.caller.clone(),
+                    sr.scope.as_deref(),
                     prepared.key,
                     prepared.bytes + 8 * chunks.len(),
                     Ledger {
@@ -751,8 +763,8 @@ impl Scd {
 
     /// Closes a session; `Ok(false)` when none was open under `id`. The
     /// token (and the caller, for a session bound to one) must match.
-    pub fn close_session(&self, id: &str, token: &str, caller: Option<&str>) -> Result<bool> {
-        self.sessions.close(id, token, caller)
+    pub fn close_session(&self, id: &str, token: &str, caller: Option<&str>, scope: Option<&str>) -> Result<bool> {
+        self.sessions.close(id, token, caller, scope)
     }
 
     /// Live sessions, their bytes, evictions and expiries.

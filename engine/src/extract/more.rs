@@ -38,7 +38,8 @@ impl Scd {
                 format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.max_task_bytes),
             ));
         }
-        let entry = self.sessions.get(&req.session_id, &req.session_token, req.caller.as_deref())?;
+        let entry =
+            self.sessions.get(&req.session_id, &req.session_token, req.caller.as_deref(), req.scope.as_deref())?;
         // this session's own lock, held through scoring: concurrent requests
         // on one session take turns, so none can pick a chunk another sends
         let mut session = entry.lock();

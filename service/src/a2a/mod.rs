@@ -730,7 +730,8 @@ impl Agent {
                     Session { id: resp.session_id.clone(), token: resp.session_token.clone() },
                 );
                 if let Some(old) = old {
-                    let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref());
+                    let scope = crate::grpc::shares::key(caller.as_deref(), who.peer().as_deref());
+                    let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref(), Some(&scope));
                 }
                 let view = crate::view::compress_view(resp, list_dropped);
                 let note = format!(
@@ -1130,7 +1131,7 @@ mod tests {
         let ctx = first.context_id.clone();
         // the engine loses the session (expiry and eviction answer the same)
         let session = a.store().session("local", &ctx).unwrap();
-        assert!(svc.scd.close_session(&session.id, &session.token, None).unwrap());
+        assert!(svc.scd.close_session(&session.id, &session.token, None, None).unwrap());
         let q = a
             .send(
                 send_req(json!({"contextId": ctx, "parts": [{"text": "which pool is exhausted?"}]})),

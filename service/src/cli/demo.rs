@@ -90,6 +90,7 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
         session_id: session.id,
         session_token: session.token,
         caller: None,
+        scope: None,
         specific_question: question.into(),
         current_confidence: 0.4,
         reasoning: "need to know whether the failure persisted".into(),

@@ -101,7 +101,7 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         total += more.sent_tokens;
         chunks.extend(more.chunks);
     }
-    scd.close_session(&grant.id, &grant.token, None)?;
+    scd.close_session(&grant.id, &grant.token, None, None)?;
     let adaptive = evidence_recall(ex, &selection(ex, &chunks), Dataset::Musique);
     let one = scd.compress_opts(&request(total.max(1), None), opts, &Cancel::new())?;
     let one_shot = evidence_recall(ex, &selection(ex, &one.chunks), Dataset::Musique);

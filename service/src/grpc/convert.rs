@@ -81,6 +81,7 @@ pub fn compress_request(
             id: Some(r.session_id),
             token: (!r.session_token.is_empty()).then_some(r.session_token),
             caller,
+            scope: None,
             max_total_tokens: (r.session_max_total_tokens > 0).then_some(r.session_max_total_tokens as usize),
             reserve_tokens: r.reserve_tokens as usize,
         }),

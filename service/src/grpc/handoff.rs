@@ -210,6 +210,7 @@ mod tests {
             session_id: "s".into(),
             session_token: "t".into(),
             caller: None,
+            scope: None,
             specific_question: String::new(),
             current_confidence: 0.0,
             reasoning: String::new(),

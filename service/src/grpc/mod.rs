@@ -388,9 +388,13 @@ impl ScdService {
         };
         let (max_total, reserve) = (r.session_max_total_tokens, r.reserve_tokens);
         let mut req = convert::compress_request(r, self.limits.max_fields, caller.clone())?;
+        if let Some(s) = req.session.as_mut() {
+            s.scope = Some(who.to_string());
+        }
         if open && req.session.is_none() {
             req.session = Some(SessionRequest {
                 caller,
+                scope: Some(who.to_string()),
                 max_total_tokens: (max_total > 0).then_some(max_total as usize),
                 reserve_tokens: reserve as usize,
                 ..SessionRequest::default()
@@ -540,6 +544,7 @@ impl ScdService {
             session_id: r.session_id,
             session_token: r.session_token,
             caller: who,
+            scope: Some(share_key.clone()),
             specific_question: r.specific_question,
             current_confidence: r.current_confidence,
             reasoning: r.reasoning,
@@ -674,10 +679,13 @@ impl pb::scd_server::Scd for ScdHandler {
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
         let who = caller(&request);
+        let scope = shares::key(who.as_deref(), peer(&request).as_deref());
         let r = request.into_inner();
         empty_session(&r.session_id)?;
-        let closed =
-            self.scd.close_session(&r.session_id, &r.session_token, who.as_deref()).map_err(convert::status)?;
+        let closed = self
+            .scd
+            .close_session(&r.session_id, &r.session_token, who.as_deref(), Some(&scope))
+            .map_err(convert::status)?;
         Ok(Response::new(pb::CloseSessionResponse { closed }))
     }
 

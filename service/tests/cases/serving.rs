@@ -920,3 +920,51 @@ async fn one_client_cannot_take_every_compress_slot_or_the_whole_embed_queue() {
         q.await.unwrap().unwrap();
     }
 }
+
+/// The finding: a client-chosen session id showed whether it existed and
+/// could be taken first. A chosen id lives in its caller's scope (identity,
+/// else address): a second client choosing the same id opens its own
+/// session under it, and neither reaches the other's; a generated id works
+/// from anywhere with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chosen_session_id_is_the_callers_own_and_reveals_nothing_to_another() {
+    let s = start(TestEncoder::new(0), limits(), http_limits()).await;
+    client(&s).await;
+    let (mut a, mut b) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
+    let open = |id: &str| pb::CompressRequest { session_id: id.into(), ..big_compress("sessions") };
+    let ra = a.compress(open("deploy-42")).await.unwrap().into_inner();
+    // b takes the same id: not refused, not told it exists; its own session
+    let rb = b.compress(open("deploy-42")).await.unwrap().into_inner();
+    assert_eq!((ra.session_id.as_str(), rb.session_id.as_str()), ("deploy-42", "deploy-42"));
+    assert!(!ra.session_token.is_empty() && !rb.session_token.is_empty() && ra.session_token != rb.session_token);
+    let more = |token: &str| pb::ContextRequest {
+        session_id: "deploy-42".into(),
+        session_token: token.into(),
+        specific_question: "what else failed".into(),
+        current_confidence: 0.2,
+        ..Default::default()
+    };
+    assert!(a.request_context(more(&ra.session_token)).await.is_ok());
+    assert!(b.request_context(more(&rb.session_token)).await.is_ok());
+    // a's token from b's address reaches b's session, which it does not open
+    let e = b.request_context(more(&ra.session_token)).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let closed = b
+        .close_session(pb::CloseSessionRequest {
+            session_id: "deploy-42".into(),
+            session_token: rb.session_token.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(closed.into_inner().closed);
+    assert!(a.request_context(more(&ra.session_token)).await.is_ok(), "b's close reached a's session");
+    // a generated id is global: its token works from another address
+    let g = a
+        .open_session(pb::OpenSessionRequest { compress: Some(big_compress("generated")) })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut more_g = more(&g.session_token);
+    more_g.session_id = g.session_id.clone();
+    assert!(b.request_context(more_g).await.is_ok(), "a generated id is reachable with its token");
+}
