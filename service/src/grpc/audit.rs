@@ -391,6 +391,25 @@ mod tests {
     }
 
     #[test]
+    fn access_needs_the_token_or_an_identity() {
+        let token = "0123456789abcdef-operator";
+        let access = AuditAccess::with_operator_token(token);
+        assert!(access.has_operator_token());
+        assert!(!format!("{access:?}").contains(token), "Debug shows no token");
+        assert_eq!(access.reader(Some(token.as_bytes()), None).unwrap(), AuditReader::Operator);
+        assert_eq!(access.reader(Some(token.as_bytes()), Some("did:key:me")).unwrap(), AuditReader::Operator);
+        assert_eq!(access.reader(None, Some("did:key:me")).unwrap(), AuditReader::Caller("did:key:me".into()));
+        let err = access.reader(Some(b"0123456789abcdef-guess"), Some("did:key:me")).unwrap_err();
+        assert_eq!((err.code(), err.message()), (Code::Unauthenticated, "x-scd-audit-token: does not match"));
+        let err = access.reader(None, None).unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+        assert!(err.message().contains("present x-scd-audit-token"), "{}", err.message());
+        let none = AuditAccess::default();
+        assert_eq!(none.reader(Some(token.as_bytes()), None).unwrap_err().code(), Code::Unauthenticated);
+        assert_eq!(none.reader(None, None).unwrap_err().code(), Code::PermissionDenied);
+    }
+
+    #[test]
     fn records_round_trip_through_the_wire() {
         let mut r = AuditRecord::new("Compress");
         r.seq = 7;
