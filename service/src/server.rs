@@ -51,6 +51,9 @@ pub struct ServeConfig {
     pub auth: Option<AuthConfig>,
     /// The audit trail (`--audit-db`); `None` records nothing.
     pub audit: Option<Arc<scd_audit::AuditLog>>,
+    /// Who may read the audit trail (`--audit-token-file`: the operator's
+    /// token reads every record).
+    pub audit_access: crate::grpc::audit::AuditAccess,
     /// A2A task store bounds (the A2A routes are on the HTTP listener).
     pub a2a: crate::a2a::store::StoreLimits,
     /// The HTTP listener's public URL for the agent card (`None`: the
@@ -80,6 +83,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let service = Arc::new(
         ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone())
             .with_audit(cfg.audit)
+            .with_audit_access(cfg.audit_access)
             .with_tokenizers(cfg.tokenizers)
             .with_confidence_map(cfg.confidence_map),
     );

@@ -892,6 +892,7 @@ mod inproc {
         pub(crate) http: HttpLimits,
         pub(crate) auth: Option<AuthConfig>,
         pub(crate) audit: Option<Arc<AuditLog>>,
+        pub(crate) audit_access: scd_service::grpc::audit::AuditAccess,
         pub(crate) connections: scd_net::ConnLimits,
         pub(crate) scd: ScdConfig,
     }
@@ -904,6 +905,7 @@ mod inproc {
                 http: HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) },
                 auth: None,
                 audit: None,
+                audit_access: Default::default(),
                 connections: scd_net::ConnLimits::default(),
                 scd: ScdConfig::default(),
             }
@@ -935,6 +937,7 @@ mod inproc {
             drain_timeout: Duration::from_secs(1),
             auth: o.auth,
             audit: o.audit,
+            audit_access: o.audit_access,
             a2a: Default::default(),
             a2a_public_url: None,
             tokenizers: Default::default(),

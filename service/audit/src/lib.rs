@@ -26,6 +26,15 @@
 //! a failed commit is returned to every caller of that batch (a server then
 //! fails the RPC with INTERNAL `audit: …` rather than answer unrecorded).
 //!
+//! **Deferred records.** [`AuditLog::append_deferred`] (a server's refused
+//! calls) is committed without an fsync of its own (`Durability::None`):
+//! readers see it when the call returns, and it becomes durable with the
+//! next durable commit, which the writer makes at most [`DEFER_MAX`] after
+//! the first deferred one (and when the log is closed). A client sending
+//! refused calls in a loop therefore costs at most one fsync per
+//! [`DEFER_MAX`]; a crash may lose the refusals of that last window, never a
+//! record of [`AuditLog::append`].
+//!
 //! **Time.** `at_ms` is the commit time (unix ms), made non-decreasing in
 //! `seq` order (a clock stepping back repeats the last value), so the oldest
 //! records are always the first keys.
@@ -78,6 +87,9 @@ pub const TASK_CHARS: usize = 200;
 
 /// Appends waiting for the writer thread; more wait for room.
 const QUEUE: usize = 1024;
+
+/// How long a deferred record may stay not durable (see the module docs).
+pub const DEFER_MAX: Duration = Duration::from_secs(1);
 
 fn store_err<E: Into<redb::Error>>(e: E) -> Error {
     Error::Store { source: Box::new(e.into()) }
@@ -258,8 +270,13 @@ impl AuditFilter {
     }
 }
 
-/// A batch waiting for the writer: the records and who to tell.
-type Pending = (Vec<AuditRecord>, oneshot::Sender<std::result::Result<Vec<u64>, String>>);
+/// A batch waiting for the writer: the records, who to tell, and whether
+/// it must be durable before they are told (`false`: deferred).
+struct Pending {
+    records: Vec<AuditRecord>,
+    ack: oneshot::Sender<std::result::Result<Vec<u64>, String>>,
+    durable: bool,
+}
 
 /// The audit trail over redb (see the module docs).
 pub struct AuditLog {
@@ -268,6 +285,8 @@ pub struct AuditLog {
     level: AuditLevel,
     tx: Option<mpsc::Sender<Pending>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// Durable (fsync'd) commits the writer made.
+    durable_commits: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -304,12 +323,14 @@ impl AuditLog {
         tx.commit().map_err(store_err)?;
         let (sender, receiver) = mpsc::channel::<Pending>(QUEUE);
         let writer_db = db.clone();
+        let durable_commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = durable_commits.clone();
         let writer = std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || write_loop(&writer_db, receiver, retention))
+            .spawn(move || write_loop(&writer_db, receiver, retention, &counted))
             .map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
         tracing::debug!(path = %path.display(), %level, "audit log opened");
-        Ok(AuditLog { db, path: path.to_path_buf(), level, tx: Some(sender), writer: Some(writer) })
+        Ok(AuditLog { db, path: path.to_path_buf(), level, tx: Some(sender), writer: Some(writer), durable_commits })
     }
 
     /// The level records are kept at.
@@ -320,6 +341,12 @@ impl AuditLog {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many durable (fsync'd) commits the writer has made since the
+    /// log was opened.
+    pub fn durable_commits(&self) -> u64 {
+        self.durable_commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Applies the level: `None` at `Off`, no chunk list at `Summary`.
@@ -356,17 +383,29 @@ impl AuditLog {
         let Some(records) = self.leveled(records) else { return Ok(Vec::new()) };
         let (ack, done) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(|| self.writer_gone())?;
-        tx.blocking_send((records, ack)).map_err(|_| self.writer_gone())?;
+        tx.blocking_send(Pending { records, ack, durable: true }).map_err(|_| self.writer_gone())?;
         done.blocking_recv().map_err(|_| self.writer_gone())?.map_err(|e| self.commit_failed(e))
     }
 
     /// [`AuditLog::append`] for async callers: waits for room in the queue
     /// and for the commit without blocking the runtime.
     pub async fn append_async(&self, records: Vec<AuditRecord>) -> Result<Vec<u64>> {
+        self.send(records, true).await
+    }
+
+    /// [`AuditLog::append_async`] without an fsync of its own: the records
+    /// are committed (readers see them) when it returns, and durable within
+    /// [`DEFER_MAX`] (see the module docs). For records a crash may lose,
+    /// such as refused calls.
+    pub async fn append_deferred(&self, records: Vec<AuditRecord>) -> Result<Vec<u64>> {
+        self.send(records, false).await
+    }
+
+    async fn send(&self, records: Vec<AuditRecord>, durable: bool) -> Result<Vec<u64>> {
         let Some(records) = self.leveled(records) else { return Ok(Vec::new()) };
         let (ack, done) = oneshot::channel();
         let tx = self.tx.as_ref().ok_or_else(|| self.writer_gone())?;
-        tx.send((records, ack)).await.map_err(|_| self.writer_gone())?;
+        tx.send(Pending { records, ack, durable }).await.map_err(|_| self.writer_gone())?;
         done.await.map_err(|_| self.writer_gone())?.map_err(|e| self.commit_failed(e))
     }
 
@@ -432,28 +471,90 @@ impl Drop for AuditLog {
     }
 }
 
-/// The writer thread: drains every pending batch into one durable commit.
-fn write_loop(db: &Database, mut rx: mpsc::Receiver<Pending>, retention: Retention) {
-    while let Some(first) = rx.blocking_recv() {
+/// The writer thread: drains every pending batch into one commit, durable
+/// when a batch asks for it or a deferred commit is [`DEFER_MAX`] old (and
+/// once more at close when deferred records are not yet durable).
+fn write_loop(
+    db: &Database,
+    mut rx: mpsc::Receiver<Pending>,
+    retention: Retention,
+    durable_commits: &std::sync::atomic::AtomicU64,
+) {
+    // a timer for the deferred window: this thread's own clockwork, no I/O
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "audit writer: no timer; the calls fail");
+            return;
+        }
+    };
+    let mut deferred_since: Option<std::time::Instant> = None;
+    loop {
+        let first = match deferred_since {
+            None => rx.blocking_recv(),
+            Some(since) => {
+                let left = DEFER_MAX.saturating_sub(since.elapsed());
+                match rt.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                    Ok(got) => got,
+                    Err(_) => {
+                        // the window closed with no durable commit: make one
+                        flush(db, &mut deferred_since, durable_commits);
+                        continue;
+                    }
+                }
+            }
+        };
+        let Some(first) = first else { break };
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
         }
-        let records: usize = batch.iter().map(|(r, _)| r.len()).sum();
-        match commit(db, &mut batch, retention) {
+        let records: usize = batch.iter().map(|p| p.records.len()).sum();
+        let durable =
+            batch.iter().any(|p| p.durable) || deferred_since.is_some_and(|since| since.elapsed() >= DEFER_MAX);
+        match commit(db, &mut batch, retention, durable) {
             Ok(seqs) => {
-                tracing::trace!(records, batches = batch.len(), "audit commit");
-                for ((_, ack), seqs) in batch.into_iter().zip(seqs) {
-                    let _ = ack.send(Ok(seqs));
+                tracing::trace!(records, batches = batch.len(), durable, "audit commit");
+                if durable {
+                    durable_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    deferred_since = None;
+                } else {
+                    deferred_since.get_or_insert_with(std::time::Instant::now);
+                }
+                for (p, seqs) in batch.into_iter().zip(seqs) {
+                    let _ = p.ack.send(Ok(seqs));
                 }
             }
             Err(e) => {
                 tracing::error!(error = %e, records, "audit commit failed; the calls fail");
-                for (_, ack) in batch {
-                    let _ = ack.send(Err(e.to_string()));
+                for p in batch {
+                    let _ = p.ack.send(Err(e.to_string()));
                 }
             }
         }
+    }
+    if deferred_since.is_some() {
+        flush(db, &mut deferred_since, durable_commits);
+    }
+}
+
+/// An empty durable commit: every deferred commit before it becomes durable.
+fn flush(
+    db: &Database,
+    deferred_since: &mut Option<std::time::Instant>,
+    durable_commits: &std::sync::atomic::AtomicU64,
+) {
+    let done = db.begin_write().map_err(store_err).and_then(|mut tx| {
+        tx.set_durability(Durability::Immediate).map_err(store_err)?;
+        tx.commit().map_err(store_err)
+    });
+    match done {
+        Ok(()) => {
+            durable_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *deferred_since = None;
+        }
+        // retried at the next window or commit
+        Err(e) => tracing::error!(error = %e, "audit: deferred records could not be made durable"),
     }
 }
 
@@ -463,9 +564,14 @@ fn meta_get(meta: &redb::Table<&str, u64>, key: &str) -> std::result::Result<u64
 
 /// One transaction: numbers, stamps and stores every record of `batch`,
 /// then prunes; returns each batch's seqs.
-fn commit(db: &Database, batch: &mut [Pending], retention: Retention) -> std::result::Result<Vec<Vec<u64>>, Error> {
+fn commit(
+    db: &Database,
+    batch: &mut [Pending],
+    retention: Retention,
+    durable: bool,
+) -> std::result::Result<Vec<Vec<u64>>, Error> {
     let mut tx = db.begin_write().map_err(store_err)?;
-    tx.set_durability(Durability::Immediate).map_err(store_err)?;
+    tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(store_err)?;
     let mut seqs = Vec::with_capacity(batch.len());
     {
         let mut records = tx.open_table(RECORDS).map_err(store_err)?;
@@ -473,9 +579,9 @@ fn commit(db: &Database, batch: &mut [Pending], retention: Retention) -> std::re
         let mut next = meta_get(&meta, "next_seq").map_err(store_err)?;
         let mut bytes = meta_get(&meta, "bytes").map_err(store_err)?;
         let at_ms = now_ms().max(meta_get(&meta, "last_at_ms").map_err(store_err)?);
-        for (recs, _) in batch.iter_mut() {
-            let mut these = Vec::with_capacity(recs.len());
-            for r in recs.iter_mut() {
+        for p in batch.iter_mut() {
+            let mut these = Vec::with_capacity(p.records.len());
+            for r in p.records.iter_mut() {
                 r.seq = next;
                 r.at_ms = at_ms;
                 let json = serde_json::to_vec(r)
@@ -709,6 +815,33 @@ mod tests {
         let log = open(&dir, AuditLevel::Summary, Retention::default());
         assert_eq!(log.query(&AuditFilter::default()).unwrap().len(), 16);
         assert_eq!(log.append_async(vec![rec("after", "a")]).await.unwrap(), [16], "seqs continue after a reopen");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deferred_appends_are_visible_at_once_and_durable_within_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir, AuditLevel::Summary, Retention::default());
+        log.append_async(vec![rec("first", "a")]).await.unwrap();
+        assert_eq!(log.durable_commits(), 1);
+        for i in 0..50 {
+            let seqs = log.append_deferred(vec![rec(&format!("refused-{i}"), "a")]).await.unwrap();
+            assert_eq!(seqs, [i + 1]);
+        }
+        assert_eq!(log.query(&AuditFilter::default()).unwrap().len(), 51, "readers see deferred records at once");
+        let fsyncs = log.durable_commits();
+        assert!(fsyncs <= 2, "50 deferred appends made {} durable commits", fsyncs - 1);
+        // with no other commit, the writer makes one within the window
+        tokio::time::sleep(DEFER_MAX + Duration::from_millis(300)).await;
+        assert_eq!(log.durable_commits(), fsyncs + 1, "one flush for the window");
+        tokio::time::sleep(DEFER_MAX + Duration::from_millis(100)).await;
+        assert_eq!(log.durable_commits(), fsyncs + 1, "nothing deferred, no more flushes");
+        // deferred records are flushed when the log closes, too
+        log.append_deferred(vec![rec("last", "a")]).await.unwrap();
+        drop(log);
+        let log = open(&dir, AuditLevel::Summary, Retention::default());
+        let all = log.query(&AuditFilter::default()).unwrap();
+        assert_eq!(all.len(), 52);
+        assert_eq!(all[51].session_id.as_deref(), Some("last"));
     }
 
     #[test]

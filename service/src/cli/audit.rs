@@ -17,8 +17,9 @@ use crate::tls;
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["server", "db"])))]
 pub struct AuditArgs {
-    /// Query a running server (http:// or https://); a caller with a client
-    /// certificate sees only its own records.
+    /// Query a running server (http:// or https://): with
+    /// --audit-token-file every record, else a caller with a client
+    /// certificate or a DID sees only its own records (an anonymous one none).
     #[arg(long, env = "SCD_AUDIT_SERVER")]
     server: Option<String>,
     /// Read the audit database file directly (fails while a server holds it).
@@ -53,6 +54,10 @@ pub struct AuditArgs {
     /// own records.
     #[command(flatten)]
     sign: super::client::IdentityArgs,
+    /// The operator's token file (the server's --audit-token-file): sent as
+    /// `x-scd-audit-token`, it reads every record (with --server).
+    #[arg(long, env = "SCD_AUDIT_TOKEN_FILE")]
+    audit_token_file: Option<PathBuf>,
 }
 
 fn now_ms() -> u64 {
@@ -120,6 +125,16 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
     }
     let addr = args.server.clone().expect("clap: --server or --db");
     let signer = args.sign.signer()?;
+    let token = args
+        .audit_token_file
+        .as_deref()
+        .map(|path| -> anyhow::Result<tonic::metadata::AsciiMetadataValue> {
+            let token = super::read_audit_token(path)?;
+            let mut v: tonic::metadata::AsciiMetadataValue = token.parse().expect("checked: printable ASCII");
+            v.set_sensitive(true);
+            Ok(v)
+        })
+        .transpose()?;
     let tls = tls::client_config(
         &addr,
         &tls::ClientTlsFiles {
@@ -150,6 +165,10 @@ pub fn run(args: AuditArgs) -> anyhow::Result<()> {
             endpoint.connect().await.map_err(|e| anyhow::anyhow!("--server {addr}: {}", tls::error_chain(&e)))?;
         let mut client = pb::scd_client::ScdClient::with_interceptor(channel, signer);
         let status = |s: tonic::Status| anyhow::anyhow!("Audit: {:?}: {}", s.code(), s.message());
+        let mut req = tonic::Request::new(req);
+        if let Some(token) = token {
+            req.metadata_mut().insert(audit::AUDIT_TOKEN_HEADER, token);
+        }
         let mut stream = client.audit(req).await.map_err(status)?.into_inner();
         while let Some(msg) = stream.next().await {
             print(&mut out, &audit::from_pb(msg.map_err(status)?))?;

@@ -126,6 +126,41 @@ pub(crate) fn audit_retention(
     Ok(scd_audit::Retention { max_age, max_bytes })
 }
 
+/// The operator's audit token from `--audit-token-file` (read by `scd
+/// serve` and `scd audit`): the file's contents, whitespace trimmed, at
+/// least [`MIN_AUDIT_TOKEN_BYTES`] printable ASCII bytes (it travels as the
+/// `x-scd-audit-token` metadata value); on unix the file must not be
+/// readable by group or others. Errors name the flag, never the token.
+///
+/// [`MIN_AUDIT_TOKEN_BYTES`]: crate::grpc::audit::MIN_AUDIT_TOKEN_BYTES
+pub(crate) fn read_audit_token(path: &Path) -> anyhow::Result<String> {
+    use crate::grpc::audit::MIN_AUDIT_TOKEN_BYTES;
+    let flag = format!("--audit-token-file {}", path.display());
+    let raw = std::fs::read(path).with_context(|| flag.clone())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(path).with_context(|| flag.clone())?.permissions().mode();
+        anyhow::ensure!(
+            mode & 0o077 == 0,
+            "{flag}: mode {:04o} lets others read the token (limit 0600: chmod 600 it)",
+            mode & 0o7777
+        );
+    }
+    let token = raw.trim_ascii();
+    anyhow::ensure!(!token.is_empty(), "{flag}: empty (write the operator's secret token into it)");
+    anyhow::ensure!(
+        token.len() >= MIN_AUDIT_TOKEN_BYTES,
+        "{flag}: the token is {} bytes, shorter than {MIN_AUDIT_TOKEN_BYTES} (e.g. `openssl rand -hex 32`)",
+        token.len()
+    );
+    anyhow::ensure!(
+        token.iter().all(|b| b.is_ascii_graphic()),
+        "{flag}: the token must be printable ASCII without spaces (it is sent as gRPC metadata)"
+    );
+    Ok(String::from_utf8(token.to_vec()).expect("ASCII"))
+}
+
 /// A duration such as `90s`, `30m`, `12h` or `7d` (a whole number and a
 /// unit): the value parser of `--audit-max-age` and relative `--since`.
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -14,6 +14,7 @@ use scd_audit::{AuditLevel, AuditLog};
 use scd_did::wba::{list_documents, WbaAuthenticator};
 
 use crate::config::ModelArgs;
+use crate::grpc::audit::AuditAccess;
 use crate::grpc::auth::{AuthConfig, DidRateLimiter};
 use crate::grpc::http::HttpLimits;
 use crate::grpc::Limits;
@@ -187,6 +188,12 @@ pub struct ServeArgs {
     /// disk); `none` keeps every record.
     #[arg(long, env = "SCD_AUDIT_MAX_BYTES", value_parser = super::parse_audit_max_bytes)]
     audit_max_bytes: Option<super::AuditMaxBytes>,
+    /// A file holding the operator's secret token (at least 16 bytes, mode
+    /// 0600): a call presenting it as `x-scd-audit-token` reads every audit
+    /// record. Without a token a verified caller (client certificate, DID)
+    /// reads only its own records and an anonymous caller none.
+    #[arg(long, env = "SCD_AUDIT_TOKEN_FILE")]
+    audit_token_file: Option<PathBuf>,
 }
 
 /// `--auth`.
@@ -265,9 +272,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         args.second_hop_weight
     );
     if args.audit_db.is_none() {
-        for (flag, set) in
-            [("--audit-max-age", args.audit_max_age.is_some()), ("--audit-max-bytes", args.audit_max_bytes.is_some())]
-        {
+        for (flag, set) in [
+            ("--audit-max-age", args.audit_max_age.is_some()),
+            ("--audit-max-bytes", args.audit_max_bytes.is_some()),
+            ("--audit-token-file", args.audit_token_file.is_some()),
+        ] {
             anyhow::ensure!(!set, "{flag}: needs --audit-db");
         }
     }
@@ -344,6 +353,10 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("--audit-db {e}"))
         })
         .transpose()?;
+    let audit_access = match &args.audit_token_file {
+        Some(path) => AuditAccess::with_operator_token(&super::read_audit_token(path)?),
+        None => AuditAccess::default(),
+    };
     let tokenizers = budget_tokenizers(&args.budget_tokenizers)?;
     let connections = args.grpc_conn.limits()?;
     let listener = bind("--addr", "gRPC", args.addr)?;
@@ -401,6 +414,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),
             auth,
             audit,
+            audit_access,
             a2a: a2a_limits(&args),
             a2a_public_url: args.a2a_public_url.clone(),
             tokenizers,

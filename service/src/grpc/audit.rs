@@ -7,18 +7,28 @@
 //! the mTLS certificate's, or the DID once DID auth is on), `peer` the
 //! transport address. Failed calls are recorded too, with the status code's
 //! name as `outcome`, except RESOURCE_EXHAUSTED: shedding load must not cost
-//! an fsync per refused call. When the audit log cannot commit, a call that
-//! succeeded fails with INTERNAL `audit: …` instead of answering unrecorded
-//! (a failed call keeps its own status; the audit error is logged).
+//! an fsync per refused call. The other refusals (INVALID_ARGUMENT,
+//! PERMISSION_DENIED, NOT_FOUND, …) are committed without an fsync of their
+//! own ([`AuditLog::append_deferred`]): visible to readers at once, durable
+//! with the next successful call's commit or within a second. When the audit
+//! log cannot commit, a call that succeeded fails with INTERNAL `audit: …`
+//! instead of answering unrecorded (a failed call keeps its own status; the
+//! audit error is logged).
 //!
-//! Who reads what: a caller with a verified identity sees only its own
-//! records (naming another caller is PERMISSION_DENIED); an anonymous caller
-//! (no TLS client certificate, no DID auth) sees all.
+//! Who reads what ([`AuditAccess`]): a caller presenting the operator's
+//! token (`x-scd-audit-token`, the contents of `--audit-token-file`) reads
+//! every record and may filter by any caller; a wrong token is
+//! UNAUTHENTICATED. Without a token, a caller with a verified identity sees
+//! only its own records (naming another caller is PERMISSION_DENIED), and an
+//! anonymous caller (no TLS client certificate, no DID auth) is
+//! PERMISSION_DENIED.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use scd_audit::{AuditChunk, AuditFilter, AuditLog, AuditRecord, AuditTimings};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tokio_stream::Stream;
 use tonic::{Code, Status};
 
@@ -34,6 +44,75 @@ pub const MAX_AUDIT_STREAMS: usize = 4;
 
 /// The server-streamed Audit reply.
 pub type AuditStream = Pin<Box<dyn Stream<Item = Result<pb::AuditRecordMsg, Status>> + Send>>;
+
+/// The gRPC metadata key carrying the operator's audit token.
+pub const AUDIT_TOKEN_HEADER: &str = "x-scd-audit-token";
+
+/// The shortest operator token accepted, in bytes.
+pub const MIN_AUDIT_TOKEN_BYTES: usize = 16;
+
+/// Who may read the audit trail (see the module docs): the operator, who
+/// holds the token of `--audit-token-file`, reads every record; a verified
+/// caller reads its own; an anonymous one reads nothing.
+#[derive(Clone, Default)]
+pub struct AuditAccess {
+    /// SHA-256 of the operator's token; `None`: no operator token.
+    token_sha256: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for AuditAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditAccess").field("operator_token", &self.token_sha256.is_some()).finish()
+    }
+}
+
+/// Which records an Audit call may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditReader {
+    /// The operator: every record, any caller filter.
+    Operator,
+    /// A verified caller: its own records only.
+    Caller(String),
+}
+
+impl AuditAccess {
+    /// Access with the operator's `token` (already trimmed and checked, see
+    /// `scd serve --audit-token-file`); only its digest is kept.
+    pub fn with_operator_token(token: &str) -> Self {
+        Self { token_sha256: Some(Sha256::digest(token.as_bytes()).into()) }
+    }
+
+    /// Whether an operator token is configured.
+    pub fn has_operator_token(&self) -> bool {
+        self.token_sha256.is_some()
+    }
+
+    /// Who is reading: `token` is the `x-scd-audit-token` value, if the
+    /// call carried one, `who` the caller's verified identity. The token is
+    /// compared by digest in constant time and never echoed.
+    pub fn reader(&self, token: Option<&[u8]>, who: Option<&str>) -> Result<AuditReader, Status> {
+        if let Some(token) = token {
+            let Some(want) = &self.token_sha256 else {
+                return Err(Status::unauthenticated(format!(
+                    "{AUDIT_TOKEN_HEADER}: this server has no operator token (it runs without --audit-token-file)"
+                )));
+            };
+            let got: [u8; 32] = Sha256::digest(token.trim_ascii()).into();
+            if !bool::from(got.ct_eq(want)) {
+                return Err(Status::unauthenticated(format!("{AUDIT_TOKEN_HEADER}: does not match")));
+            }
+            return Ok(AuditReader::Operator);
+        }
+        match who {
+            Some(who) => Ok(AuditReader::Caller(who.to_string())),
+            None => Err(Status::permission_denied(format!(
+                "audit: an anonymous caller may not read the audit trail: present {AUDIT_TOKEN_HEADER} \
+                 (the operator's token, from --audit-token-file), or call with a verified identity \
+                 (a TLS client certificate, or a DID under --auth did-wba) to read your own records"
+            ))),
+        }
+    }
+}
 
 /// The name of a status code as recorded in `outcome` (`InvalidArgument`).
 pub fn code_name(code: Code) -> String {
@@ -151,8 +230,8 @@ pub fn from_pb(m: pb::AuditRecordMsg) -> AuditRecord {
     }
 }
 
-/// The checked filter of an Audit request; `who` is the caller's verified
-/// identity, which restricts the records to its own.
+/// The checked filter of an Audit request; `who`, a verified caller's
+/// identity (not the operator's), restricts the records to its own.
 pub fn filter(r: pb::AuditRequest, who: Option<&str>) -> Result<AuditFilter, Status> {
     let some = |s: String| (!s.is_empty()).then_some(s);
     let mut f = AuditFilter {
@@ -209,12 +288,15 @@ impl ScdService {
     /// then `return self.record_audit(rec, result).await`.
     pub async fn record_audit<T>(&self, rec: Option<AuditRecord>, result: Result<T, Status>) -> Result<T, Status> {
         let (Some(log), Some(mut rec)) = (self.audit.as_ref(), rec) else { return result };
-        match &result {
+        let appended = match &result {
             Err(s) if s.code() == Code::ResourceExhausted => return result,
-            Err(s) => rec.outcome = code_name(s.code()),
-            Ok(_) => {}
-        }
-        match (log.append_async(vec![rec]).await, result) {
+            Err(s) => {
+                rec.outcome = code_name(s.code());
+                log.append_deferred(vec![rec]).await
+            }
+            Ok(_) => log.append_async(vec![rec]).await,
+        };
+        match (appended, result) {
             (Ok(_), result) => result,
             (Err(e), Ok(_)) => Err(audit_status(e)),
             (Err(e), Err(s)) => {
@@ -225,13 +307,24 @@ impl ScdService {
     }
 
     /// The Audit RPC: pages of records from the database, streamed through
-    /// a bounded channel.
-    pub(crate) fn audit_stream(&self, r: pb::AuditRequest, who: Option<String>) -> Result<AuditStream, Status> {
+    /// a bounded channel. `who` is the caller's verified identity, `token`
+    /// the `x-scd-audit-token` it presented ([`AuditAccess::reader`]).
+    pub(crate) fn audit_stream(
+        &self,
+        r: pb::AuditRequest,
+        who: Option<String>,
+        token: Option<&[u8]>,
+    ) -> Result<AuditStream, Status> {
         let log = self
             .audit
             .clone()
             .ok_or_else(|| Status::failed_precondition("audit: the server runs without --audit-db"))?;
-        let mut f = filter(r, who.as_deref())?;
+        let reader = self.audit_access.reader(token, who.as_deref())?;
+        let own = match &reader {
+            AuditReader::Operator => None,
+            AuditReader::Caller(who) => Some(who.as_str()),
+        };
+        let mut f = filter(r, own)?;
         let permit = self.audit_readers.clone().try_acquire_owned().map_err(|_| {
             self.metrics.rejected("audit_streams_full");
             let mut s = Status::resource_exhausted(format!(
@@ -295,6 +388,25 @@ mod tests {
         assert_eq!(filter(req("", 0, 0), Some("did:key:me")).unwrap().caller.as_deref(), Some("did:key:me"));
         let open = filter(req("", 1, 0), None).unwrap();
         assert_eq!((open.caller, open.since_ms, open.until_ms, open.limit), (None, Some(1), None, None));
+    }
+
+    #[test]
+    fn access_needs_the_token_or_an_identity() {
+        let token = "0123456789abcdef-operator";
+        let access = AuditAccess::with_operator_token(token);
+        assert!(access.has_operator_token());
+        assert!(!format!("{access:?}").contains(token), "Debug shows no token");
+        assert_eq!(access.reader(Some(token.as_bytes()), None).unwrap(), AuditReader::Operator);
+        assert_eq!(access.reader(Some(token.as_bytes()), Some("did:key:me")).unwrap(), AuditReader::Operator);
+        assert_eq!(access.reader(None, Some("did:key:me")).unwrap(), AuditReader::Caller("did:key:me".into()));
+        let err = access.reader(Some(b"0123456789abcdef-guess"), Some("did:key:me")).unwrap_err();
+        assert_eq!((err.code(), err.message()), (Code::Unauthenticated, "x-scd-audit-token: does not match"));
+        let err = access.reader(None, None).unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied);
+        assert!(err.message().contains("present x-scd-audit-token"), "{}", err.message());
+        let none = AuditAccess::default();
+        assert_eq!(none.reader(Some(token.as_bytes()), None).unwrap_err().code(), Code::Unauthenticated);
+        assert_eq!(none.reader(None, None).unwrap_err().code(), Code::PermissionDenied);
     }
 
     #[test]

@@ -89,6 +89,8 @@ pub struct ScdService {
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_audit::AuditLog>>,
+    /// Who may read the audit trail ([`audit::AuditAccess`]).
+    pub(crate) audit_access: audit::AuditAccess,
     /// The `current_confidence` a hand-off report's confidence level stands
     /// for (`--confidence-map`).
     pub(crate) confidence_map: scd_engine::handoff::ConfidenceMap,
@@ -196,6 +198,7 @@ impl ScdService {
             limits,
             metrics,
             audit: None,
+            audit_access: audit::AuditAccess::default(),
             confidence_map: scd_engine::handoff::ConfidenceMap::default(),
             audit_readers: Arc::new(Semaphore::new(audit::MAX_AUDIT_STREAMS)),
             tokenizers: Arc::new(TokenizerRegistry::new()),
@@ -213,6 +216,14 @@ impl ScdService {
     /// [`audit`]).
     pub fn with_audit(mut self, log: Option<Arc<scd_audit::AuditLog>>) -> Self {
         self.audit = log;
+        self
+    }
+
+    /// Who may read the audit trail over the `Audit` RPC (the operator's
+    /// token, `--audit-token-file`); by default only verified callers, each
+    /// its own records.
+    pub fn with_audit_access(mut self, access: audit::AuditAccess) -> Self {
+        self.audit_access = access;
         self
     }
 
@@ -770,7 +781,8 @@ impl pb::scd_server::Scd for ScdHandler {
 
     async fn audit(&self, request: Request<pb::AuditRequest>) -> Result<Response<audit::AuditStream>, Status> {
         let who = caller(&request);
-        self.audit_stream(request.into_inner(), who).map(Response::new)
+        let token = request.metadata().get(audit::AUDIT_TOKEN_HEADER).map(|v| v.as_bytes().to_vec());
+        self.audit_stream(request.into_inner(), who, token.as_deref()).map(Response::new)
     }
 }
 

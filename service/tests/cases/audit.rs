@@ -1,6 +1,8 @@
 //! The audit trail: a record survives `kill -9` of the real server, the
-//! `Audit` RPC filters and refuses what it should, `scd audit --db` refuses
-//! a file a server holds, and concurrent calls lose no record.
+//! `Audit` RPC filters and refuses what it should (reads need the
+//! operator's token or the caller's own identity), `scd audit --db` refuses
+//! a file a server holds, concurrent calls lose no record, and refused calls
+//! cost no fsync each.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scd_audit::{AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_service::grpc::audit::{AuditAccess, AUDIT_TOKEN_HEADER};
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
 use scd_service::grpc::Limits;
@@ -19,6 +22,21 @@ use tonic::Code;
 use crate::{ready, root, scd, scratch};
 
 const SECRET: &str = "sk-live-AUDIT-CANARY-7f3a9c";
+
+/// The operator's token of the tests' servers.
+const TOKEN: &str = "op-token-3b9f2c71d04e8a65";
+
+/// A token file holding `token`, mode 0600 (what `--audit-token-file` wants).
+fn token_file(dir: &Path, name: &str, token: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    path
+}
 
 /// A context with one confidential field whose content must never be stored.
 fn compress_request(session: &str) -> pb::CompressRequest {
@@ -113,6 +131,8 @@ fn a_record_survives_kill_9_and_scd_audit_db_refuses_a_held_file() {
     let dir = scratch("audit-kill9");
     let db = dir.join("audit.redb");
     let db_s = db.to_str().unwrap();
+    let tokens = token_file(&dir, "operator.token", TOKEN);
+    let tokens_s = tokens.to_str().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut server = serve(&dir.join("first.log"), &["--audit-db", db_s, "--audit-level", "chunks"]);
     let reply = rt.block_on(async {
@@ -132,9 +152,22 @@ fn a_record_survives_kill_9_and_scd_audit_db_refuses_a_held_file() {
     server.child.wait().unwrap();
     drop(server);
 
-    let server = serve(&dir.join("second.log"), &["--audit-db", db_s, "--audit-level", "chunks"]);
+    let server = serve(
+        &dir.join("second.log"),
+        &["--audit-db", db_s, "--audit-level", "chunks", "--audit-token-file", tokens_s],
+    );
     rt.block_on(connect(server.port));
-    let (ok, out, err) = scd(&["audit", "--server", &format!("http://127.0.0.1:{}", server.port)], "");
+    let addr = format!("http://127.0.0.1:{}", server.port);
+    // anonymous and without the token, nothing is read; a wrong token is not echoed
+    let (ok, out, err) = scd(&["audit", "--server", &addr], "");
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("Audit: PermissionDenied: audit: an anonymous caller may not read the audit trail"), "{err}");
+    let wrong = token_file(&dir, "wrong.token", "not-the-operator-token");
+    let (ok, out, err) = scd(&["audit", "--server", &addr, "--audit-token-file", wrong.to_str().unwrap()], "");
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("Audit: Unauthenticated: x-scd-audit-token: does not match"), "{err}");
+    assert!(!err.contains("not-the-operator-token"), "{err}");
+    let (ok, out, err) = scd(&["audit", "--server", &addr, "--audit-token-file", tokens_s], "");
     assert!(ok, "{err}");
     let records = json_lines(&out);
     assert_eq!(records.len(), 1, "{out}");
@@ -178,6 +211,26 @@ fn serve_checks_audit_flags_before_loading_the_model() {
         (vec!["--audit-max-age", "7d"], "--audit-max-age: needs --audit-db"),
         (vec!["--audit-db", db_s, "--audit-max-bytes", "0"], "--audit-max-bytes 0: must be at least 1"),
     ];
+    let good = token_file(&dir, "good.token", TOKEN);
+    let short = token_file(&dir, "short.token", "too-short");
+    let empty = token_file(&dir, "empty.token", " \n");
+    let open = token_file(&dir, "open.token", TOKEN);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let (good, short, empty, open) =
+        (good.to_str().unwrap(), short.to_str().unwrap(), empty.to_str().unwrap(), open.to_str().unwrap());
+    let short_err = format!("--audit-token-file {short}: the token is 9 bytes, shorter than 16");
+    let empty_err = format!("--audit-token-file {empty}: empty");
+    let open_err = format!("--audit-token-file {open}: mode 0644 lets others read the token (limit 0600");
+    let mut cases = cases;
+    cases.push((vec!["--audit-token-file", good], "--audit-token-file: needs --audit-db"));
+    cases.push((vec!["--audit-db", db_s, "--audit-token-file", short], &short_err));
+    cases.push((vec!["--audit-db", db_s, "--audit-token-file", empty], &empty_err));
+    #[cfg(unix)]
+    cases.push((vec!["--audit-db", db_s, "--audit-token-file", open], &open_err));
     for (args, want) in cases {
         let mut all = vec!["--ort-lib", "/nonexistent/libonnxruntime.so", "serve", "--addr", "127.0.0.1:0"];
         all.extend(&args);
@@ -199,15 +252,35 @@ struct InProc {
     _server: crate::inproc::InProc,
 }
 
+/// An in-process server over `audit` whose operator token is [`TOKEN`].
 async fn start(audit: Option<Arc<AuditLog>>) -> InProc {
     let limits = Limits { max_concurrent_compress: 64, ..crate::inproc::limits() };
-    let s = crate::inproc::start(crate::inproc::Options { limits, audit, ..Default::default() });
+    let audit_access = AuditAccess::with_operator_token(TOKEN);
+    let s = crate::inproc::start(crate::inproc::Options { limits, audit, audit_access, ..Default::default() });
     let port: u16 = s.grpc.rsplit(':').next().unwrap().parse().unwrap();
     InProc { client: connect(port).await, _server: s }
 }
 
+/// `r` with `x-scd-audit-token: token` (none when `None`).
+fn with_token(r: pb::AuditRequest, token: Option<&str>) -> tonic::Request<pb::AuditRequest> {
+    let mut r = tonic::Request::new(r);
+    if let Some(t) = token {
+        r.metadata_mut().insert(AUDIT_TOKEN_HEADER, t.parse().unwrap());
+    }
+    r
+}
+
+/// The records `r` reads, as the operator.
 async fn audit(c: &mut ScdClient<Channel>, r: pb::AuditRequest) -> Result<Vec<pb::AuditRecordMsg>, tonic::Status> {
-    let mut s = c.audit(r).await?.into_inner();
+    audit_as(c, r, Some(TOKEN)).await
+}
+
+async fn audit_as(
+    c: &mut ScdClient<Channel>,
+    r: pb::AuditRequest,
+    token: Option<&str>,
+) -> Result<Vec<pb::AuditRecordMsg>, tonic::Status> {
+    let mut s = c.audit(with_token(r, token)).await?.into_inner();
     let mut out = Vec::new();
     while let Some(m) = s.next().await {
         out.push(m?);
@@ -290,6 +363,89 @@ async fn audit_without_a_db_is_failed_precondition() {
     assert_eq!((err.code(), err.message()), (Code::FailedPrecondition, "audit: the server runs without --audit-db"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_reads_need_the_operator_token_or_an_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
+    let mut s = start(Some(log)).await;
+    s.client.compress(compress_request("mine")).await.unwrap();
+
+    // anonymous, no token: refused, saying what to do
+    let err = audit_as(&mut s.client, pb::AuditRequest::default(), None).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            Code::PermissionDenied,
+            "audit: an anonymous caller may not read the audit trail: present x-scd-audit-token \
+             (the operator's token, from --audit-token-file), or call with a verified identity \
+             (a TLS client certificate, or a DID under --auth did-wba) to read your own records"
+        )
+    );
+    // naming a caller does not help
+    let ask = pb::AuditRequest { caller: "did:key:someone".into(), ..Default::default() };
+    assert_eq!(audit_as(&mut s.client, ask, None).await.unwrap_err().code(), Code::PermissionDenied);
+
+    // a wrong token: UNAUTHENTICATED, never echoed
+    let wrong = "op-token-3b9f2c71d04e8a66";
+    let err = audit_as(&mut s.client, pb::AuditRequest::default(), Some(wrong)).await.unwrap_err();
+    assert_eq!((err.code(), err.message()), (Code::Unauthenticated, "x-scd-audit-token: does not match"));
+    assert!(!format!("{err:?}").contains(wrong), "{err:?}");
+    let err = audit_as(&mut s.client, pb::AuditRequest::default(), Some(&TOKEN[..16])).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "a prefix of the token is wrong");
+
+    // the operator reads everything, and may name any caller
+    let all = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap();
+    assert_eq!(all.iter().map(|r| r.session_id.as_str()).collect::<Vec<_>>(), ["mine"]);
+    let ask = pb::AuditRequest { caller: "did:key:someone".into(), ..Default::default() };
+    assert!(audit(&mut s.client, ask).await.unwrap().is_empty());
+
+    // a server without an operator token refuses any token
+    let dir2 = tempfile::tempdir().unwrap();
+    let log2 =
+        Arc::new(AuditLog::open(&dir2.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
+    let limits = Limits { max_concurrent_compress: 64, ..crate::inproc::limits() };
+    let plain = crate::inproc::start(crate::inproc::Options { limits, audit: Some(log2), ..Default::default() });
+    let port: u16 = plain.grpc.rsplit(':').next().unwrap().parse().unwrap();
+    let mut c = connect(port).await;
+    let err = audit(&mut c, pb::AuditRequest::default()).await.unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (
+            Code::Unauthenticated,
+            "x-scd-audit-token: this server has no operator token (it runs without --audit-token-file)"
+        )
+    );
+    assert_eq!(audit_as(&mut c, pb::AuditRequest::default(), None).await.unwrap_err().code(), Code::PermissionDenied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_are_recorded_without_an_fsync_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
+    let mut s = start(Some(log.clone())).await;
+    let open = s.client.compress(compress_request("sess")).await.unwrap().into_inner();
+    assert!(!open.session_token.is_empty());
+    let before = log.durable_commits();
+    const N: usize = 40;
+    for _ in 0..N {
+        let bad = pb::ContextRequest { session_id: "sess".into(), session_token: "wrong".into(), ..Default::default() };
+        assert_eq!(s.client.request_context(bad).await.unwrap_err().code(), Code::PermissionDenied);
+        let empty = pb::ContextRequest::default();
+        assert_eq!(s.client.request_context(empty).await.unwrap_err().code(), Code::InvalidArgument);
+    }
+    let fsyncs = log.durable_commits() - before;
+    // at most one durable commit per second of refusals (the deferred window)
+    assert!(fsyncs <= 3, "{} refused calls cost {fsyncs} fsyncs", 2 * N);
+    // every refusal is still recorded, and readable at once
+    let all = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap();
+    assert_eq!(all.len(), 1 + 2 * N);
+    let outcomes = |o: &str| all.iter().filter(|r| r.outcome == o).count();
+    assert_eq!((outcomes("ok"), outcomes("PermissionDenied"), outcomes("InvalidArgument")), (1, N, N));
+    // a successful call is durable at once (and makes the refusals before it durable)
+    s.client.compress(compress_request("")).await.unwrap();
+    assert!(log.durable_commits() > before + fsyncs);
+}
+
 // ---------------------------------------------------------------------------
 // ATP: a delegation records its context transfer in the planner's store
 // ---------------------------------------------------------------------------
@@ -370,9 +526,10 @@ async fn audit_streams_are_bounded_and_a_closed_one_frees_its_place() {
     let port: u16 = s._server.grpc.rsplit(':').next().unwrap().parse().unwrap();
     let mut open = Vec::new();
     for _ in 0..scd_service::grpc::audit::MAX_AUDIT_STREAMS {
-        open.push(connect(port).await.audit(pb::AuditRequest::default()).await.unwrap().into_inner());
+        let all = with_token(pb::AuditRequest::default(), Some(TOKEN));
+        open.push(connect(port).await.audit(all).await.unwrap().into_inner());
     }
-    let e = s.client.clone().audit(pb::AuditRequest::default()).await.unwrap_err();
+    let e = s.client.clone().audit(with_token(pb::AuditRequest::default(), Some(TOKEN))).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().starts_with("audit: 4 Audit streams are reading (the limit)"), "{}", e.message());
     assert_eq!(e.metadata().get("retry-after-ms").unwrap(), "1000");
@@ -386,7 +543,8 @@ async fn audit_streams_are_bounded_and_a_closed_one_frees_its_place() {
     assert_eq!(n, N);
     let mut again = None;
     for _ in 0..100 {
-        match s.client.clone().audit(pb::AuditRequest { limit: 1, ..Default::default() }).await {
+        match s.client.clone().audit(with_token(pb::AuditRequest { limit: 1, ..Default::default() }, Some(TOKEN))).await
+        {
             Ok(st) => {
                 again = Some(st);
                 break;

@@ -28,6 +28,9 @@ use crate::inproc::{InProc, Options};
 const ALICE: &str = "did:wba:example.com:user:alice";
 const BOB: &str = "did:wba:example.com:user:bob";
 
+/// The operator's audit token of the servers here (`--audit-token-file`).
+const AUDIT_TOKEN: &str = "op-token-auth-5e1d0c9a7b";
+
 /// An in-process server with `--auth did-wba` over `dir`.
 async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
     start_with(dir, rate_per_s, burst, None).await
@@ -38,6 +41,7 @@ async fn start_with(dir: &Path, rate_per_s: f64, burst: u32, audit: Option<Arc<A
         http: HttpLimits { max_connections: 64, header_timeout: Duration::from_secs(5) },
         auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
         audit,
+        audit_access: scd_service::grpc::audit::AuditAccess::with_operator_token(AUDIT_TOKEN),
         ..Default::default()
     });
     // health stays open without a header
@@ -296,6 +300,34 @@ async fn the_audit_trail_records_the_did_and_each_did_reads_only_its_own() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let e = c.audit(pb::AuditRequest::default()).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+
+    // the operator's token (with a signed call: DID auth still applies)
+    // reads both callers' records, and may name either
+    let operator = |r: pb::AuditRequest, token: &str| {
+        let mut r = with(r, sign(&alice).as_deref());
+        r.metadata_mut().insert("x-scd-audit-token", token.parse().unwrap());
+        r
+    };
+    let read = |r: tonic::Request<pb::AuditRequest>| {
+        let mut c = c.clone();
+        async move {
+            use tokio_stream::StreamExt as _;
+            let mut s = c.audit(r).await?.into_inner();
+            let mut out = Vec::new();
+            while let Some(m) = s.next().await {
+                out.push(m?);
+            }
+            Ok::<_, Status>(out)
+        }
+    };
+    let all = read(operator(pb::AuditRequest::default(), AUDIT_TOKEN)).await.unwrap();
+    assert_eq!(all.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>(), [ALICE, BOB]);
+    let bobs =
+        read(operator(pb::AuditRequest { caller: BOB.into(), ..Default::default() }, AUDIT_TOKEN)).await.unwrap();
+    assert_eq!(bobs.iter().map(|r| r.method.as_str()).collect::<Vec<_>>(), ["Handoff"]);
+    // a wrong token does not fall back to the DID's own records
+    let e = read(operator(pb::AuditRequest::default(), "op-token-auth-guess")).await.unwrap_err();
+    assert_eq!((e.code(), e.message()), (Code::Unauthenticated, "x-scd-audit-token: does not match"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
