@@ -15,6 +15,10 @@
 //!   32 hex digits) is global; an id the client chose lives in its scope
 //!   (its identity, else its address: the service says), so a caller can
 //!   neither take another's id first nor learn whether it exists.
+//! * **A share per caller.** While the store is more than half full, a
+//!   scope holding more than a tenth of the sessions or of their bytes
+//!   gives up its own oldest session for a new one, so one client cannot
+//!   evict everyone else's.
 //! * **Never silently gone.** An evicted, expired or closed session leaves a
 //!   tombstone; its owner's next call says which of these happened.
 //! * **One lock per session.** Concurrent requests on one session serialize
@@ -37,6 +41,7 @@
 //! assert!(store.get("deploy-42", &mine.token, None, Some("ip:10.0.0.1")).is_ok());
 //! ```
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -123,12 +128,22 @@ struct Counters {
     last_warn_s: AtomicU64,
 }
 
+/// Each scope's share of the sessions and of their bytes: `1 / SCOPE_PARTS`.
+pub const SCOPE_PARTS: usize = 10;
+
+/// The tombstone of a session its own scope gave up for a newer one.
+const GAVE_WAY: &str =
+    "closed for a newer session of the same caller: each caller keeps a tenth of the server's sessions while it is busy";
+
 /// Sessions holding state `S`, bounded and bound to their creators.
 pub struct SessionStore<S> {
     live: Cache<String, Arc<SessionEntry<S>>>,
     gone: Cache<String, &'static str>,
     counters: Arc<Counters>,
     limits: SessionLimits,
+    /// Each scope's sessions (store keys and weights), oldest first; ids no
+    /// longer live are pruned when the scope opens one.
+    scopes: Mutex<HashMap<String, VecDeque<(String, u32)>>>,
 }
 
 impl<S> std::fmt::Debug for SessionStore<S> {
@@ -206,13 +221,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
                         c.expired.fetch_add(1, Ordering::Relaxed);
                         "expired after its idle time"
                     }
+                    RemovalCause::Explicit if g.contains_key(id.as_str()) => return,
                     RemovalCause::Explicit => "closed",
                     RemovalCause::Replaced => return,
                 };
                 g.insert((*id).clone(), why);
             })
             .build();
-        Self { live, gone, counters, limits }
+        Self { live, gone, counters, limits, scopes: Mutex::new(HashMap::new()) }
     }
 
     /// The limits in force.
@@ -262,12 +278,49 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
             state: Mutex::new(state),
         });
         let k = key(&id, scope);
+        let weight = entry.weight;
+        if let Some(sc) = scope {
+            self.give_way(sc, weight);
+        }
         let fresh = self.live.entry(k.clone()).or_insert_with(|| entry).is_fresh();
         if !fresh {
             return Err(Error::SessionForbidden { session_id: id });
         }
         self.gone.invalidate(&k);
+        if let Some(sc) = scope {
+            let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+            scopes.entry(sc.to_string()).or_default().push_back((k, weight));
+        }
         Ok(SessionGrant { id, token })
+    }
+
+    /// Makes room in `scope`'s share for a session of `weight`: while the
+    /// store is more than half full (sessions or bytes) and the scope would
+    /// hold more than its share, its own oldest session is closed.
+    fn give_way(&self, scope: &str, weight: u32) {
+        let (max_n, max_b) = (self.limits.max_sessions, self.limits.max_bytes as u64);
+        self.live.run_pending_tasks();
+        let busy = self.live.entry_count() * 2 > max_n as u64 || self.live.weighted_size() * 2 > max_b;
+        let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
+        if scopes.len() > max_n {
+            scopes.retain(|_, q| {
+                q.retain(|(k, _)| self.live.contains_key(k));
+                !q.is_empty()
+            });
+        }
+        let Some(q) = scopes.get_mut(scope) else { return };
+        q.retain(|(k, _)| self.live.contains_key(k));
+        if !busy {
+            return;
+        }
+        let (share_n, share_b) = ((max_n / SCOPE_PARTS).max(1), (max_b / SCOPE_PARTS as u64).max(1));
+        let mut bytes: u64 = q.iter().map(|(_, w)| u64::from(*w)).sum();
+        while q.len() + 1 > share_n || (bytes + u64::from(weight) > share_b && !q.is_empty()) {
+            let Some((k, w)) = q.pop_front() else { break };
+            bytes -= u64::from(w);
+            self.gone.insert(k.clone(), GAVE_WAY);
+            self.live.invalidate(&k);
+        }
     }
 
     /// True when `id` names a live session in `scope` (whoever owns it).
@@ -343,6 +396,27 @@ mod tests {
         assert_ne!(a.token, b.token);
         assert!(a.id.starts_with("s-") && a.id[2..].len() == 32 && u128::from_str_radix(&a.id[2..], 16).is_ok());
         assert!(!format!("{a:?}").contains(&a.token), "Debug hides the token");
+    }
+
+    #[test]
+    fn a_busy_scope_gives_up_its_own_oldest_session_not_anothers() {
+        let s = store(20, 1 << 20);
+        let theirs: Vec<_> = (0..5).map(|i| s.open(None, None, Some("b"), [0; 32], 10, i).unwrap()).collect();
+        let mine: Vec<_> = (0..15).map(|i| s.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
+        for g in &theirs {
+            assert!(s.get(&g.id, &g.token, None, Some("b")).is_ok(), "another scope's session was evicted");
+        }
+        // a's share is 2 of 20: each time the store passed half full, a's
+        // own oldest gave way down to its share, so the store stays at half
+        let live = mine.iter().filter(|g| s.get(&g.id, &g.token, None, Some("a")).is_ok()).count();
+        assert!((2..=6).contains(&live), "a kept {live} sessions");
+        assert!(s.get(&mine[14].id, &mine[14].token, None, Some("a")).is_ok(), "the newest gave way");
+        let e = s.get(&mine[0].id, &mine[0].token, None, Some("a")).err().unwrap();
+        assert!(e.to_string().contains("a newer session of the same caller"), "{e}");
+        // while the store is less than half full, a scope may hold more
+        let quiet = store(20, 1 << 20);
+        let many: Vec<_> = (0..9).map(|i| quiet.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
+        assert!(many.iter().all(|g| quiet.get(&g.id, &g.token, None, Some("a")).is_ok()));
     }
 
     #[test]
