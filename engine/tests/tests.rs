@@ -578,6 +578,19 @@ mod extraction {
         assert!(!text.contains(marker));
         let err = scd.request_more(&ContextRequest { chunk_ids: vec!["api_keys#0".into()], ..more(&g, "key", 0.1) });
         assert!(matches!(err, Err(Error::InvalidArgument { .. })));
+        // an unknown id is named by its place, not quoted (it may be anything)
+        let pasted = "the gateway key is sk_live_pasted";
+        let err = scd
+            .request_more(&ContextRequest {
+                chunk_ids: vec!["error_logs#0".into(), pasted.into()],
+                ..more(&g, "key", 0.1)
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("chunk_ids[1]: not a chunk of the session's context") && !err.contains("sk_live"),
+            "{err}"
+        );
     }
 
     #[test]

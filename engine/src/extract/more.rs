@@ -84,10 +84,16 @@ impl Scd {
         let by_id: HashMap<&str, usize> = chunks.iter().enumerate().map(|(i, c)| (c.id.as_str(), i)).collect();
         // explicit ids first (in the order named), then by relevance
         let mut explicit: Vec<usize> = Vec::new();
-        for id in &req.chunk_ids {
+        for (n, id) in req.chunk_ids.iter().enumerate() {
             match by_id.get(id.as_str()).copied() {
                 Some(i) => explicit.push(i),
-                None => return Err(Error::invalid("chunk_ids", format!("unknown chunk id {id:?}"))),
+                // the id is the client's text: named by its place, never quoted
+                None => {
+                    return Err(Error::invalid(
+                        format!("chunk_ids[{n}]"),
+                        "not a chunk of the session's context (ids come from the dropped list or an earlier reply)",
+                    ))
+                }
             }
         }
         if req.specific_question.trim().is_empty() && explicit.is_empty() {

@@ -239,7 +239,7 @@ mod tests {
         .unwrap();
         assert_eq!(q, json!({"pageSize": 2, "contextId": "a/b", "includeArtifacts": true}));
         let e = query_object(Some("pageSize=x"), &["pageSize"], &[]).unwrap_err();
-        assert_eq!(e.to_string(), "invalid params: pageSize: \"x\" is not an integer");
+        assert_eq!(e.to_string(), "invalid params: pageSize: not an integer");
     }
 
     #[test]

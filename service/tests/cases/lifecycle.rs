@@ -508,7 +508,9 @@ async fn drain_timeout_bounds_the_exit() {
         return;
     }
     let dir = scratch("drain-timeout");
-    let mut server = Serve::start(&dir, "drain-timeout", &["--addr", "127.0.0.1:0", "--drain-timeout", "1"]);
+    // a call long enough to outlast the drain: over the default encoder-token bound
+    let args = ["--addr", "127.0.0.1:0", "--drain-timeout", "1", "--max-request-encoder-tokens", "2000000"];
+    let mut server = Serve::start(&dir, "drain-timeout", &args);
     let c = serving(server.plain()).await;
     let mut inflight = c.clone();
     let call = tokio::spawn(async move { inflight.embed(slow_embed(256, 2000)).await });
