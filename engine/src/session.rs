@@ -15,10 +15,11 @@
 //!   32 hex digits) is global; an id the client chose lives in its scope
 //!   (its identity, else its address: the service says), so a caller can
 //!   neither take another's id first nor learn whether it exists.
-//! * **A share per caller.** While the store is more than half full, a
-//!   scope holding more than a tenth of the sessions or of their bytes
-//!   gives up its own oldest session for a new one, so one client cannot
-//!   evict everyone else's.
+//! * **A share per caller.** When the store is full and other callers hold
+//!   sessions, a scope holding more than a tenth of the sessions or of
+//!   their bytes gives up its own oldest session for a new one (as many as
+//!   the new one needs), rather than the store evicting anyone's; a caller
+//!   alone may fill the store.
 //! * **Never silently gone.** An evicted, expired or closed session leaves a
 //!   tombstone; its owner's next call says which of these happened.
 //! * **One lock per session.** Concurrent requests on one session serialize
@@ -133,7 +134,7 @@ pub const SCOPE_PARTS: usize = 10;
 
 /// The tombstone of a session its own scope gave up for a newer one.
 const GAVE_WAY: &str =
-    "closed for a newer session of the same caller: each caller keeps a tenth of the server's sessions while it is busy";
+    "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own oldest";
 
 /// Sessions holding state `S`, bounded and bound to their creators.
 pub struct SessionStore<S> {
@@ -265,6 +266,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         let id = match id {
             Some(id) => {
                 check_session_id(&id)?;
+                if is_generated(&id) {
+                    // a generated id is global: a chosen one of its form would
+                    // leave the caller's scope and tell whether it exists
+                    return Err(Error::invalid(
+                        "session_id",
+                        "the form s-<32 hex digits> is the server's own; choose another id or leave it out",
+                    ));
+                }
                 id
             }
             None => format!("s-{}", random_hex()),
@@ -279,6 +288,9 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         });
         let k = key(&id, scope);
         let weight = entry.weight;
+        if self.live.contains_key(&k) {
+            return Err(Error::SessionForbidden { session_id: id });
+        }
         if let Some(sc) = scope {
             self.give_way(sc, weight);
         }
@@ -294,30 +306,37 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         Ok(SessionGrant { id, token })
     }
 
-    /// Makes room in `scope`'s share for a session of `weight`: while the
-    /// store is more than half full (sessions or bytes) and the scope would
-    /// hold more than its share, its own oldest session is closed.
+    /// Makes room for a session of `weight` from `scope` when the store
+    /// would otherwise evict (LRU, whoever's) to take it, another scope
+    /// holds sessions, and `scope` is past its share (a tenth of the
+    /// sessions or bytes): its own oldest sessions give way, as many as the
+    /// new one needs.
     fn give_way(&self, scope: &str, weight: u32) {
-        let (max_n, max_b) = (self.limits.max_sessions, self.limits.max_bytes as u64);
+        let (max_n, max_b) = (self.limits.max_sessions as u64, self.limits.max_bytes as u64);
         self.live.run_pending_tasks();
-        let busy = self.live.entry_count() * 2 > max_n as u64 || self.live.weighted_size() * 2 > max_b;
+        let (mut n, mut w) = (self.live.entry_count(), self.live.weighted_size());
+        let full = |n: u64, w: u64| n + 1 > max_n || w + u64::from(weight) > max_b;
+        if !full(n, w) {
+            return;
+        }
         let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
-        if scopes.len() > max_n {
+        if scopes.len() as u64 > max_n {
             scopes.retain(|_, q| {
                 q.retain(|(k, _)| self.live.contains_key(k));
                 !q.is_empty()
             });
         }
-        let Some(q) = scopes.get_mut(scope) else { return };
-        q.retain(|(k, _)| self.live.contains_key(k));
-        if !busy {
+        if !scopes.iter().any(|(other, q)| other != scope && !q.is_empty()) {
             return;
         }
-        let (share_n, share_b) = ((max_n / SCOPE_PARTS).max(1), (max_b / SCOPE_PARTS as u64).max(1));
+        let Some(q) = scopes.get_mut(scope) else { return };
+        q.retain(|(k, _)| self.live.contains_key(k));
+        let (share_n, share_b) = ((max_n / SCOPE_PARTS as u64).max(1), (max_b / SCOPE_PARTS as u64).max(1));
         let mut bytes: u64 = q.iter().map(|(_, w)| u64::from(*w)).sum();
-        while q.len() + 1 > share_n || (bytes + u64::from(weight) > share_b && !q.is_empty()) {
-            let Some((k, w)) = q.pop_front() else { break };
-            bytes -= u64::from(w);
+        while full(n, w) && (q.len() as u64 + 1 > share_n || bytes + u64::from(weight) > share_b) {
+            let Some((k, kw)) = q.pop_front() else { break };
+            bytes -= u64::from(kw);
+            (n, w) = (n.saturating_sub(1), w.saturating_sub(u64::from(kw)));
             self.gone.insert(k.clone(), GAVE_WAY);
             self.live.invalidate(&k);
         }
@@ -402,21 +421,33 @@ mod tests {
     fn a_busy_scope_gives_up_its_own_oldest_session_not_anothers() {
         let s = store(20, 1 << 20);
         let theirs: Vec<_> = (0..5).map(|i| s.open(None, None, Some("b"), [0; 32], 10, i).unwrap()).collect();
-        let mine: Vec<_> = (0..15).map(|i| s.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
+        let mine: Vec<_> = (0..30).map(|i| s.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
         for g in &theirs {
             assert!(s.get(&g.id, &g.token, None, Some("b")).is_ok(), "another scope's session was evicted");
         }
-        // a's share is 2 of 20: each time the store passed half full, a's
-        // own oldest gave way down to its share, so the store stays at half
-        let live = mine.iter().filter(|g| s.get(&g.id, &g.token, None, Some("a")).is_ok()).count();
-        assert!((2..=6).contains(&live), "a kept {live} sessions");
-        assert!(s.get(&mine[14].id, &mine[14].token, None, Some("a")).is_ok(), "the newest gave way");
+        // the store is full at 20: a's oldest gave way, one per new session
+        let live: Vec<usize> =
+            (0..30).filter(|&i| s.get(&mine[i].id, &mine[i].token, None, Some("a")).is_ok()).collect();
+        assert_eq!(live, (15..30).collect::<Vec<_>>());
         let e = s.get(&mine[0].id, &mine[0].token, None, Some("a")).err().unwrap();
         assert!(e.to_string().contains("a newer session of the same caller"), "{e}");
-        // while the store is less than half full, a scope may hold more
-        let quiet = store(20, 1 << 20);
-        let many: Vec<_> = (0..9).map(|i| quiet.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
-        assert!(many.iter().all(|g| quiet.get(&g.id, &g.token, None, Some("a")).is_ok()));
+        // a caller alone fills the store; its own LRU evictions say so
+        let alone = store(20, 1 << 20);
+        let many: Vec<_> = (0..20).map(|i| alone.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
+        assert!(many.iter().all(|g| alone.get(&g.id, &g.token, None, Some("a")).is_ok()));
+        // a chosen id of the generated form, and re-opening a live one, are refused
+        let forged = format!("s-{}", "0".repeat(32));
+        assert!(matches!(
+            alone.open(Some(forged), None, Some("a"), [0; 32], 10, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
+        alone.open(Some("mine".into()), None, Some("a"), [0; 32], 10, 0).unwrap();
+        let before = alone.stats().live;
+        assert!(matches!(
+            alone.open(Some("mine".into()), None, Some("a"), [0; 32], 10, 0),
+            Err(Error::SessionForbidden { .. })
+        ));
+        assert_eq!(alone.stats().live, before, "a refused open closed a session");
     }
 
     #[test]

@@ -554,7 +554,11 @@ fn flush(
             *deferred_since = None;
         }
         // retried at the next window or commit
-        Err(e) => tracing::error!(error = %e, "audit: deferred records could not be made durable"),
+        Err(e) => {
+            tracing::error!(error = %e, "audit: deferred records could not be made durable; retrying in one window");
+            // the next try is a window later, not at once: no spin on a failing disk
+            *deferred_since = Some(std::time::Instant::now());
+        }
     }
 }
 

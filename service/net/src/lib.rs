@@ -19,7 +19,8 @@
 //!   [`ConnLimits::reserve`] more connections are admitted that may carry
 //!   only `grpc.health.v1` calls: a load balancer's probe still reads the
 //!   server's status when clients hold every normal slot. Any other call on
-//!   a reserve connection is RESOURCE_EXHAUSTED with a retry hint.
+//!   a reserve connection is RESOURCE_EXHAUSTED with a retry hint, until a
+//!   normal slot frees: the connection's next call moves it there.
 //! - **Idle and never-speaking connections closed.** A connection with no
 //!   call in flight for [`ConnLimits::idle_timeout`] is closed; one that has
 //!   made no call yet gets [`ConnLimits::first_call_timeout`]. Bytes alone
@@ -213,8 +214,9 @@ struct Conn {
     last_change_ms: AtomicU64,
     /// A call was ever made.
     spoke: AtomicBool,
-    /// Admitted into the health-check reserve.
-    reserve: bool,
+    /// In the health-check reserve (admitted there; moved to a normal slot
+    /// when one is free at its next call).
+    reserve: AtomicBool,
     /// Chosen to make room: its stream closes at its next poll.
     evicted: AtomicBool,
     /// Admission order (ties of idleness go to the older).
@@ -295,7 +297,7 @@ impl Shared {
             let victim = self.victim(&t).ok_or(Event::ListenerFull)?;
             let taken = t.by_addr.get(&victim).cloned().expect("victim is in the table");
             taken.evict();
-            if taken.reserve {
+            if taken.reserve.load(Ordering::SeqCst) {
                 t.reserve -= 1;
             } else {
                 t.normal -= 1;
@@ -303,13 +305,13 @@ impl Shared {
             drop(t);
             self.event(Event::Evicted);
             t = self.lock();
-            taken.reserve
+            taken.reserve.load(Ordering::SeqCst)
         };
         let conn = Arc::new(Conn {
             active: AtomicUsize::new(0),
             last_change_ms: AtomicU64::new(self.now_ms()),
             spoke: AtomicBool::new(false),
-            reserve,
+            reserve: AtomicBool::new(reserve),
             evicted: AtomicBool::new(false),
             seq: self.accepted.load(Ordering::Relaxed),
             waker: Mutex::new(None),
@@ -343,6 +345,22 @@ impl Shared {
             .map(|(a, _, _)| *a)
     }
 
+    /// Moves a reserve connection to a normal slot if one is free; true
+    /// when it now may make any call.
+    fn promote(&self, conn: &Conn) -> bool {
+        let mut t = self.lock();
+        if !conn.reserve.load(Ordering::SeqCst) {
+            return true;
+        }
+        if t.normal >= self.limits.max_connections {
+            return false;
+        }
+        conn.reserve.store(false, Ordering::SeqCst);
+        t.reserve -= 1;
+        t.normal += 1;
+        true
+    }
+
     fn release(&self, peer: SocketAddr, conn: &Conn) {
         let mut t = self.lock();
         if conn.evicted.load(Ordering::SeqCst) {
@@ -350,7 +368,7 @@ impl Shared {
             Self::forget(&mut t, peer, conn);
             return;
         }
-        if conn.reserve {
+        if conn.reserve.load(Ordering::SeqCst) {
             t.reserve = t.reserve.saturating_sub(1);
         } else {
             t.normal = t.normal.saturating_sub(1);
@@ -395,7 +413,7 @@ impl Shared {
         let now = Instant::now();
         t.by_addr
             .values()
-            .filter(|c| !c.reserve)
+            .filter(|c| !c.reserve.load(Ordering::SeqCst))
             .filter_map(|c| self.idle_deadline(c))
             .map(|(at, _)| at.saturating_duration_since(now))
             .min()
@@ -657,7 +675,7 @@ where
             // not one of ours (an in-process test transport): pass through
             return Box::pin(self.inner.call(req));
         };
-        if conn.reserve && !is_health(req.uri().path()) {
+        if conn.reserve.load(Ordering::SeqCst) && !is_health(req.uri().path()) && !self.shared.promote(&conn) {
             self.shared.event(Event::ReserveCall);
             let wait = self.shared.retry_hint();
             let ms = wait.as_millis().max(1);

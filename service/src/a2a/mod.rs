@@ -860,6 +860,7 @@ impl Agent {
     /// GetTask.
     pub fn get(&self, r: types::GetTaskRequest, who: &Caller) -> Result<Task, Error> {
         Self::check_tenant(&r.tenant)?;
+        check_id("id", &r.id)?;
         let n = history_len("historyLength", r.history_length)?;
         Ok(store::trim_history(self.store.get(&r.id, &who.owner())?, n))
     }
@@ -867,6 +868,7 @@ impl Agent {
     /// CancelTask.
     pub fn cancel(&self, r: types::TaskIdRequest, who: &Caller) -> Result<Task, Error> {
         Self::check_tenant(&r.tenant)?;
+        check_id("id", &r.id)?;
         self.store.cancel(&r.id, &who.owner())
     }
 
@@ -984,6 +986,7 @@ impl Agent {
         who: &Caller,
     ) -> Result<tokio_stream::wrappers::ReceiverStream<Value>, Error> {
         Self::check_tenant(&r.tenant)?;
+        check_id("id", &r.id)?;
         let owner = who.owner();
         let (task, rx) = self.store.subscribe(&r.id, &owner)?;
         Ok(self.events(task, rx, owner))
@@ -1241,6 +1244,9 @@ mod tests {
             let e = agent.list(r, &who).unwrap_err().to_string();
             assert!(e.starts_with(want) && !e.contains("sk_live"), "{e}");
         }
+        let huge: types::GetTaskRequest = serde_json::from_value(json!({"id": "t".repeat(10_000)})).unwrap();
+        let e = agent.get(huge, &who).unwrap_err().to_string();
+        assert_eq!(e, "invalid params: id: 10000 bytes, the limit is 256");
         let mut req = send_req(json!({"parts": [{"text": "more"}]}));
         req.tenant = secret.into();
         let Err(e) = agent.accept(&req, &who).map(|_| ()) else { panic!("a tenant was accepted") };

@@ -709,7 +709,7 @@ async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_
     }
     // the reserve connection reads health but may not compute
     let (ch, _watch) = watching(&s.grpc).await;
-    let e = ScdClient::new(ch).embed(embed(&["x"], pb::InputKind::Query)).await.unwrap_err();
+    let e = ScdClient::new(ch.clone()).embed(embed(&["x"], pb::InputKind::Query)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("kept for health checks") && e.message().contains("retry after"), "{}", e.message());
     let hint: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
@@ -718,11 +718,11 @@ async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_
     tokio::time::sleep(scd_net::EVICT_MIN_IDLE).await;
     let mut extra = socket_from("127.0.0.1", &s.grpc).await;
     assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
-    // a slot freed serves calls again
+    // a slot freed serves calls again: the reserve connection moves into it
+    // (a client keeps its connection, so it must not stay refused)
     held.pop();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut c = client_from("127.0.0.1", &s.grpc).await;
-    c.embed(embed(&["y"], pb::InputKind::Query)).await.unwrap();
+    ScdClient::new(ch).embed(embed(&["y"], pb::InputKind::Query)).await.unwrap();
     let m = scrape(&s).await;
     assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_connections")]), 1.0, "{m}");
     assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_reserve_call")]), 1.0, "{m}");
@@ -755,8 +755,13 @@ async fn a_listener_full_of_silent_sockets_still_serves_a_new_client_at_once() {
         closed += usize::from(closed_within(sock, Duration::from_millis(50)).await);
     }
     assert!(closed >= 1, "no silent socket gave way");
+    // a silent one gave way to the client, or (when the accept loop ran
+    // late under load and the client came first) the last silent one was
+    // refused: either way one socket fewer, and the client was served
     let m = scrape(&s).await;
-    assert!(metric(&m, "scd_rejected_total", &[("kind", "grpc_idle_evicted")]) >= 1.0, "{m}");
+    let gave_way = metric(&m, "scd_rejected_total", &[("kind", "grpc_idle_evicted")])
+        + metric(&m, "scd_rejected_total", &[("kind", "grpc_connections")]);
+    assert!(gave_way >= 1.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
