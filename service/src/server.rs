@@ -359,33 +359,7 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
-            Ok(resp.map(|body| tonic::body::Body::new(Guarded { body, _guard: guard })))
+            Ok(resp.map(|body| tonic::body::Body::new(scd_net::HeldUntilEnd::new(body, guard))))
         })
-    }
-}
-
-/// A response body that holds its call's [`InFlight`] until it ends.
-struct Guarded {
-    body: tonic::body::Body,
-    _guard: InFlight,
-}
-
-impl http_body::Body for Guarded {
-    type Data = tonic::codegen::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }

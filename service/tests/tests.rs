@@ -35,6 +35,21 @@ mod serving;
 #[path = "cases/structure.rs"]
 mod structure;
 
+/// True once the server has closed `s` (a read gives EOF or an error)
+/// within `wait` of the last bytes it sent.
+pub(crate) async fn closed_within(s: &mut tokio::net::TcpStream, wait: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(wait, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // the server's HTTP/2 preface or a GOAWAY: keep reading
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
 pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }

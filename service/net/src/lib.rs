@@ -692,7 +692,7 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
-            Ok(resp.map(|body| tonic::body::Body::new(Tracked { body, _guard: guard })))
+            Ok(resp.map(|body| tonic::body::Body::new(HeldUntilEnd::new(body, guard))))
         })
     }
 }
@@ -719,13 +719,22 @@ impl Drop for CallGuard {
     }
 }
 
-/// A response body that holds its call's [`CallGuard`] until it ends.
-struct Tracked {
+/// A response body that holds `guard` until the body ends (a streamed
+/// reply's call is in flight until its last frame), for any layer that
+/// counts calls: this guard's [`CallGuard`], the server's drain.
+pub struct HeldUntilEnd<G> {
     body: tonic::body::Body,
-    _guard: CallGuard,
+    _guard: G,
 }
 
-impl http_body::Body for Tracked {
+impl<G> HeldUntilEnd<G> {
+    /// `body`, holding `guard`.
+    pub fn new(body: tonic::body::Body, guard: G) -> Self {
+        Self { body, _guard: guard }
+    }
+}
+
+impl<G: Unpin> http_body::Body for HeldUntilEnd<G> {
     type Data = tonic::codegen::Bytes;
     type Error = tonic::Status;
 

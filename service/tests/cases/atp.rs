@@ -574,7 +574,6 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
 async fn an_agent_caps_silent_sockets_per_peer_and_closes_them() {
     use scd_atp::agent::{AgentConfig, Node};
     use scd_atp::store::{Ledger, Store};
-    use tokio::io::AsyncReadExt;
     let dir = tempfile::tempdir().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -591,16 +590,6 @@ async fn an_agent_caps_silent_sockets_per_peer_and_closes_them() {
     };
     let node = Node::new(identity, Verifier::new(resolver, store), ledger, config);
     tokio::spawn(scd_atp::agent::serve(node, listener, std::future::pending()));
-    let closed = |mut s: tokio::net::TcpStream, wait: Duration| async move {
-        let mut buf = [0u8; 64];
-        loop {
-            match tokio::time::timeout(wait, s.read(&mut buf)).await {
-                Err(_) => return false,
-                Ok(Ok(0) | Err(_)) => return true,
-                Ok(Ok(_)) => {}
-            }
-        }
-    };
     let mut socks = Vec::new();
     for _ in 0..8 {
         socks.push(tokio::net::TcpStream::connect(addr).await.unwrap());
@@ -609,16 +598,12 @@ async fn an_agent_caps_silent_sockets_per_peer_and_closes_them() {
     let _ = kept;
     let mut refused = 0;
     for s in over.iter_mut() {
-        let mut buf = [0u8; 8];
-        refused += usize::from(matches!(
-            tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await,
-            Ok(Ok(0) | Err(_))
-        ));
+        refused += usize::from(crate::closed_within(s, Duration::from_millis(200)).await);
     }
     assert_eq!(refused, 5, "past 3 per peer each socket is closed at once");
     // the silent three are closed after the first-call timeout
-    for s in socks.drain(..3) {
-        assert!(closed(s, Duration::from_secs(3)).await, "a silent socket was kept");
+    for mut s in socks.drain(..3) {
+        assert!(crate::closed_within(&mut s, Duration::from_secs(3)).await, "a silent socket was kept");
     }
     // and a real peer is served
     let ch = Channel::from_shared(url).unwrap().connect().await.unwrap();

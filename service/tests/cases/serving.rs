@@ -622,18 +622,7 @@ async fn client_from(from: &str, addr: &str) -> ScdClient<Channel> {
     ScdClient::new(ch)
 }
 
-/// True once the server has closed `s` (read gives EOF or an error).
-async fn closed_within(s: &mut tokio::net::TcpStream, wait: Duration) -> bool {
-    let mut buf = [0u8; 64];
-    loop {
-        match tokio::time::timeout(wait, s.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
-            // the server's HTTP/2 preface or a GOAWAY: keep reading
-            Ok(Ok(_)) => {}
-        }
-    }
-}
+use crate::closed_within;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_grpc_sockets_are_capped_per_peer_closed_and_new_clients_still_served() {
