@@ -1,8 +1,9 @@
 //! The bounded task store: at most `max_tasks` tasks (and as many
-//! contexts) holding at most `max_bytes` together (each task counted as its
-//! JSON size, kept as a running sum; checked when a message is accepted,
-//! while results, bounded by their budget, are always stored), each dropped
-//! `ttl` after its last update; terminal states are immutable.
+//! contexts) holding at most `max_bytes` together (each task counted as the
+//! heap it holds, kept as a running sum: messages and artifacts are held as
+//! compact JSON, so that this count is the memory; checked when a message is
+//! accepted, while results, bounded by their budget, are always stored),
+//! each dropped `ttl` after its last update; terminal states are immutable.
 //!
 //! Everything is namespaced by its [`Owner`] (the caller's DID, else its IP
 //! address): a task is seen only by its owner, and a context is keyed by
@@ -51,7 +52,7 @@ pub struct StoreLimits {
     pub ttl: Duration,
     /// Messages in one task's history.
     pub max_history: usize,
-    /// Bytes all tasks may hold together (their JSON size).
+    /// Bytes all tasks may hold together (the heap they hold).
     pub max_bytes: usize,
     /// Tasks (and contexts) one owner may hold.
     pub max_tasks_per_caller: usize,
@@ -82,23 +83,117 @@ impl Default for StoreLimits {
     }
 }
 
-/// The bytes a task is counted as: its JSON size.
-fn task_bytes(t: &Task) -> usize {
-    serde_json::to_vec(t).map_or(0, |v| v.len())
+/// What an incoming message is counted as once held.
+fn message_bytes(m: &Message) -> usize {
+    json(m).len() + std::mem::size_of::<Box<str>>()
 }
 
-fn message_bytes(m: &Message) -> usize {
-    serde_json::to_vec(m).map_or(0, |v| v.len())
+/// A task as it is held: its status typed, each message and artifact as
+/// compact JSON (parsed again when read), so that what a task is counted as
+/// is what it holds. Structs of `serde_json::Value`s hold about twice their
+/// JSON size; their JSON holds its own size.
+struct Held {
+    id: String,
+    context_id: String,
+    state: TaskState,
+    timestamp: String,
+    /// The status message, as JSON.
+    message: Option<Box<str>>,
+    history: Vec<Box<str>>,
+    artifacts: Vec<Box<str>>,
+}
+
+/// What a held task is counted as beside its strings: the entry itself and
+/// its key in the hash table, doubled for the table's free slots.
+const ENTRY_BYTES: usize = 2 * (std::mem::size_of::<String>() + std::mem::size_of::<Entry>()) + 64;
+
+/// What a task's broadcast channel is counted as while one is open: its 16
+/// slots and its shared state.
+const CHANNEL_BYTES: usize = 16 * (std::mem::size_of::<Event>() + 32) + 256;
+
+fn json<T: serde::Serialize>(v: &T) -> Box<str> {
+    // serializing these types (strings, numbers, maps with string keys) cannot fail
+    serde_json::to_string(v).unwrap_or_default().into_boxed_str()
+}
+
+/// Reads back what [`json`] wrote, `None` (logged) should it ever fail.
+fn parse<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    serde_json::from_str(s)
+        .map_err(|e| tracing::error!(error = %e, "a2a store: a held message does not parse back; it is left out"))
+        .ok()
+}
+
+impl Held {
+    fn new(t: &Task) -> Self {
+        let mut h = Self {
+            id: t.id.clone(),
+            context_id: t.context_id.clone(),
+            state: t.status.state,
+            timestamp: String::new(),
+            message: None,
+            history: t.history.iter().map(json).collect(),
+            artifacts: t.artifacts.iter().map(json).collect(),
+        };
+        h.set_status(&t.status);
+        h
+    }
+
+    fn set_status(&mut self, s: &TaskStatus) {
+        self.state = s.state;
+        self.timestamp.clone_from(&s.timestamp);
+        self.message = s.message.as_ref().map(json);
+    }
+
+    fn status(&self) -> TaskStatus {
+        TaskStatus {
+            state: self.state,
+            message: self.message.as_deref().and_then(parse),
+            timestamp: self.timestamp.clone(),
+        }
+    }
+
+    /// The task with its last `history` messages and, when `artifacts`, its
+    /// artifacts (only those are parsed).
+    fn task(&self, history: usize, artifacts: bool) -> Task {
+        let from = self.history.len().saturating_sub(history);
+        Task {
+            id: self.id.clone(),
+            context_id: self.context_id.clone(),
+            status: self.status(),
+            artifacts: if artifacts { self.artifacts.iter().filter_map(|a| parse(a)).collect() } else { Vec::new() },
+            history: self.history[from..].iter().filter_map(|m| parse(m)).collect(),
+        }
+    }
+
+    fn full(&self) -> Task {
+        self.task(usize::MAX, true)
+    }
+
+    /// Heap bytes held, with [`ENTRY_BYTES`] for the entry around it.
+    fn bytes(&self, owner: &str) -> usize {
+        let boxed = |v: &Vec<Box<str>>| {
+            v.capacity() * std::mem::size_of::<Box<str>>() + v.iter().map(|s| s.len()).sum::<usize>()
+        };
+        ENTRY_BYTES
+            + 2 * self.id.len()
+            + self.context_id.len()
+            + self.timestamp.capacity()
+            + owner.len()
+            + self.message.as_ref().map_or(0, |m| m.len())
+            + boxed(&self.history)
+            + boxed(&self.artifacts)
+    }
 }
 
 struct Entry {
-    task: Task,
+    task: Held,
     owner: String,
     touched: Instant,
     updated: SystemTime,
     /// Order of last update (ties of `updated` broken by it).
     seq: u64,
-    events: broadcast::Sender<Event>,
+    /// Open while someone subscribes, closed when the task ends.
+    events: Option<broadcast::Sender<Event>>,
     /// What it is counted as in [`Inner::bytes`].
     bytes: usize,
 }
@@ -106,9 +201,16 @@ struct Entry {
 impl Entry {
     /// Recounts the task's bytes into the store's running sum.
     fn recount(&mut self, total: &mut usize) {
-        let now = task_bytes(&self.task);
+        let now = self.task.bytes(&self.owner) + if self.events.is_some() { CHANNEL_BYTES } else { 0 };
         *total = total.saturating_sub(self.bytes) + now;
         self.bytes = now;
+    }
+
+    /// Sends `event` to the subscribers, if any.
+    fn send(&self, event: Event) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(event);
+        }
     }
 }
 
@@ -124,6 +226,21 @@ pub struct Session {
 struct ContextEntry {
     session: Option<Session>,
     touched: Instant,
+    /// What it is counted as in [`Inner::bytes`].
+    bytes: usize,
+}
+
+/// What a context is counted as beside its strings (as [`ENTRY_BYTES`]).
+const CONTEXT_BYTES: usize = 2 * (std::mem::size_of::<ContextKey>() + std::mem::size_of::<ContextEntry>()) + 64;
+
+impl ContextEntry {
+    /// Recounts the context's bytes (its key is `k`) into the running sum.
+    fn recount(&mut self, k: &ContextKey, total: &mut usize) {
+        let now =
+            CONTEXT_BYTES + k.0.len() + k.1.len() + self.session.as_ref().map_or(0, |s| s.id.len() + s.token.len());
+        *total = total.saturating_sub(self.bytes) + now;
+        self.bytes = now;
+    }
 }
 
 /// A context's key: its owner and the contextId.
@@ -139,7 +256,7 @@ struct Inner {
     contexts: HashMap<ContextKey, ContextEntry>,
     last_purge: Option<Instant>,
     seq: u64,
-    /// Bytes of all tasks (the sum of their `Entry::bytes`).
+    /// Bytes of all tasks and contexts (the sum of their `bytes`).
     bytes: usize,
 }
 
@@ -162,7 +279,7 @@ impl Inner {
     fn oldest_terminal(&self, owner: &Owner) -> Option<String> {
         self.tasks
             .values()
-            .filter(|e| e.owner == owner && e.task.status.state.is_terminal())
+            .filter(|e| e.owner == owner && e.task.state.is_terminal())
             .min_by_key(|e| e.seq)
             .map(|e| e.task.id.clone())
     }
@@ -224,8 +341,8 @@ impl Inner {
         };
         let victim = victim.map(|(k, _)| k.clone());
         drop(busy);
-        if let Some(k) = victim {
-            self.contexts.remove(&k);
+        if let Some(c) = victim.and_then(|k| self.contexts.remove(&k)) {
+            self.bytes = self.bytes.saturating_sub(c.bytes);
         }
     }
 }
@@ -265,18 +382,6 @@ pub struct Page {
     pub artifacts: bool,
 }
 
-/// A copy of `t` with the last `history` messages and, when `artifacts`,
-/// its artifacts (nothing else of its history is copied).
-fn view(t: &Task, history: usize, artifacts: bool) -> Task {
-    Task {
-        id: t.id.clone(),
-        context_id: t.context_id.clone(),
-        status: t.status.clone(),
-        artifacts: if artifacts { t.artifacts.clone() } else { Vec::new() },
-        history: t.history[t.history.len().saturating_sub(history)..].to_vec(),
-    }
-}
-
 /// Messages kept of a history: the last `n` (all when `None`).
 pub fn trim_history(mut t: Task, n: Option<usize>) -> Task {
     if let Some(n) = n {
@@ -311,8 +416,14 @@ impl Store {
             }
             keep
         });
+        inner.contexts.retain(|_, c| {
+            let keep = now.duration_since(c.touched) < ttl;
+            if !keep {
+                freed += c.bytes;
+            }
+            keep
+        });
         inner.bytes = inner.bytes.saturating_sub(freed);
-        inner.contexts.retain(|_, c| now.duration_since(c.touched) < ttl);
     }
 
     /// Makes room for `tasks` (0 or 1) more tasks and `bytes` more bytes of
@@ -366,16 +477,7 @@ impl Store {
         mut first: Message,
         state: TaskState,
     ) -> Result<Task, Error> {
-        let mut inner = self.lock();
-        self.purge(&mut inner, false);
-        self.room(&mut inner, owner, 1, message_bytes(&first))?;
         let context_id = context_id.unwrap_or_else(uuid_v4);
-        let k = key(owner, &context_id);
-        if !inner.contexts.contains_key(&k) {
-            inner.context_room(owner, self.limits.max_tasks_per_caller, self.limits.max_tasks);
-        }
-        let now = Instant::now();
-        inner.contexts.entry(k).or_insert(ContextEntry { session: None, touched: now }).touched = now;
         let id = uuid_v4();
         first.task_id = Some(id.clone());
         first.context_id = Some(context_id.clone());
@@ -387,11 +489,23 @@ impl Store {
             artifacts: Vec::new(),
             history: vec![first],
         };
-        let (events, _) = broadcast::channel(16);
+        let held = Held::new(&task);
+        let mut inner = self.lock();
+        self.purge(&mut inner, false);
+        let k = key(owner, &task.context_id);
+        let context = if inner.contexts.contains_key(&k) { 0 } else { CONTEXT_BYTES + k.0.len() + k.1.len() };
+        self.room(&mut inner, owner, 1, held.bytes(owner) + context)?;
+        if context > 0 {
+            inner.context_room(owner, self.limits.max_tasks_per_caller, self.limits.max_tasks);
+        }
+        let now = Instant::now();
+        let inner = &mut *inner;
+        let c = inner.contexts.entry(k.clone()).or_insert(ContextEntry { session: None, touched: now, bytes: 0 });
+        c.touched = now;
+        c.recount(&k, &mut inner.bytes);
         inner.seq += 1;
         let seq = inner.seq;
-        let mut e =
-            Entry { task: task.clone(), owner: owner.to_string(), touched: now, updated, seq, events, bytes: 0 };
+        let mut e = Entry { task: held, owner: owner.to_string(), touched: now, updated, seq, events: None, bytes: 0 };
         e.recount(&mut inner.bytes);
         inner.tasks.insert(id, e);
         Ok(task)
@@ -407,7 +521,7 @@ impl Store {
 
     /// The task, if `owner` holds it.
     pub fn get(&self, id: &str, owner: &Owner) -> Result<Task, Error> {
-        Self::entry(&mut self.lock().tasks, id, owner).map(|e| e.task.clone())
+        Self::entry(&mut self.lock().tasks, id, owner).map(|e| e.task.full())
     }
 
     /// Adds `msg` to a task that is not terminal, as `state`.
@@ -418,8 +532,8 @@ impl Store {
         Self::entry(&mut inner.tasks, id, owner)?;
         self.room(inner, owner, 0, message_bytes(&msg))?;
         let e = Self::entry(&mut inner.tasks, id, owner)?;
-        if e.task.status.state.is_terminal() {
-            return Err(Error::Terminal { id: id.to_string(), state: e.task.status.state });
+        if e.task.state.is_terminal() {
+            return Err(Error::Terminal { id: id.to_string(), state: e.task.state });
         }
         if let Some(c) = &msg.context_id {
             if *c != e.task.context_id {
@@ -437,7 +551,7 @@ impl Store {
             )));
         }
         msg.context_id = Some(e.task.context_id.clone());
-        e.task.history.push(msg);
+        e.task.history.push(json(&msg));
         let ctx = key(owner, &e.task.context_id);
         let out = Self::set_state(e, &mut inner.seq, state, None);
         e.recount(&mut inner.bytes);
@@ -452,12 +566,17 @@ impl Store {
         e.seq = *seq;
         e.updated = SystemTime::now();
         e.touched = Instant::now();
-        e.task.status = TaskStatus { state, message: message.clone(), timestamp: rfc3339(e.updated) };
-        if let Some(m) = message {
-            e.task.history.push(m);
+        let status = TaskStatus { state, message, timestamp: rfc3339(e.updated) };
+        e.task.set_status(&status);
+        if let Some(m) = &status.message {
+            e.task.history.push(json(m));
         }
-        let _ = e.events.send(Event::Status(e.task.status.clone()));
-        e.task.clone()
+        e.send(Event::Status(status));
+        if state.is_terminal() {
+            // the last event is sent: subscribers see the channel close
+            e.events = None;
+        }
+        e.task.full()
     }
 
     /// Moves a task to `state` with the agent's `message` (kept in its
@@ -472,12 +591,12 @@ impl Store {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let e = inner.tasks.get_mut(id).ok_or_else(|| Error::TaskNotFound(id.to_string()))?;
-        if e.task.status.state.is_terminal() {
-            return Err(Error::Terminal { id: id.to_string(), state: e.task.status.state });
+        if e.task.state.is_terminal() {
+            return Err(Error::Terminal { id: id.to_string(), state: e.task.state });
         }
         if let Some(a) = artifact {
-            e.task.artifacts.push(a.clone());
-            let _ = e.events.send(Event::Artifact(a));
+            e.task.artifacts.push(json(&a));
+            e.send(Event::Artifact(a));
         }
         let out = Self::set_state(e, &mut inner.seq, state, message);
         e.recount(&mut inner.bytes);
@@ -492,7 +611,7 @@ impl Store {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(e) = inner.tasks.get_mut(id) else { return };
-        if e.task.status.state.is_terminal() {
+        if e.task.state.is_terminal() {
             return;
         }
         match prev {
@@ -504,8 +623,8 @@ impl Store {
                 e.task.history.pop();
                 inner.seq += 1;
                 e.seq = inner.seq;
-                e.task.status = prev;
-                let _ = e.events.send(Event::Status(e.task.status.clone()));
+                e.task.set_status(&prev);
+                e.send(Event::Status(prev));
                 e.recount(&mut inner.bytes);
             }
         }
@@ -516,8 +635,8 @@ impl Store {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let e = Self::entry(&mut inner.tasks, id, owner)?;
-        if e.task.status.state.is_terminal() {
-            return Err(Error::NotCancelable { id: id.to_string(), state: e.task.status.state });
+        if e.task.state.is_terminal() {
+            return Err(Error::NotCancelable { id: id.to_string(), state: e.task.state });
         }
         let msg =
             Message::agent(id, &e.task.context_id.clone(), vec![super::types::Part::text("canceled by the client")]);
@@ -528,15 +647,18 @@ impl Store {
 
     /// The task and a receiver of its later events; a terminal task has none.
     pub fn subscribe(&self, id: &str, owner: &Owner) -> Result<(Task, broadcast::Receiver<Event>), Error> {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let e = Self::entry(&mut inner.tasks, id, owner)?;
-        if e.task.status.state.is_terminal() {
+        if e.task.state.is_terminal() {
             return Err(Error::Unsupported(format!(
                 "SubscribeToTask: task {id} is {} (terminal); read it with GetTask",
-                e.task.status.state.name()
+                e.task.state.name()
             )));
         }
-        Ok((e.task.clone(), e.events.subscribe()))
+        let rx = e.events.get_or_insert_with(|| broadcast::channel(16).0).subscribe();
+        e.recount(&mut inner.bytes);
+        Ok((e.task.full(), rx))
     }
 
     /// How many of `owner`'s tasks match `filter`, and the `page` of them,
@@ -550,7 +672,7 @@ impl Store {
             .values()
             .filter(|e| e.owner == owner)
             .filter(|e| filter.context_id.as_ref().is_none_or(|c| *c == e.task.context_id))
-            .filter(|e| filter.state.is_none_or(|s| s == e.task.status.state))
+            .filter(|e| filter.state.is_none_or(|s| s == e.task.state))
             .filter(|e| filter.updated_after.is_none_or(|t| e.updated > t))
             .collect();
         hits.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
@@ -559,7 +681,7 @@ impl Store {
             .into_iter()
             .skip(page.offset)
             .take(page.size)
-            .map(|e| view(&e.task, page.history, page.artifacts))
+            .map(|e| e.task.task(page.history, page.artifacts))
             .collect();
         (total, tasks)
     }
@@ -572,15 +694,25 @@ impl Store {
     /// Sets the SCD session of `owner`'s context `context_id`, returning the
     /// one it replaces.
     pub fn set_session(&self, owner: &Owner, context_id: &str, session: Session) -> Option<Session> {
-        self.lock().contexts.get_mut(&key(owner, context_id)).and_then(|c| c.session.replace(session))
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let k = key(owner, context_id);
+        let c = inner.contexts.get_mut(&k)?;
+        let old = c.session.replace(session);
+        c.recount(&k, &mut inner.bytes);
+        old
     }
 
     /// Forgets the SCD session `session_id` of `owner`'s context
     /// `context_id` (it is gone from the engine); a newer session is kept.
     pub fn clear_session(&self, owner: &Owner, context_id: &str, session_id: &str) {
-        if let Some(c) = self.lock().contexts.get_mut(&key(owner, context_id)) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let k = key(owner, context_id);
+        if let Some(c) = inner.contexts.get_mut(&k) {
             if c.session.as_ref().is_some_and(|s| s.id == session_id) {
                 c.session = None;
+                c.recount(&k, &mut inner.bytes);
             }
         }
     }
@@ -774,25 +906,120 @@ mod tests {
 
     #[test]
     fn the_store_is_bounded_in_bytes_as_a_running_sum() {
-        let s = Store::new(StoreLimits { max_bytes: 2000, ..StoreLimits::default() });
+        let probe = Store::new(StoreLimits::default());
+        probe.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap();
+        let limit = 2 * probe.bytes() + 1000;
+        let s = Store::new(StoreLimits { max_bytes: limit, ..StoreLimits::default() });
         let t = s.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap();
         let one = s.bytes();
-        assert_eq!(one, task_bytes(&t));
+        assert_eq!(one, Held::new(&t).bytes("local") + CONTEXT_BYTES + "local".len() + t.context_id.len());
+        assert!(one > 600 + ENTRY_BYTES, "{one}");
         s.update(&t.id, TaskState::InputRequired, Some(msg("b")), None).unwrap();
-        assert_eq!(s.bytes(), task_bytes(&s.get(&t.id, "local").unwrap()), "recounted on update");
+        let grown = s.bytes() - one;
+        assert!(grown >= 2 * json(&msg("b")).len() && grown < 1000, "recounted on update: {grown}");
         s.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap();
         let full = s.create(None, "local", msg(&"a".repeat(600)), TaskState::Working).unwrap_err();
         assert_eq!(full.code(), -32000);
         assert_eq!(
             full.to_string(),
-            "resource exhausted: task store holds 2000 bytes (the limit, --a2a-max-bytes); retry after 3600 s"
+            format!(
+                "resource exhausted: task store holds {limit} bytes (the limit, --a2a-max-bytes); retry after 3600 s"
+            )
         );
         let over = s.continue_task(&t.id, "local", msg(&"c".repeat(900)), TaskState::Working).unwrap_err();
         assert!(over.to_string().contains("--a2a-max-bytes"), "{over}");
         assert_eq!(s.len(), 2);
         s.take_back(&t.id, None);
         assert_eq!(s.len(), 1);
-        assert!(s.bytes() < one + 100, "a removed task's bytes are freed: {}", s.bytes());
+        // its context stays (contexts outlive their tasks)
+        assert!(s.bytes() < one + CONTEXT_BYTES + 100, "a removed task's bytes are freed: {}", s.bytes());
+    }
+
+    /// Counts the heap each thread holds, so that a test can weigh what a
+    /// store holds (the store works on the calling thread).
+    mod heap {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        struct Counting;
+
+        thread_local! {
+            static NET: Cell<isize> = const { Cell::new(0) };
+        }
+
+        fn add(n: isize) {
+            let _ = NET.try_with(|c| c.set(c.get() + n));
+        }
+
+        // SAFETY: every call goes to `System` unchanged; only sizes are counted.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+                add(l.size() as isize);
+                unsafe { System.alloc(l) }
+            }
+            unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+                add(-(l.size() as isize));
+                unsafe { System.dealloc(p, l) }
+            }
+            unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+                add(new as isize - l.size() as isize);
+                unsafe { System.realloc(p, l, new) }
+            }
+        }
+
+        #[global_allocator]
+        static COUNTING: Counting = Counting;
+
+        /// Heap bytes this thread holds, net of what it freed.
+        pub fn held() -> isize {
+            NET.with(Cell::get)
+        }
+    }
+
+    /// A message as an A2A client sends SCD one: a task and a context of
+    /// `fields` fields, as a data part of nested JSON.
+    fn data_message(fields: usize) -> Message {
+        let fields: Vec<serde_json::Value> = (0..fields)
+            .map(|i| {
+                serde_json::json!({"id": format!("f{i}"), "kind": "prose", "role": "user",
+                    "text": format!("Sentence {i} of the context, about the service's deploy steps."),
+                    "tags": ["a", "b"], "confidential": i % 7 == 0})
+            })
+            .collect();
+        let mut m = msg("what changed in the deploy?");
+        m.parts.push(Part::data(serde_json::json!({"context": {"fields": fields}, "budget": 512})));
+        m
+    }
+
+    #[test]
+    fn what_the_store_counts_is_the_heap_it_holds() {
+        for (what, make) in
+            [("short text", (|_| msg("q")) as fn(usize) -> Message), ("nested data", |i| data_message(20 + i % 30))]
+        {
+            let s = Store::new(StoreLimits { max_tasks: 2000, ..StoreLimits::default() });
+            let before = heap::held();
+            for i in 0..1000 {
+                let t = s.create(None, &format!("10.0.{}.{}", i % 4, i % 250), make(i), TaskState::Working).unwrap();
+                let artifact = Artifact {
+                    artifact_id: uuid_v4(),
+                    name: "context".into(),
+                    description: "the selected chunks".into(),
+                    parts: vec![Part::text("chunk ".repeat(i % 40))],
+                };
+                if i % 2 == 0 {
+                    s.update(&t.id, TaskState::Completed, None, Some(artifact)).unwrap();
+                }
+            }
+            let held = (heap::held() - before) as f64;
+            let counted = s.bytes() as f64;
+            // tasks and their contexts held, against what the store counts
+            let ratio = held / counted;
+            eprintln!("{what}: held {held} heap bytes, counted {counted}: {ratio:.3}");
+            assert!((0.5..=1.2).contains(&ratio), "{what}: the store holds {held} heap bytes, counts {counted}");
+            drop(s);
+            let left = heap::held() - before;
+            assert!(left < 4096, "{what}: {left} bytes stay after the store is dropped");
+        }
     }
 
     #[test]

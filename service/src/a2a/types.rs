@@ -179,7 +179,7 @@ pub struct TaskStatus {
 }
 
 /// `Artifact`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Artifact {
     /// Unique within the task.

@@ -141,10 +141,11 @@ pub struct ServeArgs {
     /// a resource-exhausted error until tasks expire.
     #[arg(long, env = "SCD_A2A_MAX_TASKS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_max_tasks: u64,
-    /// Bytes all A2A tasks may hold together (each counted as its JSON
-    /// size; a compress message's context is kept in history as a summary of
-    /// field names, kinds and sizes); past it SendMessage answers a
-    /// resource-exhausted error until tasks expire.
+    /// Bytes all A2A tasks and contexts may hold together (the heap they
+    /// hold: messages and artifacts are kept as compact JSON; a compress
+    /// message's context is kept in history as a summary of field names,
+    /// kinds and sizes); past it SendMessage answers a resource-exhausted
+    /// error until tasks expire.
     #[arg(long, env = "SCD_A2A_MAX_BYTES", default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(1..))]
     a2a_max_bytes: u64,
     /// A2A tasks (and contexts) one caller (its DID under --auth did-wba,
