@@ -2,6 +2,7 @@
 //! `scd serve`. Both speak `scd.v1` messages, so the two answer alike.
 
 use scd_engine::handoff::ConfidenceMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use scd_engine::extract::Scd;
@@ -11,6 +12,22 @@ use crate::client::Conn;
 use crate::grpc::metrics::Metrics;
 use crate::grpc::pb::scd_server::Scd as _;
 use crate::grpc::{pb, Limits, ScdHandler, ScdService};
+
+/// Where a tool call comes from: the HTTP client's address, `None` over
+/// stdio. In process it is the call's peer, so that each client draws on its
+/// own share of the compress slots and the embed queue and its chosen
+/// session ids are its own, as over gRPC; a remote server sees the MCP
+/// server's address instead.
+pub type Peer = Option<SocketAddr>;
+
+/// `msg` as a call from `peer`.
+fn from<T>(msg: T, peer: Peer) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(a) = peer {
+        r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(a) });
+    }
+    r
+}
 
 /// The engine behind the tools.
 #[derive(Clone)]
@@ -39,11 +56,16 @@ impl Backend {
 
     /// `Compress`; `open_session` is OpenSession (the server draws the id
     /// unless the request names one).
-    pub async fn compress(&self, r: pb::CompressRequest, open_session: bool) -> Result<pb::CompressResponse, Status> {
+    pub async fn compress(
+        &self,
+        r: pb::CompressRequest,
+        open_session: bool,
+        peer: Peer,
+    ) -> Result<pb::CompressResponse, Status> {
         match (self, open_session) {
-            (Backend::InProcess(h), false) => h.compress(Request::new(r)).await.map(|r| r.into_inner()),
+            (Backend::InProcess(h), false) => h.compress(from(r, peer)).await.map(|r| r.into_inner()),
             (Backend::InProcess(h), true) => {
-                let r = h.open_session(Request::new(pb::OpenSessionRequest { compress: Some(r) })).await?;
+                let r = h.open_session(from(pb::OpenSessionRequest { compress: Some(r) }, peer)).await?;
                 r.into_inner().result.ok_or_else(|| Status::internal("OpenSession answered no result"))
             }
             (Backend::Remote(c), false) => {
@@ -68,9 +90,9 @@ impl Backend {
     }
 
     /// `RequestContext` (advances the session: not retried on a broken connection).
-    pub async fn request_context(&self, r: pb::ContextRequest) -> Result<pb::ContextResponse, Status> {
+    pub async fn request_context(&self, r: pb::ContextRequest, peer: Peer) -> Result<pb::ContextResponse, Status> {
         match self {
-            Backend::InProcess(h) => h.request_context(Request::new(r)).await.map(|r| r.into_inner()),
+            Backend::InProcess(h) => h.request_context(from(r, peer)).await.map(|r| r.into_inner()),
             Backend::Remote(c) => {
                 remote(c, "RequestContext", false, move |mut cl| {
                     let r = r.clone();
@@ -82,9 +104,9 @@ impl Backend {
     }
 
     /// `CountTokens`.
-    pub async fn count_tokens(&self, r: pb::CountTokensRequest) -> Result<pb::CountTokensResponse, Status> {
+    pub async fn count_tokens(&self, r: pb::CountTokensRequest, peer: Peer) -> Result<pb::CountTokensResponse, Status> {
         match self {
-            Backend::InProcess(h) => h.count_tokens(Request::new(r)).await.map(|r| r.into_inner()),
+            Backend::InProcess(h) => h.count_tokens(from(r, peer)).await.map(|r| r.into_inner()),
             Backend::Remote(c) => {
                 remote(c, "CountTokens", true, move |mut cl| {
                     let r = r.clone();
@@ -96,9 +118,9 @@ impl Backend {
     }
 
     /// `Embed`.
-    pub async fn embed(&self, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, Status> {
+    pub async fn embed(&self, r: pb::EmbedRequest, peer: Peer) -> Result<pb::EmbedResponse, Status> {
         match self {
-            Backend::InProcess(h) => h.embed(Request::new(r)).await.map(|r| r.into_inner()),
+            Backend::InProcess(h) => h.embed(from(r, peer)).await.map(|r| r.into_inner()),
             Backend::Remote(c) => {
                 remote(c, "Embed", true, move |mut cl| {
                     let r = r.clone();

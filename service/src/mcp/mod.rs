@@ -48,7 +48,7 @@
 mod backend;
 pub mod http;
 
-pub use backend::Backend;
+pub use backend::{Backend, Peer};
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -345,6 +345,13 @@ pub enum Owner {
     HttpStateless,
 }
 
+/// The HTTP client's address of a request with `extensions` (the HTTP
+/// listener puts it in the request's parts); `None` over stdio.
+pub fn peer_of(extensions: &rmcp::model::Extensions) -> Peer {
+    let parts = extensions.get::<axum::http::request::Parts>()?;
+    parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0)
+}
+
 impl Owner {
     /// The owner of a request with `extensions` (rmcp puts the HTTP
     /// request's parts there).
@@ -462,9 +469,9 @@ fn tool_error(s: Status) -> String {
 }
 
 /// The error for a session held for another MCP client.
-fn not_yours(id: &str) -> String {
-    format!("session: {id:?} is not a session of this MCP client; open one with compress_context")
-}
+/// The refusal of a session another MCP client opened (the id, which the
+/// client chose or was given, is not quoted back).
+const NOT_YOURS: &str = "session: not a session of this MCP client; open one with compress_context";
 
 /// A tool result as the receiving model gets it: one text block (a
 /// one-line header, then the context itself) and the machine view as
@@ -537,7 +544,7 @@ impl ScdMcp {
         let (session_id, session_token) = match a.session {
             Some(id) if id.is_empty() => return Err("session: must not be empty (leave it out to open one)".into()),
             Some(id) => {
-                let token = self.tokens.get(&id, &owner).map_err(|NotYours| not_yours(&id))?.unwrap_or_default();
+                let token = self.tokens.get(&id, &owner).map_err(|NotYours| NOT_YOURS.to_string())?.unwrap_or_default();
                 (id, token)
             }
             None => (String::new(), String::new()),
@@ -563,7 +570,7 @@ impl ScdMcp {
         };
         let mut r = self
             .backend
-            .compress(req, open)
+            .compress(req, open, peer_of(&extensions))
             .await
             .map_err(|s| tool_error(s).replacen("reserve_tokens", "reserve", 1))?;
         if !r.session_token.is_empty() {
@@ -609,12 +616,10 @@ impl ScdMcp {
             }
             (c, _) => c.unwrap_or(0.0),
         };
-        let Some(token) = self.tokens.get(&a.session, &owner).map_err(|NotYours| not_yours(&a.session))? else {
-            return Err(format!(
-                "session: {:?} was not opened by this MCP server (or is long forgotten); open one with \
-                 compress_context",
-                a.session
-            ));
+        let Some(token) = self.tokens.get(&a.session, &owner).map_err(|NotYours| NOT_YOURS.to_string())? else {
+            return Err(
+                "session: not opened by this MCP server (or long forgotten); open one with compress_context".into()
+            );
         };
         let req = pb::ContextRequest {
             session_id: a.session,
@@ -626,7 +631,7 @@ impl ScdMcp {
             report: a.report.unwrap_or_default(),
             max_tokens: a.max_tokens.unwrap_or(0),
         };
-        let r = self.backend.request_context(req).await.map_err(tool_error)?;
+        let r = self.backend.request_context(req, peer_of(&extensions)).await.map_err(tool_error)?;
         let out = view::more_view(r);
         let header = view::more_header(&out);
         Ok(Delivered { text: with_header(header, &out.text), out })
@@ -641,13 +646,17 @@ impl ScdMcp {
     )]
     async fn count_tokens(
         &self,
+        extensions: rmcp::model::Extensions,
         Parameters(args): Parameters<Args<CountTokensArgs>>,
     ) -> Result<Json<TokensOutput>, String> {
         let a = args.parse()?;
         let tokenizer = a.tokenizer.unwrap_or_default();
         let r = self
             .backend
-            .count_tokens(pb::CountTokensRequest { texts: vec![a.text], tokenizer: tokenizer.clone() })
+            .count_tokens(
+                pb::CountTokensRequest { texts: vec![a.text], tokenizer: tokenizer.clone() },
+                peer_of(&extensions),
+            )
             .await
             .map_err(|s| tool_error(s).replacen("texts[0]", "text", 1))?;
         let tokens = r.tokens.first().copied().ok_or("the server counted no text")?;
@@ -664,12 +673,16 @@ impl ScdMcp {
                        false (default) for passages. The result gives each embedding's dimensions, tokens and a \
                        digest; vectors: true adds the vectors to the structured result."
     )]
-    async fn embed(&self, Parameters(args): Parameters<Args<EmbedArgs>>) -> Result<Delivered<EmbedOutput>, String> {
+    async fn embed(
+        &self,
+        extensions: rmcp::model::Extensions,
+        Parameters(args): Parameters<Args<EmbedArgs>>,
+    ) -> Result<Delivered<EmbedOutput>, String> {
         let a = args.parse()?;
         let kind = if a.query { pb::InputKind::Query } else { pb::InputKind::Passage };
         let r = self
             .backend
-            .embed(pb::EmbedRequest { texts: a.texts, kind: kind as i32, windows: true })
+            .embed(pb::EmbedRequest { texts: a.texts, kind: kind as i32, windows: true }, peer_of(&extensions))
             .await
             .map_err(tool_error)?;
         let dim = r.embeddings.first().map_or(0, |e| e.values.len() as u32);
@@ -775,6 +788,12 @@ mod tests {
     }
 
     fn in_process() -> ScdMcp {
+        let (scd, limits) = engine();
+        ScdMcp::new(Backend::in_process(scd, limits), SessionTokens::new(4))
+    }
+
+    /// A hashing engine and small limits.
+    fn engine() -> (Arc<scd_engine::extract::Scd>, Limits) {
         let enc = Arc::new(scd_engine::encoder::HashEncoder::new(32, 128));
         let scd = Arc::new(scd_engine::extract::Scd::new(enc, scd_engine::extract::ScdConfig::default()));
         let limits = Limits {
@@ -787,7 +806,7 @@ mod tests {
             max_batch_tokens: 1024,
             max_concurrent_compress: 2,
         };
-        ScdMcp::new(Backend::in_process(scd, limits), SessionTokens::new(4))
+        (scd, limits)
     }
 
     fn compress_args(v: Value) -> Parameters<Args<CompressContextArgs>> {
@@ -807,14 +826,47 @@ mod tests {
 
     /// The extensions of a request over HTTP in MCP session `id` (none: stateless).
     fn over_http(id: Option<&str>) -> rmcp::model::Extensions {
+        over_http_from(id, None)
+    }
+
+    /// [`over_http`] from the client at `peer`, as the HTTP listener marks it.
+    fn over_http_from(id: Option<&str>, peer: Option<std::net::SocketAddr>) -> rmcp::model::Extensions {
         let mut req = axum::http::Request::builder().method("POST").uri("/mcp");
         if let Some(id) = id {
             req = req.header("mcp-session-id", id);
+        }
+        if let Some(p) = peer {
+            req = req.extension(axum::extract::ConnectInfo(p));
         }
         let (parts, ()) = req.body(()).unwrap().into_parts();
         let mut ext = rmcp::model::Extensions::new();
         ext.insert(parts);
         ext
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_clients_calls_reach_the_engine_from_its_own_address() {
+        use scd_audit::{AuditFilter, AuditLevel, AuditLog, Retention};
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(
+            AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
+        );
+        let (scd, limits) = engine();
+        let metrics = Arc::new(crate::grpc::metrics::Metrics::new(limits.max_batch_tokens));
+        let service = crate::grpc::ScdService::new(scd, limits, metrics).with_audit(Some(log.clone()));
+        let mcp = ScdMcp::new(Backend::InProcess(crate::grpc::ScdHandler(Arc::new(service))), SessionTokens::new(8));
+        let (a, b): (std::net::SocketAddr, std::net::SocketAddr) =
+            ("10.0.0.7:5000".parse().unwrap(), "[2001:db8::9]:41000".parse().unwrap());
+        for ext in [over_http_from(Some("mcp-a"), Some(a)), over_http_from(None, Some(b)), stdio()] {
+            let args = serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12});
+            mcp.compress_context(ext, compress_args(args)).await.unwrap();
+        }
+        let peers: Vec<Option<String>> =
+            log.query(&AuditFilter::default()).unwrap().into_iter().map(|r| r.peer).collect();
+        // each HTTP client is its own peer (its own share and session scope); stdio has none
+        assert_eq!(peers, [Some(a.to_string()), Some(b.to_string()), None]);
+        assert_eq!(peer_of(&over_http_from(None, Some(a))), Some(a));
+        assert_eq!(peer_of(&over_http(Some("mcp-a"))), None);
     }
 
     fn charges_context() -> Value {
@@ -877,7 +929,7 @@ mod tests {
             .await
             .err()
             .unwrap();
-        assert!(e.starts_with("session: \"not-ours\" was not opened by this MCP server"), "{e}");
+        assert_eq!(e, "session: not opened by this MCP server (or long forgotten); open one with compress_context");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -899,7 +951,7 @@ mod tests {
         };
         let Delivered { out: a, .. } = open(over_http(Some("mcp-a")), None).await.unwrap();
         let id = a.session_id.clone();
-        let refused = format!("session: {id:?} is not a session of this MCP client; open one with compress_context");
+        let refused = NOT_YOURS.to_string();
         // another MCP session, a stateless request, stdio: neither asks for more nor continues it
         for other in [over_http(Some("mcp-b")), over_http(None), stdio()] {
             assert_eq!(more(other.clone(), &id).await.err().unwrap(), refused);

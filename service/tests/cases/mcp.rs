@@ -194,7 +194,7 @@ fn another_http_client_cannot_use_a_session_it_did_not_open() {
     let s = client(&python, &["two_clients", &context(), &url]);
     for what in ["more", "continue"] {
         let e = s[what].as_str().unwrap();
-        assert!(e.starts_with("session: \"") && e.contains("is not a session of this MCP client"), "{what}: {e}");
+        assert_eq!(e, "session: not a session of this MCP client; open one with compress_context", "{what}");
     }
     assert_eq!(s["owner_continues"], true, "{s}");
     assert_eq!(s["owner_reopens"], true, "{s}");
