@@ -86,6 +86,11 @@ pub struct ScdService {
     compress_shares: Arc<shares::Shares>,
     /// Each caller's share of the embed queue (an eighth).
     embed_shares: Arc<shares::Shares>,
+    /// How long a compress slot, a count slot and an embed-queue place are
+    /// held, for the retry hints.
+    compress_pace: Arc<shares::Pace>,
+    count_pace: Arc<shares::Pace>,
+    embed_pace: Arc<shares::Pace>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_audit::AuditLog>>,
@@ -158,19 +163,24 @@ fn empty_session(id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// RESOURCE_EXHAUSTED for a caller past its share of `what`.
-fn past_share(what: &str, p: shares::PastShare) -> Status {
+/// RESOURCE_EXHAUSTED for a caller past its share of `what`, told to retry
+/// when one of its places likely frees.
+fn past_share(what: &str, p: shares::PastShare, pace: &shares::Pace) -> Status {
+    let ms = pace.retry_ms(p.held);
     let mut s = Status::resource_exhausted(format!(
-        "{what}: this caller holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after 100 ms",
+        "{what}: this caller holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after {ms} ms",
         p.held, p.capacity, p.share
     ));
-    s.metadata_mut().insert("retry-after-ms", "100".parse().expect("ascii"));
+    s.metadata_mut().insert("retry-after-ms", ms.into());
     s
 }
 
-fn overloaded(what: &str) -> Status {
-    let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after 100 ms"));
-    s.metadata_mut().insert("retry-after-ms", "100".parse().expect("ascii"));
+/// RESOURCE_EXHAUSTED for a full `what` of `places`, told to retry when one
+/// likely frees.
+fn overloaded(what: &str, places: usize, pace: &shares::Pace) -> Status {
+    let ms = pace.retry_ms(places);
+    let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after {ms} ms"));
+    s.metadata_mut().insert("retry-after-ms", ms.into());
     s
 }
 
@@ -193,6 +203,9 @@ impl ScdService {
             count_slots: Arc::new(Semaphore::new(COUNT_SLOTS)),
             compress_shares: shares::Shares::new(limits.max_concurrent_compress.max(1), 4),
             embed_shares: shares::Shares::new(limits.queue_size.max(1), 8),
+            compress_pace: Arc::default(),
+            count_pace: Arc::default(),
+            embed_pace: Arc::default(),
             scd,
             batcher,
             limits,
@@ -254,7 +267,7 @@ impl ScdService {
         let (texts, opts) = convert::embed_request(r, self.limits.max_texts, self.limits.max_text_bytes)?;
         let share = self.embed_shares.take(who).map_err(|p| {
             self.metrics.rejected("embed_caller_share");
-            past_share("embed queue", p)
+            past_share("embed queue", p, &self.embed_pace)
         })?;
         let (tx, rx) = oneshot::channel();
         let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
@@ -263,7 +276,7 @@ impl ScdService {
         self.batcher.submit(job).map_err(|e| match e {
             Refused::Full => {
                 self.metrics.rejected("embed_queue_full");
-                overloaded("embed")
+                overloaded("embed", self.limits.queue_size, &self.embed_pace)
             }
             Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
         })?;
@@ -281,6 +294,7 @@ impl ScdService {
             Err(_) => return Err(self.stopped_status().await),
         };
         let enc = result?;
+        self.embed_pace.record(start.elapsed());
         let total = ms(start);
         self.metrics.stage("Embed", "queue", queue_ms);
         self.metrics.stage("Embed", "inference", total - queue_ms);
@@ -320,43 +334,51 @@ impl ScdService {
     ) -> Result<(T, f64), Status> {
         let share = self.compress_shares.take(who).map_err(|p| {
             self.metrics.rejected("compress_caller_share");
-            past_share("compress slots", p)
+            past_share("compress slots", p, &self.compress_pace)
         })?;
-        let out = self.blocking_in(Lane::Compress, deadline, f).await;
-        drop(share);
-        out
+        self.blocking_in(Lane::Compress, deadline, share, f).await
     }
 
-    /// [`Self::blocking`] behind `lane`'s slots.
-    async fn blocking_in<T: Send + 'static>(
+    /// [`Self::blocking`] behind `lane`'s slots; `hold` (the caller's share)
+    /// is kept until the work stops, past a deadline or a caller gone too.
+    async fn blocking_in<T: Send + 'static, H: Send + 'static>(
         &self,
         lane: Lane,
         deadline: Option<Instant>,
+        hold: H,
         f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
     ) -> Result<(T, f64), Status> {
         let queued = Instant::now();
-        let slots = match lane {
-            Lane::Compress => &self.compress_slots,
-            Lane::Count => &self.count_slots,
+        let (slots, pace) = match lane {
+            Lane::Compress => (&self.compress_slots, &self.compress_pace),
+            Lane::Count => (&self.count_slots, &self.count_pace),
+        };
+        let places = match lane {
+            Lane::Compress => self.limits.max_concurrent_compress.max(1),
+            Lane::Count => COUNT_SLOTS,
         };
         let permit = slots.clone().try_acquire_owned().map_err(|_| match lane {
             Lane::Compress => {
                 self.metrics.rejected("compress_slots_full");
                 COMPRESS_FULL.hit("compress slots full");
-                overloaded("compress")
+                overloaded("compress", places, pace)
             }
             Lane::Count => {
                 self.metrics.rejected("count_slots_full");
                 COUNT_FULL.hit("count_tokens slots full");
-                overloaded("count_tokens")
+                overloaded("count_tokens", places, pace)
             }
         })?;
+        let pace = pace.clone();
         let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
         let guard = cancel.guard();
         let scd = self.scd.clone();
         let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            f(&scd, &cancel)
+            let (_permit, _hold) = (permit, hold);
+            let began = Instant::now();
+            let out = f(&scd, &cancel);
+            pace.record(began.elapsed());
+            out
         });
         let out = until(deadline, "in the engine", queued, task)
             .await?
@@ -714,7 +736,7 @@ impl pb::scd_server::Scd for ScdHandler {
         let res = if let Err(s) = convert::check_texts(&texts, self.limits.max_texts, self.limits.max_text_bytes) {
             Err(s)
         } else {
-            self.blocking_in(Lane::Count, d, move |scd, _| {
+            self.blocking_in(Lane::Count, d, (), move |scd, _| {
                 texts
                     .iter()
                     .map(|t| match &tokenizer {

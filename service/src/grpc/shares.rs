@@ -7,11 +7,48 @@
 //! free places, which stay for them. A caller is its verified identity
 //! (mTLS, DID), else its IP address, else `local` (an in-process call):
 //! see [`key`].
+//!
+//! A refused caller is told when to retry by [`Pace`]: the measured time a
+//! place is held, spread over the places in use.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The retry hint before any place was measured.
+pub const UNMEASURED_MS: u64 = 100;
+
+/// How long the places of one bound are held, as a moving mean (each new
+/// time weighs an eighth), for true retry hints.
+#[derive(Debug, Default)]
+pub struct Pace {
+    /// The mean in microseconds; 0 before the first.
+    mean_us: AtomicU64,
+}
+
+impl Pace {
+    /// Counts one place held for `d`.
+    pub fn record(&self, d: Duration) {
+        let us = d.as_micros().clamp(1, u128::from(u64::MAX)) as u64;
+        // a lost update under a race only skips one sample
+        let old = self.mean_us.load(Ordering::Relaxed);
+        let new = if old == 0 { us } else { old - old / 8 + us / 8 };
+        self.mean_us.store(new.max(1), Ordering::Relaxed);
+    }
+
+    /// Milliseconds until one of `busy` places in use likely frees: the mean
+    /// time a place is held over `busy + 1` (places at random points of
+    /// their work), within 1 ms..=30 s; [`UNMEASURED_MS`] before anything
+    /// was measured.
+    pub fn retry_ms(&self, busy: usize) -> u64 {
+        match self.mean_us.load(Ordering::Relaxed) {
+            0 => UNMEASURED_MS,
+            us => (us / 1000 / (busy as u64 + 1)).clamp(1, 30_000),
+        }
+    }
+}
 
 /// How long a caller counts as present after it last took a place.
 pub const RECENT: Duration = Duration::from_secs(30);
@@ -144,6 +181,25 @@ mod tests {
         let c: Vec<_> = (0..2).map(|_| s.take("c").expect("a caller within its share always may")).collect();
         drop((b3, c));
         drop((a, b));
+    }
+
+    #[test]
+    fn the_retry_hint_is_the_measured_hold_time_spread_over_the_places_in_use() {
+        let p = Pace::default();
+        assert_eq!(p.retry_ms(4), UNMEASURED_MS);
+        p.record(Duration::from_millis(400));
+        assert_eq!(p.retry_ms(3), 100);
+        assert_eq!(p.retry_ms(0), 400);
+        // a moving mean: one fast call moves it an eighth of the way
+        p.record(Duration::from_millis(0));
+        assert_eq!(p.retry_ms(0), 350);
+        for _ in 0..100 {
+            p.record(Duration::from_secs(600));
+        }
+        assert_eq!(p.retry_ms(0), 30_000, "at most 30 s");
+        let fast = Pace::default();
+        fast.record(Duration::from_micros(10));
+        assert_eq!(fast.retry_ms(8), 1, "at least 1 ms");
     }
 
     #[test]
