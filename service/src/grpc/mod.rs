@@ -86,6 +86,8 @@ pub struct ScdService {
     compress_shares: Arc<shares::Shares>,
     /// Each caller's share of the embed queue (an eighth).
     embed_shares: Arc<shares::Shares>,
+    /// Each caller's share of the count slots (a quarter).
+    count_shares: Arc<shares::Shares>,
     /// How long a compress slot, a count slot and an embed-queue place are
     /// held, for the retry hints.
     compress_pace: Arc<shares::Pace>,
@@ -203,6 +205,7 @@ impl ScdService {
             count_slots: Arc::new(Semaphore::new(COUNT_SLOTS)),
             compress_shares: shares::Shares::new(limits.max_concurrent_compress.max(1), 4),
             embed_shares: shares::Shares::new(limits.queue_size.max(1), 8),
+            count_shares: shares::Shares::new(COUNT_SLOTS, 4),
             compress_pace: Arc::default(),
             count_pace: Arc::default(),
             embed_pace: Arc::default(),
@@ -727,6 +730,7 @@ impl pb::scd_server::Scd for ScdHandler {
         request: Request<pb::CountTokensRequest>,
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
         let d = deadline(&request);
+        let who = shares::key(caller(&request).as_deref(), peer(&request).as_deref());
         let r = request.into_inner();
         let texts = r.texts;
         let tokenizer = match self.tokenizers.resolve(&r.tokenizer) {
@@ -736,12 +740,20 @@ impl pb::scd_server::Scd for ScdHandler {
         let res = if let Err(s) = convert::check_texts(&texts, self.limits.max_texts, self.limits.max_text_bytes) {
             Err(s)
         } else {
-            self.blocking_in(Lane::Count, d, (), move |scd, _| {
+            let share = self.count_shares.take(&who).map_err(|p| {
+                self.metrics.rejected("count_caller_share");
+                past_share("count_tokens slots", p, &self.count_pace)
+            })?;
+            // stops between texts once the caller is gone or past its deadline
+            self.blocking_in(Lane::Count, d, share, move |scd, cancel| {
                 texts
                     .iter()
-                    .map(|t| match &tokenizer {
-                        Some(b) => b.count(t).map(|n| n as u32),
-                        None => scd.encoder().count_tokens(t).map(|n| n as u32),
+                    .map(|t| {
+                        cancel.check("count_tokens")?;
+                        match &tokenizer {
+                            Some(b) => b.count(t).map(|n| n as u32),
+                            None => scd.encoder().count_tokens(t).map(|n| n as u32),
+                        }
                     })
                     .collect()
             })

@@ -33,6 +33,8 @@ struct TestEncoder {
     piece_ms: AtomicU64,
     /// Texts `encode_cancellable` has started.
     pieces: AtomicUsize,
+    /// Milliseconds per `count_tokens`.
+    count_ms: AtomicU64,
 }
 
 const MAGIC: &str = "please panic now";
@@ -45,6 +47,7 @@ impl TestEncoder {
             calls: AtomicUsize::new(0),
             piece_ms: AtomicU64::new(0),
             pieces: AtomicUsize::new(0),
+            count_ms: AtomicU64::new(0),
         })
     }
 }
@@ -60,6 +63,7 @@ impl Encoder for TestEncoder {
         self.inner.max_tokens()
     }
     fn count_tokens(&self, text: &str) -> scd_engine::Result<usize> {
+        std::thread::sleep(Duration::from_millis(self.count_ms.load(Ordering::SeqCst)));
         self.inner.count_tokens(text)
     }
     fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> scd_engine::Result<Encoded> {
@@ -857,6 +861,42 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
 /// refused. A caller (its identity, else its address) may use free room
 /// past its share, but not the last places: another client from another
 /// address is still served while the first is refused past its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up() {
+    let enc = TestEncoder::new(0);
+    let s = start(enc.clone(), limits(), http_limits()).await;
+    let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
+    let count = |n: usize| pb::CountTokensRequest {
+        texts: (0..n).map(|i| format!("text {i}")).collect(),
+        ..Default::default()
+    };
+    other.clone().count_tokens(count(1)).await.unwrap();
+    enc.count_ms.store(300, Ordering::SeqCst);
+    // three calls of 8 texts (2.4 s each) give up after 50 ms
+    let gave_up: Vec<_> = (0..3)
+        .map(|_| {
+            let (mut c, r) = (hog.clone(), count(8));
+            tokio::spawn(async move {
+                let mut r = tonic::Request::new(r);
+                r.set_timeout(Duration::from_millis(50));
+                c.count_tokens(r).await
+            })
+        })
+        .collect();
+    for g in gave_up {
+        assert_eq!(g.await.unwrap().unwrap_err().code(), Code::DeadlineExceeded);
+    }
+    // their work stops at the next text (300 ms), not after all eight, and
+    // the hog is past its share until then
+    let e = hog.clone().count_tokens(count(1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().starts_with("count_tokens slots: this caller holds 3 of 4, past its share of 1"), "{e:?}");
+    other.clone().count_tokens(count(1)).await.expect("the other caller keeps its slot");
+    enc.count_ms.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    hog.clone().count_tokens(count(1)).await.expect("the abandoned work stopped between texts");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
     let enc = TestEncoder::new(0);
