@@ -126,11 +126,11 @@ pub struct GrpcConnArgs {
     /// health-check reserve) new ones are closed on accept.
     #[arg(long, env = "SCD_GRPC_MAX_CONNECTIONS", default_value_t = 512)]
     pub grpc_max_connections: usize,
-    /// gRPC connections from one IP address.
+    /// gRPC connections from one IPv4 address or IPv6 /64.
     #[arg(long, env = "SCD_GRPC_MAX_PER_PEER", default_value_t = 64)]
     pub grpc_max_per_peer: usize,
     /// Connections past --grpc-max-connections admitted for health checks
-    /// (grpc.health.v1) only.
+    /// (grpc.health.v1.Health/Check) only.
     #[arg(long, env = "SCD_GRPC_RESERVE", default_value_t = 8)]
     pub grpc_reserve: usize,
     /// Milliseconds a connection with no call in flight is kept.

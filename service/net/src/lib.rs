@@ -6,18 +6,21 @@
 //! process runs out and nobody else is served. The guard bounds that:
 //!
 //! - **Caps.** At most [`ConnLimits::max_connections`] connections on the
-//!   listener and [`ConnLimits::max_per_peer`] from one IP address. Past a
+//!   listener and [`ConnLimits::max_per_peer`] from one IPv4 address or
+//!   IPv6 /64. Past a
 //!   cap the socket is accepted and closed at once (so its descriptor is
 //!   freed and the kernel backlog does not fill), and counted.
 //! - **Idle connections give way.** When the listener and its reserve are
 //!   full, a new connection takes the place of an idle one: the oldest that
-//!   never made a call, else the one idle longest (at least
+//!   never made a call, else the one idle longest, a normal one before a
+//!   reserve one (at least
 //!   [`EVICT_MIN_IDLE`] idle, with no call in flight). Sockets that only sit
 //!   there churn among themselves while a real client is served at once; a
 //!   connection with a call in flight is never taken.
 //! - **A reserve for health checks.** Past `max_connections`, up to
 //!   [`ConnLimits::reserve`] more connections are admitted that may carry
-//!   only `grpc.health.v1` calls: a load balancer's probe still reads the
+//!   only `grpc.health.v1.Health/Check` (not `Watch`, a stream that would
+//!   hold the slot): a load balancer's probe still reads the
 //!   server's status when clients hold every normal slot. Any other call on
 //!   a reserve connection is RESOURCE_EXHAUSTED with a retry hint, until a
 //!   normal slot frees: the connection's next call moves it there.
@@ -283,7 +286,7 @@ impl Shared {
     /// Admits a connection from `peer`, or says why not.
     fn admit(&self, peer: SocketAddr) -> std::result::Result<Arc<Conn>, Event> {
         let mut t = self.lock();
-        let from_peer = t.per_peer.get(&peer.ip()).copied().unwrap_or(0);
+        let from_peer = t.per_peer.get(&peer_group(peer)).copied().unwrap_or(0);
         if from_peer >= self.limits.max_per_peer {
             return Err(Event::PeerFull);
         }
@@ -321,7 +324,7 @@ impl Shared {
         } else {
             t.normal += 1;
         }
-        *t.per_peer.entry(peer.ip()).or_insert(0) += 1;
+        *t.per_peer.entry(peer_group(peer)).or_insert(0) += 1;
         t.by_addr.insert(peer, conn.clone());
         self.accepted.fetch_add(1, Ordering::Relaxed);
         Ok(conn)
@@ -329,7 +332,9 @@ impl Shared {
 
     /// The connection that gives way when the listener is full: no call in
     /// flight, idle at least [`EVICT_MIN_IDLE`], never spoke before spoke,
-    /// then idle longest; not one already evicted.
+    /// a normal one before a reserve one (the newcomer takes its kind of
+    /// slot, so that it may make any call), then idle longest; not one
+    /// already evicted.
     fn victim(&self, t: &Table) -> Option<SocketAddr> {
         let now = self.now_ms();
         let min = EVICT_MIN_IDLE.as_millis() as u64;
@@ -338,7 +343,9 @@ impl Shared {
             .filter(|(_, c)| !c.evicted.load(Ordering::SeqCst) && c.active.load(Ordering::SeqCst) == 0)
             .map(|(a, c)| {
                 let idle = now.saturating_sub(c.last_change_ms.load(Ordering::SeqCst));
-                (a, (c.spoke.load(Ordering::SeqCst), std::cmp::Reverse(idle), c.seq), idle)
+                let key =
+                    (c.spoke.load(Ordering::SeqCst), c.reserve.load(Ordering::SeqCst), std::cmp::Reverse(idle), c.seq);
+                (a, key, idle)
             })
             .filter(|&(_, _, idle)| idle >= min)
             .min_by_key(|&(_, key, _)| key)
@@ -378,10 +385,11 @@ impl Shared {
 
     /// Drops `conn` from the per-peer count and the address table.
     fn forget(t: &mut Table, peer: SocketAddr, conn: &Conn) {
-        if let Some(n) = t.per_peer.get_mut(&peer.ip()) {
+        let group = peer_group(peer);
+        if let Some(n) = t.per_peer.get_mut(&group) {
             *n -= 1;
             if *n == 0 {
-                t.per_peer.remove(&peer.ip());
+                t.per_peer.remove(&group);
             }
         }
         // a new connection may reuse the address only after this one is gone
@@ -648,9 +656,20 @@ fn remote_addr<B>(req: &http::Request<B>) -> Option<SocketAddr> {
         .or_else(|| ext.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|t| t.get_ref().remote_addr()))
 }
 
-/// Calls a reserve connection may carry.
+/// Calls a reserve connection may carry: a health `Check`. A `Watch`
+/// stream would hold its reserve slot for as long as the client likes.
 fn is_health(path: &str) -> bool {
-    path.starts_with("/grpc.health.v1.Health/")
+    path == "/grpc.health.v1.Health/Check"
+}
+
+/// Whom the per-peer cap counts a connection against: its IPv4 address, or
+/// the /64 of its IPv6 one (one host or site holds a whole /64, so counting
+/// each address would give it billions of caps).
+fn peer_group(peer: SocketAddr) -> IpAddr {
+    match peer.ip().to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        v4 => v4,
+    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -861,6 +880,44 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let s = guard.stats();
         assert_eq!((s.closed_silent, s.open), (2, 0));
+    }
+
+    #[test]
+    fn the_per_peer_cap_counts_an_ipv6_64_as_one_peer() {
+        let guard = ConnGuard::new(limits(16, 2, 0));
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        let _a = guard.shared.admit(at("[2001:db8::1]:1000")).unwrap();
+        let _b = guard.shared.admit(at("[2001:db8::ffff:2]:1000")).unwrap();
+        assert_eq!(guard.shared.admit(at("[2001:db8::3:4:5:6]:7")).unwrap_err(), Event::PeerFull, "same /64");
+        let _c = guard.shared.admit(at("[2001:db8:0:1::1]:1000")).expect("another /64 is another peer");
+        // an IPv4-mapped address is its IPv4 address
+        let _d = guard.shared.admit(at("10.0.0.1:1")).unwrap();
+        let _e = guard.shared.admit(at("[::ffff:10.0.0.1]:2")).unwrap();
+        assert_eq!(guard.shared.admit(at("10.0.0.1:3")).unwrap_err(), Event::PeerFull);
+        assert_eq!(peer_group(at("[2001:db8::1]:1")), "2001:db8::".parse::<IpAddr>().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_normal_idle_connection_gives_way_before_a_reserve_one() {
+        let guard = ConnGuard::new(limits(1, 8, 1));
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        let normal = guard.shared.admit(at("10.0.0.1:1")).unwrap();
+        let reserve = guard.shared.admit(at("10.0.0.2:1")).unwrap();
+        assert!(!normal.reserve.load(Ordering::SeqCst) && reserve.reserve.load(Ordering::SeqCst));
+        tokio::time::sleep(EVICT_MIN_IDLE + Duration::from_millis(50)).await;
+        // the reserve one has been idle longer, yet the normal one gives way
+        normal.last_change_ms.store(guard.shared.now_ms() - EVICT_MIN_IDLE.as_millis() as u64, Ordering::SeqCst);
+        reserve.last_change_ms.store(0, Ordering::SeqCst);
+        let newcomer = guard.shared.admit(at("10.0.0.3:1")).unwrap();
+        assert!(normal.evicted.load(Ordering::SeqCst) && !reserve.evicted.load(Ordering::SeqCst));
+        assert!(!newcomer.reserve.load(Ordering::SeqCst), "the newcomer may make any call");
+    }
+
+    #[test]
+    fn a_reserve_connection_may_check_health_but_not_watch_it() {
+        assert!(is_health("/grpc.health.v1.Health/Check"));
+        assert!(!is_health("/grpc.health.v1.Health/Watch"));
+        assert!(!is_health("/scd.v1.Scd/Compress"));
     }
 
     #[test]

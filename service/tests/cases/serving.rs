@@ -700,15 +700,21 @@ async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_
     for _ in 0..4 {
         held.push(watching(&s.grpc).await);
     }
-    // the reserve connection reads health but may not compute
-    let (ch, _watch) = watching(&s.grpc).await;
+    // the reserve connection checks health, but may neither watch it (a
+    // stream would hold the slot) nor compute
+    let ch = Channel::from_shared(s.grpc.clone()).unwrap().connect().await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let check = tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() };
+    assert_eq!(health.check(check.clone()).await.unwrap().into_inner().status, SERVING);
+    let refused = health.watch(check).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     let e = ScdClient::new(ch.clone()).embed(embed(&["x"], pb::InputKind::Query)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("kept for health checks") && e.message().contains("retry after"), "{}", e.message());
     let hint: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
     assert!((1..=30_000).contains(&hint), "retry-after-ms {hint}");
-    // past the reserve, with no idle connection to give way: closed at once
-    tokio::time::sleep(scd_net::EVICT_MIN_IDLE).await;
+    // past the reserve, with no connection idle long enough to give way
+    // (the reserve one just spoke): closed at once
     let mut extra = socket_from("127.0.0.1", &s.grpc).await;
     assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
     // a slot freed serves calls again: the reserve connection moves into it
@@ -718,7 +724,7 @@ async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_
     ScdClient::new(ch).embed(embed(&["y"], pb::InputKind::Query)).await.unwrap();
     let m = scrape(&s).await;
     assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_connections")]), 1.0, "{m}");
-    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_reserve_call")]), 1.0, "{m}");
+    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_reserve_call")]), 2.0, "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
