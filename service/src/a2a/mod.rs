@@ -268,15 +268,12 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// Whom its tasks and contexts belong to in the [`store`]: the DID,
-    /// else the IP address without the port, else `local` (an in-process
-    /// call).
+    /// Whom its tasks and contexts belong to in the [`store`]: the key of
+    /// its share over gRPC ([`crate::grpc::shares::key`]): `id:` the DID,
+    /// else `ip:` the IP address without the port, else `local` (an
+    /// in-process call).
     pub fn owner(&self) -> String {
-        match (&self.did, self.addr) {
-            (Some(d), _) => d.clone(),
-            (None, Some(a)) => a.ip().to_canonical().to_string(),
-            (None, None) => "local".into(),
-        }
+        crate::grpc::shares::key(self.did.as_deref(), self.peer().as_deref())
     }
 
     /// The address as the audit trail records it (`ip:port`).
