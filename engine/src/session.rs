@@ -17,7 +17,7 @@
 //!   neither take another's id first nor learn whether it exists.
 //! * **A share per caller.** When the store is full and other callers hold
 //!   sessions, a scope holding more than a tenth of the sessions or of
-//!   their bytes gives up its own oldest session for a new one (as many as
+//!   their bytes gives up its own least recently used session for a new one (as many as
 //!   the new one needs), rather than the store evicting anyone's; a caller
 //!   alone may fill the store.
 //! * **Never silently gone.** An evicted, expired or closed session leaves a
@@ -107,6 +107,8 @@ pub struct SessionEntry<S> {
     owner: Option<String>,
     context_key: [u8; 32],
     weight: u32,
+    /// When it was last opened or read, on the store's [`SessionStore::clock`].
+    used: Arc<AtomicU64>,
     state: Mutex<S>,
 }
 
@@ -134,7 +136,10 @@ pub const SCOPE_PARTS: usize = 10;
 
 /// The tombstone of a session its own scope gave up for a newer one.
 const GAVE_WAY: &str =
-    "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own oldest";
+    "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own least recently used";
+
+/// A session a scope holds: its store key, its weight and its last use.
+type Held = (String, u32, Arc<AtomicU64>);
 
 /// Sessions holding state `S`, bounded and bound to their creators.
 pub struct SessionStore<S> {
@@ -142,9 +147,11 @@ pub struct SessionStore<S> {
     gone: Cache<String, &'static str>,
     counters: Arc<Counters>,
     limits: SessionLimits,
-    /// Each scope's sessions (store keys and weights), oldest first; ids no
-    /// longer live are pruned when the scope opens one.
-    scopes: Mutex<HashMap<String, VecDeque<(String, u32)>>>,
+    /// Each scope's sessions (store keys, weights and last use), oldest
+    /// first; ids no longer live are pruned when the scope opens one.
+    scopes: Mutex<HashMap<String, VecDeque<Held>>>,
+    /// Ticks once per open and per read: the order of last use.
+    clock: AtomicU64,
 }
 
 impl<S> std::fmt::Debug for SessionStore<S> {
@@ -229,7 +236,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
                 g.insert((*id).clone(), why);
             })
             .build();
-        Self { live, gone, counters, limits, scopes: Mutex::new(HashMap::new()) }
+        Self { live, gone, counters, limits, scopes: Mutex::new(HashMap::new()), clock: AtomicU64::new(0) }
     }
 
     /// The limits in force.
@@ -284,10 +291,11 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
             owner: caller,
             context_key,
             weight: self.weight(bytes)?,
+            used: Arc::new(AtomicU64::new(self.clock.fetch_add(1, Ordering::Relaxed))),
             state: Mutex::new(state),
         });
         let k = key(&id, scope);
-        let weight = entry.weight;
+        let (weight, used) = (entry.weight, entry.used.clone());
         if self.live.contains_key(&k) {
             return Err(Error::SessionForbidden { session_id: id });
         }
@@ -301,7 +309,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         self.gone.invalidate(&k);
         if let Some(sc) = scope {
             let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
-            scopes.entry(sc.to_string()).or_default().push_back((k, weight));
+            scopes.entry(sc.to_string()).or_default().push_back((k, weight, used));
         }
         Ok(SessionGrant { id, token })
     }
@@ -309,8 +317,8 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
     /// Makes room for a session of `weight` from `scope` when the store
     /// would otherwise evict (LRU, whoever's) to take it, another scope
     /// holds sessions, and `scope` is past its share (a tenth of the
-    /// sessions or bytes): its own oldest sessions give way, as many as the
-    /// new one needs.
+    /// sessions or bytes): its own least recently used sessions give way, as
+    /// many as the new one needs.
     fn give_way(&self, scope: &str, weight: u32) {
         let (max_n, max_b) = (self.limits.max_sessions as u64, self.limits.max_bytes as u64);
         self.live.run_pending_tasks();
@@ -322,7 +330,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
         if scopes.len() as u64 > max_n {
             scopes.retain(|_, q| {
-                q.retain(|(k, _)| self.live.contains_key(k));
+                q.retain(|(k, _, _)| self.live.contains_key(k));
                 !q.is_empty()
             });
         }
@@ -330,11 +338,12 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
             return;
         }
         let Some(q) = scopes.get_mut(scope) else { return };
-        q.retain(|(k, _)| self.live.contains_key(k));
+        q.retain(|(k, _, _)| self.live.contains_key(k));
         let (share_n, share_b) = ((max_n / SCOPE_PARTS as u64).max(1), (max_b / SCOPE_PARTS as u64).max(1));
-        let mut bytes: u64 = q.iter().map(|(_, w)| u64::from(*w)).sum();
+        let mut bytes: u64 = q.iter().map(|(_, w, _)| u64::from(*w)).sum();
         while full(n, w) && (q.len() as u64 + 1 > share_n || bytes + u64::from(weight) > share_b) {
-            let Some((k, kw)) = q.pop_front() else { break };
+            let lru = q.iter().enumerate().min_by_key(|(_, (_, _, used))| used.load(Ordering::Relaxed)).map(|(i, _)| i);
+            let Some((k, kw, _)) = lru.and_then(|i| q.remove(i)) else { break };
             bytes -= u64::from(kw);
             (n, w) = (n.saturating_sub(1), w.saturating_sub(u64::from(kw)));
             self.gone.insert(k.clone(), GAVE_WAY);
@@ -371,6 +380,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         if !same_secret(&entry.token, token) || !owner_ok {
             return Err(Error::SessionForbidden { session_id: id.to_string() });
         }
+        entry.used.store(self.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         Ok(entry)
     }
 
@@ -448,6 +458,21 @@ mod tests {
             Err(Error::SessionForbidden { .. })
         ));
         assert_eq!(alone.stats().live, before, "a refused open closed a session");
+    }
+
+    #[test]
+    fn the_session_a_busy_scope_gives_up_is_its_least_recently_used() {
+        let s = store(20, 1 << 20);
+        let _theirs = s.open(None, None, Some("b"), [0; 32], 10, 0).unwrap();
+        let mine: Vec<_> = (0..19).map(|i| s.open(None, None, Some("a"), [0; 32], 10, i).unwrap()).collect();
+        // the oldest two are in use; the third oldest is the least recently used
+        for g in &mine[..2] {
+            s.get(&g.id, &g.token, None, Some("a")).unwrap();
+        }
+        s.open(None, None, Some("a"), [0; 32], 10, 99).unwrap();
+        let gone: Vec<usize> =
+            (0..19).filter(|&i| s.get(&mine[i].id, &mine[i].token, None, Some("a")).is_err()).collect();
+        assert_eq!(gone, [2]);
     }
 
     #[test]
