@@ -1111,17 +1111,36 @@ mod hardening {
     fn a_context_whose_embedding_would_spend_too_many_encoder_tokens_is_refused_unrun() {
         let hash = HashEncoder::new(64, 512);
         let prose = (0..200).map(|i| format!("Sentence {i} says w{i} happened.")).collect::<Vec<_>>().join(" ");
+        // one line of code longer than the encoder's window: two specials per window
+        let code =
+            format!("fn long() {{ let v = [{}]; }}", (0..700).map(|i| i.to_string()).collect::<Vec<_>>().join(", "));
         let field = Field { name: "notes".into(), kind: FieldKind::Prose, content: prose, confidential: false };
-        let ctx = Context { fields: vec![field] };
-        let tokens = hash.count_tokens(&ctx.fields[0].content).unwrap();
+        let src = Field { name: "notes_src".into(), kind: FieldKind::Code, content: code, confidential: false };
+        let ctx = Context { fields: vec![field, src] };
+        let tokens: usize = ctx.fields.iter().map(|f| hash.count_tokens(&f.content).unwrap()).sum();
         let spent = |spy: &Spy| -> usize {
             let embedded = spy.embedded.lock().unwrap();
-            embedded.iter().filter(|t| t.starts_with("notes")).map(|t| hash.count_tokens(t).unwrap() + 2).sum()
+            let windows = |n: usize| n.div_ceil(510).max(1);
+            embedded
+                .iter()
+                .filter(|t| t.starts_with("notes"))
+                .map(|t| hash.count_tokens(t).unwrap())
+                .map(|n| n + 2 * windows(n))
+                .sum()
         };
         let spy = Arc::new(Spy::new(HashEncoder::new(64, 512)));
         Scd::new(spy.clone(), ScdConfig::default()).compress(&req("what happened", ctx.clone(), 50)).unwrap();
         let full = spent(&spy);
         assert!(full > tokens, "neighbours and labels cost {full} tokens for a {tokens}-token context");
+        let long = spy
+            .embedded
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| t.starts_with("notes_src"))
+            .map(|t| hash.count_tokens(t).unwrap())
+            .max();
+        assert!(long.is_some_and(|n| n > 510), "no chunk spans two windows: {long:?}");
         let limit = full - full / 4;
         let spy = Arc::new(Spy::new(HashEncoder::new(64, 512)));
         let cfg = ScdConfig { max_context_tokens: tokens + 10, max_encoder_tokens: limit, ..ScdConfig::default() };

@@ -140,6 +140,14 @@ pub(crate) struct Sequence {
     pub weight: f32,
 }
 
+/// What encoding a text of `n` content tokens spends on an encoder whose
+/// sequences hold `max_tokens`: its tokens and two specials (E5's `[CLS]`
+/// and `[SEP]`) per window, as [`windows`] splits it.
+pub fn encoder_spend(max_tokens: usize) -> impl Fn(usize) -> usize + Sync + Send {
+    let window = max_tokens.saturating_sub(2).max(1);
+    move |n| n + 2 * n.div_ceil(window).max(1)
+}
+
 /// Splits `content` into windows of at most `window` tokens and wraps each in
 /// the model's leading and trailing special tokens.
 pub(crate) fn windows(text: usize, lead: &[i64], content: &[i64], trail: &[i64], window: usize) -> Vec<Sequence> {
@@ -205,6 +213,16 @@ mod tests {
         }
         // the 300-token sequence exceeds the budget alone and still gets a batch
         assert!(batches.iter().any(|b| b == &vec![6]));
+    }
+
+    #[test]
+    fn the_spend_counts_two_specials_per_window() {
+        let spend = encoder_spend(512);
+        assert_eq!(spend(0), 2);
+        assert_eq!(spend(510), 512);
+        assert_eq!(spend(511), 515);
+        assert_eq!(spend(2000), 2008);
+        assert_eq!(windows(0, &[1], &vec![5; 2000], &[2], 510).len(), 4, "as windows splits it");
     }
 
     #[test]

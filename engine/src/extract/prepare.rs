@@ -206,17 +206,19 @@ impl Scd {
     /// [`ScdConfig::max_encoder_tokens`]: the tokens of the texts not yet in
     /// the cache (a chunk's embedded text carries its label and, for prose,
     /// its neighbour, so it can cost twice the context's own tokens), two
-    /// specials each. A text has at most as many tokens as bytes, so the
-    /// count is skipped when the bytes are within the limit.
+    /// specials per window of the encoder (a text longer than its window is
+    /// encoded as several). A text has at most as many tokens as bytes, so
+    /// the count is skipped when the bytes are within the limit.
     fn check_encoder_spend(&self, texts: &[&str], missing: &[usize]) -> Result<()> {
         use rayon::prelude::*;
         let limit = self.cfg.max_encoder_tokens;
-        let bytes: usize = missing.iter().map(|&i| texts[i].len() + 2).sum();
+        let spend_of = crate::encoder::encoder_spend(self.encoder.max_tokens());
+        let bytes: usize = missing.iter().map(|&i| spend_of(texts[i].len())).sum();
         if bytes <= limit {
             return Ok(());
         }
         let spend: usize =
-            missing.par_iter().map(|&i| self.encoder.count_tokens(texts[i]).map(|n| n + 2)).sum::<Result<usize>>()?;
+            missing.par_iter().map(|&i| self.encoder.count_tokens(texts[i]).map(&spend_of)).sum::<Result<usize>>()?;
         if spend > limit {
             return Err(Error::invalid(
                 "context",

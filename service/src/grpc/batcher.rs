@@ -186,9 +186,10 @@ impl Worker {
         Some(j)
     }
 
-    /// The job's tokens with 2 specials per text; counted here, off the runtime.
+    /// The job's tokens with 2 specials per window; counted here, off the runtime.
     fn tokens(&self, j: &Job) -> usize {
-        j.texts.iter().map(|t| self.encoder.count_tokens(t).unwrap_or(0) + 2).sum()
+        let spend = scd_engine::encoder::encoder_spend(self.encoder.max_tokens());
+        j.texts.iter().map(|t| spend(self.encoder.count_tokens(t).unwrap_or(0))).sum()
     }
 
     /// The next live job from the queue, waiting when `block`.

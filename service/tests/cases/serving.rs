@@ -841,12 +841,13 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
     });
     let mut c = client(&s).await;
     let before = enc.calls.load(Ordering::SeqCst);
+    // 1,200 tokens each, in 3 windows of 510 with two specials each: 1,206
     let long = "word ".repeat(1200);
     let e = c.embed(embed(&[long.as_str(), long.as_str()], pb::InputKind::Passage)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(
         e.message().starts_with(
-            "texts: 2404 encoder tokens, over the limit of 2000 per request (--max-request-encoder-tokens)"
+            "texts: 2412 encoder tokens, over the limit of 2000 per request (--max-request-encoder-tokens)"
         ),
         "{}",
         e.message()
