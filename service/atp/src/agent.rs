@@ -35,6 +35,13 @@ use crate::store::Ledger;
 pub use crate::work::{WorkOrder, WorkReport, MAX_NEEDS, MAX_PAYLOAD_BYTES, MAX_STEPS};
 use crate::{pb, Error, Result};
 
+/// A job's key: (submitter DID, task id).
+type JobKey = (String, String);
+
+fn job_key(submitter: &Option<pb::AgentId>, task_id: &str) -> JobKey {
+    (sender(submitter).to_string(), task_id.to_string())
+}
+
 /// Offers remembered for contracts (oldest dropped first).
 const MAX_OPEN_OFFERS: usize = 4096;
 /// Contracts and tasks remembered.
@@ -61,6 +68,10 @@ pub struct AgentConfig {
     /// Caps and idle timeouts of its listener (a peer is an adversary until
     /// verified: one must not hold every socket).
     pub connections: scd_net::ConnLimits,
+    /// Hosts a contract's `reply_to` may name besides the address the
+    /// contract came from (`--reply-to-host`): the worker sends heartbeats
+    /// and context requests there, so a requester may not aim it elsewhere.
+    pub reply_to_hosts: Vec<String>,
 }
 
 impl AgentConfig {
@@ -75,6 +86,7 @@ impl AgentConfig {
             heartbeat: Duration::from_secs(1),
             context_budget_tokens: 512,
             connections: scd_net::ConnLimits::default(),
+            reply_to_hosts: Vec::new(),
         }
     }
 }
@@ -86,9 +98,9 @@ struct Contract {
     accepted: Instant,
 }
 
-/// A task this agent runs (or ran).
+/// A task this agent runs (or ran), keyed by its submitter's DID and its
+/// task id: one requester's ids never reach another's jobs.
 struct Job {
-    submitter: String,
     results: watch::Sender<Vec<pb::TaskResult>>,
     /// Whether its interaction proof was countersigned (one per task).
     proved: std::sync::atomic::AtomicBool,
@@ -106,7 +118,7 @@ pub struct Node {
     pub config: AgentConfig,
     offers: Mutex<HashMap<u64, (String, Instant)>>,
     contracts: Mutex<HashMap<String, Contract>>,
-    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    jobs: Mutex<HashMap<JobKey, Arc<Job>>>,
     /// requester URL → tasks running for it (heartbeat targets)
     contacts: Mutex<HashMap<String, usize>>,
     queue: Arc<Semaphore>,
@@ -255,10 +267,9 @@ impl Node {
     fn contract_for_task(&self, task: &pb::TaskSubmit) -> Result<Contract, Status> {
         let contracts = self.contracts.lock().unwrap();
         let Some(c) = contracts.get(&task.contract_id) else {
-            return Err(Status::failed_precondition(format!(
-                "task.contract_id: no contract {:?} with this agent",
-                task.contract_id
-            )));
+            return Err(Status::failed_precondition(
+                "task.contract_id: no open contract with this agent (unknown, expired, or used: a contract serves one task)",
+            ));
         };
         let from = sender(&task.from);
         if sender(&c.contract.from) != from {
@@ -442,11 +453,43 @@ fn missing(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
     order.needs.iter().filter(|n| !texts.iter().any(|t| t.contains(&n.to_lowercase()))).cloned().collect()
 }
 
+/// Adds the chunks of `more` not in `context` yet (by id), in one pass.
 fn merge_chunks(context: &mut pb::ContextDiff, more: &[pb::ContextChunk]) {
+    let mut seen: std::collections::HashSet<String> = context.chunks.iter().map(|k| k.chunk_id.clone()).collect();
     for c in more {
-        if !context.chunks.iter().any(|k| k.chunk_id == c.chunk_id) {
+        if seen.insert(c.chunk_id.clone()) {
             context.chunks.push(c.clone());
         }
+    }
+}
+
+/// Why `reply_to` may not be called back for a contract that came from
+/// `peer`: it must name that address (`localhost` for a loopback one) or one
+/// of `allowed`. The host is not quoted back.
+pub fn check_reply_to(
+    url: &str,
+    peer: Option<std::net::SocketAddr>,
+    allowed: &[String],
+) -> std::result::Result<(), String> {
+    let uri: tonic::codegen::http::Uri = url.parse().map_err(|_| "contract.reply_to: not a URL".to_string())?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("contract.reply_to: not an http or https URL".into());
+    }
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    if allowed.iter().any(|a| a.eq_ignore_ascii_case(host)) {
+        return Ok(());
+    }
+    let from = peer.map(|p| p.ip().to_canonical());
+    let same = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => from == Some(ip.to_canonical()),
+        Err(_) => host.eq_ignore_ascii_case("localhost") && from.is_some_and(|ip| ip.is_loopback()),
+    };
+    if same {
+        Ok(())
+    } else {
+        Err("contract.reply_to: its host is neither the address this contract came from nor a --reply-to-host; \
+             an agent calls back only its requester"
+            .into())
     }
 }
 
@@ -490,6 +533,7 @@ impl pb::atp_service_server::AtpService for AgentService {
     }
 
     async fn accept_contract(&self, request: Request<pb::ContractAccept>) -> Result<Response<pb::ContractAck>, Status> {
+        let peer = request.remote_addr();
         let contract = request.into_inner();
         let node = &self.0;
         node.verify(&contract)?;
@@ -512,7 +556,7 @@ impl pb::atp_service_server::AtpService for AgentService {
                     Some(Ok(())) if handshake::channel(&contract.reply_to).is_err() => {
                         Some("contract.reply_to: not a URL".into())
                     }
-                    Some(Ok(())) => None,
+                    Some(Ok(())) => check_reply_to(&contract.reply_to, peer, &node.config.reply_to_hosts).err(),
                 }
             }
         };
@@ -555,7 +599,8 @@ impl pb::atp_service_server::AtpService for AgentService {
             }
         }
         if let Some(diff) = &task.context {
-            if let Some(c) = diff.chunks.iter().find(|c| diff.withheld_fields.contains(&c.field)) {
+            let withheld: std::collections::HashSet<&str> = diff.withheld_fields.iter().map(String::as_str).collect();
+            if let Some(c) = diff.chunks.iter().find(|c| withheld.contains(c.field.as_str())) {
                 return Err(Status::invalid_argument(format!(
                     "task.context: chunk {} is from withheld field {}",
                     c.chunk_id, c.field
@@ -580,17 +625,26 @@ impl pb::atp_service_server::AtpService for AgentService {
                 node.config.max_queue
             )));
         };
+        let key = job_key(&task.from, &task.task_id);
         let mut jobs = node.jobs.lock().unwrap();
-        if jobs.contains_key(&task.task_id) && task.resume_from.is_none() {
-            return Err(Status::already_exists(format!("task.task_id: {} is already running here", task.task_id)));
+        // a running job is never replaced, resumed or not; a finished one
+        // only by a resume
+        let finished = |j: &Job| j.results.borrow().last().is_some_and(is_final);
+        if jobs.get(&key).is_some_and(|j| !finished(j) || task.resume_from.is_none()) {
+            return Err(Status::already_exists("task.task_id: this requester's task of that id is already here"));
+        }
+        // a contract serves one task: taken now (another submit under it
+        // finds none)
+        if node.contracts.lock().unwrap().remove(&task.contract_id).is_none() {
+            return Err(Status::failed_precondition("task.contract_id: the contract was just used for another task"));
         }
         let (tx, _) = watch::channel(Vec::new());
-        let job = Arc::new(Job { submitter: sender(&task.from).to_string(), results: tx, proved: Default::default() });
+        let job = Arc::new(Job { results: tx, proved: Default::default() });
         if jobs.len() >= MAX_CONTRACTS {
             // forget finished jobs first
-            jobs.retain(|_, j| !j.results.borrow().last().is_some_and(is_final));
+            jobs.retain(|_, j| !finished(j));
         }
-        jobs.insert(task.task_id.clone(), job.clone());
+        jobs.insert(key, job.clone());
         drop(jobs);
         *node.contacts.lock().unwrap().entry(reply_to.clone()).or_default() += 1;
         if node.load().1 >= 0.75 {
@@ -607,13 +661,11 @@ impl pb::atp_service_server::AtpService for AgentService {
         let query = request.into_inner();
         let node = &self.0;
         node.verify(&query)?;
-        let job = node.jobs.lock().unwrap().get(&query.task_id).cloned();
+        // another requester's task of that id is as good as absent
+        let job = node.jobs.lock().unwrap().get(&job_key(&query.from, &query.task_id)).cloned();
         let Some(job) = job else {
-            return Err(Status::not_found(format!("task_id: no task {:?} here", query.task_id)));
+            return Err(Status::not_found("task_id: no task of this requester with that id here"));
         };
-        if job.submitter != sender(&query.from) {
-            return Err(Status::permission_denied("task_id: only the task's submitter may stream its results"));
-        }
         let mut rx = job.results.subscribe();
         let stream = async_stream_results(move |tx| async move {
             let mut sent = 0;
@@ -699,8 +751,8 @@ impl pb::atp_service_server::AtpService for AgentService {
             )));
         }
         // only for a task this agent ran for the evaluator, once
-        let job = node.jobs.lock().unwrap().get(&proof.task_id).cloned();
-        let Some(job) = job.filter(|j| j.submitter == sender(&proof.evaluator)) else {
+        let job = node.jobs.lock().unwrap().get(&job_key(&proof.evaluator, &proof.task_id)).cloned();
+        let Some(job) = job else {
             return Err(Status::failed_precondition(format!(
                 "proof.task_id: {:?} is not a task this agent ran for the evaluator",
                 proof.task_id
@@ -873,6 +925,26 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("task.payload.needs: 33 needs"));
+    }
+
+    #[test]
+    fn reply_to_must_be_the_requesters_own_address_or_allowed() {
+        let peer = |a: &str| Some(a.parse::<std::net::SocketAddr>().unwrap());
+        let allowed = vec!["planner.internal".to_string()];
+        for (url, from, ok) in [
+            ("http://10.0.0.5:7700", peer("10.0.0.5:41000"), true),
+            ("https://10.0.0.5:7700", peer("[::ffff:10.0.0.5]:41000"), true),
+            ("http://[2001:db8::1]:7700", peer("[2001:db8::1]:5"), true),
+            ("http://localhost:7700", peer("127.0.0.1:5"), true),
+            ("http://planner.internal:7700", peer("10.9.9.9:5"), true),
+            ("http://10.0.0.6:7700", peer("10.0.0.5:41000"), false),
+            ("http://localhost:7700", peer("10.0.0.5:5"), false),
+            ("http://victim.example:80", peer("10.0.0.5:5"), false),
+            ("http://10.0.0.5:7700", None, false),
+            ("ftp://10.0.0.5/x", peer("10.0.0.5:5"), false),
+        ] {
+            assert_eq!(check_reply_to(url, from, &allowed).is_ok(), ok, "{url} from {from:?}");
+        }
     }
 
     #[test]

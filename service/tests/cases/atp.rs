@@ -310,7 +310,7 @@ async fn an_agent_refuses_what_it_must() {
     let mut no_contract = task(&me, &did, &c1, 1);
     no_contract.contract_id = "ct-none".into();
     me.stamp_and_sign(&mut no_contract);
-    refused(client.submit_task(no_contract).await, Code::FailedPrecondition, "no contract");
+    refused(client.submit_task(no_contract).await, Code::FailedPrecondition, "no open contract");
     refused(client.submit_task(task(&me, "did:key:z6MkOther", &c1, 1)).await, Code::InvalidArgument, "another agent");
     refused(client.submit_task(task(&stranger, &did, &c1, 1)).await, Code::PermissionDenied, "another agent's");
     let mut bad_order = task(&me, &did, &c1, 1);
@@ -356,7 +356,7 @@ async fn an_agent_refuses_what_it_must() {
     let mut q = pb::TaskQuery { task_id: "task-a".into(), from: Some(stranger.agent_id()), ..Default::default() };
     stranger.stamp_and_sign(&mut q);
     let Err(e) = client.stream_results(q).await else { panic!("a stranger streamed another's results") };
-    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
     let mut proof = pb::InteractionProof {
         evaluator: Some(stranger.agent_id()),
         subject: Some(pb::AgentId { uuid: did.clone() }),
@@ -485,6 +485,84 @@ async fn the_five_composite_patterns_run_over_the_wire() {
         let distinct: std::collections::HashSet<&str> = run.stages.iter().map(|s| s.agent.as_str()).collect();
         assert_eq!(distinct.len(), run.stages.len(), "{run:#?}");
         assert!(run.answer.is_some(), "{pattern:?} has an answer: {run:#?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Hostile requesters against `scd atp agent`: another requester naming a
+/// running task's id (with a forged checkpoint to resume it) gets a job of
+/// its own, a contract serves one task, and a contract may not aim the
+/// worker's callbacks at a third host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requester_cannot_take_over_a_job_reuse_a_contract_or_aim_the_worker_elsewhere() {
+    let dir = crate::scratch("atp-hostile-requester");
+    let (me, rival) = (Identity::generate(), Identity::generate());
+    let v = verifier();
+    let agent = spawn_agent(&dir, &["--capability", "code_generation:0.9:1500:0.02", "--max-queue", "4"]);
+    let (url, did) = (agent.url(), agent.did.clone());
+    let ch = handshake::channel(&url).unwrap();
+    let mut client = AtpServiceClient::new(ch.clone());
+    let (_, mine) = contract(&me, &v, &url, &ch, "job-1").await;
+    assert!(client.submit_task(task(&me, &did, &mine, 3)).await.unwrap().into_inner().accepted);
+    // the same contract again: used
+    let e = client.submit_task(task(&me, &did, &mine, 3)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("a contract serves one task"), "{e:?}");
+    // my own resume of my running job is refused, not a second copy
+    let (_, again) = contract(&me, &v, &url, &ch, "job-1").await;
+    let mut resume = task(&me, &did, &again, 3);
+    let mut cp = pb::TaskCheckpoint {
+        task_id: "job-1".into(),
+        step_number: 1,
+        agent: Some(me.agent_id()),
+        ..Default::default()
+    };
+    me.stamp_and_sign(&mut cp);
+    resume.resume_from = Some(cp);
+    me.stamp_and_sign(&mut resume);
+    let e = client.submit_task(resume).await.unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    // a rival's "resume" of job-1 with a checkpoint it signed itself: its own job
+    let (_, theirs) = contract(&rival, &v, &url, &ch, "job-1").await;
+    let mut takeover = task(&rival, &did, &theirs, 1);
+    let mut cp = pb::TaskCheckpoint {
+        task_id: "job-1".into(),
+        step_number: 0,
+        agent: Some(rival.agent_id()),
+        ..Default::default()
+    };
+    rival.stamp_and_sign(&mut cp);
+    takeover.resume_from = Some(cp);
+    rival.stamp_and_sign(&mut takeover);
+    assert!(client.submit_task(takeover).await.unwrap().into_inner().accepted);
+    let (mine_out, theirs_out) = (results(&me, &ch, "job-1").await, results(&rival, &ch, "job-1").await);
+    let steps = |rs: &[pb::TaskResult]| rs.iter().filter(|r| r.checkpoint.is_some()).count();
+    assert_eq!((steps(&mine_out), steps(&theirs_out)), (3, 1), "each requester sees its own job");
+    for out in [&mine_out, &theirs_out] {
+        assert_eq!(out.last().unwrap().status, pb::TaskStatus::Completed as i32);
+    }
+    // reply_to: only the address the contract came from (loopback here)
+    let mut client = AtpServiceClient::new(ch.clone());
+    for (reply_to, ok) in [
+        ("http://192.0.2.1:7700", false),
+        ("http://10.1.2.3:1", false),
+        ("http://127.0.0.1:1", true),
+        ("http://localhost:1", true),
+    ] {
+        let offer = client.probe(probe(&me, "job-2")).await.unwrap().into_inner();
+        let c = handshake::contract_for(&me, &Offer { url: url.clone(), offer }, "job-2", qos(), reply_to);
+        let ack = client.accept_contract(c).await.unwrap().into_inner();
+        assert_eq!(ack.accepted, ok, "{reply_to}: {ack:?}");
+        if !ok {
+            assert!(
+                ack.reason.starts_with("contract.reply_to: its host is neither the address this contract came from"),
+                "{ack:?}"
+            );
+            assert!(
+                !ack.reason.contains("192.0.2.1") && !ack.reason.contains("10.1.2.3"),
+                "the host is quoted: {ack:?}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -83,6 +83,12 @@ pub struct AgentArgs {
     /// Context budget (tokens) this agent asks for in its offers.
     #[arg(long, default_value_t = 512)]
     pub context_budget: u32,
+    /// A host a contract's reply_to may name besides the address the
+    /// contract came from (repeatable; e.g. a requester behind a proxy).
+    /// The agent sends heartbeats and context requests to reply_to, so by
+    /// default it calls back only the requester's own address.
+    #[arg(long = "reply-to-host", env = "SCD_ATP_REPLY_TO_HOSTS", value_delimiter = ',')]
+    pub reply_to_hosts: Vec<String>,
     /// Caps and idle timeouts of the ATP listener.
     #[command(flatten)]
     pub grpc_conn: crate::config::GrpcConnArgs,
@@ -176,6 +182,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         config.max_running = args.max_running;
         config.context_budget_tokens = args.context_budget;
         config.connections = connections;
+        config.reply_to_hosts = args.reply_to_hosts.clone();
         let document = (did_document_path(identity.did()), identity.did_document_json());
         let node = Node::new(identity, verifier, ledger, config);
         node.set_audit(Arc::new(audit));
