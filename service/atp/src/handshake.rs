@@ -104,6 +104,33 @@ pub fn check_probe(probe: &pb::CapabilityProbe) -> Result<()> {
     Ok(())
 }
 
+/// The longest latency an offer may claim (a day).
+pub const MAX_OFFER_LATENCY_MS: u64 = 86_400_000;
+/// The largest cost an offer may claim per task.
+pub const MAX_OFFER_COST: f64 = 1e6;
+
+/// Checks the figures of an offer that signatures do not: a quality and a
+/// trust in [0, 1], a cost ≥ 0 and a latency of at least 1 ms, all finite
+/// and bounded; a figure out of range would otherwise win every route. The
+/// error names the field and the range, not the value.
+pub fn check_offer(offer: &pb::CapabilityOffer) -> std::result::Result<(), String> {
+    let Some(cap) = offer.capability else { return Err("offer.capability: missing".into()) };
+    let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
+    if !unit(cap.estimated_quality) {
+        return Err("offer.capability.estimated_quality: outside [0, 1]".into());
+    }
+    if !unit(offer.trust_score) {
+        return Err("offer.trust_score: outside [0, 1]".into());
+    }
+    if !(cap.cost_per_task.is_finite() && (0.0..=MAX_OFFER_COST).contains(&cap.cost_per_task)) {
+        return Err(format!("offer.capability.cost_per_task: outside [0, {MAX_OFFER_COST}]"));
+    }
+    if !(1..=MAX_OFFER_LATENCY_MS).contains(&cap.estimated_latency_ms) {
+        return Err(format!("offer.capability.estimated_latency_ms: outside [1, {MAX_OFFER_LATENCY_MS}]"));
+    }
+    Ok(())
+}
+
 /// The largest task embedding a probe may carry.
 pub const MAX_EMBEDDING_DIM: usize = 4096;
 
@@ -248,6 +275,7 @@ pub async fn probe_round(
             Ok(Ok(r)) => r.into_inner(),
         };
         let check = verifier.verify(&offer).map_err(|e| e.to_string()).and_then(|()| {
+            check_offer(&offer)?;
             if offer.in_reply_to != nonce {
                 return Err(format!("in_reply_to {} is not the probe's nonce {nonce}", offer.in_reply_to));
             }
@@ -447,6 +475,31 @@ mod tests {
     }
 
     #[test]
+    fn offers_out_of_range_are_refused_naming_the_field() {
+        let good =
+            pb::CapabilityOffer { capability: Some(cap(0.9, 500, 0.02)), trust_score: 0.5, ..Default::default() };
+        check_offer(&good).unwrap();
+        let with = |c: pb::Capability, trust: f64| pb::CapabilityOffer {
+            capability: Some(c),
+            trust_score: trust,
+            ..Default::default()
+        };
+        for (offer, field) in [
+            (with(cap(1.5, 500, 0.02), 0.5), "estimated_quality"),
+            (with(cap(f64::NAN, 500, 0.02), 0.5), "estimated_quality"),
+            (with(cap(0.9, 500, -1.0), 0.5), "cost_per_task"),
+            (with(cap(0.9, 500, f64::INFINITY), 0.5), "cost_per_task"),
+            (with(cap(0.9, 0, 0.02), 0.5), "estimated_latency_ms"),
+            (with(cap(0.9, u64::MAX, 0.02), 0.5), "estimated_latency_ms"),
+            (with(cap(0.9, 500, 0.02), 2.0), "trust_score"),
+            (pb::CapabilityOffer::default(), "capability: missing"),
+        ] {
+            let e = check_offer(&offer).unwrap_err();
+            assert!(e.starts_with("offer.") && e.contains(field), "{field}: {e}");
+        }
+    }
+
+    #[test]
     fn bad_probes_name_the_field() {
         let ok = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), ..Default::default() };
         assert!(check_probe(&ok).is_ok());
@@ -548,6 +601,24 @@ mod tests {
         );
         tokio::spawn(crate::agent::serve(node, listener, std::future::pending()));
         url
+    }
+
+    #[tokio::test]
+    async fn a_peer_advertising_impossible_figures_makes_no_offer() {
+        // a signed, well-formed offer whose figures would win every route
+        let me = Identity::generate();
+        let probe = pb::CapabilityProbe { task_type: 1, qos: Some(qos()), ..Default::default() };
+        for hostile in [cap(1.5, 500, 0.02), cap(0.95, 500, -5.0), cap(0.95, 0, 0.02)] {
+            let dir = tempfile::tempdir().unwrap();
+            let url = agent(dir.path(), hostile).await;
+            let round = probe_round(&me, &test_verifier(), &[(url.clone(), channel(&url).unwrap())], &probe).await;
+            assert!(round.offers.is_empty(), "{hostile:?} was offered");
+            assert!(
+                matches!(&round.failures[..], [(_, PeerFailure::Invalid(why))] if why.starts_with("offer.capability.")),
+                "{:?}",
+                round.failures
+            );
+        }
     }
 
     #[tokio::test]

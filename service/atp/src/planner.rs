@@ -239,6 +239,10 @@ impl Planner {
                     // the task's; the next route gets it
                     st.emit(Event::Rerouted { task: job.task_id.clone(), agent: short(offer.did()), why });
                 }
+                Err(Failure { why, kind: FailureKind::Rejected }) => {
+                    st.breaker_failure(&offer.url, Some(offer.did()));
+                    st.emit(Event::Rerouted { task: job.task_id.clone(), agent: short(offer.did()), why });
+                }
                 Err(Failure { why, kind: FailureKind::Agent }) => {
                     st.emit(Event::AgentFailed {
                         task: job.task_id.clone(),
@@ -733,6 +737,11 @@ enum FailureKind {
     Agent,
     /// A refusal (queue full, contract declined): try the next route.
     Refused,
+    /// The agent called our message invalid or unauthorised: a peer's word,
+    /// so it is not obeyed (a hostile peer would make every task be
+    /// abandoned) but counted against its circuit, and the next route gets
+    /// the task; not toward poison (peers could otherwise mark any task).
+    Rejected,
     /// Ours (SCD down, store error): stop.
     Local,
 }
@@ -752,7 +761,7 @@ impl Failure {
                 FailureKind::Refused
             }
             tonic::Code::InvalidArgument | tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
-                FailureKind::Local
+                FailureKind::Rejected
             }
             _ => FailureKind::Agent,
         };

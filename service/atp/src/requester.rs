@@ -29,6 +29,8 @@ use crate::{pb, Result};
 
 /// Task ids remembered as budget-starved (cleared when full).
 const MAX_STARVED: usize = 4096;
+/// Peer offers remembered (heartbeats are taken only from their DIDs).
+pub const MAX_KNOWN_OFFERS: usize = 4096;
 
 /// What happened, for the demo's story and its JSON. Fields: `task` is the
 /// task id; agents are short DIDs ([`short`]) or, for peers not yet known by
@@ -119,6 +121,8 @@ pub struct PlannerState {
     pub repricer: Mutex<Repricer>,
     /// Tokens sent vs full context, per hop.
     pub hops: Mutex<HopLedger>,
+    /// The latest offer of each peer DID: one DID per peer URL (a peer that
+    /// rotates DIDs replaces its own), at most [`MAX_KNOWN_OFFERS`].
     pub(crate) offers: Mutex<HashMap<String, Offer>>,
     /// Tasks whose adaptive requests hit the receiver's budget.
     pub(crate) starved: Mutex<HashSet<String>>,
@@ -301,8 +305,25 @@ impl PlannerState {
     pub(crate) fn remember_offers(&self, offers: &[Offer]) {
         let mut known = self.offers.lock().unwrap();
         for o in offers {
+            known.retain(|did, k| k.url != o.url || did == o.did());
+            if known.len() >= MAX_KNOWN_OFFERS && !known.contains_key(o.did()) {
+                // the oldest offer gives way
+                let oldest = known
+                    .iter()
+                    .min_by_key(|(_, k)| k.offer.timestamp.map(|t| (t.seconds, t.nanos)))
+                    .map(|(d, _)| d.clone());
+                if let Some(d) = oldest {
+                    known.remove(&d);
+                }
+            }
             known.insert(o.did().to_string(), o.clone());
         }
+    }
+
+    /// The offers remembered (for tests of their bound).
+    #[doc(hidden)]
+    pub fn known_offers(&self) -> usize {
+        self.offers.lock().unwrap().len()
     }
 
     pub(crate) fn breaker_failure(&self, url: &str, did: Option<&str>) {
@@ -341,5 +362,38 @@ pub fn short(did: &str) -> String {
         format!("…{tail}")
     } else {
         tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(url: &str, did: &str, at: i64) -> Offer {
+        let offer = pb::CapabilityOffer {
+            from: Some(pb::AgentId { uuid: did.into() }),
+            timestamp: Some(pb::Timestamp { seconds: at, nanos: 0 }),
+            ..Default::default()
+        };
+        Offer { url: url.into(), offer }
+    }
+
+    #[test]
+    fn a_peer_rotating_its_did_keeps_one_offer_and_the_offers_are_bounded() {
+        let st = PlannerState::new("http://127.0.0.1:1");
+        for i in 0..100 {
+            st.remember_offers(&[offer("http://10.0.0.1:7700", &format!("did:key:z{i}"), i)]);
+        }
+        assert_eq!(st.known_offers(), 1, "one DID per peer URL");
+        let peer = |did: &str| Some(pb::AgentId { uuid: did.into() });
+        assert!(st.check_peer(&peer("did:key:z99"), "heartbeat.from").is_ok());
+        assert!(st.check_peer(&peer("did:key:z98"), "heartbeat.from").is_err(), "a shed DID no longer counts");
+        let many: Vec<Offer> = (0..MAX_KNOWN_OFFERS + 10)
+            .map(|i| offer(&format!("http://10.1.0.{i}:1"), &format!("d{i}"), i as i64))
+            .collect();
+        st.remember_offers(&many);
+        assert_eq!(st.known_offers(), MAX_KNOWN_OFFERS);
+        assert!(st.check_peer(&peer(&format!("d{}", MAX_KNOWN_OFFERS + 9)), "f").is_ok(), "the newest is kept");
+        assert!(st.check_peer(&peer("d0"), "f").is_err(), "the oldest gave way");
     }
 }

@@ -613,6 +613,139 @@ async fn a_full_agent_makes_the_planner_reroute() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A peer that is a real agent in every RPC but SubmitTask, which it answers
+/// with `code`: a peer's word that the planner's message is bad.
+struct Rejecting(scd_atp::agent::AgentService, Code);
+
+#[tonic::async_trait]
+impl pb::atp_service_server::AtpService for Rejecting {
+    type StreamResultsStream =
+        <scd_atp::agent::AgentService as pb::atp_service_server::AtpService>::StreamResultsStream;
+    async fn probe(
+        &self,
+        r: tonic::Request<pb::CapabilityProbe>,
+    ) -> Result<tonic::Response<pb::CapabilityOffer>, tonic::Status> {
+        self.0.probe(r).await
+    }
+    async fn accept_contract(
+        &self,
+        r: tonic::Request<pb::ContractAccept>,
+    ) -> Result<tonic::Response<pb::ContractAck>, tonic::Status> {
+        self.0.accept_contract(r).await
+    }
+    async fn submit_task(
+        &self,
+        _: tonic::Request<pb::TaskSubmit>,
+    ) -> Result<tonic::Response<pb::TaskAck>, tonic::Status> {
+        Err(tonic::Status::new(self.1, "task: refused as malformed (says this peer)"))
+    }
+    async fn stream_results(
+        &self,
+        r: tonic::Request<pb::TaskQuery>,
+    ) -> Result<tonic::Response<Self::StreamResultsStream>, tonic::Status> {
+        self.0.stream_results(r).await
+    }
+    async fn request_context(
+        &self,
+        r: tonic::Request<pb::ContextRequest>,
+    ) -> Result<tonic::Response<pb::ContextResponse>, tonic::Status> {
+        self.0.request_context(r).await
+    }
+    async fn query_route(
+        &self,
+        r: tonic::Request<pb::RouteQuery>,
+    ) -> Result<tonic::Response<pb::RouteResponse>, tonic::Status> {
+        self.0.query_route(r).await
+    }
+    async fn send_heartbeat(
+        &self,
+        r: tonic::Request<pb::Heartbeat>,
+    ) -> Result<tonic::Response<pb::HeartbeatAck>, tonic::Status> {
+        self.0.send_heartbeat(r).await
+    }
+    async fn report_backpressure(
+        &self,
+        r: tonic::Request<pb::Backpressure>,
+    ) -> Result<tonic::Response<pb::BackpressureAck>, tonic::Status> {
+        self.0.report_backpressure(r).await
+    }
+    async fn report_circuit_break(
+        &self,
+        r: tonic::Request<pb::CircuitBreak>,
+    ) -> Result<tonic::Response<pb::CircuitBreakAck>, tonic::Status> {
+        self.0.report_circuit_break(r).await
+    }
+    async fn submit_interaction_proof(
+        &self,
+        r: tonic::Request<pb::InteractionProof>,
+    ) -> Result<tonic::Response<pb::ProofAck>, tonic::Status> {
+        self.0.submit_interaction_proof(r).await
+    }
+    async fn exchange(
+        &self,
+        r: tonic::Request<pb::AtpMessage>,
+    ) -> Result<tonic::Response<pb::AtpMessage>, tonic::Status> {
+        self.0.exchange(r).await
+    }
+}
+
+/// A [`Rejecting`] peer with capability `cap`, served on loopback; its URL.
+async fn rejecting_peer(dir: &Path, cap: &str, code: Code) -> String {
+    use scd_atp::agent::{AgentConfig, AgentService, Node};
+    use scd_atp::store::{Ledger, Store};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let identity = Identity::generate();
+    let store = Arc::new(Store::open(dir).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
+    let caps = vec![parse_cap(cap)];
+    let node = Node::new(identity, verifier, ledger, AgentConfig::new(caps, url.clone(), "http://127.0.0.1:1".into()));
+    let svc = pb::atp_service_server::AtpServiceServer::new(Rejecting(AgentService(node), code));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming));
+    url
+}
+
+fn parse_cap(s: &str) -> pb::Capability {
+    scd_service::cli::atp::parse_capability(s).unwrap()
+}
+
+/// A peer that answers InvalidArgument, PermissionDenied or Unauthenticated
+/// to a task is failed over (its circuit counts it), not obeyed: the task
+/// completes on the next route instead of being abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_calling_the_task_invalid_is_rerouted_not_obeyed() {
+    use scd_atp::planner::{Event, Outcome};
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-rejecting-peer");
+    let honest = spawn_agent_with_scd(&dir.join("honest"), &scd.addr, &["--capability", "analysis:0.80:300:0.02"]);
+    for (i, code) in [Code::InvalidArgument, Code::PermissionDenied, Code::Unauthenticated].into_iter().enumerate() {
+        // the better, cheaper offer is the rejecting peer's: routed first
+        let hostile = rejecting_peer(&dir.join(format!("hostile-{i}")), "analysis:0.95:200:0.01", code).await;
+        let (planner, mut events) =
+            planner(&dir.join(format!("planner-{i}")), &scd.addr, &[hostile, honest.url()]).await;
+        match planner.run(&analysis_job(&format!("rej-{i}"), &[])).await.unwrap() {
+            Outcome::Completed { agent, .. } => assert_eq!(agent, honest.did, "{code:?}"),
+            other => panic!("{code:?}: {other:?}"),
+        }
+        let mut seen = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            seen.push(e);
+        }
+        assert!(
+            seen.iter().any(|e| matches!(e, Event::Rerouted { why, .. } if why.contains("refused as malformed"))),
+            "{code:?}: {seen:#?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_demo_kills_a_worker_and_loses_no_task() {
     if !crate::ready() {
