@@ -48,6 +48,8 @@
 //! [`TcpConnectInfo`]), so `remote_addr()`, `peer_certs()` and everything
 //! else that reads the connect info keep working unchanged.
 
+pub mod rate;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
