@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(args),
+        Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(*args),
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
         #[cfg(feature = "atp")]

@@ -72,6 +72,12 @@ pub struct AgentConfig {
     /// contract came from (`--reply-to-host`): the worker sends heartbeats
     /// and context requests there, so a requester may not aim it elsewhere.
     pub reply_to_hosts: Vec<String>,
+    /// Signed messages per second one sender DID may send (its bucket's
+    /// refill, paper §11.2), checked after its signature and before the
+    /// fsync'd replay-log write.
+    pub rate_per_did: f64,
+    /// Messages one sender DID may send at once after being idle.
+    pub burst_per_did: u32,
 }
 
 impl AgentConfig {
@@ -87,6 +93,8 @@ impl AgentConfig {
             context_budget_tokens: 512,
             connections: scd_net::ConnLimits::default(),
             reply_to_hosts: Vec::new(),
+            rate_per_did: 100.0,
+            burst_per_did: 200,
         }
     }
 }
@@ -129,6 +137,17 @@ pub struct Node {
     /// The audit trail of the context transfers it sends (one `AtpTransfer`
     /// record per delegation), once [`Node::set_audit`] gave it one.
     audit: std::sync::OnceLock<Arc<scd_audit::AuditLog>>,
+    /// Each sender DID's rate ([`AgentConfig::rate_per_did`]).
+    limiter: scd_net::rate::DidRateLimiter,
+}
+
+/// Runs `f` (blocking I/O) so that the runtime moves its other tasks off
+/// this thread meanwhile; directly on a current-thread runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 impl Node {
@@ -141,6 +160,7 @@ impl Node {
             queue: Arc::new(Semaphore::new(config.max_queue + config.max_running)),
             running: Arc::new(Semaphore::new(config.max_running)),
             planner: PlannerState::new(&config.scd_url),
+            limiter: scd_net::rate::DidRateLimiter::new(config.rate_per_did, config.burst_per_did),
             config,
             offers: Mutex::default(),
             contracts: Mutex::default(),
@@ -168,8 +188,23 @@ impl Node {
         self.identity.did()
     }
 
+    /// A signed message's checks: its signature (no I/O), then its sender's
+    /// rate, then the clock and the durable replay log (an fsync'd write,
+    /// run off the async threads). A sender over its rate is
+    /// RESOURCE_EXHAUSTED with `retry-after-ms`, and its nonce is not used
+    /// up.
     fn verify<M: Signed>(&self, msg: &M) -> Result<(), Status> {
-        self.verifier.verify(msg).map_err(Status::from)
+        let did = self.verifier.check_signature(msg).map_err(Status::from)?;
+        if let Err(wait) = self.limiter.check_at(did, Instant::now()) {
+            let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+            let mut s = Status::resource_exhausted(format!(
+                "the sender is over its rate: {} messages/s, burst {} (--rate-per-did, --burst-per-did); retry after {ms} ms",
+                self.config.rate_per_did, self.config.burst_per_did
+            ));
+            s.metadata_mut().insert("retry-after-ms", ms.into());
+            return Err(s);
+        }
+        blocking(|| self.verifier.verify(msg)).map_err(Status::from)
     }
 
     /// Tasks queued or running here.

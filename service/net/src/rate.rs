@@ -80,7 +80,6 @@ fn secs_saturating(s: f64) -> Duration {
     Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,5 +132,4 @@ mod tests {
         limiter.check_at("did:new", t0 + Duration::from_secs(3600)).unwrap();
         assert_eq!(limiter.len(), 1);
     }
-
 }

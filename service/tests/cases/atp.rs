@@ -613,6 +613,41 @@ async fn a_full_agent_makes_the_planner_reroute() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Paper §11.2: a sender DID over its rate is RESOURCE_EXHAUSTED with a
+/// retry hint, after its signature was checked (forgeries drain nothing)
+/// and before the replay log (a refused message's nonce is not used up);
+/// another DID is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_did_is_rate_limited_and_others_are_served() {
+    let dir = crate::scratch("atp-rate");
+    let (me, other) = (Identity::generate(), Identity::generate());
+    let agent = spawn_agent(
+        &dir,
+        &["--capability", "code_generation:0.9:500:0.02", "--rate-per-did", "1", "--burst-per-did", "5"],
+    );
+    let mut client = AtpServiceClient::new(handshake::channel(&agent.url()).unwrap());
+    // forgeries in my name: refused unauthenticated, my bucket untouched
+    for _ in 0..10 {
+        let mut forged = probe(&me, "r");
+        forged.signature[0] ^= 1;
+        assert_eq!(client.probe(forged).await.unwrap_err().code(), Code::Unauthenticated);
+    }
+    for i in 0..5 {
+        client.probe(probe(&me, "r")).await.unwrap_or_else(|e| panic!("probe {i} within the burst: {e:?}"));
+    }
+    let over = probe(&me, "r");
+    let e = client.probe(over.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("over its rate: 1 messages/s, burst 5"), "{e:?}");
+    let ms: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
+    assert!((1..=1000).contains(&ms), "retry-after-ms {ms}");
+    client.probe(probe(&other, "r")).await.expect("another DID is served");
+    // the refused message itself is accepted once the bucket refilled: its nonce was not used up
+    tokio::time::sleep(Duration::from_millis(ms + 50)).await;
+    client.probe(over).await.expect("the refused probe, resent");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A peer that is a real agent in every RPC but SubmitTask, which it answers
 /// with `code`: a peer's word that the planner's message is bad.
 struct Rejecting(scd_atp::agent::AgentService, Code);

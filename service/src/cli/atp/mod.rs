@@ -20,7 +20,7 @@ use scd_atp::store::{Ledger, Store};
 #[derive(Debug, Subcommand)]
 pub enum AtpCommand {
     /// Run one ATP agent (atp.v1.AtpService over gRPC).
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// A live network on loopback: SCD, six worker processes, a planner; kills a worker mid-task.
     Demo(DemoArgs),
     /// AgentNet-Bench-style SIMULATION comparing ATP with three baselines.
@@ -89,6 +89,13 @@ pub struct AgentArgs {
     /// default it calls back only the requester's own address.
     #[arg(long = "reply-to-host", env = "SCD_ATP_REPLY_TO_HOSTS", value_delimiter = ',')]
     pub reply_to_hosts: Vec<String>,
+    /// Signed messages per second one sender DID may send (paper §11.2);
+    /// over it: RESOURCE_EXHAUSTED with retry-after-ms.
+    #[arg(long, env = "SCD_ATP_RATE_PER_DID", default_value_t = 100.0)]
+    pub rate_per_did: f64,
+    /// Messages one sender DID may send at once after being idle.
+    #[arg(long, env = "SCD_ATP_BURST_PER_DID", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub burst_per_did: u32,
     /// Caps and idle timeouts of the ATP listener.
     #[command(flatten)]
     pub grpc_conn: crate::config::GrpcConnArgs,
@@ -145,6 +152,13 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if !(args.rate_per_did.is_finite() && args.rate_per_did >= scd_net::rate::DidRateLimiter::MIN_RATE_PER_S) {
+        bail!(
+            "--rate-per-did {}: must be at least {} messages/s",
+            args.rate_per_did,
+            scd_net::rate::DidRateLimiter::MIN_RATE_PER_S
+        );
+    }
     if args.heartbeat_ms == 0 || args.heartbeat_ms > 60_000 {
         bail!("--heartbeat-ms {}: must be 1 to 60000", args.heartbeat_ms);
     }
@@ -183,6 +197,8 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         config.context_budget_tokens = args.context_budget;
         config.connections = connections;
         config.reply_to_hosts = args.reply_to_hosts.clone();
+        config.rate_per_did = args.rate_per_did;
+        config.burst_per_did = args.burst_per_did;
         let document = (did_document_path(identity.did()), identity.did_document_json());
         let node = Node::new(identity, verifier, ledger, config);
         node.set_audit(Arc::new(audit));
