@@ -337,7 +337,11 @@ impl Node {
         let resumed_after = task.resume_from.as_ref().map_or(0, |c| c.step_number);
         if let Some(cp) = &task.resume_from {
             if let Some(prior) = &cp.context {
-                merge_chunks(&mut context, &prior.chunks);
+                // a checkpoint names chunks (the requester sends the ones it
+                // asked for); one from an older peer may carry their text
+                let with_text: Vec<pb::ContextChunk> =
+                    prior.chunks.iter().filter(|c| !c.data.is_empty()).cloned().collect();
+                merge_chunks(&mut context, &with_text);
             }
         }
         let mut report = WorkReport { title: order.title.clone(), resumed_after, ..Default::default() };
@@ -379,7 +383,12 @@ impl Node {
                     &serde_json::json!({ "title": order.title, "step": step, "of": order.steps }),
                 )
                 .unwrap_or_default(),
-                context: Some(pb::ContextDiff { chunks: context.chunks.clone(), ..Default::default() }),
+                // the chunks it holds by id and score, not copies: a step's
+                // checkpoint stays small however large the context
+                context: Some(pb::ContextDiff {
+                    chunks: context.chunks.iter().map(chunk_ref).collect(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             };
             self.identity.stamp_and_sign(&mut cp);
@@ -469,6 +478,18 @@ fn sender(id: &Option<pb::AgentId>) -> &str {
 }
 
 pub use scd_did::time::now_s;
+
+/// A chunk without its text: what a checkpoint holds of it.
+fn chunk_ref(c: &pb::ContextChunk) -> pb::ContextChunk {
+    pb::ContextChunk {
+        index: c.index,
+        data: Vec::new(),
+        relevance_score: c.relevance_score,
+        chunk_id: c.chunk_id.clone(),
+        field: c.field.clone(),
+        tokens: c.tokens,
+    }
+}
 
 fn chunk_text(c: &pb::ContextChunk) -> String {
     String::from_utf8_lossy(&c.data).to_lowercase()

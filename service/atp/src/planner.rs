@@ -525,10 +525,15 @@ impl Planner {
             ));
         }
         let t = transfer.clone().expect("set above");
-        st.delegations
-            .lock()
-            .unwrap()
-            .insert(job.task_id.clone(), Delegation { worker: did.clone(), transfer: t.clone() });
+        let sent = {
+            let mut delegations = st.delegations.lock().unwrap();
+            let sent = delegations.remove(&job.task_id).map(|d| d.sent).unwrap_or_default();
+            delegations.insert(
+                job.task_id.clone(),
+                Delegation { worker: did.clone(), transfer: t.clone(), sent: sent.clone() },
+            );
+            sent
+        };
         st.hops.lock().unwrap().record_transfer(&job.task_id, node.did(), &did, &t);
         if let Some(log) = node.audit_log() {
             let budget = offer.offer.context_requirements.as_ref().map_or(0, |r| r.max_context_tokens);
@@ -544,13 +549,25 @@ impl Planner {
             withheld: t.diff.withheld_fields.clone(),
         });
         let resume_from = node.ledger.lock().unwrap().store().checkpoint(&job.task_id).map_err(Failure::local)?;
+        // a resumed worker gets the chunks its predecessor's checkpoint names
+        // that were asked for (the checkpoint holds their ids, not copies)
+        let mut context = t.diff.clone();
+        if let Some(named) = resume_from.as_ref().and_then(|cp| cp.context.as_ref()) {
+            let named: HashSet<&str> = named.chunks.iter().map(|c| c.chunk_id.as_str()).collect();
+            let mut have: HashSet<String> = context.chunks.iter().map(|c| c.chunk_id.clone()).collect();
+            for c in sent.iter().filter(|c| named.contains(c.chunk_id.as_str())) {
+                if have.insert(c.chunk_id.clone()) {
+                    context.chunks.push(c.clone());
+                }
+            }
+        }
         let mut task = pb::TaskSubmit {
             from: Some(node.identity.agent_id()),
             to: offer.offer.from.clone(),
             task_id: job.task_id.clone(),
             task_type: job.task_type as i32,
             payload: serde_json::to_vec(&job.order).unwrap_or_default(),
-            context: Some(t.diff.clone()),
+            context: Some(context),
             contract_id: contract.contract_id.clone(),
             resume_from,
             ..Default::default()

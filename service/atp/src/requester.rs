@@ -101,6 +101,11 @@ pub enum Event {
 pub(crate) struct Delegation {
     pub(crate) worker: String,
     pub(crate) transfer: Arc<Transfer>,
+    /// The chunks its workers asked for and got, across failovers (bounded
+    /// by the receiver's budget, which the SCD session enforces): a resumed
+    /// worker gets those its predecessor's checkpoint names, since a
+    /// checkpoint carries chunk ids, not copies.
+    pub(crate) sent: Vec<pb::ContextChunk>,
 }
 
 /// Requester-side state of an agent (shared with its server: workers call
@@ -192,6 +197,9 @@ impl PlannerState {
         };
         let scd = self.scd().await.map_err(Status::from)?;
         let reply = scd.answer(&transfer.session, req).await.map_err(Status::from)?;
+        if let Some(d) = self.delegations.lock().unwrap().get_mut(&req.task_id) {
+            d.sent.extend(reply.chunks.iter().cloned());
+        }
         let worker = req.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
         if let Err(e) = self.hops.lock().unwrap().record_response(&req.task_id, me, &worker, &reply) {
             tracing::warn!(error = %e, "accounting a context response");

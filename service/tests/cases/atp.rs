@@ -613,6 +613,41 @@ async fn a_full_agent_makes_the_planner_reroute() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A step's checkpoint names the chunks the worker holds (id, field,
+/// score) and copies none of their text: 100 steps of a 16 MiB context
+/// would otherwise hold 1.6 GiB per job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_name_the_chunks_and_copy_no_text() {
+    let dir = crate::scratch("atp-checkpoints");
+    let me = Identity::generate();
+    let v = verifier();
+    let agent = spawn_agent(&dir, &["--capability", "code_generation:0.9:300:0.02"]);
+    let (url, did) = (agent.url(), agent.did.clone());
+    let ch = handshake::channel(&url).unwrap();
+    let (_, c) = contract(&me, &v, &url, &ch, "cp-1").await;
+    let mut t = task(&me, &did, &c, 3);
+    let chunk = |i: u32| pb::ContextChunk {
+        index: i,
+        data: format!("chunk {i} ").repeat(2000).into_bytes(),
+        chunk_id: format!("notes#{i}"),
+        field: "notes".into(),
+        relevance_score: 0.5,
+        tokens: 4000,
+    };
+    t.context = Some(pb::ContextDiff { chunks: vec![chunk(0), chunk(1)], ..Default::default() });
+    me.stamp_and_sign(&mut t);
+    assert!(AtpServiceClient::new(ch.clone()).submit_task(t).await.unwrap().into_inner().accepted);
+    let out = results(&me, &ch, "cp-1").await;
+    let cps: Vec<&pb::TaskCheckpoint> = out.iter().filter_map(|r| r.checkpoint.as_ref()).collect();
+    assert_eq!(cps.len(), 3);
+    for cp in cps {
+        let chunks = &cp.context.as_ref().unwrap().chunks;
+        assert_eq!(chunks.iter().map(|c| c.chunk_id.as_str()).collect::<Vec<_>>(), ["notes#0", "notes#1"]);
+        assert!(chunks.iter().all(|c| c.data.is_empty() && c.field == "notes" && c.tokens == 4000), "{chunks:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Paper §11.2: a sender DID over its rate is RESOURCE_EXHAUSTED with a
 /// retry hint, after its signature was checked (forgeries drain nothing)
 /// and before the replay log (a refused message's nonce is not used up);
