@@ -227,11 +227,17 @@ pub fn verify_proof_included(proof: &pb::InteractionProof, inclusion: &pb::Inclu
 /// evidence's log size, under its Merkle root. (Signatures are checked by
 /// [`crate::identity::check_proof`], not here.)
 pub fn verify_evidence(evidence: &pb::TrustEvidence) -> bool {
-    evidence.proofs.len() == evidence.inclusion.len()
+    // checked first: each proof costs two signature checks and a path
+    evidence.proofs.len() <= MAX_EVIDENCE_PROOFS
+        && evidence.proofs.len() == evidence.inclusion.len()
         && evidence.proofs.iter().zip(&evidence.inclusion).all(|(proof, inclusion)| {
             inclusion.tree_size == evidence.log_size && verify_proof_included(proof, inclusion, &evidence.merkle_root)
         })
 }
+
+/// The most proofs an offer's evidence may show (agents show 8): more is
+/// refused unread, since each costs its verifier two signature checks.
+pub const MAX_EVIDENCE_PROOFS: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -373,5 +379,21 @@ mod tests {
         let mut unmatched = evidence.clone();
         unmatched.inclusion.pop();
         assert!(!verify_evidence(&unmatched));
+        // every proof valid, but more than an offer may show: refused unread
+        let mut log = MerkleLog::new();
+        let many: Vec<pb::InteractionProof> = (0..MAX_EVIDENCE_PROOFS + 1)
+            .map(|i| pb::InteractionProof { task_id: format!("m{i}"), ..Default::default() })
+            .collect();
+        for p in &many {
+            log.append(&proof_leaf_bytes(p));
+        }
+        let inclusion: Vec<pb::InclusionProof> =
+            (0..many.len()).map(|i| log.inclusion_proof(i as u64).unwrap()).collect();
+        let mut flood =
+            pb::TrustEvidence { merkle_root: log.root().to_vec(), log_size: log.len(), proofs: many, inclusion };
+        assert!(!verify_evidence(&flood));
+        flood.proofs.pop();
+        flood.inclusion.pop();
+        assert!(verify_evidence(&flood), "at the cap it verifies");
     }
 }

@@ -177,6 +177,8 @@ impl Planner {
             task_id: job.task_id.clone(),
             ..Default::default()
         };
+        // peers tried, by URL: a peer that rotates its DID is still the peer
+        // that failed
         let mut tried: HashSet<String> = HashSet::new();
         let mut transfer: Option<Arc<Transfer>> = None;
         let mut failovers = 0;
@@ -196,7 +198,7 @@ impl Planner {
             };
             self.account_probe(job, &negotiation);
             let offers: Vec<Offer> =
-                negotiation.offers.into_iter().filter(|o| !tried.contains(o.did()) && self.evidence_ok(o)).collect();
+                negotiation.offers.into_iter().filter(|o| !tried.contains(&o.url) && self.evidence_ok(o)).collect();
             st.remember_offers(&offers);
             // layer 4: rank routes
             let cands = st.candidates(&self.node.ledger, &offers, job.task_type);
@@ -218,7 +220,7 @@ impl Planner {
             let Some(offer) = offers.iter().find(|o| o.did() == best.agents[0]) else {
                 break Outcome::Lost { why: "route names an agent without an offer".into(), failovers };
             };
-            tried.insert(offer.did().to_string());
+            tried.insert(offer.url.clone());
             if let Some(from) = last_failed.take() {
                 let resumed_after =
                     self.node.ledger.lock().unwrap().store().checkpoint(&job.task_id)?.map_or(0, |c| c.step_number);
@@ -251,7 +253,9 @@ impl Planner {
                     });
                     st.breaker_failure(&offer.url, Some(offer.did()));
                     st.repricer.lock().unwrap().agent_failed(offer.did());
-                    let poison = st.poison.lock().unwrap().record_failure(&job.task_id, offer.did(), &why, st.now_ms());
+                    // distinct peers by URL: DIDs are free, so one peer
+                    // rotating them cannot make a task poison alone
+                    let poison = st.poison.lock().unwrap().record_failure(&job.task_id, &offer.url, &why, st.now_ms());
                     if let Some(p) = poison {
                         st.emit(Event::Poison { task: job.task_id.clone(), diagnostics: p.to_string() });
                         break Outcome::Poison { diagnostics: p.to_string(), failovers };
