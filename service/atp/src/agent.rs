@@ -127,8 +127,9 @@ pub struct Node {
     offers: Mutex<HashMap<u64, (String, Instant)>>,
     contracts: Mutex<HashMap<String, Contract>>,
     jobs: Mutex<HashMap<JobKey, Arc<Job>>>,
-    /// requester URL → tasks running for it (heartbeat targets)
-    contacts: Mutex<HashMap<String, usize>>,
+    /// requester URL → requester DID → tasks running for it (heartbeat
+    /// targets; each heartbeat names its receiver)
+    contacts: Mutex<HashMap<String, HashMap<String, usize>>>,
     queue: Arc<Semaphore>,
     running: Arc<Semaphore>,
     heartbeat_seq: AtomicU64,
@@ -207,6 +208,18 @@ impl Node {
         blocking(|| self.verifier.verify(msg)).map_err(Status::from)
     }
 
+    /// Refuses a signed message naming another receiver (or none): one
+    /// requester's view of a worker cannot be replayed to another.
+    fn check_receiver(&self, to: &Option<pb::AgentId>, field: &str) -> Result<(), Status> {
+        match to.as_ref().map(|a| a.uuid.as_str()) {
+            Some(did) if did == self.did() => Ok(()),
+            Some(_) => Err(Status::invalid_argument(format!("{field}: this message is for another agent"))),
+            None => Err(Status::invalid_argument(format!(
+                "{field}: missing (the receiver's DID is signed, so that the message cannot be replayed to another)"
+            ))),
+        }
+    }
+
     /// Tasks queued or running here.
     pub fn load(&self) -> (u32, f64) {
         let capacity = self.config.max_queue + self.config.max_running;
@@ -238,8 +251,9 @@ impl Node {
         }
     }
 
-    /// A signed back-pressure signal of this agent's current queue.
-    fn backpressure(&self) -> pb::Backpressure {
+    /// A signed back-pressure signal of this agent's current queue, for the
+    /// requester `to`.
+    fn backpressure(&self, to: &Option<pb::AgentId>) -> pb::Backpressure {
         let (busy, load) = self.load();
         let per_task_ms = self.config.capabilities.iter().map(|c| c.estimated_latency_ms).max().unwrap_or(1000).max(1);
         let drain_ms = per_task_ms * u64::from(busy) / self.config.max_running.max(1) as u64;
@@ -249,6 +263,7 @@ impl Node {
             recommended_rate: self.config.max_running as f64 * 1000.0 / per_task_ms as f64,
             estimated_drain_ms: drain_ms,
             current_load: load,
+            to: to.clone(),
             ..Default::default()
         };
         self.identity.stamp_and_sign(&mut bp);
@@ -266,9 +281,14 @@ impl Node {
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
-                let targets: Vec<String> =
-                    node.contacts.lock().unwrap().iter().filter(|(_, n)| **n > 0).map(|(u, _)| u.clone()).collect();
-                for url in targets {
+                let targets: Vec<(String, String)> = node
+                    .contacts
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|(u, by)| by.iter().filter(|(_, n)| **n > 0).map(|(did, _)| (u.clone(), did.clone())))
+                    .collect();
+                for (url, requester) in targets {
                     let ch = match channels.get(&url) {
                         Some(ch) => ch.clone(),
                         None => match handshake::channel(&url) {
@@ -285,6 +305,7 @@ impl Node {
                         status: node.status() as i32,
                         active_tasks: (node.config.max_running - node.running.available_permits()) as u32,
                         interval_ms: every.as_millis() as u64,
+                        to: Some(pb::AgentId { uuid: requester }),
                         ..Default::default()
                     };
                     node.identity.stamp_and_sign(&mut hb);
@@ -371,7 +392,7 @@ impl Node {
                 r.error = format!("work order failed at step 2: {why}");
                 self.identity.stamp_and_sign(&mut r);
                 push(&job, r);
-                self.finish(&reply_to);
+                self.finish(&reply_to, sender(&task.from));
                 drop(queued);
                 return;
             }
@@ -404,15 +425,21 @@ impl Node {
         r.payload = serde_json::to_vec(&report).unwrap_or_default();
         self.identity.stamp_and_sign(&mut r);
         push(&job, r);
-        self.finish(&reply_to);
+        self.finish(&reply_to, sender(&task.from));
         drop(queued);
     }
 
-    fn finish(&self, reply_to: &str) {
+    /// A task for `requester` at `reply_to` ended: one heartbeat target less.
+    fn finish(&self, reply_to: &str, requester: &str) {
         let mut contacts = self.contacts.lock().unwrap();
-        if let Some(n) = contacts.get_mut(reply_to) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(by) = contacts.get_mut(reply_to) {
+            if let Some(n) = by.get_mut(requester) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    by.remove(requester);
+                }
+            }
+            if by.is_empty() {
                 contacts.remove(reply_to);
             }
         }
@@ -673,7 +700,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         }
         let reply_to = contract.contract.reply_to.clone();
         let Ok(permit) = node.queue.clone().try_acquire_owned() else {
-            let bp = node.backpressure();
+            let bp = node.backpressure(&task.from);
             tokio::spawn(report_backpressure(reply_to, bp));
             let capacity = node.config.max_queue + node.config.max_running;
             return Err(Status::resource_exhausted(format!(
@@ -702,9 +729,16 @@ impl pb::atp_service_server::AtpService for AgentService {
         }
         jobs.insert(key, job.clone());
         drop(jobs);
-        *node.contacts.lock().unwrap().entry(reply_to.clone()).or_default() += 1;
+        *node
+            .contacts
+            .lock()
+            .unwrap()
+            .entry(reply_to.clone())
+            .or_default()
+            .entry(sender(&task.from).to_string())
+            .or_default() += 1;
         if node.load().1 >= 0.75 {
-            tokio::spawn(report_backpressure(reply_to, node.backpressure()));
+            tokio::spawn(report_backpressure(reply_to, node.backpressure(&task.from)));
         }
         let ack = pb::TaskAck { task_id: task.task_id.clone(), accepted: true, reason: String::new() };
         tokio::spawn(node.clone().run(task, order, contract, job, permit));
@@ -764,6 +798,7 @@ impl pb::atp_service_server::AtpService for AgentService {
     async fn send_heartbeat(&self, request: Request<pb::Heartbeat>) -> Result<Response<pb::HeartbeatAck>, Status> {
         let hb = request.into_inner();
         self.0.verify(&hb)?;
+        self.0.check_receiver(&hb.to, "heartbeat.to")?;
         self.0.planner.check_peer(&hb.from, "heartbeat.from")?;
         self.0.planner.heartbeat(&hb);
         Ok(Response::new(pb::HeartbeatAck { sequence: hb.sequence }))
@@ -775,6 +810,7 @@ impl pb::atp_service_server::AtpService for AgentService {
     ) -> Result<Response<pb::BackpressureAck>, Status> {
         let bp = request.into_inner();
         self.0.verify(&bp)?;
+        self.0.check_receiver(&bp.to, "backpressure.to")?;
         self.0.planner.check_peer(&bp.from, "backpressure.from")?;
         self.0.planner.backpressure(&bp);
         Ok(Response::new(pb::BackpressureAck { acknowledged: true }))

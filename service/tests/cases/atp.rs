@@ -330,12 +330,33 @@ async fn an_agent_refuses_what_it_must() {
     refused(client.submit_task(resume).await, Code::InvalidArgument, "task.resume_from.step_number: 99 is past");
 
     // heartbeats and back-pressure only from peers that made it an offer
-    let mut hb =
-        pb::Heartbeat { from: Some(stranger.agent_id()), sequence: 1, interval_ms: 1000, ..Default::default() };
-    stranger.stamp_and_sign(&mut hb);
-    let e = client.send_heartbeat(hb).await.unwrap_err();
+    let beat = |to: Option<&str>| {
+        let mut hb = pb::Heartbeat {
+            from: Some(stranger.agent_id()),
+            sequence: 1,
+            interval_ms: 1000,
+            to: to.map(|d| pb::AgentId { uuid: d.into() }),
+            ..Default::default()
+        };
+        stranger.stamp_and_sign(&mut hb);
+        hb
+    };
+    let e = client.send_heartbeat(beat(Some(&did))).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("heartbeat.from"), "{e:?}");
+    // and only those naming it: one for another requester (or none) cannot be replayed here
+    for (to, words) in [
+        (Some("did:key:z6MkAnotherPlanner"), "heartbeat.to: this message is for another agent"),
+        (None, "heartbeat.to: missing"),
+    ] {
+        let e = client.send_heartbeat(beat(to)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with(words), "{e:?}");
+    }
+    let mut bp = pb::Backpressure { from: Some(stranger.agent_id()), queue_depth: 9, ..Default::default() };
+    stranger.stamp_and_sign(&mut bp);
+    let e = client.report_backpressure(bp).await.unwrap_err();
+    assert!(e.message().starts_with("backpressure.to: missing"), "{e:?}");
 
     // one countersigned proof per task
     let mut good = pb::InteractionProof {
