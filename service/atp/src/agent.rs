@@ -791,6 +791,7 @@ impl pb::atp_service_server::AtpService for AgentService {
 
     async fn query_route(&self, request: Request<pb::RouteQuery>) -> Result<Response<pb::RouteResponse>, Status> {
         let query = request.into_inner();
+        self.0.verify(&query)?;
         let routes = self.0.planner.routes(&self.0.ledger, &query).map_err(Status::from)?;
         Ok(Response::new(pb::RouteResponse { routes }))
     }

@@ -177,6 +177,7 @@ signed_by_agent_id!(
     Heartbeat.from,
     Backpressure.from,
     CircuitBreak.from,
+    RouteQuery.from,
     TaskCheckpoint.agent,
     // the evaluator signs; the subject countersigns in responder_signature
     InteractionProof.evaluator + responder_signature,

@@ -358,6 +358,18 @@ async fn an_agent_refuses_what_it_must() {
     let e = client.report_backpressure(bp).await.unwrap_err();
     assert!(e.message().starts_with("backpressure.to: missing"), "{e:?}");
 
+    // routes only for a signed query
+    let query = |signed: bool| {
+        let mut q = pb::RouteQuery { task_type: 1, qos: Some(qos()), from: Some(me.agent_id()), ..Default::default() };
+        if signed {
+            me.stamp_and_sign(&mut q);
+        }
+        q
+    };
+    let e = client.query_route(query(false)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    client.query_route(query(true)).await.expect("a signed route query is answered");
+
     // one countersigned proof per task
     let mut good = pb::InteractionProof {
         evaluator: Some(me.agent_id()),

@@ -93,7 +93,7 @@ const CHECKS: [&str; 9] = [
     "stale_probe_refused",
     "replayed_probe_refused",
     "reference_heartbeat_unsigned_refused",
-    "query_route_answers",
+    "reference_route_query_unsigned_refused",
 ];
 
 #[test]
