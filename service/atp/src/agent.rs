@@ -857,13 +857,16 @@ impl pb::atp_service_server::AtpService for AgentService {
         node.identity.countersign(&mut proof);
         let (index, root, inclusion) = node.ledger.lock().unwrap().append(proof.clone()).map_err(Status::from)?;
         tracing::info!(task = %proof.task_id, index, quality = proof.quality_score, "interaction proof countersigned");
-        Ok(Response::new(pb::ProofAck {
+        let mut ack = pb::ProofAck {
             accepted: true,
             responder_signature: proof.responder_signature,
             merkle_root: root.to_vec(),
             inclusion: Some(inclusion),
-            reason: String::new(),
-        }))
+            from: Some(node.identity.agent_id()),
+            ..Default::default()
+        };
+        node.identity.stamp_and_sign(&mut ack);
+        Ok(Response::new(ack))
     }
 
     async fn exchange(&self, request: Request<pb::AtpMessage>) -> Result<Response<pb::AtpMessage>, Status> {

@@ -178,6 +178,7 @@ signed_by_agent_id!(
     Backpressure.from,
     CircuitBreak.from,
     RouteQuery.from,
+    ProofAck.from,
     TaskCheckpoint.agent,
     // the evaluator signs; the subject countersigns in responder_signature
     InteractionProof.evaluator + responder_signature,

@@ -715,7 +715,11 @@ impl Planner {
             }
         };
         proof.responder_signature = ack.responder_signature.clone();
-        let countersigned = node.verifier.check_proof(&proof).is_ok()
+        // the ack is the subject's signed word for the root and inclusion
+        let signed_by_subject =
+            node.verifier.verify(&ack).is_ok() && ack.from.as_ref().map(|a| a.uuid.as_str()) == Some(offer.did());
+        let countersigned = signed_by_subject
+            && node.verifier.check_proof(&proof).is_ok()
             && ack.inclusion.as_ref().is_some_and(|inc| merkle::verify_inclusion(inc, &ack.merkle_root));
         if !countersigned {
             tracing::warn!(

@@ -380,7 +380,14 @@ async fn an_agent_refuses_what_it_must() {
         ..Default::default()
     };
     me.stamp_and_sign(&mut good);
-    assert!(client.submit_interaction_proof(good.clone()).await.unwrap().into_inner().accepted);
+    let ack = client.submit_interaction_proof(good.clone()).await.unwrap().into_inner();
+    assert!(ack.accepted);
+    // the root and inclusion it claims are signed by it
+    v.verify(&ack).expect("the proof ack is signed");
+    assert_eq!(ack.from.as_ref().map(|a| a.uuid.as_str()), Some(did.as_str()));
+    let mut forged = ack.clone();
+    forged.merkle_root[0] ^= 1;
+    assert!(v.check_signature(&forged).is_err(), "an altered root still verifies");
     me.stamp_and_sign(&mut good);
     let e = client.submit_interaction_proof(good).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
