@@ -864,10 +864,8 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
     assert_eq!(ok.embeddings.len(), 1);
 }
 
-/// The finding: one client filled the shared bounds and everyone else was
-/// refused. A caller (its identity, else its address) may use free room
-/// past its share, but not the last places: another client from another
-/// address is still served while the first is refused past its share.
+/// CountTokens' own lane has per-caller shares too, and a caller that gives
+/// up stops its work at the next text, freeing its places.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up() {
     let enc = TestEncoder::new(0);
@@ -904,6 +902,8 @@ async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up()
     hog.clone().count_tokens(count(1)).await.expect("the abandoned work stopped between texts");
 }
 
+/// Work whose caller gave up still holds the caller's share until it stops:
+/// the caller cannot start more meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
     let enc = TestEncoder::new(0);
@@ -936,6 +936,10 @@ async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
     hog.clone().compress(big_compress("hog 5")).await.unwrap();
 }
 
+/// The finding: one client filled the shared bounds and everyone else was
+/// refused. A caller (its identity, else its address) may use free room
+/// past its share, but not the last places: another client from another
+/// address is still served while the first is refused past its share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_client_cannot_take_every_compress_slot_or_the_whole_embed_queue() {
     let enc = TestEncoder::new(0);
