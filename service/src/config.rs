@@ -150,6 +150,7 @@ impl GrpcConnArgs {
             reserve: self.grpc_reserve,
             idle_timeout: std::time::Duration::from_millis(self.grpc_idle_timeout_ms),
             first_call_timeout: std::time::Duration::from_millis(self.grpc_first_call_timeout_ms),
+            ..scd_net::ConnLimits::default()
         };
         l.check().map_err(|scd_net::Error::Invalid { field, reason }| {
             let flag = match field {

@@ -100,6 +100,9 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// A connection that has made no call yet is closed after this long.
     pub first_call_timeout: Duration,
+    /// How long a connection must have been idle before a newcomer may take
+    /// its place ([`EVICT_MIN_IDLE`]).
+    pub evict_min_idle: Duration,
 }
 
 impl Default for ConnLimits {
@@ -112,6 +115,7 @@ impl Default for ConnLimits {
             reserve: 8,
             idle_timeout: Duration::from_secs(120),
             first_call_timeout: Duration::from_secs(10),
+            evict_min_idle: EVICT_MIN_IDLE,
         }
     }
 }
@@ -333,13 +337,13 @@ impl Shared {
     }
 
     /// The connection that gives way when the listener is full: no call in
-    /// flight, idle at least [`EVICT_MIN_IDLE`], never spoke before spoke,
+    /// flight, idle at least `evict_min_idle`, never spoke before spoke,
     /// a normal one before a reserve one (the newcomer takes its kind of
     /// slot, so that it may make any call), then idle longest; not one
     /// already evicted.
     fn victim(&self, t: &Table) -> Option<SocketAddr> {
         let now = self.now_ms();
-        let min = EVICT_MIN_IDLE.as_millis() as u64;
+        let min = self.limits.evict_min_idle.as_millis() as u64;
         t.by_addr
             .iter()
             .filter(|(_, c)| !c.evicted.load(Ordering::SeqCst) && c.active.load(Ordering::SeqCst) == 0)
@@ -787,6 +791,7 @@ mod tests {
             reserve,
             idle_timeout: Duration::from_millis(400),
             first_call_timeout: Duration::from_millis(200),
+            evict_min_idle: EVICT_MIN_IDLE,
         }
     }
 

@@ -636,6 +636,7 @@ async fn idle_grpc_sockets_are_capped_per_peer_closed_and_new_clients_still_serv
         reserve: 2,
         idle_timeout: Duration::from_millis(800),
         first_call_timeout: Duration::from_millis(400),
+        ..scd_net::ConnLimits::default()
     };
     let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
     let mut c = client(&s).await;
@@ -691,6 +692,8 @@ async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_
         reserve: 1,
         idle_timeout: Duration::from_secs(30),
         first_call_timeout: Duration::from_secs(30),
+        // nothing is idle long enough to give way in this test
+        evict_min_idle: Duration::from_secs(30),
     };
     let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
     crate::inproc::wait_serving(&s).await;
@@ -713,8 +716,8 @@ async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_
     assert!(e.message().contains("kept for health checks") && e.message().contains("retry after"), "{}", e.message());
     let hint: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
     assert!((1..=30_000).contains(&hint), "retry-after-ms {hint}");
-    // past the reserve, with no connection idle long enough to give way
-    // (the reserve one just spoke): closed at once
+    // past the reserve, with no connection idle long enough to give way:
+    // closed at once
     let mut extra = socket_from("127.0.0.1", &s.grpc).await;
     assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
     // a slot freed serves calls again: the reserve connection moves into it
@@ -735,6 +738,7 @@ async fn a_listener_full_of_silent_sockets_still_serves_a_new_client_at_once() {
         reserve: 2,
         idle_timeout: Duration::from_secs(30),
         first_call_timeout: Duration::from_secs(30),
+        ..scd_net::ConnLimits::default()
     };
     let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
     crate::inproc::wait_serving(&s).await;
