@@ -189,14 +189,16 @@ impl Node {
         self.identity.did()
     }
 
-    /// A signed message's checks: its signature (no I/O), then its sender's
-    /// rate, then the clock and the durable replay log (an fsync'd write,
-    /// run off the async threads). A sender over its rate is
+    /// A signed message's checks: its signature (no I/O), then whether its
+    /// sender has rate left, then the clock and the durable replay log (an
+    /// fsync'd write, in `block_in_place`); only a message that passed all
+    /// of them takes from its sender's rate, so replayed or stale copies of
+    /// someone's message drain nothing. A sender over its rate is
     /// RESOURCE_EXHAUSTED with `retry-after-ms`, and its nonce is not used
     /// up.
     fn verify<M: Signed>(&self, msg: &M) -> Result<(), Status> {
         let did = self.verifier.check_signature(msg).map_err(Status::from)?;
-        if let Err(wait) = self.limiter.check_at(did, Instant::now()) {
+        if let Err(wait) = self.limiter.peek_at(did, Instant::now()) {
             let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
             let mut s = Status::resource_exhausted(format!(
                 "the sender is over its rate: {} messages/s, burst {} (--rate-per-did, --burst-per-did); retry after {ms} ms",
@@ -205,7 +207,11 @@ impl Node {
             s.metadata_mut().insert("retry-after-ms", ms.into());
             return Err(s);
         }
-        blocking(|| self.verifier.verify(msg)).map_err(Status::from)
+        blocking(|| self.verifier.verify(msg)).map_err(Status::from)?;
+        // concurrent messages may all have peeked one request: at most that
+        // many past the burst
+        let _ = self.limiter.check_at(did, Instant::now());
+        Ok(())
     }
 
     /// Refuses a signed message naming another receiver (or none): one

@@ -37,6 +37,21 @@ impl DidRateLimiter {
         DidRateLimiter { rate_per_s, burst: f64::from(burst.max(1)), buckets: Mutex::new(HashMap::new()) }
     }
 
+    /// Whether `did`'s bucket holds a request at `now` (taking none), or
+    /// how long until it does: a caller checks this first, then takes the
+    /// request with [`DidRateLimiter::check_at`] once the message proved
+    /// fresh, so that replayed copies of another's message drain nothing.
+    pub fn peek_at(&self, did: &str, now: Instant) -> Result<(), Duration> {
+        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(b) = buckets.get(did) else { return Ok(()) };
+        let tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate_per_s).min(self.burst);
+        if tokens >= 1.0 {
+            Ok(())
+        } else {
+            Err(secs_saturating((1.0 - tokens) / self.rate_per_s))
+        }
+    }
+
     /// Takes one request from `did`'s bucket at `now`, or says how long
     /// until one is there.
     pub fn check_at(&self, did: &str, now: Instant) -> Result<(), Duration> {
@@ -103,6 +118,19 @@ mod tests {
             limiter.check_at("a", later).unwrap();
         }
         assert!(limiter.check_at("a", later).is_err());
+    }
+
+    #[test]
+    fn a_peek_takes_nothing() {
+        let limiter = DidRateLimiter::new(10.0, 2);
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            limiter.peek_at("a", t0).unwrap();
+        }
+        limiter.check_at("a", t0).unwrap();
+        limiter.check_at("a", t0).unwrap();
+        assert_eq!(limiter.peek_at("a", t0).unwrap_err().as_millis(), 100);
+        limiter.peek_at("a", t0 + Duration::from_millis(100)).unwrap();
     }
 
     #[test]

@@ -689,16 +689,16 @@ async fn checkpoints_name_the_chunks_and_copy_no_text() {
 }
 
 /// Paper §11.2: a sender DID over its rate is RESOURCE_EXHAUSTED with a
-/// retry hint, after its signature was checked (forgeries drain nothing)
-/// and before the replay log (a refused message's nonce is not used up);
-/// another DID is served meanwhile.
+/// retry hint; only messages that pass every check take from its rate
+/// (forgeries and replays drain nothing), and a refused message's nonce is
+/// not used up; another DID is served meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_did_is_rate_limited_and_others_are_served() {
     let dir = crate::scratch("atp-rate");
     let (me, other) = (Identity::generate(), Identity::generate());
     let agent = spawn_agent(
         &dir,
-        &["--capability", "code_generation:0.9:500:0.02", "--rate-per-did", "1", "--burst-per-did", "5"],
+        &["--capability", "code_generation:0.9:500:0.02", "--rate-per-did", "0.2", "--burst-per-did", "5"],
     );
     let mut client = AtpServiceClient::new(handshake::channel(&agent.url()).unwrap());
     // forgeries in my name: refused unauthenticated, my bucket untouched
@@ -707,15 +707,23 @@ async fn a_flooding_did_is_rate_limited_and_others_are_served() {
         forged.signature[0] ^= 1;
         assert_eq!(client.probe(forged).await.unwrap_err().code(), Code::Unauthenticated);
     }
-    for i in 0..5 {
+    // replays of my accepted probe (anyone may resend a message they saw):
+    // refused as replayed, my bucket untouched
+    let seen = probe(&me, "r");
+    client.probe(seen.clone()).await.unwrap();
+    for _ in 0..10 {
+        let e = client.probe(seen.clone()).await.unwrap_err();
+        assert!(e.code() == Code::Unauthenticated && e.message().contains("replayed"), "{e:?}");
+    }
+    for i in 1..5 {
         client.probe(probe(&me, "r")).await.unwrap_or_else(|e| panic!("probe {i} within the burst: {e:?}"));
     }
     let over = probe(&me, "r");
     let e = client.probe(over.clone()).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().contains("over its rate: 1 messages/s, burst 5"), "{e:?}");
+    assert!(e.message().contains("over its rate: 0.2 messages/s, burst 5"), "{e:?}");
     let ms: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
-    assert!((1..=1000).contains(&ms), "retry-after-ms {ms}");
+    assert!((1..=5000).contains(&ms), "retry-after-ms {ms}");
     client.probe(probe(&other, "r")).await.expect("another DID is served");
     // the refused message itself is accepted once the bucket refilled: its nonce was not used up
     tokio::time::sleep(Duration::from_millis(ms + 50)).await;
