@@ -42,6 +42,36 @@ fn job_key(submitter: &Option<pb::AgentId>, task_id: &str) -> JobKey {
     (sender(submitter).to_string(), task_id.to_string())
 }
 
+/// The most chunks a task's context (or its checkpoint) may hold.
+pub const MAX_CONTEXT_CHUNKS: usize = 1024;
+/// The longest chunk id or field name, in bytes.
+pub const MAX_CHUNK_NAME_BYTES: usize = 256;
+
+/// Checks the shape of a context a peer sent: at most
+/// [`MAX_CONTEXT_CHUNKS`] chunks (and withheld fields), names of at most
+/// [`MAX_CHUNK_NAME_BYTES`]; the error names the field and the limit.
+fn check_context(diff: &pb::ContextDiff, field: &str) -> Result<(), Status> {
+    if diff.chunks.len() > MAX_CONTEXT_CHUNKS || diff.withheld_fields.len() > MAX_CONTEXT_CHUNKS {
+        return Err(Status::invalid_argument(format!(
+            "{field}: {} chunks and {} withheld fields, over the limit of {MAX_CONTEXT_CHUNKS} each",
+            diff.chunks.len(),
+            diff.withheld_fields.len()
+        )));
+    }
+    let long = |s: &str| s.len() > MAX_CHUNK_NAME_BYTES;
+    if let Some(i) = diff.chunks.iter().position(|c| long(&c.chunk_id) || long(&c.field)) {
+        return Err(Status::invalid_argument(format!(
+            "{field}.chunks[{i}]: a chunk_id or field over {MAX_CHUNK_NAME_BYTES} bytes"
+        )));
+    }
+    if diff.withheld_fields.iter().any(|f| long(f)) {
+        return Err(Status::invalid_argument(format!(
+            "{field}.withheld_fields: a name over {MAX_CHUNK_NAME_BYTES} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Offers remembered for contracts (oldest dropped first).
 const MAX_OPEN_OFFERS: usize = 4096;
 /// Contracts and tasks remembered.
@@ -109,7 +139,12 @@ struct Contract {
 /// A task this agent runs (or ran), keyed by its submitter's DID and its
 /// task id: one requester's ids never reach another's jobs.
 struct Job {
-    results: watch::Sender<Vec<pb::TaskResult>>,
+    /// Its results, numbered: only the latest step's is kept, and the final
+    /// one after it, so a job holds one checkpoint at most, however many
+    /// steps (a reader slower than the steps skips to the latest).
+    results: watch::Sender<Vec<(u64, pb::TaskResult)>>,
+    /// The number of the last result pushed.
+    pushed: AtomicU64,
     /// Whether its interaction proof was countersigned (one per task).
     proved: std::sync::atomic::AtomicBool,
 }
@@ -360,17 +395,11 @@ impl Node {
         let started = Instant::now();
         let _running = self.running.clone().acquire_owned().await;
         let cap = self.config.capabilities.iter().find(|c| c.task_type == task.task_type).copied().unwrap_or_default();
+        // a checkpoint names the chunks its agent held; their text comes with
+        // the task's context (the requester sends those it had given), never
+        // from the checkpoint
         let mut context = task.context.clone().unwrap_or_default();
         let resumed_after = task.resume_from.as_ref().map_or(0, |c| c.step_number);
-        if let Some(cp) = &task.resume_from {
-            if let Some(prior) = &cp.context {
-                // a checkpoint names chunks (the requester sends the ones it
-                // asked for); one from an older peer may carry their text
-                let with_text: Vec<pb::ContextChunk> =
-                    prior.chunks.iter().filter(|c| !c.data.is_empty()).cloned().collect();
-                merge_chunks(&mut context, &with_text);
-            }
-        }
         let mut report = WorkReport { title: order.title.clone(), resumed_after, ..Default::default() };
         report.confidence = confidence(&order, &context);
         // layer 3, §6.3: ask the requester for each missing need
@@ -389,7 +418,8 @@ impl Node {
             }
         }
         report.final_confidence = confidence(&order, &context);
-        report.chunks = context.chunks.iter().map(|c| c.chunk_id.clone()).collect();
+        report.chunks =
+            context.chunks.iter().take(crate::work::MAX_REPORT_CHUNKS).map(|c| c.chunk_id.clone()).collect();
         let step_ms = cap.estimated_latency_ms / u64::from(order.steps.max(1));
         for step in resumed_after + 1..=order.steps {
             tokio::time::sleep(Duration::from_millis(step_ms)).await;
@@ -503,7 +533,15 @@ impl Node {
 }
 
 fn push(job: &Job, r: pb::TaskResult) {
-    job.results.send_modify(|v| v.push(r));
+    let n = job.pushed.fetch_add(1, Ordering::SeqCst) + 1;
+    job.results.send_modify(|v| {
+        // keep the latest step's result (a reader still gets the last
+        // checkpoint before the final result), drop the one before it
+        if !is_final(&r) && v.last().is_some_and(|(_, last)| !is_final(last)) {
+            v.pop();
+        }
+        v.push((n, r));
+    });
 }
 
 fn sender(id: &Option<pb::AgentId>) -> &str {
@@ -546,6 +584,10 @@ fn missing(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
 fn merge_chunks(context: &mut pb::ContextDiff, more: &[pb::ContextChunk]) {
     let mut seen: std::collections::HashSet<String> = context.chunks.iter().map(|k| k.chunk_id.clone()).collect();
     for c in more {
+        if context.chunks.len() >= MAX_CONTEXT_CHUNKS {
+            tracing::warn!(limit = MAX_CONTEXT_CHUNKS, "context answer past the chunk limit; the rest is dropped");
+            break;
+        }
         if seen.insert(c.chunk_id.clone()) {
             context.chunks.push(c.clone());
         }
@@ -687,6 +729,14 @@ impl pb::atp_service_server::AtpService for AgentService {
                 )));
             }
         }
+        for (diff, field) in [
+            (task.context.as_ref(), "task.context"),
+            (task.resume_from.as_ref().and_then(|c| c.context.as_ref()), "task.resume_from.context"),
+        ] {
+            if let Some(diff) = diff {
+                check_context(diff, field)?;
+            }
+        }
         if let Some(diff) = &task.context {
             let withheld: std::collections::HashSet<&str> = diff.withheld_fields.iter().map(String::as_str).collect();
             if let Some(c) = diff.chunks.iter().find(|c| withheld.contains(c.field.as_str())) {
@@ -718,7 +768,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         let mut jobs = node.jobs.lock().unwrap();
         // a running job is never replaced, resumed or not; a finished one
         // only by a resume
-        let finished = |j: &Job| j.results.borrow().last().is_some_and(is_final);
+        let finished = |j: &Job| j.results.borrow().last().is_some_and(|(_, r)| is_final(r));
         if jobs.get(&key).is_some_and(|j| !finished(j) || task.resume_from.is_none()) {
             return Err(Status::already_exists("task.task_id: this requester's task of that id is already here"));
         }
@@ -728,7 +778,7 @@ impl pb::atp_service_server::AtpService for AgentService {
             return Err(Status::failed_precondition("task.contract_id: the contract was just used for another task"));
         }
         let (tx, _) = watch::channel(Vec::new());
-        let job = Arc::new(Job { results: tx, proved: Default::default() });
+        let job = Arc::new(Job { results: tx, pushed: AtomicU64::new(0), proved: Default::default() });
         if jobs.len() >= MAX_CONTRACTS {
             // forget finished jobs first
             jobs.retain(|_, j| !finished(j));
@@ -764,11 +814,14 @@ impl pb::atp_service_server::AtpService for AgentService {
         };
         let mut rx = job.results.subscribe();
         let stream = async_stream_results(move |tx| async move {
+            // the results not sent yet, by number (a reader slower than the
+            // steps gets the latest one)
             let mut sent = 0;
             loop {
-                let batch: Vec<pb::TaskResult> = rx.borrow_and_update()[sent..].to_vec();
-                for r in batch {
-                    sent += 1;
+                let batch: Vec<(u64, pb::TaskResult)> =
+                    rx.borrow_and_update().iter().filter(|(n, _)| *n > sent).cloned().collect();
+                for (n, r) in batch {
+                    sent = n;
                     let last = is_final(&r);
                     if tx.send(Ok(r)).await.is_err() || last {
                         return;
@@ -1027,6 +1080,50 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("task.payload.needs: 33 needs"));
+    }
+
+    #[test]
+    fn a_job_holds_its_latest_checkpoint_then_only_its_final_result() {
+        let (tx, rx) = watch::channel(Vec::new());
+        let job = Job { results: tx, pushed: AtomicU64::new(0), proved: Default::default() };
+        let result = |status: pb::TaskStatus, step: u32| pb::TaskResult {
+            status: status as i32,
+            checkpoint: Some(pb::TaskCheckpoint { step_number: step, ..Default::default() }),
+            ..Default::default()
+        };
+        for step in 1..=100 {
+            push(&job, result(pb::TaskStatus::Running, step));
+            let held = rx.borrow();
+            assert_eq!(held.len(), 1, "step {step}");
+            assert_eq!((held[0].0, held[0].1.checkpoint.as_ref().unwrap().step_number), (u64::from(step), step));
+        }
+        push(&job, result(pb::TaskStatus::Completed, 0));
+        let held = rx.borrow();
+        let kept: Vec<(u64, i32)> = held.iter().map(|(n, r)| (*n, r.status)).collect();
+        assert_eq!(kept, [(100, pb::TaskStatus::Running as i32), (101, pb::TaskStatus::Completed as i32)]);
+    }
+
+    #[test]
+    fn contexts_past_the_chunk_limits_are_refused_naming_them() {
+        let chunk = |id: String| pb::ContextChunk { chunk_id: id, field: "f".into(), ..Default::default() };
+        let many = pb::ContextDiff {
+            chunks: (0..=MAX_CONTEXT_CHUNKS).map(|i| chunk(format!("f#{i}"))).collect(),
+            ..Default::default()
+        };
+        let e = check_context(&many, "task.context").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(e.message(), "task.context: 1025 chunks and 0 withheld fields, over the limit of 1024 each");
+        let long = pb::ContextDiff { chunks: vec![chunk("x".repeat(300))], ..Default::default() };
+        let e = check_context(&long, "task.resume_from.context").unwrap_err();
+        assert!(
+            e.message().starts_with("task.resume_from.context.chunks[0]: a chunk_id or field over 256 bytes"),
+            "{e:?}"
+        );
+        assert!(!e.message().contains("xxx"), "the name is quoted");
+        let mut ctx = pb::ContextDiff::default();
+        merge_chunks(&mut ctx, &many.chunks);
+        assert_eq!(ctx.chunks.len(), MAX_CONTEXT_CHUNKS, "an answer does not grow a context past the limit");
+        check_context(&ctx, "task.context").unwrap();
     }
 
     #[test]

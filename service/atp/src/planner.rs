@@ -625,7 +625,15 @@ impl Planner {
             match pb::TaskStatus::try_from(result.status) {
                 Ok(pb::TaskStatus::Running) => {
                     if let Some(cp) = &result.checkpoint {
-                        if node.verifier.check_signature(cp).is_ok() && cp.task_id == job.task_id {
+                        // the worker's own, for this task; kept without chunk
+                        // text (a checkpoint names chunks; the next worker gets
+                        // their text from here, not from a predecessor)
+                        let by_worker = cp.agent.as_ref().map(|a| a.uuid.as_str()) == Some(did.as_str());
+                        if by_worker && node.verifier.check_signature(cp).is_ok() && cp.task_id == job.task_id {
+                            if cp.context.as_ref().is_some_and(|c| c.chunks.iter().any(|k| !k.data.is_empty())) {
+                                tracing::warn!(agent = %did, "a checkpoint carried chunk text; not kept");
+                                continue;
+                            }
                             node.ledger.lock().unwrap().store().put_checkpoint(cp).map_err(Failure::local)?;
                             st.emit(Event::Checkpoint {
                                 task: job.task_id.clone(),

@@ -68,6 +68,10 @@ impl WorkOrder {
     }
 }
 
+/// The most chunk ids a report lists: a finished job is kept with its
+/// report, so a context of many chunks must not make it large.
+pub const MAX_REPORT_CHUNKS: usize = 64;
+
 /// What the worker did: JSON in the final `TaskResult.payload`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -78,7 +82,7 @@ pub struct WorkReport {
     pub steps_run: u32,
     /// The step this agent resumed after (0 = from scratch).
     pub resumed_after: u32,
-    /// Chunks of context it used.
+    /// Chunks of context it used (the first [`MAX_REPORT_CHUNKS`]).
     pub chunks: Vec<String>,
     /// Its confidence on the context it was sent, in [0, 1].
     pub confidence: f64,
