@@ -91,7 +91,9 @@ fn message_bytes(m: &Message) -> usize {
 /// A task as it is held: its status typed, each message and artifact as
 /// compact JSON (parsed again when read), so that what a task is counted as
 /// is what it holds. Structs of `serde_json::Value`s hold about twice their
-/// JSON size; their JSON holds its own size.
+/// JSON size; their JSON holds its own size. Read under the store's lock
+/// as a copy of the strings; parsed after the lock is released.
+#[derive(Clone)]
 struct Held {
     id: String,
     context_id: String,
@@ -152,21 +154,30 @@ impl Held {
         }
     }
 
-    /// The task with its last `history` messages and, when `artifacts`, its
-    /// artifacts (only those are parsed).
-    fn task(&self, history: usize, artifacts: bool) -> Task {
+    /// A copy with its last `history` messages and, when `artifacts`, its
+    /// artifacts (only those are copied).
+    fn view(&self, history: usize, artifacts: bool) -> Held {
         let from = self.history.len().saturating_sub(history);
+        Held {
+            id: self.id.clone(),
+            context_id: self.context_id.clone(),
+            state: self.state,
+            timestamp: self.timestamp.clone(),
+            message: self.message.clone(),
+            history: self.history[from..].to_vec(),
+            artifacts: if artifacts { self.artifacts.clone() } else { Vec::new() },
+        }
+    }
+
+    /// The task, parsed (outside the store's lock).
+    fn parsed(&self) -> Task {
         Task {
             id: self.id.clone(),
             context_id: self.context_id.clone(),
             status: self.status(),
-            artifacts: if artifacts { self.artifacts.iter().filter_map(|a| parse(a)).collect() } else { Vec::new() },
-            history: self.history[from..].iter().filter_map(|m| parse(m)).collect(),
+            artifacts: self.artifacts.iter().filter_map(|a| parse(a)).collect(),
+            history: self.history.iter().filter_map(|m| parse(m)).collect(),
         }
-    }
-
-    fn full(&self) -> Task {
-        self.task(usize::MAX, true)
     }
 
     /// Heap bytes held, with [`ENTRY_BYTES`] for the entry around it.
@@ -521,7 +532,8 @@ impl Store {
 
     /// The task, if `owner` holds it.
     pub fn get(&self, id: &str, owner: &Owner) -> Result<Task, Error> {
-        Self::entry(&mut self.lock().tasks, id, owner).map(|e| e.task.full())
+        let held = Self::entry(&mut self.lock().tasks, id, owner).map(|e| e.task.clone())?;
+        Ok(held.parsed())
     }
 
     /// Adds `msg` to a task that is not terminal, as `state`.
@@ -558,10 +570,11 @@ impl Store {
         if let Some(c) = inner.contexts.get_mut(&ctx) {
             c.touched = Instant::now();
         }
-        Ok(out)
+        drop(guard);
+        Ok(out.parsed())
     }
 
-    fn set_state(e: &mut Entry, seq: &mut u64, state: TaskState, message: Option<Message>) -> Task {
+    fn set_state(e: &mut Entry, seq: &mut u64, state: TaskState, message: Option<Message>) -> Held {
         *seq += 1;
         e.seq = *seq;
         e.updated = SystemTime::now();
@@ -576,7 +589,7 @@ impl Store {
             // the last event is sent: subscribers see the channel close
             e.events = None;
         }
-        e.task.full()
+        e.task.clone()
     }
 
     /// Moves a task to `state` with the agent's `message` (kept in its
@@ -600,7 +613,8 @@ impl Store {
         }
         let out = Self::set_state(e, &mut inner.seq, state, message);
         e.recount(&mut inner.bytes);
-        Ok(out)
+        drop(guard);
+        Ok(out.parsed())
     }
 
     /// Takes back the message last accepted into task `id` (the engine was
@@ -642,7 +656,8 @@ impl Store {
             Message::agent(id, &e.task.context_id.clone(), vec![super::types::Part::text("canceled by the client")]);
         let out = Self::set_state(e, &mut inner.seq, TaskState::Canceled, Some(msg));
         e.recount(&mut inner.bytes);
-        Ok(out)
+        drop(guard);
+        Ok(out.parsed())
     }
 
     /// The task and a receiver of its later events; a terminal task has none.
@@ -658,7 +673,9 @@ impl Store {
         }
         let rx = e.events.get_or_insert_with(|| broadcast::channel(16).0).subscribe();
         e.recount(&mut inner.bytes);
-        Ok((e.task.full(), rx))
+        let held = e.task.clone();
+        drop(guard);
+        Ok((held.parsed(), rx))
     }
 
     /// How many of `owner`'s tasks match `filter`, and the `page` of them,
@@ -677,13 +694,14 @@ impl Store {
             .collect();
         hits.sort_unstable_by_key(|e| std::cmp::Reverse(e.seq));
         let total = hits.len();
-        let tasks = hits
+        let views: Vec<Held> = hits
             .into_iter()
             .skip(page.offset)
             .take(page.size)
-            .map(|e| e.task.task(page.history, page.artifacts))
+            .map(|e| e.task.view(page.history, page.artifacts))
             .collect();
-        (total, tasks)
+        drop(inner);
+        (total, views.iter().map(Held::parsed).collect())
     }
 
     /// The SCD session of `owner`'s context `context_id`.
