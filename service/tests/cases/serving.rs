@@ -915,14 +915,15 @@ async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
     let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
     // the other client has come
     other.clone().compress(big_compress("other")).await.unwrap();
-    enc.delay_ms.store(400, Ordering::SeqCst);
-    // three calls give up after 100 ms; their work runs on to the encoder's next stop
+    enc.delay_ms.store(1500, Ordering::SeqCst);
+    // three calls give up after 300 ms (their work has started on a loaded
+    // machine too); it runs on to the encoder's next stop, 1.5 s in
     let gave_up: Vec<_> = (0..3)
         .map(|i| {
             let mut c = hog.clone();
             tokio::spawn(async move {
                 let mut r = tonic::Request::new(big_compress(&format!("hog {i}")));
-                r.set_timeout(Duration::from_millis(100));
+                r.set_timeout(Duration::from_millis(300));
                 c.compress(r).await
             })
         })
@@ -936,7 +937,7 @@ async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
     assert!(e.message().starts_with("compress slots: this caller holds 3 of 4"), "{}", e.message());
     // once it has stopped, the hog is served again
     enc.delay_ms.store(0, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     hog.clone().compress(big_compress("hog 5")).await.unwrap();
 }
 
