@@ -44,12 +44,22 @@ impl DidRateLimiter {
     pub fn peek_at(&self, did: &str, now: Instant) -> Result<(), Duration> {
         let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         let Some(b) = buckets.get(did) else { return Ok(()) };
-        let tokens = (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate_per_s).min(self.burst);
+        let tokens = self.refilled(b, now);
         if tokens >= 1.0 {
             Ok(())
         } else {
-            Err(secs_saturating((1.0 - tokens) / self.rate_per_s))
+            Err(self.wait(tokens))
         }
+    }
+
+    /// The tokens `b` holds at `now`: refilled at the rate, capped at the burst.
+    fn refilled(&self, b: &Bucket, now: Instant) -> f64 {
+        (b.tokens + now.saturating_duration_since(b.at).as_secs_f64() * self.rate_per_s).min(self.burst)
+    }
+
+    /// How long until a bucket holding `tokens` (< 1) holds a request.
+    fn wait(&self, tokens: f64) -> Duration {
+        secs_saturating((1.0 - tokens) / self.rate_per_s)
     }
 
     /// Takes one request from `did`'s bucket at `now`, or says how long
@@ -67,14 +77,13 @@ impl DidRateLimiter {
             }
         }
         let b = buckets.entry(did.to_string()).or_insert(Bucket { tokens: self.burst, at: now });
-        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * self.rate_per_s).min(self.burst);
+        b.tokens = self.refilled(b, now);
         b.at = b.at.max(now);
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
             Ok(())
         } else {
-            Err(secs_saturating((1.0 - b.tokens) / self.rate_per_s))
+            Err(self.wait(b.tokens))
         }
     }
 
