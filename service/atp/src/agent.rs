@@ -624,14 +624,17 @@ pub fn check_reply_to(
     }
 }
 
-fn bounded_insert<K: std::hash::Hash + Eq + Clone, V>(
+/// Inserts into a map of at most `limit` entries: a new key at the limit
+/// takes the place of the oldest entry by `age` (a key already there is
+/// replaced in place).
+pub(crate) fn bounded_insert<K: std::hash::Hash + Eq + Clone, V, A: Ord>(
     map: &mut HashMap<K, V>,
     limit: usize,
     key: K,
     value: V,
-    age: impl Fn(&V) -> Instant,
+    age: impl Fn(&V) -> A,
 ) {
-    if map.len() >= limit {
+    if map.len() >= limit && !map.contains_key(&key) {
         if let Some(oldest) = map.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
             map.remove(&oldest);
         }

@@ -314,17 +314,10 @@ impl PlannerState {
         let mut known = self.offers.lock().unwrap();
         for o in offers {
             known.retain(|did, k| k.url != o.url || did == o.did());
-            if known.len() >= MAX_KNOWN_OFFERS && !known.contains_key(o.did()) {
-                // the oldest offer gives way
-                let oldest = known
-                    .iter()
-                    .min_by_key(|(_, k)| k.offer.timestamp.map(|t| (t.seconds, t.nanos)))
-                    .map(|(d, _)| d.clone());
-                if let Some(d) = oldest {
-                    known.remove(&d);
-                }
-            }
-            known.insert(o.did().to_string(), o.clone());
+            // the oldest offer gives way
+            crate::agent::bounded_insert(&mut known, MAX_KNOWN_OFFERS, o.did().to_string(), o.clone(), |k| {
+                k.offer.timestamp.map(|t| (t.seconds, t.nanos))
+            });
         }
     }
 
