@@ -26,6 +26,7 @@ use tokio_stream::Stream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::bounded::bounded_insert;
 use crate::context::THETA;
 use crate::handshake::{self, OfferTerms};
 use crate::identity::SignMessages as _;
@@ -622,24 +623,6 @@ pub fn check_reply_to(
              an agent calls back only its requester"
             .into())
     }
-}
-
-/// Inserts into a map of at most `limit` entries: a new key at the limit
-/// takes the place of the oldest entry by `age` (a key already there is
-/// replaced in place).
-pub(crate) fn bounded_insert<K: std::hash::Hash + Eq + Clone, V, A: Ord>(
-    map: &mut HashMap<K, V>,
-    limit: usize,
-    key: K,
-    value: V,
-    age: impl Fn(&V) -> A,
-) {
-    if map.len() >= limit && !map.contains_key(&key) {
-        if let Some(oldest) = map.iter().min_by_key(|(_, v)| age(v)).map(|(k, _)| k.clone()) {
-            map.remove(&oldest);
-        }
-    }
-    map.insert(key, value);
 }
 
 /// The tonic service of one agent.

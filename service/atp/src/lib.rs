@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+mod bounded;
 pub mod context;
 pub mod error;
 pub mod fault;

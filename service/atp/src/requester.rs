@@ -315,7 +315,7 @@ impl PlannerState {
         for o in offers {
             known.retain(|did, k| k.url != o.url || did == o.did());
             // the oldest offer gives way
-            crate::agent::bounded_insert(&mut known, MAX_KNOWN_OFFERS, o.did().to_string(), o.clone(), |k| {
+            crate::bounded::bounded_insert(&mut known, MAX_KNOWN_OFFERS, o.did().to_string(), o.clone(), |k| {
                 k.offer.timestamp.map(|t| (t.seconds, t.nanos))
             });
         }
