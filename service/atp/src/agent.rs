@@ -33,6 +33,7 @@ use crate::identity::SignMessages as _;
 use crate::identity::{Identity, Signed, Verifier};
 use crate::requester::PlannerState;
 use crate::store::Ledger;
+use crate::work::chunk_text;
 pub use crate::work::{WorkOrder, WorkReport, MAX_NEEDS, MAX_PAYLOAD_BYTES, MAX_STEPS};
 use crate::{pb, Error, Result};
 
@@ -284,7 +285,9 @@ impl Node {
         let now = now_s();
         OfferTerms {
             capabilities: self.config.capabilities.clone(),
-            trust_score: ledger.trust(self.did(), Some(task_type), now).score,
+            // its record as others rated it (in its own book their ratings
+            // are not established, so `trust` would always be the prior)
+            trust_score: ledger.book().own_record(Some(task_type), now).score,
             evidence: ledger.evidence(task_type, 8),
             requirement: pb::ContextRequirement {
                 max_context_tokens: self.config.context_budget_tokens,
@@ -419,8 +422,7 @@ impl Node {
             }
         }
         report.final_confidence = confidence(&order, &context);
-        report.chunks =
-            context.chunks.iter().take(crate::work::MAX_REPORT_CHUNKS).map(|c| c.chunk_id.clone()).collect();
+        report.chunks = cited(&order, &context);
         let step_ms = cap.estimated_latency_ms / u64::from(order.steps.max(1));
         for step in resumed_after + 1..=order.steps {
             tokio::time::sleep(Duration::from_millis(step_ms)).await;
@@ -563,10 +565,6 @@ fn chunk_ref(c: &pb::ContextChunk) -> pb::ContextChunk {
     }
 }
 
-fn chunk_text(c: &pb::ContextChunk) -> String {
-    String::from_utf8_lossy(&c.data).to_lowercase()
-}
-
 /// The share of the order's needs found in the context (1.0 without needs).
 pub fn confidence(order: &WorkOrder, context: &pb::ContextDiff) -> f64 {
     if order.needs.is_empty() {
@@ -579,6 +577,18 @@ pub fn confidence(order: &WorkOrder, context: &pb::ContextDiff) -> f64 {
 fn missing(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
     let texts: Vec<String> = context.chunks.iter().map(chunk_text).collect();
     order.needs.iter().filter(|n| !texts.iter().any(|t| t.contains(&n.to_lowercase()))).cloned().collect()
+}
+
+/// The chunk ids a report cites (at most [`crate::work::MAX_REPORT_CHUNKS`]):
+/// those holding one of the order's needs first, as that is what the
+/// requester checks, then the others in context order.
+fn cited(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
+    let needs: Vec<String> = order.needs.iter().map(|n| n.to_lowercase()).collect();
+    let (used, rest): (Vec<&pb::ContextChunk>, Vec<&pb::ContextChunk>) = context.chunks.iter().partition(|c| {
+        let text = chunk_text(c);
+        needs.iter().any(|n| text.contains(n.as_str()))
+    });
+    used.into_iter().chain(rest).take(crate::work::MAX_REPORT_CHUNKS).map(|c| c.chunk_id.clone()).collect()
 }
 
 /// Adds the chunks of `more` not in `context` yet (by id), in one pass.
@@ -1151,7 +1161,16 @@ mod tests {
         merge_chunks(&mut ctx, &[chunk("a#0", "dup"), chunk("b#1", "the IDEMPOTENCY key")]);
         assert_eq!(ctx.chunks.len(), 2);
         assert_eq!(confidence(&order, &ctx), 1.0);
-        let none = WorkOrder { needs: vec![], ..order };
+        let none = WorkOrder { needs: vec![], ..order.clone() };
         assert_eq!(confidence(&none, &pb::ContextDiff::default()), 1.0);
+        // a report cites the need-bearing chunks first, whatever their place
+        let mut many = pb::ContextDiff {
+            chunks: (0..100).map(|i| chunk(&format!("f#{i}"), "filler")).collect(),
+            ..Default::default()
+        };
+        many.chunks.push(chunk("late#0", "our retry policy"));
+        let ids = cited(&order, &many);
+        assert_eq!(ids.len(), crate::work::MAX_REPORT_CHUNKS);
+        assert_eq!((ids[0].as_str(), ids[1].as_str()), ("late#0", "f#0"));
     }
 }

@@ -42,7 +42,7 @@ use crate::identity::SignMessages as _;
 use crate::requester::{constraints, Delegation};
 pub use crate::requester::{short, Event, PlannerState};
 use crate::routing::{self, Pattern, RoutingParams};
-use crate::work::{WorkOrder, WorkReport};
+use crate::work::{self, WorkOrder, WorkReport};
 use crate::{merkle, pb, Error, Result};
 
 /// A task to delegate.
@@ -147,6 +147,11 @@ impl Planner {
     pub fn new(node: Arc<Node>, peer_urls: &[String]) -> Result<Planner> {
         let peers = peer_urls.iter().map(|u| Ok((u.clone(), handshake::channel(u)?))).collect::<Result<_>>()?;
         Ok(Planner { node, peers })
+    }
+
+    /// The agent it plans for (its identity, ledger and peers' state).
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     fn state(&self) -> &PlannerState {
@@ -553,6 +558,10 @@ impl Planner {
             withheld: t.diff.withheld_fields.clone(),
         });
         let resume_from = node.ledger.lock().unwrap().store().checkpoint(&job.task_id).map_err(Failure::local)?;
+        // the steps this side has seen done: the resumed checkpoint's, then
+        // each verified checkpoint of this worker's (its own word on its
+        // quality takes no part in the rating)
+        let mut steps_seen = resume_from.as_ref().map_or(0, |cp| cp.step_number);
         // a resumed worker gets the chunks its predecessor's checkpoint names
         // that were asked for (the checkpoint holds their ids, not copies)
         let mut context = t.diff.clone();
@@ -635,6 +644,7 @@ impl Planner {
                                 continue;
                             }
                             node.ledger.lock().unwrap().store().put_checkpoint(cp).map_err(Failure::local)?;
+                            steps_seen = steps_seen.max(cp.step_number);
                             st.emit(Event::Checkpoint {
                                 task: job.task_id.clone(),
                                 agent: short(&did),
@@ -646,13 +656,14 @@ impl Planner {
                 Ok(pb::TaskStatus::Completed) => {
                     let latency_ms = submitted.elapsed().as_millis() as u64;
                     let report: WorkReport = serde_json::from_slice(&result.payload).unwrap_or_default();
-                    self.prove(job, offer, &qos, &result, latency_ms, &report).await;
+                    let seen = Seen { latency_ms, steps: steps_seen, sent_up_front: &t.diff.chunks };
+                    let quality = self.prove(job, offer, &qos, &result, &report, seen).await;
                     st.breaker_success(&offer.url, &did);
                     st.emit(Event::Completed {
                         task: job.task_id.clone(),
                         agent: short(&did),
                         latency_ms,
-                        quality: result.quality_self_report,
+                        quality,
                         resumed_after: report.resumed_after,
                     });
                     return Ok(Outcome::Completed {
@@ -660,7 +671,7 @@ impl Planner {
                         report,
                         failovers: 0,
                         latency_ms,
-                        quality: result.quality_self_report,
+                        quality,
                         cost: result.actual_cost,
                     });
                 }
@@ -669,81 +680,77 @@ impl Planner {
         }
     }
 
-    /// Layer 1: the interaction proof, countersigned by the worker and
-    /// appended to this agent's log; a contract violation makes it negative.
+    /// Layer 1: the interaction proof of a finished delegation, with the
+    /// quality this side measured ([`work::assess`]; 0 on a contract
+    /// violation), countersigned by the worker and appended to this agent's
+    /// log. A worker that refuses to countersign, or whose answer does not
+    /// verify, is still rated: the proof is logged with quality 0 and the
+    /// refusal noted as a violation, signed by this side alone. Returns the
+    /// quality recorded.
     async fn prove(
         &self,
         job: &Job,
         offer: &Offer,
         qos: &pb::QoSConstraints,
         result: &pb::TaskResult,
-        latency_ms: u64,
         report: &WorkReport,
-    ) {
+        seen: Seen<'_>,
+    ) -> f64 {
         let st = self.state();
         let node = &self.node;
-        // the requester assesses quality: the self-report times the worker's
-        // confidence once it had the context it asked for (the share of the
-        // facts it needed that it found) — unless this side could not send
-        // more because the receiver's budget was spent: then it is ours
-        let starved = st.starved.lock().unwrap().remove(&job.task_id);
-        let confidence = if starved { 1.0 } else { report.final_confidence.clamp(0.0, 1.0) };
-        let mut quality = result.quality_self_report * confidence;
-        let note = handshake::violation(qos, latency_ms, result.actual_cost, quality);
-        if note.is_some() {
-            quality = 0.0;
+        let mut sent = seen.sent_up_front.to_vec();
+        if let Some(d) = st.delegations.lock().unwrap().get(&job.task_id) {
+            sent.extend(d.sent.iter().cloned());
         }
+        // the needs it could have found: in the shareable context, or only in
+        // what was sent when this side's budget for the receiver was spent
+        let starved = st.starved.lock().unwrap().remove(&job.task_id);
+        let findable: Vec<String> = if starved {
+            sent.iter().map(work::chunk_text).collect()
+        } else {
+            job.context.fields.iter().filter(|f| !f.confidential).map(|f| f.content.to_lowercase()).collect()
+        };
+        let measured = work::assess(&job.order, seen.steps, &report.chunks, &sent, &findable);
+        let mut note = handshake::violation(qos, seen.latency_ms, result.actual_cost, measured);
         let mut proof = pb::InteractionProof {
             evaluator: Some(node.identity.agent_id()),
             subject: offer.offer.from.clone(),
             task_id: job.task_id.clone(),
             task_type: job.task_type as i32,
-            quality_score: quality,
-            latency_ms,
+            quality_score: if note.is_some() { 0.0 } else { measured },
+            latency_ms: seen.latency_ms,
             cost: result.actual_cost,
             note: note.clone().unwrap_or_default(),
             ..Default::default()
         };
         node.identity.stamp_and_sign(&mut proof);
-        let sent = async {
-            let mut client = pb::atp_service_client::AtpServiceClient::new(handshake::channel(&offer.url)?);
-            let ack = client.submit_interaction_proof(proof.clone()).await.map_err(|s| Error::Peer {
-                did: offer.did().to_string(),
-                rpc: "SubmitInteractionProof",
-                status: s.code(),
-                message: s.message().into(),
-            })?;
-            Ok::<_, Error>(ack.into_inner())
-        };
-        let ack = match sent.await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "interaction proof not countersigned");
-                return;
+        let logged = match self.countersigned(offer, &proof).await {
+            Ok(responder_signature) => {
+                proof.responder_signature = responder_signature;
+                node.ledger.lock().unwrap().append(proof.clone()).map(|_| ())
+            }
+            Err(why) => {
+                tracing::warn!(agent = offer.did(), why, "interaction proof not countersigned; rated 0");
+                let refused = format!("contract violation: countersignature refused ({why})");
+                let refused = match &note {
+                    Some(n) => format!("{n}; {refused}"),
+                    None => refused,
+                };
+                proof.quality_score = 0.0;
+                proof.note = refused.clone();
+                note = Some(refused);
+                node.identity.stamp_and_sign(&mut proof);
+                node.ledger.lock().unwrap().append_own(proof.clone()).map(|_| ())
             }
         };
-        proof.responder_signature = ack.responder_signature.clone();
-        // the ack is the subject's signed word for the root and inclusion
-        let signed_by_subject =
-            node.verifier.verify(&ack).is_ok() && ack.from.as_ref().map(|a| a.uuid.as_str()) == Some(offer.did());
-        let countersigned = signed_by_subject
-            && node.verifier.check_proof(&proof).is_ok()
-            && ack.inclusion.as_ref().is_some_and(|inc| merkle::verify_inclusion(inc, &ack.merkle_root));
-        if !countersigned {
-            tracing::warn!(
-                agent = offer.did(),
-                "countersignature or inclusion proof does not verify; proof not counted"
-            );
-            return;
-        }
-        let mut ledger = node.ledger.lock().unwrap();
-        if let Err(e) = ledger.append(proof.clone()) {
+        if let Err(e) = logged {
             tracing::warn!(error = %e, "appending the proof");
-            return;
+            return proof.quality_score;
         }
-        let trust = ledger.trust(offer.did(), Some(job.task_type), now_s());
-        let log_size = ledger.len();
-        drop(ledger);
+        let (trust, log_size) = {
+            let ledger = node.ledger.lock().unwrap();
+            (ledger.trust(offer.did(), Some(job.task_type), now_s()), ledger.len())
+        };
         st.repricer.lock().unwrap().observe(&routing::Observation::from(&proof));
         st.emit(Event::Trust {
             agent: short(offer.did()),
@@ -753,7 +760,45 @@ impl Planner {
             log_size,
             note: note.unwrap_or_default(),
         });
+        proof.quality_score
     }
+
+    /// Asks the proof's subject to countersign it: its responder signature,
+    /// or why there is none (a refusal, or an answer that does not verify:
+    /// the ack must be the subject's signed word for the root and inclusion).
+    async fn countersigned(&self, offer: &Offer, proof: &pb::InteractionProof) -> Result<Vec<u8>, String> {
+        let node = &self.node;
+        let channel = handshake::channel(&offer.url).map_err(|e| e.to_string())?;
+        let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
+        let ack = client
+            .submit_interaction_proof(proof.clone())
+            .await
+            .map_err(|s| format!("SubmitInteractionProof answered {:?}", s.code()))?
+            .into_inner();
+        let mut countersigned = proof.clone();
+        countersigned.responder_signature = ack.responder_signature.clone();
+        let signed_by_subject =
+            node.verifier.verify(&ack).is_ok() && ack.from.as_ref().map(|a| a.uuid.as_str()) == Some(offer.did());
+        if !signed_by_subject {
+            return Err("the ack is not signed by the subject".into());
+        }
+        if node.verifier.check_proof(&countersigned).is_err() {
+            return Err("the countersignature does not verify".into());
+        }
+        if !ack.inclusion.as_ref().is_some_and(|inc| merkle::verify_inclusion(inc, &ack.merkle_root)) {
+            return Err("the inclusion proof does not verify".into());
+        }
+        Ok(ack.responder_signature)
+    }
+}
+
+/// What this side saw of a delegation, for its rating.
+struct Seen<'a> {
+    latency_ms: u64,
+    /// The highest step a verified checkpoint (or the resumed one) showed.
+    steps: u32,
+    /// The chunks sent with the task (the adaptive ones are in its delegation).
+    sent_up_front: &'a [pb::ContextChunk],
 }
 
 /// Why a delegation to one agent failed.

@@ -44,7 +44,7 @@ use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::error::{Error, Result};
-use crate::identity::{check_proof, now_s, NonceLog, Resolver, MAX_CLOCK_SKEW_S};
+use crate::identity::{check_proof, check_signature, now_s, NonceLog, Resolver, Signed, MAX_CLOCK_SKEW_S};
 use crate::merkle::{proof_leaf_bytes, Hash, MerkleLog};
 use crate::pb;
 use crate::trust::{TrustBook, TrustParams, TrustScore};
@@ -402,14 +402,45 @@ impl Ledger {
     /// logs it; returns its index, the new root and its inclusion proof.
     pub fn append(&mut self, proof: pb::InteractionProof) -> Result<(u64, Hash, pb::InclusionProof)> {
         check_proof(self.resolver.as_ref(), &proof)?;
+        let logged = self.log_checked(proof)?;
+        let inclusion = self.log.inclusion_proof(logged).expect("the leaf was just appended");
+        tracing::debug!(index = logged, size = self.log.len(), "proof logged");
+        Ok((logged, self.log.root(), inclusion))
+    }
+
+    /// Counts, stores and logs a proof whose signatures were checked.
+    fn log_checked(&mut self, proof: pb::InteractionProof) -> Result<u64> {
         self.book.add_checked(&proof)?;
         let index = self.store.append_proof(&proof)?;
         let logged = self.log.append(&proof_leaf_bytes(&proof));
         debug_assert_eq!(index, logged, "store and log stay in step");
         self.proofs.push(proof);
-        let inclusion = self.log.inclusion_proof(logged).expect("the leaf was just appended");
-        tracing::debug!(index, size = self.log.len(), "proof logged");
-        Ok((logged, self.log.root(), inclusion))
+        Ok(logged)
+    }
+
+    /// Logs the owner's own observation of another agent that its subject
+    /// did not countersign (it refused, or its answer did not verify): it
+    /// counts in the owner's book, as the owner believes what it saw, and
+    /// never in an offer's evidence (that shows proofs about the owner).
+    /// The evaluator must be the owner, its signature must verify and the
+    /// responder signature must be empty.
+    pub fn append_own(&mut self, proof: pb::InteractionProof) -> Result<u64> {
+        if proof.sender() != self.owner {
+            return Err(Error::Invalid {
+                field: "proof.evaluator".into(),
+                reason: "an unsigned-by-subject proof must be the ledger owner's own".into(),
+            });
+        }
+        if !proof.responder_signature.is_empty() {
+            return Err(Error::Invalid {
+                field: "proof.responder_signature".into(),
+                reason: "set: a countersigned proof goes through append".into(),
+            });
+        }
+        check_signature(self.resolver.as_ref(), &proof)?;
+        let logged = self.log_checked(proof)?;
+        tracing::debug!(index = logged, "own observation logged without a countersignature");
+        Ok(logged)
     }
 
     /// What an offer shows: the log's root and size, and up to `max` of the
@@ -504,6 +535,37 @@ mod tests {
 
     fn ledger(store: &Arc<Store>, owner: &Identity) -> Ledger {
         Ledger::open(store.clone(), owner.did(), TrustParams::default(), Arc::new(DidResolver::new())).unwrap()
+    }
+
+    #[test]
+    fn an_own_observation_counts_without_a_countersignature_and_only_the_owners() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let (me, w, other) = (Identity::generate(), Identity::generate(), Identity::generate());
+        let mut l = ledger(&store, &me);
+        let uncountersigned = |eval: &Identity, q: f64| {
+            let mut p = proof(eval, &w, CODE, q);
+            p.responder_signature.clear();
+            p
+        };
+        for _ in 0..3 {
+            l.append_own(uncountersigned(&me, 0.0)).unwrap();
+        }
+        let t = l.trust(w.did(), Some(CODE), now_s());
+        assert!(t.score == 0.0 && t.samples == 3, "{t:?}");
+        assert!(l.evidence(CODE, 8).proofs.is_empty(), "evidence shows proofs about the owner only");
+        // another evaluator's, a countersigned one, a forged signature
+        let e = l.append_own(uncountersigned(&other, 0.9)).unwrap_err().to_string();
+        assert!(e.starts_with("proof.evaluator:"), "{e}");
+        let e = l.append_own(proof(&me, &w, CODE, 0.9)).unwrap_err().to_string();
+        assert!(e.starts_with("proof.responder_signature:"), "{e}");
+        let mut forged = uncountersigned(&me, 0.9);
+        forged.quality_score = 1.0;
+        assert!(l.append_own(forged).is_err(), "the evaluator's signature is checked");
+        // it survives a restart like any other proof
+        drop(l);
+        let l = ledger(&store, &me);
+        assert_eq!(l.trust(w.did(), Some(CODE), now_s()).samples, 3);
     }
 
     #[test]

@@ -170,12 +170,15 @@ struct Rating {
     task_type: pb::TaskType,
     quality: f64,
     at_s: i64,
+    /// Signed by its subject too (an owner's own observation may not be).
+    countersigned: bool,
 }
 
 /// Proofs in memory and the scores they give.
 pub struct TrustBook {
     params: TrustParams,
     resolver: Arc<dyn Resolver>,
+    owner: String,
     anchors: HashSet<String>,
     /// Subject → its ratings.
     ratings: HashMap<String, Vec<Rating>>,
@@ -207,6 +210,7 @@ impl TrustBook {
         TrustBook {
             params,
             resolver,
+            owner: owner_did.to_string(),
             anchors: HashSet::from([owner_did.to_string()]),
             ratings: HashMap::new(),
             seen: HashSet::new(),
@@ -266,6 +270,7 @@ impl TrustBook {
             task_type: pb::TaskType::try_from(proof.task_type).unwrap_or(pb::TaskType::Unspecified),
             quality: proof.quality_score,
             at_s: proof.timestamp.map_or(0, |t| t.seconds),
+            countersigned: !proof.responder_signature.is_empty(),
         });
         self.invalidate();
         Ok(())
@@ -341,13 +346,34 @@ impl TrustBook {
     /// T(subject) per task type (`Some`) or aggregated over all (`None`), at `now_s`.
     pub fn trust(&self, subject: &str, task_type: Option<pb::TaskType>, now_s: i64) -> TrustScore {
         let established = self.established();
-        let (num, den, samples) = self.definition_3(self.counted(subject, task_type, &established), now_s);
+        self.score(self.definition_3(self.counted(subject, task_type, &established), now_s))
+    }
+
+    /// Definition 3's sums as a score: the prior below `min_interactions`.
+    fn score(&self, (num, den, samples): (f64, f64, u32)) -> TrustScore {
         let score = if (samples as usize) < self.params.min_interactions || den <= f64::MIN_POSITIVE {
             self.params.cold_start
         } else {
             (num / den).clamp(0.0, 1.0)
         };
         TrustScore { score, samples }
+    }
+
+    /// The owner's record as its log shows it to others: Definition 3 over
+    /// the countersigned proofs about the owner from any other evaluator of
+    /// `task_type` (or all types), the cold-start prior below
+    /// `min_interactions`. What an agent offers as its trust; not what a
+    /// requester believes ([`TrustBook::trust`] counts only evaluators
+    /// established in *its* book, and the owner's evaluators are not
+    /// established in the owner's own).
+    pub fn own_record(&self, task_type: Option<pb::TaskType>, now_s: i64) -> TrustScore {
+        let ratings = self
+            .ratings
+            .get(&self.owner)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.countersigned && r.evaluator != self.owner && task_type.is_none_or(|t| t == r.task_type));
+        self.score(self.definition_3(ratings, now_s))
     }
 
     /// T_att(by → subject): Definition 3 over `by`'s proofs about `subject`;
@@ -665,5 +691,26 @@ mod tests {
                 assert!((0.0..=1.0).contains(&t) && (0.0..=1.0).contains(&tr) && tr >= t);
             }
         }
+    }
+
+    #[test]
+    fn an_agent_offers_its_record_from_others_not_the_prior() {
+        // The owner's own book never establishes its evaluators, so
+        // `trust(owner)` stays the prior; `own_record` is what its log shows.
+        let (me, a, b) = (Identity::generate(), Identity::generate(), Identity::generate());
+        let mut book = TrustBook::new(TrustParams::default(), me.did());
+        rate(&mut book, &a, &me, CODE, 0.9, NOW);
+        rate(&mut book, &b, &me, CODE, 0.7, NOW);
+        assert_eq!(book.own_record(Some(CODE), NOW).score, 0.5, "two proofs: below min_interactions");
+        rate(&mut book, &a, &me, CODE, 0.8, NOW);
+        rate(&mut book, &a, &me, ANALYSIS, 0.0, NOW);
+        let t = book.own_record(Some(CODE), NOW);
+        assert!(close(t.score, 0.8) && t.samples == 3, "{t:?}");
+        assert_eq!(book.trust(me.did(), Some(CODE), NOW).score, 0.5, "the requester-side view is unchanged");
+        // A proof its subject did not countersign is not part of the record.
+        let mut unsigned = proof(&a, &me, CODE, 0.0, NOW);
+        unsigned.responder_signature.clear();
+        book.add_checked(&unsigned).unwrap();
+        assert_eq!(book.own_record(Some(CODE), NOW).samples, 3);
     }
 }

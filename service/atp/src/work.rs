@@ -13,9 +13,11 @@
 //! assert!(WorkOrder::parse(too_long.as_bytes()).unwrap_err().to_string().starts_with("task.payload.steps"));
 //! ```
 
+use std::collections::HashSet;
+
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result};
+use crate::{pb, Error, Result};
 
 /// Bytes of a task payload (the work order).
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
@@ -90,4 +92,76 @@ pub struct WorkReport {
     pub final_confidence: f64,
     /// RequestContext calls it made.
     pub context_requests: u32,
+}
+
+/// A chunk's text, lower-cased (needs match case-insensitively).
+pub(crate) fn chunk_text(c: &pb::ContextChunk) -> String {
+    String::from_utf8_lossy(&c.data).to_lowercase()
+}
+
+/// The requester's own measure of a finished order, in [0, 1]: the share of
+/// its steps that the worker's verified checkpoints showed done
+/// (`steps_seen`, the highest step number), times the share of its needs
+/// for which the report cites a chunk *the requester sent* (`sent`) that
+/// holds it, out of the needs that could be found (those in `findable`,
+/// lower-cased text the worker could have had: the whole shareable context,
+/// or only what was sent when the requester had no budget left to send
+/// more). The worker's self-reported quality and confidence take no part:
+/// a subject does not rate itself.
+pub fn assess(
+    order: &WorkOrder,
+    steps_seen: u32,
+    cited: &[String],
+    sent: &[pb::ContextChunk],
+    findable: &[String],
+) -> f64 {
+    let completeness = f64::from(steps_seen.min(order.steps)) / f64::from(order.steps.max(1));
+    let cited: HashSet<&str> = cited.iter().map(String::as_str).collect();
+    let cited_texts: Vec<String> =
+        sent.iter().filter(|c| cited.contains(c.chunk_id.as_str())).map(chunk_text).collect();
+    let needs: Vec<String> = order
+        .needs
+        .iter()
+        .map(|n| n.to_lowercase())
+        .filter(|n| findable.iter().any(|t| t.contains(n.as_str())))
+        .collect();
+    let found = needs.iter().filter(|n| cited_texts.iter().any(|t| t.contains(n.as_str()))).count();
+    let coverage = if needs.is_empty() { 1.0 } else { found as f64 / needs.len() as f64 };
+    completeness * coverage
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(id: &str, text: &str) -> pb::ContextChunk {
+        pb::ContextChunk { chunk_id: id.into(), data: text.as_bytes().to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn the_requester_measures_steps_and_cited_needs_itself() {
+        let order = WorkOrder {
+            title: "t".into(),
+            steps: 4,
+            needs: vec!["Retry".into(), "idempotency".into(), "nowhere".into()],
+            fail: None,
+        };
+        let sent = [chunk("a#0", "the retry policy"), chunk("b#0", "an Idempotency key")];
+        let findable = vec!["the retry policy an idempotency key".to_string()];
+        let cite = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // all steps, both findable needs cited ("nowhere" is in no text: not counted)
+        assert_eq!(assess(&order, 4, &cite(&["a#0", "b#0"]), &sent, &findable), 1.0);
+        // half the steps seen
+        assert_eq!(assess(&order, 2, &cite(&["a#0", "b#0"]), &sent, &findable), 0.5);
+        // one need's chunk not cited
+        assert_eq!(assess(&order, 4, &cite(&["a#0"]), &sent, &findable), 0.5);
+        // citing a chunk the requester never sent earns nothing
+        assert_eq!(assess(&order, 4, &cite(&["a#0", "forged#9"]), &sent, &findable), 0.5);
+        // a need in the context but never asked for counts against the worker
+        assert_eq!(assess(&order, 4, &cite(&["a#0"]), &sent[..1], &findable), 0.5);
+        // a checkpoint past the order's steps does not lift it above 1
+        assert_eq!(assess(&order, 99, &cite(&["a#0", "b#0"]), &sent, &findable), 1.0);
+        let no_needs = WorkOrder { needs: vec![], ..order };
+        assert_eq!(assess(&no_needs, 3, &[], &[], &[]), 0.75);
+    }
 }

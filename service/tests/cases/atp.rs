@@ -731,9 +731,16 @@ async fn a_flooding_did_is_rate_limited_and_others_are_served() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A peer that is a real agent in every RPC but SubmitTask, which it answers
-/// with `code`: a peer's word that the planner's message is bad.
-struct Rejecting(scd_atp::agent::AgentService, Code);
+/// A peer that is a real agent in every RPC but one, which it answers with
+/// `code`: SubmitTask (a peer's word that the planner's message is bad) or
+/// SubmitInteractionProof (a worker refusing to countersign its rating).
+struct Rejecting(scd_atp::agent::AgentService, Code, Refuse);
+
+#[derive(Clone, Copy, PartialEq)]
+enum Refuse {
+    Task,
+    Proof,
+}
 
 #[tonic::async_trait]
 impl pb::atp_service_server::AtpService for Rejecting {
@@ -753,9 +760,12 @@ impl pb::atp_service_server::AtpService for Rejecting {
     }
     async fn submit_task(
         &self,
-        _: tonic::Request<pb::TaskSubmit>,
+        r: tonic::Request<pb::TaskSubmit>,
     ) -> Result<tonic::Response<pb::TaskAck>, tonic::Status> {
-        Err(tonic::Status::new(self.1, "task: refused as malformed (says this peer)"))
+        if self.2 == Refuse::Task {
+            return Err(tonic::Status::new(self.1, "task: refused as malformed (says this peer)"));
+        }
+        self.0.submit_task(r).await
     }
     async fn stream_results(
         &self,
@@ -797,6 +807,9 @@ impl pb::atp_service_server::AtpService for Rejecting {
         &self,
         r: tonic::Request<pb::InteractionProof>,
     ) -> Result<tonic::Response<pb::ProofAck>, tonic::Status> {
+        if self.2 == Refuse::Proof {
+            return Err(tonic::Status::new(self.1, "proof: not countersigning that (says this peer)"));
+        }
         self.0.submit_interaction_proof(r).await
     }
     async fn exchange(
@@ -808,7 +821,7 @@ impl pb::atp_service_server::AtpService for Rejecting {
 }
 
 /// A [`Rejecting`] peer with capability `cap`, served on loopback; its URL.
-async fn rejecting_peer(dir: &Path, cap: &str, code: Code) -> String {
+async fn rejecting_peer(dir: &Path, cap: &str, code: Code, refuse: Refuse) -> String {
     use scd_atp::agent::{AgentConfig, AgentService, Node};
     use scd_atp::store::{Ledger, Store};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -820,7 +833,7 @@ async fn rejecting_peer(dir: &Path, cap: &str, code: Code) -> String {
     let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
     let caps = vec![parse_cap(cap)];
     let node = Node::new(identity, verifier, ledger, AgentConfig::new(caps, url.clone(), "http://127.0.0.1:1".into()));
-    let svc = pb::atp_service_server::AtpServiceServer::new(Rejecting(AgentService(node), code));
+    let svc = pb::atp_service_server::AtpServiceServer::new(Rejecting(AgentService(node), code, refuse));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming));
     url
@@ -845,7 +858,8 @@ async fn a_peer_calling_the_task_invalid_is_rerouted_not_obeyed() {
     let honest = spawn_agent_with_scd(&dir.join("honest"), &scd.addr, &["--capability", "analysis:0.80:300:0.02"]);
     for (i, code) in [Code::InvalidArgument, Code::PermissionDenied, Code::Unauthenticated].into_iter().enumerate() {
         // the better, cheaper offer is the rejecting peer's: routed first
-        let hostile = rejecting_peer(&dir.join(format!("hostile-{i}")), "analysis:0.95:200:0.01", code).await;
+        let hostile =
+            rejecting_peer(&dir.join(format!("hostile-{i}")), "analysis:0.95:200:0.01", code, Refuse::Task).await;
         let (planner, mut events) =
             planner(&dir.join(format!("planner-{i}")), &scd.addr, &[hostile, honest.url()]).await;
         match planner.run(&analysis_job(&format!("rej-{i}"), &[])).await.unwrap() {
@@ -861,6 +875,56 @@ async fn a_peer_calling_the_task_invalid_is_rerouted_not_obeyed() {
             "{code:?}: {seen:#?}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The requester rates what it measured, not what the worker says of
+/// itself, and rates a worker that refuses to countersign: quality 0, the
+/// refusal noted as a violation, signed by the requester alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_violation() {
+    use scd_atp::planner::{Event, Outcome};
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-own-ratings");
+    let needs = ["idempotency key must be derived", "p99 latency"];
+    // a modest self-report (0.60); the work is complete and finds its needs
+    let honest = spawn_agent_with_scd(&dir.join("honest"), &scd.addr, &["--capability", "analysis:0.60:300:0.02"]);
+    let (planner_a, _) = planner(&dir.join("planner-a"), &scd.addr, &[honest.url()]).await;
+    let Outcome::Completed { quality, .. } = planner_a.run(&analysis_job("own-0", &needs)).await.unwrap() else {
+        panic!("the honest agent completes")
+    };
+    assert_eq!(quality, 1.0, "measured: all steps seen, every need cited in a chunk sent");
+    let p = planner_a.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
+    assert!(p.quality_score == 1.0 && !p.responder_signature.is_empty() && p.note.is_empty(), "{p:?}");
+
+    // a worker claiming 1.00 that will not countersign its rating
+    let hostile =
+        rejecting_peer(&dir.join("hostile"), "analysis:1.00:200:0.01", Code::PermissionDenied, Refuse::Proof).await;
+    let (planner_b, mut events) = planner(&dir.join("planner-b"), &scd.addr, &[hostile]).await;
+    let Outcome::Completed { agent, quality, .. } = planner_b.run(&analysis_job("own-1", &needs)).await.unwrap() else {
+        panic!("the work itself completes")
+    };
+    assert_eq!(quality, 0.0);
+    let ledger = planner_b.node().ledger.lock().unwrap();
+    let p = ledger.proofs().last().unwrap();
+    assert_eq!(p.subject.as_ref().unwrap().uuid, agent);
+    assert!(p.quality_score == 0.0 && p.responder_signature.is_empty(), "{p:?}");
+    assert!(p.note.contains("countersignature refused (SubmitInteractionProof answered PermissionDenied)"), "{p:?}");
+    assert!(!p.note.contains("says this peer"), "a peer's message is not quoted into the log: {p:?}");
+    assert_eq!(ledger.book().trust(&agent, Some(pb::TaskType::Analysis), scd_atp::identity::now_s()).samples, 1);
+    drop(ledger);
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        seen.push(e);
+    }
+    assert!(
+        seen.iter().any(|e| matches!(e, Event::Trust { note, .. } if note.contains("countersignature refused"))),
+        "{seen:#?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
