@@ -285,9 +285,12 @@ impl PlannerState {
 
     /// Routing candidates from verified offers: trust from this agent's
     /// ledger (Definition 3 over the proofs it evaluated itself, or the
-    /// cold-start prior below the minimum interactions; offers' evidence is
-    /// verified but not counted: a peer's self-chosen history is no rating
-    /// of ours); estimates repriced from interaction proofs. Routes are
+    /// cold-start prior below the minimum interactions) with the referrals
+    /// an offer's verified evidence carries from evaluators established in
+    /// that ledger ([`crate::trust::TrustBook::with_evidence`]: a peer's
+    /// self-chosen history counts only through raters this agent trusts),
+    /// which prunes routes below `min_trust`; estimates repriced from
+    /// interaction proofs. Routes are
     /// recomputed for every task from the current figures, so a repricing
     /// trigger takes effect at the next task.
     pub(crate) fn candidates(
@@ -301,7 +304,8 @@ impl PlannerState {
         let mut cands: Vec<Candidate> = offers
             .iter()
             .map(|o| {
-                let trust = ledger.trust(o.did(), Some(task_type), now).score;
+                let evidence = o.offer.trust_evidence.as_ref().map_or(&[][..], |e| &e.proofs[..]);
+                let trust = ledger.book().with_evidence(o.did(), Some(task_type), now, evidence);
                 Candidate::from_capability(o.did(), &o.capability(), trust)
             })
             .collect();
@@ -396,5 +400,69 @@ mod tests {
         assert_eq!(st.known_offers(), MAX_KNOWN_OFFERS);
         assert!(st.check_peer(&peer(&format!("d{}", MAX_KNOWN_OFFERS + 9)), "f").is_ok(), "the newest is kept");
         assert!(st.check_peer(&peer("d0"), "f").is_err(), "the oldest gave way");
+    }
+
+    /// Trust steers routing: a fresh agent vouched for (in its offer's
+    /// evidence) by an agent this requester rated is routed past a min_trust
+    /// that the 0.5 prior does not meet; the same evidence from a stranger
+    /// is not; this side's own bad ratings prune an agent.
+    #[test]
+    fn evidence_from_a_rater_we_trust_lifts_a_fresh_agent_over_min_trust() {
+        use crate::identity::{Identity, SignMessages as _};
+        use crate::store::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let (me, b, stranger) = (Identity::generate(), Identity::generate(), Identity::generate());
+        let (vouched, unknown) = (Identity::generate(), Identity::generate());
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let resolver: Arc<dyn crate::identity::Resolver> = Arc::new(crate::identity::DidResolver::new());
+        let ledger = Mutex::new(Ledger::open(store, me.did(), Default::default(), resolver).unwrap());
+        let analysis = pb::TaskType::Analysis;
+        let proof = |eval: &Identity, subj: &Identity, q: f64| {
+            let mut p = pb::InteractionProof {
+                evaluator: Some(eval.agent_id()),
+                subject: Some(subj.agent_id()),
+                task_id: format!("t-{}", crate::identity::fresh_nonce()),
+                task_type: analysis as i32,
+                quality_score: q,
+                ..Default::default()
+            };
+            eval.stamp_and_sign(&mut p);
+            subj.countersign(&mut p);
+            p
+        };
+        for _ in 0..3 {
+            ledger.lock().unwrap().append(proof(&me, &b, 0.9)).unwrap();
+        }
+        let offer_of = |who: &Identity, url: &str, evidence: Vec<pb::InteractionProof>| Offer {
+            url: url.into(),
+            offer: pb::CapabilityOffer {
+                from: Some(who.agent_id()),
+                capability: Some(pb::Capability {
+                    task_type: analysis as i32,
+                    estimated_quality: 0.9,
+                    estimated_latency_ms: 100,
+                    cost_per_task: 0.01,
+                }),
+                trust_evidence: Some(pb::TrustEvidence { proofs: evidence, ..Default::default() }),
+                ..Default::default()
+            },
+        };
+        let offers = [
+            offer_of(&vouched, "http://10.0.0.1:1", (0..3).map(|_| proof(&b, &vouched, 0.9)).collect()),
+            offer_of(&unknown, "http://10.0.0.2:1", (0..3).map(|_| proof(&stranger, &unknown, 1.0)).collect()),
+        ];
+        let st = PlannerState::new("http://127.0.0.1:1");
+        let c = routing::Constraints { min_quality: 0.5, max_latency_ms: 10_000, max_cost: 1.0, min_trust: 0.6 };
+        let routed = |st: &PlannerState| {
+            let cands = st.candidates(&ledger, &offers, analysis);
+            let routes = routing::route(&cands, analysis, &c, &RoutingParams::default());
+            routes.iter().filter(|r| r.agents.len() == 1).map(|r| r.agents[0].clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(routed(&st), vec![vouched.did().to_string()], "the stranger's vouching adds nothing");
+        // three bad ratings of this side's own outweigh any referral
+        for _ in 0..3 {
+            ledger.lock().unwrap().append(proof(&me, &vouched, 0.0)).unwrap();
+        }
+        assert!(routed(&st).is_empty());
     }
 }

@@ -409,6 +409,62 @@ impl TrustBook {
         self.transitive_rec(subject, task_type, now_s, self.params.max_depth, &mut path)
     }
 
+    /// Trust in `subject` with the referrals its offer shows (Property 2
+    /// over a peer's evidence): the larger of [`TrustBook::transitive`] and
+    /// T(a) + the best α · T(b) · T_att(b→a), where T_att is Definition 3
+    /// over the `evidence` proofs about `subject` by one evaluator b. Only an
+    /// evaluator established in *this* book counts, never the subject or the
+    /// owner (whose own proofs are in the book already), and only with at
+    /// least `min_interactions` proofs (of `task_type`, when given) not
+    /// already in the book. The evidence must have been verified (both
+    /// signatures, inclusion in the offered root): this does not check
+    /// signatures. A Sybil's evidence (evaluators nobody here rated) adds
+    /// nothing; clamped to [0, 1].
+    pub fn with_evidence(
+        &self,
+        subject: &str,
+        task_type: Option<pb::TaskType>,
+        now_s: i64,
+        evidence: &[pb::InteractionProof],
+    ) -> f64 {
+        let base = self.transitive(subject, task_type, now_s);
+        let established = self.established();
+        let mut by: HashMap<&str, Vec<Rating>> = HashMap::new();
+        let mut nonces = HashSet::new();
+        for p in evidence {
+            let evaluator = p.sender();
+            let tt = pb::TaskType::try_from(p.task_type).unwrap_or(pb::TaskType::Unspecified);
+            let counts = p.subject.as_ref().is_some_and(|s| s.uuid == subject)
+                && evaluator != subject
+                && evaluator != self.owner
+                && established.contains_key(evaluator)
+                && task_type.is_none_or(|t| t == tt)
+                && (0.0..=1.0).contains(&p.quality_score)
+                && !self.seen.contains(&(evaluator.to_string(), p.nonce))
+                && nonces.insert((evaluator, p.nonce));
+            if counts {
+                by.entry(evaluator).or_default().push(Rating {
+                    evaluator: evaluator.to_string(),
+                    task_type: tt,
+                    quality: p.quality_score,
+                    at_s: p.timestamp.map_or(0, |t| t.seconds),
+                    countersigned: true,
+                });
+            }
+        }
+        let mut best: f64 = 0.0;
+        for (b, ratings) in &by {
+            let (num, den, n) = self.definition_3(ratings.iter(), now_s);
+            if (n as usize) < self.params.min_interactions || den <= f64::MIN_POSITIVE {
+                continue;
+            }
+            let attestation = (num / den).clamp(0.0, 1.0);
+            best = best.max(self.params.alpha * self.transitive(b, task_type, now_s) * attestation);
+        }
+        let direct = self.trust(subject, task_type, now_s).score;
+        base.max((direct + best).clamp(0.0, 1.0))
+    }
+
     fn transitive_rec(
         &self,
         subject: &str,
@@ -712,5 +768,40 @@ mod tests {
         unsigned.responder_signature.clear();
         book.add_checked(&unsigned).unwrap();
         assert_eq!(book.own_record(Some(CODE), NOW).samples, 3);
+    }
+
+    #[test]
+    fn an_offers_evidence_counts_only_from_evaluators_established_here() {
+        let (me, b, sybil, a) =
+            (Identity::generate(), Identity::generate(), Identity::generate(), Identity::generate());
+        let mut book = TrustBook::new(TrustParams::default(), me.did());
+        // b is established here: three of my own ratings of it, 0.8 on average
+        for q in [0.8, 0.7, 0.9] {
+            rate(&mut book, &me, &b, CODE, q, NOW);
+        }
+        let by = |e: &Identity, n: usize, q: f64| (0..n).map(|_| proof(e, &a, CODE, q, NOW)).collect::<Vec<_>>();
+        // a, whom I never rated: the prior plus α · T(b) · T_att(b→a), T(b)
+        // transitive as in the book (it is 1.0 here: the paper's referral term
+        // only ever raises a score)
+        let tb = book.transitive(b.did(), Some(CODE), NOW);
+        let t = book.with_evidence(a.did(), Some(CODE), NOW, &by(&b, 3, 0.9));
+        assert!(close(t, (0.5 + 0.5 * tb * 0.9).min(1.0)) && t > 0.5, "{t} with T(b) = {tb}");
+        // too few of b's proofs, another task type's, a stranger's, a's own, mine
+        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&b, 2, 0.9)), 0.5);
+        assert_eq!(book.with_evidence(a.did(), Some(ANALYSIS), NOW, &by(&b, 3, 0.9)), 0.5);
+        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&sybil, 50, 1.0)), 0.5);
+        let own: Vec<_> = (0..3).map(|_| proof(&a, &b, CODE, 1.0, NOW)).collect();
+        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &own), 0.5, "proofs about another subject");
+        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&me, 3, 1.0)), 0.5, "the owner's: in the book");
+        // one proof shown three times is one proof
+        let one = proof(&b, &a, CODE, 0.9, NOW);
+        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &[one.clone(), one.clone(), one]), 0.5);
+        // my own bad observations weigh: three quality-0 ratings leave only the referral
+        for _ in 0..3 {
+            rate(&mut book, &me, &a, CODE, 0.0, NOW);
+        }
+        let t = book.with_evidence(a.did(), Some(CODE), NOW, &by(&b, 3, 0.9));
+        assert!(close(t, 0.5 * tb * 0.9), "{t}");
+        assert!(t < 0.5, "below the prior: a min_trust of 0.5 prunes it");
     }
 }
