@@ -11,8 +11,12 @@
 //! the network).
 //!
 //! **The signing rule.** A signed message is signed with the sender's key
-//! over the message's *deterministic protobuf encoding with the signature
-//! field(s) cleared*. The deterministic encoding is what prost's
+//! over its *type tag*, the message's full protobuf name and a zero byte
+//! (`atp.v1.Heartbeat\0`), followed by its *deterministic protobuf
+//! encoding with the signature field(s) cleared*. The tag keeps a signature
+//! on one message type from verifying as another whose fields happen to
+//! encode alike (a heartbeat's bytes replayed as a back-pressure signal).
+//! The deterministic encoding is what prost's
 //! `encode_to_vec` emits: fields in field-number order, proto3 defaults
 //! omitted, no unknown fields (every protobuf library's deterministic mode
 //! produces the same bytes). For [`pb::InteractionProof`] both `signature`
@@ -101,6 +105,8 @@ impl SignMessages for Identity {
 
 /// A protobuf message signed by its sender (see the module docs for the rule).
 pub trait Signed: prost::Message + Clone + Default {
+    /// The full protobuf name (`atp.v1.Heartbeat`): the type tag signed first.
+    const TYPE_NAME: &'static str;
     /// The sender's DID (`from.uuid`, `evaluator.uuid`, `agent.uuid` or
     /// `sender_did`); empty if unset.
     fn sender(&self) -> &str;
@@ -121,12 +127,17 @@ pub trait Signed: prost::Message + Clone + Default {
     fn clear_signatures(&mut self) {
         self.signature_mut().clear();
     }
-    /// The bytes signed: the deterministic encoding with the signature
-    /// field(s) cleared.
+    /// The bytes signed: the type tag ([`Signed::TYPE_NAME`] and a zero
+    /// byte), then the deterministic encoding with the signature field(s)
+    /// cleared.
     fn signing_bytes(&self) -> Vec<u8> {
         let mut copy = self.clone();
         copy.clear_signatures();
-        copy.encode_to_vec()
+        let mut bytes = Vec::with_capacity(Self::TYPE_NAME.len() + 1 + copy.encoded_len());
+        bytes.extend_from_slice(Self::TYPE_NAME.as_bytes());
+        bytes.push(0);
+        copy.encode(&mut bytes).expect("a Vec grows to fit");
+        bytes
     }
 }
 
@@ -135,6 +146,7 @@ pub trait Signed: prost::Message + Clone + Default {
 macro_rules! signed_by_agent_id {
     ($($ty:ident . $sender:ident $(+ $second:ident)?),* $(,)?) => {$(
         impl Signed for pb::$ty {
+            const TYPE_NAME: &'static str = concat!("atp.v1.", stringify!($ty));
             fn sender(&self) -> &str {
                 self.$sender.as_ref().map_or("", |a| a.uuid.as_str())
             }
@@ -185,6 +197,7 @@ signed_by_agent_id!(
 );
 
 impl Signed for pb::AtpMessage {
+    const TYPE_NAME: &'static str = "atp.v1.AtpMessage";
     fn sender(&self) -> &str {
         &self.sender_did
     }
@@ -390,10 +403,22 @@ mod tests {
         assert_ne!(msg.nonce, 0);
         let mut manual = msg.clone();
         manual.signature = Vec::new();
-        let bytes = manual.encode_to_vec();
+        let bytes = [b"atp.v1.CapabilityProbe\0".as_slice(), &manual.encode_to_vec()].concat();
         assert_eq!(msg.signing_bytes(), bytes);
         assert_eq!(msg.signature, alice.sign_bytes(&bytes));
         assert!(verify_bytes(&alice.verifying_key(), &bytes, &msg.signature));
+    }
+
+    #[test]
+    fn a_signature_on_one_message_type_does_not_verify_as_another() {
+        // the same field bytes under two types: the type tag tells them apart
+        let alice = Identity::generate();
+        let (beat, pressure) = (pb::Heartbeat::default(), pb::Backpressure::default());
+        assert_eq!(beat.encode_to_vec(), pressure.encode_to_vec());
+        assert_ne!(beat.signing_bytes(), pressure.signing_bytes());
+        let signature = alice.sign_bytes(&beat.signing_bytes());
+        assert!(verify_bytes(&alice.verifying_key(), &beat.signing_bytes(), &signature));
+        assert!(!verify_bytes(&alice.verifying_key(), &pressure.signing_bytes(), &signature));
     }
 
     #[test]
@@ -411,7 +436,7 @@ mod tests {
         let mut manual = proof.clone();
         manual.signature.clear();
         manual.responder_signature.clear();
-        assert_eq!(proof.signing_bytes(), manual.encode_to_vec());
+        assert_eq!(proof.signing_bytes(), [b"atp.v1.InteractionProof\0".as_slice(), &manual.encode_to_vec()].concat());
         check_proof(&DidResolver::new(), &proof).unwrap();
         // Countersigned by someone other than the subject.
         let mut forged = proof.clone();

@@ -140,7 +140,9 @@ class Client:
         m = type(msg)()
         m.CopyFrom(msg)
         m.ClearField("signature")
-        return m.SerializeToString(deterministic=True)
+        # SCD's signing rule: the type tag (full name, a zero byte), then the
+        # deterministic encoding with the signature cleared
+        return msg.DESCRIPTOR.full_name.encode() + b"\0" + m.SerializeToString(deterministic=True)
 
     def sign(self, msg, key=None) -> None:
         msg.signature = (key or self.key).sign(self.signing_bytes(msg)).signature
