@@ -257,7 +257,8 @@ impl Planner {
                         why: why.clone(),
                     });
                     st.breaker_failure(&offer.url, Some(offer.did()));
-                    st.repricer.lock().unwrap().agent_failed(offer.did());
+                    let reason = st.repricer.lock().unwrap().agent_failed(offer.did()).to_string();
+                    st.emit(Event::Repriced { agent: short(offer.did()), why: reason });
                     // distinct peers by URL: DIDs are free, so one peer
                     // rotating them cannot make a task poison alone
                     let poison = st.poison.lock().unwrap().record_failure(&job.task_id, &offer.url, &why, st.now_ms());
@@ -751,7 +752,10 @@ impl Planner {
             let ledger = node.ledger.lock().unwrap();
             (ledger.trust(offer.did(), Some(job.task_type), now_s()), ledger.len())
         };
-        st.repricer.lock().unwrap().observe(&routing::Observation::from(&proof));
+        let repriced = st.repricer.lock().unwrap().observe(&routing::Observation::from(&proof));
+        if let Some(why) = repriced {
+            st.emit(Event::Repriced { agent: short(offer.did()), why: why.to_string() });
+        }
         st.emit(Event::Trust {
             agent: short(offer.did()),
             task_type: job.task_type.as_str_name().to_string(),

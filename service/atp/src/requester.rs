@@ -93,6 +93,9 @@ pub enum Event {
     Poison { task: String, diagnostics: String },
     /// Done.
     Completed { task: String, agent: String, latency_ms: u64, quality: f64, resumed_after: u32 },
+    /// Observed figures moved past a §7.3 threshold (or an agent failed):
+    /// the next task's routes are computed from the new estimates.
+    Repriced { agent: String, why: String },
     /// A countersigned proof was appended and trust recomputed.
     Trust { agent: String, task_type: String, score: f64, samples: u32, log_size: u64, note: String },
 }
@@ -310,7 +313,12 @@ impl PlannerState {
             })
             .collect();
         drop(ledger);
-        self.repricer.lock().unwrap().apply(&mut cands);
+        // these figures are what the routes are computed with: the
+        // baseline the repricing thresholds are measured from
+        let mut repricer = self.repricer.lock().unwrap();
+        repricer.apply(&mut cands);
+        repricer.repriced(self.now_ms(), &cands);
+        drop(repricer);
         cands
     }
 

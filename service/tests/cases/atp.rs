@@ -953,9 +953,15 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     assert!(sent > 0 && sent < full, "{r}");
     assert!(r["context"]["context_requests"].as_u64().unwrap() >= 1, "{r}\n{stdout}");
     assert!(n("proofs") >= 4, "{r}");
-    for want in
-        ["SIGKILL", "FAILOVER", "resuming after checkpoint", "circuit of", "POISON", "withheld: [gateway_credentials]"]
-    {
+    for want in [
+        "SIGKILL",
+        "FAILOVER",
+        "resuming after checkpoint",
+        "circuit of",
+        "POISON",
+        "withheld: [gateway_credentials]",
+        "  repricing ", // the killed worker triggers repricing (§7.3)
+    ] {
         assert!(stdout.contains(want), "{want:?} not in:\n{stdout}");
     }
     // the confidential field never crossed an agent boundary (nor reached the story)

@@ -487,6 +487,7 @@ fn story(e: &Event, name: &dyn Fn(&str) -> String) -> String {
         Event::Completed { agent, latency_ms, quality, resumed_after, .. } => {
             format!("  done by {} in {latency_ms} ms, quality {quality:.2}, resumed after step {resumed_after}", name(agent))
         }
+        Event::Repriced { agent, why } => format!("  repricing {}: {why}", name(agent)),
         Event::Trust { agent, task_type, score, samples, log_size, note } => format!(
             "  trust of {} for {task_type}: {score:.3} ({samples} proofs); planner log size {log_size}{}",
             name(agent),
