@@ -139,6 +139,23 @@ pub fn client_config(addr: &str, files: &ClientTlsFiles) -> anyhow::Result<Optio
     Ok(Some(cfg))
 }
 
+/// The TLS an ATP agent uses toward `https://` peers: `None` without
+/// `--peer-ca`; with `cert_key`, its certificate for mTLS. The name checked
+/// is each peer URL's host.
+pub fn peer_config(ca: Option<&Path>, cert_key: Option<(&Path, &Path)>) -> anyhow::Result<Option<ClientTlsConfig>> {
+    let Some(ca) = ca else {
+        anyhow::ensure!(cert_key.is_none(), "--peer-cert needs --peer-ca (mTLS runs over TLS)");
+        return Ok(None);
+    };
+    let (ca_pem, _) = read_certs("--peer-ca", ca)?;
+    let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
+    if let Some((cert, key)) = cert_key {
+        let (cert_pem, _) = read_certs("--peer-cert", cert)?;
+        cfg = cfg.identity(Identity::from_pem(cert_pem, read_key("--peer-key", key)?));
+    }
+    Ok(Some(cfg))
+}
+
 /// `e` and its sources, joined by `: `.
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();

@@ -110,6 +110,12 @@ pub struct AgentConfig {
     pub rate_per_did: f64,
     /// Messages one sender DID may send at once after being idle.
     pub burst_per_did: u32,
+    /// TLS of its listener (`--tls-cert`/`--tls-key`, mTLS with
+    /// `--client-ca`); plaintext when `None`.
+    pub server_tls: Option<tonic::transport::ServerTlsConfig>,
+    /// TLS toward `https://` peers (`--peer-ca`, and `--peer-cert`/
+    /// `--peer-key` for mTLS); without it an `https://` peer is refused.
+    pub client_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl AgentConfig {
@@ -127,6 +133,8 @@ impl AgentConfig {
             reply_to_hosts: Vec::new(),
             rate_per_did: 100.0,
             burst_per_did: 200,
+            server_tls: None,
+            client_tls: None,
         }
     }
 }
@@ -219,6 +227,11 @@ impl Node {
     /// The audit trail, if [`Node::set_audit`] gave it one.
     pub fn audit_log(&self) -> Option<&Arc<scd_audit::AuditLog>> {
         self.audit.get()
+    }
+
+    /// A peer's endpoint, over TLS for an `https://` URL ([`handshake::channel_with`]).
+    pub fn channel(&self, url: &str) -> Result<tonic::transport::Channel> {
+        handshake::channel_with(url, self.config.client_tls.as_ref())
     }
 
     /// This agent's DID.
@@ -336,7 +349,7 @@ impl Node {
                 for (url, requester) in targets {
                     let ch = match channels.get(&url) {
                         Some(ch) => ch.clone(),
-                        None => match handshake::channel(&url) {
+                        None => match node.channel(&url) {
                             Ok(ch) => channels.entry(url.clone()).or_insert(ch).clone(),
                             Err(_) => continue,
                         },
@@ -514,7 +527,7 @@ impl Node {
         };
         self.identity.stamp_and_sign(&mut req);
         let requester = sender(&contract.from).to_string();
-        let mut client = pb::atp_service_client::AtpServiceClient::new(handshake::channel(reply_to)?);
+        let mut client = pb::atp_service_client::AtpServiceClient::new(self.channel(reply_to)?);
         let reply = client
             .request_context(req)
             .await
@@ -680,8 +693,8 @@ impl pb::atp_service_server::AtpService for AgentService {
                 match cap.map(|c| handshake::meets(c, &contract.agreed_qos.unwrap_or_default())) {
                     None => Some("contract.task_type: not a capability of this agent".into()),
                     Some(Err(why)) => Some(format!("contract.agreed_qos: {why}")),
-                    Some(Ok(())) if handshake::channel(&contract.reply_to).is_err() => {
-                        Some("contract.reply_to: not a URL".into())
+                    Some(Ok(())) if node.channel(&contract.reply_to).is_err() => {
+                        Some("contract.reply_to: not a URL this agent can reach".into())
                     }
                     Some(Ok(())) => check_reply_to(&contract.reply_to, peer, &node.config.reply_to_hosts).err(),
                 }
@@ -753,7 +766,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         let reply_to = contract.contract.reply_to.clone();
         let Ok(permit) = node.queue.clone().try_acquire_owned() else {
             let bp = node.backpressure(&task.from);
-            tokio::spawn(report_backpressure(reply_to, bp));
+            tokio::spawn(report_backpressure(node.channel(&reply_to), reply_to, bp));
             let capacity = node.config.max_queue + node.config.max_running;
             return Err(Status::resource_exhausted(format!(
                 "queue full: {capacity} tasks queued or running (--max-queue {})",
@@ -790,7 +803,7 @@ impl pb::atp_service_server::AtpService for AgentService {
             .entry(sender(&task.from).to_string())
             .or_default() += 1;
         if node.load().1 >= 0.75 {
-            tokio::spawn(report_backpressure(reply_to, node.backpressure(&task.from)));
+            tokio::spawn(report_backpressure(node.channel(&reply_to), reply_to, node.backpressure(&task.from)));
         }
         let ack = pb::TaskAck { task_id: task.task_id.clone(), accepted: true, reason: String::new() };
         tokio::spawn(node.clone().run(task, order, contract, job, permit));
@@ -1004,14 +1017,21 @@ pub async fn serve(
         .map_err(|e| Error::Invalid { field: "reflection".into(), reason: e.to_string() })?;
     node.start_heartbeats();
     let node_limits = node.config.connections;
+    let tls = node.config.server_tls.clone();
     let svc = pb::atp_service_server::AtpServiceServer::new(AgentService(node))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let guard = scd_net::ConnGuard::new(node_limits);
     let incoming = guard.incoming(listener);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some(tls) = tls {
+        builder = builder
+            .tls_config(tls)
+            .map_err(|e| Error::Transport { what: "TLS of atp.v1".into(), message: e.to_string() })?;
+    }
+    builder
         .layer(guard.layer())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS as usize)
@@ -1027,8 +1047,8 @@ fn is_final(r: &pb::TaskResult) -> bool {
     r.status != pb::TaskStatus::Running as i32
 }
 
-async fn report_backpressure(url: String, bp: pb::Backpressure) {
-    let Ok(ch) = handshake::channel(&url) else { return };
+async fn report_backpressure(ch: Result<tonic::transport::Channel>, url: String, bp: pb::Backpressure) {
+    let Ok(ch) = ch else { return };
     let mut client = pb::atp_service_client::AtpServiceClient::new(ch);
     if let Err(e) = client.report_backpressure(bp).await {
         tracing::debug!(%url, error = %e, "back-pressure not delivered");

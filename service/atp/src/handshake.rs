@@ -186,12 +186,26 @@ pub fn offer_for(identity: &Identity, probe: &pb::CapabilityProbe, terms: &Offer
     Ok(offer)
 }
 
-/// A peer's gRPC endpoint (lazy: connecting happens on the first call).
+/// A peer's plaintext gRPC endpoint (lazy: connecting happens on the first
+/// call); an `https://` URL is an error here (see [`channel_with`]).
 pub fn channel(url: &str) -> Result<Channel> {
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| Error::Invalid { field: "peer url".into(), reason: format!("{url}: {e}") })?
+    channel_with(url, None)
+}
+
+/// A peer's gRPC endpoint: `https://` over TLS with `tls` (the peers' CA,
+/// and this agent's certificate for mTLS; the name checked is the URL's
+/// host), `http://` in plaintext. An `https://` URL without a TLS
+/// configuration is an error, never a silent plaintext connection.
+pub fn channel_with(url: &str, tls: Option<&tonic::transport::ClientTlsConfig>) -> Result<Channel> {
+    let invalid = |reason: String| Error::Invalid { field: "peer url".into(), reason };
+    let mut endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| invalid(format!("{url}: {e}")))?
         .connect_timeout(T_OFFER)
         .tcp_nodelay(true);
+    if url.starts_with("https://") {
+        let tls = tls.ok_or_else(|| invalid(format!("{url}: https:// needs the peers' CA (--peer-ca)")))?;
+        endpoint = endpoint.tls_config(tls.clone()).map_err(|e| invalid(format!("{url}: TLS: {e}")))?;
+    }
     Ok(endpoint.connect_lazy())
 }
 

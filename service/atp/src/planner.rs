@@ -145,7 +145,7 @@ const RESULT_SILENCE: Duration = Duration::from_secs(30);
 impl Planner {
     /// A planner for `node` over peers at these URLs.
     pub fn new(node: Arc<Node>, peer_urls: &[String]) -> Result<Planner> {
-        let peers = peer_urls.iter().map(|u| Ok((u.clone(), handshake::channel(u)?))).collect::<Result<_>>()?;
+        let peers = peer_urls.iter().map(|u| Ok((u.clone(), node.channel(u)?))).collect::<Result<_>>()?;
         Ok(Planner { node, peers })
     }
 
@@ -514,7 +514,7 @@ impl Planner {
         let st = self.state();
         let node = &self.node;
         let did = offer.did().to_string();
-        let channel = handshake::channel(&offer.url).map_err(Failure::agent)?;
+        let channel = node.channel(&offer.url).map_err(Failure::agent)?;
         let contract = handshake::contract_for(&node.identity, offer, &job.task_id, qos, &node.config.public_url);
         handshake::accept(&node.verifier, channel.clone(), contract.clone()).await.map_err(|e| match e {
             // a declined contract (offer expired, QoS no longer met) is a refusal
@@ -772,7 +772,7 @@ impl Planner {
     /// the ack must be the subject's signed word for the root and inclusion).
     async fn countersigned(&self, offer: &Offer, proof: &pb::InteractionProof) -> Result<Vec<u8>, String> {
         let node = &self.node;
-        let channel = handshake::channel(&offer.url).map_err(|e| e.to_string())?;
+        let channel = node.channel(&offer.url).map_err(|e| e.to_string())?;
         let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
         let ack = client
             .submit_interaction_proof(proof.clone())

@@ -23,6 +23,8 @@ pub(crate) struct AgentProc {
     pub(crate) addr: String,
     /// Where it serves its DID document (with --http-addr).
     pub(crate) http: Option<String>,
+    /// Its atp.v1 URL (https:// with --tls-cert).
+    pub(crate) url: String,
 }
 
 impl Drop for AgentProc {
@@ -34,7 +36,7 @@ impl Drop for AgentProc {
 
 impl AgentProc {
     pub(crate) fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.url.clone()
     }
 }
 
@@ -85,6 +87,7 @@ pub(crate) fn spawn_agent_with_scd(dir: &Path, scd: &str, args: &[&str]) -> Agen
         did: ready["did"].as_str().unwrap().to_string(),
         addr: ready["addr"].as_str().unwrap().to_string(),
         http: ready["http"].as_str().map(str::to_string),
+        url: ready["url"].as_str().unwrap().to_string(),
     }
 }
 
@@ -925,6 +928,98 @@ async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_viol
         seen.iter().any(|e| matches!(e, Event::Trust { note, .. } if note.contains("countersignature refused"))),
         "{seen:#?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// ATP over TLS and mTLS: an agent with --tls-cert/--client-ca serves
+/// https:// only to peers with a certificate from its CA, and a planner
+/// whose own listener is TLS delegates to it end to end, the worker calling
+/// back (context requests, heartbeats) over TLS checked with --peer-ca.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atp_runs_over_tls_and_mtls_and_refuses_what_it_must() {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::planner::Outcome;
+    use scd_atp::store::{Ledger, Store};
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity as TlsIdentity, ServerTlsConfig};
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-tls");
+    let pki = crate::lifecycle::pki(&dir);
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    #[rustfmt::skip]
+    let worker = spawn_agent_with_scd(&dir.join("worker"), &scd.addr, &[
+        "--capability", "analysis:0.80:300:0.02",
+        "--tls-cert", &p(&pki.server_cert), "--tls-key", &p(&pki.server_key), "--client-ca", &p(&pki.ca),
+        "--peer-ca", &p(&pki.ca), "--peer-cert", &p(&pki.client_cert), "--peer-key", &p(&pki.client_key),
+    ]);
+    assert!(worker.url().starts_with("https://127.0.0.1:"), "{}", worker.url());
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    let ca = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(&pki.ca)));
+    let mtls = ca.clone().identity(TlsIdentity::from_pem(read(&pki.client_cert), read(&pki.client_key)));
+    let rogue = ca.clone().identity(TlsIdentity::from_pem(read(&pki.rogue_cert), read(&pki.rogue_key)));
+    let me = Identity::generate();
+    let probe_with = |tls: Option<ClientTlsConfig>, url: String| {
+        let me = &me;
+        async move {
+            let ch = handshake::channel_with(&url, tls.as_ref())?;
+            let mut client = AtpServiceClient::new(ch);
+            let mut analysis = probe(me, "tls-probe");
+            analysis.task_type = pb::TaskType::Analysis as i32;
+            me.stamp_and_sign(&mut analysis);
+            client.probe(analysis).await.map_err(|s| scd_atp::Error::Invalid {
+                field: "probe".into(),
+                reason: format!("{:?}: {}", s.code(), s.message()),
+            })
+        }
+    };
+    let offer = probe_with(Some(mtls.clone()), worker.url()).await.expect("mTLS with the CA's client certificate");
+    assert_eq!(offer.into_inner().from.unwrap().uuid, worker.did);
+    for (what, tls, url) in [
+        ("no client certificate", Some(ca.clone()), worker.url()),
+        ("a client certificate from another CA", Some(rogue), worker.url()),
+        ("plaintext to a TLS port", None, worker.url().replace("https://", "http://")),
+    ] {
+        assert!(probe_with(tls, url).await.is_err(), "{what} was served");
+    }
+    let e = handshake::channel(&worker.url()).unwrap_err().to_string();
+    assert!(e.contains("https:// needs the peers' CA (--peer-ca)"), "{e}");
+
+    // a planner whose listener is TLS too (no client CA: workers' calls back
+    // are signed, and the TLS keeps them private)
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://localhost:{}", listener.local_addr().unwrap().port());
+    let identity = Identity::generate();
+    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let verifier = Verifier::new(resolver.clone(), store.clone());
+    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
+    let mut config = AgentConfig::new(vec![], url, scd.addr.clone());
+    config.server_tls =
+        Some(ServerTlsConfig::new().identity(TlsIdentity::from_pem(read(&pki.server_cert), read(&pki.server_key))));
+    config.client_tls = Some(mtls);
+    let node = Node::new(identity, verifier, ledger, config);
+    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    node.planner.subscribe(tx);
+    let planner = scd_atp::planner::Planner::new(node, &[worker.url()]).unwrap();
+    // a need off the task's topic, which the first transfer lacks: the
+    // worker asks back over TLS
+    let job = analysis_job("tls-0", &["idempotency key must be derived", "loyalty program"]);
+    match planner.run(&job).await.unwrap() {
+        Outcome::Completed { agent, quality, .. } => {
+            assert_eq!(agent, worker.did);
+            assert_eq!(quality, 1.0, "every need reached the worker");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut asked = 0;
+    while let Ok(e) = events.try_recv() {
+        asked += matches!(e, scd_atp::planner::Event::ContextRequested { .. }) as usize;
+    }
+    assert!(asked >= 1, "the worker's context request reached the TLS planner");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -35,15 +35,15 @@ fn free_port() -> u16 {
 // Test PKI: two CAs, a server certificate and two client certificates
 // ---------------------------------------------------------------------------
 
-struct Pki {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
+pub(crate) struct Pki {
+    pub(crate) ca: PathBuf,
+    pub(crate) server_cert: PathBuf,
+    pub(crate) server_key: PathBuf,
+    pub(crate) client_cert: PathBuf,
+    pub(crate) client_key: PathBuf,
     client_der: Vec<u8>,
-    rogue_cert: PathBuf,
-    rogue_key: PathBuf,
+    pub(crate) rogue_cert: PathBuf,
+    pub(crate) rogue_key: PathBuf,
     other_cert: PathBuf,
     other_key: PathBuf,
 }
@@ -70,7 +70,7 @@ fn leaf(
     (cert.pem(), key.serialize_pem(), cert.der().to_vec())
 }
 
-fn pki(dir: &Path) -> Pki {
+pub(crate) fn pki(dir: &Path) -> Pki {
     let ca1 = ca("scd test CA");
     let rogue_ca = ca("some other CA");
     let write = |name: &str, body: &str| {

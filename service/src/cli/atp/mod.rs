@@ -99,6 +99,27 @@ pub struct AgentArgs {
     /// Caps and idle timeouts of the ATP listener.
     #[command(flatten)]
     pub grpc_conn: crate::config::GrpcConnArgs,
+    /// Serve atp.v1 over TLS with this certificate chain (PEM); peers then
+    /// reach this agent at https://.
+    #[arg(long, env = "SCD_ATP_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "SCD_ATP_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// mTLS: peers must present a certificate signed by this CA (PEM).
+    #[arg(long, env = "SCD_ATP_CLIENT_CA", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+    /// The CA that signed https:// peers' certificates (PEM): heartbeats,
+    /// back-pressure and context requests to a requester's https:// reply_to
+    /// go over TLS checked against it. Without it an https:// peer is refused.
+    #[arg(long, env = "SCD_ATP_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
+    /// This agent's certificate toward https:// peers that ask for one (mTLS).
+    #[arg(long, env = "SCD_ATP_PEER_CERT", requires = "peer_key", requires = "peer_ca")]
+    pub peer_cert: Option<PathBuf>,
+    /// The private key of --peer-cert (PEM).
+    #[arg(long, env = "SCD_ATP_PEER_KEY", requires = "peer_cert")]
+    pub peer_key: Option<PathBuf>,
 }
 
 /// A capability from `TYPE:QUALITY:LATENCY_MS:COST`.
@@ -169,6 +190,13 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         bail!("--context-budget 0: must be at least 1 token");
     }
     let connections = args.grpc_conn.limits()?;
+    let server_tls = crate::tls::server_config(&crate::tls::ServerTlsFiles {
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        client_ca: args.client_ca.clone(),
+    })?;
+    let client_tls =
+        crate::tls::peer_config(args.peer_ca.as_deref(), args.peer_cert.as_deref().zip(args.peer_key.as_deref()))?;
     let mut identity = Identity::load_or_create(&args.identity)?;
     if let Some(did) = &args.did_wba {
         if !did.starts_with("did:wba:") {
@@ -190,7 +218,10 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("--addr {}: cannot listen", args.addr))?;
         let addr = listener.local_addr()?;
-        let mut config = AgentConfig::new(capabilities, format!("http://{addr}"), args.scd.clone());
+        let scheme = if server_tls.is_some() { "https" } else { "http" };
+        let mut config = AgentConfig::new(capabilities, format!("{scheme}://{addr}"), args.scd.clone());
+        config.server_tls = server_tls;
+        config.client_tls = client_tls;
         config.heartbeat = Duration::from_millis(args.heartbeat_ms);
         config.max_queue = args.max_queue;
         config.max_running = args.max_running;
@@ -202,7 +233,12 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         let document = (did_document_path(identity.did()), identity.did_document_json());
         let node = Node::new(identity, verifier, ledger, config);
         node.set_audit(Arc::new(audit));
-        let mut ready = serde_json::json!({ "event": "ready", "did": node.did(), "addr": addr.to_string() });
+        let mut ready = serde_json::json!({
+            "event": "ready",
+            "did": node.did(),
+            "addr": addr.to_string(),
+            "url": node.config.public_url,
+        });
         if let Some(http) = args.http_addr {
             let listener = tokio::net::TcpListener::bind(http)
                 .await
