@@ -165,11 +165,9 @@ pub fn offer_for(identity: &Identity, probe: &pb::CapabilityProbe, terms: &Offer
         let reason = if misses.is_empty() { format!("no capability for {type_name}") } else { misses.join("; ") };
         return Err(Error::CannotMeet { reason });
     };
-    if terms.trust_score < qos.min_trust && terms.evidence.log_size > 0 {
-        return Err(Error::CannotMeet {
-            reason: format!("trust {:.3} < min_trust {:.3}", terms.trust_score, qos.min_trust),
-        });
-    }
+    // no refusal on min_trust here: the figure offered is the agent's own
+    // record, which any requester can lower with free DIDs' ratings of jobs
+    // it ran; the requester prunes on min_trust with its own book
     let mut offer = pb::CapabilityOffer {
         from: Some(identity.agent_id()),
         in_reply_to: probe.nonce,
@@ -202,7 +200,7 @@ pub fn channel_with(url: &str, tls: Option<&tonic::transport::ClientTlsConfig>) 
         .map_err(|e| invalid(format!("{url}: {e}")))?
         .connect_timeout(T_OFFER)
         .tcp_nodelay(true);
-    if url.starts_with("https://") {
+    if url.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")) {
         let tls = tls.ok_or_else(|| invalid(format!("{url}: https:// needs the peers' CA (--peer-ca)")))?;
         endpoint = endpoint.tls_config(tls.clone()).map_err(|e| invalid(format!("{url}: TLS: {e}")))?;
     }
@@ -588,12 +586,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("quality 0.950 < min_quality 0.990"));
+        // a min_trust above its own record is the requester's to apply, not a refusal
         let probe = pb::CapabilityProbe {
             task_type: 1,
             qos: Some(pb::QoSConstraints { min_trust: 0.9, ..qos() }),
             ..Default::default()
         };
-        assert!(offer_for(&me, &probe, &terms()).unwrap_err().to_string().contains("trust 0.800 < min_trust 0.900"));
+        assert_eq!(offer_for(&me, &probe, &terms()).unwrap().trust_score, 0.8);
     }
 
     /// A real agent on loopback offering `cap` (its store in `dir`).

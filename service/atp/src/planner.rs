@@ -645,7 +645,11 @@ impl Planner {
                                 continue;
                             }
                             node.ledger.lock().unwrap().store().put_checkpoint(cp).map_err(Failure::local)?;
-                            steps_seen = steps_seen.max(cp.step_number);
+                            // a step counts only when it is the next one, within the
+                            // order: one checkpoint claiming the last step is not all
+                            if cp.step_number == steps_seen + 1 && cp.step_number <= job.order.steps {
+                                steps_seen = cp.step_number;
+                            }
                             st.emit(Event::Checkpoint {
                                 task: job.task_id.clone(),
                                 agent: short(&did),

@@ -96,7 +96,8 @@ pub enum Event {
     /// Observed figures moved past a §7.3 threshold (or an agent failed):
     /// the next task's routes are computed from the new estimates.
     Repriced { agent: String, why: String },
-    /// A countersigned proof was appended and trust recomputed.
+    /// A proof was appended (countersigned, or this side's alone when the
+    /// worker refused: then `note` says so) and trust recomputed.
     Trust { agent: String, task_type: String, score: f64, samples: u32, log_size: u64, note: String },
 }
 

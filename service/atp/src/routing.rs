@@ -778,6 +778,9 @@ impl Default for RepricerParams {
 
 type Key = (String, i32);
 
+/// Baselines kept for agents (× task type) not yet observed.
+pub const MAX_BASELINES: usize = 16_384;
+
 /// Dynamic repricing (§7.3): keeps EWMA estimates per agent × task type from
 /// interaction proofs and says when the routing table is stale. Changes are
 /// relative to the values the current routes were computed with (recorded by
@@ -852,7 +855,16 @@ impl Repricer {
     pub fn repriced(&mut self, now_ms: u64, used: &[Candidate]) {
         self.last_ms = Some(now_ms);
         for c in used {
-            self.baseline.insert((c.agent.clone(), c.task_type as i32), (c.quality, c.cost));
+            let key = (c.agent.clone(), c.task_type as i32);
+            // bounded: a peer rotating DIDs adds a candidate per offer;
+            // the baselines of agents never observed give way first
+            if self.baseline.len() >= MAX_BASELINES && !self.baseline.contains_key(&key) {
+                self.baseline.retain(|k, _| self.estimates.contains_key(k));
+                if self.baseline.len() >= MAX_BASELINES {
+                    continue;
+                }
+            }
+            self.baseline.insert(key, (c.quality, c.cost));
         }
     }
 
@@ -1211,6 +1223,17 @@ mod tests {
     fn instant() -> Repricer {
         // α = 1: the estimate is the last observation, so thresholds are exact.
         Repricer::new(RepricerParams { ewma_alpha: 1.0, ..RepricerParams::default() })
+    }
+
+    #[test]
+    fn baselines_of_unobserved_agents_are_bounded() {
+        let mut r = instant();
+        r.observe(&obs("seen", 0.8, 1.0));
+        for i in 0..MAX_BASELINES + 10 {
+            r.repriced(0, &[cand(&format!("fresh-{i}"), 0.8, 100, 1.0), cand("seen", 0.9, 100, 1.0)]);
+        }
+        assert!(r.baseline.len() <= MAX_BASELINES, "{}", r.baseline.len());
+        assert!(r.baseline.contains_key(&("seen".to_string(), Analysis as i32)), "an observed agent's stays");
     }
 
     #[test]

@@ -412,10 +412,13 @@ impl TrustBook {
     /// Trust in `subject` with the referrals its offer shows (Property 2
     /// over a peer's evidence): the larger of [`TrustBook::transitive`] and
     /// T(a) + the best α · T(b) · T_att(b→a), where T_att is Definition 3
-    /// over the `evidence` proofs about `subject` by one evaluator b. Only an
-    /// evaluator established in *this* book counts, never the subject or the
-    /// owner (whose own proofs are in the book already), and only with at
-    /// least `min_interactions` proofs (of `task_type`, when given) not
+    /// over the `evidence` proofs about `subject` by one evaluator b and
+    /// T(b) is b's direct score here, capped at max(T(a), T(b)) (a
+    /// recommendation lifts no one above its recommender). Only an
+    /// evaluator established in *this* book counts, with at least
+    /// `min_interactions` ratings of its own here (of `task_type`, when
+    /// given), never the subject or the owner (whose own proofs are in the
+    /// book already), and only with at least `min_interactions` proofs not
     /// already in the book. The evidence must have been verified (both
     /// signatures, inclusion in the offered root): this does not check
     /// signatures. A Sybil's evidence (evaluators nobody here rated) adds
@@ -452,17 +455,23 @@ impl TrustBook {
                 });
             }
         }
-        let mut best: f64 = 0.0;
+        let direct = self.trust(subject, task_type, now_s).score;
+        let mut best = direct;
         for (b, ratings) in &by {
             let (num, den, n) = self.definition_3(ratings.iter(), now_s);
-            if (n as usize) < self.params.min_interactions || den <= f64::MIN_POSITIVE {
+            // b's own record here, of this task type: a recommender this
+            // side has not rated for it (the prior) vouches for nothing
+            let tb = self.trust(b, task_type, now_s);
+            let enough = |k: u32| (k as usize) >= self.params.min_interactions;
+            if !enough(n) || !enough(tb.samples) || den <= f64::MIN_POSITIVE {
                 continue;
             }
             let attestation = (num / den).clamp(0.0, 1.0);
-            best = best.max(self.params.alpha * self.transitive(b, task_type, now_s) * attestation);
+            // a recommendation lifts no one above its recommender
+            let via = (direct + self.params.alpha * tb.score * attestation).min(direct.max(tb.score));
+            best = best.max(via);
         }
-        let direct = self.trust(subject, task_type, now_s).score;
-        base.max((direct + best).clamp(0.0, 1.0))
+        base.max(best.clamp(0.0, 1.0))
     }
 
     fn transitive_rec(
@@ -780,19 +789,20 @@ mod tests {
             rate(&mut book, &me, &b, CODE, q, NOW);
         }
         let by = |e: &Identity, n: usize, q: f64| (0..n).map(|_| proof(e, &a, CODE, q, NOW)).collect::<Vec<_>>();
-        // a, whom I never rated: the prior plus α · T(b) · T_att(b→a), T(b)
-        // transitive as in the book (it is 1.0 here: the paper's referral term
-        // only ever raises a score)
-        let tb = book.transitive(b.did(), Some(CODE), NOW);
+        // a, whom I never rated: the prior plus α · T(b) · T_att(b→a) =
+        // 0.5 + 0.5 · 0.8 · 0.9 = 0.86, capped at T(b) = 0.8
         let t = book.with_evidence(a.did(), Some(CODE), NOW, &by(&b, 3, 0.9));
-        assert!(close(t, (0.5 + 0.5 * tb * 0.9).min(1.0)) && t > 0.5, "{t} with T(b) = {tb}");
+        assert!(close(t, 0.8), "{t}");
+        // b, rated here for code generation only, vouches for nothing in analysis
+        let analysis: Vec<_> = (0..3).map(|_| proof(&b, &a, ANALYSIS, 0.9, NOW)).collect();
+        assert_eq!(book.with_evidence(a.did(), Some(ANALYSIS), NOW, &analysis), 0.5);
         // too few of b's proofs, another task type's, a stranger's, a's own, mine
         assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&b, 2, 0.9)), 0.5);
         assert_eq!(book.with_evidence(a.did(), Some(ANALYSIS), NOW, &by(&b, 3, 0.9)), 0.5);
         assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&sybil, 50, 1.0)), 0.5);
         let own: Vec<_> = (0..3).map(|_| proof(&a, &b, CODE, 1.0, NOW)).collect();
         assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &own), 0.5, "proofs about another subject");
-        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&me, 3, 1.0)), 0.5, "the owner's: in the book");
+        assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &by(&me, 3, 1.0)), 0.5, "the owner's: not a referral");
         // one proof shown three times is one proof
         let one = proof(&b, &a, CODE, 0.9, NOW);
         assert_eq!(book.with_evidence(a.did(), Some(CODE), NOW, &[one.clone(), one.clone(), one]), 0.5);
@@ -801,7 +811,7 @@ mod tests {
             rate(&mut book, &me, &a, CODE, 0.0, NOW);
         }
         let t = book.with_evidence(a.did(), Some(CODE), NOW, &by(&b, 3, 0.9));
-        assert!(close(t, 0.5 * tb * 0.9), "{t}");
+        assert!(close(t, 0.5 * 0.8 * 0.9), "{t}");
         assert!(t < 0.5, "below the prior: a min_trust of 0.5 prunes it");
     }
 }

@@ -116,7 +116,7 @@ pub fn assess(
     findable: &[String],
 ) -> f64 {
     let completeness = f64::from(steps_seen.min(order.steps)) / f64::from(order.steps.max(1));
-    let cited: HashSet<&str> = cited.iter().map(String::as_str).collect();
+    let cited: HashSet<&str> = cited.iter().take(MAX_REPORT_CHUNKS).map(String::as_str).collect();
     let cited_texts: Vec<String> =
         sent.iter().filter(|c| cited.contains(c.chunk_id.as_str())).map(chunk_text).collect();
     let needs: Vec<String> = order
@@ -161,6 +161,10 @@ mod tests {
         assert_eq!(assess(&order, 4, &cite(&["a#0"]), &sent[..1], &findable), 0.5);
         // a checkpoint past the order's steps does not lift it above 1
         assert_eq!(assess(&order, 99, &cite(&["a#0", "b#0"]), &sent, &findable), 1.0);
+        // only the first MAX_REPORT_CHUNKS cited ids count, however many are listed
+        let mut many: Vec<String> = (0..MAX_REPORT_CHUNKS).map(|i| format!("pad#{i}")).collect();
+        many.extend(cite(&["a#0", "b#0"]));
+        assert_eq!(assess(&order, 4, &many, &sent, &findable), 0.0);
         let no_needs = WorkOrder { needs: vec![], ..order };
         assert_eq!(assess(&no_needs, 3, &[], &[], &[]), 0.75);
     }

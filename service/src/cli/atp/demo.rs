@@ -151,6 +151,8 @@ pub struct Ready {
     /// Where it serves its DID document (with --http-addr).
     #[serde(default)]
     pub http: Option<String>,
+    /// Its atp.v1 URL (`https://` with --tls-cert).
+    pub url: String,
 }
 
 fn spawn_worker(cfg: &DemoConfig, scd_url: &str, name: &'static str, capability: &'static str) -> Result<Worker> {
