@@ -893,7 +893,10 @@ async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up()
         })
         .collect();
     for g in gave_up {
-        assert_eq!(g.await.unwrap().unwrap_err().code(), Code::DeadlineExceeded);
+        // tonic reports its own client timeout as either, depending on which
+        // layer sees it first; both mean the caller gave up
+        let code = g.await.unwrap().unwrap_err().code();
+        assert!(matches!(code, Code::DeadlineExceeded | Code::Cancelled), "{code:?}");
     }
     // their work stops at the next text (300 ms), not after all eight, and
     // the hog is past its share until then
