@@ -174,6 +174,19 @@ struct Rating {
     countersigned: bool,
 }
 
+impl Rating {
+    /// A proof as a rating (its signatures and ranges checked by the caller).
+    fn of(proof: &pb::InteractionProof) -> Rating {
+        Rating {
+            evaluator: proof.sender().to_string(),
+            task_type: pb::TaskType::try_from(proof.task_type).unwrap_or(pb::TaskType::Unspecified),
+            quality: proof.quality_score,
+            at_s: proof.timestamp.map_or(0, |t| t.seconds),
+            countersigned: !proof.responder_signature.is_empty(),
+        }
+    }
+}
+
 /// Proofs in memory and the scores they give.
 pub struct TrustBook {
     params: TrustParams,
@@ -265,13 +278,7 @@ impl TrustBook {
             return Err(AuthFailure::Replayed { did: evaluator, nonce: proof.nonce }.into());
         }
         let subject = proof.subject.as_ref().map(|s| s.uuid.clone()).unwrap_or_default();
-        self.ratings.entry(subject).or_default().push(Rating {
-            evaluator,
-            task_type: pb::TaskType::try_from(proof.task_type).unwrap_or(pb::TaskType::Unspecified),
-            quality: proof.quality_score,
-            at_s: proof.timestamp.map_or(0, |t| t.seconds),
-            countersigned: !proof.responder_signature.is_empty(),
-        });
+        self.ratings.entry(subject).or_default().push(Rating::of(proof));
         self.invalidate();
         Ok(())
     }
@@ -446,13 +453,7 @@ impl TrustBook {
                 && !self.seen.contains(&(evaluator.to_string(), p.nonce))
                 && nonces.insert((evaluator, p.nonce));
             if counts {
-                by.entry(evaluator).or_default().push(Rating {
-                    evaluator: evaluator.to_string(),
-                    task_type: tt,
-                    quality: p.quality_score,
-                    at_s: p.timestamp.map_or(0, |t| t.seconds),
-                    countersigned: true,
-                });
+                by.entry(evaluator).or_default().push(Rating::of(p));
             }
         }
         let direct = self.trust(subject, task_type, now_s).score;
