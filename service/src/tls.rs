@@ -126,13 +126,8 @@ pub fn client_config(addr: &str, files: &ClientTlsFiles) -> anyhow::Result<Optio
     let ca = files.ca_cert.as_ref().with_context(|| {
         format!("--addr {addr}: https:// needs --ca-cert (the CA that signed the server's certificate)")
     })?;
-    let (ca_pem, _) = read_certs("--ca-cert", ca)?;
-    let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
-    if let (Some(cert), Some(key)) = (&files.client_cert, &files.client_key) {
-        let (cert_pem, _) = read_certs("--client-cert", cert)?;
-        let key_pem = read_key("--client-key", key)?;
-        cfg = cfg.identity(Identity::from_pem(cert_pem, key_pem));
-    }
+    let cert_key = files.client_cert.as_deref().zip(files.client_key.as_deref());
+    let mut cfg = client_tls(["--ca-cert", "--client-cert", "--client-key"], ca, cert_key)?;
     if let Some(domain) = &files.domain {
         cfg = cfg.domain_name(domain.clone());
     }
@@ -147,13 +142,20 @@ pub fn peer_config(ca: Option<&Path>, cert_key: Option<(&Path, &Path)>) -> anyho
         anyhow::ensure!(cert_key.is_none(), "--peer-cert needs --peer-ca (mTLS runs over TLS)");
         return Ok(None);
     };
-    let (ca_pem, _) = read_certs("--peer-ca", ca)?;
+    client_tls(["--peer-ca", "--peer-cert", "--peer-key"], ca, cert_key).map(Some)
+}
+
+/// A client configuration trusting the CA in `ca`, presenting the
+/// certificate and key in `cert_key` when given (mTLS); `flags` name the
+/// three files in errors (CA, certificate, key).
+fn client_tls(flags: [&str; 3], ca: &Path, cert_key: Option<(&Path, &Path)>) -> anyhow::Result<ClientTlsConfig> {
+    let (ca_pem, _) = read_certs(flags[0], ca)?;
     let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
     if let Some((cert, key)) = cert_key {
-        let (cert_pem, _) = read_certs("--peer-cert", cert)?;
-        cfg = cfg.identity(Identity::from_pem(cert_pem, read_key("--peer-key", key)?));
+        let (cert_pem, _) = read_certs(flags[1], cert)?;
+        cfg = cfg.identity(Identity::from_pem(cert_pem, read_key(flags[2], key)?));
     }
-    Ok(Some(cfg))
+    Ok(cfg)
 }
 
 /// `e` and its sources, joined by `: `.
