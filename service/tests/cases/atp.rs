@@ -449,16 +449,30 @@ async fn planner(
     scd: &str,
     urls: &[String],
 ) -> (Arc<scd_atp::planner::Planner>, tokio::sync::mpsc::UnboundedReceiver<scd_atp::planner::Event>) {
+    planner_with_tls(dir, scd, urls, None).await
+}
+
+/// [`planner`] whose listener serves TLS (at `https://localhost:PORT`) and
+/// which reaches `https://` peers with `tls`'s client half.
+async fn planner_with_tls(
+    dir: &Path,
+    scd: &str,
+    urls: &[String],
+    tls: Option<(tonic::transport::ServerTlsConfig, tonic::transport::ClientTlsConfig)>,
+) -> (Arc<scd_atp::planner::Planner>, tokio::sync::mpsc::UnboundedReceiver<scd_atp::planner::Event>) {
     use scd_atp::agent::{AgentConfig, Node};
     use scd_atp::store::{Ledger, Store};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let port = listener.local_addr().unwrap().port();
+    let url = if tls.is_some() { format!("https://localhost:{port}") } else { format!("http://127.0.0.1:{port}") };
     let identity = Identity::load_or_create(&dir.join("planner.json")).unwrap();
     let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
     let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
     let verifier = Verifier::new(resolver.clone(), store.clone());
     let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
-    let node = Node::new(identity, verifier, ledger, AgentConfig::new(vec![], url, scd.to_string()));
+    let mut config = AgentConfig::new(vec![], url, scd.to_string());
+    (config.server_tls, config.client_tls) = tls.map_or((None, None), |(s, c)| (Some(s), Some(c)));
+    let node = Node::new(identity, verifier, ledger, config);
     tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
     let (tx, events) = tokio::sync::mpsc::unbounded_channel();
     node.planner.subscribe(tx);
@@ -937,9 +951,7 @@ async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_viol
 /// back (context requests, heartbeats) over TLS checked with --peer-ca.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn atp_runs_over_tls_and_mtls_and_refuses_what_it_must() {
-    use scd_atp::agent::{AgentConfig, Node};
     use scd_atp::planner::Outcome;
-    use scd_atp::store::{Ledger, Store};
     use tonic::transport::{Certificate, ClientTlsConfig, Identity as TlsIdentity, ServerTlsConfig};
     if !crate::ready() {
         return;
@@ -989,22 +1001,9 @@ async fn atp_runs_over_tls_and_mtls_and_refuses_what_it_must() {
 
     // a planner whose listener is TLS too (no client CA: workers' calls back
     // are signed, and the TLS keeps them private)
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://localhost:{}", listener.local_addr().unwrap().port());
-    let identity = Identity::generate();
-    let store = Arc::new(Store::open(&dir.join("planner")).unwrap());
-    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
-    let verifier = Verifier::new(resolver.clone(), store.clone());
-    let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
-    let mut config = AgentConfig::new(vec![], url, scd.addr.clone());
-    config.server_tls =
-        Some(ServerTlsConfig::new().identity(TlsIdentity::from_pem(read(&pki.server_cert), read(&pki.server_key))));
-    config.client_tls = Some(mtls);
-    let node = Node::new(identity, verifier, ledger, config);
-    tokio::spawn(scd_atp::agent::serve(node.clone(), listener, std::future::pending()));
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    node.planner.subscribe(tx);
-    let planner = scd_atp::planner::Planner::new(node, &[worker.url()]).unwrap();
+    let server = ServerTlsConfig::new().identity(TlsIdentity::from_pem(read(&pki.server_cert), read(&pki.server_key)));
+    let (planner, mut events) =
+        planner_with_tls(&dir.join("planner"), &scd.addr, &[worker.url()], Some((server, mtls))).await;
     // a need off the task's topic, which the first transfer lacks: the
     // worker asks back over TLS
     let job = analysis_job("tls-0", &["idempotency key must be derived", "loyalty program"]);
