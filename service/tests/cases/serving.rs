@@ -893,10 +893,8 @@ async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up()
         })
         .collect();
     for g in gave_up {
-        // tonic reports its own client timeout as either, depending on which
-        // layer sees it first; both mean the caller gave up
-        let code = g.await.unwrap().unwrap_err().code();
-        assert!(matches!(code, Code::DeadlineExceeded | Code::Cancelled), "{code:?}");
+        let e = g.await.unwrap().unwrap_err();
+        assert!(is_deadline(&e), "{e:?}");
     }
     // their work stops at the next text (300 ms), not after all eight, and
     // the hog is past its share until then
@@ -932,7 +930,8 @@ async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
         })
         .collect();
     for g in gave_up {
-        assert_eq!(g.await.unwrap().unwrap_err().code(), Code::DeadlineExceeded);
+        let e = g.await.unwrap().unwrap_err();
+        assert!(is_deadline(&e), "{e:?}");
     }
     // that work still holds the hog's share: it may not take the last slot
     let e = hog.clone().compress(big_compress("hog 4")).await.unwrap_err();
