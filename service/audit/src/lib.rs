@@ -35,6 +35,15 @@
 //! [`DEFER_MAX`]; a crash may lose the refusals of that last window, never a
 //! record of [`AuditLog::append`].
 //!
+//! **Merged refusals.** Within one deferred window, a deferred record with
+//! the same method, caller, peer, session and outcome as one already
+//! written in that window is not written again: the earlier record's
+//! `count` grows instead (it keeps the first call's time, task and
+//! figures). A client repeating a refused call therefore adds one record
+//! per window, not one per call. At most [`MERGE_KEYS`] distinct kinds are
+//! merged per window; past that, records are written one by one (still
+//! bounded by the retention).
+//!
 //! **Time.** `at_ms` is the commit time (unix ms), made non-decreasing in
 //! `seq` order (a clock stepping back repeats the last value), so the oldest
 //! records are always the first keys.
@@ -90,6 +99,9 @@ const QUEUE: usize = 1024;
 
 /// How long a deferred record may stay not durable (see the module docs).
 pub const DEFER_MAX: Duration = Duration::from_secs(1);
+
+/// Distinct kinds of deferred record merged per window (see the module docs).
+pub const MERGE_KEYS: usize = 1024;
 
 fn store_err<E: Into<redb::Error>>(e: E) -> Error {
     Error::Store { source: Box::new(e.into()) }
@@ -204,12 +216,20 @@ pub struct AuditRecord {
     pub timings: AuditTimings,
     /// `ok`, or the gRPC status code's name (`InvalidArgument`, ...).
     pub outcome: String,
+    /// How many calls the record stands for: 1, or more for deferred
+    /// records merged in one window (see the module docs). 0 is read as 1.
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl AuditRecord {
     /// An `ok` record of `method`, the rest empty.
     pub fn new(method: &str) -> AuditRecord {
-        AuditRecord { method: method.to_string(), outcome: "ok".into(), ..Default::default() }
+        AuditRecord { method: method.to_string(), outcome: "ok".into(), count: 1, ..Default::default() }
     }
 
     /// Keeps the task's digest and first [`TASK_CHARS`] characters.
@@ -396,7 +416,8 @@ impl AuditLog {
     /// [`AuditLog::append_async`] without an fsync of its own: the records
     /// are committed (readers see them) when it returns, and durable within
     /// [`DEFER_MAX`] (see the module docs). For records a crash may lose,
-    /// such as refused calls.
+    /// such as refused calls. A record merged into an earlier one of its
+    /// window (see the module docs) gets that record's seq.
     pub async fn append_deferred(&self, records: Vec<AuditRecord>) -> Result<Vec<u64>> {
         self.send(records, false).await
     }
@@ -489,6 +510,8 @@ fn write_loop(
         }
     };
     let mut deferred_since: Option<std::time::Instant> = None;
+    // the deferred records written in this window, by kind (see Merges)
+    let mut merges = Merges::default();
     loop {
         let first = match deferred_since {
             None => rx.blocking_recv(),
@@ -499,6 +522,7 @@ fn write_loop(
                     Err(_) => {
                         // the window closed with no durable commit: make one
                         flush(db, &mut deferred_since, durable_commits);
+                        merges.clear();
                         continue;
                     }
                 }
@@ -512,12 +536,13 @@ fn write_loop(
         let records: usize = batch.iter().map(|p| p.records.len()).sum();
         let durable =
             batch.iter().any(|p| p.durable) || deferred_since.is_some_and(|since| since.elapsed() >= DEFER_MAX);
-        match commit(db, &mut batch, retention, durable) {
+        match commit(db, &mut batch, retention, durable, &mut merges) {
             Ok(seqs) => {
                 tracing::trace!(records, batches = batch.len(), durable, "audit commit");
                 if durable {
                     durable_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     deferred_since = None;
+                    merges.clear();
                 } else {
                     deferred_since.get_or_insert_with(std::time::Instant::now);
                 }
@@ -527,6 +552,8 @@ fn write_loop(
             }
             Err(e) => {
                 tracing::error!(error = %e, records, "audit commit failed; the calls fail");
+                // what the map points at may not have been written
+                merges.clear();
                 for p in batch {
                     let _ = p.ack.send(Err(e.to_string()));
                 }
@@ -562,17 +589,38 @@ fn flush(
     }
 }
 
+/// What makes two deferred records one merged record: method, caller,
+/// peer, session and outcome.
+type MergeKey = (String, Option<String>, Option<String>, Option<String>, String);
+
+/// The deferred records written in the current window: kind → seq. At most
+/// [`MERGE_KEYS`]; cleared when the window closes (a durable commit).
+#[derive(Default)]
+struct Merges(std::collections::HashMap<MergeKey, u64>);
+
+impl Merges {
+    fn key(r: &AuditRecord) -> MergeKey {
+        (r.method.clone(), r.caller.clone(), r.peer.clone(), r.session_id.clone(), r.outcome.clone())
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 fn meta_get(meta: &redb::Table<&str, u64>, key: &str) -> std::result::Result<u64, redb::StorageError> {
     Ok(meta.get(key)?.map_or(0, |v| v.value()))
 }
 
-/// One transaction: numbers, stamps and stores every record of `batch`,
-/// then prunes; returns each batch's seqs.
+/// One transaction: numbers, stamps and stores every record of `batch`
+/// (a deferred one merged into its window's earlier record of the same
+/// kind, see [`Merges`]), then prunes; returns each batch's seqs.
 fn commit(
     db: &Database,
     batch: &mut [Pending],
     retention: Retention,
     durable: bool,
+    merges: &mut Merges,
 ) -> std::result::Result<Vec<Vec<u64>>, Error> {
     let mut tx = db.begin_write().map_err(store_err)?;
     tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(store_err)?;
@@ -586,6 +634,22 @@ fn commit(
         for p in batch.iter_mut() {
             let mut these = Vec::with_capacity(p.records.len());
             for r in p.records.iter_mut() {
+                r.count = r.count.max(1);
+                if !p.durable {
+                    let key = Merges::key(r);
+                    if let Some(&seq) = merges.0.get(&key) {
+                        if let Some(grown) = merged(&records, seq, r.count)? {
+                            let old = records.insert(seq, grown.as_slice()).map_err(store_err)?;
+                            let old = old.map_or(0, |v| v.value().len() as u64);
+                            bytes = (bytes + grown.len() as u64).saturating_sub(old);
+                            these.push(seq);
+                            continue;
+                        }
+                    }
+                    if merges.0.len() < MERGE_KEYS || merges.0.contains_key(&key) {
+                        merges.0.insert(key, next);
+                    }
+                }
                 r.seq = next;
                 r.at_ms = at_ms;
                 let json = serde_json::to_vec(r)
@@ -604,6 +668,17 @@ fn commit(
     }
     tx.commit().map_err(store_err)?;
     Ok(seqs)
+}
+
+/// The record at `seq` with `count` more calls, as JSON; `None` when it is
+/// gone (pruned) and the record must be written anew.
+fn merged(records: &redb::Table<u64, &[u8]>, seq: u64, count: u32) -> std::result::Result<Option<Vec<u8>>, Error> {
+    let Some(json) = records.get(seq).map_err(store_err)? else { return Ok(None) };
+    let what = || format!("audit_records[{seq}]");
+    let mut r: AuditRecord =
+        serde_json::from_slice(json.value()).map_err(|source| Error::Json { what: what(), source })?;
+    r.count = r.count.max(1).saturating_add(count);
+    serde_json::to_vec(&r).map(Some).map_err(|source| Error::Json { what: what(), source })
 }
 
 /// Removes the oldest records past `retention` (see the module docs).
@@ -846,6 +921,43 @@ mod tests {
         let all = log.query(&AuditFilter::default()).unwrap();
         assert_eq!(all.len(), 52);
         assert_eq!(all[51].session_id.as_deref(), Some("last"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn repeated_deferred_records_merge_into_one_per_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(&dir, AuditLevel::Summary, Retention::default());
+        let refused = |session: &str, outcome: &str| {
+            let mut r = rec(session, "a");
+            r.outcome = outcome.into();
+            r
+        };
+        let first = log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap();
+        for _ in 0..99 {
+            assert_eq!(log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap(), first);
+        }
+        // another kind (outcome, session) is its own record; a durable
+        // record is never merged
+        let other = log.append_deferred(vec![refused("s", "InvalidArgument")]).await.unwrap();
+        let third = log.append_deferred(vec![refused("t", "PermissionDenied")]).await.unwrap();
+        assert_ne!(other, first);
+        assert_ne!(third, other);
+        let all = log.query(&AuditFilter::default()).unwrap();
+        let counts: Vec<_> = all.iter().map(|r| (r.outcome.as_str(), r.count)).collect();
+        assert_eq!(counts, [("PermissionDenied", 100), ("InvalidArgument", 1), ("PermissionDenied", 1)]);
+        let (n, bytes) = log.stats().unwrap();
+        let json: u64 = all.iter().map(|r| serde_json::to_vec(r).unwrap().len() as u64).sum();
+        assert_eq!((n, bytes), (3, json), "the byte count follows the grown record");
+        // the next window starts a new record of the kind
+        tokio::time::sleep(DEFER_MAX + Duration::from_millis(300)).await;
+        let next = log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap();
+        assert_ne!(next, first);
+        let ok = log.append_async(vec![rec("s", "a")]).await.unwrap();
+        assert_ne!(ok, next);
+        // old records (no count) read as one call
+        let mut old = serde_json::to_value(rec("old", "a")).unwrap();
+        old.as_object_mut().unwrap().remove("count");
+        assert_eq!(serde_json::from_value::<AuditRecord>(old).unwrap().count, 1);
     }
 
     #[test]

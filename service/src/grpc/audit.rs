@@ -10,7 +10,10 @@
 //! an fsync per refused call. The other refusals (INVALID_ARGUMENT,
 //! PERMISSION_DENIED, NOT_FOUND, …) are committed without an fsync of their
 //! own ([`AuditLog::append_deferred`]): visible to readers at once, durable
-//! with the next successful call's commit or within a second. When the audit
+//! with the next successful call's commit or within a second. Repeats of a
+//! refusal (same method, caller, peer, session and outcome) within that
+//! second are merged into its record, whose `count` says how many calls it
+//! stands for. When the audit
 //! log cannot commit, a call that succeeded fails with INTERNAL `audit: …`
 //! instead of answering unrecorded (a failed call keeps its own status; the
 //! audit error is logged).
@@ -189,6 +192,7 @@ pub fn to_pb(r: AuditRecord) -> pb::AuditRecordMsg {
             total_ms: r.timings.total_ms,
         }),
         outcome: r.outcome,
+        count: r.count.max(1),
     }
 }
 
@@ -227,6 +231,7 @@ pub fn from_pb(m: pb::AuditRecordMsg) -> AuditRecord {
             total_ms: t.total_ms,
         },
         outcome: m.outcome,
+        count: m.count.max(1),
     }
 }
 

@@ -436,11 +436,16 @@ async fn refused_calls_are_recorded_without_an_fsync_each() {
     let fsyncs = log.durable_commits() - before;
     // at most one durable commit per second of refusals (the deferred window)
     assert!(fsyncs <= 3, "{} refused calls cost {fsyncs} fsyncs", 2 * N);
-    // every refusal is still recorded, and readable at once
+    // every refusal is still counted, and readable at once; repeats within a
+    // window are merged into one record per kind (one per window: a slow
+    // machine may see a window close mid-loop)
     let all = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap();
-    assert_eq!(all.len(), 1 + 2 * N);
-    let outcomes = |o: &str| all.iter().filter(|r| r.outcome == o).count();
-    assert_eq!((outcomes("ok"), outcomes("PermissionDenied"), outcomes("InvalidArgument")), (1, N, N));
+    let records = |o: &str| all.iter().filter(|r| r.outcome == o).count();
+    let calls = |o: &str| all.iter().filter(|r| r.outcome == o).map(|r| r.count as usize).sum::<usize>();
+    assert_eq!((calls("ok"), calls("PermissionDenied"), calls("InvalidArgument")), (1, N, N));
+    let windows = 1 + fsyncs as usize;
+    assert!(records("PermissionDenied") <= windows && records("InvalidArgument") <= windows, "{all:?}");
+    assert!(all.len() <= 1 + 2 * windows, "{} refused calls made {} records", 2 * N, all.len() - 1);
     // a successful call is durable at once (and makes the refusals before it durable)
     s.client.compress(compress_request("")).await.unwrap();
     assert!(log.durable_commits() > before + fsyncs);
