@@ -148,6 +148,18 @@ impl HealthMonitor {
         self.agents.get(did).filter(|h| !h.is_failed(now_ms)).map(|h| h.status)
     }
 
+    /// Starts an agent's T_fail clock at `now_ms` (a task was just handed
+    /// to it): with the interval its last heartbeat gave, or
+    /// [`MAX_HEARTBEAT_MS`] for an agent never heard from, so an agent
+    /// that freezes before its first heartbeat for the task still fails,
+    /// and one with a long interval is not failed before it could beat.
+    /// Its next heartbeat sets the interval it sends.
+    pub fn expect(&mut self, did: &str, now_ms: u64) {
+        let interval_ms = self.agents.get(did).map_or(MAX_HEARTBEAT_MS, |h| h.interval_ms);
+        let h = Health { status: AgentStatus::Healthy, interval_ms, load: 0.0, queue_depth: 0, last_ms: now_ms };
+        self.agents.insert(did.to_string(), h);
+    }
+
     /// Stops tracking an agent (e.g. after failover away from it).
     pub fn forget(&mut self, did: &str) {
         self.agents.remove(did);
@@ -655,6 +667,24 @@ mod tests {
         m.beat("a", AgentStatus::Unspecified, 0, 0.0, 0, 0);
         assert_eq!(m.health("a").unwrap().t_fail_ms(), 3 * DEFAULT_HEARTBEAT_MS);
         assert_eq!(m.status("a", 0), Some(AgentStatus::Healthy));
+    }
+
+    #[test]
+    fn a_task_starts_the_clock_with_the_known_interval_or_the_longest() {
+        let mut m = HealthMonitor::new();
+        m.beat("a", AgentStatus::Healthy, 300, 0.1, 0, 0);
+        // a's heartbeats for an earlier task were long ago; the new task's
+        // clock starts at its hand-over, with a's 300 ms
+        m.expect("a", 10_000);
+        assert!(!m.failed(10_899).contains(&"a".to_string()));
+        assert!(m.failed(10_900).contains(&"a".to_string()), "silent for 3 × 300 ms since the hand-over");
+        // one never heard from is given the longest interval
+        m.expect("b", 0);
+        assert_eq!(m.health("b").unwrap().t_fail_ms(), 3 * MAX_HEARTBEAT_MS);
+        assert!(!m.failed(3 * MAX_HEARTBEAT_MS - 1).contains(&"b".to_string()));
+        // its first heartbeat sets its own interval
+        m.beat("b", AgentStatus::Healthy, 200, 0.1, 0, 1_000);
+        assert!(m.failed(1_600).contains(&"b".to_string()));
     }
 
     #[test]

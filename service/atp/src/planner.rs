@@ -589,8 +589,9 @@ impl Planner {
         node.identity.stamp_and_sign(&mut task);
         let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
         // heartbeats it sent for earlier tasks are stale: T_fail counts from
-        // its first heartbeat for this one (a death before that breaks the stream)
-        st.health.lock().unwrap().forget(&did);
+        // the hand-over, so a worker that freezes before its first heartbeat
+        // for this task fails too (a frozen process keeps its stream open)
+        st.health.lock().unwrap().expect(&did, st.now_ms());
         let submitted = Instant::now();
         let ack = client.submit_task(task).await.map_err(|s| Failure::status("SubmitTask", &s))?.into_inner();
         if !ack.accepted {
@@ -602,9 +603,15 @@ impl Planner {
         let mut stream =
             client.stream_results(query).await.map_err(|s| Failure::status("StreamResults", &s))?.into_inner();
         let mut watchdog = tokio::time::interval(Duration::from_millis(100));
+        // one deadline, moved on by each result (a timeout made afresh in
+        // the select would restart at every watchdog tick and never fire,
+        // and a worker that beats but sends nothing would hold the task)
+        let silence = tokio::time::sleep(RESULT_SILENCE);
+        tokio::pin!(silence);
         loop {
             let next = tokio::select! {
-                r = tokio::time::timeout(RESULT_SILENCE, stream.next()) => r,
+                r = stream.next() => Ok(r),
+                _ = &mut silence => Err(()),
                 _ = watchdog.tick() => {
                     // layer 5: T_fail = 3 × the worker's heartbeat interval
                     if st.health.lock().unwrap().failed(st.now_ms()).contains(&did) {
@@ -627,7 +634,10 @@ impl Planner {
                     })
                 }
                 Ok(Some(Err(s))) => return Err(Failure::status("StreamResults", &s)),
-                Ok(Some(Ok(r))) => r,
+                Ok(Some(Ok(r))) => {
+                    silence.as_mut().reset(tokio::time::Instant::now() + RESULT_SILENCE);
+                    r
+                }
             };
             if let Err(e) = node.verifier.verify(&result) {
                 return Err(Failure { why: format!("result: {e}"), kind: FailureKind::Agent });
