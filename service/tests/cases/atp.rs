@@ -1041,6 +1041,23 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     assert_eq!(n("tasks_completed") + n("tasks_poison"), 6, "{r}\n{stdout}");
     assert_eq!(n("tasks_poison"), 1, "{r}\n{stdout}");
     assert!(n("failovers") >= 1, "{r}\n{stdout}");
+    // Property 5: each signalled worker's task is at the next agent, with
+    // its checkpoint, within the paper's 5 s: after a SIGKILL (the stream
+    // breaks) and after a SIGSTOP (only T_fail, 3 of the demo's 300 ms
+    // heartbeats, tells)
+    let times = r["failover_times"].as_array().unwrap_or_else(|| panic!("{r}"));
+    let signals: Vec<&str> = times.iter().map(|f| f["signal"].as_str().unwrap()).collect();
+    assert_eq!(signals, ["SIGKILL", "SIGSTOP"], "{r}\n{stdout}");
+    for f in times {
+        let (detected, at_next) = (f["detected_ms"].as_u64(), f["at_next_agent_ms"].as_u64());
+        let (Some(detected), Some(at_next)) = (detected, at_next) else { panic!("{f}\n{stdout}") };
+        assert!(detected <= at_next && at_next < 5_000, "{f}\n{stdout}");
+    }
+    // a frozen worker is found by its silence: T_fail after its last beat,
+    // which was at most one interval before the signal
+    assert!(times[1]["detected_ms"].as_u64().unwrap() >= 500, "{r}\n{stdout}");
+    assert!(stdout.contains("no heartbeat for 3 × its interval"), "{stdout}");
+    assert!(stdout.contains("(Property 5 bound: 5,000 ms)"), "{stdout}");
     assert!(n("circuit_opened") >= 1, "{r}\n{stdout}");
     assert_eq!(r["rejected"], serde_json::json!({"forged": 1, "replayed": 1, "stale": 1}), "{stdout}");
     let (full, sent) = (r["context"]["full_tokens"].as_u64().unwrap(), r["context"]["sent_tokens"].as_u64().unwrap());
@@ -1049,6 +1066,7 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     assert!(n("proofs") >= 4, "{r}");
     for want in [
         "SIGKILL",
+        "SIGSTOP",
         "FAILOVER",
         "resuming after checkpoint",
         "circuit of",

@@ -5,9 +5,12 @@
 //! cost/quality/latency), runs a planner agent in this process, and delegates
 //! a series of pipeline stages over a real multi-field context from
 //! `fixtures/`. Mid-way it SIGKILLs the coder running the first task; the
-//! planner notices (broken stream / missed heartbeats), fails over to the
-//! next route from the last checkpoint, and the dead coder's circuit opens
-//! after three consecutive failures. A poison work order fails on three
+//! planner notices (the stream breaks), fails over to the next route from
+//! the last checkpoint, and the dead coder's circuit opens after three
+//! consecutive failures. Later it SIGSTOPs the coder running the third task:
+//! the stream stays open and only the missing heartbeats (T_fail) tell.
+//! Both failovers are timed from the signal to the task's context at the
+//! next agent (Property 5). A poison work order fails on three
 //! reviewers and goes back with diagnostics. Forged, replayed and stale
 //! envelopes are sent to a live worker and refused. The work is simulated;
 //! identities, signatures, handshakes, routing, SCD transfers over gRPC,
@@ -76,6 +79,31 @@ pub struct TrustEntry {
     pub samples: u32,
 }
 
+/// One failover the demo caused by signalling a worker mid-task.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FailoverTime {
+    /// `SIGKILL` (the process dies and its stream breaks) or `SIGSTOP` (it
+    /// freezes: the stream stays open and the heartbeats stop, so only
+    /// T_fail, 3 heartbeat intervals, tells).
+    pub signal: String,
+    /// The task it was running.
+    pub task: String,
+    /// Signal → the planner's failure verdict on the worker, ms.
+    pub detected_ms: Option<u64>,
+    /// Signal → the task's context at the next agent, with the checkpoint to
+    /// resume from (Property 5's T_fail + T_route + T_transfer; the paper's
+    /// bound is 5 s), ms.
+    pub at_next_agent_ms: Option<u64>,
+}
+
+/// A failover being timed: when the signal went, to whom, and where the
+/// task went next.
+struct Disruption {
+    at: Instant,
+    victim: String,
+    next: Option<String>,
+}
+
 /// What `--json` writes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct DemoReport {
@@ -89,6 +117,8 @@ pub struct DemoReport {
     pub tasks_poison: u32,
     /// Tasks moved to another agent.
     pub failovers: u32,
+    /// The failovers the demo caused, timed from the signal.
+    pub failover_times: Vec<FailoverTime>,
     /// Circuits that opened.
     pub circuit_opened: u32,
     /// Refused envelopes.
@@ -110,6 +140,8 @@ struct Worker {
     child: Child,
     did: String,
     url: String,
+    /// SIGSTOPped: alive to the OS, silent to its peers.
+    frozen: bool,
 }
 
 impl Drop for Worker {
@@ -172,7 +204,7 @@ fn spawn_worker(cfg: &DemoConfig, scd_url: &str, name: &'static str, capability:
     BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).map_err(io)?;
     let ready: Ready = serde_json::from_str(line.trim())
         .map_err(|e| Error::Invalid { field: format!("{name}'s ready line"), reason: format!("{e}: {line:?}") })?;
-    Ok(Worker { name, capability, child, did: ready.did, url: format!("http://{}", ready.addr) })
+    Ok(Worker { name, capability, child, did: ready.did, url: format!("http://{}", ready.addr), frozen: false })
 }
 
 /// Starts `exe serve` on a free loopback port; returns it and its URL
@@ -342,7 +374,8 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
             &context,
         ),
     ];
-    let mut killed = false;
+    // the signals sent (one per row of report.failover_times)
+    let mut disruptions: Vec<Disruption> = Vec::new();
     for j in jobs {
         say(out, format!("\n== {} ({}): {}", j.task_id, j.task_type.as_str_name(), j.task.description));
         report.tasks_submitted += 1;
@@ -355,12 +388,23 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
                 Some(e) = events.recv() => {
                     count(&mut report, &e);
                     say(out, story(&e, &|a: &str| name_of(a, &workers)));
+                    time_failovers(&mut report, &mut disruptions, &e);
                     if let Event::Checkpoint { task, agent, step } = &e {
-                        if !killed && task == "task-1-fix" && *step >= 2 {
-                            if let Some(w) = workers.iter_mut().find(|w| short(&w.did) == *agent) {
-                                let _ = w.child.kill(); // SIGKILL
-                                killed = true;
-                                say(out, format!("  !! SIGKILL {} (pid {}) mid-task, after checkpoint {step}", w.name, w.child.id()));
+                        // a death, which breaks the stream, then a freeze,
+                        // which only the missing heartbeats show
+                        let signal = match (task.as_str(), *step) {
+                            ("task-1-fix", s) if s >= 2 => "SIGKILL",
+                            ("task-2-fix", s) if s >= 1 => "SIGSTOP",
+                            _ => "",
+                        };
+                        let first = !report.failover_times.iter().any(|f| f.task == *task);
+                        if let Some(w) = workers.iter_mut().find(|w| short(&w.did) == *agent).filter(|_| first && !signal.is_empty()) {
+                            let sent = if signal == "SIGKILL" { w.child.kill().is_ok() } else { freeze(&w.child) };
+                            if sent {
+                                w.frozen = signal == "SIGSTOP";
+                                disruptions.push(Disruption { at: Instant::now(), victim: agent.clone(), next: None });
+                                report.failover_times.push(FailoverTime { signal: signal.into(), task: task.clone(), ..Default::default() });
+                                say(out, format!("  !! {signal} {} (pid {}) mid-task, after checkpoint {step}", w.name, w.child.id()));
                             }
                         }
                     }
@@ -370,6 +414,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         while let Ok(e) = events.try_recv() {
             count(&mut report, &e);
             say(out, story(&e, &|a: &str| name_of(a, &workers)));
+            time_failovers(&mut report, &mut disruptions, &e);
         }
         match outcome {
             Ok(Outcome::Completed { agent, failovers, .. }) => {
@@ -396,7 +441,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
 
     // layer 1 on the wire: forged, replayed and stale envelopes to a live worker
     say(out, "\n== security: envelopes to a live worker".to_string());
-    let alive = workers.iter_mut().position(|w| w.child.try_wait().ok().flatten().is_none());
+    let alive = workers.iter_mut().position(|w| !w.frozen && w.child.try_wait().ok().flatten().is_none());
     if let Some(target) = alive.map(|i| &workers[i]) {
         report.rejected = attacks(&node.identity, target).await?;
         say(
@@ -432,6 +477,13 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
+    for f in &report.failover_times {
+        let ms = |v: Option<u64>| v.map_or("never".to_string(), |v| format!("{v} ms"));
+        say(out, format!(
+            "failover after the {} in {}: detected in {}, the task's context at the next agent in {} (Property 5 bound: 5,000 ms)",
+            f.signal, f.task, ms(f.detected_ms), ms(f.at_next_agent_ms)
+        ));
+    }
     say(out, format!(
         "\nsummary: {} tasks, {} completed, {} poison, {} lost; {} failover(s); {} circuit(s) opened; context {} of {} tokens sent ({:.1}× less), {} adaptive request(s); {} countersigned proofs; {:.1} s",
         report.tasks_submitted, report.tasks_completed, report.tasks_poison, report.tasks_lost, report.failovers, report.circuit_opened,
@@ -439,9 +491,50 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         report.context.full_tokens as f64 / report.context.sent_tokens.max(1) as f64,
         report.context.context_requests, report.proofs, report.seconds
     ));
+    // a frozen worker holds its connections to the planner open, which the
+    // planner's graceful shutdown would wait on
+    for w in workers.iter_mut().filter(|w| w.frozen) {
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+    }
     let _ = stop_tx.send(());
     let _ = server.await;
     Ok(report)
+}
+
+/// Times each signalled worker's failover (`disruptions[i]` is
+/// `report.failover_times[i]`): its failure verdict, then the next agent's
+/// transfer.
+fn time_failovers(report: &mut DemoReport, disruptions: &mut [Disruption], e: &Event) {
+    for (d, f) in disruptions.iter_mut().zip(report.failover_times.iter_mut()) {
+        let ms = Some(d.at.elapsed().as_millis() as u64);
+        match e {
+            Event::AgentFailed { agent, task, .. }
+                if *agent == d.victim && *task == f.task && f.detected_ms.is_none() =>
+            {
+                f.detected_ms = ms;
+            }
+            Event::Failover { from, to, task, .. } if *from == d.victim && *task == f.task && d.next.is_none() => {
+                d.next = Some(to.clone());
+            }
+            Event::ContextSent { agent, task, .. }
+                if d.next.as_ref() == Some(agent) && *task == f.task && f.at_next_agent_ms.is_none() =>
+            {
+                f.at_next_agent_ms = ms;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// SIGSTOPs `child` (with the system's `kill`); false if that failed.
+fn freeze(child: &Child) -> bool {
+    Command::new("kill")
+        .args(["-STOP", &child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 fn count(report: &mut DemoReport, e: &Event) {
