@@ -470,7 +470,10 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     );
     let cfg = sim::SimConfig { agents: args.agents, tasks: args.tasks, seed: args.seed, ..sim::SimConfig::default() };
     let spinner = ProgressBar::new_spinner();
-    spinner.set_message(format!("simulating {} tasks on {} agents, four strategies", args.tasks, args.agents));
+    spinner.set_message(format!(
+        "simulating {} tasks on {} agents: four strategies, then ATP without each layer",
+        args.tasks, args.agents
+    ));
     spinner.enable_steady_tick(Duration::from_millis(200));
     let started = std::time::Instant::now();
     let report = sim::run(&cfg, &samples)?;
@@ -481,6 +484,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         args.agents, args.tasks, args.seed
     );
     println!("{}", report.table());
+    println!("Ablation (paper §10.3): ATP with one layer taken away, same world and random stream");
+    println!("{}", report.ablation_table());
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "simulation": true,
