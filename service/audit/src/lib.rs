@@ -35,14 +35,16 @@
 //! [`DEFER_MAX`]; a crash may lose the refusals of that last window, never a
 //! record of [`AuditLog::append`].
 //!
-//! **Merged refusals.** Within one deferred window, a deferred record with
-//! the same method, caller, peer, session and outcome as one already
-//! written in that window is not written again: the earlier record's
-//! `count` grows instead (it keeps the first call's time, task and
-//! figures). A client repeating a refused call therefore adds one record
-//! per window, not one per call. At most [`MERGE_KEYS`] distinct kinds are
-//! merged per window; past that, records are written one by one (still
-//! bounded by the retention).
+//! **Merged refusals.** Within one merge window ([`DEFER_MAX`] from the
+//! first record merged into), a deferred record with the same method,
+//! caller, peer, session and outcome as one already written in that window
+//! is not written again: the earlier record's `count` grows instead (it
+//! keeps the first call's time, task and figures; the growth is not
+//! fsync'd of its own, like any deferred record). A client repeating a
+//! refused call therefore adds one record a second, not one per call,
+//! whatever else is committed meanwhile. At most [`MERGE_KEYS`] distinct
+//! kinds are merged per window; past that, records are written one by one
+//! (still bounded by the retention).
 //!
 //! **Time.** `at_ms` is the commit time (unix ms), made non-decreasing in
 //! `seq` order (a clock stepping back repeats the last value), so the oldest
@@ -522,7 +524,6 @@ fn write_loop(
                     Err(_) => {
                         // the window closed with no durable commit: make one
                         flush(db, &mut deferred_since, durable_commits);
-                        merges.clear();
                         continue;
                     }
                 }
@@ -542,7 +543,6 @@ fn write_loop(
                 if durable {
                     durable_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     deferred_since = None;
-                    merges.clear();
                 } else {
                     deferred_since.get_or_insert_with(std::time::Instant::now);
                 }
@@ -593,10 +593,14 @@ fn flush(
 /// peer, session and outcome.
 type MergeKey = (String, Option<String>, Option<String>, Option<String>, String);
 
-/// The deferred records written in the current window: kind → seq. At most
-/// [`MERGE_KEYS`]; cleared when the window closes (a durable commit).
+/// The deferred records written in the current merge window: kind → seq.
+/// At most [`MERGE_KEYS`]; the window opens with its first record and
+/// closes [`DEFER_MAX`] later (or when a commit fails).
 #[derive(Default)]
-struct Merges(std::collections::HashMap<MergeKey, u64>);
+struct Merges {
+    seqs: std::collections::HashMap<MergeKey, u64>,
+    since: Option<std::time::Instant>,
+}
 
 impl Merges {
     fn key(r: &AuditRecord) -> MergeKey {
@@ -604,7 +608,15 @@ impl Merges {
     }
 
     fn clear(&mut self) {
-        self.0.clear();
+        self.seqs.clear();
+        self.since = None;
+    }
+
+    /// Closes the window once it is [`DEFER_MAX`] old.
+    fn expire(&mut self) {
+        if self.since.is_some_and(|t| t.elapsed() >= DEFER_MAX) {
+            self.clear();
+        }
     }
 }
 
@@ -636,8 +648,9 @@ fn commit(
             for r in p.records.iter_mut() {
                 r.count = r.count.max(1);
                 if !p.durable {
+                    merges.expire();
                     let key = Merges::key(r);
-                    if let Some(&seq) = merges.0.get(&key) {
+                    if let Some(&seq) = merges.seqs.get(&key) {
                         if let Some(grown) = merged(&records, seq, r.count)? {
                             let old = records.insert(seq, grown.as_slice()).map_err(store_err)?;
                             let old = old.map_or(0, |v| v.value().len() as u64);
@@ -646,8 +659,9 @@ fn commit(
                             continue;
                         }
                     }
-                    if merges.0.len() < MERGE_KEYS || merges.0.contains_key(&key) {
-                        merges.0.insert(key, next);
+                    if merges.seqs.len() < MERGE_KEYS || merges.seqs.contains_key(&key) {
+                        merges.seqs.insert(key, next);
+                        merges.since.get_or_insert_with(std::time::Instant::now);
                     }
                 }
                 r.seq = next;
@@ -671,14 +685,17 @@ fn commit(
 }
 
 /// The record at `seq` with `count` more calls, as JSON; `None` when it is
-/// gone (pruned) and the record must be written anew.
+/// gone (pruned) or does not read back, and the record must be written
+/// anew (a bad stored record never fails the commit of others' calls, and
+/// its content is never quoted).
 fn merged(records: &redb::Table<u64, &[u8]>, seq: u64, count: u32) -> std::result::Result<Option<Vec<u8>>, Error> {
     let Some(json) = records.get(seq).map_err(store_err)? else { return Ok(None) };
-    let what = || format!("audit_records[{seq}]");
-    let mut r: AuditRecord =
-        serde_json::from_slice(json.value()).map_err(|source| Error::Json { what: what(), source })?;
+    let Ok(mut r) = serde_json::from_slice::<AuditRecord>(json.value()) else {
+        tracing::warn!(seq, "audit: a stored record does not parse; the refusal is written anew");
+        return Ok(None);
+    };
     r.count = r.count.max(1).saturating_add(count);
-    serde_json::to_vec(&r).map(Some).map_err(|source| Error::Json { what: what(), source })
+    Ok(serde_json::to_vec(&r).ok())
 }
 
 /// Removes the oldest records past `retention` (see the module docs).
@@ -932,10 +949,17 @@ mod tests {
             r.outcome = outcome.into();
             r
         };
-        let first = log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap();
-        for _ in 0..99 {
-            assert_eq!(log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap(), first);
+        // one call (merged within its commit), then a few more calls (merged
+        // across commits, and across a durable one): all in one window
+        let first = log.append_deferred((0..96).map(|_| refused("s", "PermissionDenied")).collect()).await.unwrap();
+        assert!(first.iter().all(|&s| s == first[0]), "{first:?}");
+        for _ in 0..2 {
+            assert_eq!(log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap(), [first[0]]);
         }
+        log.append_async(vec![rec("durable", "a")]).await.unwrap();
+        let again = log.append_deferred(vec![refused("s", "PermissionDenied"), refused("s", "PermissionDenied")]);
+        assert_eq!(again.await.unwrap(), [first[0], first[0]], "a durable commit does not end the window");
+        let first = vec![first[0]];
         // another kind (outcome, session) is its own record; a durable
         // record is never merged
         let other = log.append_deferred(vec![refused("s", "InvalidArgument")]).await.unwrap();
@@ -944,10 +968,11 @@ mod tests {
         assert_ne!(third, other);
         let all = log.query(&AuditFilter::default()).unwrap();
         let counts: Vec<_> = all.iter().map(|r| (r.outcome.as_str(), r.count)).collect();
-        assert_eq!(counts, [("PermissionDenied", 100), ("InvalidArgument", 1), ("PermissionDenied", 1)]);
+        let want = [("PermissionDenied", 100), ("ok", 1), ("InvalidArgument", 1), ("PermissionDenied", 1)];
+        assert_eq!(counts, want);
         let (n, bytes) = log.stats().unwrap();
         let json: u64 = all.iter().map(|r| serde_json::to_vec(r).unwrap().len() as u64).sum();
-        assert_eq!((n, bytes), (3, json), "the byte count follows the grown record");
+        assert_eq!((n, bytes), (4, json), "the byte count follows the grown record");
         // the next window starts a new record of the kind
         tokio::time::sleep(DEFER_MAX + Duration::from_millis(300)).await;
         let next = log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap();
