@@ -154,10 +154,25 @@ impl HealthMonitor {
     /// that freezes before its first heartbeat for the task still fails,
     /// and one with a long interval is not failed before it could beat.
     /// Its next heartbeat sets the interval it sends.
+    ///
+    /// What its last heartbeat said of its status and load is kept. An
+    /// agent never heard from is caught sooner by the planner's
+    /// result-silence bound than by a 3-minute T_fail; a shorter default
+    /// would fail over a slow-beating agent before its first beat.
     pub fn expect(&mut self, did: &str, now_ms: u64) {
-        let interval_ms = self.agents.get(did).map_or(MAX_HEARTBEAT_MS, |h| h.interval_ms);
-        let h = Health { status: AgentStatus::Healthy, interval_ms, load: 0.0, queue_depth: 0, last_ms: now_ms };
-        self.agents.insert(did.to_string(), h);
+        match self.agents.get_mut(did) {
+            Some(h) => h.last_ms = now_ms,
+            None => {
+                let h = Health {
+                    status: AgentStatus::Healthy,
+                    interval_ms: MAX_HEARTBEAT_MS,
+                    load: 0.0,
+                    queue_depth: 0,
+                    last_ms: now_ms,
+                };
+                self.agents.insert(did.to_string(), h);
+            }
+        }
     }
 
     /// Stops tracking an agent (e.g. after failover away from it).
@@ -672,10 +687,12 @@ mod tests {
     #[test]
     fn a_task_starts_the_clock_with_the_known_interval_or_the_longest() {
         let mut m = HealthMonitor::new();
-        m.beat("a", AgentStatus::Healthy, 300, 0.1, 0, 0);
+        m.beat("a", AgentStatus::Degraded, 300, 0.1, 0, 0);
         // a's heartbeats for an earlier task were long ago; the new task's
-        // clock starts at its hand-over, with a's 300 ms
+        // clock starts at its hand-over, with a's 300 ms, and what a said
+        // of itself stands
         m.expect("a", 10_000);
+        assert_eq!(m.status("a", 10_000), Some(AgentStatus::Degraded));
         assert!(!m.failed(10_899).contains(&"a".to_string()));
         assert!(m.failed(10_900).contains(&"a".to_string()), "silent for 3 × 300 ms since the hand-over");
         // one never heard from is given the longest interval

@@ -142,6 +142,10 @@ const MAX_BUFFER: Duration = Duration::from_secs(2);
 /// The longest a planner waits for any result of a running task.
 const RESULT_SILENCE: Duration = Duration::from_secs(30);
 
+/// The longest a worker may take to answer SubmitTask or open its result
+/// stream (the contract's own bound, 4 × T_OFFER).
+const CALL_TIMEOUT: Duration = Duration::from_millis(4 * handshake::T_OFFER.as_millis() as u64);
+
 impl Planner {
     /// A planner for `node` over peers at these URLs.
     pub fn new(node: Arc<Node>, peer_urls: &[String]) -> Result<Planner> {
@@ -593,15 +597,27 @@ impl Planner {
         // for this task fails too (a frozen process keeps its stream open)
         st.health.lock().unwrap().expect(&did, st.now_ms());
         let submitted = Instant::now();
-        let ack = client.submit_task(task).await.map_err(|s| Failure::status("SubmitTask", &s))?.into_inner();
+        // a worker frozen before it answers is an agent failure, not a hang
+        let answer = |rpc: &str| Failure {
+            why: format!("{rpc}: no answer within {} ms", CALL_TIMEOUT.as_millis()),
+            kind: FailureKind::Agent,
+        };
+        let ack = tokio::time::timeout(CALL_TIMEOUT, client.submit_task(task))
+            .await
+            .map_err(|_| answer("SubmitTask"))?
+            .map_err(|s| Failure::status("SubmitTask", &s))?
+            .into_inner();
         if !ack.accepted {
             return Err(Failure { why: format!("task refused: {}", ack.reason), kind: FailureKind::Refused });
         }
         let mut query =
             pb::TaskQuery { task_id: job.task_id.clone(), from: Some(node.identity.agent_id()), ..Default::default() };
         node.identity.stamp_and_sign(&mut query);
-        let mut stream =
-            client.stream_results(query).await.map_err(|s| Failure::status("StreamResults", &s))?.into_inner();
+        let mut stream = tokio::time::timeout(CALL_TIMEOUT, client.stream_results(query))
+            .await
+            .map_err(|_| answer("StreamResults"))?
+            .map_err(|s| Failure::status("StreamResults", &s))?
+            .into_inner();
         let mut watchdog = tokio::time::interval(Duration::from_millis(100));
         // one deadline, moved on by each result (a timeout made afresh in
         // the select would restart at every watchdog tick and never fire,
