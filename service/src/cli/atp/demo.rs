@@ -399,10 +399,13 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
                         };
                         let first = !report.failover_times.iter().any(|f| f.task == *task);
                         if let Some(w) = workers.iter_mut().find(|w| short(&w.did) == *agent).filter(|_| first && !signal.is_empty()) {
+                            let at = Instant::now();
                             let sent = if signal == "SIGKILL" { w.child.kill().is_ok() } else { freeze(&w.child) };
-                            if sent {
+                            if !sent {
+                                say(out, format!("  !! {signal} {} failed: this failover is not timed", w.name));
+                            } else {
                                 w.frozen = signal == "SIGSTOP";
-                                disruptions.push(Disruption { at: Instant::now(), victim: agent.clone(), next: None });
+                                disruptions.push(Disruption { at, victim: agent.clone(), next: None });
                                 report.failover_times.push(FailoverTime { signal: signal.into(), task: task.clone(), ..Default::default() });
                                 say(out, format!("  !! {signal} {} (pid {}) mid-task, after checkpoint {step}", w.name, w.child.id()));
                             }
@@ -527,14 +530,13 @@ fn time_failovers(report: &mut DemoReport, disruptions: &mut [Disruption], e: &E
     }
 }
 
-/// SIGSTOPs `child` (with the system's `kill`); false if that failed.
+/// SIGSTOPs `child`; false if that failed.
 fn freeze(child: &Child) -> bool {
-    Command::new("kill")
-        .args(["-STOP", &child.id().to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    let Ok(pid) = libc::pid_t::try_from(child.id()) else { return false };
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours;
+    // `pid` is our own child's, which has not been waited for (its `Worker`
+    // still holds it), so the id cannot have been reused.
+    unsafe { libc::kill(pid, libc::SIGSTOP) == 0 }
 }
 
 fn count(report: &mut DemoReport, e: &Event) {

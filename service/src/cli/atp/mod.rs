@@ -484,7 +484,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         args.agents, args.tasks, args.seed
     );
     println!("{}", report.table());
-    println!("Ablation (paper §10.3): ATP with one layer taken away, same world and random stream");
+    println!("Ablation (paper §10.3): ATP with one layer taken away, same world and seed");
     println!("{}", report.ablation_table());
     if let Some(path) = &args.json {
         let json = serde_json::json!({

@@ -50,15 +50,15 @@
 //!   only work since that checkpoint is redone. With no agent available the
 //!   task waits for one (back-pressure), it is never dropped.
 //!
-//! **The ablation** (§10.3) runs ATP again on the same world and the same
-//! random stream with one layer taken away ([`Layers`]): without economic
+//! **The ablation** (§10.3) runs ATP again on the same world, from the same
+//! seed, with one layer taken away ([`Layers`]): without economic
 //! routing (always the highest quality the planner knows), without SCD (the
 //! full context), without trust scoring (a random available capable agent),
 //! without fault tolerance (no heartbeats, breakers or checkpoints; a failed
 //! call loses the task, scored 0). Two diagnostic rows split the layers that
 //! keep ATP away from over-advertisers: routing on advertised figures with
 //! trust on (no repricer), and the repricer with every agent at the
-//! cold-start trust (no trust book).
+//! cold-start trust (no trust book: trust taken away, routing kept).
 //!
 //! **Metrics**, per strategy: cost per task (agents + tokens), end-to-end
 //! latency, quality of completed tasks (and with lost tasks as 0), fault
@@ -452,12 +452,16 @@ enum Layers {
     NoRouting,
     /// No SCD: the full context each hop, no compression time.
     NoScd,
-    /// No trust scoring: a uniformly random available capable agent.
+    /// No trust scoring as the paper's row has it: a uniformly random
+    /// available capable agent (which takes routing away too; the
+    /// `PriorTrust` diagnostic keeps routing and drops only trust).
     NoTrust,
     /// No fault tolerance: no heartbeats or breakers (dead agents are
     /// routed to), no checkpoints, a failed call loses the task (scored 0).
     NoFault,
-    /// Diagnostic: routing on the advertised figures (no repricer), trust on.
+    /// Diagnostic: routing on the advertised figures (the repricer still
+    /// observes and triggers recomputation, but its figures are not used),
+    /// trust on.
     NoRepricer,
     /// Diagnostic: every agent at the cold-start trust (no trust book),
     /// the repricer on.
@@ -473,7 +477,7 @@ const ABLATION: [(Layers, &str, PaperFigures); 7] = [
     (Layers::Full, "ATP (full)", Some((0.038, 0.886))),
     (Layers::NoRouting, "ATP − economic routing", Some((0.098, 0.889))),
     (Layers::NoScd, "ATP − SCD", Some((0.071, 0.882))),
-    (Layers::NoTrust, "ATP − trust scoring", Some((0.041, 0.843))),
+    (Layers::NoTrust, "ATP − trust scoring (random capable agent)", Some((0.041, 0.843))),
     (Layers::NoFault, "ATP − fault tolerance", Some((0.038, 0.871))),
     (Layers::NoRepricer, "ATP − repricer (trust only)", None),
     (Layers::PriorTrust, "ATP − trust book (repricer only)", None),
@@ -561,6 +565,8 @@ struct Ctx<'a> {
     world: &'a World,
     ratios: Vec<f64>,
     rng: StdRng,
+    /// The random choices of the ablation's random-agent row.
+    pick_rng: StdRng,
     tally: Tally,
     rr: BTreeMap<i32, usize>,
     atp: AtpState,
@@ -702,17 +708,22 @@ impl Ctx<'_> {
         if layers == Layers::NoTrust {
             // random among the capable (and available): no trust, and with
             // it nothing to rank by
-            return (!cands.is_empty()).then(|| vec![index[&cands[self.rng.random_range(0..cands.len())].agent]]);
+            // (its own stream: the shared one stays in step with full ATP's)
+            return (!cands.is_empty()).then(|| vec![index[&cands[self.pick_rng.random_range(0..cands.len())].agent]]);
         }
         if self.atp.stale || self.atp.repricer.due(now).is_some() {
             self.atp.recompute(self.world, now);
             for c in &mut cands {
                 c.trust = self.trust_of(layers, index[&c.agent], t);
             }
+            // the repricer's baseline is what it has seen, whether or not
+            // routing uses it (else every observation would trigger again)
+            let mut seen = cands.clone();
+            self.atp.repricer.apply(&mut seen);
+            self.atp.repricer.repriced(now, &seen);
             if layers != Layers::NoRepricer {
-                self.atp.repricer.apply(&mut cands);
+                cands = seen;
             }
-            self.atp.repricer.repriced(now, &cands);
         } else if layers != Layers::NoRepricer {
             self.atp.repricer.apply(&mut cands);
         }
@@ -750,7 +761,7 @@ impl Ctx<'_> {
             .map(|a| vec![index[&a.agent]])
     }
 
-    fn atp_observe(&mut self, layers: Layers, agent: usize, t: TaskType, quality: f64, latency_ms: u64, now: u64) {
+    fn atp_observe(&mut self, agent: usize, t: TaskType, quality: f64, latency_ms: u64, now: u64) {
         let a = &self.world.agents[agent];
         self.atp.nonce += 1;
         let proof = pb::InteractionProof {
@@ -765,7 +776,7 @@ impl Ctx<'_> {
             nonce: self.atp.nonce,
             ..Default::default()
         };
-        if layers != Layers::NoRepricer && self.atp.repricer.observe(&Observation::from(&proof)).is_some() {
+        if self.atp.repricer.observe(&Observation::from(&proof)).is_some() {
             self.atp.stale = true;
         }
         self.atp.pending.push(proof);
@@ -820,7 +831,12 @@ impl Ctx<'_> {
                     // later ones are counted in their own `full`); the last
                     // output goes back to the originator only.
                     Kind::Broadcast => full + if i < 3 { i as u64 * spec.outputs[i] } else { 0 },
-                    Kind::Atp(Layers::NoScd) => full,
+                    // the ratio is drawn either way, so the random stream
+                    // stays in step with full ATP's
+                    Kind::Atp(Layers::NoScd) => {
+                        let _ = self.ratio();
+                        full
+                    }
                     Kind::Atp(_) => (full as f64 * self.ratio()).round() as u64,
                 };
                 self.tally.sent += sent;
@@ -841,8 +857,8 @@ impl Ctx<'_> {
                 for &a in &agents {
                     match self.call(a, t, t_call, sent, kind, resume) {
                         CallOutcome::Done { latency_ms, quality } => {
-                            if let Some(layers) = kind.atp() {
-                                self.atp_observe(layers, a, t, quality, latency_ms, t_call);
+                            if kind.atp().is_some() {
+                                self.atp_observe(a, t, quality, latency_ms, t_call);
                             }
                             t_call += latency_ms;
                             q_members.push(quality);
@@ -927,8 +943,9 @@ pub fn run(cfg: &SimConfig, samples: &[ContextSample]) -> Result<Report> {
             .enumerate()
             .map(|(k, kind)| simulate(cfg, &world, &ratios, kind, k))
             .collect();
-    // every ATP variant draws from full ATP's stream, so a row differs from
-    // the full one by its layer, not by its luck
+    // every ATP variant draws from full ATP's seed, so a row differs from
+    // the full one by its layer rather than by its luck (the draws stay in
+    // step while the rows make the same calls, and part once they differ)
     let ablation = ABLATION
         .iter()
         .map(|&(layers, label, paper)| {
@@ -958,6 +975,7 @@ fn simulate(cfg: &SimConfig, world: &World, ratios: &[f64], kind: Kind, k: usize
         world,
         ratios: ratios.to_vec(),
         rng: StdRng::seed_from_u64(cfg.seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(k as u64 + 1))),
+        pick_rng: StdRng::seed_from_u64(cfg.seed ^ 0x5eed_f00d),
         tally: Tally::default(),
         rr: BTreeMap::new(),
         atp: AtpState {
@@ -1291,7 +1309,7 @@ mod tests {
         let no_routing = row(&r, "ATP − economic routing");
         assert!(no_routing.cost_per_task > full.cost_per_task, "{no_routing:?} vs {full:?}");
         // without trust, a random capable agent: over-advertisers get calls
-        let no_trust = row(&r, "ATP − trust scoring");
+        let no_trust = row(&r, "ATP − trust scoring (random capable agent)");
         assert!(no_trust.over_advertiser_share > 0.05, "{no_trust:?}");
         assert!(no_trust.quality_lost_as_zero < full.quality_lost_as_zero);
         // without fault tolerance, a failed call loses its task
