@@ -67,8 +67,21 @@ pub struct Job {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
-    /// Completed by `agent` after `failovers` failovers.
-    Completed { agent: String, report: WorkReport, failovers: u32, latency_ms: u64, quality: f64, cost: f64 },
+    /// Completed by `agent` after `failovers` failovers. Along a composite
+    /// route `agent` and `report` are the answering stage's (the last to run,
+    /// the best of a merge, the majority's), `quality` its measured quality,
+    /// `cost` the stages' sum, `latency_ms` the route's, and `stages` each
+    /// stage as it ran (empty for a single agent).
+    Completed {
+        agent: String,
+        report: WorkReport,
+        failovers: u32,
+        latency_ms: u64,
+        quality: f64,
+        cost: f64,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        stages: Vec<StageRun>,
+    },
     /// Poison: not retried.
     Poison { diagnostics: String, failovers: u32 },
     /// No agent could finish it.
@@ -92,6 +105,9 @@ pub struct StageRun {
     pub cost: f64,
     /// Its simulated answer: a digest of the evidence (chunk ids) it used.
     pub answer: String,
+    /// Its report.
+    #[serde(skip)]
+    pub report: WorkReport,
 }
 
 /// A composite route as it ran.
@@ -130,10 +146,26 @@ fn majority_answer(results: &[StageRun]) -> Option<String> {
     counts.into_iter().find(|(_, n)| 2 * n > results.len()).map(|(a, _)| a.to_string())
 }
 
+/// What a probe asks when composites may be chosen: the task's latency, cost
+/// and trust bounds, without its quality floor.
+fn member_probe(qos: pb::QoSConstraints) -> pb::QoSConstraints {
+    pb::QoSConstraints { min_quality: 0.0, ..qos }
+}
+
+/// The constraints an agent contracts to: the task's, with the quality it
+/// offered when that is below q_min. Routing may count on more (a
+/// composite's model, or the quality this side measured of it, which can
+/// exceed its offer), but an agent is held to its own word, and one asked
+/// for more than it offered refuses the contract.
+fn agreed(qos: pb::QoSConstraints, offer: &Offer) -> pb::QoSConstraints {
+    pb::QoSConstraints { min_quality: qos.min_quality.min(offer.capability().estimated_quality), ..qos }
+}
+
 /// The requester driver: delegates jobs to a set of peers.
 pub struct Planner {
     node: Arc<Node>,
     peers: Vec<(String, Channel)>,
+    composites: Vec<Pattern>,
 }
 
 /// The longest a planner holds a task back for an agent's back-pressure.
@@ -147,10 +179,21 @@ const RESULT_SILENCE: Duration = Duration::from_secs(30);
 const CALL_TIMEOUT: Duration = Duration::from_millis(4 * handshake::T_OFFER.as_millis() as u64);
 
 impl Planner {
-    /// A planner for `node` over peers at these URLs.
+    /// A planner for `node` over peers at these URLs. [`Planner::run`]
+    /// chooses among single agents and Algorithm 1's two-agent draft-refine
+    /// routes ([`Planner::with_composites`] changes which composites).
     pub fn new(node: Arc<Node>, peer_urls: &[String]) -> Result<Planner> {
         let peers = peer_urls.iter().map(|u| Ok((u.clone(), node.channel(u)?))).collect::<Result<_>>()?;
-        Ok(Planner { node, peers })
+        Ok(Planner { node, peers, composites: vec![Pattern::DraftRefine] })
+    }
+
+    /// The composite patterns [`Planner::run`] may choose, each where
+    /// Theorem 4's condition holds ([`routing::route_composites`]: it meets
+    /// the constraints for less than the cheapest single agent that does);
+    /// none leaves single agents only.
+    pub fn with_composites(mut self, patterns: &[Pattern]) -> Planner {
+        self.composites = patterns.iter().copied().filter(|p| *p != Pattern::Single).collect();
+        self
     }
 
     /// The agent it plans for (its identity, ledger and peers' state).
@@ -178,10 +221,13 @@ impl Planner {
         }
         let scd = st.scd().await?;
         let e_task = scd.embed_task(&job.task).await?;
+        // a composite's members need not meet q_min alone: with composites
+        // allowed every capable peer is asked, and the router decides
+        let probe_qos = if self.composites.is_empty() { job.qos } else { member_probe(job.qos) };
         let probe = pb::CapabilityProbe {
             from: Some(self.node.identity.agent_id()),
             task_type: job.task_type as i32,
-            qos: Some(job.qos),
+            qos: Some(probe_qos),
             context_embedding: Some(e_task),
             task_id: job.task_id.clone(),
             ..Default::default()
@@ -209,10 +255,14 @@ impl Planner {
             let offers: Vec<Offer> =
                 negotiation.offers.into_iter().filter(|o| !tried.contains(&o.url) && self.evidence_ok(o)).collect();
             st.remember_offers(&offers);
-            // layer 4: rank routes
+            // layer 4: rank routes (single agents, and composites that meet
+            // the constraints for less than any single agent that does)
             let cands = st.candidates(&self.node.ledger, &offers, job.task_type);
+            // the task's constraints, relaxed as often as the probe's were
+            let task_qos = handshake::relax(&job.qos, negotiation.rounds.saturating_sub(1));
+            let c = constraints(&task_qos);
             let routes =
-                routing::route(&cands, job.task_type, &constraints(&negotiation.qos), &RoutingParams::default());
+                routing::route_composites(&cands, job.task_type, &c, &RoutingParams::default(), &self.composites);
             let Some(best) = self.admit(job, &routes).await else {
                 // the next probe round relaxes once more than this one did
                 relaxed = negotiation.rounds;
@@ -226,6 +276,31 @@ impl Planner {
                 continue;
             };
             st.routed(&job.task_id, best, cands.len());
+            if best.pattern != Pattern::Single {
+                // a composite route runs whole; a failed stage fails the
+                // route over like a failed agent (its stages start again,
+                // under ids of their own)
+                if let Some(from) = last_failed.take() {
+                    let to = short(&best.agents[0]);
+                    st.emit(Event::Failover { task: job.task_id.clone(), from: short(&from), to, resumed_after: 0 });
+                }
+                let prefix = if failovers == 0 { job.task_id.clone() } else { format!("{}.f{failovers}", job.task_id) };
+                let started = Instant::now();
+                match self.execute(job, &prefix, best, &offers, task_qos, &mut transfer).await {
+                    Ok(run) => match Outcome::of_route(run, failovers, started.elapsed()) {
+                        Some(done) => break done,
+                        None => break Outcome::Lost { why: "the composite route ran no stage".into(), failovers },
+                    },
+                    Err(f) => {
+                        tried.insert(f.url.clone());
+                        if let Some(end) = self.failed(job, &f.did, &f.url, f.failure, &mut failovers, &mut last_failed)
+                        {
+                            break end;
+                        }
+                    }
+                }
+                continue;
+            }
             let Some(offer) = offers.iter().find(|o| o.did() == best.agents[0]) else {
                 break Outcome::Lost { why: "route names an agent without an offer".into(), failovers };
             };
@@ -240,38 +315,12 @@ impl Planner {
                     resumed_after,
                 });
             }
-            match self.delegate(job, offer, negotiation.qos, &mut transfer).await {
+            match self.delegate(job, offer, agreed(task_qos, offer), &mut transfer).await {
                 Ok(done) => break done.with_failovers(failovers),
-                Err(Failure { why, kind: FailureKind::Local }) => {
-                    break Outcome::Lost { why: format!("this agent's side failed: {why}"), failovers };
-                }
-                Err(Failure { why, kind: FailureKind::Refused }) => {
-                    // back-pressure or a refusal: not the agent's fault, not
-                    // the task's; the next route gets it
-                    st.emit(Event::Rerouted { task: job.task_id.clone(), agent: short(offer.did()), why });
-                }
-                Err(Failure { why, kind: FailureKind::Rejected }) => {
-                    st.breaker_failure(&offer.url, Some(offer.did()));
-                    st.emit(Event::Rerouted { task: job.task_id.clone(), agent: short(offer.did()), why });
-                }
-                Err(Failure { why, kind: FailureKind::Agent }) => {
-                    st.emit(Event::AgentFailed {
-                        task: job.task_id.clone(),
-                        agent: short(offer.did()),
-                        why: why.clone(),
-                    });
-                    st.breaker_failure(&offer.url, Some(offer.did()));
-                    let reason = st.repricer.lock().unwrap().agent_failed(offer.did()).to_string();
-                    st.emit(Event::Repriced { agent: short(offer.did()), why: reason });
-                    // distinct peers by URL: DIDs are free, so one peer
-                    // rotating them cannot make a task poison alone
-                    let poison = st.poison.lock().unwrap().record_failure(&job.task_id, &offer.url, &why, st.now_ms());
-                    if let Some(p) = poison {
-                        st.emit(Event::Poison { task: job.task_id.clone(), diagnostics: p.to_string() });
-                        break Outcome::Poison { diagnostics: p.to_string(), failovers };
+                Err(f) => {
+                    if let Some(end) = self.failed(job, offer.did(), &offer.url, f, &mut failovers, &mut last_failed) {
+                        break end;
                     }
-                    failovers += 1;
-                    last_failed = Some(offer.did().to_string());
                 }
             }
         };
@@ -284,14 +333,80 @@ impl Planner {
         Ok(result)
     }
 
-    /// Layer 5 back-pressure on the ranked routes: the first single-agent
-    /// route whose agent admits a task now; an agent that asked to be paced
-    /// or buffered is waited for (at most [`MAX_BUFFER`]) when it is the
-    /// best left, one that asked for rerouting is skipped.
+    /// What a failed delegation to `did` at `url` does to the task: `Some`
+    /// ends it (ours failed, or it is poison), `None` moves it to the next
+    /// route (a refusal or rejection is not the task's fault; an agent's
+    /// failure counts against its circuit and toward poison).
+    fn failed(
+        &self,
+        job: &Job,
+        did: &str,
+        url: &str,
+        f: Failure,
+        failovers: &mut u32,
+        last_failed: &mut Option<String>,
+    ) -> Option<Outcome> {
+        let st = self.state();
+        let task = job.task_id.clone();
+        match f {
+            Failure { why, kind: FailureKind::Local } => {
+                Some(Outcome::Lost { why: format!("this agent's side failed: {why}"), failovers: *failovers })
+            }
+            Failure { why, kind: FailureKind::Refused } => {
+                // back-pressure or a refusal: not the agent's fault, not
+                // the task's; the next route gets it
+                st.emit(Event::Rerouted { task, agent: short(did), why });
+                None
+            }
+            Failure { why, kind: FailureKind::Rejected } => {
+                st.breaker_failure(url, Some(did));
+                st.emit(Event::Rerouted { task, agent: short(did), why });
+                None
+            }
+            Failure { why, kind: FailureKind::Agent } => {
+                st.emit(Event::AgentFailed { task: task.clone(), agent: short(did), why: why.clone() });
+                st.breaker_failure(url, Some(did));
+                let reason = st.repricer.lock().unwrap().agent_failed(did).to_string();
+                st.emit(Event::Repriced { agent: short(did), why: reason });
+                // distinct peers by URL: DIDs are free, so one peer
+                // rotating them cannot make a task poison alone
+                let poison = st.poison.lock().unwrap().record_failure(&task, url, &why, st.now_ms());
+                if let Some(p) = poison {
+                    st.emit(Event::Poison { task, diagnostics: p.to_string() });
+                    return Some(Outcome::Poison { diagnostics: p.to_string(), failovers: *failovers });
+                }
+                *failovers += 1;
+                *last_failed = Some(did.to_string());
+                None
+            }
+        }
+    }
+
+    /// Layer 5 back-pressure on the ranked routes: the first route whose
+    /// agents admit a task now; a single agent that asked to be paced or
+    /// buffered is waited for (at most [`MAX_BUFFER`]) when it is the best
+    /// left, one that asked for rerouting is skipped, and a composite route
+    /// runs now or not at all (every member must admit the task).
     async fn admit<'r>(&self, job: &Job, routes: &'r [routing::RouteChoice]) -> Option<&'r routing::RouteChoice> {
         let st = self.state();
         let mut wait: Option<(&routing::RouteChoice, u64)> = None;
-        for r in routes.iter().filter(|r| r.pattern == Pattern::Single) {
+        for r in routes {
+            if r.pattern != Pattern::Single {
+                let now = st.now_ms();
+                let busy = {
+                    let mut pressure = st.pressure.lock().unwrap();
+                    r.agents.iter().find(|a| pressure.admit(a, now) != fault::Admit::Go).cloned()
+                };
+                match busy {
+                    None => return Some(r),
+                    Some(a) => st.emit(Event::Rerouted {
+                        task: job.task_id.clone(),
+                        agent: short(&a),
+                        why: "it signalled back-pressure".into(),
+                    }),
+                }
+                continue;
+            }
             let decision = st.pressure.lock().unwrap().admit(&r.agents[0], st.now_ms());
             match decision {
                 fault::Admit::Go => {
@@ -335,7 +450,7 @@ impl Planner {
         let probe = pb::CapabilityProbe {
             from: Some(self.node.identity.agent_id()),
             task_type: job.task_type as i32,
-            qos: Some(job.qos),
+            qos: Some(member_probe(job.qos)),
             context_embedding: Some(scd.embed_task(&job.task).await?),
             task_id: job.task_id.clone(),
             ..Default::default()
@@ -346,21 +461,54 @@ impl Planner {
         let offers: Vec<Offer> = n.offers.into_iter().filter(|o| self.evidence_ok(o)).collect();
         st.remember_offers(&offers);
         let cands = st.candidates(&self.node.ledger, &offers, job.task_type);
-        let routes = routing::route_patterns(&cands, job.task_type, &constraints(&n.qos), &RoutingParams::default());
+        let task_qos = handshake::relax(&job.qos, n.rounds.saturating_sub(1));
+        let routes = routing::route_patterns(&cands, job.task_type, &constraints(&task_qos), &RoutingParams::default());
         let Some(route) = routes.into_iter().find(|r| r.pattern == pattern) else {
             return Err(Error::CannotMeet {
                 reason: format!("no {} route among {} offers meets the constraints", pattern.name(), offers.len()),
             });
         };
         st.routed(&job.task_id, &route, cands.len());
-        let offer_of = |did: &str| offers.iter().find(|o| o.did() == did).cloned();
         let mut transfer: Option<Arc<Transfer>> = None;
-        let mut run = PatternRun { pattern, route: route.agents.clone(), stages: Vec::new(), answer: None };
+        let run = self.execute(job, &job.task_id, &route, &offers, task_qos, &mut transfer).await;
+        if let Some(t) = &transfer {
+            let _ = scd.close(&t.session).await;
+        }
+        run.map_err(|f| Error::Peer {
+            did: f.did,
+            rpc: "stage",
+            status: tonic::Code::Unavailable,
+            message: f.failure.why,
+        })
+    }
+
+    /// Runs a composite `route`'s [`routing::plan`] stage by stage (see
+    /// [`Planner::run_pattern`]), each stage a delegation of its own under
+    /// the id `<prefix>.<stage>.<agent>`; the first stage to fail ends it.
+    async fn execute(
+        &self,
+        job: &Job,
+        prefix: &str,
+        route: &routing::RouteChoice,
+        offers: &[Offer],
+        qos: pb::QoSConstraints,
+        transfer: &mut Option<Arc<Transfer>>,
+    ) -> Result<PatternRun, StageFailure> {
+        let st = self.state();
+        let offer_of = |did: &str| {
+            offers.iter().find(|o| o.did() == did).ok_or_else(|| StageFailure {
+                did: did.to_string(),
+                url: String::new(),
+                failure: Failure { why: "the route names an agent without an offer".into(), kind: FailureKind::Local },
+            })
+        };
+        let mut run =
+            PatternRun { pattern: route.pattern, route: route.agents.clone(), stages: Vec::new(), answer: None };
         let mut previous: Option<String> = None;
-        for (i, stage) in routing::plan(&route).stages.into_iter().enumerate() {
+        for (i, stage) in routing::plan(route).stages.into_iter().enumerate() {
             let step = |agent: &str, role: &str| {
                 let mut stage_job = job.clone();
-                stage_job.task_id = format!("{}.{}.{}", job.task_id, i + 1, short(agent).trim_start_matches('…'));
+                stage_job.task_id = format!("{prefix}.{}.{}", i + 1, short(agent).trim_start_matches('…'));
                 stage_job.order.title = match &previous {
                     Some(p) => format!("{} ({role}, from {p})", job.order.title),
                     None => format!("{} ({role})", job.order.title),
@@ -370,14 +518,14 @@ impl Planner {
             match stage {
                 routing::Stage::Call { agent, role } => {
                     let j = step(&agent, &format!("{role:?}").to_lowercase());
-                    let done = self.stage(&j, offer_of(&agent), n.qos, &mut transfer).await?;
+                    let done = self.stage(&j, offer_of(&agent)?, qos, transfer).await?;
                     previous = Some(j.task_id.clone());
                     run.answer = Some(done.answer.clone());
                     run.stages.push(done);
                 }
                 routing::Stage::Escalate { agent, min_confidence } => {
                     let j = step(&agent, "cascade");
-                    let done = self.stage(&j, offer_of(&agent), n.qos, &mut transfer).await?;
+                    let done = self.stage(&j, offer_of(&agent)?, qos, transfer).await?;
                     let sure = done.confidence >= min_confidence;
                     run.answer = Some(done.answer.clone());
                     run.stages.push(done);
@@ -388,22 +536,20 @@ impl Planner {
                 }
                 routing::Stage::Parallel { agents, merge } => {
                     let jobs: Vec<Job> = agents.iter().map(|a| step(a, "parallel")).collect();
-                    let mut shared = transfer.clone();
-                    if shared.is_none() {
+                    let members: Vec<&Offer> = agents.iter().map(|a| offer_of(a)).collect::<Result<_, _>>()?;
+                    if transfer.is_none() {
                         // compute the context once, before the fan-out
-                        let first = offer_of(&agents[0])
-                            .ok_or_else(|| Error::CannotMeet { reason: "route agent without an offer".into() })?;
-                        let requirement = first.offer.context_requirements.clone().unwrap_or_default();
-                        shared = Some(Arc::new(scd.compress(&job.task, &job.context.fields, &requirement).await?));
-                        transfer = shared.clone();
+                        let requirement = members[0].offer.context_requirements.clone().unwrap_or_default();
+                        let scd = st.scd().await.map_err(|e| StageFailure::local(members[0], e))?;
+                        let t = scd.compress(&job.task, &job.context.fields, &requirement).await;
+                        *transfer = Some(Arc::new(t.map_err(|e| StageFailure::local(members[0], e))?));
                     }
-                    let calls = jobs.iter().zip(&agents).map(|(j, a)| {
-                        let mut t = shared.clone();
-                        let offer = offer_of(a);
-                        async move { self.stage(j, offer, n.qos, &mut t).await }
+                    let calls = jobs.iter().zip(&members).map(|(j, offer)| {
+                        let mut t = transfer.clone();
+                        async move { self.stage(j, offer, qos, &mut t).await }
                     });
                     let results: Vec<StageRun> =
-                        futures_util::future::join_all(calls).await.into_iter().collect::<Result<_>>()?;
+                        futures_util::future::join_all(calls).await.into_iter().collect::<Result<_, _>>()?;
                     run.answer = match merge {
                         routing::Merge::Best => {
                             results.iter().max_by(|a, b| a.quality.total_cmp(&b.quality)).map(|r| r.answer.clone())
@@ -414,9 +560,6 @@ impl Planner {
                 }
             }
         }
-        if let Some(t) = &transfer {
-            let _ = scd.close(&t.session).await;
-        }
         Ok(run)
     }
 
@@ -424,15 +567,15 @@ impl Planner {
     async fn stage(
         &self,
         job: &Job,
-        offer: Option<Offer>,
+        offer: &Offer,
         qos: pb::QoSConstraints,
         transfer: &mut Option<Arc<Transfer>>,
-    ) -> Result<StageRun> {
-        let offer = offer.ok_or_else(|| Error::CannotMeet { reason: "route agent without an offer".into() })?;
-        let out = self.delegate(job, &offer, qos, transfer).await;
+    ) -> Result<StageRun, StageFailure> {
+        let out = self.delegate(job, offer, agreed(qos, offer), transfer).await;
         self.state().delegations.lock().unwrap().remove(&job.task_id);
-        match out {
-            Ok(Outcome::Completed { agent, report, latency_ms, quality, cost, .. }) => Ok(StageRun {
+        let fail = |failure| StageFailure { did: offer.did().to_string(), url: offer.url.clone(), failure };
+        match out.map_err(fail)? {
+            Outcome::Completed { agent, report, latency_ms, quality, cost, .. } => Ok(StageRun {
                 task_id: job.task_id.clone(),
                 answer: answer_of(&report),
                 confidence: report.final_confidence,
@@ -440,14 +583,9 @@ impl Planner {
                 quality,
                 latency_ms,
                 cost,
+                report,
             }),
-            Ok(other) => Err(Error::CannotMeet { reason: format!("stage {}: {other:?}", job.task_id) }),
-            Err(f) => Err(Error::Peer {
-                did: offer.did().to_string(),
-                rpc: "stage",
-                status: tonic::Code::Unavailable,
-                message: f.why,
-            }),
+            other => Err(fail(Failure { why: format!("stage {}: {other:?}", job.task_id), kind: FailureKind::Agent })),
         }
     }
 
@@ -704,6 +842,7 @@ impl Planner {
                         latency_ms,
                         quality,
                         cost: result.actual_cost,
+                        stages: Vec::new(),
                     });
                 }
                 _ => return Err(Failure { why: result.error.clone(), kind: FailureKind::Agent }),
@@ -835,6 +974,20 @@ struct Seen<'a> {
     sent_up_front: &'a [pb::ContextChunk],
 }
 
+/// A composite route's stage that failed, and its agent.
+#[derive(Debug)]
+struct StageFailure {
+    did: String,
+    url: String,
+    failure: Failure,
+}
+
+impl StageFailure {
+    fn local(offer: &Offer, e: Error) -> StageFailure {
+        StageFailure { did: offer.did().to_string(), url: offer.url.clone(), failure: Failure::local(e) }
+    }
+}
+
 /// Why a delegation to one agent failed.
 #[derive(Debug)]
 struct Failure {
@@ -884,11 +1037,36 @@ impl Failure {
 impl Outcome {
     fn with_failovers(self, n: u32) -> Outcome {
         match self {
-            Outcome::Completed { agent, report, latency_ms, quality, cost, .. } => {
-                Outcome::Completed { agent, report, failovers: n, latency_ms, quality, cost }
+            Outcome::Completed { agent, report, latency_ms, quality, cost, stages, .. } => {
+                Outcome::Completed { agent, report, failovers: n, latency_ms, quality, cost, stages }
             }
             other => other,
         }
+    }
+
+    /// A composite route that ran to its end. The answering stage is the
+    /// last to run along a sequence or a cascade, the best-rated of a
+    /// parallel merge, and an ensemble's first voter for the majority answer
+    /// (its best-rated when no majority formed).
+    fn of_route(run: PatternRun, failovers: u32, took: Duration) -> Option<Outcome> {
+        let best = run.stages.iter().enumerate().max_by(|a, b| a.1.quality.total_cmp(&b.1.quality)).map(|x| x.0);
+        let answering = match run.pattern {
+            Pattern::ParallelMerge => best,
+            Pattern::Ensemble => {
+                run.answer.as_ref().and_then(|a| run.stages.iter().position(|s| &s.answer == a)).or(best)
+            }
+            _ => run.stages.len().checked_sub(1),
+        }?;
+        let s = &run.stages[answering];
+        Some(Outcome::Completed {
+            agent: s.agent.clone(),
+            report: s.report.clone(),
+            failovers,
+            latency_ms: took.as_millis() as u64,
+            quality: s.quality,
+            cost: run.stages.iter().map(|s| s.cost).sum(),
+            stages: run.stages,
+        })
     }
 }
 

@@ -532,37 +532,86 @@ pub fn route_patterns(
     c: &Constraints,
     p: &RoutingParams,
 ) -> Vec<RouteChoice> {
+    best_first(pattern_routes(cands, task_type, c, p, |_| true))
+}
+
+/// The routes Algorithm 1 chooses among when composites are allowed where
+/// Theorem 4's condition holds: every single agent that meets the
+/// constraints, and every route of the `composites` patterns (pattern models
+/// of [`compose`]) that meets them for less than C_best, the cheapest single
+/// agent that does (every composite that meets them when no single agent
+/// does). A composite that costs C_best or more is never kept, so choosing a
+/// composite never costs more than the cheapest single route that would do;
+/// without a cheaper composite the choice is among single agents alone, as
+/// the theorem's equality case has it. Under Definition 4 ([`route`]) a pair
+/// meets q_min only when both members do alone, at a lower cost each, so no
+/// pair ever passes this test: the pattern models are what make composites
+/// choosable. Scored by the objective and returned best first (at most
+/// [`ROUTE_LIMIT`]).
+pub fn route_composites(
+    cands: &[Candidate],
+    task_type: pb::TaskType,
+    c: &Constraints,
+    p: &RoutingParams,
+    composites: &[Pattern],
+) -> Vec<RouteChoice> {
+    let allowed = |pattern: Pattern| pattern == Pattern::Single || composites.contains(&pattern);
+    let mut all = pattern_routes(cands, task_type, c, p, allowed);
+    let c_best = all.iter().filter(|r| r.pattern == Pattern::Single).map(|r| r.cost).fold(f64::INFINITY, f64::min);
+    all.retain(|r| r.pattern == Pattern::Single || r.cost < c_best);
+    best_first(all)
+}
+
+/// Every route of an `allowed` pattern over the capability-matched agents
+/// that meets the constraints, scored, in no order.
+fn pattern_routes(
+    cands: &[Candidate],
+    task_type: pb::TaskType,
+    c: &Constraints,
+    p: &RoutingParams,
+    allowed: impl Fn(Pattern) -> bool,
+) -> Vec<RouteChoice> {
     let matched = prune(cands, task_type, c);
     let mut all: Vec<RouteChoice> = Vec::new();
-    let mut keep = |mut r: RouteChoice| {
+    let mut keep = |pattern: Pattern, members: &[&Candidate]| {
+        if !allowed(pattern) {
+            return;
+        }
+        let mut r = compose(pattern, members, p);
         if r.meets(c) {
             r.score = score(r.quality, r.latency_ms, r.cost, c.min_quality, p);
             all.push(r);
         }
     };
     for a in &matched {
-        keep(compose(Pattern::Single, &[a], p));
+        keep(Pattern::Single, &[a]);
     }
     for a in &matched {
         for b in &matched {
             if a.agent == b.agent {
                 continue;
             }
-            keep(compose(Pattern::DraftRefine, &[a, b], p));
-            keep(compose(Pattern::Pipeline, &[a, b], p));
+            keep(Pattern::DraftRefine, &[a, b]);
+            keep(Pattern::Pipeline, &[a, b]);
             if a.cost <= b.cost {
-                keep(compose(Pattern::Cascade, &[a, b], p));
+                keep(Pattern::Cascade, &[a, b]);
             }
             if a.agent < b.agent {
-                keep(compose(Pattern::ParallelMerge, &[a, b], p));
+                keep(Pattern::ParallelMerge, &[a, b]);
             }
         }
     }
     let mut by_quality = matched.clone();
     by_quality.sort_by(|a, b| b.quality.total_cmp(&a.quality).then_with(|| a.agent.cmp(&b.agent)));
     if by_quality.len() >= 3 {
-        keep(compose(Pattern::Ensemble, &by_quality[..3], p));
+        keep(Pattern::Ensemble, &by_quality[..3]);
     }
+    all
+}
+
+/// Routes by score, best first (ties: fewer agents, lower cost, pattern,
+/// agent names), at most [`ROUTE_LIMIT`].
+fn best_first(mut all: Vec<RouteChoice>) -> Vec<RouteChoice> {
     all.sort_by(|a, b| {
         b.score
             .total_cmp(&a.score)
@@ -1128,6 +1177,89 @@ mod tests {
         let e = compose(Pattern::Pipeline, &[], &params());
         assert!(e.agents.is_empty());
         assert_eq!(e.quality, 0.0);
+    }
+
+    #[test]
+    fn composites_are_chosen_only_below_the_cheapest_sufficient_single() {
+        // q_min 0.85: only "premium" meets it alone (C_best = $0.60); cheap → mid
+        // lifted meets it for $0.11 and wins; Theorem 4's condition holds
+        let cands = [cand("cheap", 0.7, 100, 0.01), cand("mid", 0.8, 200, 0.10), cand("premium", 0.9, 300, 0.60)];
+        let c = Constraints { min_quality: 0.85, ..loose() };
+        let routes = route_composites(&cands, Analysis, &c, &params(), &[Pattern::DraftRefine]);
+        assert_eq!(
+            (routes[0].pattern, routes[0].agents.clone()),
+            (Pattern::DraftRefine, vec!["cheap".into(), "mid".into()])
+        );
+        assert!(routes.iter().all(|r| r.pattern == Pattern::Single || r.cost < 0.6), "{routes:#?}");
+        assert!(routes.iter().all(|r| matches!(r.pattern, Pattern::Single | Pattern::DraftRefine)));
+        // a single agent that meets q_min for $0.10 leaves no draft-refine,
+        // merge or ensemble cheaper than it: the choice is among single agents,
+        // as in the equality case
+        let enough = [cand("cheap", 0.7, 100, 0.01), cand("mid", 0.86, 200, 0.10), cand("premium", 0.9, 300, 0.60)];
+        let spend_more = [Pattern::DraftRefine, Pattern::ParallelMerge, Pattern::Ensemble, Pattern::Pipeline];
+        let routes = route_composites(&enough, Analysis, &c, &params(), &spend_more);
+        assert!(routes.iter().all(|r| r.pattern == Pattern::Single), "{routes:#?}");
+        assert_eq!(routes[0].agents, ["mid"]);
+        // a cascade from the cheap agent costs less in expectation (0.01 + 0.3·0.10)
+        let routes = route_composites(&enough, Analysis, &c, &params(), &Pattern::ALL);
+        assert_eq!(
+            (routes[0].pattern, routes[0].agents.clone()),
+            (Pattern::Cascade, vec!["cheap".into(), "mid".into()])
+        );
+        assert!((routes[0].cost - 0.04).abs() < 1e-12);
+        // the patterns allowed are the ones chosen among: a cascade from the
+        // cheap agent is cheaper still in expectation (0.01 + 0.3·0.10)
+        let routes = route_composites(&cands, Analysis, &c, &params(), &[Pattern::Cascade]);
+        assert_eq!(
+            (routes[0].pattern, routes[0].agents.clone()),
+            (Pattern::Cascade, vec!["cheap".into(), "mid".into()])
+        );
+        // Definition 4 pairs (pipeline) never pass: a product of qualities
+        // meets q_min only when each member does alone, for less
+        let routes = route_composites(
+            &enough,
+            Analysis,
+            &Constraints { min_quality: 0.5, ..loose() },
+            &params(),
+            &[Pattern::Pipeline],
+        );
+        assert!(routes.iter().all(|r| r.pattern == Pattern::Single), "{routes:#?}");
+        // no single agent meets q_min 0.95: every composite that does is kept
+        let c = Constraints { min_quality: 0.95, ..loose() };
+        let routes = route_composites(&cands, Analysis, &c, &params(), &[Pattern::ParallelMerge]);
+        assert!(!routes.is_empty() && routes.iter().all(|r| r.pattern == Pattern::ParallelMerge && r.quality >= 0.95));
+    }
+
+    #[test]
+    fn no_kept_composite_costs_what_a_sufficient_single_costs() {
+        // Theorem 4 over random networks: a kept composite always costs less than
+        // the cheapest single agent meeting the constraints
+        // (at most four agents: 41 routes at most, all within ROUTE_LIMIT)
+        let mut rng = StdRng::seed_from_u64(4);
+        for _ in 0..300 {
+            let cands: Vec<Candidate> = (0..rng.random_range(1..5))
+                .map(|i| {
+                    let (q, l, cost) =
+                        (rng.random_range(0.3..1.0), rng.random_range(10..900), rng.random_range(0.001..0.2));
+                    cand(&format!("a{i}"), q, l, cost)
+                })
+                .collect();
+            let c = Constraints {
+                min_quality: rng.random_range(0.5..0.99),
+                max_cost: rng.random_range(0.05..0.5),
+                ..loose()
+            };
+            let routes = route_composites(&cands, Analysis, &c, &params(), &Pattern::ALL);
+            let c_best =
+                routes.iter().filter(|r| r.pattern == Pattern::Single).map(|r| r.cost).fold(f64::INFINITY, f64::min);
+            for r in &routes {
+                assert!(r.meets(&c), "{r:?}");
+                assert!(r.pattern == Pattern::Single || r.cost < c_best, "{r:?} vs C_best {c_best}");
+            }
+            // singles are never crowded out: every sufficient agent is a route
+            let singles = cands.iter().filter(|a| a.quality >= c.min_quality && a.cost <= c.max_cost).count();
+            assert_eq!(routes.iter().filter(|r| r.pattern == Pattern::Single).count(), singles);
+        }
     }
 
     #[test]

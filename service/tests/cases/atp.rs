@@ -546,6 +546,84 @@ async fn the_five_composite_patterns_run_over_the_wire() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `Planner::run` chooses a composite route where Theorem 4's condition holds:
+/// no cheap agent meets q_min alone, a cheap drafter and a mid refiner meet it
+/// together for less than the one agent that does, and both stages run over
+/// the wire; with cascades allowed, the cheapest start escalates only on low
+/// confidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planner_run_chooses_a_composite_that_meets_q_min_for_less() {
+    use scd_atp::planner::{Event, Outcome, Planner};
+    use scd_atp::routing::Pattern;
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-composite-run");
+    // drafter, refiner, and the one agent that meets q_min 0.85 alone ($0.10)
+    let workers: Vec<AgentProc> = ["analysis:0.70:200:0.002", "analysis:0.80:300:0.01", "analysis:0.92:600:0.10"]
+        .iter()
+        .enumerate()
+        .map(|(i, cap)| spawn_agent_with_scd(&dir.join(format!("w{i}")), &scd.addr, &["--capability", cap]))
+        .collect();
+    let urls: Vec<String> = workers.iter().map(|w| w.url()).collect();
+    // each case plans from a fresh node: the proofs of one case would reprice
+    // the agents for the next (the drafter measures better than it offers)
+    let fresh = |name: &str| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    };
+    let (dr, mut events) = planner(&fresh("p-dr"), &scd.addr, &urls).await;
+    let job = |id: &str| {
+        let mut job = analysis_job(id, &[]);
+        job.qos.min_quality = 0.85;
+        job
+    };
+    let routed = |events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>| {
+        let mut routes = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            if let Event::Routed { pattern, cost, .. } = e {
+                routes.push((pattern, cost));
+            }
+        }
+        routes
+    };
+    // draft-refine, Algorithm 1's two-agent route: 1 − 0.2·(1 − 0.5·0.7) = 0.87
+    // for $0.012, against $0.10 alone
+    let out = dr.run(&job("dr")).await.unwrap();
+    let Outcome::Completed { agent, stages, cost, .. } = &out else { panic!("{out:?}") };
+    let agents: Vec<&str> = stages.iter().map(|s| s.agent.as_str()).collect();
+    assert_eq!(agents, [workers[0].did.as_str(), workers[1].did.as_str()], "{out:#?}");
+    assert_eq!(agent, &workers[1].did, "the refiner answers");
+    assert!(stages.iter().all(|s| s.task_id.starts_with("dr.") && s.quality > 0.0), "{stages:#?}");
+    assert!((cost - 0.012).abs() < 1e-9, "{cost}");
+    let routes = routed(&mut events);
+    assert_eq!(routes.len(), 1, "{routes:?}");
+    assert_eq!(routes[0].0, "draft-refine");
+    assert!(routes[0].1 < 0.10, "Theorem 4: {routes:?}");
+    // cascades allowed: the $0.01 agent first, the $0.10 one only below 0.7
+    // confidence: 1 − 0.2·0.08 = 0.984 for $0.01 + 0.2·$0.10 = $0.03 expected
+    // (score 0.0997, above the cascade from the $0.002 agent, 0.0901); it
+    // finds what it needs, so it answers alone
+    let (p, mut events) = planner(&fresh("p-cascade"), &scd.addr, &urls).await;
+    let cascading = Planner::new(p.node().clone(), &urls).unwrap().with_composites(&[Pattern::Cascade]);
+    let out = cascading.run(&job("cascade")).await.unwrap();
+    let Outcome::Completed { agent, stages, .. } = &out else { panic!("{out:?}") };
+    assert_eq!(routed(&mut events).first().map(|r| r.0.as_str()), Some("cascade"));
+    assert_eq!((stages.len(), agent), (1, &workers[1].did), "{out:#?}");
+    // no composites: the one agent that meets q_min alone
+    let (p, mut events) = planner(&fresh("p-single"), &scd.addr, &urls).await;
+    let single = Planner::new(p.node().clone(), &urls).unwrap().with_composites(&[]);
+    let out = single.run(&job("single")).await.unwrap();
+    let Outcome::Completed { agent, stages, .. } = &out else { panic!("{out:?}") };
+    assert!(stages.is_empty());
+    assert_eq!(agent, &workers[2].did);
+    assert_eq!(routed(&mut events).first().map(|r| r.0.as_str()), Some("single"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Hostile requesters against `scd atp agent`: another requester naming a
 /// running task's id (with a forged checkpoint to resume it) gets a job of
 /// its own, a contract serves one task, and a contract may not aim the
