@@ -593,12 +593,13 @@ fn flush(
 /// peer, session and outcome.
 type MergeKey = (String, Option<String>, Option<String>, Option<String>, String);
 
-/// The deferred records written in the current merge window: kind → seq.
-/// At most [`MERGE_KEYS`]; the window opens with its first record and
-/// closes [`DEFER_MAX`] later (or when a commit fails).
+/// The deferred records written in the current merge window: kind → its
+/// seq and the record as stored (count included), so a repeat rewrites it
+/// without reading it back. At most [`MERGE_KEYS`]; the window opens with
+/// its first record and closes [`DEFER_MAX`] later (or when a commit fails).
 #[derive(Default)]
 struct Merges {
-    seqs: std::collections::HashMap<MergeKey, u64>,
+    seqs: std::collections::HashMap<MergeKey, (u64, AuditRecord)>,
     since: Option<std::time::Instant>,
 }
 
@@ -650,24 +651,31 @@ fn commit(
                 if !p.durable {
                     merges.expire();
                     let key = Merges::key(r);
-                    if let Some(&seq) = merges.seqs.get(&key) {
-                        if let Some(grown) = merged(&records, seq, r.count)? {
-                            let old = records.insert(seq, grown.as_slice()).map_err(store_err)?;
-                            let old = old.map_or(0, |v| v.value().len() as u64);
+                    if let Some((seq, stored)) = merges.seqs.get_mut(&key) {
+                        // unless retention has removed it since
+                        let here = records.get(*seq).map_err(store_err)?.map(|v| v.value().len() as u64);
+                        if let Some(old) = here {
+                            stored.count = stored.count.saturating_add(r.count);
+                            let grown = serde_json::to_vec(stored)
+                                .map_err(|source| Error::Json { what: format!("audit_records[{seq}]"), source })?;
+                            records.insert(*seq, grown.as_slice()).map_err(store_err)?;
                             bytes = (bytes + grown.len() as u64).saturating_sub(old);
-                            these.push(seq);
+                            these.push(*seq);
                             continue;
                         }
-                    }
-                    if merges.seqs.len() < MERGE_KEYS || merges.seqs.contains_key(&key) {
-                        merges.seqs.insert(key, next);
-                        merges.since.get_or_insert_with(std::time::Instant::now);
                     }
                 }
                 r.seq = next;
                 r.at_ms = at_ms;
                 let json = serde_json::to_vec(r)
                     .map_err(|source| Error::Json { what: format!("audit_records[{next}]"), source })?;
+                if !p.durable {
+                    let key = Merges::key(r);
+                    if merges.seqs.len() < MERGE_KEYS || merges.seqs.contains_key(&key) {
+                        merges.seqs.insert(key, (next, r.clone()));
+                        merges.since.get_or_insert_with(std::time::Instant::now);
+                    }
+                }
                 records.insert(next, json.as_slice()).map_err(store_err)?;
                 bytes += json.len() as u64;
                 these.push(next);
@@ -682,20 +690,6 @@ fn commit(
     }
     tx.commit().map_err(store_err)?;
     Ok(seqs)
-}
-
-/// The record at `seq` with `count` more calls, as JSON; `None` when it is
-/// gone (pruned) or does not read back, and the record must be written
-/// anew (a bad stored record never fails the commit of others' calls, and
-/// its content is never quoted).
-fn merged(records: &redb::Table<u64, &[u8]>, seq: u64, count: u32) -> std::result::Result<Option<Vec<u8>>, Error> {
-    let Some(json) = records.get(seq).map_err(store_err)? else { return Ok(None) };
-    let Ok(mut r) = serde_json::from_slice::<AuditRecord>(json.value()) else {
-        tracing::warn!(seq, "audit: a stored record does not parse; the refusal is written anew");
-        return Ok(None);
-    };
-    r.count = r.count.max(1).saturating_add(count);
-    Ok(serde_json::to_vec(&r).ok())
 }
 
 /// Removes the oldest records past `retention` (see the module docs).
@@ -966,13 +960,21 @@ mod tests {
         let third = log.append_deferred(vec![refused("t", "PermissionDenied")]).await.unwrap();
         assert_ne!(other, first);
         assert_ne!(third, other);
+        let durable = log.append_async(vec![refused("s", "PermissionDenied")]).await.unwrap();
+        assert!(durable[0] > third[0], "a durable record of a merged kind is its own: {durable:?}");
         let all = log.query(&AuditFilter::default()).unwrap();
         let counts: Vec<_> = all.iter().map(|r| (r.outcome.as_str(), r.count)).collect();
-        let want = [("PermissionDenied", 100), ("ok", 1), ("InvalidArgument", 1), ("PermissionDenied", 1)];
+        let want = [
+            ("PermissionDenied", 100),
+            ("ok", 1),
+            ("InvalidArgument", 1),
+            ("PermissionDenied", 1),
+            ("PermissionDenied", 1),
+        ];
         assert_eq!(counts, want);
         let (n, bytes) = log.stats().unwrap();
         let json: u64 = all.iter().map(|r| serde_json::to_vec(r).unwrap().len() as u64).sum();
-        assert_eq!((n, bytes), (4, json), "the byte count follows the grown record");
+        assert_eq!((n, bytes), (5, json), "the byte count follows the grown record");
         // the next window starts a new record of the kind
         tokio::time::sleep(DEFER_MAX + Duration::from_millis(300)).await;
         let next = log.append_deferred(vec![refused("s", "PermissionDenied")]).await.unwrap();

@@ -96,12 +96,13 @@ pub struct FailoverTime {
     pub at_next_agent_ms: Option<u64>,
 }
 
-/// A failover being timed: when the signal went, to whom, and where the
-/// task went next.
+/// A failover being timed: when the signal went, to whom, where the task
+/// went next, and the times so far (copied into the report at the end).
 struct Disruption {
     at: Instant,
     victim: String,
     next: Option<String>,
+    time: FailoverTime,
 }
 
 /// What `--json` writes.
@@ -374,7 +375,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
             &context,
         ),
     ];
-    // the signals sent (one per row of report.failover_times)
+    // the signals sent, each timed
     let mut disruptions: Vec<Disruption> = Vec::new();
     for j in jobs {
         say(out, format!("\n== {} ({}): {}", j.task_id, j.task_type.as_str_name(), j.task.description));
@@ -388,7 +389,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
                 Some(e) = events.recv() => {
                     count(&mut report, &e);
                     say(out, story(&e, &|a: &str| name_of(a, &workers)));
-                    time_failovers(&mut report, &mut disruptions, &e);
+                    time_failovers(&mut disruptions, &e);
                     if let Event::Checkpoint { task, agent, step } = &e {
                         // a death, which breaks the stream, then a freeze,
                         // which only the missing heartbeats show
@@ -397,7 +398,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
                             ("task-2-fix", s) if s >= 1 => "SIGSTOP",
                             _ => "",
                         };
-                        let first = !report.failover_times.iter().any(|f| f.task == *task);
+                        let first = !disruptions.iter().any(|d| d.time.task == *task);
                         if let Some(w) = workers.iter_mut().find(|w| short(&w.did) == *agent).filter(|_| first && !signal.is_empty()) {
                             let at = Instant::now();
                             let sent = if signal == "SIGKILL" { w.child.kill().is_ok() } else { freeze(&w.child) };
@@ -405,8 +406,8 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
                                 say(out, format!("  !! {signal} {} failed: this failover is not timed", w.name));
                             } else {
                                 w.frozen = signal == "SIGSTOP";
-                                disruptions.push(Disruption { at, victim: agent.clone(), next: None });
-                                report.failover_times.push(FailoverTime { signal: signal.into(), task: task.clone(), ..Default::default() });
+                                let time = FailoverTime { signal: signal.into(), task: task.clone(), ..Default::default() };
+                                disruptions.push(Disruption { at, victim: agent.clone(), next: None, time });
                                 say(out, format!("  !! {signal} {} (pid {}) mid-task, after checkpoint {step}", w.name, w.child.id()));
                             }
                         }
@@ -417,7 +418,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         while let Ok(e) = events.try_recv() {
             count(&mut report, &e);
             say(out, story(&e, &|a: &str| name_of(a, &workers)));
-            time_failovers(&mut report, &mut disruptions, &e);
+            time_failovers(&mut disruptions, &e);
         }
         match outcome {
             Ok(Outcome::Completed { agent, failovers, .. }) => {
@@ -480,6 +481,7 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         }
     }
     report.seconds = started.elapsed().as_secs_f64();
+    report.failover_times = disruptions.into_iter().map(|d| d.time).collect();
     for f in &report.failover_times {
         let ms = |v: Option<u64>| v.map_or("never".to_string(), |v| format!("{v} ms"));
         say(out, format!(
@@ -505,12 +507,12 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     Ok(report)
 }
 
-/// Times each signalled worker's failover (`disruptions[i]` is
-/// `report.failover_times[i]`): its failure verdict, then the next agent's
-/// transfer.
-fn time_failovers(report: &mut DemoReport, disruptions: &mut [Disruption], e: &Event) {
-    for (d, f) in disruptions.iter_mut().zip(report.failover_times.iter_mut()) {
+/// Times each signalled worker's failover: its failure verdict, then the
+/// next agent's transfer.
+fn time_failovers(disruptions: &mut [Disruption], e: &Event) {
+    for d in disruptions.iter_mut() {
         let ms = Some(d.at.elapsed().as_millis() as u64);
+        let f = &mut d.time;
         match e {
             Event::AgentFailed { agent, task, .. }
                 if *agent == d.victim && *task == f.task && f.detected_ms.is_none() =>

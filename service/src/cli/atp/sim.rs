@@ -1066,9 +1066,7 @@ impl Report {
         row(&mut s, "routing recomputations", &|r| r.reprices.to_string());
         s
     }
-}
 
-impl Report {
     /// The ablation as a markdown table beside the paper's §10.3 figures.
     /// Quality counts lost tasks as 0 (as the paper does for its
     /// fault-tolerance row); the share of calls to over-advertisers shows
