@@ -98,6 +98,8 @@ fn main() -> anyhow::Result<()> {
         Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),
+        #[cfg(feature = "atp")]
+        Command::Atp(cli::atp::AtpCommand::Flood(args)) => cli::atp::flood(args),
         Command::Identity(cmd) => cli::identity::run(cmd),
     }
 }

@@ -95,8 +95,13 @@ pub struct AgentConfig {
     pub max_running: usize,
     /// Heartbeat interval (T_fail = 3 × this at the requester).
     pub heartbeat: Duration,
-    /// The context budget it asks for in its offers (tokens).
+    /// The context budget it asks for in its offers (tokens), for a task
+    /// outside its specialization.
     pub context_budget_tokens: u32,
+    /// Its specialization, embedded by SCD as a query (`--specialization`):
+    /// a task that fits it gets a smaller requirement
+    /// ([`handshake::context_requirement`]); none = the whole budget always.
+    pub specialization: Option<pb::Embedding>,
     /// Caps and idle timeouts of its listener (a peer is an adversary until
     /// verified: one must not hold every socket).
     pub connections: scd_net::ConnLimits,
@@ -129,6 +134,7 @@ impl AgentConfig {
             max_running: 2,
             heartbeat: Duration::from_secs(1),
             context_budget_tokens: 512,
+            specialization: None,
             connections: scd_net::ConnLimits::default(),
             reply_to_hosts: Vec::new(),
             rate_per_did: 100.0,
@@ -291,10 +297,11 @@ impl Node {
         }
     }
 
-    /// Offer terms for a task type, from this agent's own log.
-    fn terms(&self, task_type: i32) -> OfferTerms {
+    /// Offer terms for a probe, from this agent's own log, and the context
+    /// it asks for the probed task.
+    fn terms(&self, probe: &pb::CapabilityProbe) -> OfferTerms {
         let ledger = self.ledger.lock().unwrap();
-        let task_type = pb::TaskType::try_from(task_type).unwrap_or(pb::TaskType::Unspecified);
+        let task_type = pb::TaskType::try_from(probe.task_type).unwrap_or(pb::TaskType::Unspecified);
         let now = now_s();
         OfferTerms {
             capabilities: self.config.capabilities.clone(),
@@ -302,11 +309,30 @@ impl Node {
             // are not established, so `trust` would always be the prior)
             trust_score: ledger.book().own_record(Some(task_type), now).score,
             evidence: ledger.evidence(task_type, 8),
-            requirement: pb::ContextRequirement {
-                max_context_tokens: self.config.context_budget_tokens,
-                ..Default::default()
-            },
+            requirement: handshake::context_requirement(
+                self.config.context_budget_tokens,
+                self.config.specialization.as_ref(),
+                probe,
+            ),
         }
+    }
+
+    /// RESOURCE_EXHAUSTED for a task that finds the queue full, with the
+    /// time the queue takes to drain as the retry hint (in the message and
+    /// as `retry-after-ms`).
+    fn queue_full(&self) -> Status {
+        let (busy, _) = self.load();
+        let per_task_ms = self.config.capabilities.iter().map(|c| c.estimated_latency_ms).max().unwrap_or(1000).max(1);
+        let ms = (per_task_ms * u64::from(busy.max(1)) / self.config.max_running.max(1) as u64).max(1);
+        let capacity = self.config.max_queue + self.config.max_running;
+        let mut refused = Status::resource_exhausted(format!(
+            "queue full: {capacity} tasks queued or running (--max-queue {}); retry after {ms} ms",
+            self.config.max_queue
+        ));
+        if let Ok(v) = ms.to_string().parse() {
+            refused.metadata_mut().insert("retry-after-ms", v);
+        }
+        refused
     }
 
     /// A signed back-pressure signal of this agent's current queue, for the
@@ -402,7 +428,7 @@ impl Node {
     /// work order, checkpointing each step.
     async fn run(
         self: Arc<Self>,
-        task: pb::TaskSubmit,
+        mut task: pb::TaskSubmit,
         order: WorkOrder,
         contract: Contract,
         job: Arc<Job>,
@@ -410,12 +436,15 @@ impl Node {
     ) {
         let reply_to = contract.contract.reply_to.clone();
         let started = Instant::now();
+        // however the job ends, its task's memory goes back to the system
+        let _trim = TrimHeap;
         let _running = self.running.clone().acquire_owned().await;
         let cap = self.config.capabilities.iter().find(|c| c.task_type == task.task_type).copied().unwrap_or_default();
         // a checkpoint names the chunks its agent held; their text comes with
         // the task's context (the requester sends those it had given), never
-        // from the checkpoint
-        let mut context = task.context.clone().unwrap_or_default();
+        // from the checkpoint; taken out of the task, not copied (a context
+        // may be 16 MiB)
+        let mut context = task.context.take().unwrap_or_default();
         let resumed_after = task.resume_from.as_ref().map_or(0, |c| c.step_number);
         let mut report = WorkReport { title: order.title.clone(), resumed_after, ..Default::default() };
         report.confidence = confidence(&order, &context);
@@ -660,7 +689,9 @@ impl pb::atp_service_server::AtpService for AgentService {
         let probe = request.into_inner();
         self.0.verify(&probe)?;
         let node = &self.0;
-        let offer = handshake::offer_for(&node.identity, &probe, &node.terms(probe.task_type))?;
+        // the terms read the probe's embedding: checked first
+        handshake::check_probe(&probe)?;
+        let offer = handshake::offer_for(&node.identity, &probe, &node.terms(&probe))?;
         let requester = sender(&probe.from).to_string();
         bounded_insert(
             &mut node.offers.lock().unwrap(),
@@ -767,11 +798,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         let Ok(permit) = node.queue.clone().try_acquire_owned() else {
             let bp = node.backpressure(&task.from);
             tokio::spawn(report_backpressure(node.channel(&reply_to), reply_to, bp));
-            let capacity = node.config.max_queue + node.config.max_running;
-            return Err(Status::resource_exhausted(format!(
-                "queue full: {capacity} tasks queued or running (--max-queue {})",
-                node.config.max_queue
-            )));
+            return Err(node.queue_full());
         };
         let key = job_key(&task.from, &task.task_id);
         let mut jobs = node.jobs.lock().unwrap();
@@ -1002,6 +1029,97 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// Concurrent calls per connection.
 const MAX_CONCURRENT_STREAMS: u32 = 64;
 
+/// Gives freed heap back to the system when dropped (glibc's
+/// `malloc_trim`, off the async threads, one at a time). A task's context
+/// is up to 16 MiB in a thousand allocations; glibc keeps such freed memory
+/// in its per-thread arenas, so without this a worker's RSS after a flood
+/// of large tasks stays near its peak (measured by `scd atp flood`).
+struct TrimHeap;
+
+impl Drop for TrimHeap {
+    fn drop(&mut self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            static TRIMMING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if TRIMMING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                return;
+            }
+            let trim = || {
+                // SAFETY: malloc_trim only walks and releases the allocator's
+                // free memory; it takes no pointers of ours
+                unsafe { libc::malloc_trim(0) };
+                TRIMMING.store(false, std::sync::atomic::Ordering::Release);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(trim)),
+                Err(_) => trim(),
+            }
+        }
+    }
+}
+
+/// Admits a SubmitTask call before its body is read: a task (up to
+/// [`MAX_MESSAGE_BYTES`]) is decoded only while the queue has room and
+/// fewer than its slots are being decoded at once; otherwise the call is
+/// answered RESOURCE_EXHAUSTED at once, with the queue's drain time as the
+/// retry hint. So a flood of maximal tasks costs the worker at most its
+/// slots' worth of decoding, whatever the peers send, and a refusal costs
+/// no decode at all.
+#[derive(Clone)]
+struct SubmitGate {
+    node: Arc<Node>,
+    decoding: Arc<Semaphore>,
+}
+
+impl<S> tower_layer::Layer<S> for SubmitGate {
+    type Service = Gated<S>;
+
+    fn layer(&self, inner: S) -> Gated<S> {
+        Gated { inner, gate: self.clone() }
+    }
+}
+
+/// See [`SubmitGate`].
+#[derive(Clone)]
+struct Gated<S> {
+    inner: S,
+    gate: SubmitGate,
+}
+
+const SUBMIT_TASK: &str = "/atp.v1.AtpService/SubmitTask";
+
+impl<S, B> tonic::codegen::Service<http::Request<B>> for Gated<S>
+where
+    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != SUBMIT_TASK {
+            return Box::pin(self.inner.call(req));
+        }
+        let node = &self.gate.node;
+        let permit = self.gate.decoding.clone().try_acquire_owned().ok().filter(|_| node.queue.available_permits() > 0);
+        let Some(permit) = permit else {
+            return Box::pin(std::future::ready(Ok(node.queue_full().into_http())));
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await;
+            drop(permit);
+            resp
+        })
+    }
+}
+
 /// Serves `node` on `listener` until `shutdown` resolves: `atp.v1.AtpService`
 /// plus gRPC health and reflection; starts the heartbeat loop.
 pub async fn serve(
@@ -1016,6 +1134,10 @@ pub async fn serve(
         .build_v1()
         .map_err(|e| Error::Invalid { field: "reflection".into(), reason: e.to_string() })?;
     node.start_heartbeats();
+    let gate = SubmitGate {
+        decoding: Arc::new(Semaphore::new(node.config.max_queue + node.config.max_running)),
+        node: node.clone(),
+    };
     let node_limits = node.config.connections;
     let tls = node.config.server_tls.clone();
     let svc = pb::atp_service_server::AtpServiceServer::new(AgentService(node))
@@ -1033,6 +1155,7 @@ pub async fn serve(
     }
     builder
         .layer(guard.layer())
+        .layer(gate)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS as usize)
         .add_service(health)

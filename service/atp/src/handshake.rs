@@ -147,6 +147,55 @@ pub struct OfferTerms {
     pub requirement: pb::ContextRequirement,
 }
 
+/// E5 cosines between a task and an agent's specialization (both embedded
+/// as queries) at or below this are outside the specialization (fit 0).
+/// Set from e5-small: a payments specialization scored 0.88–0.92 against
+/// payments tasks and 0.75–0.79 against a haiku or a recipe; another
+/// encoder may need other values.
+pub const FIT_FLOOR: f64 = 0.80;
+/// At or above this the task is squarely within it (fit 1).
+pub const FIT_CEIL: f64 = 0.92;
+/// The share of its context budget an agent does without at fit 1.
+pub const SPECIALIST_SAVING: f64 = 0.5;
+
+/// How well a task fits an agent's specialization, in [0, 1]: their
+/// cosine mapped linearly from [`FIT_FLOOR`] (0) to [`FIT_CEIL`] (1). 0
+/// without either embedding, or when their dimensions differ (another
+/// encoder's vectors say nothing here).
+pub fn fit(specialization: Option<&pb::Embedding>, e_task: Option<&pb::Embedding>) -> f64 {
+    let (Some(a), Some(b)) = (specialization, e_task) else { return 0.0 };
+    if a.values.len() != b.values.len() || a.values.is_empty() {
+        return 0.0;
+    }
+    let dot: f64 = a.values.iter().zip(&b.values).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let cos = dot / (norm(&a.values) * norm(&b.values));
+    if !cos.is_finite() {
+        return 0.0;
+    }
+    ((cos - FIT_FLOOR) / (FIT_CEIL - FIT_FLOOR)).clamp(0.0, 1.0)
+}
+
+/// Paper §6.2 step 2: the context an agent asks for a probed task, from the
+/// task's embedding and its own specialization. A specialist brings the
+/// domain's background itself and asks only for the task's evidence: its
+/// budget shrinks by [`SPECIALIST_SAVING`] × [`fit`] (the least relevant
+/// chunks are the ones it does without, as SCD ranks them); a task outside
+/// its specialization gets the whole budget. Never more than the task's
+/// context holds when the probe says (`context_tokens`), never below 1.
+pub fn context_requirement(
+    budget_tokens: u32,
+    specialization: Option<&pb::Embedding>,
+    probe: &pb::CapabilityProbe,
+) -> pb::ContextRequirement {
+    let f = fit(specialization, probe.context_embedding.as_ref());
+    let mut tokens = (f64::from(budget_tokens) * (1.0 - SPECIALIST_SAVING * f)).round() as u32;
+    if probe.context_tokens > 0 {
+        tokens = tokens.min(u32::try_from(probe.context_tokens).unwrap_or(u32::MAX));
+    }
+    pb::ContextRequirement { max_context_tokens: tokens.max(1), ..Default::default() }
+}
+
 /// The signed offer answering `probe`, or why this agent cannot meet it
 /// (then it sends no offer: FAILED_PRECONDITION).
 pub fn offer_for(identity: &Identity, probe: &pb::CapabilityProbe, terms: &OfferTerms) -> Result<pb::CapabilityOffer> {
@@ -538,6 +587,33 @@ mod tests {
             let err = check_probe(&probe).unwrap_err().to_string();
             assert!(err.starts_with(field), "{err}");
         }
+    }
+
+    #[test]
+    fn the_requirement_follows_the_tasks_fit_with_the_specialization() {
+        let e = |v: &[f64]| pb::Embedding { dimensions: v.len() as u32, values: v.to_vec() };
+        // cos = 0.92 → fit 1; cos = 0.80 → fit 0; cos = 0.86 → fit 0.5
+        let spec = e(&[1.0, 0.0]);
+        let at = |cos: f64| e(&[cos, (1.0 - cos * cos).sqrt()]);
+        let probe = |emb: Option<pb::Embedding>, tokens: u64| pb::CapabilityProbe {
+            context_embedding: emb,
+            context_tokens: tokens,
+            ..Default::default()
+        };
+        let budget = |p: &pb::CapabilityProbe| context_requirement(1000, Some(&spec), p).max_context_tokens;
+        assert_eq!(budget(&probe(Some(at(0.95)), 0)), 500, "a specialist's task: half the budget");
+        assert_eq!(budget(&probe(Some(at(0.92)), 0)), 500);
+        assert_eq!(budget(&probe(Some(at(0.86)), 0)), 750);
+        assert_eq!(budget(&probe(Some(at(0.80)), 0)), 1000, "outside it: the whole budget");
+        assert_eq!(budget(&probe(Some(at(0.10)), 0)), 1000);
+        // no e_task, another encoder's dimensions, a zero vector: no adaptation
+        assert_eq!(budget(&probe(None, 0)), 1000);
+        assert_eq!(budget(&probe(Some(e(&[0.9, 0.1, 0.0])), 0)), 1000);
+        assert_eq!(budget(&probe(Some(e(&[0.0, 0.0])), 0)), 1000);
+        assert_eq!(context_requirement(1000, None, &probe(Some(at(0.95)), 0)).max_context_tokens, 1000);
+        // never more than the task's context holds, never 0
+        assert_eq!(budget(&probe(Some(at(0.10)), 300)), 300);
+        assert_eq!(context_requirement(1, Some(&spec), &probe(Some(at(0.95)), 0)).max_context_tokens, 1);
     }
 
     fn terms() -> OfferTerms {

@@ -321,16 +321,28 @@ async fn an_agent_refuses_what_it_must() {
     me.stamp_and_sign(&mut bad_order);
     refused(client.submit_task(bad_order).await, Code::InvalidArgument, "task.payload.stpes: unknown field");
 
-    // one running task fills it (queue 0): the next is RESOURCE_EXHAUSTED
-    assert!(client.submit_task(task(&me, &did, &c1, 3)).await.unwrap().into_inner().accepted);
-    let (_, c2) = contract(&me, &v, &url, &ch, "task-c").await;
-    refused(client.submit_task(task(&me, &did, &c2, 1)).await, Code::ResourceExhausted, "queue full");
-
     // a checkpoint past the order's steps
+    let (_, c2) = contract(&me, &v, &url, &ch, "task-c").await;
     let mut resume = task(&me, &did, &c2, 1);
     resume.resume_from = Some(pb::TaskCheckpoint { task_id: "task-c".into(), step_number: 99, ..Default::default() });
     me.stamp_and_sign(&mut resume);
     refused(client.submit_task(resume).await, Code::InvalidArgument, "task.resume_from.step_number: 99 is past");
+
+    // one running task fills it (queue 0): the next is RESOURCE_EXHAUSTED,
+    // before its body is read (so even a malformed one), with the drain time
+    // as the hint
+    assert!(client.submit_task(task(&me, &did, &c1, 3)).await.unwrap().into_inner().accepted);
+    let e = client.submit_task(task(&me, &did, &c2, 1)).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().starts_with("queue full: 1 tasks queued or running (--max-queue 0); retry after 3000 ms"),
+        "{e:?}"
+    );
+    assert_eq!(e.metadata().get("retry-after-ms").and_then(|v| v.to_str().ok()), Some("3000"));
+    let mut malformed = task(&me, &did, &c2, 1);
+    malformed.payload = b"not json".to_vec();
+    me.stamp_and_sign(&mut malformed);
+    refused(client.submit_task(malformed).await, Code::ResourceExhausted, "queue full");
 
     // heartbeats and back-pressure only from peers that made it an offer
     let beat = |to: Option<&str>| {
@@ -621,6 +633,69 @@ async fn planner_run_chooses_a_composite_that_meets_q_min_for_less() {
     assert!(stages.is_empty());
     assert_eq!(agent, &workers[2].did);
     assert_eq!(routed(&mut events).first().map(|r| r.0.as_str()), Some("single"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Paper §6.2 step 2 against a live `scd atp agent --specialization`: its
+/// offer's ContextRequirement depends on the probed task's e_task (from
+/// SCD): a payments task gets about half the budget, a haiku the whole of
+/// it; an agent without a specialization always asks for the whole budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offers_context_requirement_follows_the_task_and_the_specialization() {
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-requirement");
+    let common = ["--capability", "code_generation:0.9:500:0.01", "--context-budget", "512"];
+    let specialist = spawn_agent_with_scd(
+        &dir.join("specialist"),
+        &scd.addr,
+        &[&common[..], &["--specialization", "payment gateway timeouts, retries and duplicate card charges"]].concat(),
+    );
+    let generalist = spawn_agent_with_scd(&dir.join("generalist"), &scd.addr, &common);
+    let link = scd_atp::context::ScdLink::connect(&scd.addr).await.unwrap();
+    let me = Identity::generate();
+    let asked = |agent: &AgentProc, task: &'static str| {
+        let (url, link, me) = (agent.url(), &link, &me);
+        async move {
+            let e_task = link.embed_task(&scd_atp::context::Task::new(task)).await.unwrap();
+            let mut p = pb::CapabilityProbe {
+                from: Some(me.agent_id()),
+                task_type: pb::TaskType::CodeGeneration as i32,
+                qos: Some(qos()),
+                context_embedding: Some(e_task),
+                task_id: "req".into(),
+                ..Default::default()
+            };
+            me.stamp_and_sign(&mut p);
+            let mut client = AtpServiceClient::new(handshake::channel(&url).unwrap());
+            let offer = client.probe(p).await.unwrap().into_inner();
+            offer.context_requirements.unwrap().max_context_tokens
+        }
+    };
+    let payments = "Why were cards charged twice after gateway timeouts?";
+    let haiku = "Write a haiku about autumn leaves";
+    let (fit, off) = (asked(&specialist, payments).await, asked(&specialist, haiku).await);
+    assert!((256..=300).contains(&fit), "a payments task asks for about half: {fit}");
+    assert_eq!(off, 512, "a haiku is outside the specialization");
+    assert_eq!((asked(&generalist, payments).await, asked(&generalist, haiku).await), (512, 512));
+    // a specialization it cannot embed is a start-up error naming the flag
+    let out = Command::new(env!("CARGO_BIN_EXE_scd"))
+        .args(["atp", "agent", "--addr", "127.0.0.1:0", "--scd", "http://127.0.0.1:1"])
+        .args(["--capability", "analysis:0.9:500:0.01", "--specialization", "payments"])
+        .arg("--identity")
+        .arg(dir.join("bad.json"))
+        .arg("--store")
+        .arg(dir.join("bad"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--specialization: reaching SCD at http://127.0.0.1:1"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1097,6 +1172,56 @@ async fn atp_runs_over_tls_and_mtls_and_refuses_what_it_must() {
         asked += matches!(e, scd_atp::planner::Event::ContextRequested { .. }) as usize;
     }
     assert!(asked >= 1, "the worker's context request reached the TLS planner");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `scd atp flood` drives a real worker with maximal tasks (the most chunks,
+/// steps and needs) from several peers, each with its own DID: every task it
+/// accepted completes, and the report samples the worker's memory and draws
+/// it. The figures themselves are BENCHMARKS.md's, from a full-size run.
+#[test]
+fn the_flood_tool_measures_a_worker_under_maximal_tasks() {
+    let dir = crate::scratch("atp-flood");
+    let (json, svg) = (dir.join("flood.json"), dir.join("flood.svg"));
+    let (net, json_s, svg_s) = (dir.join("net"), json.to_str().unwrap(), svg.to_str().unwrap());
+    let (ok, stdout, stderr) = crate::scd(
+        &[
+            "atp",
+            "flood",
+            "--tasks",
+            "6",
+            "--requesters",
+            "3",
+            "--context-bytes",
+            "2000000",
+            "--task-ms",
+            "100",
+            "--workdir",
+            net.to_str().unwrap(),
+            "--json",
+            json_s,
+            "--plot",
+            svg_s,
+        ],
+        "",
+    );
+    assert!(ok, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("maximal tasks") && stdout.contains("worker RSS: idle"), "{stdout}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert!(n("accepted") >= 6, "{r}");
+    assert_eq!(n("completed"), n("accepted"), "{r}");
+    assert_eq!((n("chunks"), n("steps")), (1024, 100));
+    assert_eq!(r["refused"].as_array().map(Vec::len), Some(0), "{r}");
+    assert_eq!(n("in_flight_max"), 8 + 2 + 3);
+    assert!(n("rss_peak_kib") >= n("rss_idle_kib") && n("rss_idle_kib") > 0, "{r}");
+    assert!(n("sent_bytes") >= 6 * 2_000_000, "{r}");
+    assert!(r["samples"].as_array().is_some_and(|s| !s.is_empty()));
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.starts_with("<svg") && drawn.contains("worker RSS"));
+    // bad input names the flag and the limit
+    let (ok, _, stderr) = crate::scd(&["atp", "flood", "--context-bytes", "99999999"], "");
+    assert!(!ok && stderr.contains("--context-bytes 99999999: must be 1 to"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,6 +1,7 @@
 //! `scd atp …`: the ATP stack (see the `scd-atp` crate).
 
 pub mod demo;
+pub mod flood;
 pub mod sim;
 
 use std::io::Write as _;
@@ -25,6 +26,8 @@ pub enum AtpCommand {
     Demo(DemoArgs),
     /// AgentNet-Bench-style SIMULATION comparing ATP with three baselines.
     Bench(BenchArgs),
+    /// One worker under a flood of maximal tasks from many peers; samples its RSS.
+    Flood(FloodArgs),
 }
 
 /// `scd atp agent`.
@@ -80,9 +83,15 @@ pub struct AgentArgs {
     /// Tasks run at once.
     #[arg(long, default_value_t = 2)]
     pub max_running: usize,
-    /// Context budget (tokens) this agent asks for in its offers.
+    /// Context budget (tokens) this agent asks for in its offers, for a task
+    /// outside its --specialization.
     #[arg(long, default_value_t = 512)]
     pub context_budget: u32,
+    /// What this agent specializes in, in words (embedded through --scd at
+    /// start): for a task that fits it, its offers ask for up to half the
+    /// budget (paper §6.2 step 2).
+    #[arg(long, env = "SCD_ATP_SPECIALIZATION")]
+    pub specialization: Option<String>,
     /// A host a contract's reply_to may name besides the address the
     /// contract came from (repeatable; e.g. a requester behind a proxy).
     /// The agent sends heartbeats and context requests to reply_to, so by
@@ -213,7 +222,21 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
     let audit = store.audit_log(args.audit_level, retention)?;
     let verifier = Verifier::new(resolver.clone(), store.clone());
     let ledger = Ledger::open(store, identity.did(), scd_atp::trust::TrustParams::default(), resolver)?;
+    if args.specialization.as_deref().is_some_and(|t| t.trim().is_empty() || t.len() > 4096) {
+        bail!("--specialization: must be 1 to 4096 bytes of text");
+    }
     runtime()?.block_on(async move {
+        let specialization = match &args.specialization {
+            Some(text) => {
+                let task = scd_atp::context::Task::new(text);
+                let scd = scd_atp::context::ScdLink::connect(&args.scd)
+                    .await
+                    .with_context(|| format!("--specialization: reaching SCD at {} to embed it", args.scd))?;
+                let e = scd.embed_task(&task).await.context("--specialization: embedding it")?;
+                Some(e)
+            }
+            None => None,
+        };
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await
             .with_context(|| format!("--addr {}: cannot listen", args.addr))?;
@@ -226,6 +249,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         config.max_queue = args.max_queue;
         config.max_running = args.max_running;
         config.context_budget_tokens = args.context_budget;
+        config.specialization = specialization;
         config.connections = connections;
         config.reply_to_hosts = args.reply_to_hosts.clone();
         config.rate_per_did = args.rate_per_did;
@@ -302,14 +326,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
     if !args.context.is_file() {
         bail!("--context {}: no such file", args.context.display());
     }
-    let tmp;
-    let workdir = match &args.workdir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::tempdir().context("creating a temporary directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
+    let (workdir, _tmp) = workdir_or_temp(&args.workdir)?;
     let cfg = demo::DemoConfig {
         exe: std::env::current_exe().context("locating the scd binary")?,
         context: args.context.clone(),
@@ -327,6 +344,84 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
     }
     if report.tasks_lost > 0 {
         bail!("{} task(s) lost", report.tasks_lost);
+    }
+    Ok(())
+}
+
+/// `dir`, or a fresh temporary directory (removed when the guard drops).
+fn workdir_or_temp(dir: &Option<PathBuf>) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match dir {
+        Some(d) => Ok((d.clone(), None)),
+        None => {
+            let tmp = tempfile::tempdir().context("creating a temporary directory")?;
+            Ok((tmp.path().to_path_buf(), Some(tmp)))
+        }
+    }
+}
+
+/// `scd atp flood`.
+#[derive(Debug, Args)]
+pub struct FloodArgs {
+    /// Tasks the worker must accept in all.
+    #[arg(long, default_value_t = 200)]
+    pub tasks: u64,
+    /// Concurrent flooding peers, each with its own DID and connection.
+    #[arg(long, default_value_t = 8)]
+    pub requesters: usize,
+    /// Chunk text per task in bytes (default: the largest that fits one
+    /// 16 MiB message).
+    #[arg(long, default_value_t = flood::DEFAULT_CONTEXT_BYTES)]
+    pub context_bytes: usize,
+    /// The worker's --max-queue.
+    #[arg(long, default_value_t = 8)]
+    pub max_queue: usize,
+    /// The worker's --max-running.
+    #[arg(long, default_value_t = 2)]
+    pub max_running: usize,
+    /// The simulated time one task takes at the worker (its 100 steps share it).
+    #[arg(long, default_value_t = 500)]
+    pub task_ms: u64,
+    /// Where the worker's identity and store go (default: a fresh temporary directory).
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Write the report (with every RSS sample) as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the RSS over time as SVG here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+/// Runs `scd atp flood`.
+pub fn flood(args: FloodArgs) -> anyhow::Result<()> {
+    if args.tasks == 0 || args.requesters == 0 || args.requesters > 256 {
+        bail!("--tasks must be at least 1 and --requesters 1 to 256");
+    }
+    if args.context_bytes == 0 || args.context_bytes > flood::DEFAULT_CONTEXT_BYTES {
+        bail!("--context-bytes {}: must be 1 to {} (one message)", args.context_bytes, flood::DEFAULT_CONTEXT_BYTES);
+    }
+    if args.task_ms == 0 || args.task_ms > 600_000 {
+        bail!("--task-ms {}: must be 1 to 600000", args.task_ms);
+    }
+    let (workdir, _tmp) = workdir_or_temp(&args.workdir)?;
+    let cfg = flood::FloodConfig {
+        exe: std::env::current_exe().context("locating the scd binary")?,
+        workdir,
+        tasks: args.tasks,
+        requesters: args.requesters,
+        context_bytes: args.context_bytes,
+        max_queue: args.max_queue,
+        max_running: args.max_running,
+        task_ms: args.task_ms,
+    };
+    let report = runtime()?.block_on(flood::run(&cfg))?;
+    println!("{}", report.summary());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        flood::write_svg(&report, path)?;
     }
     Ok(())
 }
