@@ -33,7 +33,7 @@ use crate::identity::SignMessages as _;
 use crate::identity::{Identity, Signed, Verifier};
 use crate::requester::PlannerState;
 use crate::store::Ledger;
-use crate::work::chunk_text;
+use crate::work::{normalize, reading_text};
 pub use crate::work::{WorkOrder, WorkReport, MAX_NEEDS, MAX_PAYLOAD_BYTES, MAX_STEPS};
 use crate::{pb, Error, Result};
 
@@ -616,21 +616,31 @@ pub fn confidence(order: &WorkOrder, context: &pb::ContextDiff) -> f64 {
     found as f64 / order.needs.len() as f64
 }
 
+/// The order's needs the context does not hold (read in order, so a need
+/// across two neighbouring chunks is held).
 fn missing(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
-    let texts: Vec<String> = context.chunks.iter().map(chunk_text).collect();
-    order.needs.iter().filter(|n| !texts.iter().any(|t| t.contains(&n.to_lowercase()))).cloned().collect()
+    let reading = reading_text(&context.chunks);
+    order.needs.iter().filter(|n| !reading.holds(&normalize(n))).cloned().collect()
 }
 
 /// The chunk ids a report cites (at most [`crate::work::MAX_REPORT_CHUNKS`]):
-/// those holding one of the order's needs first, as that is what the
-/// requester checks, then the others in context order.
+/// those holding one of the order's needs first (every chunk a need
+/// straddles), as that is what the requester checks, then the others in
+/// context order.
 fn cited(order: &WorkOrder, context: &pb::ContextDiff) -> Vec<String> {
-    let needs: Vec<String> = order.needs.iter().map(|n| n.to_lowercase()).collect();
-    let (used, rest): (Vec<&pb::ContextChunk>, Vec<&pb::ContextChunk>) = context.chunks.iter().partition(|c| {
-        let text = chunk_text(c);
-        needs.iter().any(|n| text.contains(n.as_str()))
-    });
-    used.into_iter().chain(rest).take(crate::work::MAX_REPORT_CHUNKS).map(|c| c.chunk_id.clone()).collect()
+    let reading = reading_text(&context.chunks);
+    let mut ids: Vec<String> = Vec::new();
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let used = order.needs.iter().flat_map(|n| reading.holding(&normalize(n)));
+    for c in used.chain(context.chunks.iter()) {
+        if ids.len() >= crate::work::MAX_REPORT_CHUNKS {
+            break;
+        }
+        if seen.insert(c.chunk_id.as_str()) {
+            ids.push(c.chunk_id.clone());
+        }
+    }
+    ids
 }
 
 /// Adds the chunks of `more` not in `context` yet (by id), in one pass.
@@ -1315,5 +1325,13 @@ mod tests {
         let ids = cited(&order, &many);
         assert_eq!(ids.len(), crate::work::MAX_REPORT_CHUNKS);
         assert_eq!((ids[0].as_str(), ids[1].as_str()), ("late#0", "f#0"));
+        // a need cut by a chunk boundary: found, and both halves cited first
+        let at = |id: &str, index: u32, text: &str| pb::ContextChunk { index, field: "a".into(), ..chunk(id, text) };
+        let cut = pb::ContextDiff {
+            chunks: vec![at("a#0", 0, "filler"), at("a#2", 2, "policy holds"), at("a#1", 1, "our retry")],
+            ..Default::default()
+        };
+        assert_eq!(missing(&order, &cut), vec!["idempotency".to_string()]);
+        assert_eq!(cited(&order, &cut), ["a#1", "a#2", "a#0"]);
     }
 }

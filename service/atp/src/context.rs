@@ -327,6 +327,19 @@ impl SessionHandle {
     pub fn remaining_tokens(&self) -> u32 {
         self.remaining.load(Ordering::Relaxed)
     }
+
+    /// A handle to no session, for tests of what is kept beside one.
+    #[cfg(test)]
+    pub(crate) fn detached() -> SessionHandle {
+        SessionHandle {
+            id: String::new(),
+            token: String::new(),
+            ids: Vec::new(),
+            index: HashMap::new(),
+            withheld: HashSet::new(),
+            remaining: AtomicU32::new(0),
+        }
+    }
 }
 
 /// One context transfer: the diff to forward, the session for adaptive

@@ -275,6 +275,24 @@ impl Offer {
     pub fn capability(&self) -> pb::Capability {
         self.offer.capability.unwrap_or_default()
     }
+
+    /// Whether its trust evidence holds: the root is the one offered, every
+    /// inclusion proof verifies against it, and each proof is about the
+    /// offerer and carries both signatures. An offer without evidence is a
+    /// cold start (it holds). Routing counts evidence only from offers for
+    /// which this is true.
+    pub fn evidence_holds(&self, verifier: &Verifier) -> bool {
+        let Some(ev) = &self.offer.trust_evidence else { return true };
+        if ev.merkle_root != self.offer.trust_proof || !crate::merkle::verify_evidence(ev) {
+            return false;
+        }
+        ev.proofs.iter().zip(&ev.inclusion).all(|(p, inc)| {
+            verifier.check_proof(p).is_ok()
+                && p.subject.as_ref().map(|a| a.uuid.as_str()) == Some(self.did())
+                && crate::merkle::verify_inclusion(inc, &ev.merkle_root)
+                && inc.leaf_hash == crate::merkle::leaf_hash(&prost::Message::encode_to_vec(p))
+        })
+    }
 }
 
 /// One round of probing: the offers that arrived in time and verified, and

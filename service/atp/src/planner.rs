@@ -178,6 +178,13 @@ const RESULT_SILENCE: Duration = Duration::from_secs(30);
 /// stream (the contract's own bound, 4 × T_OFFER).
 const CALL_TIMEOUT: Duration = Duration::from_millis(4 * handshake::T_OFFER.as_millis() as u64);
 
+/// Tries at a countersignature when the transport fails or the worker is
+/// busy; after them a missing countersignature is a violation like a refusal
+/// (a worker must not escape its rating by dropping the call).
+const PROOF_ATTEMPTS: u32 = 3;
+/// The wait before the second try (doubling after).
+const PROOF_BACKOFF: Duration = Duration::from_millis(200);
+
 impl Planner {
     /// A planner for `node` over peers at these URLs. [`Planner::run`]
     /// chooses among single agents and Algorithm 1's two-agent draft-refine
@@ -629,20 +636,9 @@ impl Planner {
         });
     }
 
-    /// Whether an offer's trust evidence holds: every inclusion proof
-    /// verifies against the offered root, and each proof carries both
-    /// signatures. An offer without evidence is a cold start (allowed).
+    /// Whether an offer's trust evidence holds ([`Offer::evidence_holds`]).
     fn evidence_ok(&self, o: &Offer) -> bool {
-        let Some(ev) = &o.offer.trust_evidence else { return true };
-        if ev.merkle_root != o.offer.trust_proof || !merkle::verify_evidence(ev) {
-            return false;
-        }
-        ev.proofs.iter().zip(&ev.inclusion).all(|(p, inc)| {
-            self.node.verifier.check_proof(p).is_ok()
-                && p.subject.as_ref().map(|a| a.uuid.as_str()) == Some(o.did())
-                && merkle::verify_inclusion(inc, &ev.merkle_root)
-                && inc.leaf_hash == merkle::leaf_hash(&prost::Message::encode_to_vec(p))
-        })
+        o.evidence_holds(&self.node.verifier)
     }
 
     /// Contract, transfer, submit and follow one agent; `Err` = it failed.
@@ -679,11 +675,9 @@ impl Planner {
         let t = transfer.clone().expect("set above");
         let sent = {
             let mut delegations = st.delegations.lock().unwrap();
-            let sent = delegations.remove(&job.task_id).map(|d| d.sent).unwrap_or_default();
-            delegations.insert(
-                job.task_id.clone(),
-                Delegation { worker: did.clone(), transfer: t.clone(), sent: sent.clone() },
-            );
+            let d = Delegation::handed_to(&did, t.clone(), delegations.remove(&job.task_id));
+            let sent = d.sent.clone();
+            delegations.insert(job.task_id.clone(), d);
             sent
         };
         st.hops.lock().unwrap().record_transfer(&job.task_id, node.did(), &did, &t);
@@ -723,7 +717,7 @@ impl Planner {
             task_id: job.task_id.clone(),
             task_type: job.task_type as i32,
             payload: serde_json::to_vec(&job.order).unwrap_or_default(),
-            context: Some(context),
+            context: Some(context.clone()),
             contract_id: contract.contract_id.clone(),
             resume_from,
             ..Default::default()
@@ -825,7 +819,7 @@ impl Planner {
                 Ok(pb::TaskStatus::Completed) => {
                     let latency_ms = submitted.elapsed().as_millis() as u64;
                     let report: WorkReport = serde_json::from_slice(&result.payload).unwrap_or_default();
-                    let seen = Seen { latency_ms, steps: steps_seen, sent_up_front: &t.diff.chunks };
+                    let seen = Seen { latency_ms, steps: steps_seen, sent_up_front: &context.chunks };
                     let quality = self.prove(job, offer, &qos, &result, &report, seen).await;
                     st.breaker_success(&offer.url, &did);
                     st.emit(Event::Completed {
@@ -868,17 +862,21 @@ impl Planner {
     ) -> f64 {
         let st = self.state();
         let node = &self.node;
+        // what this worker was sent: with the task (a resumed one's named
+        // chunks included) and in answer to its own requests, never what a
+        // failed predecessor asked for
         let mut sent = seen.sent_up_front.to_vec();
-        if let Some(d) = st.delegations.lock().unwrap().get(&job.task_id) {
-            sent.extend(d.sent.iter().cloned());
+        let mut starved = false;
+        if let Some(d) = st.delegations.lock().unwrap().get(&job.task_id).filter(|d| d.worker == offer.did()) {
+            sent.extend(d.got.iter().cloned());
+            starved = d.starved;
         }
         // the needs it could have found: in the shareable context, or only in
         // what was sent when this side's budget for the receiver was spent
-        let starved = st.starved.lock().unwrap().remove(&job.task_id);
         let findable: Vec<String> = if starved {
-            sent.iter().map(work::chunk_text).collect()
+            vec![work::reading_text(&sent).text]
         } else {
-            job.context.fields.iter().filter(|f| !f.confidential).map(|f| f.content.to_lowercase()).collect()
+            job.context.fields.iter().filter(|f| !f.confidential).map(|f| work::normalize(&f.content)).collect()
         };
         let measured = work::assess(&job.order, seen.steps, &report.chunks, &sent, &findable);
         let mut note = handshake::violation(qos, seen.latency_ms, result.actual_cost, measured);
@@ -937,17 +935,55 @@ impl Planner {
     }
 
     /// Asks the proof's subject to countersign it: its responder signature,
-    /// or why there is none (a refusal, or an answer that does not verify:
-    /// the ack must be the subject's signed word for the root and inclusion).
+    /// or why there is none (a refusal, an answer that does not verify: the
+    /// ack must be the subject's signed word for the root and inclusion, or
+    /// no answer through [`PROOF_ATTEMPTS`] tries a transport failure or a
+    /// busy worker is given, [`PROOF_BACKOFF`] apart and doubling).
     async fn countersigned(&self, offer: &Offer, proof: &pb::InteractionProof) -> Result<Vec<u8>, String> {
+        let mut backoff = PROOF_BACKOFF;
+        let mut last = String::new();
+        for attempt in 0..PROOF_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+            }
+            match self.countersign_once(offer, proof).await {
+                Ok(signature) => return Ok(signature),
+                Err(Countersign::Transient(why)) => {
+                    tracing::debug!(agent = offer.did(), attempt, why, "countersignature: trying again");
+                    last = why;
+                }
+                Err(Countersign::Refused(why)) => return Err(why),
+            }
+        }
+        Err(format!("no answer in {PROOF_ATTEMPTS} tries; the last: {last}"))
+    }
+
+    /// One SubmitInteractionProof call, bounded by [`CALL_TIMEOUT`].
+    async fn countersign_once(&self, offer: &Offer, proof: &pb::InteractionProof) -> Result<Vec<u8>, Countersign> {
         let node = &self.node;
-        let channel = node.channel(&offer.url).map_err(|e| e.to_string())?;
+        let channel = node.channel(&offer.url).map_err(|e| Countersign::Refused(e.to_string()))?;
         let mut client = pb::atp_service_client::AtpServiceClient::new(channel);
-        let ack = client
-            .submit_interaction_proof(proof.clone())
-            .await
-            .map_err(|s| format!("SubmitInteractionProof answered {:?}", s.code()))?
-            .into_inner();
+        let answer =
+            tokio::time::timeout(CALL_TIMEOUT, client.submit_interaction_proof(proof.clone())).await.map_err(|_| {
+                Countersign::Transient(format!(
+                    "SubmitInteractionProof: no answer within {} ms",
+                    CALL_TIMEOUT.as_millis()
+                ))
+            })?;
+        let ack = match answer {
+            Ok(ack) => ack.into_inner(),
+            Err(s) => {
+                let why = format!("SubmitInteractionProof answered {:?}", s.code());
+                return Err(match s.code() {
+                    tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled
+                    | tonic::Code::ResourceExhausted => Countersign::Transient(why),
+                    _ => Countersign::Refused(why),
+                });
+            }
+        };
         let mut countersigned = proof.clone();
         countersigned.responder_signature = ack.responder_signature.clone();
         let signed_by_subject =
@@ -962,6 +998,20 @@ impl Planner {
             return Err("the inclusion proof does not verify".into());
         }
         Ok(ack.responder_signature)
+    }
+}
+
+/// Why one countersignature call gave none.
+enum Countersign {
+    /// The transport failed or the worker was busy: worth another try.
+    Transient(String),
+    /// An answer that is a refusal, or does not verify.
+    Refused(String),
+}
+
+impl From<&str> for Countersign {
+    fn from(why: &str) -> Countersign {
+        Countersign::Refused(why.to_string())
     }
 }
 

@@ -27,8 +27,6 @@ use crate::routing::{self, Candidate, Constraints, Repricer, RoutingParams};
 use crate::store::Ledger;
 use crate::{pb, Result};
 
-/// Task ids remembered as budget-starved (cleared when full).
-const MAX_STARVED: usize = 4096;
 /// Peer offers remembered (heartbeats are taken only from their DIDs).
 pub const MAX_KNOWN_OFFERS: usize = 4096;
 
@@ -110,6 +108,29 @@ pub(crate) struct Delegation {
     /// worker gets those its predecessor's checkpoint names, since a
     /// checkpoint carries chunk ids, not copies.
     pub(crate) sent: Vec<pb::ContextChunk>,
+    /// The chunks the current worker asked for and got: its rating counts
+    /// these, not what a predecessor was sent.
+    pub(crate) got: Vec<pb::ContextChunk>,
+    /// The receiver's budget (or the context) ran out while the current
+    /// worker asked: a shortfall from then on is not its fault.
+    pub(crate) starved: bool,
+}
+
+impl Delegation {
+    /// The delegation of a task to `worker`, after `before` (a failed
+    /// worker's): what was sent carries over for resuming, what the worker
+    /// got and whether it was starved start afresh.
+    pub(crate) fn handed_to(worker: &str, transfer: Arc<Transfer>, before: Option<Delegation>) -> Delegation {
+        let sent = before.map(|d| d.sent).unwrap_or_default();
+        Delegation { worker: worker.to_string(), transfer, sent, got: Vec::new(), starved: false }
+    }
+
+    /// Records an answer to the current worker's context request.
+    fn answered(&mut self, reply: &pb::ContextResponse) {
+        self.sent.extend(reply.chunks.iter().cloned());
+        self.got.extend(reply.chunks.iter().cloned());
+        self.starved |= reply.remaining_tokens == 0 || !reply.reason.is_empty();
+    }
 }
 
 /// Requester-side state of an agent (shared with its server: workers call
@@ -133,8 +154,6 @@ pub struct PlannerState {
     /// The latest offer of each peer DID: one DID per peer URL (a peer that
     /// rotates DIDs replaces its own), at most [`MAX_KNOWN_OFFERS`].
     pub(crate) offers: Mutex<HashMap<String, Offer>>,
-    /// Tasks whose adaptive requests hit the receiver's budget.
-    pub(crate) starved: Mutex<HashSet<String>>,
     pub(crate) events: Mutex<Option<UnboundedSender<Event>>>,
     pub(crate) started: Instant,
 }
@@ -153,7 +172,6 @@ impl PlannerState {
             repricer: Mutex::new(Repricer::new(routing::RepricerParams::default())),
             hops: Mutex::default(),
             offers: Mutex::default(),
-            starved: Mutex::default(),
             events: Mutex::new(None),
             started: Instant::now(),
         }
@@ -202,7 +220,7 @@ impl PlannerState {
         let scd = self.scd().await.map_err(Status::from)?;
         let reply = scd.answer(&transfer.session, req).await.map_err(Status::from)?;
         if let Some(d) = self.delegations.lock().unwrap().get_mut(&req.task_id) {
-            d.sent.extend(reply.chunks.iter().cloned());
+            d.answered(&reply);
         }
         let worker = req.from.as_ref().map(|a| a.uuid.clone()).unwrap_or_default();
         if let Err(e) = self.hops.lock().unwrap().record_response(&req.task_id, me, &worker, &reply) {
@@ -216,15 +234,6 @@ impl PlannerState {
             chunks: reply.chunks.len(),
             remaining_tokens: reply.remaining_tokens,
         });
-        if reply.remaining_tokens == 0 || !reply.reason.is_empty() {
-            // the receiver's budget (or the context) ran out: a shortfall
-            // from here on is not the worker's fault
-            let mut starved = self.starved.lock().unwrap();
-            if starved.len() >= MAX_STARVED {
-                starved.clear();
-            }
-            starved.insert(req.task_id.clone());
-        }
         Ok(reply)
     }
 
@@ -411,20 +420,50 @@ mod tests {
         assert!(st.check_peer(&peer("d0"), "f").is_err(), "the oldest gave way");
     }
 
+    /// A failed-over task's next worker is rated on what it was sent: the
+    /// chunks its predecessor asked for stay for resuming but are not its
+    /// own, and a predecessor's starved budget does not excuse it.
+    #[test]
+    fn a_successor_starts_with_nothing_got_and_not_starved() {
+        let transfer = Arc::new(Transfer {
+            diff: pb::ContextDiff::default(),
+            session: crate::context::SessionHandle::detached(),
+            full_tokens: 0,
+            sent_tokens: 0,
+        });
+        let chunk = |id: &str| pb::ContextChunk { chunk_id: id.into(), ..Default::default() };
+        let mut first = Delegation::handed_to("did:a", transfer.clone(), None);
+        first.answered(&pb::ContextResponse { chunks: vec![chunk("x#0")], remaining_tokens: 40, ..Default::default() });
+        assert!(!first.starved);
+        first.answered(&pb::ContextResponse { chunks: vec![chunk("x#1")], remaining_tokens: 0, ..Default::default() });
+        assert!(first.starved && first.got.len() == 2 && first.sent.len() == 2);
+        let next = Delegation::handed_to("did:b", transfer, Some(first));
+        assert_eq!(next.worker, "did:b");
+        assert!(!next.starved && next.got.is_empty());
+        let kept: Vec<&str> = next.sent.iter().map(|c| c.chunk_id.as_str()).collect();
+        assert_eq!(kept, ["x#0", "x#1"], "kept for a resume that names them");
+    }
+
     /// Trust steers routing: a fresh agent vouched for (in its offer's
-    /// evidence) by an agent this requester rated is routed past a min_trust
+    /// evidence, built by its own ledger and checked as the planner checks
+    /// it) by an agent this requester rated is routed past a min_trust
     /// that the 0.5 prior does not meet; the same evidence from a stranger
-    /// is not; this side's own bad ratings prune an agent.
+    /// is not, evidence that does not hold is refused before routing, and
+    /// this side's own bad ratings prune an agent.
     #[test]
     fn evidence_from_a_rater_we_trust_lifts_a_fresh_agent_over_min_trust() {
-        use crate::identity::{Identity, SignMessages as _};
+        use crate::identity::{Identity, SignMessages as _, Verifier};
         use crate::store::Store;
         let dir = tempfile::tempdir().unwrap();
         let (me, b, stranger) = (Identity::generate(), Identity::generate(), Identity::generate());
         let (vouched, unknown) = (Identity::generate(), Identity::generate());
-        let store = Arc::new(Store::open(dir.path()).unwrap());
         let resolver: Arc<dyn crate::identity::Resolver> = Arc::new(crate::identity::DidResolver::new());
-        let ledger = Mutex::new(Ledger::open(store, me.did(), Default::default(), resolver).unwrap());
+        let ledger_of = |who: &Identity| {
+            let store = Arc::new(Store::open(&dir.path().join(who.did().replace(':', "_"))).unwrap());
+            Ledger::open(store, who.did(), Default::default(), resolver.clone()).unwrap()
+        };
+        let ledger = Mutex::new(ledger_of(&me));
+        let verifier = Verifier::new(resolver.clone(), Arc::new(Store::open(&dir.path().join("v")).unwrap()));
         let analysis = pb::TaskType::Analysis;
         let proof = |eval: &Identity, subj: &Identity, q: f64| {
             let mut p = pb::InteractionProof {
@@ -442,7 +481,15 @@ mod tests {
         for _ in 0..3 {
             ledger.lock().unwrap().append(proof(&me, &b, 0.9)).unwrap();
         }
-        let offer_of = |who: &Identity, url: &str, evidence: Vec<pb::InteractionProof>| Offer {
+        // what an agent's offer shows: the proofs about it in its own log
+        let evidence_of = |who: &Identity, rater: &Identity, q: f64| {
+            let mut own = ledger_of(who);
+            for _ in 0..3 {
+                own.append(proof(rater, who, q)).unwrap();
+            }
+            own.evidence(analysis, 8)
+        };
+        let offer_of = |who: &Identity, url: &str, evidence: pb::TrustEvidence| Offer {
             url: url.into(),
             offer: pb::CapabilityOffer {
                 from: Some(who.agent_id()),
@@ -452,18 +499,32 @@ mod tests {
                     estimated_latency_ms: 100,
                     cost_per_task: 0.01,
                 }),
-                trust_evidence: Some(pb::TrustEvidence { proofs: evidence, ..Default::default() }),
+                trust_proof: evidence.merkle_root.clone(),
+                trust_evidence: Some(evidence),
                 ..Default::default()
             },
         };
         let offers = [
-            offer_of(&vouched, "http://10.0.0.1:1", (0..3).map(|_| proof(&b, &vouched, 0.9)).collect()),
-            offer_of(&unknown, "http://10.0.0.2:1", (0..3).map(|_| proof(&stranger, &unknown, 1.0)).collect()),
+            offer_of(&vouched, "http://10.0.0.1:1", evidence_of(&vouched, &b, 0.9)),
+            offer_of(&unknown, "http://10.0.0.2:1", evidence_of(&unknown, &stranger, 1.0)),
         ];
+        assert!(offers.iter().all(|o| o.evidence_holds(&verifier)), "real evidence holds");
+        // evidence that does not hold: a proof swapped for one its root does
+        // not include, a root other than the offered one, a proof about another
+        let mut swapped = offers[0].clone();
+        swapped.offer.trust_evidence.as_mut().unwrap().proofs[0] = proof(&b, &vouched, 1.0);
+        let mut rerooted = offers[0].clone();
+        rerooted.offer.trust_proof = vec![0; 32];
+        let mut borrowed = offers[1].clone();
+        borrowed.offer.from = Some(vouched.agent_id());
+        for bad in [&swapped, &rerooted, &borrowed] {
+            assert!(!bad.evidence_holds(&verifier), "{:?}", bad.offer.trust_proof);
+        }
         let st = PlannerState::new("http://127.0.0.1:1");
         let c = routing::Constraints { min_quality: 0.5, max_latency_ms: 10_000, max_cost: 1.0, min_trust: 0.6 };
         let routed = |st: &PlannerState| {
-            let cands = st.candidates(&ledger, &offers, analysis);
+            let held: Vec<Offer> = offers.iter().filter(|o| o.evidence_holds(&verifier)).cloned().collect();
+            let cands = st.candidates(&ledger, &held, analysis);
             let routes = routing::route(&cands, analysis, &c, &RoutingParams::default());
             routes.iter().filter(|r| r.agents.len() == 1).map(|r| r.agents[0].clone()).collect::<Vec<_>>()
         };

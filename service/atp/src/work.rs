@@ -94,20 +94,75 @@ pub struct WorkReport {
     pub context_requests: u32,
 }
 
-/// A chunk's text, lower-cased (needs match case-insensitively).
-pub(crate) fn chunk_text(c: &pb::ContextChunk) -> String {
-    String::from_utf8_lossy(&c.data).to_lowercase()
+/// Text as needs are matched in it: lower-cased, every run of whitespace
+/// one space, trimmed.
+pub fn normalize(text: &str) -> String {
+    text.split_whitespace().map(str::to_lowercase).collect::<Vec<_>>().join(" ")
+}
+
+/// Chunks read in order ([`reading_text`]): their text, and where each sits in it.
+#[derive(Debug, Default)]
+pub struct Reading<'c> {
+    /// The chunks' [`normalize`]d text in reading order: neighbours
+    /// one space apart, others a line apart.
+    pub text: String,
+    /// Each chunk's byte range in `text`.
+    spans: Vec<(std::ops::Range<usize>, &'c pb::ContextChunk)>,
+}
+
+impl<'c> Reading<'c> {
+    /// Whether `need` (already [`normalize`]d) is in the text.
+    pub fn holds(&self, need: &str) -> bool {
+        !need.is_empty() && self.text.contains(need)
+    }
+
+    /// The chunks that hold `need`'s first occurrence (two or more when it
+    /// straddles a chunk boundary); empty when it is not there.
+    pub fn holding(&self, need: &str) -> Vec<&'c pb::ContextChunk> {
+        let Some(at) = self.text.find(need).filter(|_| !need.is_empty()) else { return Vec::new() };
+        let end = at + need.len();
+        self.spans.iter().filter(|(r, _)| r.start < end && at < r.end).map(|&(_, c)| c).collect()
+    }
+}
+
+/// `chunks` as a reader has them: in the context's reading order (whatever
+/// order they arrived in) and joined, so that a need which
+/// straddles the boundary of two neighbouring chunks is found in the pair
+/// (chunks that are not neighbours are a line apart).
+pub fn reading_text(chunks: &[pb::ContextChunk]) -> Reading<'_> {
+    let mut ordered: Vec<&pb::ContextChunk> = chunks.iter().collect();
+    // `index` is the chunk's place in the whole context's reading order
+    ordered.sort_by_key(|c| c.index);
+    ordered.dedup_by(|a, b| a.chunk_id == b.chunk_id);
+    let mut reading = Reading::default();
+    let mut last: Option<&pb::ContextChunk> = None;
+    for c in ordered {
+        let text = normalize(&String::from_utf8_lossy(&c.data));
+        if let Some(prev) = last {
+            // neighbours read on; anything else is apart (a normalized need
+            // holds no line break, so it never spans one)
+            let next = prev.field == c.field && prev.index + 1 == c.index;
+            reading.text.push(if next { ' ' } else { '\n' });
+        }
+        last = Some(c);
+        let start = reading.text.len();
+        reading.text.push_str(&text);
+        reading.spans.push((start..reading.text.len(), c));
+    }
+    reading
 }
 
 /// The requester's own measure of a finished order, in [0, 1]: the share of
 /// its steps that the worker's verified checkpoints showed done
 /// (`steps_seen`, the highest step number), times the share of its needs
-/// for which the report cites a chunk *the requester sent* (`sent`) that
-/// holds it, out of the needs that could be found (those in `findable`,
-/// lower-cased text the worker could have had: the whole shareable context,
-/// or only what was sent when the requester had no budget left to send
-/// more). The worker's self-reported quality and confidence take no part:
-/// a subject does not rate itself.
+/// for which the report cites chunks *the requester sent* (`sent`) that
+/// hold it (read together, so a need across two neighbouring chunks counts
+/// when both are cited), out of the needs that could be found (those in
+/// `findable`, [`normalize`]d text the worker could have had: the whole
+/// shareable context, never a withheld field, or only what was sent when
+/// the requester had no budget left to send more). The worker's
+/// self-reported quality and confidence take no part: a subject does not
+/// rate itself.
 pub fn assess(
     order: &WorkOrder,
     steps_seen: u32,
@@ -117,15 +172,15 @@ pub fn assess(
 ) -> f64 {
     let completeness = f64::from(steps_seen.min(order.steps)) / f64::from(order.steps.max(1));
     let cited: HashSet<&str> = cited.iter().take(MAX_REPORT_CHUNKS).map(String::as_str).collect();
-    let cited_texts: Vec<String> =
-        sent.iter().filter(|c| cited.contains(c.chunk_id.as_str())).map(chunk_text).collect();
+    let cited: Vec<pb::ContextChunk> = sent.iter().filter(|c| cited.contains(c.chunk_id.as_str())).cloned().collect();
+    let cited = reading_text(&cited);
     let needs: Vec<String> = order
         .needs
         .iter()
-        .map(|n| n.to_lowercase())
-        .filter(|n| findable.iter().any(|t| t.contains(n.as_str())))
+        .map(|n| normalize(n))
+        .filter(|n| !n.is_empty() && findable.iter().any(|t| t.contains(n.as_str())))
         .collect();
-    let found = needs.iter().filter(|n| cited_texts.iter().any(|t| t.contains(n.as_str()))).count();
+    let found = needs.iter().filter(|n| cited.holds(n)).count();
     let coverage = if needs.is_empty() { 1.0 } else { found as f64 / needs.len() as f64 };
     completeness * coverage
 }
@@ -167,5 +222,34 @@ mod tests {
         assert_eq!(assess(&order, 4, &many, &sent, &findable), 0.0);
         let no_needs = WorkOrder { needs: vec![], ..order };
         assert_eq!(assess(&no_needs, 3, &[], &[], &[]), 0.75);
+    }
+
+    fn at(id: &str, field: &str, index: u32, text: &str) -> pb::ContextChunk {
+        pb::ContextChunk { index, field: field.into(), ..chunk(id, text) }
+    }
+
+    /// A need cut by a chunk boundary is held by the neighbouring pair, in
+    /// whatever order they arrived, and cited only when both are; chunks
+    /// that are not neighbours do not run together.
+    #[test]
+    fn a_need_across_a_chunk_boundary_counts_when_both_halves_are_cited() {
+        let order = WorkOrder { title: "t".into(), steps: 1, needs: vec!["Retry  Policy".into()], fail: None };
+        let findable = vec![normalize("the\nretry policy doubles")];
+        // the second half arrived first (an adaptive answer, say)
+        let sent = [at("a#1", "a", 4, "policy doubles"), at("a#0", "a", 3, "the retry")];
+        let reading = reading_text(&sent);
+        assert_eq!(reading.text, "the retry policy doubles");
+        let holding: Vec<&str> = reading.holding("retry policy").iter().map(|c| c.chunk_id.as_str()).collect();
+        assert_eq!(holding, ["a#0", "a#1"]);
+        let cite = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(assess(&order, 1, &cite(&["a#0", "a#1"]), &sent, &findable), 1.0);
+        assert_eq!(assess(&order, 1, &cite(&["a#0"]), &sent, &findable), 0.0);
+        // not neighbours (another field between, or a gap): a line apart
+        let apart = [at("a#0", "a", 3, "the retry"), at("b#0", "b", 4, "policy doubles")];
+        assert!(!reading_text(&apart).holds("retry policy"));
+        let gap = [at("a#0", "a", 3, "the retry"), at("a#2", "a", 5, "policy doubles")];
+        assert!(reading_text(&gap).holding("retry policy").is_empty());
+        // a need only in a withheld field is not findable: it does not count
+        assert_eq!(assess(&order, 1, &[], &[], &[normalize("shareable text")]), 1.0);
     }
 }

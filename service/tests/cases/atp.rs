@@ -904,12 +904,14 @@ async fn a_flooding_did_is_rate_limited_and_others_are_served() {
 /// A peer that is a real agent in every RPC but one, which it answers with
 /// `code`: SubmitTask (a peer's word that the planner's message is bad) or
 /// SubmitInteractionProof (a worker refusing to countersign its rating).
-struct Rejecting(scd_atp::agent::AgentService, Code, Refuse);
+struct Rejecting(scd_atp::agent::AgentService, Code, Refuse, std::sync::atomic::AtomicBool);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Refuse {
     Task,
     Proof,
+    /// The first SubmitInteractionProof only (a transport hiccup).
+    ProofOnce,
 }
 
 #[tonic::async_trait]
@@ -977,7 +979,8 @@ impl pb::atp_service_server::AtpService for Rejecting {
         &self,
         r: tonic::Request<pb::InteractionProof>,
     ) -> Result<tonic::Response<pb::ProofAck>, tonic::Status> {
-        if self.2 == Refuse::Proof {
+        let once = self.2 == Refuse::ProofOnce && !self.3.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if self.2 == Refuse::Proof || once {
             return Err(tonic::Status::new(self.1, "proof: not countersigning that (says this peer)"));
         }
         self.0.submit_interaction_proof(r).await
@@ -1003,7 +1006,8 @@ async fn rejecting_peer(dir: &Path, cap: &str, code: Code, refuse: Refuse) -> St
     let ledger = Ledger::open(store, identity.did(), Default::default(), resolver).unwrap();
     let caps = vec![parse_cap(cap)];
     let node = Node::new(identity, verifier, ledger, AgentConfig::new(caps, url.clone(), "http://127.0.0.1:1".into()));
-    let svc = pb::atp_service_server::AtpServiceServer::new(Rejecting(AgentService(node), code, refuse));
+    let svc =
+        pb::atp_service_server::AtpServiceServer::new(Rejecting(AgentService(node), code, refuse, Default::default()));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(incoming));
     url
@@ -1079,14 +1083,18 @@ async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_viol
         panic!("the work itself completes")
     };
     assert_eq!(quality, 0.0);
-    let ledger = planner_b.node().ledger.lock().unwrap();
-    let p = ledger.proofs().last().unwrap();
-    assert_eq!(p.subject.as_ref().unwrap().uuid, agent);
-    assert!(p.quality_score == 0.0 && p.responder_signature.is_empty(), "{p:?}");
-    assert!(p.note.contains("countersignature refused (SubmitInteractionProof answered PermissionDenied)"), "{p:?}");
-    assert!(!p.note.contains("says this peer"), "a peer's message is not quoted into the log: {p:?}");
-    assert_eq!(ledger.book().trust(&agent, Some(pb::TaskType::Analysis), scd_atp::identity::now_s()).samples, 1);
-    drop(ledger);
+    {
+        let ledger = planner_b.node().ledger.lock().unwrap();
+        let p = ledger.proofs().last().unwrap();
+        assert_eq!(p.subject.as_ref().unwrap().uuid, agent);
+        assert!(p.quality_score == 0.0 && p.responder_signature.is_empty(), "{p:?}");
+        assert!(
+            p.note.contains("countersignature refused (SubmitInteractionProof answered PermissionDenied)"),
+            "{p:?}"
+        );
+        assert!(!p.note.contains("says this peer"), "a peer's message is not quoted into the log: {p:?}");
+        assert_eq!(ledger.book().trust(&agent, Some(pb::TaskType::Analysis), scd_atp::identity::now_s()).samples, 1);
+    }
     let mut seen = Vec::new();
     while let Ok(e) = events.try_recv() {
         seen.push(e);
@@ -1095,6 +1103,18 @@ async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_viol
         seen.iter().any(|e| matches!(e, Event::Trust { note, .. } if note.contains("countersignature refused"))),
         "{seen:#?}"
     );
+
+    // a worker whose first answer to the proof is a transport failure
+    // (Unavailable) is asked again, and its countersignature counts
+    let flaky =
+        rejecting_peer(&dir.join("flaky"), "analysis:0.90:200:0.01", Code::Unavailable, Refuse::ProofOnce).await;
+    let (planner_c, _) = planner(&dir.join("planner-c"), &scd.addr, &[flaky]).await;
+    let Outcome::Completed { quality, .. } = planner_c.run(&analysis_job("own-2", &needs)).await.unwrap() else {
+        panic!("the flaky agent completes")
+    };
+    assert_eq!(quality, 1.0);
+    let p = planner_c.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
+    assert!(!p.responder_signature.is_empty() && p.note.is_empty(), "countersigned on the second try: {p:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

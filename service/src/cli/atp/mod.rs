@@ -36,6 +36,12 @@ pub struct AgentArgs {
     /// Address to serve atp.v1 on (port 0 = any; the ready line names it).
     #[arg(long, env = "SCD_ATP_ADDR", default_value = "127.0.0.1:7700")]
     pub addr: SocketAddr,
+    /// The URL peers reach this agent at: its contracts' reply_to, where
+    /// workers send heartbeats and context requests (default: the --addr it
+    /// listens on; needed when that is 0.0.0.0 or [::], which no peer can
+    /// call). Its scheme is https with --tls-cert, else http.
+    #[arg(long, env = "SCD_ATP_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// The SCD service this agent uses when it delegates.
     #[arg(long, env = "SCD_ATP_SCD", default_value = "http://127.0.0.1:50051")]
     pub scd: String,
@@ -241,8 +247,8 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("--addr {}: cannot listen", args.addr))?;
         let addr = listener.local_addr()?;
-        let scheme = if server_tls.is_some() { "https" } else { "http" };
-        let mut config = AgentConfig::new(capabilities, format!("{scheme}://{addr}"), args.scd.clone());
+        let url = public_url(args.public_url.as_deref(), addr, server_tls.is_some())?;
+        let mut config = AgentConfig::new(capabilities, url, args.scd.clone());
         config.server_tls = server_tls;
         config.client_tls = client_tls;
         config.heartbeat = Duration::from_millis(args.heartbeat_ms);
@@ -288,6 +294,34 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         scd_atp::agent::serve(node, listener, crate::server::shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// The URL peers reach an agent listening on `addr` at: `given`
+/// (`--public-url`), checked, or the address itself. Its scheme must be the
+/// one served (`tls`); an address on every interface is no URL to call.
+pub fn public_url(given: Option<&str>, addr: SocketAddr, tls: bool) -> anyhow::Result<String> {
+    let scheme = if tls { "https" } else { "http" };
+    let Some(given) = given else {
+        if addr.ip().is_unspecified() {
+            bail!(
+                "--addr {addr} listens on every interface, which no peer can call back: give --public-url, \
+                 the URL peers reach this agent at"
+            );
+        }
+        return Ok(format!("{scheme}://{addr}"));
+    };
+    let uri: http::Uri = given.parse().map_err(|_| anyhow::anyhow!("--public-url: not a URL"))?;
+    if uri.scheme_str() != Some(scheme) {
+        bail!("--public-url: must be an {scheme}:// URL, as this agent serves {scheme} (--tls-cert decides)");
+    }
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+        bail!("--public-url: needs a host peers can reach (not 0.0.0.0 or [::])");
+    }
+    if uri.path() != "/" || uri.query().is_some() {
+        bail!("--public-url: scheme, host and port only (atp.v1 is served at the root)");
+    }
+    Ok(format!("{scheme}://{}", uri.authority().expect("a URL with a host has an authority")))
 }
 
 /// Where a DID's document is served: `/.well-known/did.json` for
@@ -600,6 +634,30 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_public_url_is_one_peers_can_call() {
+        let any: SocketAddr = "0.0.0.0:7700".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:7700".parse().unwrap();
+        assert_eq!(public_url(None, lo, false).unwrap(), "http://127.0.0.1:7700");
+        assert_eq!(public_url(None, lo, true).unwrap(), "https://127.0.0.1:7700");
+        assert_eq!(public_url(Some("http://agent.lan:7700/"), any, false).unwrap(), "http://agent.lan:7700");
+        assert_eq!(public_url(Some("https://[2001:db8::7]:443"), any, true).unwrap(), "https://[2001:db8::7]:443");
+        for (given, addr, tls, why) in [
+            (None, any, false, "--addr 0.0.0.0:7700 listens on every interface"),
+            (None, "[::]:7700".parse().unwrap(), false, "give --public-url"),
+            (Some("agent.lan:7700"), any, false, "--public-url: must be an http:// URL"),
+            (Some("http://agent.lan:7700"), any, true, "--public-url: must be an https:// URL"),
+            (Some("http://0.0.0.0:7700"), any, false, "--public-url: needs a host"),
+            (Some("http://[::]:7700"), any, false, "--public-url: needs a host"),
+            (Some("http://agent.lan:7700/atp"), any, false, "--public-url: scheme, host and port only"),
+            (Some("http://agent.lan:7700/?x=1"), any, false, "--public-url: scheme, host and port only"),
+            (Some("not a url"), any, false, "--public-url: not a URL"),
+        ] {
+            let e = public_url(given, addr, tls).unwrap_err().to_string();
+            assert!(e.starts_with(why) || e.contains(why), "{given:?}: {e}");
+        }
+    }
 
     #[test]
     fn did_documents_are_served_where_did_wba_says() {
