@@ -8,6 +8,7 @@
 //! | [`server`] | the composition of gRPC, the HTTP listener and A2A, with health, reflection, TLS and drain |
 //! | [`a2a`] | SCD as an A2A v1.0 agent on the HTTP listener |
 //! | [`mcp`] | the MCP tool server |
+//! | [`rest`] | REST on the HTTP listener: compress, sessions, OpenAI's embeddings, the OpenAPI document |
 //! | [`client`] | the retrying, signing gRPC client |
 //! | [`input`] | strict parsing of the CLI's line inputs |
 //! | [`cli`] | one module per subcommand: flags and printing |
@@ -23,6 +24,7 @@ pub mod fuzz;
 pub mod grpc;
 pub mod input;
 pub mod mcp;
+pub mod rest;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

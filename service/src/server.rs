@@ -119,7 +119,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             service.clone(),
             cfg.http,
             auth.clone(),
-            Some(crate::a2a::router(Arc::new(agent))),
+            Some(crate::a2a::router(Arc::new(agent)).merge(crate::rest::router(service.clone()))),
         ));
     }
     println!("listening on {local}");

@@ -249,6 +249,11 @@ impl ScdService {
         self
     }
 
+    /// The limits it enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The handle to the batching thread.
     pub fn batcher(&self) -> &Batcher {
         &self.batcher

@@ -93,6 +93,13 @@ impl<T: JsonSchema> JsonSchema for Args<T> {
     }
 }
 
+impl<T> Args<T> {
+    /// Arguments from a JSON object (a REST body).
+    pub(crate) fn from_map(map: Map<String, Value>) -> Self {
+        Args(map, PhantomData)
+    }
+}
+
 impl<T: serde::de::DeserializeOwned> Args<T> {
     /// The arguments, parsed strictly; the error names the argument's path.
     pub fn parse(self) -> Result<T, String> {
@@ -131,6 +138,71 @@ pub(crate) fn compress_arguments(args: Args<CompressContextArgs>) -> Result<(Com
         return Err("min_relative_score: must be finite".into());
     }
     Ok((a, budget))
+}
+
+/// The `scd.v1` request of checked `compress_context` arguments (see
+/// [`compress_arguments`]); an empty `session_token` opens a session (under
+/// `session_id`, or a random one when that is empty too).
+pub(crate) fn compress_request(
+    a: CompressContextArgs,
+    budget: u32,
+    session_id: String,
+    session_token: String,
+) -> pb::CompressRequest {
+    let open = session_token.is_empty();
+    pb::CompressRequest {
+        task: Some(pb::Task { description: a.task, ..Default::default() }),
+        fields: a.context.0.fields.into_iter().map(pb::Field::from).collect(),
+        requirement: Some(pb::ContextRequirement {
+            required_fields: a.required,
+            optional_fields: a.optional,
+            max_context_tokens: budget,
+            relevance_threshold: a.threshold,
+            min_relative_score: a.min_relative_score,
+        }),
+        session_id,
+        session_token,
+        render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
+        budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
+        explain: a.explain,
+        session_max_total_tokens: 0,
+        reserve_tokens: if open { a.reserve.unwrap_or(0) } else { 0 },
+    }
+}
+
+/// `request_more_context`'s arguments checked and made the `scd.v1`
+/// request, without its session token (the caller's to fill): the session
+/// named, a reply budget of at least 1, and exactly one of a confidence in
+/// [0, 1] or a report. Errors name the argument.
+pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, String> {
+    if a.session.is_empty() {
+        return Err("session: must not be empty".into());
+    }
+    if a.max_tokens == Some(0) {
+        return Err("max_tokens: must be at least 1 (leave it out for the session's default)".into());
+    }
+    let confidence = match (a.current_confidence, &a.report) {
+        (Some(_), Some(_)) => {
+            return Err("current_confidence: given with a report; the report's confidence sets it (give one \
+                        or the other)"
+                .into())
+        }
+        (None, None) => return Err("current_confidence: required without a report (a number in [0, 1])".into()),
+        (Some(c), None) if !(c.is_finite() && (0.0..=1.0).contains(&c)) => {
+            return Err(format!("current_confidence: must be in [0, 1], got {c}"))
+        }
+        (c, _) => c.unwrap_or(0.0),
+    };
+    Ok(pb::ContextRequest {
+        session_id: a.session,
+        session_token: String::new(),
+        specific_question: a.question,
+        current_confidence: confidence,
+        reasoning: a.reasoning,
+        chunk_ids: a.chunk_ids,
+        report: a.report.unwrap_or_default(),
+        max_tokens: a.max_tokens.unwrap_or(0),
+    })
 }
 
 /// A context argument: `{"fields": [...]}` exactly as `scd compress
@@ -443,7 +515,7 @@ const RENAMES: &[(&str, &str)] = &[
 ];
 
 /// A server message with the wire's argument name replaced by the MCP one.
-fn rename_argument(msg: &str) -> String {
+pub(crate) fn rename_argument(msg: &str) -> String {
     for (wire, arg) in RENAMES {
         if let Some(rest) = msg.strip_prefix(wire) {
             if rest.starts_with([':', '[', '.', ' ']) {
@@ -540,8 +612,8 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<CompressContextArgs>>,
     ) -> Result<Delivered<CompressOutput>, String> {
         let owner = Owner::of(&extensions);
-        let (a, budget) = compress_arguments(args)?;
-        let (session_id, session_token) = match a.session {
+        let (mut a, budget) = compress_arguments(args)?;
+        let (session_id, session_token) = match a.session.take() {
             Some(id) if id.is_empty() => return Err("session: must not be empty (leave it out to open one)".into()),
             Some(id) => {
                 let token = self.tokens.get(&id, &owner).map_err(|NotYours| NOT_YOURS.to_string())?.unwrap_or_default();
@@ -550,24 +622,8 @@ impl ScdMcp {
             None => (String::new(), String::new()),
         };
         let open = session_token.is_empty();
-        let req = pb::CompressRequest {
-            task: Some(pb::Task { description: a.task, ..Default::default() }),
-            fields: a.context.0.fields.into_iter().map(pb::Field::from).collect(),
-            requirement: Some(pb::ContextRequirement {
-                required_fields: a.required,
-                optional_fields: a.optional,
-                max_context_tokens: budget,
-                relevance_threshold: a.threshold,
-                min_relative_score: a.min_relative_score,
-            }),
-            session_id,
-            session_token,
-            render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
-            budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
-            explain: a.explain,
-            session_max_total_tokens: 0,
-            reserve_tokens: if open { a.reserve.unwrap_or(0) } else { 0 },
-        };
+        let list_dropped = a.list_dropped;
+        let req = compress_request(a, budget, session_id, session_token);
         let mut r = self
             .backend
             .compress(req, open, peer_of(&extensions))
@@ -576,7 +632,7 @@ impl ScdMcp {
         if !r.session_token.is_empty() {
             self.tokens.insert(r.session_id.clone(), owner, std::mem::take(&mut r.session_token));
         }
-        let out = view::compress_view(r, a.list_dropped);
+        let out = view::compress_view(r, list_dropped);
         let header = view::compress_header(&out, &format!("request_more_context session {:?}", out.session_id));
         Ok(Delivered { text: with_header(header, &out.text), out })
     }
@@ -597,40 +653,13 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<RequestMoreArgs>>,
     ) -> Result<Delivered<MoreOutput>, String> {
         let owner = Owner::of(&extensions);
-        let a = args.parse()?;
-        if a.session.is_empty() {
-            return Err("session: must not be empty".into());
-        }
-        if a.max_tokens == Some(0) {
-            return Err("max_tokens: must be at least 1 (leave it out for the session's default)".into());
-        }
-        let confidence = match (a.current_confidence, &a.report) {
-            (Some(_), Some(_)) => {
-                return Err("current_confidence: given with a report; the report's confidence sets it (give one \
-                            or the other)"
-                    .into())
-            }
-            (None, None) => return Err("current_confidence: required without a report (a number in [0, 1])".into()),
-            (Some(c), None) if !(c.is_finite() && (0.0..=1.0).contains(&c)) => {
-                return Err(format!("current_confidence: must be in [0, 1], got {c}"))
-            }
-            (c, _) => c.unwrap_or(0.0),
-        };
-        let Some(token) = self.tokens.get(&a.session, &owner).map_err(|NotYours| NOT_YOURS.to_string())? else {
+        let mut req = more_request(args.parse()?)?;
+        let Some(token) = self.tokens.get(&req.session_id, &owner).map_err(|NotYours| NOT_YOURS.to_string())? else {
             return Err(
                 "session: not opened by this MCP server (or long forgotten); open one with compress_context".into()
             );
         };
-        let req = pb::ContextRequest {
-            session_id: a.session,
-            session_token: token,
-            specific_question: a.question,
-            current_confidence: confidence,
-            reasoning: a.reasoning,
-            chunk_ids: a.chunk_ids,
-            report: a.report.unwrap_or_default(),
-            max_tokens: a.max_tokens.unwrap_or(0),
-        };
+        req.session_token = token;
         let r = self.backend.request_context(req, peer_of(&extensions)).await.map_err(tool_error)?;
         let out = view::more_view(r);
         let header = view::more_header(&out);

@@ -14,10 +14,10 @@ use serde_json::{json, Value};
 
 use crate::{ready, root, skip};
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
     /// `127.0.0.1:port` of the HTTP listener.
-    http: String,
+    pub(crate) http: String,
 }
 
 impl Drop for Server {
@@ -27,7 +27,7 @@ impl Drop for Server {
     }
 }
 
-fn start(extra: &[&str]) -> Server {
+pub(crate) fn start(extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
         .current_dir(root())
         .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
@@ -71,8 +71,15 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &s
     parse_response(&raw)
 }
 
+/// `GET path` on `addr`: the body of a 200.
+pub(crate) fn get(addr: &str, path: &str) -> String {
+    let (status, body) = http(addr, "GET", path, &[], "");
+    assert_eq!(status, 200, "GET {path}: {body}");
+    body
+}
+
 /// Status and body of a raw HTTP/1.1 response.
-fn parse_response(raw: &[u8]) -> (u16, String) {
+pub(crate) fn parse_response(raw: &[u8]) -> (u16, String) {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap();
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
@@ -497,20 +504,38 @@ async fn http_from(
     path: &str,
     body: Option<&str>,
 ) -> (u16, String) {
+    let method = if body.is_some() { "POST" } else { "GET" };
+    let raw = request_from(from, addr, &[("Host", host)], method, path, body.unwrap_or("")).await;
+    parse_response(&raw)
+}
+
+/// One HTTP/1.1 exchange (Connection: close) from the local address
+/// `from` with `headers` (a `Host` among them): the raw response.
+pub(crate) async fn request_from(
+    from: &str,
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Vec<u8> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
     let mut s = sock.connect(addr).await.unwrap();
-    let method = if body.is_some() { "POST" } else { "GET" };
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
     s.write_all(req.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await.unwrap();
-    parse_response(&raw)
+    raw
 }
 
 /// A JSON-RPC call from the local address `from`.

@@ -1,0 +1,149 @@
+//! Request bodies: read within `--max-request-bytes`, parsed strictly into
+//! the types MCP's tools parse (one definition of each argument), and
+//! documented in the OpenAPI document by those types' own schemas.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, Request};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde_json::{json, Map, Value};
+
+use super::ApiError;
+use crate::grpc::ScdService;
+use crate::mcp::{compress_arguments, Args, CompressContextArgs, RequestMoreArgs};
+
+/// A JSON object body parsed as `T` ([`RestBody::parse`]); a body over
+/// `--max-request-bytes` is 413, one that is not a JSON object 400.
+#[derive(Debug)]
+pub struct Body<T>(pub T);
+
+/// A type a REST body parses into, and the schema that documents it.
+pub trait RestBody: Sized {
+    /// Parses the body's object strictly; the error names the field.
+    fn parse(body: Map<String, Value>) -> Result<Self, String>;
+}
+
+impl<T: RestBody> FromRequest<Arc<ScdService>> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, svc: &Arc<ScdService>) -> Result<Self, Self::Rejection> {
+        let max = svc.limits().max_request_bytes;
+        let bytes = axum::body::to_bytes(req.into_body(), max).await.map_err(|_| ApiError::too_large(max))?;
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::invalid(format!("body: not JSON ({})", crate::input::redact_json_error(&e.to_string())))
+        })?;
+        let Value::Object(map) = value else {
+            return Err(ApiError::invalid("body: must be a JSON object".into()));
+        };
+        // MCP's "arguments" are the body here
+        T::parse(map).map(Body).map_err(|m| match m.strip_prefix("arguments:") {
+            Some(rest) => ApiError::invalid(format!("body:{rest}")),
+            None => ApiError::invalid(m),
+        })
+    }
+}
+
+impl<T: JsonSchema> aide::OperationInput for Body<T> {
+    fn operation_input(ctx: &mut aide::generate::GenContext, operation: &mut aide::openapi::Operation) {
+        <axum::Json<T> as aide::OperationInput>::operation_input(ctx, operation);
+    }
+}
+
+/// `POST /v1/compress`'s body: `compress_context`'s arguments, with the
+/// budget as tokens (`budget`) or as a share of the context (`rate`).
+#[derive(Debug)]
+pub struct CompressBody {
+    /// The arguments (with `rate`, `budget` is a placeholder).
+    pub args: CompressContextArgs,
+    /// The share of the shareable context's tokens (in `budget_tokenizer`)
+    /// to keep, in (0, 1]: LLMLingua's `rate`.
+    pub rate: Option<f64>,
+}
+
+impl RestBody for CompressBody {
+    fn parse(mut body: Map<String, Value>) -> Result<Self, String> {
+        let rate =
+            match body.remove("rate") {
+                None => None,
+                Some(v) => Some(v.as_f64().filter(|r| r.is_finite() && *r > 0.0 && *r <= 1.0).ok_or(
+                    "rate: must be a number in (0, 1], the share of the context's tokens to keep".to_string(),
+                )?),
+            };
+        match (body.contains_key("budget"), rate) {
+            (true, Some(_)) => return Err("rate: give budget or rate, not both".into()),
+            (false, None) => return Err("budget: required (tokens), or give rate".into()),
+            (false, Some(_)) => {
+                body.insert("budget".into(), json!(1));
+            }
+            (true, None) => {}
+        }
+        if body.get("session").is_some_and(|s| s.as_str() == Some("")) {
+            return Err("session: must not be empty (leave it out to open one under a random id)".into());
+        }
+        let (mut args, budget) = compress_arguments(Args::from_map(body))?;
+        args.budget = u64::from(budget);
+        Ok(CompressBody { args, rate })
+    }
+}
+
+impl JsonSchema for CompressBody {
+    fn schema_name() -> Cow<'static, str> {
+        "CompressRequest".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let mut schema = CompressContextArgs::json_schema(generator);
+        if let Some(o) = schema.as_object_mut() {
+            if let Some(Value::Object(props)) = o.get_mut("properties") {
+                props.insert(
+                    "rate".into(),
+                    json!({
+                        "type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                        "description": "Instead of budget: keep this share of the shareable context's tokens in \
+                                        budget_tokenizer (the budget is that count times rate, at least 1)."
+                    }),
+                );
+            }
+            if let Some(Value::Array(required)) = o.get_mut("required") {
+                required.retain(|r| r != "budget");
+            }
+            o.insert("description".into(), json!("compress_context's arguments; exactly one of budget or rate."));
+        }
+        schema
+    }
+}
+
+/// `POST /v1/sessions/{session_id}/more`'s body: `request_more_context`'s
+/// arguments, the session named by the path.
+#[derive(Debug)]
+pub struct MoreBody(pub RequestMoreArgs);
+
+impl RestBody for MoreBody {
+    fn parse(mut body: Map<String, Value>) -> Result<Self, String> {
+        if body.contains_key("session") {
+            return Err("session: named in the path, not the body".into());
+        }
+        body.insert("session".into(), json!("-"));
+        Args::<RequestMoreArgs>::from_map(body).parse().map(MoreBody)
+    }
+}
+
+impl JsonSchema for MoreBody {
+    fn schema_name() -> Cow<'static, str> {
+        "MoreRequest".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        let mut schema = RequestMoreArgs::json_schema(generator);
+        if let Some(o) = schema.as_object_mut() {
+            if let Some(Value::Object(props)) = o.get_mut("properties") {
+                props.remove("session");
+            }
+            if let Some(Value::Array(required)) = o.get_mut("required") {
+                required.retain(|r| r != "session");
+            }
+        }
+        schema
+    }
+}

@@ -1,0 +1,251 @@
+//! OpenAI's embeddings API: `POST /v1/embeddings` and `GET /v1/models`, so
+//! an OpenAI client pointed at this server's `base_url` embeds with the
+//! loaded E5 model. `input_type` (`query` or `passage`, default `passage`)
+//! picks E5's prefix; `usage` counts the tokens fed to the model.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use aide::transform::TransformOperation;
+use axum::extract::State;
+use axum::Json;
+use base64::Engine as _;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::body::{Body, RestBody};
+use super::{ApiError, Who};
+use crate::grpc::pb::scd_server::Scd as _;
+use crate::grpc::{pb, ScdHandler, ScdService};
+
+/// `POST /v1/embeddings`'s body (OpenAI's, strict).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingsBody {
+    /// The model: the id `GET /v1/models` lists.
+    pub model: String,
+    /// A text, or a list of texts (each non-empty; at most the server's
+    /// `--max-texts`). Token arrays are not accepted: send text.
+    #[serde(default)]
+    pub input: Input,
+    /// `float` (default) or `base64` (little-endian f32, as OpenAI's clients ask).
+    #[serde(default)]
+    pub encoding_format: EncodingFormat,
+    /// If given, the model's own dimensions (vectors are not cut).
+    pub dimensions: Option<u32>,
+    /// An end-user id (accepted for compatibility; not used).
+    pub user: Option<String>,
+    /// E5's prefix: `passage` (default) for documents, `query` for questions and tasks.
+    #[serde(default)]
+    pub input_type: InputType,
+}
+
+/// The texts of an embeddings request (a string or a list of strings).
+#[derive(Debug, Default)]
+pub struct Input(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let tokens = "token arrays are not accepted: send the text";
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(Input(vec![s])),
+            Value::Array(items) => {
+                let mut texts = Vec::with_capacity(items.len());
+                for item in items {
+                    match item {
+                        Value::String(s) => texts.push(s),
+                        Value::Number(_) | Value::Array(_) => return Err(D::Error::custom(tokens)),
+                        _ => return Err(D::Error::custom("a string or a list of strings")),
+                    }
+                }
+                Ok(Input(texts))
+            }
+            _ => Err(D::Error::custom("a string or a list of strings")),
+        }
+    }
+}
+
+impl JsonSchema for Input {
+    fn schema_name() -> Cow<'static, str> {
+        "EmbeddingsInput".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        schemars::json_schema!({
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+        })
+    }
+}
+
+/// How vectors are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingFormat {
+    /// JSON numbers.
+    #[default]
+    Float,
+    /// Base64 of the little-endian f32 bytes.
+    Base64,
+}
+
+/// E5's prefix.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InputType {
+    /// `passage: ` (documents).
+    #[default]
+    Passage,
+    /// `query: ` (questions, tasks).
+    Query,
+}
+
+impl RestBody for EmbeddingsBody {
+    fn parse(body: Map<String, Value>) -> Result<Self, String> {
+        let b: EmbeddingsBody = crate::mcp::Args::from_map(body).parse()?;
+        if b.input.0.is_empty() {
+            return Err("input: must hold at least one text".into());
+        }
+        Ok(b)
+    }
+}
+
+/// `POST /v1/embeddings`'s answer (OpenAI's).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EmbeddingsReply {
+    /// Always `list`.
+    pub object: &'static str,
+    /// One embedding per input, in order.
+    pub data: Vec<EmbeddingData>,
+    /// The model that embedded.
+    pub model: String,
+    /// Tokens fed to the model.
+    pub usage: Usage,
+}
+
+/// One embedding.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EmbeddingData {
+    /// Always `embedding`.
+    pub object: &'static str,
+    /// Its input's position.
+    pub index: u32,
+    /// The L2-normalized vector.
+    pub embedding: Vector,
+}
+
+/// A vector, as `encoding_format` asked.
+#[derive(Debug, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Vector {
+    /// JSON numbers.
+    Float(Vec<f32>),
+    /// Base64 of the little-endian f32 bytes.
+    Base64(String),
+}
+
+/// Tokens counted.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Usage {
+    /// Tokens fed to the model (E5's prefix and special tokens included).
+    pub prompt_tokens: u64,
+    /// The same (nothing is generated).
+    pub total_tokens: u64,
+}
+
+/// `POST /v1/embeddings`.
+pub(super) async fn embeddings(
+    State(svc): State<Arc<ScdService>>,
+    who: Who,
+    Body(b): Body<EmbeddingsBody>,
+) -> Result<Json<EmbeddingsReply>, ApiError> {
+    let (model, dim) = {
+        let e = svc.scd.encoder();
+        (e.model_id().to_string(), e.dim())
+    };
+    if b.model != model {
+        return Err(ApiError::from_status(&tonic::Status::not_found(
+            "model: not a model this server has loaded (GET /v1/models lists it)",
+        )));
+    }
+    if b.dimensions.is_some_and(|d| d as usize != dim) {
+        return Err(ApiError::invalid(format!("dimensions: this model's vectors have {dim} dimensions")));
+    }
+    let kind = match b.input_type {
+        InputType::Passage => pb::InputKind::Passage,
+        InputType::Query => pb::InputKind::Query,
+    };
+    let r = pb::EmbedRequest { texts: b.input.0, kind: kind as i32, windows: true };
+    let r = ScdHandler(svc.clone()).embed(who.request(r)).await.map_err(|s| {
+        let message = match s.message().strip_prefix("texts") {
+            Some(rest) => format!("input{rest}"),
+            None => s.message().to_string(),
+        };
+        ApiError::from_status(&tonic::Status::with_metadata(s.code(), message, s.metadata().clone()))
+    })?;
+    let r = r.into_inner();
+    let tokens: u64 = r.embeddings.iter().map(|e| u64::from(e.tokens)).sum();
+    let data = r
+        .embeddings
+        .into_iter()
+        .enumerate()
+        .map(|(index, e)| EmbeddingData {
+            object: "embedding",
+            index: index as u32,
+            embedding: match b.encoding_format {
+                EncodingFormat::Float => Vector::Float(e.values),
+                EncodingFormat::Base64 => {
+                    let bytes: Vec<u8> = e.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            },
+        })
+        .collect();
+    Ok(Json(EmbeddingsReply {
+        object: "list",
+        data,
+        model: r.model,
+        usage: Usage { prompt_tokens: tokens, total_tokens: tokens },
+    }))
+}
+
+pub(super) fn docs(op: TransformOperation) -> TransformOperation {
+    op.id("embeddings").summary("Embed texts (OpenAI-compatible)").description(
+        "OpenAI's embeddings API over the loaded E5 model: L2-normalized vectors, `passage: ` prefixed unless \
+         `input_type` is `query`. Texts over the model's window are embedded as the token-weighted mean of \
+         windows.",
+    )
+}
+
+/// `GET /v1/models`'s answer (OpenAI's).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The loaded model.
+    pub data: Vec<Model>,
+}
+
+/// A loaded model.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Model {
+    /// The name `POST /v1/embeddings` takes as `model`.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Always 0 (unknown).
+    pub created: u64,
+    /// Always `scd`.
+    pub owned_by: &'static str,
+}
+
+/// `GET /v1/models`.
+pub(super) async fn models(State(svc): State<Arc<ScdService>>) -> Json<ModelList> {
+    let id = svc.scd.encoder().model_id().to_string();
+    Json(ModelList { object: "list", data: vec![Model { id, object: "model", created: 0, owned_by: "scd" }] })
+}
+
+pub(super) fn models_docs(op: TransformOperation) -> TransformOperation {
+    op.id("models").summary("The loaded embedding model (OpenAI-compatible)")
+}

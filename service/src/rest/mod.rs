@@ -1,0 +1,372 @@
+//! # REST on the HTTP listener (`scd serve --http-addr`)
+//!
+//! The engine for clients that speak plain HTTP+JSON: the Python package
+//! (`service/clients/python`), its LangChain and LlamaIndex adapters, and
+//! any OpenAI embeddings client pointed at this server's `base_url`.
+//!
+//! | method and path | body | answer |
+//! | --- | --- | --- |
+//! | `POST /v1/compress` | `compress_context`'s arguments ([`CompressBody`]), with `budget` or `rate` | [`CompressReply`]: the one output view plus the session's token |
+//! | `POST /v1/sessions/{session_id}/more` | `request_more_context`'s arguments ([`MoreBody`]); header `x-scd-session-token` | [`MoreOutput`] |
+//! | `DELETE /v1/sessions/{session_id}` | header `x-scd-session-token` | 204 |
+//! | `POST /v1/embeddings` | OpenAI's ([`EmbeddingsBody`]) | OpenAI's ([`EmbeddingsReply`]) |
+//! | `GET /v1/models` | — | OpenAI's model list |
+//! | `GET /openapi.json` | — | the OpenAPI 3.1 document, generated (by `aide`) from these handlers and the types they parse and answer |
+//!
+//! Every handler calls the same [`ScdService`] methods as gRPC, A2A and
+//! MCP, so limits, per-caller shares, sessions (bound to the caller: its
+//! DID under `--auth did-wba`, else its IP address), audit and metrics are
+//! the same. Bodies are read within `--max-request-bytes` and parsed
+//! strictly: an unknown key, a wrong type or a value out of range is a 400
+//! whose message names the field and the limit and quotes no value. Every
+//! error is OpenAI's shape, `{"error": {"message", "type", "param",
+//! "code"}}`; overload is 429 with `Retry-After` (whole seconds, rounded
+//! up) and `retry-after-ms`.
+//!
+//! ```no_run
+//! # fn run(svc: std::sync::Arc<scd_service::grpc::ScdService>) {
+//! // merged into the HTTP listener's router by `server::serve`
+//! let routes: axum::Router = scd_service::rest::router(svc);
+//! # }
+//! ```
+
+mod body;
+mod embeddings;
+mod error;
+
+pub use body::{Body, CompressBody, MoreBody, RestBody};
+pub use embeddings::{
+    EmbeddingData, EmbeddingsBody, EmbeddingsReply, EncodingFormat, Input, InputType, Model, ModelList, Usage, Vector,
+};
+pub use error::{ApiError, ErrorBody, ErrorDetail};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use aide::axum::routing::{delete_with, get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::openapi::{Info, OpenApi};
+use aide::transform::TransformOperation;
+use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::Json;
+use schemars::JsonSchema;
+use serde::Serialize;
+use tonic::Request;
+
+use crate::grpc::auth::AuthenticatedDid;
+use crate::grpc::pb::scd_server::Scd as _;
+use crate::grpc::{pb, ScdHandler, ScdService};
+use crate::view::{self, CompressOutput, MoreOutput};
+
+/// The header that carries a session's token (never a URL: URLs are logged).
+pub const SESSION_TOKEN_HEADER: &str = "x-scd-session-token";
+
+/// The REST routes over `svc` (and `GET /openapi.json`), to merge into the
+/// HTTP listener's router.
+pub fn router(svc: Arc<ScdService>) -> axum::Router {
+    let mut api = OpenApi {
+        info: Info {
+            title: "SCD".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: Some(
+                "The minimal sufficient context for a task under a token budget, over HTTP+JSON. Errors are \
+                 {\"error\": {\"message\", \"type\", \"param\", \"code\"}}; `param` names the field."
+                    .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let routes = ApiRouter::new()
+        .api_route("/v1/compress", post_with(compress, compress_docs))
+        .api_route("/v1/sessions/{session_id}/more", post_with(more, more_docs))
+        .api_route("/v1/sessions/{session_id}", delete_with(close, close_docs))
+        .api_route("/v1/embeddings", post_with(embeddings::embeddings, embeddings::docs))
+        .api_route("/v1/models", get_with(embeddings::models, embeddings::models_docs))
+        .finish_api(&mut api);
+    let document: Arc<str> = serde_json::to_string_pretty(&api).expect("an OpenAPI document serializes").into();
+    routes
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let document = document.clone();
+                async move { ([(header::CONTENT_TYPE, "application/json")], document.to_string()) }
+            }),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(svc.clone(), counted))
+        .with_state(svc)
+}
+
+/// Counts each REST call in `scd_requests_total` (method `REST <verb>
+/// <route>`, the gRPC code of its HTTP status) with its duration.
+async fn counted(
+    State(svc): State<Arc<ScdService>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let start = std::time::Instant::now();
+    let method = format!("REST {} {}", req.method(), route_of(req.uri().path()));
+    let r = next.run(req).await;
+    svc.metrics.request(&method, code_of(r.status()), start.elapsed().as_secs_f64());
+    r
+}
+
+/// A path as its route (a session id is not a label).
+fn route_of(path: &str) -> &'static str {
+    match path {
+        "/v1/compress" => "/v1/compress",
+        "/v1/embeddings" => "/v1/embeddings",
+        "/v1/models" => "/v1/models",
+        "/openapi.json" => "/openapi.json",
+        p if p.ends_with("/more") => "/v1/sessions/{session_id}/more",
+        _ => "/v1/sessions/{session_id}",
+    }
+}
+
+/// The gRPC code an HTTP status stands for.
+fn code_of(status: StatusCode) -> tonic::Code {
+    use tonic::Code;
+    match status.as_u16() {
+        200..=299 => Code::Ok,
+        400 | 413 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::FailedPrecondition,
+        429 => Code::ResourceExhausted,
+        503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    }
+}
+
+/// Who calls: the DID that signed the request (`--auth did-wba`) and the
+/// client's address. Sessions, shares and the audit trail key on these.
+#[derive(Debug, Clone, Default)]
+pub struct Who {
+    /// The verified DID, if any.
+    pub did: Option<String>,
+    /// The client's address.
+    pub addr: Option<SocketAddr>,
+}
+
+impl Who {
+    fn peer(&self) -> Option<String> {
+        self.addr.map(|a| a.to_string())
+    }
+
+    /// `msg` as a tonic request from this caller, as the gRPC handlers see one.
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        if let Some(addr) = self.addr {
+            r.extensions_mut()
+                .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(addr) });
+        }
+        if let Some(did) = &self.did {
+            r.extensions_mut().insert(AuthenticatedDid(did.clone()));
+        }
+        r
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Who {
+            did: parts.extensions.get::<AuthenticatedDid>().map(|d| d.0.clone()),
+            addr: parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0),
+        })
+    }
+}
+
+impl aide::OperationInput for Who {}
+
+/// The `x-scd-session-token` header, when sent (at most 256 bytes).
+#[derive(Default)]
+pub struct SessionToken(Option<String>);
+
+impl std::fmt::Debug for SessionToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "SessionToken(<secret>)" } else { "SessionToken(None)" })
+    }
+}
+
+/// The longest session token accepted (the server's are 64 hex digits).
+const MAX_TOKEN_BYTES: usize = 256;
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionToken {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(v) = parts.headers.get(SESSION_TOKEN_HEADER) else { return Ok(SessionToken(None)) };
+        let token = v.to_str().ok().filter(|t| t.len() <= MAX_TOKEN_BYTES).ok_or_else(|| {
+            ApiError::invalid(format!("{SESSION_TOKEN_HEADER}: not a token (ASCII, at most {MAX_TOKEN_BYTES} bytes)"))
+        })?;
+        Ok(SessionToken((!token.is_empty()).then(|| token.to_string())))
+    }
+}
+
+impl aide::OperationInput for SessionToken {
+    fn operation_input(_: &mut aide::generate::GenContext, operation: &mut aide::openapi::Operation) {
+        operation.parameters.push(aide::openapi::ReferenceOr::Item(aide::openapi::Parameter::Header {
+            parameter_data: aide::openapi::ParameterData {
+                name: SESSION_TOKEN_HEADER.into(),
+                description: Some(
+                    "The session's token, from the answer that opened it (`session_token`): required to \
+                     continue, extend or close a session"
+                        .into(),
+                ),
+                required: false,
+                format: aide::openapi::ParameterSchemaOrContent::Schema(aide::openapi::SchemaObject {
+                    json_schema: schemars::json_schema!({"type": "string", "maxLength": MAX_TOKEN_BYTES}),
+                    external_docs: None,
+                    example: None,
+                }),
+                extensions: Default::default(),
+                deprecated: None,
+                example: None,
+                examples: Default::default(),
+                explode: None,
+            },
+            style: aide::openapi::HeaderStyle::Simple,
+        }));
+    }
+}
+
+/// The answer of `POST /v1/compress`: the one output view of every
+/// surface, plus the token that continues the session (keep it secret).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CompressReply {
+    /// The selection: `text` is exactly what to hand the receiver.
+    #[serde(flatten)]
+    pub output: CompressOutput,
+    /// The session's secret: send it as `x-scd-session-token` to ask for
+    /// more or to close the session (empty when the call continued one).
+    pub session_token: String,
+}
+
+/// `POST /v1/compress`.
+async fn compress(
+    State(svc): State<Arc<ScdService>>,
+    who: Who,
+    SessionToken(token): SessionToken,
+    Body(b): Body<CompressBody>,
+) -> Result<Json<CompressReply>, ApiError> {
+    let CompressBody { args, rate } = b;
+    let budget = match rate {
+        Some(rate) => rate_budget(&svc, &who, &args, rate).await?,
+        None => args.budget as u32,
+    };
+    let session_id = args.session.clone().unwrap_or_default();
+    if session_id.is_empty() && token.is_some() {
+        return Err(ApiError::invalid(format!("{SESSION_TOKEN_HEADER}: sent without a session to continue")));
+    }
+    let token = token.unwrap_or_default();
+    let open = token.is_empty();
+    let list_dropped = args.list_dropped;
+    let req = crate::mcp::compress_request(args, budget, session_id, token);
+    let method = if open { "REST OpenSession" } else { "REST Compress" };
+    let mut r = svc
+        .compress_audited(method, req, None, who.did.clone(), who.peer(), open)
+        .await
+        .map_err(|s| ApiError::from_status(&s))?;
+    let session_token = std::mem::take(&mut r.session_token);
+    Ok(Json(CompressReply { output: view::compress_view(r, list_dropped), session_token }))
+}
+
+fn compress_docs(op: TransformOperation) -> TransformOperation {
+    op.id("compress").summary("Select the minimal sufficient context for a task").description(
+        "Scores the context's chunks for the task and returns the most relevant that fit the budget (or `rate` \
+         of the context's tokens) in `budget_tokenizer`; `text` is exactly what to hand the receiver. Opens a \
+         session (under `session`, or a random id) unless `x-scd-session-token` continues the one named. \
+         Confidential fields are never sent back.",
+    )
+}
+
+/// The budget of `rate` × the tokens of the context's shareable fields in
+/// the request's budget tokenizer, counted through CountTokens (its lane
+/// and the caller's share of it); at least 1.
+async fn rate_budget(
+    svc: &Arc<ScdService>,
+    who: &Who,
+    args: &crate::mcp::CompressContextArgs,
+    rate: f64,
+) -> Result<u32, ApiError> {
+    let limits = svc.limits();
+    let mut pieces: Vec<String> = Vec::new();
+    for f in args.context.0.fields.iter().filter(|f| !f.confidential) {
+        let mut rest = f.content.as_str();
+        while !rest.is_empty() {
+            let mut cut = rest.len().min(limits.max_text_bytes.max(4));
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            pieces.push(rest[..cut].to_string());
+            rest = &rest[cut..];
+        }
+    }
+    let handler = ScdHandler(svc.clone());
+    let tokenizer = args.budget_tokenizer.clone().unwrap_or_default();
+    let mut tokens: u64 = 0;
+    for batch in pieces.chunks(limits.max_texts.max(1)) {
+        let r = pb::CountTokensRequest { texts: batch.to_vec(), tokenizer: tokenizer.clone() };
+        let counted = handler.count_tokens(who.request(r)).await.map_err(|s| {
+            let s = tonic::Status::new(s.code(), s.message().replacen("tokenizer", "budget_tokenizer", 1));
+            ApiError::from_status(&s)
+        })?;
+        tokens += counted.into_inner().tokens.iter().map(|&t| u64::from(t)).sum::<u64>();
+    }
+    let budget = ((tokens as f64) * rate).floor().max(1.0);
+    Ok(budget.min(f64::from(u32::MAX)) as u32)
+}
+
+/// `POST /v1/sessions/{session_id}/more`.
+async fn more(
+    State(svc): State<Arc<ScdService>>,
+    who: Who,
+    Path(session_id): Path<String>,
+    SessionToken(token): SessionToken,
+    Body(MoreBody(mut args)): Body<MoreBody>,
+) -> Result<Json<MoreOutput>, ApiError> {
+    args.session = session_id;
+    let mut req = crate::mcp::more_request(args).map_err(ApiError::invalid)?;
+    req.session_token = token.ok_or_else(ApiError::session_token_missing)?;
+    let r = svc
+        .request_context_audited("REST RequestContext", req, None, who.did.clone(), who.peer())
+        .await
+        .map_err(|s| ApiError::from_status(&s))?;
+    Ok(Json(view::more_view(r)))
+}
+
+fn more_docs(op: TransformOperation) -> TransformOperation {
+    op.id("more").summary("Ask a session for more context").description(
+        "The next chunks the receiver has not seen, for its specific question (or the `chunk_ids` named), \
+         within this reply's budget (`max_tokens`, default the first answer's). Give `current_confidence`, or \
+         the receiver's own hand-off `report` whose confidence sets it.",
+    )
+}
+
+/// `DELETE /v1/sessions/{session_id}`.
+async fn close(
+    State(svc): State<Arc<ScdService>>,
+    who: Who,
+    Path(session_id): Path<String>,
+    SessionToken(token): SessionToken,
+) -> Result<StatusCode, ApiError> {
+    let token = token.ok_or_else(ApiError::session_token_missing)?;
+    let r = pb::CloseSessionRequest { session_id, session_token: token };
+    let closed =
+        ScdHandler(svc).close_session(who.request(r)).await.map_err(|s| ApiError::from_status(&s))?.into_inner().closed;
+    if closed {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::from_status(&tonic::Status::not_found("session_id: no such session (expired or closed)")))
+    }
+}
+
+fn close_docs(op: TransformOperation) -> TransformOperation {
+    op.id("close_session").summary("Close a session").response::<204, ()>()
+}
