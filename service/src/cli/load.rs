@@ -40,6 +40,102 @@ pub struct LoadArgs {
     /// Extra arguments for `scd serve` (e.g. "--queue-size 64").
     #[arg(long, default_value = "")]
     serve_args: String,
+    /// The API the clients call: gRPC `Embed`, REST `POST /v1/embeddings`
+    /// (OpenAI's, base64 vectors as OpenAI's clients ask, one keep-alive
+    /// connection per client), or both, one after the other on the same
+    /// server, each for --seconds, with the ratio.
+    #[arg(long, value_enum, default_value = "grpc")]
+    protocol: Protocol,
+}
+
+/// Which API `scd bench-load` loads.
+#[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Protocol {
+    Grpc,
+    Rest,
+    Both,
+}
+
+/// One load client's connection.
+enum LoadClient {
+    Grpc(pb::scd_client::ScdClient<tonic::transport::Channel>),
+    Rest(RestClient),
+}
+
+impl LoadClient {
+    /// Embeds `texts` as passages: the tokens embedded, or the code of the failure.
+    async fn embed(&mut self, texts: Vec<String>) -> Result<u64, String> {
+        match self {
+            LoadClient::Grpc(c) => {
+                let r = pb::EmbedRequest { texts, kind: pb::InputKind::Passage as i32, windows: true };
+                match c.embed(r).await {
+                    Ok(r) => Ok(r.into_inner().embeddings.iter().map(|e| u64::from(e.tokens)).sum()),
+                    Err(s) => Err(format!("{:?}", s.code())),
+                }
+            }
+            LoadClient::Rest(c) => c.embed(texts).await,
+        }
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection to `/v1/embeddings` (made again when the
+/// server closes it).
+struct RestClient {
+    addr: String,
+    model: String,
+    conn: Option<hyper::client::conn::http1::SendRequest<axum::body::Body>>,
+}
+
+impl RestClient {
+    async fn embed(&mut self, texts: Vec<String>) -> Result<u64, String> {
+        let body = serde_json::json!({"model": self.model, "input": texts, "encoding_format": "base64"}).to_string();
+        for attempt in 0..2 {
+            if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
+                let stream = tokio::net::TcpStream::connect(&self.addr).await.map_err(|_| "Connect".to_string())?;
+                let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|_| "Handshake".to_string())?;
+                tokio::spawn(conn);
+                self.conn = Some(send);
+            }
+            let conn = self.conn.as_mut().expect("connected above");
+            let req = http::Request::post("/v1/embeddings")
+                .header(http::header::HOST, &self.addr)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(axum::body::Body::from(body.clone()))
+                .expect("a valid request");
+            let sent = match conn.ready().await {
+                Ok(()) => conn.send_request(req).await,
+                Err(e) => Err(e),
+            };
+            let resp = match sent {
+                Ok(r) => r,
+                // the server closed the connection (its maximum age): once more
+                Err(_) if attempt == 0 => {
+                    self.conn = None;
+                    continue;
+                }
+                Err(_) => return Err("Transport".into()),
+            };
+            let status = resp.status();
+            let bytes = axum::body::to_bytes(axum::body::Body::new(resp.into_body()), usize::MAX)
+                .await
+                .map_err(|_| "Transport".to_string())?;
+            if status != http::StatusCode::OK {
+                let code = match status.as_u16() {
+                    429 => "ResourceExhausted",
+                    400 | 413 => "InvalidArgument",
+                    503 => "Unavailable",
+                    504 => "DeadlineExceeded",
+                    _ => "Internal",
+                };
+                return Err(code.into());
+            }
+            let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| "Internal".to_string())?;
+            return v["usage"]["prompt_tokens"].as_u64().ok_or_else(|| "Internal".to_string());
+        }
+        Err("Transport".into())
+    }
 }
 
 /// Runs `scd bench-load`.
@@ -79,82 +175,41 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         let ch = tonic::transport::Channel::from_shared(addr.clone())?.connect().await?;
         let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
         loop {
-            let r = health.check(tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() }).await?.into_inner();
+            let r =
+                health.check(tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() }).await?.into_inner();
             if r.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
-        let codes = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
-        let tokens = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let done_texts = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let end = Instant::now() + Duration::from_secs(args.seconds);
-        let mut tasks = Vec::new();
-        for c in 0..args.clients {
-            let mut client = pb::scd_client::ScdClient::new(ch.clone());
-            let (lat, codes, tokens, done_texts, texts) = (lat.clone(), codes.clone(), tokens.clone(), done_texts.clone(), texts.clone());
-            let k = args.texts_per_request;
-            tasks.push(tokio::spawn(async move {
-                let mut i = c * k;
-                while Instant::now() < end {
-                    let batch: Vec<String> = (0..k).map(|j| texts[(i + j) % texts.len()].clone()).collect();
-                    i += k * 7;
-                    let t = Instant::now();
-                    match client.embed(pb::EmbedRequest { texts: batch, kind: pb::InputKind::Passage as i32, windows: true }).await {
-                        Ok(r) => {
-                            let r = r.into_inner();
-                            lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3);
-                            tokens.fetch_add(r.embeddings.iter().map(|e| e.tokens as u64).sum(), std::sync::atomic::Ordering::Relaxed);
-                            done_texts.fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
-                            *codes.lock().unwrap().entry("Ok".into()).or_default() += 1;
-                        }
-                        Err(s) => {
-                            *codes.lock().unwrap().entry(format!("{:?}", s.code())).or_default() += 1;
-                            if s.code() == tonic::Code::ResourceExhausted {
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                        }
-                    }
-                }
-            }));
+        let phases: &[Protocol] = match args.protocol {
+            Protocol::Both => &[Protocol::Grpc, Protocol::Rest],
+            Protocol::Grpc => &[Protocol::Grpc],
+            Protocol::Rest => &[Protocol::Rest],
+        };
+        let mut out = serde_json::Map::new();
+        for &p in phases {
+            let label = if p == Protocol::Grpc { "grpc" } else { "rest" };
+            let phase = Phase { protocol: p, grpc: &ch, http: &metrics_addr, pid, texts: &texts, args: &args };
+            out.insert(label.into(), load_phase(phase).await?);
         }
-        let bar = ProgressBar::new(args.seconds);
-        bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} s {msg}")?);
-        let mut rss = Vec::new();
-        let start = Instant::now();
-        let (client_cpu0, server_cpu0) = (cpu_seconds(Proc::This), cpu_seconds(Proc::Pid(pid)));
-        while Instant::now() < end {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            rss.push(rss_kib(Proc::Pid(pid)));
-            bar.set_position(start.elapsed().as_secs());
-            bar.set_message(format!("rss {} MiB", rss.last().unwrap() / 1024));
-        }
-        for t in tasks {
-            let _ = t.await;
-        }
-        bar.finish_and_clear();
-        let secs = start.elapsed().as_secs_f64();
-        let client_cpu = cpu_seconds(Proc::This) - client_cpu0;
-        let server_cpu = cpu_seconds(Proc::Pid(pid)) - server_cpu0;
-        let per_minute: Vec<u64> = rss.iter().step_by(60).map(|k| k / 1024).collect();
-        let mut l = lat.lock().unwrap().clone();
-        let codes = codes.lock().unwrap().clone();
-        anyhow::Ok(serde_json::json!({
-            "clients": args.clients, "seconds": secs, "texts_per_request": args.texts_per_request,
-            "texts_per_s": done_texts.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
-            "tokens_per_s": tokens.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
-            "p50_ms": super::percentile(&mut l, 0.5), "p95_ms": super::percentile(&mut l, 0.95), "p99_ms": super::percentile(&mut l, 0.99),
-            "codes": codes,
-            "rss_mib": {"first": rss.first().copied().unwrap_or(0) / 1024, "last": rss.last().copied().unwrap_or(0) / 1024, "peak": rss.iter().max().copied().unwrap_or(0) / 1024, "every_minute": per_minute},
-            "cpu_seconds": {"load_generator": client_cpu, "server": server_cpu, "available": secs * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64},
-        }))
+        anyhow::Ok(out)
     });
     // scrape before the server goes; a failed scrape is reported, not fatal
     let scraped = scrape_metrics(&metrics_addr);
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = child.wait();
-    let mut summary = result?;
+    let phases = result?;
+    // one protocol: its figures at the top (the shape earlier runs recorded)
+    let mut summary = if phases.len() == 1 {
+        phases.into_iter().next().map(|(_, v)| v).unwrap_or_default()
+    } else {
+        let ratio = phases["rest"]["tokens_per_s"].as_f64().unwrap_or(0.0)
+            / phases["grpc"]["tokens_per_s"].as_f64().unwrap_or(f64::NAN);
+        let mut v = serde_json::Value::Object(phases);
+        v["rest_over_grpc_tokens_per_s"] = serde_json::json!(ratio);
+        v
+    };
     summary["server_metrics"] = match scraped {
         Ok(text) => server_summary(&text),
         Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
@@ -174,11 +229,121 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         tokens += encoder.encode(&chunk, &opts)?.tokens.iter().sum::<usize>();
     }
     let raw_tps = tokens as f64 / start.elapsed().as_secs_f64();
-    let served = summary["tokens_per_s"].as_f64().unwrap_or(0.0);
     summary["raw_encoder_tokens_per_s"] = serde_json::json!(raw_tps);
-    summary["served_over_raw"] = serde_json::json!(served / raw_tps);
+    match summary["tokens_per_s"].as_f64() {
+        Some(served) => summary["served_over_raw"] = serde_json::json!(served / raw_tps),
+        None => {
+            for p in ["grpc", "rest"] {
+                let served = summary[p]["tokens_per_s"].as_f64().unwrap_or(0.0);
+                summary[p]["served_over_raw"] = serde_json::json!(served / raw_tps);
+            }
+        }
+    }
     println!("{summary}");
     Ok(())
+}
+
+/// What one load phase needs.
+struct Phase<'a> {
+    protocol: Protocol,
+    grpc: &'a tonic::transport::Channel,
+    /// The HTTP listener's `host:port`.
+    http: &'a str,
+    /// The server's pid (RSS, CPU).
+    pid: u32,
+    texts: &'a Arc<Vec<String>>,
+    args: &'a LoadArgs,
+}
+
+/// `args.clients` clients of `protocol` for `args.seconds`: throughput,
+/// latency percentiles, codes, the server's RSS and CPU.
+async fn load_phase(phase: Phase<'_>) -> anyhow::Result<serde_json::Value> {
+    let Phase { protocol, grpc, http, pid, texts, args } = phase;
+    let model = if protocol == Protocol::Rest {
+        let models = get_json(http, "/v1/models").await?;
+        models["data"][0]["id"].as_str().context("GET /v1/models named no model")?.to_string()
+    } else {
+        String::new()
+    };
+    let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let codes = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+    let tokens = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done_texts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let mut tasks = Vec::new();
+    for c in 0..args.clients {
+        let mut client = match protocol {
+            Protocol::Rest => LoadClient::Rest(RestClient { addr: http.to_string(), model: model.clone(), conn: None }),
+            _ => LoadClient::Grpc(pb::scd_client::ScdClient::new(grpc.clone())),
+        };
+        let (lat, codes, tokens, done_texts, texts) =
+            (lat.clone(), codes.clone(), tokens.clone(), done_texts.clone(), texts.clone());
+        let k = args.texts_per_request;
+        tasks.push(tokio::spawn(async move {
+            let mut i = c * k;
+            while Instant::now() < end {
+                let batch: Vec<String> = (0..k).map(|j| texts[(i + j) % texts.len()].clone()).collect();
+                i += k * 7;
+                let t = Instant::now();
+                match client.embed(batch).await {
+                    Ok(n) => {
+                        lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1e3);
+                        tokens.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        done_texts.fetch_add(k as u64, std::sync::atomic::Ordering::Relaxed);
+                        *codes.lock().unwrap().entry("Ok".into()).or_default() += 1;
+                    }
+                    Err(code) => {
+                        let busy = code == "ResourceExhausted";
+                        *codes.lock().unwrap().entry(code).or_default() += 1;
+                        if busy {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    let bar = ProgressBar::new(args.seconds);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} s {msg}")?);
+    let mut rss = Vec::new();
+    let start = Instant::now();
+    let (client_cpu0, server_cpu0) = (cpu_seconds(Proc::This), cpu_seconds(Proc::Pid(pid)));
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        rss.push(rss_kib(Proc::Pid(pid)));
+        bar.set_position(start.elapsed().as_secs());
+        bar.set_message(format!("rss {} MiB", rss.last().unwrap() / 1024));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    bar.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    let client_cpu = cpu_seconds(Proc::This) - client_cpu0;
+    let server_cpu = cpu_seconds(Proc::Pid(pid)) - server_cpu0;
+    let per_minute: Vec<u64> = rss.iter().step_by(60).map(|k| k / 1024).collect();
+    let mut l = lat.lock().unwrap().clone();
+    let codes = codes.lock().unwrap().clone();
+    Ok(serde_json::json!({
+        "clients": args.clients, "seconds": secs, "texts_per_request": args.texts_per_request,
+        "texts_per_s": done_texts.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
+        "tokens_per_s": tokens.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
+        "p50_ms": super::percentile(&mut l, 0.5), "p95_ms": super::percentile(&mut l, 0.95), "p99_ms": super::percentile(&mut l, 0.99),
+        "codes": codes,
+        "rss_mib": {"first": rss.first().copied().unwrap_or(0) / 1024, "last": rss.last().copied().unwrap_or(0) / 1024, "peak": rss.iter().max().copied().unwrap_or(0) / 1024, "every_minute": per_minute},
+        "cpu_seconds": {"load_generator": client_cpu, "server": server_cpu, "available": secs * std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64},
+    }))
+}
+
+/// `GET path` on the HTTP listener `addr`, parsed as JSON.
+async fn get_json(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("HTTP listener {addr}"))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await?;
+    let (_, body) = raw.split_once("\r\n\r\n").with_context(|| format!("GET {path}: no header end"))?;
+    serde_json::from_str(body).with_context(|| format!("GET {path}: not JSON"))
 }
 
 /// `GET /metrics` over HTTP/1.0 (close-delimited, no chunking); the body.

@@ -93,25 +93,36 @@ impl JsonSchema for CompressBody {
     }
 
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        let mut schema = CompressContextArgs::json_schema(generator);
+        let rate = json!({
+            "type": "number", "exclusiveMinimum": 0, "maximum": 1,
+            "description": "Instead of budget: keep this share of the shareable context's tokens in \
+                            budget_tokenizer (the budget is that count times rate, at least 1)."
+        });
+        let mut schema = edited(CompressContextArgs::json_schema(generator), "budget", Some(("rate", rate)), false);
         if let Some(o) = schema.as_object_mut() {
-            if let Some(Value::Object(props)) = o.get_mut("properties") {
-                props.insert(
-                    "rate".into(),
-                    json!({
-                        "type": "number", "exclusiveMinimum": 0, "maximum": 1,
-                        "description": "Instead of budget: keep this share of the shareable context's tokens in \
-                                        budget_tokenizer (the budget is that count times rate, at least 1)."
-                    }),
-                );
-            }
-            if let Some(Value::Array(required)) = o.get_mut("required") {
-                required.retain(|r| r != "budget");
-            }
             o.insert("description".into(), json!("compress_context's arguments; exactly one of budget or rate."));
         }
         schema
     }
+}
+
+/// `schema` with `field` no longer required (and gone, with `drop`), and
+/// `add` among its properties.
+fn edited(mut schema: Schema, field: &str, add: Option<(&str, Value)>, drop: bool) -> Schema {
+    if let Some(o) = schema.as_object_mut() {
+        if let Some(Value::Object(props)) = o.get_mut("properties") {
+            if drop {
+                props.remove(field);
+            }
+            if let Some((name, value)) = add {
+                props.insert(name.into(), value);
+            }
+        }
+        if let Some(Value::Array(required)) = o.get_mut("required") {
+            required.retain(|r| r != field);
+        }
+    }
+    schema
 }
 
 /// `POST /v1/sessions/{session_id}/more`'s body: `request_more_context`'s
@@ -135,15 +146,6 @@ impl JsonSchema for MoreBody {
     }
 
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        let mut schema = RequestMoreArgs::json_schema(generator);
-        if let Some(o) = schema.as_object_mut() {
-            if let Some(Value::Object(props)) = o.get_mut("properties") {
-                props.remove("session");
-            }
-            if let Some(Value::Array(required)) = o.get_mut("required") {
-                required.retain(|r| r != "session");
-            }
-        }
-        schema
+        edited(RequestMoreArgs::json_schema(generator), "session", None, true)
     }
 }
