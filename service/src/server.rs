@@ -44,6 +44,8 @@ pub struct ServeConfig {
     pub http: HttpLimits,
     /// TLS (and mTLS when it names a client CA); `None` serves plaintext.
     pub tls: Option<ServerTlsConfig>,
+    /// TLS of the HTTP listener (the same files as `tls`).
+    pub http_tls: Option<Arc<rustls::ServerConfig>>,
     /// Longest wait for calls in flight after SIGTERM before exiting anyway.
     pub drain_timeout: Duration,
     /// `--auth did-wba`: DID-authenticated callers on both listeners; `None`
@@ -99,8 +101,9 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let local = listener.local_addr()?;
     if let Some(http) = cfg.http_listener {
         let l = tokio_listener(http)?;
-        println!("metrics on http://{}/metrics", l.local_addr()?);
         let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+        let http_scheme = if cfg.http_tls.is_some() { "https" } else { "http" };
+        println!("metrics on {http_scheme}://{}/metrics", l.local_addr()?);
         let agent = crate::a2a::Agent::new(
             service.clone(),
             crate::a2a::A2aConfig {
@@ -113,13 +116,14 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
                 http_addr: l.local_addr()?,
             },
         );
-        println!("A2A agent card on http://{}/.well-known/agent-card.json", l.local_addr()?);
+        println!("A2A agent card on {http_scheme}://{}/.well-known/agent-card.json", l.local_addr()?);
         tokio::spawn(serve_metrics(
             l,
             service.clone(),
             cfg.http,
             auth.clone(),
             Some(crate::a2a::router(Arc::new(agent)).merge(crate::rest::router(service.clone()))),
+            cfg.http_tls.clone(),
         ));
     }
     println!("listening on {local}");

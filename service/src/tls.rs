@@ -113,6 +113,41 @@ pub fn server_config(files: &ServerTlsFiles) -> anyhow::Result<Option<ServerTlsC
     Ok(Some(cfg))
 }
 
+/// The HTTP listener's TLS (A2A, REST, metrics) from the same files as
+/// gRPC's: `--tls-cert`/`--tls-key`, and with `--client-ca` a client
+/// certificate signed by it is required (mTLS). HTTP/1.1 only (ALPN
+/// `http/1.1`). `None` without `--tls-cert`.
+pub fn http_server_config(files: &ServerTlsFiles) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
+    pair(("--tls-cert", &files.cert), ("--tls-key", &files.key))?;
+    let (Some(cert), Some(key)) = (&files.cert, &files.key) else { return Ok(None) };
+    let (_, chain) = read_certs("--tls-cert", cert)?;
+    let key_der = PrivateKeyDer::from_pem_slice(&read_key("--tls-key", key)?)
+        .map_err(|e| anyhow::anyhow!("--tls-key {}: {e}", key.display()))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let (_, roots) = read_certs("--client-ca", ca)?;
+            let mut store = rustls::RootCertStore::empty();
+            for root in roots {
+                store.add(root).map_err(|e| anyhow::anyhow!("--client-ca {}: {e}", ca.display()))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(store.into(), provider)
+                .build()
+                .map_err(|e| anyhow::anyhow!("--client-ca {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder
+        .with_single_cert(chain, key_der)
+        .map_err(|e| anyhow::anyhow!("--tls-cert {} / --tls-key {}: {e}", cert.display(), key.display()))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Some(std::sync::Arc::new(cfg)))
+}
+
 /// The client's TLS configuration for `addr`: `None` for `http://`.
 ///
 /// `https://` needs `--ca-cert` (no system roots are bundled); a TLS

@@ -951,6 +951,7 @@ mod inproc {
             limits: o.limits,
             http: o.http,
             tls: None,
+            http_tls: None,
             drain_timeout: Duration::from_secs(1),
             auth: o.auth,
             audit: o.audit,

@@ -27,7 +27,10 @@ pub struct ServeArgs {
     /// gRPC address (port 0 picks a free port; the chosen one is printed).
     #[arg(long, env = "SCD_ADDR", default_value = "127.0.0.1:50051")]
     addr: SocketAddr,
-    /// Prometheus metrics address (GET /metrics); unset disables it.
+    /// HTTP listener: the REST API (/v1/compress, /v1/embeddings,
+    /// /openapi.json), the A2A agent (/.well-known/agent-card.json) and
+    /// Prometheus metrics (/metrics); over TLS with --tls-cert (mTLS with
+    /// --client-ca), as gRPC. Unset: no HTTP listener.
     #[arg(long, env = "SCD_HTTP_ADDR")]
     http_addr: Option<SocketAddr>,
     /// Embed requests that may wait for the encoder; more are RESOURCE_EXHAUSTED.
@@ -339,11 +342,13 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     check(&args)?;
     let confidence_map = args.confidence.map()?;
     let auth = auth_config(&args)?;
-    let tls = tls::server_config(&tls::ServerTlsFiles {
+    let tls_files = tls::ServerTlsFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
         client_ca: args.client_ca.clone(),
-    })?;
+    };
+    let tls = tls::server_config(&tls_files)?;
+    let http_tls = if args.http_addr.is_some() { tls::http_server_config(&tls_files)? } else { None };
     let retention = super::audit_retention(args.audit_max_age, args.audit_max_bytes)?;
     let audit = args
         .audit_db
@@ -412,6 +417,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             limits,
             http,
             tls,
+            http_tls,
             drain_timeout: Duration::from_secs_f64(args.drain_timeout),
             auth,
             audit,

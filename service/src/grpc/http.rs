@@ -1,4 +1,5 @@
-//! The HTTP listener (`--http-addr`): Prometheus metrics at `GET /metrics`
+//! The HTTP listener (`--http-addr`; over TLS with `--tls-cert`, mTLS with
+//! `--client-ca`): Prometheus metrics at `GET /metrics`
 //! (with `--auth did-wba`: signed requests only, and the DID documents of
 //! `--did-dir` at their did:wba paths, see [`super::auth`]), served by axum over hyper's HTTP/1.1 connection driver with
 //!
@@ -32,7 +33,8 @@ pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
 pub struct HttpLimits {
     /// Connections open at once.
     pub max_connections: usize,
-    /// Time a connection has to send a complete request head.
+    /// Time a connection has to send a complete request head (and, over
+    /// TLS, to finish its handshake first).
     pub header_timeout: Duration,
 }
 
@@ -65,6 +67,7 @@ pub async fn serve_metrics(
     limits: HttpLimits,
     auth: Option<Arc<Auth>>,
     routes: Option<axum::Router>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) {
     let mut router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
     if let Some(routes) = routes {
@@ -76,7 +79,8 @@ pub async fn serve_metrics(
             .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
             .layer(axum::middleware::from_fn_with_state(auth, http_middleware));
     }
-    serve_router(listener, router, limits, move || service.metrics.rejected("http_connections")).await
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    serve_router_tls(listener, router, limits, tls, move || service.metrics.rejected("http_connections")).await
 }
 
 /// Serves `router` on `listener` with `limits` until the task is dropped;
@@ -87,6 +91,18 @@ pub async fn serve_router(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: HttpLimits,
+    on_reject: impl Fn() + Send + 'static,
+) {
+    serve_router_tls(listener, router, limits, None, on_reject).await
+}
+
+/// [`serve_router`], over TLS with `tls`: a connection that has not
+/// finished its handshake within the header timeout is closed.
+pub async fn serve_router_tls(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: HttpLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     on_reject: impl Fn() + Send + 'static,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -111,13 +127,25 @@ pub async fn serve_router(
             req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
             tower::Service::call(&mut router.clone(), req)
         });
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let conn = hyper::server::conn::http1::Builder::new()
+            let http = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(TokioIo::new(sock), svc);
-            match tokio::time::timeout(MAX_CONNECTION_AGE, conn).await {
+                .to_owned();
+            let served = match tls {
+                None => tokio::time::timeout(MAX_CONNECTION_AGE, http.serve_connection(TokioIo::new(sock), svc)).await,
+                Some(acceptor) => {
+                    let stream = match tokio::time::timeout(limits.header_timeout, acceptor.accept(sock)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => return debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => return debug!("TLS handshake timed out"),
+                    };
+                    tokio::time::timeout(MAX_CONNECTION_AGE, http.serve_connection(TokioIo::new(stream), svc)).await
+                }
+            };
+            match served {
                 Ok(Err(e)) => debug!(error = %e, "HTTP connection ended"),
                 Err(_) => debug!("HTTP connection closed at its maximum age"),
                 Ok(Ok(())) => {}

@@ -107,6 +107,8 @@ fn s(p: &Path) -> &str {
 struct Serve {
     child: Child,
     port: u16,
+    /// The HTTP listener's `host:port`, with `--http-addr`.
+    http: Option<String>,
     log: PathBuf,
 }
 
@@ -139,14 +141,19 @@ impl Serve {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut http = None;
         let port = loop {
             let line =
                 lines.next().unwrap_or_else(|| panic!("server exited: {}", std::fs::read_to_string(&log).unwrap()));
-            if let Some(a) = line.unwrap().strip_prefix("listening on ") {
+            let line = line.unwrap();
+            if let Some(a) = line.strip_prefix("metrics on ").and_then(|u| u.split_once("://")) {
+                http = Some(a.1.trim_end_matches("/metrics").to_string());
+            }
+            if let Some(a) = line.strip_prefix("listening on ") {
                 break a.rsplit(':').next().unwrap().parse().unwrap();
             }
         };
-        Serve { child, port, log }
+        Serve { child, port, http, log }
     }
 
     fn plain(&self) -> Endpoint {
@@ -365,6 +372,71 @@ async fn caller_identity_is_the_verified_client_certificate() {
 // ---------------------------------------------------------------------------
 // TLS and mTLS against the real server
 // ---------------------------------------------------------------------------
+
+/// `GET path` over TLS to `addr` with `roots` trusted and, for mTLS, a
+/// client certificate: the response head's status line, or the error.
+async fn https_get(addr: &str, pki: &Pki, client: Option<(&Path, &Path)>, path: &str) -> Result<String, String> {
+    use rustls_pki_types::pem::PemObject as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(&pki.ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let b = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap();
+    let b = b.with_root_certificates(roots);
+    let cfg = match client {
+        Some((cert, key)) => {
+            let chain = rustls_pki_types::CertificateDer::pem_file_iter(cert).unwrap().map(|c| c.unwrap()).collect();
+            b.with_client_auth_cert(chain, rustls_pki_types::PrivateKeyDer::from_pem_file(key).unwrap()).unwrap()
+        }
+        None => b.with_no_client_auth(),
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls =
+        tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    tls.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    text.lines().next().map(str::to_string).filter(|l| l.starts_with("HTTP/1.1")).ok_or(text)
+}
+
+/// The HTTP listener (REST, A2A, metrics) is served over TLS with
+/// `--tls-cert`, and over mTLS with `--client-ca`, like gRPC: its URL says
+/// https; a plaintext request gets no HTTP answer; without the client
+/// certificate mTLS refuses the handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_listener_serves_tls_and_mtls() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if !ready() {
+        return;
+    }
+    let dir = scratch("http-tls");
+    let pki = pki(&dir);
+    let tls = ["--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tls-cert", s(&pki.server_cert)];
+    let tls = [&tls[..], &["--tls-key", s(&pki.server_key)]].concat();
+    let one = Serve::start(&dir, "http-tls", &tls);
+    let addr = one.http.clone().expect("a metrics line");
+    assert_eq!(https_get(&addr, &pki, None, "/v1/models").await, Ok("HTTP/1.1 200 OK".to_string()));
+    assert_eq!(https_get(&addr, &pki, None, "/metrics").await, Ok("HTTP/1.1 200 OK".to_string()));
+    // plaintext on the TLS port: no HTTP answer
+    let mut plain = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    plain.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut raw)).await;
+    assert!(!String::from_utf8_lossy(&raw).contains("200 OK"), "plaintext answered");
+    drop(one);
+    let two = Serve::start(&dir, "http-mtls", &[&tls[..], &["--client-ca", s(&pki.ca)]].concat());
+    let addr = two.http.clone().unwrap();
+    let me = (pki.client_cert.as_path(), pki.client_key.as_path());
+    assert_eq!(https_get(&addr, &pki, Some(me), "/v1/models").await, Ok("HTTP/1.1 200 OK".to_string()));
+    assert!(https_get(&addr, &pki, None, "/v1/models").await.is_err(), "no client certificate, no answer");
+    let rogue = (pki.rogue_cert.as_path(), pki.rogue_key.as_path());
+    assert!(https_get(&addr, &pki, Some(rogue), "/v1/models").await.is_err(), "another CA's certificate");
+}
 
 /// `scd serve` with TLS and `--client-ca` (mTLS) from `pki`.
 fn start_mtls(dir: &Path, name: &str, pki: &Pki) -> Serve {
