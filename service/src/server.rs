@@ -22,7 +22,7 @@ use crate::grpc::auth::{Auth, AuthConfig, AuthLayer};
 use crate::grpc::http::{serve_metrics, HttpLimits};
 use crate::grpc::layer::ObserveLayer;
 use crate::grpc::metrics::Metrics;
-use crate::grpc::{pb, Limits, ScdHandler, ScdService, DESCRIPTOR};
+use crate::grpc::{pb, Limits, Ready, ScdHandler, ScdService, DESCRIPTOR};
 
 /// How often the server pings a connection's peer over HTTP/2.
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -132,10 +132,12 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     // fail-stop: a dead encoder thread makes the whole server NOT_SERVING
     let mut stopped = service.batcher().stopped_signal();
     let stop_health = health.clone();
+    let stop_ready = service.readiness().clone();
     tokio::spawn(async move {
         let cause = stopped.wait_for(|c| c.is_some()).await.ok().and_then(|c| c.clone());
         if let Some(cause) = cause {
             error!(cause = %cause, "encoder thread stopped; health NOT_SERVING");
+            stop_ready.set(Ready::Stopped);
             stop_health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
             stop_health.set_service_status("", ServingStatus::NotServing).await;
         }
@@ -145,6 +147,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let batcher_alive = service.clone();
     let health_setter = health.clone();
     let warm_drain = drain.clone();
+    let warm_ready = service.readiness().clone();
     tokio::spawn(async move {
         let ok = tokio::task::spawn_blocking(move || {
             warm.encoder().encode(&["warm up"], &EncodeOptions::new(InputKind::Query))
@@ -154,14 +157,17 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
         .unwrap_or(false);
         if !ok || batcher_alive.batcher().stopped().is_some() {
             warn!("warm-up failed; staying NOT_SERVING");
+            warm_ready.set(Ready::Stopped);
         } else if warm_drain.is_draining() {
             info!("model warm, but draining; staying NOT_SERVING");
         } else {
             health_setter.set_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
             health_setter.set_service_status("", ServingStatus::Serving).await;
+            warm_ready.set(Ready::Serving);
             info!("model warm; SERVING");
         }
     });
+    let ready = service.readiness().clone();
     let svc = pb::scd_server::ScdServer::new(ScdHandler(service))
         .max_decoding_message_size(cfg.limits.max_request_bytes)
         .max_encoding_message_size(64 << 20);
@@ -205,6 +211,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     }
     // drain: refuse new calls, report NOT_SERVING, let calls in flight finish
     drain.start();
+    ready.set(Ready::Draining);
     health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
     info!(

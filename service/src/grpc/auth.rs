@@ -273,8 +273,11 @@ pub async fn http_middleware(
             None => (StatusCode::NOT_FOUND, "no such DID document\n").into_response(),
         };
     }
-    // discovery: the A2A agent card is public (it declares the scheme)
-    if req.method() == http::Method::GET && req.uri().path() == "/.well-known/agent-card.json" {
+    // discovery: the A2A agent card is public (it declares the scheme), and
+    // so are the liveness and readiness checks a load balancer makes
+    if req.method() == http::Method::GET
+        && matches!(req.uri().path(), "/.well-known/agent-card.json" | "/health" | "/ready")
+    {
         return next.run(req).await;
     }
     match auth.admit(req.headers()) {

@@ -57,7 +57,24 @@ async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&gauges))
 }
 
-/// Serves `GET /metrics` (and the `routes` merged in: the server puts the
+/// `GET /health`: the process answers (200 whatever its state).
+async fn health() -> impl IntoResponse {
+    "ok\n"
+}
+
+/// `GET /ready`: 200 while the server takes work, else 503 saying why (for
+/// a load balancer's check; gRPC health says the same).
+async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
+    use super::Ready;
+    match service.readiness().get() {
+        Ready::Serving => (axum::http::StatusCode::OK, "serving\n"),
+        Ready::Starting => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "starting: the model is warming up\n"),
+        Ready::Draining => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining: finishing the calls in flight\n"),
+        Ready::Stopped => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopped: the encoder is not running\n"),
+    }
+}
+
+/// Serves `GET /metrics`, `GET /health` and `GET /ready` (and the `routes` merged in: the server puts the
 /// A2A routes there) on `listener` until the task is dropped; with `auth`,
 /// every request is authenticated (DID documents and the agent card
 /// excepted).
@@ -69,7 +86,11 @@ pub async fn serve_metrics(
     routes: Option<axum::Router>,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
-    let mut router = axum::Router::new().route("/metrics", get(metrics)).with_state(service.clone());
+    let mut router = axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .with_state(service.clone());
     if let Some(routes) = routes {
         router = router.merge(routes);
     }

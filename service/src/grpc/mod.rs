@@ -105,6 +105,8 @@ pub struct ScdService {
     pub(crate) audit_readers: Arc<Semaphore>,
     /// The budget tokenizers requests may name.
     pub(crate) tokenizers: Arc<TokenizerRegistry>,
+    /// Whether it takes work (`GET /ready`), set by the server.
+    pub(crate) readiness: Arc<Readiness>,
 }
 
 /// Requests of one EmbedStream queued ahead of the one being answered: a
@@ -218,6 +220,7 @@ impl ScdService {
             confidence_map: scd_engine::handoff::ConfidenceMap::default(),
             audit_readers: Arc::new(Semaphore::new(audit::MAX_AUDIT_STREAMS)),
             tokenizers: Arc::new(TokenizerRegistry::new()),
+            readiness: Arc::default(),
         }
     }
 
@@ -623,6 +626,49 @@ impl ScdService {
 }
 
 type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
+
+/// Whether a server takes work, as `GET /ready` answers it (gRPC health
+/// says the same as SERVING / NOT_SERVING).
+#[derive(Debug, Default)]
+pub struct Readiness(std::sync::atomic::AtomicU8);
+
+/// A server's state, for [`Readiness`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Ready {
+    /// Loading and warming the model.
+    Starting = 0,
+    /// Taking work.
+    Serving = 1,
+    /// SIGTERM: finishing the calls in flight, refusing new ones.
+    Draining = 2,
+    /// The encoder thread stopped (or the warm-up failed): it takes no work.
+    Stopped = 3,
+}
+
+impl Readiness {
+    /// Sets the state.
+    pub fn set(&self, r: Ready) {
+        self.0.store(r as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The state.
+    pub fn get(&self) -> Ready {
+        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Ready::Serving,
+            2 => Ready::Draining,
+            3 => Ready::Stopped,
+            _ => Ready::Starting,
+        }
+    }
+}
+
+impl ScdService {
+    /// Its [`Readiness`], which the server sets.
+    pub fn readiness(&self) -> &Arc<Readiness> {
+        &self.readiness
+    }
+}
 
 /// The `scd.v1.Scd` handler: a shared [`ScdService`] (a local type, so the
 /// generated trait, now in `scd-proto`, can be implemented for it).

@@ -73,9 +73,14 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &s
 
 /// `GET path` on `addr`: the body of a 200.
 pub(crate) fn get(addr: &str, path: &str) -> String {
-    let (status, body) = http(addr, "GET", path, &[], "");
+    let (status, body) = status_and_body(addr, path);
     assert_eq!(status, 200, "GET {path}: {body}");
     body
+}
+
+/// `GET path` on `addr`: status and body.
+pub(crate) fn status_and_body(addr: &str, path: &str) -> (u16, String) {
+    http(addr, "GET", path, &[], "")
 }
 
 /// Status and body of a raw HTTP/1.1 response.

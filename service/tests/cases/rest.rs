@@ -256,3 +256,34 @@ fn rest_serves_a_generated_openapi_document() {
         assert!(text.contains(needle), "{needle} missing");
     }
 }
+
+/// `GET /health` answers whatever the state; `GET /ready` is 503 until the
+/// model is warm, then 200; both answer without a signature under
+/// `--auth did-wba`, which every other route still asks for.
+#[test]
+fn health_and_ready_over_http_need_no_signature() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (dids, key) = (dir.path().join("dids"), dir.path().join("alice.json"));
+    let (d, k) = (dids.to_str().unwrap(), key.to_str().unwrap());
+    let (ok, _, stderr) =
+        scd(&["identity", "new", "--out", k, "--did", "did:wba:example.com:user:alice", "--did-dir", d], "");
+    assert!(ok, "{stderr}");
+    let s = start(&["--auth", "did-wba", "--did-dir", dids.to_str().unwrap()]);
+    let http = |path: &str| super::a2a::status_and_body(&s.http, path);
+    assert_eq!(http("/health"), (200, "ok\n".to_string()));
+    let mut states = Vec::new();
+    for _ in 0..600 {
+        let (status, body) = http("/ready");
+        states.push((status, body.trim().to_string()));
+        if status == 200 {
+            break;
+        }
+        assert!(status == 503 && body.starts_with("starting"), "{status} {body}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(states.last().unwrap(), &(200, "serving".to_string()), "{states:?}");
+    assert_eq!(http("/metrics").0, 401, "other routes still need a signature");
+}
