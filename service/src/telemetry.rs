@@ -25,10 +25,13 @@ fn sdk_capped(meta: &Metadata<'_>) -> bool {
     !sdk || *meta.level() <= Level::WARN
 }
 
-/// The filter of `rust_log` (or `default_level` when unset or invalid), and
-/// `rmcp` events at `warn` and above only.
+/// The filter of `rust_log` (or, when unset or invalid, `default_level`
+/// with ONNX Runtime's own events at `warn`: its session set-up logs some
+/// 200 lines at info), and `rmcp` events at `warn` and above only.
 pub fn filter(rust_log: Option<&str>, default_level: &str) -> impl Filter<Registry> + Send + Sync + 'static {
-    let env = rust_log.and_then(|s| EnvFilter::try_new(s).ok()).unwrap_or_else(|| EnvFilter::new(default_level));
+    let env = rust_log
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new(format!("{default_level},ort=warn")));
     env.and(filter_fn(sdk_capped))
 }
 
@@ -37,7 +40,9 @@ pub fn filter(rust_log: Option<&str>, default_level: &str) -> impl Filter<Regist
 /// below `warn` are always dropped; logs go to stderr.
 pub fn init(format: LogFormat, default_level: &str) {
     let filter = filter(std::env::var(EnvFilter::DEFAULT_ENV).ok().as_deref(), default_level);
-    let layer = fmt::layer().with_writer(std::io::stderr);
+    // colour codes only for a person at a terminal, never into a file or a journal
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let layer = fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => tracing_subscriber::registry().with(layer.with_filter(filter)).init(),
         LogFormat::Json => tracing_subscriber::registry().with(layer.json().with_filter(filter)).init(),
@@ -76,6 +81,9 @@ mod tests {
             tracing::info!(target: "rmcp::service", "received notification sk_live_SECRET_4242");
             tracing::warn!(target: "rmcp::service", "rmcp warning");
             tracing::debug!(target: "scd_service::mcp", "our debug line");
+            tracing::info!(target: "ort::session", "ort info line");
+            tracing::warn!(target: "ort::session", "ort warning");
+            tracing::info!(target: "scd_service::server", "our info line");
         });
         let out = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
         out
@@ -91,5 +99,13 @@ mod tests {
         // the rest of RUST_LOG still applies
         assert!(logged(Some("debug")).contains("our debug line"));
         assert!(!logged(None).contains("our debug line"));
+    }
+
+    #[test]
+    fn onnx_runtime_logs_at_warn_unless_rust_log_asks() {
+        let quiet = logged(None);
+        assert!(!quiet.contains("ort info line") && quiet.contains("ort warning"), "{quiet}");
+        assert!(quiet.contains("our info line"), "{quiet}");
+        assert!(logged(Some("info")).contains("ort info line"), "RUST_LOG decides when set");
     }
 }

@@ -23,7 +23,8 @@ use crate::grpc::{pb, ScdHandler, ScdService};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingsBody {
-    /// The model: the id `GET /v1/models` lists.
+    /// The model: the id `GET /v1/models` lists (`e5-small@<digest>`), or
+    /// its name before the `@`.
     pub model: String,
     /// A text, or a list of texts (each non-empty; at most the server's
     /// `--max-texts`). Token arrays are not accepted: send text.
@@ -164,7 +165,8 @@ pub(super) async fn embeddings(
         let e = svc.scd.encoder();
         (e.model_id().to_string(), e.dim())
     };
-    if b.model != model {
+    // the id `GET /v1/models` lists (`e5-small@<digest>`), or its name alone
+    if b.model != model && model.split_once('@').is_none_or(|(name, _)| b.model != name) {
         return Err(ApiError::from_status(&tonic::Status::not_found(
             "model: not a model this server has loaded (GET /v1/models lists it)",
         )));

@@ -214,6 +214,11 @@ async fn rest_embeddings_match_scd_embed_by_cosine() {
         let decoded: Vec<f32> = bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(decoded, got, "base64 carries the same floats");
     }
+    // the model's name without its digest names it too
+    let name = model.split('@').next().unwrap();
+    let (status, r2) =
+        call("127.0.0.1", addr, "POST", "/v1/embeddings", None, &json!({"model": name, "input": texts})).await;
+    assert_eq!((status, &r2["data"]), (200, &r["data"]));
     // one string is one input; a query is embedded with the query prefix
     let (ok, out, _) = scd(&["embed", "--query"], texts[1]);
     assert!(ok);
