@@ -150,19 +150,21 @@ pub fn http_server_config(files: &ServerTlsFiles) -> anyhow::Result<Option<std::
 
 /// The client's TLS configuration for `addr`: `None` for `http://`.
 ///
-/// `https://` needs `--ca-cert` (no system roots are bundled); a TLS
-/// option with an `http://` address is an error rather than plaintext.
+/// `https://` trusts `--ca-cert`, or without it the system's root
+/// certificates (`/etc/ssl/certs`, or `SSL_CERT_FILE`); a TLS option with an
+/// `http://` address is an error rather than plaintext.
 pub fn client_config(addr: &str, files: &ClientTlsFiles) -> anyhow::Result<Option<ClientTlsConfig>> {
     pair(("--client-cert", &files.client_cert), ("--client-key", &files.client_key))?;
     if !addr.starts_with("https://") {
         anyhow::ensure!(!files.any(), "--addr {addr}: TLS options need an https:// address");
         return Ok(None);
     }
-    let ca = files.ca_cert.as_ref().with_context(|| {
-        format!("--addr {addr}: https:// needs --ca-cert (the CA that signed the server's certificate)")
-    })?;
     let cert_key = files.client_cert.as_deref().zip(files.client_key.as_deref());
-    let mut cfg = client_tls(["--ca-cert", "--client-cert", "--client-key"], ca, cert_key)?;
+    let flags = ["--ca-cert", "--client-cert", "--client-key"];
+    let mut cfg = match &files.ca_cert {
+        Some(ca) => client_tls(flags, ca, cert_key)?,
+        None => with_identity(flags, ClientTlsConfig::new().with_native_roots(), cert_key)?,
+    };
     if let Some(domain) = &files.domain {
         cfg = cfg.domain_name(domain.clone());
     }
@@ -185,12 +187,18 @@ pub fn peer_config(ca: Option<&Path>, cert_key: Option<(&Path, &Path)>) -> anyho
 /// three files in errors (CA, certificate, key).
 fn client_tls(flags: [&str; 3], ca: &Path, cert_key: Option<(&Path, &Path)>) -> anyhow::Result<ClientTlsConfig> {
     let (ca_pem, _) = read_certs(flags[0], ca)?;
-    let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
-    if let Some((cert, key)) = cert_key {
-        let (cert_pem, _) = read_certs(flags[1], cert)?;
-        cfg = cfg.identity(Identity::from_pem(cert_pem, read_key(flags[2], key)?));
-    }
-    Ok(cfg)
+    with_identity(flags, ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)), cert_key)
+}
+
+/// `cfg` presenting the certificate and key of `cert_key` (mTLS), if given.
+fn with_identity(
+    flags: [&str; 3],
+    cfg: ClientTlsConfig,
+    cert_key: Option<(&Path, &Path)>,
+) -> anyhow::Result<ClientTlsConfig> {
+    let Some((cert, key)) = cert_key else { return Ok(cfg) };
+    let (cert_pem, _) = read_certs(flags[1], cert)?;
+    Ok(cfg.identity(Identity::from_pem(cert_pem, read_key(flags[2], key)?)))
 }
 
 /// `e` and its sources, joined by `: `.
@@ -271,16 +279,14 @@ mod tests {
     }
 
     #[test]
-    fn client_tls_needs_https_and_a_ca() {
+    fn client_tls_needs_https() {
         let tls = ClientTlsFiles { ca_cert: Some("ca.pem".into()), ..Default::default() };
         assert_eq!(
             client_config("http://127.0.0.1:1", &tls).unwrap_err().to_string(),
             "--addr http://127.0.0.1:1: TLS options need an https:// address"
         );
-        assert!(client_config("https://127.0.0.1:1", &ClientTlsFiles::default())
-            .unwrap_err()
-            .to_string()
-            .contains("https:// needs --ca-cert"));
+        // without --ca-cert: the system's roots
+        assert!(client_config("https://127.0.0.1:1", &ClientTlsFiles::default()).unwrap().is_some());
         assert!(client_config("http://127.0.0.1:1", &ClientTlsFiles::default()).unwrap().is_none());
         let half = ClientTlsFiles { client_cert: Some("c.pem".into()), ..Default::default() };
         assert_eq!(

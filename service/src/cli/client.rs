@@ -1,7 +1,8 @@
 //! `scd client`: a small gRPC client for scripts and tests.
 //!
-//! Plaintext (`http://`) or TLS (`https://` with `--ca-cert`, plus
-//! `--client-cert`/`--client-key` for mTLS). Every call is retried with
+//! Plaintext (`http://`) or TLS (`https://`, trusting `--ca-cert` or else
+//! the system's root certificates, plus `--client-cert`/`--client-key` for
+//! mTLS). Every call is retried with
 //! exponential backoff and jitter on UNAVAILABLE, broken connections and
 //! RESOURCE_EXHAUSTED (waiting at least the server's `retry-after-ms`),
 //! never on INVALID_ARGUMENT and the like.
@@ -128,7 +129,9 @@ pub struct ClientArgs {
     /// Server address.
     #[arg(long, env = "SCD_CLIENT_ADDR", default_value = "http://127.0.0.1:50051")]
     addr: String,
-    /// CA certificate (PEM) that signed the server's certificate; needs an https:// --addr.
+    /// CA certificate (PEM) that signed the server's certificate; needs an
+    /// https:// --addr. Without it https:// trusts the system's root
+    /// certificates (or SSL_CERT_FILE).
     #[arg(long, env = "SCD_CLIENT_CA_CERT")]
     ca_cert: Option<PathBuf>,
     /// Client certificate (PEM) for mTLS; with --client-key.

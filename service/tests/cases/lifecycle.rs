@@ -404,6 +404,39 @@ async fn https_get(addr: &str, pki: &Pki, client: Option<(&Path, &Path)>, path: 
     text.lines().next().map(str::to_string).filter(|l| l.starts_with("HTTP/1.1")).ok_or(text)
 }
 
+/// `scd client` on an `https://` address without `--ca-cert` trusts the
+/// system's roots: the test CA through `SSL_CERT_FILE` is trusted, the
+/// system's own store (which does not hold it) is not.
+#[test]
+fn scd_client_trusts_the_systems_roots_without_ca_cert() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("native-roots");
+    let pki = pki(&dir);
+    let args = ["--addr", "127.0.0.1:0", "--tls-cert", s(&pki.server_cert), "--tls-key", s(&pki.server_key)];
+    let server = Serve::start(&dir, "native-roots", &args);
+    let addr = format!("https://localhost:{}", server.port);
+    let client = |cert_file: Option<&Path>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_scd"));
+        c.args(["client", "--addr", &addr, "--retries", "0", "info"]).stdin(Stdio::null());
+        c.env_remove("SSL_CERT_FILE").env_remove("SSL_CERT_DIR");
+        if let Some(f) = cert_file {
+            c.env("SSL_CERT_FILE", f);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = client(Some(&pki.ca));
+    assert!(ok && stdout.contains("e5-small"), "{stdout}{stderr}");
+    let (ok, _, stderr) = client(None);
+    assert!(!ok, "a CA the system does not hold is not trusted: {stderr}");
+}
+
 /// The HTTP listener (REST, A2A, metrics) is served over TLS with
 /// `--tls-cert`, and over mTLS with `--client-ca`, like gRPC: its URL says
 /// https; a plaintext request gets no HTTP answer; without the client
