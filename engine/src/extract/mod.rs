@@ -436,6 +436,8 @@ impl Counting {
 /// The SCD engine: an encoder, an embedding cache and session ledgers.
 pub struct Scd {
     encoder: Arc<dyn Encoder>,
+    /// Texts and tokens this engine has had the encoder embed (cache misses).
+    encoded: [std::sync::atomic::AtomicU64; 2],
     cache: EmbeddingCache,
     sessions: SessionStore<Ledger>,
     prepared: moka::sync::Cache<[u8; 32], Arc<PreparedContext>>,
@@ -472,7 +474,8 @@ impl Scd {
             .weigher(|_, p: &Arc<PreparedContext>| u32::try_from(p.bytes).unwrap_or(u32::MAX))
             .build();
         let disk = cfg.embedding_store.as_ref().map(|p| DiskTier::new(p, cfg.embedding_store_bytes));
-        Self { cache: EmbeddingCache::new(cfg.cache_bytes).with_disk(disk), encoder, sessions, prepared, cfg }
+        let cache = EmbeddingCache::new(cfg.cache_bytes).with_disk(disk);
+        Self { cache, encoder, encoded: Default::default(), sessions, prepared, cfg }
     }
 
     /// The encoder.
@@ -483,6 +486,14 @@ impl Scd {
     /// Cache counters.
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+
+    /// Texts and tokens (specials included) the encoder embedded for this
+    /// engine so far: the work compressions and follow-ups cost it, cache
+    /// hits not counted.
+    pub fn encoded(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.encoded[0].load(Relaxed), self.encoded[1].load(Relaxed))
     }
 
     /// The configuration.

@@ -190,6 +190,8 @@ impl Scd {
             cancel.check("embed")?;
             let refs: Vec<&str> = slice.iter().map(|&i| texts[i]).collect();
             let enc = self.encoder.encode_cancellable(&refs, &EncodeOptions::new(kind).with_windows(), cancel)?;
+            self.encoded[0].fetch_add(refs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.encoded[1].fetch_add(enc.tokens.iter().sum::<usize>() as u64, std::sync::atomic::Ordering::Relaxed);
             let mut fresh = Vec::with_capacity(slice.len());
             for (j, &i) in slice.iter().enumerate() {
                 let v: Arc<[f32]> = Arc::from(enc.row(j));

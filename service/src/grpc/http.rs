@@ -22,6 +22,7 @@ use tokio::sync::Semaphore;
 use tracing::debug;
 
 use super::auth::{http_middleware, Auth};
+use super::metrics::Scrape;
 use super::ratelog::RateLimitedWarn;
 use super::ScdService;
 
@@ -48,13 +49,17 @@ async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
         ("scd_queue_depth", service.batcher.depth() as f64),
         ("scd_sessions", sessions.live as f64),
         ("scd_session_bytes", sessions.bytes as f64),
-        ("scd_sessions_evicted", sessions.evicted as f64),
-        ("scd_sessions_expired", sessions.expired as f64),
-        ("scd_cache_hits", stats.hits as f64),
-        ("scd_cache_misses", stats.misses as f64),
         ("scd_cache_bytes", stats.bytes as f64),
     ];
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&gauges))
+    let counters = [
+        ("scd_sessions_evicted_total", sessions.evicted),
+        ("scd_sessions_expired_total", sessions.expired),
+        ("scd_cache_hits_total", stats.hits),
+        ("scd_cache_misses_total", stats.misses),
+    ];
+    let model = service.scd.encoder().model_id().to_string();
+    let view = Scrape { gauges: &gauges, counters: &counters, engine_encoded: service.scd.encoded(), model: &model };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&view))
 }
 
 /// `GET /health`: the process answers (200 whatever its state).

@@ -108,6 +108,25 @@ async fn rest_compresses_asks_more_and_closes_within_its_callers_scope() {
     assert_eq!(status, 404, "{e}");
 
     let metrics = crate::a2a::get(&s.http, "/metrics");
+    // compressions embed: the encoder's totals move; every metric is described
+    let encoded = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("scd_encoder_texts_total "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(encoded >= 5.0, "the chunks and tasks embedded are counted: {encoded}");
+    for line in [
+        "# HELP scd_requests_total ",
+        "# TYPE scd_cache_misses_total counter",
+        "# TYPE scd_sessions_evicted_total counter",
+        "# HELP scd_encoder_texts_total ",
+        "scd_build_info{",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE process_cpu_seconds_total counter",
+        "process_open_fds ",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
     for line in [
         r#"scd_requests_total{method="REST POST /v1/compress",code="Ok"} 2"#,
         r#"scd_requests_total{method="REST POST /v1/sessions/{session_id}/more",code="NotFound"} 2"#,
