@@ -23,6 +23,9 @@ test: setup
 	# the binary without the ATP stack (feature `atp` off) builds and lints clean
 	cargo clippy -p scd-service --no-default-features --lib --bins -- -D warnings
 	SCD_REQUIRE_MODELS=1 cargo test --workspace
+	# the Python client and its LangChain / LlamaIndex adapters against a
+	# real `scd serve` (target/debug/scd, which cargo test just built)
+	service/clients/python/run-tests.sh
 	# the GPU build, without a GPU: it compiles, lints clean, and --device cuda
 	# fails naming what is missing instead of falling back to the CPU
 	cargo clippy -p scd-service --all-targets --features cuda -- -D warnings

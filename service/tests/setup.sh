@@ -6,6 +6,9 @@
 #      service/tests/py/a2a-tck-constraints.txt)
 #   2. the official A2A Python SDK in .tools/a2a-sdk-venv
 #      (service/tests/py/a2a-sdk-requirements.txt)
+#   3. the Python client (service/clients/python) with its test pins in
+#      .tools/py-client-venv (service/clients/python/requirements-test.txt),
+#      re-installed when the pins or the package's files change
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TOOLS="$ROOT/.tools"
@@ -42,4 +45,15 @@ fi
 
 PINS="$ROOT/service/tests/py/a2a-sdk-requirements.txt"
 venv "$TOOLS/a2a-sdk-venv" "$PINS" -r "$PINS"
+
+# the client's pins plus a hash of each of its files: a changed file re-installs it
+CLIENT="$ROOT/service/clients/python"
+PINS="$CLIENT/requirements-test.txt"
+STAMP="$TOOLS/py-client-venv.pins"
+{
+  cat "$PINS"
+  (cd "$CLIENT" && find pyproject.toml README.md src -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
+    | LC_ALL=C sort | xargs sha256sum)
+} > "$STAMP"
+venv "$TOOLS/py-client-venv" "$STAMP" -r "$PINS" "$CLIENT[did,langchain,llamaindex]"
 say "ready"
