@@ -61,6 +61,8 @@ enum Command {
     /// Identities for DID-authenticated calls (serve --auth did-wba, client --identity).
     #[command(subcommand)]
     Identity(cli::identity::IdentityCommand),
+    /// Print the OpenAPI document of the REST API (what `scd serve --http-addr` serves at /openapi.json).
+    Openapi,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -101,5 +103,9 @@ fn main() -> anyhow::Result<()> {
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Flood(args)) => cli::atp::flood(args),
         Command::Identity(cmd) => cli::identity::run(cmd),
+        Command::Openapi => {
+            println!("{}", scd_service::rest::openapi_document());
+            Ok(())
+        }
     }
 }

@@ -66,26 +66,8 @@ pub const SESSION_TOKEN_HEADER: &str = "x-scd-session-token";
 /// The REST routes over `svc` (and `GET /openapi.json`), to merge into the
 /// HTTP listener's router.
 pub fn router(svc: Arc<ScdService>) -> axum::Router {
-    let mut api = OpenApi {
-        info: Info {
-            title: "SCD".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            description: Some(
-                "The minimal sufficient context for a task under a token budget, over HTTP+JSON. Errors are \
-                 {\"error\": {\"message\", \"type\", \"param\", \"code\"}}; `param` names the field."
-                    .into(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let routes = ApiRouter::new()
-        .api_route("/v1/compress", post_with(compress, compress_docs))
-        .api_route("/v1/sessions/{session_id}/more", post_with(more, more_docs))
-        .api_route("/v1/sessions/{session_id}", delete_with(close, close_docs))
-        .api_route("/v1/embeddings", post_with(embeddings::embeddings, embeddings::docs))
-        .api_route("/v1/models", get_with(embeddings::models, embeddings::models_docs))
-        .finish_api(&mut api);
+    let mut api = api_info();
+    let routes = api_routes().finish_api(&mut api);
     let document: Arc<str> = serde_json::to_string_pretty(&api).expect("an OpenAPI document serializes").into();
     routes
         .route(
@@ -97,6 +79,41 @@ pub fn router(svc: Arc<ScdService>) -> axum::Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(svc.clone(), counted))
         .with_state(svc)
+}
+
+/// The OpenAPI document `GET /openapi.json` serves, pretty-printed (no
+/// server needed: `scd openapi` prints it, and `docs/openapi.json` is a copy
+/// a test keeps in step).
+pub fn openapi_document() -> String {
+    let mut api = api_info();
+    let _ = api_routes().finish_api(&mut api);
+    serde_json::to_string_pretty(&api).expect("an OpenAPI document serializes")
+}
+
+fn api_info() -> OpenApi {
+    OpenApi {
+        info: Info {
+            title: "SCD".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            description: Some(
+                "The minimal sufficient context for a task under a token budget, over HTTP+JSON. Errors are \
+                 {\"error\": {\"message\", \"type\", \"param\", \"code\"}}; `param` names the field."
+                    .into(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The documented routes (their handlers and the types they parse and answer).
+fn api_routes() -> ApiRouter<Arc<ScdService>> {
+    ApiRouter::new()
+        .api_route("/v1/compress", post_with(compress, compress_docs))
+        .api_route("/v1/sessions/{session_id}/more", post_with(more, more_docs))
+        .api_route("/v1/sessions/{session_id}", delete_with(close, close_docs))
+        .api_route("/v1/embeddings", post_with(embeddings::embeddings, embeddings::docs))
+        .api_route("/v1/models", get_with(embeddings::models, embeddings::models_docs))
 }
 
 /// Counts each REST call in `scd_requests_total` (method `REST <verb>
@@ -369,4 +386,19 @@ async fn close(
 
 fn close_docs(op: TransformOperation) -> TransformOperation {
     op.id("close_session").summary("Close a session").response::<204, ()>()
+}
+
+#[cfg(test)]
+mod tests {
+    /// `docs/openapi.json` is the document the server serves; after a change
+    /// to the REST types, `scd openapi > docs/openapi.json` renews it.
+    #[test]
+    fn the_documented_openapi_is_the_served_one() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+        let docs = std::fs::read_to_string(path).expect("docs/openapi.json");
+        assert!(
+            docs.trim_end() == super::openapi_document(),
+            "docs/openapi.json is out of date: run `scd openapi > docs/openapi.json`"
+        );
+    }
 }
