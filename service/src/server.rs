@@ -99,6 +99,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let listener = tokio_listener(cfg.listener)?;
     let local = listener.local_addr()?;
+    let drain = Drain::default();
     if let Some(http) = cfg.http_listener {
         let l = tokio_listener(http)?;
         let scheme = if cfg.tls.is_some() { "https" } else { "http" };
@@ -114,6 +115,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
                 did_wba: auth.is_some(),
                 public_url: cfg.a2a_public_url.clone(),
                 http_addr: l.local_addr()?,
+                http_scheme,
             },
         );
         println!("A2A agent card on {http_scheme}://{}/.well-known/agent-card.json", l.local_addr()?);
@@ -122,13 +124,16 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             service.clone(),
             cfg.http,
             auth.clone(),
-            Some(crate::a2a::router(Arc::new(agent)).merge(crate::rest::router(service.clone()))),
+            Some(
+                crate::a2a::router(Arc::new(agent))
+                    .merge(crate::rest::router(service.clone()))
+                    .layer(axum::middleware::from_fn_with_state(drain.clone(), http_drain)),
+            ),
             cfg.http_tls.clone(),
         ));
     }
     println!("listening on {local}");
     info!(addr = %local, tls = cfg.tls.is_some(), auth = auth.is_some(), "gRPC listener");
-    let drain = Drain::default();
     // fail-stop: a dead encoder thread makes the whole server NOT_SERVING
     let mut stopped = service.batcher().stopped_signal();
     let stop_health = health.clone();
@@ -163,7 +168,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
         } else {
             health_setter.set_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
             health_setter.set_service_status("", ServingStatus::Serving).await;
-            warm_ready.set(Ready::Serving);
+            warm_ready.set_if(Ready::Starting, Ready::Serving);
             info!("model warm; SERVING");
         }
     });
@@ -317,6 +322,28 @@ impl Drain {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// REST and A2A calls take part in the drain as gRPC calls do: each is in
+/// flight until its response body ends (an SSE stream included), and once
+/// draining a new one is 503 with `Retry-After` (liveness, readiness and
+/// metrics are outside this layer and keep answering).
+async fn http_drain(
+    axum::extract::State(drain): axum::extract::State<Drain>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Some(guard) = drain.enter() else {
+        let body = serde_json::json!({"error": {
+            "message": "the server is draining (shutting down); retry on another replica",
+            "type": "service_unavailable", "param": null, "code": "UNAVAILABLE"}});
+        let headers = [(http::header::RETRY_AFTER, "1"), (http::header::CONTENT_TYPE, "application/json")];
+        return (http::StatusCode::SERVICE_UNAVAILABLE, headers, body.to_string()).into_response();
+    };
+    next.run(req)
+        .await
+        .map(|body| axum::body::Body::new(scd_net::HeldUntilEnd::new(tonic::body::Body::new(body), guard)))
 }
 
 fn exempt(path: &str) -> bool {

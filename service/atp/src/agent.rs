@@ -163,6 +163,10 @@ struct Job {
     pushed: AtomicU64,
     /// Whether its interaction proof was countersigned (one per task).
     proved: std::sync::atomic::AtomicBool,
+    /// The countersigned proof's digest and the ack it got (unstamped): the
+    /// same proof sent again (its answer was lost) gets that ack again,
+    /// freshly stamped, instead of a refusal.
+    proof_ack: Mutex<Option<([u8; 32], pb::ProofAck)>>,
 }
 
 /// State shared by the server, its background loops and its planner.
@@ -824,7 +828,12 @@ impl pb::atp_service_server::AtpService for AgentService {
             return Err(Status::failed_precondition("task.contract_id: the contract was just used for another task"));
         }
         let (tx, _) = watch::channel(Vec::new());
-        let job = Arc::new(Job { results: tx, pushed: AtomicU64::new(0), proved: Default::default() });
+        let job = Arc::new(Job {
+            results: tx,
+            pushed: AtomicU64::new(0),
+            proved: Default::default(),
+            proof_ack: Default::default(),
+        });
         if jobs.len() >= MAX_CONTRACTS {
             // forget finished jobs first
             jobs.retain(|_, j| !finished(j));
@@ -938,6 +947,17 @@ impl pb::atp_service_server::AtpService for AgentService {
     ) -> Result<Response<pb::ProofAck>, Status> {
         let mut proof = request.into_inner();
         let node = &self.0;
+        // the very proof this agent countersigned, sent again because its
+        // answer was lost: the same ack (before the replay check refuses it)
+        let digest: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(prost::Message::encode_to_vec(&proof)).into();
+        let known = node.jobs.lock().unwrap().get(&job_key(&proof.evaluator, &proof.task_id)).cloned();
+        let repeated = known.and_then(|job| {
+            job.proof_ack.lock().unwrap().as_ref().filter(|(d, _)| *d == digest).map(|(_, ack)| ack.clone())
+        });
+        if let Some(mut ack) = repeated {
+            node.identity.stamp_and_sign(&mut ack);
+            return Ok(Response::new(ack));
+        }
         node.verify(&proof)?;
         if sender(&proof.subject) != node.did() {
             return Err(Status::invalid_argument("proof.subject: this proof is about another agent"));
@@ -970,6 +990,7 @@ impl pb::atp_service_server::AtpService for AgentService {
             from: Some(node.identity.agent_id()),
             ..Default::default()
         };
+        *job.proof_ack.lock().unwrap() = Some((digest, ack.clone()));
         node.identity.stamp_and_sign(&mut ack);
         Ok(Response::new(ack))
     }
@@ -1234,7 +1255,8 @@ mod tests {
     #[test]
     fn a_job_holds_its_latest_checkpoint_then_only_its_final_result() {
         let (tx, rx) = watch::channel(Vec::new());
-        let job = Job { results: tx, pushed: AtomicU64::new(0), proved: Default::default() };
+        let job =
+            Job { results: tx, pushed: AtomicU64::new(0), proved: Default::default(), proof_ack: Default::default() };
         let result = |status: pb::TaskStatus, step: u32| pb::TaskResult {
             status: status as i32,
             checkpoint: Some(pb::TaskCheckpoint { step_number: step, ..Default::default() }),

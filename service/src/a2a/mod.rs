@@ -230,17 +230,19 @@ pub struct A2aConfig {
     /// `--auth did-wba` is on (the card declares the DIDWba scheme).
     pub did_wba: bool,
     /// The URL clients reach the HTTP listener at (`--a2a-public-url`);
-    /// `None`: `http://` and [`A2aConfig::http_addr`] (never the request's
+    /// `None`: [`A2aConfig::http_scheme`] and [`A2aConfig::http_addr`] (never the request's
     /// Host header, which the client chooses).
     pub public_url: Option<String>,
     /// The HTTP listener's own address, the card's URLs without
     /// `public_url`.
     pub http_addr: SocketAddr,
+    /// `http` or `https` (TLS) for the HTTP listener.
+    pub http_scheme: &'static str,
 }
 
 impl A2aConfig {
-    /// The base of the card's URLs: `--a2a-public-url`, else
-    /// `http://` and the listener's address.
+    /// The base of the card's URLs: `--a2a-public-url`, else the HTTP
+    /// listener's scheme and address.
     ///
     /// A loopback or unspecified (`0.0.0.0`, `[::]`) listener is named
     /// `localhost`: a card never lists an internal address (the A2A
@@ -250,9 +252,9 @@ impl A2aConfig {
         match &self.public_url {
             Some(u) => u.trim_end_matches('/').to_string(),
             None if self.http_addr.ip().is_loopback() || self.http_addr.ip().is_unspecified() => {
-                format!("http://localhost:{}", self.http_addr.port())
+                format!("{}://localhost:{}", self.http_scheme, self.http_addr.port())
             }
-            None => format!("http://{}", self.http_addr),
+            None => format!("{}://{}", self.http_scheme, self.http_addr),
         }
     }
 }
@@ -1075,6 +1077,7 @@ mod tests {
             did_wba: false,
             public_url: None,
             http_addr: "127.0.0.1:2".parse().unwrap(),
+            http_scheme: "http",
         };
         (Arc::new(Agent::new(svc.clone(), cfg)), svc)
     }

@@ -652,6 +652,17 @@ impl Readiness {
         self.0.store(r as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Sets `to` if the state is still `from` (a warm-up that ends after a
+    /// drain began leaves it draining).
+    pub fn set_if(&self, from: Ready, to: Ready) {
+        let _ = self.0.compare_exchange(
+            from as u8,
+            to as u8,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     /// The state.
     pub fn get(&self) -> Ready {
         match self.0.load(std::sync::atomic::Ordering::Relaxed) {

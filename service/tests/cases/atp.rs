@@ -912,6 +912,9 @@ enum Refuse {
     Proof,
     /// The first SubmitInteractionProof only (a transport hiccup).
     ProofOnce,
+    /// The first SubmitInteractionProof's answer: countersigned there, lost
+    /// on the way back.
+    ProofAnswerLost,
 }
 
 #[tonic::async_trait]
@@ -979,6 +982,10 @@ impl pb::atp_service_server::AtpService for Rejecting {
         &self,
         r: tonic::Request<pb::InteractionProof>,
     ) -> Result<tonic::Response<pb::ProofAck>, tonic::Status> {
+        if self.2 == Refuse::ProofAnswerLost && !self.3.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let _countersigned = self.0.submit_interaction_proof(r).await?;
+            return Err(tonic::Status::new(self.1, "the answer was lost"));
+        }
         let once = self.2 == Refuse::ProofOnce && !self.3.swap(true, std::sync::atomic::Ordering::Relaxed);
         if self.2 == Refuse::Proof || once {
             return Err(tonic::Status::new(self.1, "proof: not countersigning that (says this peer)"));
@@ -1115,6 +1122,18 @@ async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_viol
     assert_eq!(quality, 1.0);
     let p = planner_c.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
     assert!(!p.responder_signature.is_empty() && p.note.is_empty(), "countersigned on the second try: {p:?}");
+
+    // a worker that countersigned but whose answer was lost answers the
+    // same proof again with its ack (not as a replay): no violation
+    let lost =
+        rejecting_peer(&dir.join("lost"), "analysis:0.90:200:0.01", Code::Unavailable, Refuse::ProofAnswerLost).await;
+    let (planner_d, _) = planner(&dir.join("planner-d"), &scd.addr, &[lost]).await;
+    let Outcome::Completed { quality, .. } = planner_d.run(&analysis_job("own-3", &needs)).await.unwrap() else {
+        panic!("the agent completes")
+    };
+    assert_eq!(quality, 1.0);
+    let p = planner_d.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
+    assert!(!p.responder_signature.is_empty() && p.note.is_empty(), "the lost answer given again: {p:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
