@@ -25,7 +25,7 @@ test: setup
 	SCD_REQUIRE_MODELS=1 cargo test --workspace
 	# the Python client and its LangChain / LlamaIndex adapters against a
 	# real `scd serve` (target/debug/scd, which cargo test just built)
-	service/clients/python/run-tests.sh
+	SCD_REQUIRE_MODELS=1 service/clients/python/run-tests.sh
 	# the GPU build, without a GPU: it compiles, lints clean, and --device cuda
 	# fails naming what is missing instead of falling back to the CPU
 	cargo clippy -p scd-service --all-targets --features cuda -- -D warnings

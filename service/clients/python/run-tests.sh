@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python client's tests against a real `scd serve` ($SCD_BIN, default
 # target/debug/scd), in the venv service/tests/setup.sh makes. Extra
-# arguments go to pytest. Under CI=true a missing binary, model or package
-# fails instead of skipping.
+# arguments go to pytest. Under CI=true or SCD_REQUIRE_MODELS=1 (as `make
+# test` sets) a missing binary, model or package fails instead of skipping.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 cd "$ROOT"

@@ -13,8 +13,9 @@ use super::ApiError;
 use crate::grpc::ScdService;
 use crate::mcp::{compress_arguments, Args, CompressContextArgs, RequestMoreArgs};
 
-/// A JSON object body parsed as `T` ([`RestBody::parse`]); a body over
-/// `--max-request-bytes` is 413, one that is not a JSON object 400.
+/// A JSON object body parsed as `T` ([`RestBody::parse`]); a body not sent
+/// as `Content-Type: application/json` is 415, one over
+/// `--max-request-bytes` 413, one that is not a JSON object 400.
 #[derive(Debug)]
 pub struct Body<T>(pub T);
 
@@ -28,6 +29,17 @@ impl<T: RestBody> FromRequest<Arc<ScdService>> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, svc: &Arc<ScdService>) -> Result<Self, Self::Rejection> {
+        // JSON only: a web page may POST text/plain or a form to a server on
+        // this host without asking first (no CORS preflight); never JSON
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err(ApiError::unsupported_media_type());
+        }
         let max = svc.limits().max_request_bytes;
         let bytes = axum::body::to_bytes(req.into_body(), max).await.map_err(|_| ApiError::too_large(max))?;
         let value: Value = serde_json::from_slice(&bytes).map_err(|e| {

@@ -60,6 +60,12 @@ impl ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", message, Some("INVALID_ARGUMENT"))
     }
 
+    /// A body not sent as JSON.
+    pub fn unsupported_media_type() -> ApiError {
+        let message = "Content-Type: must be application/json".to_string();
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", message, Some("INVALID_ARGUMENT"))
+    }
+
     /// A session call without its token.
     pub fn session_token_missing() -> ApiError {
         ApiError::new(
@@ -157,6 +163,7 @@ impl aide::OperationOutput for ApiError {
             (401, "Not authenticated (`--auth did-wba`), or a session call without its token"),
             (404, "No such session or model"),
             (413, "Body over --max-request-bytes"),
+            (415, "Body not sent as Content-Type: application/json"),
             (429, "Busy: retry after `Retry-After` seconds (`retry-after-ms` to the millisecond)"),
             (503, "The engine is unavailable"),
         ]

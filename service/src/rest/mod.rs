@@ -147,7 +147,7 @@ fn code_of(status: StatusCode) -> tonic::Code {
     use tonic::Code;
     match status.as_u16() {
         200..=299 => Code::Ok,
-        400 | 413 => Code::InvalidArgument,
+        400 | 413 | 415 => Code::InvalidArgument,
         401 => Code::Unauthenticated,
         403 => Code::PermissionDenied,
         404 => Code::NotFound,

@@ -528,10 +528,10 @@ pub(crate) async fn request_from(
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
     let mut s = sock.connect(addr).await.unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        req.push_str("Content-Type: application/json\r\n");
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }

@@ -107,7 +107,7 @@ fn s(p: &Path) -> &str {
 struct Serve {
     child: Child,
     port: u16,
-    /// The HTTP listener's `host:port`, with `--http-addr`.
+    /// The HTTP listener's URL (`http://host:port` or `https://…`), with `--http-addr`.
     http: Option<String>,
     log: PathBuf,
 }
@@ -146,8 +146,8 @@ impl Serve {
             let line =
                 lines.next().unwrap_or_else(|| panic!("server exited: {}", std::fs::read_to_string(&log).unwrap()));
             let line = line.unwrap();
-            if let Some(a) = line.strip_prefix("metrics on ").and_then(|u| u.split_once("://")) {
-                http = Some(a.1.trim_end_matches("/metrics").to_string());
+            if let Some(url) = line.strip_prefix("metrics on ") {
+                http = Some(url.trim_end_matches("/metrics").to_string());
             }
             if let Some(a) = line.strip_prefix("listening on ") {
                 break a.rsplit(':').next().unwrap().parse().unwrap();
@@ -452,7 +452,8 @@ async fn the_http_listener_serves_tls_and_mtls() {
     let tls = ["--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tls-cert", s(&pki.server_cert)];
     let tls = [&tls[..], &["--tls-key", s(&pki.server_key)]].concat();
     let one = Serve::start(&dir, "http-tls", &tls);
-    let addr = one.http.clone().expect("a metrics line");
+    let url = one.http.clone().expect("a metrics line");
+    let addr = url.strip_prefix("https://").expect("the start-up line says https").to_string();
     assert_eq!(https_get(&addr, &pki, None, "/v1/models").await, Ok("HTTP/1.1 200 OK".to_string()));
     assert_eq!(https_get(&addr, &pki, None, "/metrics").await, Ok("HTTP/1.1 200 OK".to_string()));
     // plaintext on the TLS port: no HTTP answer
@@ -463,7 +464,7 @@ async fn the_http_listener_serves_tls_and_mtls() {
     assert!(!String::from_utf8_lossy(&raw).contains("200 OK"), "plaintext answered");
     drop(one);
     let two = Serve::start(&dir, "http-mtls", &[&tls[..], &["--client-ca", s(&pki.ca)]].concat());
-    let addr = two.http.clone().unwrap();
+    let addr = two.http.clone().unwrap().replace("https://", "");
     let me = (pki.client_cert.as_path(), pki.client_key.as_path());
     assert_eq!(https_get(&addr, &pki, Some(me), "/v1/models").await, Ok("HTTP/1.1 200 OK".to_string()));
     assert!(https_get(&addr, &pki, None, "/v1/models").await.is_err(), "no client certificate, no answer");
@@ -604,6 +605,54 @@ async fn sigterm_drains_calls_in_flight_and_refuses_new_ones() {
     let log = server.log();
     assert!(log.contains("draining") && log.contains("drained; bye"), "{log}");
     eprintln!("drain: in-flight call took {took:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// REST calls drain as gRPC calls do: after SIGTERM a REST call in flight
+/// completes, a new one is 503 with `Retry-After`, `/ready` says draining,
+/// and the process exits only after the REST call ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_rest_calls_too() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("drain-rest");
+    let mut server = Serve::start(
+        &dir,
+        "drain-rest",
+        &["--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--drain-timeout", "120"],
+    );
+    let c = serving(server.plain()).await;
+    drop(c);
+    let http: std::net::SocketAddr = server.http.clone().unwrap().replace("http://", "").parse().unwrap();
+    let models = super::a2a::status_and_body(&http.to_string(), "/v1/models").1;
+    let model =
+        serde_json::from_str::<serde_json::Value>(&models).unwrap()["data"][0]["id"].as_str().unwrap().to_string();
+    let texts = slow_embed(12, 300).texts;
+    let body = serde_json::json!({"model": model, "input": texts}).to_string();
+    let host = [("Host", "x")];
+    let slow = body.clone();
+    let t0 = Instant::now();
+    let call = tokio::spawn(async move {
+        let raw = super::a2a::request_from("127.0.0.1", http, &host, "POST", "/v1/embeddings", &slow).await;
+        super::a2a::parse_response(&raw)
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!call.is_finished(), "the slow request finished before SIGTERM; make it slower");
+    server.sigterm();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let raw = super::a2a::request_from("127.0.0.1", http, &host, "POST", "/v1/embeddings", &body).await;
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    let (status, text) = super::a2a::parse_response(&raw);
+    assert!(status == 503 && text.contains("draining") && head.contains("retry-after: 1"), "{status} {text}");
+    assert_eq!(super::a2a::status_and_body(&http.to_string(), "/ready").0, 503);
+    assert!(!call.is_finished(), "the slow request finished during the checks; make it slower");
+    let (status, text) = call.await.unwrap();
+    assert_eq!(status, 200, "the REST call in flight completes: {text}");
+    let took = t0.elapsed();
+    let st = server.wait_exit(Duration::from_secs(30)).expect("server exits after draining");
+    assert!(st.success(), "{st:?}: {}", server.log());
+    eprintln!("drain: in-flight REST call took {took:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -182,6 +182,12 @@ async fn rest_refuses_bad_bodies_naming_the_field() {
         }
         assert!(!e.to_string().contains(secret) && message.len() <= 1024, "{e}");
     }
+    // a form or text/plain (what a web page may send unasked) is refused unread
+    let form = [("Host", "x"), ("Content-Type", "text/plain")];
+    let body = json!({"task": "t", "context": ctx, "budget": 10}).to_string();
+    let raw = request_from("127.0.0.1", addr, &form, "POST", "/v1/compress", &body).await;
+    let (status, text) = parse_response(&raw);
+    assert!(status == 415 && text.contains("Content-Type: must be application/json"), "{status} {text}");
     // not JSON at all, and over the byte limit
     let raw = request_from("127.0.0.1", addr, &[("Host", "x")], "POST", "/v1/compress", "{not json").await;
     let (status, text) = parse_response(&raw);

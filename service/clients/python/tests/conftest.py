@@ -35,9 +35,9 @@ EVIDENCE = ("connection pool exhausted", "cannot get a database connection")
 
 
 def unavailable(reason: str) -> None:
-    """A missing prerequisite: a failure under CI=true, else a skip."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: not skipping)", pytrace=False)
+    """A missing prerequisite: a failure under CI=true or SCD_REQUIRE_MODELS=1 (as `make test` runs), else a skip."""
+    if os.environ.get("CI") == "true" or os.environ.get("SCD_REQUIRE_MODELS") == "1":
+        pytest.fail(f"{reason} (CI=true or SCD_REQUIRE_MODELS=1: not skipping)", pytrace=False)
     pytest.skip(reason)
 
 
@@ -61,6 +61,11 @@ class Server:
             return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def paths() -> tuple[Path, Path, Path]:
+    """The scd binary, the models folder and the ONNX Runtime library (each checked)."""
+    return _paths()
 
 
 def _paths() -> tuple[Path, Path, Path]:

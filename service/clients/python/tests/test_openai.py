@@ -1,12 +1,15 @@
-"""The official `openai` client on /v1/embeddings: the same vectors as the package's embed."""
+"""The official `openai` client on /v1/embeddings: the same vectors as `scd embed` and the package's embed."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
 
 import pytest
 
-from conftest import decode_base64_vector, unavailable
+from conftest import decode_base64_vector, paths, unavailable
 
 TEXTS = ["charges fail when the pool is exhausted", "query: which table stores charges?", "ünïcödé text"]
 
@@ -53,3 +56,18 @@ def test_openai_errors_are_openai_errors(oai):
     with pytest.raises(openai.BadRequestError) as e:
         oai.embeddings.create(model=model, input=[[1, 2, 3]])
     assert e.value.body["param"] == "input"
+
+
+def test_openai_embeddings_match_scd_embed(oai):
+    """An independent reference: `scd embed` runs the model in its own process, without the server."""
+    binary, models, ort = paths()
+    env = dict(os.environ, SCD_MODELS_DIR=str(models), SCD_ORT_LIB=str(ort), SCD_EMBEDDING_CACHE="off")
+    out = subprocess.run(
+        [str(binary), "embed"], input="\n".join(TEXTS), capture_output=True, text=True, env=env, check=True, timeout=300
+    )
+    reference = [json.loads(line)["embedding"] for line in out.stdout.splitlines()]
+    assert len(reference) == len(TEXTS)
+    model = oai.models.list().data[0].id
+    got = [d.embedding for d in oai.embeddings.create(model=model, input=TEXTS).data]
+    for a, b in zip(got, reference):
+        assert cosine(a, b) > 0.999
