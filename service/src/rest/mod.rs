@@ -143,7 +143,7 @@ fn route_of(path: &str) -> &'static str {
 }
 
 /// The gRPC code an HTTP status stands for.
-fn code_of(status: StatusCode) -> tonic::Code {
+pub(crate) fn code_of(status: StatusCode) -> tonic::Code {
     use tonic::Code;
     match status.as_u16() {
         200..=299 => Code::Ok,

@@ -107,6 +107,8 @@ async fn rest_compresses_asks_more_and_closes_within_its_callers_scope() {
     let (status, e) = call("127.0.0.1", addr, "POST", "/v1/sessions/mine/more", Some(&token), &more).await;
     assert_eq!(status, 404, "{e}");
 
+    // an A2A call is counted too
+    crate::a2a::get(&s.http, "/.well-known/agent-card.json");
     let metrics = crate::a2a::get(&s.http, "/metrics");
     // compressions embed: the encoder's totals move; every metric is described
     let encoded = metrics
@@ -131,6 +133,7 @@ async fn rest_compresses_asks_more_and_closes_within_its_callers_scope() {
         r#"scd_requests_total{method="REST POST /v1/compress",code="Ok"} 2"#,
         r#"scd_requests_total{method="REST POST /v1/sessions/{session_id}/more",code="NotFound"} 2"#,
         r#"scd_requests_total{method="REST DELETE /v1/sessions/{session_id}",code="Ok"} 1"#,
+        r#"scd_requests_total{method="A2A GET /.well-known/agent-card.json",code="Ok"} 1"#,
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
