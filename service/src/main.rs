@@ -2,7 +2,7 @@
 //!
 //! Thin by design: parse arguments, install telemetry, call the engine.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use scd_service::{cli, config, telemetry};
 
 /// SCD: minimal sufficient context for AI agents.
@@ -38,7 +38,7 @@ enum Command {
     /// Choose scoring settings by cross-validation over development sets; reports every fold.
     Tune(cli::tune::TuneArgs),
     /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
-    Serve(cli::serve::ServeArgs),
+    Serve(Box<cli::serve::ServeArgs>),
     /// Serve the engine as MCP tools over stdio (or streamable HTTP with --http-addr).
     Mcp(cli::mcp::McpArgs),
     /// Call a running service.
@@ -66,7 +66,10 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    // `scd serve --config FILE`: the file's settings as flags (those the
+    // command line or the environment gives win)
+    let argv = cli::config_file::apply(&Cli::command(), std::env::args_os().collect())?;
+    let cli = Cli::parse_from(argv);
     let level = match &cli.command {
         Command::Serve(_) => "info",
         #[cfg(feature = "atp")]
@@ -86,7 +89,7 @@ fn main() -> anyhow::Result<()> {
         Command::Context(args) => cli::context::run(args),
         Command::Eval(args) => cli::eval::run(&cli.model, args),
         Command::Tune(args) => cli::tune::run(&cli.model, args),
-        Command::Serve(args) => cli::serve::run(&cli.model, args),
+        Command::Serve(args) => cli::serve::run(&cli.model, *args),
         Command::Mcp(args) => cli::mcp::run(&cli.model, args),
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),

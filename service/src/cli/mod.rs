@@ -6,6 +6,7 @@ pub mod audit;
 pub mod bench;
 pub mod client;
 pub mod compress;
+pub mod config_file;
 pub mod conns;
 pub mod context;
 pub mod demo;

@@ -24,6 +24,12 @@ use crate::tls;
 /// Arguments of `scd serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// A TOML file of settings: any flag of `scd serve` (and the global
+    /// model flags) by its long name, e.g. `http-addr = "127.0.0.1:9090"`;
+    /// a flag on the command line or its SCD_* variable wins; an unknown
+    /// key is an error.
+    #[arg(long, env = "SCD_CONFIG")]
+    config: Option<PathBuf>,
     /// gRPC address (port 0 picks a free port; the chosen one is printed).
     #[arg(long, env = "SCD_ADDR", default_value = "127.0.0.1:50051")]
     addr: SocketAddr,

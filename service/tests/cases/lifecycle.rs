@@ -404,6 +404,29 @@ async fn https_get(addr: &str, pki: &Pki, client: Option<(&Path, &Path)>, path: 
     text.lines().next().map(str::to_string).filter(|l| l.starts_with("HTTP/1.1")).ok_or(text)
 }
 
+/// `scd serve --config FILE`: the file's settings start the server (the
+/// HTTP listener it names is up), a flag on the command line wins over the
+/// file, an unknown key or a bad value is an error naming it, before the
+/// model loads.
+#[test]
+fn serve_reads_its_settings_from_a_config_file() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("config-file");
+    let file = dir.join("scd.toml");
+    std::fs::write(&file, "addr = \"127.0.0.1:1\"\nhttp-addr = \"127.0.0.1:0\"\nmax_sessions = 5\n").unwrap();
+    let server = Serve::start(&dir, "config", &["--config", s(&file), "--addr", "127.0.0.1:0"]);
+    assert!(server.http.as_deref().is_some_and(|u| u.starts_with("http://127.0.0.1:")), "the file's http-addr");
+    assert_ne!(server.port, 1, "the command line's --addr wins");
+    drop(server);
+    for (toml, want) in [("adrr = \"127.0.0.1:0\"", "unknown key `adrr`"), ("queue-size = \"many\"", "--queue-size")] {
+        std::fs::write(&file, toml).unwrap();
+        let (ok, _, stderr) = scd(&["serve", "--config", s(&file)], "");
+        assert!(!ok && stderr.contains(want), "{toml}: {stderr}");
+    }
+}
+
 /// `scd client` on an `https://` address without `--ca-cert` trusts the
 /// system's roots: the test CA through `SSL_CERT_FILE` is trusted, the
 /// system's own store (which does not hold it) is not.
