@@ -1027,21 +1027,6 @@ fn placeholder(id: &str, ctx: &str) -> Task {
     }
 }
 
-/// Counts each A2A call in `scd_requests_total` (method `A2A <verb>
-/// <route>`, the gRPC code of its HTTP status; a JSON-RPC call is `A2A POST
-/// /`, its errors ride a 200) with its duration.
-async fn counted(
-    axum::extract::State(agent): axum::extract::State<Arc<Agent>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let start = std::time::Instant::now();
-    let method = format!("A2A {} {}", req.method(), route_of(req.uri().path()));
-    let r = next.run(req).await;
-    agent.svc.metrics.request(&method, crate::rest::code_of(r.status()), start.elapsed().as_secs_f64());
-    r
-}
-
 /// An A2A path as its route (task ids are not labels).
 fn route_of(path: &str) -> &'static str {
     match path {
@@ -1069,7 +1054,12 @@ pub fn router(agent: Arc<Agent>) -> axum::Router {
         .route("/extendedAgentCard", get(rest::extended_card))
         .route("/tasks/{id}/pushNotificationConfigs", get(rest::push).post(rest::push))
         .route("/tasks/{id}/pushNotificationConfigs/{cfg}", get(rest::push).delete(rest::push))
-        .route_layer(axum::middleware::from_fn_with_state(agent.clone(), counted))
+        // counted as `A2A <verb> <route>` (a JSON-RPC call is `A2A POST /`;
+        // its errors ride a 200)
+        .route_layer(axum::middleware::from_fn_with_state(
+            crate::rest::Counted { metrics: agent.svc.metrics.clone(), prefix: "A2A", route_of },
+            crate::rest::counted,
+        ))
         .with_state(agent)
 }
 

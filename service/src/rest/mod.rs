@@ -77,7 +77,10 @@ pub fn router(svc: Arc<ScdService>) -> axum::Router {
                 async move { ([(header::CONTENT_TYPE, "application/json")], document.to_string()) }
             }),
         )
-        .route_layer(axum::middleware::from_fn_with_state(svc.clone(), counted))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Counted { metrics: svc.metrics.clone(), prefix: "REST", route_of },
+            counted,
+        ))
         .with_state(svc)
 }
 
@@ -116,17 +119,26 @@ fn api_routes() -> ApiRouter<Arc<ScdService>> {
         .api_route("/v1/models", get_with(embeddings::models, embeddings::models_docs))
 }
 
-/// Counts each REST call in `scd_requests_total` (method `REST <verb>
+/// What a counting layer needs: the recorder, the label's prefix (`REST`,
+/// `A2A`) and the route of a path (ids are not labels).
+#[derive(Clone)]
+pub(crate) struct Counted {
+    pub(crate) metrics: Arc<crate::grpc::metrics::Metrics>,
+    pub(crate) prefix: &'static str,
+    pub(crate) route_of: fn(&str) -> &'static str,
+}
+
+/// Counts each call in `scd_requests_total` (method `<prefix> <verb>
 /// <route>`, the gRPC code of its HTTP status) with its duration.
-async fn counted(
-    State(svc): State<Arc<ScdService>>,
+pub(crate) async fn counted(
+    State(c): State<Counted>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let start = std::time::Instant::now();
-    let method = format!("REST {} {}", req.method(), route_of(req.uri().path()));
+    let method = format!("{} {} {}", c.prefix, req.method(), (c.route_of)(req.uri().path()));
     let r = next.run(req).await;
-    svc.metrics.request(&method, code_of(r.status()), start.elapsed().as_secs_f64());
+    c.metrics.request(&method, code_of(r.status()), start.elapsed().as_secs_f64());
     r
 }
 

@@ -1112,28 +1112,20 @@ async fn ratings_are_the_requesters_own_and_a_refused_countersignature_is_a_viol
     );
 
     // a worker whose first answer to the proof is a transport failure
-    // (Unavailable) is asked again, and its countersignature counts
-    let flaky =
-        rejecting_peer(&dir.join("flaky"), "analysis:0.90:200:0.01", Code::Unavailable, Refuse::ProofOnce).await;
-    let (planner_c, _) = planner(&dir.join("planner-c"), &scd.addr, &[flaky]).await;
-    let Outcome::Completed { quality, .. } = planner_c.run(&analysis_job("own-2", &needs)).await.unwrap() else {
-        panic!("the flaky agent completes")
-    };
-    assert_eq!(quality, 1.0);
-    let p = planner_c.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
-    assert!(!p.responder_signature.is_empty() && p.note.is_empty(), "countersigned on the second try: {p:?}");
-
-    // a worker that countersigned but whose answer was lost answers the
-    // same proof again with its ack (not as a replay): no violation
-    let lost =
-        rejecting_peer(&dir.join("lost"), "analysis:0.90:200:0.01", Code::Unavailable, Refuse::ProofAnswerLost).await;
-    let (planner_d, _) = planner(&dir.join("planner-d"), &scd.addr, &[lost]).await;
-    let Outcome::Completed { quality, .. } = planner_d.run(&analysis_job("own-3", &needs)).await.unwrap() else {
-        panic!("the agent completes")
-    };
-    assert_eq!(quality, 1.0);
-    let p = planner_d.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
-    assert!(!p.responder_signature.is_empty() && p.note.is_empty(), "the lost answer given again: {p:?}");
+    // (Unavailable) is asked again, and its countersignature counts; one
+    // that countersigned but whose answer was lost answers the same proof
+    // again with its ack (not as a replay): no violation either way
+    for (name, refuse) in [("flaky", Refuse::ProofOnce), ("lost", Refuse::ProofAnswerLost)] {
+        let peer = rejecting_peer(&dir.join(name), "analysis:0.90:200:0.01", Code::Unavailable, refuse).await;
+        let (p, _) = planner(&dir.join(format!("planner-{name}")), &scd.addr, &[peer]).await;
+        let Outcome::Completed { quality, .. } = p.run(&analysis_job(&format!("own-{name}"), &needs)).await.unwrap()
+        else {
+            panic!("{name}: the agent completes")
+        };
+        assert_eq!(quality, 1.0, "{name}");
+        let proof = p.node().ledger.lock().unwrap().proofs().last().cloned().unwrap();
+        assert!(!proof.responder_signature.is_empty() && proof.note.is_empty(), "{name}: countersigned: {proof:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
