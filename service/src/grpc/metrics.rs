@@ -41,6 +41,8 @@ pub struct Metrics {
     /// own; a scrape reports the sum).
     encoder_texts: AtomicU64,
     encoder_tokens: AtomicU64,
+    /// Calls finished so far: the next one's request id.
+    requests: AtomicU64,
 }
 
 /// What each metric counts: the `# HELP` lines.
@@ -99,11 +101,17 @@ impl Metrics {
             batch_tokens: batch_texts_h,
             encoder_texts: AtomicU64::new(0),
             encoder_tokens: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         }
     }
 
-    /// Counts a finished RPC by method and status code, with its duration.
+    /// Counts a finished call by method and status code, with its duration,
+    /// and logs it: one `scd::request` line per call (a JSON object with
+    /// `--log-format json`) with a request id, the method, the code and the
+    /// milliseconds, never the request's content.
     pub fn request(&self, method: &str, code: tonic::Code, seconds: f64) {
+        let id = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::info!(target: "scd::request", request_id = id, method, code = ?code, ms = seconds * 1e3, "request");
         metrics::with_local_recorder(&self.recorder, || {
             counter!("scd_requests_total", "method" => method.to_string(), "code" => format!("{code:?}")).increment(1);
             histogram!("scd_request_duration_seconds", "method" => method.to_string()).record(seconds);

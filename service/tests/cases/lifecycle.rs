@@ -427,6 +427,45 @@ fn serve_reads_its_settings_from_a_config_file() {
     }
 }
 
+/// `--log-format json`: one JSON line per call (gRPC and REST alike) with
+/// a request id, the method, the code and its milliseconds, and no ANSI
+/// colour codes in a log that is not a terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_have_one_line_per_request_with_an_id() {
+    if !ready() {
+        return;
+    }
+    let dir = scratch("json-logs");
+    let args = ["--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"];
+    let server = Serve::start_with_env(&dir, "json-logs", &args, &[("SCD_LOG_FORMAT", "json")]);
+    let c = serving(server.plain()).await;
+    c.clone().info(pb::InfoRequest {}).await.unwrap();
+    let http = server.http.clone().unwrap().replace("http://", "");
+    assert_eq!(super::a2a::status_and_body(&http, "/v1/models").0, 200);
+    let mut lines = Vec::new();
+    for _ in 0..100 {
+        lines = server.log().lines().map(str::to_string).collect::<Vec<_>>();
+        if lines.iter().any(|l| l.contains("REST GET /v1/models")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = lines.join("\n");
+    assert!(!log.contains('\u{1b}'), "no colour codes: {log}");
+    let requests: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .filter(|v| v["target"] == "scd::request")
+        .collect();
+    let method = |v: &serde_json::Value| v["fields"]["method"].as_str().unwrap_or_default().to_string();
+    let info = requests.iter().find(|v| method(v) == "Info").expect("the Info call's line");
+    let rest = requests.iter().find(|v| method(v) == "REST GET /v1/models").expect("the REST call's line");
+    assert_eq!((info["fields"]["code"].as_str(), rest["fields"]["code"].as_str()), (Some("Ok"), Some("Ok")));
+    let ids: Vec<u64> = requests.iter().map(|v| v["fields"]["request_id"].as_u64().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] != w[1]) && ids.iter().all(|&i| i > 0), "{ids:?}");
+    assert!(rest["fields"]["ms"].as_f64().is_some());
+}
+
 /// `scd client` on an `https://` address without `--ca-cert` trusts the
 /// system's roots: the test CA through `SSL_CERT_FILE` is trusted, the
 /// system's own store (which does not hold it) is not.
