@@ -140,8 +140,8 @@ impl Conn {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.try_call(what, idempotent, call).await.map_err(|(err, attempt)| {
-            let e = status_error(what, &err, attempt);
             let plaintext = self.endpoint.uri().scheme_str() == Some("http");
+            let e = status_error(what, &err, attempt, !plaintext);
             if plaintext && looks_like_tls_server(&err) {
                 e.context("the server may speak TLS: use an https:// --addr with --ca-cert")
             } else {
@@ -178,10 +178,24 @@ impl Conn {
     }
 }
 
-fn status_error(what: &str, s: &Status, retries: u32) -> anyhow::Error {
-    let detail = std::error::Error::source(s).map(|e| format!(" ({})", tls::error_chain(e))).unwrap_or_default();
+/// The error of a failed call, its cause said once; over TLS (`tls`), what
+/// to change when the cause is one a user can fix ([`tls::tls_hint`]).
+fn status_error(what: &str, s: &Status, retries: u32, tls: bool) -> anyhow::Error {
+    let chain = std::error::Error::source(s).map(tls::error_chain).unwrap_or_default();
+    // the source often repeats the message word for word: said once
+    let detail = if chain.is_empty() || s.message().contains(&chain) {
+        String::new()
+    } else if chain.contains(s.message()) {
+        chain.clone()
+    } else {
+        format!("{} ({chain})", s.message())
+    };
+    let detail = if detail.is_empty() { s.message().to_string() } else { detail };
     let tries = if retries > 0 { format!(" after {retries} retries") } else { String::new() };
-    anyhow::anyhow!("{what}: {:?}: {}{detail}{tries}", s.code(), s.message())
+    match tls::tls_hint(&detail).filter(|_| tls) {
+        Some(hint) => anyhow::anyhow!("{what}: TLS: {hint} [{detail}]{tries}"),
+        None => anyhow::anyhow!("{what}: {:?}: {detail}{tries}", s.code()),
+    }
 }
 
 #[cfg(test)]

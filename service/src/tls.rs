@@ -201,16 +201,62 @@ fn with_identity(
     Ok(cfg.identity(Identity::from_pem(cert_pem, read_key(flags[2], key)?)))
 }
 
-/// `e` and its sources, joined by `: `.
+/// `e` and its sources, joined by `: `; a source whose text is already in
+/// the chain (rustls' and hyper's errors repeat their sources' words) is
+/// left out.
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         src = s.source();
     }
     out
+}
+
+/// What to change for a TLS failure that `error` (a client's error text
+/// over TLS) shows, if it is one whose cause a user can fix.
+pub fn tls_hint(error: &str) -> Option<&'static str> {
+    let closed = "the server closed the connection right after the TLS handshake: if it requires a client \
+                  certificate (mTLS, --client-ca), give --client-cert and --client-key";
+    let hints: [(&str, &str); 8] = [
+        (
+            "CaUsedAsEndEntity",
+            "the server's certificate is a CA certificate, which `openssl req -x509` makes by default: make an \
+             end-entity one by adding `-addext basicConstraints=critical,CA:FALSE -addext \
+             subjectAltName=DNS:localhost,IP:127.0.0.1` (the server's names) to that command, or sign a server \
+             certificate with a CA (docs/operations.md#tls-and-mtls)",
+        ),
+        (
+            "UnknownIssuer",
+            "the server's certificate is not signed by --ca-cert (nor by the system's roots without it): give the CA \
+             that signed it, or the certificate itself if it is self-signed",
+        ),
+        (
+            "NotValidForName",
+            "the server's certificate does not name the host of --addr: add that name to its subjectAltName, or give \
+             --tls-domain with a name it carries",
+        ),
+        ("Expired", "the server's certificate has expired (or the clocks differ): renew it"),
+        (
+            "CertificateRequired",
+            "client certificate required: the server asks for one (mTLS, --client-ca); give --client-cert and \
+             --client-key, signed by that CA",
+        ),
+        (
+            "UnknownCA",
+            "the server does not accept this client certificate: it is not signed by the server's --client-ca",
+        ),
+        // TLS 1.3: a server that wants a client certificate may close the
+        // connection before the client reads its alert
+        ("broken pipe", closed),
+        ("connection closed", closed),
+    ];
+    hints.into_iter().find(|(needle, _)| error.contains(needle)).map(|(_, hint)| hint)
 }
 
 /// The verified identity of the caller of `req`: `x509:sha256:<hex>` of the
@@ -276,6 +322,33 @@ mod tests {
         assert!(e.contains("--tls-cert") && e.contains("missing.pem"), "{e}");
         assert!(server_config(&ServerTlsFiles::default()).unwrap().is_none());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn tls_failures_say_what_to_change() {
+        let raw = "invalid peer certificate: Other(OtherError(CaUsedAsEndEntity))";
+        assert!(tls_hint(raw).unwrap().contains("basicConstraints=critical,CA:FALSE"));
+        assert!(tls_hint("received fatal alert: CertificateRequired")
+            .unwrap()
+            .starts_with("client certificate required"));
+        assert!(tls_hint("invalid peer certificate: UnknownIssuer").unwrap().contains("not signed by --ca-cert"));
+        assert_eq!(tls_hint("tcp connect error: Connection refused"), None);
+        // a source that repeats what the chain already says is left out
+        #[derive(Debug)]
+        struct E(&'static str, Option<Box<E>>);
+        impl std::fmt::Display for E {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.0)
+            }
+        }
+        impl std::error::Error for E {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                self.1.as_deref().map(|e| e as _)
+            }
+        }
+        let inner = E("invalid peer certificate: UnknownIssuer", None);
+        let e = E("transport error: invalid peer certificate: UnknownIssuer", Some(Box::new(inner)));
+        assert_eq!(error_chain(&e), "transport error: invalid peer certificate: UnknownIssuer");
     }
 
     #[test]
