@@ -79,10 +79,11 @@ async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     }
 }
 
-/// Serves `GET /metrics`, `GET /health` and `GET /ready` (and the `routes` merged in: the server puts the
-/// A2A routes there) on `listener` until the task is dropped; with `auth`,
-/// every request is authenticated (DID documents and the agent card
-/// excepted).
+/// Serves `GET /metrics`, `GET /health` and `GET /ready` (and the `routes`
+/// merged in: the server puts the A2A and REST routes there) on `listener`,
+/// over TLS with `tls`, until the task is dropped; with `auth`, every
+/// request is authenticated (DID documents, the agent card, `/health` and
+/// `/ready` excepted).
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     service: Arc<ScdService>,
