@@ -32,7 +32,7 @@ const SUBCOMMAND: &str = "serve";
 /// line or the environment gives that flag. Unchanged for other commands or
 /// without a config file.
 pub fn apply(cmd: &clap::Command, argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
-    let Some(serve_at) = argv.iter().position(|a| a == SUBCOMMAND) else { return Ok(argv) };
+    let Some(serve_at) = serve_position(cmd, &argv) else { return Ok(argv) };
     // flags before the subcommand are global ones; --config is serve's
     let mut path: Option<String> = None;
     for (i, a) in argv.iter().enumerate().skip(serve_at + 1) {
@@ -51,6 +51,14 @@ pub fn apply(cmd: &clap::Command, argv: Vec<OsString>) -> anyhow::Result<Vec<OsS
     expand(cmd, argv, &path, &text, |name| std::env::var_os(name))
 }
 
+/// Where `scd serve`'s subcommand stands in `argv`, if `argv` runs it (a
+/// `serve` that is another command's value, `scd compress --task serve`,
+/// is not it).
+fn serve_position(cmd: &clap::Command, argv: &[OsString]) -> Option<usize> {
+    let matches = cmd.clone().ignore_errors(true).try_get_matches_from(argv).ok()?;
+    (matches.subcommand_name() == Some(SUBCOMMAND)).then(|| argv.iter().position(|a| a == SUBCOMMAND))?
+}
+
 /// `argv` with the settings of the TOML `text` (read from `path`) put in
 /// right after the subcommand, skipping any flag the command line or the
 /// environment (`env`) already gives.
@@ -61,7 +69,7 @@ pub fn expand(
     text: &str,
     env: impl Fn(&str) -> Option<OsString>,
 ) -> anyhow::Result<Vec<OsString>> {
-    let Some(serve_at) = argv.iter().position(|a| a == SUBCOMMAND) else { return Ok(argv) };
+    let Some(serve_at) = serve_position(cmd, &argv) else { return Ok(argv) };
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         // the parser's message names the line; it quotes no value of ours
         anyhow::anyhow!("--config {path}: not TOML: {}", e.message())
@@ -131,6 +139,7 @@ mod tests {
                     .arg(clap::Arg::new("explain").long("explain").action(clap::ArgAction::SetTrue))
                     .arg(clap::Arg::new("config").long("config")),
             )
+            .subcommand(clap::Command::new("embed").arg(clap::Arg::new("input")))
     }
 
     fn run(argv: &[&str], toml: &str, env: &[(&str, &str)]) -> anyhow::Result<Vec<String>> {
@@ -169,8 +178,14 @@ mod tests {
         );
         // the environment wins too
         assert_eq!(run(&["scd", "serve"], "addr = \"2\"", &[("SCD_ADDR", "3")]).unwrap(), ["scd", "serve"]);
-        // another command is left alone
+        // another command is left alone, even with a value that reads `serve`
         assert_eq!(run(&["scd", "embed"], "addr = \"2\"", &[]).unwrap(), ["scd", "embed"]);
+        assert_eq!(run(&["scd", "embed", "serve"], "addr = \"2\"", &[]).unwrap(), ["scd", "embed", "serve"]);
+        // global flags before the subcommand
+        assert_eq!(
+            run(&["scd", "--threads", "2", "serve"], "addr = \"2\"", &[]).unwrap(),
+            ["scd", "--threads", "2", "serve", "--addr", "2"]
+        );
     }
 
     #[test]
