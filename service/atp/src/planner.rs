@@ -868,7 +868,7 @@ impl Planner {
         let mut sent = seen.sent_up_front.to_vec();
         let mut starved = false;
         if let Some(d) = st.delegations.lock().unwrap().get(&job.task_id).filter(|d| d.worker == offer.did()) {
-            sent.extend(d.got.iter().cloned());
+            sent.extend(d.got().iter().cloned());
             starved = d.starved;
         }
         // the needs it could have found: in the shareable context, or only in

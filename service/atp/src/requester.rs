@@ -108,9 +108,9 @@ pub(crate) struct Delegation {
     /// worker gets those its predecessor's checkpoint names, since a
     /// checkpoint carries chunk ids, not copies.
     pub(crate) sent: Vec<pb::ContextChunk>,
-    /// The chunks the current worker asked for and got: its rating counts
-    /// these, not what a predecessor was sent.
-    pub(crate) got: Vec<pb::ContextChunk>,
+    /// Where the current worker's answers start in `sent`: its rating counts
+    /// `sent[got_from..]`, not what a predecessor was sent.
+    pub(crate) got_from: usize,
     /// The receiver's budget (or the context) ran out while the current
     /// worker asked: a shortfall from then on is not its fault.
     pub(crate) starved: bool,
@@ -122,13 +122,17 @@ impl Delegation {
     /// got and whether it was starved start afresh.
     pub(crate) fn handed_to(worker: &str, transfer: Arc<Transfer>, before: Option<Delegation>) -> Delegation {
         let sent = before.map(|d| d.sent).unwrap_or_default();
-        Delegation { worker: worker.to_string(), transfer, sent, got: Vec::new(), starved: false }
+        Delegation { worker: worker.to_string(), transfer, got_from: sent.len(), sent, starved: false }
+    }
+
+    /// The chunks the current worker asked for and got.
+    pub(crate) fn got(&self) -> &[pb::ContextChunk] {
+        &self.sent[self.got_from..]
     }
 
     /// Records an answer to the current worker's context request.
     fn answered(&mut self, reply: &pb::ContextResponse) {
         self.sent.extend(reply.chunks.iter().cloned());
-        self.got.extend(reply.chunks.iter().cloned());
         self.starved |= reply.remaining_tokens == 0 || !reply.reason.is_empty();
     }
 }
@@ -436,10 +440,10 @@ mod tests {
         first.answered(&pb::ContextResponse { chunks: vec![chunk("x#0")], remaining_tokens: 40, ..Default::default() });
         assert!(!first.starved);
         first.answered(&pb::ContextResponse { chunks: vec![chunk("x#1")], remaining_tokens: 0, ..Default::default() });
-        assert!(first.starved && first.got.len() == 2 && first.sent.len() == 2);
+        assert!(first.starved && first.got().len() == 2 && first.sent.len() == 2);
         let next = Delegation::handed_to("did:b", transfer, Some(first));
         assert_eq!(next.worker, "did:b");
-        assert!(!next.starved && next.got.is_empty());
+        assert!(!next.starved && next.got().is_empty());
         let kept: Vec<&str> = next.sent.iter().map(|c| c.chunk_id.as_str()).collect();
         assert_eq!(kept, ["x#0", "x#1"], "kept for a resume that names them");
     }

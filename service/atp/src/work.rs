@@ -129,8 +129,8 @@ impl<'c> Reading<'c> {
 /// order they arrived in) and joined, so that a need which
 /// straddles the boundary of two neighbouring chunks is found in the pair
 /// (chunks that are not neighbours are a line apart).
-pub fn reading_text(chunks: &[pb::ContextChunk]) -> Reading<'_> {
-    let mut ordered: Vec<&pb::ContextChunk> = chunks.iter().collect();
+pub fn reading_text<'c>(chunks: impl IntoIterator<Item = &'c pb::ContextChunk>) -> Reading<'c> {
+    let mut ordered: Vec<&pb::ContextChunk> = chunks.into_iter().collect();
     // `index` is the chunk's place in the whole context's reading order
     ordered.sort_by_key(|c| c.index);
     ordered.dedup_by(|a, b| a.chunk_id == b.chunk_id);
@@ -172,8 +172,7 @@ pub fn assess(
 ) -> f64 {
     let completeness = f64::from(steps_seen.min(order.steps)) / f64::from(order.steps.max(1));
     let cited: HashSet<&str> = cited.iter().take(MAX_REPORT_CHUNKS).map(String::as_str).collect();
-    let cited: Vec<pb::ContextChunk> = sent.iter().filter(|c| cited.contains(c.chunk_id.as_str())).cloned().collect();
-    let cited = reading_text(&cited);
+    let cited = reading_text(sent.iter().filter(|c| cited.contains(c.chunk_id.as_str())));
     let needs: Vec<String> = order
         .needs
         .iter()
