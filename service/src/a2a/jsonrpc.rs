@@ -4,21 +4,18 @@
 //! -32602) with the request's id when it could be read.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
 use super::{Agent, Caller, Error};
-use crate::grpc::auth::AuthenticatedDid;
 
 /// A JSON response.
 pub(crate) fn json_response(status: axum::http::StatusCode, v: &Value) -> Response {
@@ -61,13 +58,11 @@ pub(crate) fn sse(
 /// `POST /`.
 pub async fn handle(
     State(agent): State<Arc<Agent>>,
-    did: Option<Extension<AuthenticatedDid>>,
-    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    who: Caller,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
 ) -> Response {
-    let who = Caller { did: did.map(|Extension(d)| d.0), addr: peer.map(|Extension(ConnectInfo(a))| a) };
     let raw = match read_body(body, agent.config().max_request_bytes).await {
         Ok(b) => b,
         Err(e) => return reply(&Value::Null, Err(e)),

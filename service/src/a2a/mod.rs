@@ -259,30 +259,7 @@ impl A2aConfig {
     }
 }
 
-/// Who sends a request.
-#[derive(Debug, Clone, Default)]
-pub struct Caller {
-    /// The DID that signed it (`--auth did-wba`): the engine binds sessions
-    /// to it and the audit trail records it.
-    pub did: Option<String>,
-    /// The client's address (the audit trail's `peer`).
-    pub addr: Option<SocketAddr>,
-}
-
-impl Caller {
-    /// Whom its tasks and contexts belong to in the [`store`]: the key of
-    /// its share over gRPC ([`crate::grpc::shares::key`]): `id:` the DID,
-    /// else `ip:` the IP address without the port, else `local` (an
-    /// in-process call).
-    pub fn owner(&self) -> String {
-        crate::grpc::shares::key(self.did.as_deref(), self.peer().as_deref())
-    }
-
-    /// The address as the audit trail records it (`ip:port`).
-    fn peer(&self) -> Option<String> {
-        self.addr.map(|a| a.to_string())
-    }
-}
+pub use crate::grpc::http::Caller;
 
 /// The agent: the task store over the in-process [`ScdService`].
 pub struct Agent {
@@ -1057,8 +1034,8 @@ pub fn router(agent: Arc<Agent>) -> axum::Router {
         // counted as `A2A <verb> <route>` (a JSON-RPC call is `A2A POST /`;
         // its errors ride a 200)
         .route_layer(axum::middleware::from_fn_with_state(
-            crate::rest::Counted { metrics: agent.svc.metrics.clone(), prefix: "A2A", route_of },
-            crate::rest::counted,
+            crate::grpc::http::Counted { metrics: agent.svc.metrics.clone(), prefix: "A2A", route_of },
+            crate::grpc::http::counted,
         ))
         .with_state(agent)
 }

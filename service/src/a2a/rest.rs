@@ -2,19 +2,16 @@
 //! annotations, bodies and results in the same JSON as JSON-RPC; errors are
 //! `{"error": {"code", "status", "message"}}` with the spec's HTTP status.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::Response;
-use axum::Extension;
 use serde_json::{json, Map, Value};
 
 use super::jsonrpc::{json_response, params, read_body, sse};
 use super::{Agent, Caller, Error};
-use crate::grpc::auth::AuthenticatedDid;
 
 /// The error body; overload is 429 with `Retry-After` (whole seconds,
 /// rounded up) and `retryAfterMs` in the body.
@@ -37,13 +34,6 @@ fn done(r: Result<Value, Error>) -> Response {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(e) => error(e),
     }
-}
-
-/// The client's address (see `grpc::http::serve_router`).
-type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
-
-fn caller(did: Option<Extension<AuthenticatedDid>>, from: Peer) -> Caller {
-    Caller { did: did.map(|Extension(d)| d.0), addr: from.map(|Extension(ConnectInfo(a))| a) }
 }
 
 fn percent_decode(s: &str) -> String {
@@ -104,18 +94,11 @@ pub async fn card(State(agent): State<Arc<Agent>>) -> Response {
 }
 
 /// `POST /message:send`.
-pub async fn send(
-    State(agent): State<Arc<Agent>>,
-    did: Option<Extension<AuthenticatedDid>>,
-    from: Peer,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Body,
-) -> Response {
+pub async fn send(State(agent): State<Arc<Agent>>, who: Caller, headers: HeaderMap, uri: Uri, body: Body) -> Response {
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send(req, caller(did, from)).await.map(|t| json!({"task": t}))
+        agent.send(req, who).await.map(|t| json!({"task": t}))
     };
     done(r.await)
 }
@@ -123,8 +106,7 @@ pub async fn send(
 /// `POST /message:stream`.
 pub async fn stream(
     State(agent): State<Arc<Agent>>,
-    did: Option<Extension<AuthenticatedDid>>,
-    from: Peer,
+    who: Caller,
     headers: HeaderMap,
     uri: Uri,
     body: Body,
@@ -132,7 +114,7 @@ pub async fn stream(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let req = params(body_json(&agent, body).await?)?;
-        agent.send_streaming(req, caller(did, from))
+        agent.send_streaming(req, who)
     };
     match r.await {
         Ok(s) => sse(s, |v| v),
@@ -141,17 +123,11 @@ pub async fn stream(
 }
 
 /// `GET /tasks`.
-pub async fn list(
-    State(agent): State<Arc<Agent>>,
-    did: Option<Extension<AuthenticatedDid>>,
-    from: Peer,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Response {
+pub async fn list(State(agent): State<Arc<Agent>>, who: Caller, headers: HeaderMap, uri: Uri) -> Response {
     let r = (|| {
         Agent::check_version(&headers, uri.query())?;
         let q = query_object(uri.query(), &["pageSize", "historyLength"], &["includeArtifacts"])?;
-        agent.list(params(q)?, &caller(did, from))
+        agent.list(params(q)?, &who)
     })();
     done(r)
 }
@@ -159,8 +135,7 @@ pub async fn list(
 /// `GET /tasks/{id}` and `GET /tasks/{id}:subscribe`.
 pub async fn get_task(
     State(agent): State<Arc<Agent>>,
-    did: Option<Extension<AuthenticatedDid>>,
-    from: Peer,
+    who: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     uri: Uri,
@@ -168,7 +143,6 @@ pub async fn get_task(
     if let Err(e) = Agent::check_version(&headers, uri.query()) {
         return error(e);
     }
-    let who = caller(did, from);
     if let Some(id) = id.strip_suffix(":subscribe") {
         return match agent
             .subscribe(super::types::TaskIdRequest { tenant: String::new(), id: id.to_string(), metadata: None }, &who)
@@ -188,8 +162,7 @@ pub async fn get_task(
 /// `POST /tasks/{id}:cancel`.
 pub async fn post_task(
     State(agent): State<Arc<Agent>>,
-    did: Option<Extension<AuthenticatedDid>>,
-    from: Peer,
+    who: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
     uri: Uri,
@@ -210,7 +183,7 @@ pub async fn post_task(
             return Err(Error::InvalidParams("the body must be a JSON object".into()));
         }
         v["id"] = json!(id);
-        agent.cancel(params(v)?, &caller(did, from)).map(|t| json!(t))
+        agent.cancel(params(v)?, &who).map(|t| json!(t))
     };
     done(r.await)
 }

@@ -62,6 +62,100 @@ async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], service.metrics.render(&view))
 }
 
+/// Who sends an HTTP request (A2A, REST): the DID that signed it (`--auth
+/// did-wba`) and the client's address, as the listener put them in the
+/// request's extensions. Sessions, shares, A2A tasks and the audit trail
+/// key on these.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    /// The DID that signed it (`--auth did-wba`): the engine binds sessions
+    /// to it and the audit trail records it.
+    pub did: Option<String>,
+    /// The client's address (the audit trail's `peer`).
+    pub addr: Option<std::net::SocketAddr>,
+}
+
+impl Caller {
+    /// Whom its A2A tasks and contexts belong to: the key of its share over
+    /// gRPC ([`super::shares::key`]): `id:` the DID, else `ip:` the IP
+    /// address without the port, else `local` (an in-process call).
+    pub fn owner(&self) -> String {
+        super::shares::key(self.did.as_deref(), self.peer().as_deref())
+    }
+
+    /// The address as the audit trail records it (`ip:port`).
+    pub(crate) fn peer(&self) -> Option<String> {
+        self.addr.map(|a| a.to_string())
+    }
+
+    /// `msg` as a tonic request from this caller, as the gRPC handlers see
+    /// one arriving over the network (its address, its verified DID).
+    pub(crate) fn grpc_request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(addr) = self.addr {
+            r.extensions_mut()
+                .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(addr) });
+        }
+        if let Some(did) = &self.did {
+            r.extensions_mut().insert(super::auth::AuthenticatedDid(did.clone()));
+        }
+        r
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Caller {
+            did: parts.extensions.get::<super::auth::AuthenticatedDid>().map(|d| d.0.clone()),
+            addr: parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0),
+        })
+    }
+}
+
+impl aide::OperationInput for Caller {}
+
+/// What a counting layer needs: the recorder, the label's prefix (`REST`,
+/// `A2A`) and the route of a path (ids are not labels).
+#[derive(Clone)]
+pub(crate) struct Counted {
+    pub(crate) metrics: Arc<super::metrics::Metrics>,
+    pub(crate) prefix: &'static str,
+    pub(crate) route_of: fn(&str) -> &'static str,
+}
+
+/// Counts each call in `scd_requests_total` (method `<prefix> <verb>
+/// <route>`, the gRPC code of its HTTP status) with its duration.
+pub(crate) async fn counted(
+    State(c): State<Counted>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let start = std::time::Instant::now();
+    let method = format!("{} {} {}", c.prefix, req.method(), (c.route_of)(req.uri().path()));
+    let r = next.run(req).await;
+    c.metrics.request(&method, code_of(r.status()), start.elapsed().as_secs_f64());
+    r
+}
+
+/// The gRPC code an HTTP status stands for.
+pub(crate) fn code_of(status: axum::http::StatusCode) -> tonic::Code {
+    use tonic::Code;
+    match status.as_u16() {
+        200..=299 => Code::Ok,
+        400 | 413 | 415 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        409 => Code::FailedPrecondition,
+        429 => Code::ResourceExhausted,
+        503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    }
+}
+
 /// `GET /health`: the process answers (200 whatever its state).
 async fn health() -> impl IntoResponse {
     "ok\n"

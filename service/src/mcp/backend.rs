@@ -22,11 +22,7 @@ pub type Peer = Option<SocketAddr>;
 
 /// `msg` as a call from `peer`.
 fn from<T>(msg: T, peer: Peer) -> Request<T> {
-    let mut r = Request::new(msg);
-    if let Some(a) = peer {
-        r.extensions_mut().insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(a) });
-    }
-    r
+    crate::grpc::http::Caller { did: None, addr: peer }.grpc_request(msg)
 }
 
 /// The engine behind the tools.

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::body::{Body, RestBody};
-use super::{ApiError, Who};
+use super::ApiError;
+use crate::grpc::http::Caller;
 use crate::grpc::pb::scd_server::Scd as _;
 use crate::grpc::{pb, ScdHandler, ScdService};
 
@@ -158,7 +159,7 @@ pub struct Usage {
 /// `POST /v1/embeddings`.
 pub(super) async fn embeddings(
     State(svc): State<Arc<ScdService>>,
-    who: Who,
+    who: Caller,
     Body(b): Body<EmbeddingsBody>,
 ) -> Result<Json<EmbeddingsReply>, ApiError> {
     let (model, dim) = {
@@ -179,7 +180,7 @@ pub(super) async fn embeddings(
         InputType::Query => pb::InputKind::Query,
     };
     let r = pb::EmbedRequest { texts: b.input.0, kind: kind as i32, windows: true };
-    let r = ScdHandler(svc.clone()).embed(who.request(r)).await.map_err(|s| {
+    let r = ScdHandler(svc.clone()).embed(who.grpc_request(r)).await.map_err(|s| {
         let message = match s.message().strip_prefix("texts") {
             Some(rest) => format!("input{rest}"),
             None => s.message().to_string(),

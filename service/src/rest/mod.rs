@@ -40,22 +40,20 @@ pub use embeddings::{
 };
 pub use error::{ApiError, ErrorBody, ErrorDetail};
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use aide::axum::routing::{delete_with, get_with, post_with};
 use aide::axum::ApiRouter;
 use aide::openapi::{Info, OpenApi};
 use aide::transform::TransformOperation;
-use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
-use tonic::Request;
 
-use crate::grpc::auth::AuthenticatedDid;
+use crate::grpc::http::{Caller, Counted};
 use crate::grpc::pb::scd_server::Scd as _;
 use crate::grpc::{pb, ScdHandler, ScdService};
 use crate::view::{self, CompressOutput, MoreOutput};
@@ -79,7 +77,7 @@ pub fn router(svc: Arc<ScdService>) -> axum::Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(
             Counted { metrics: svc.metrics.clone(), prefix: "REST", route_of },
-            counted,
+            crate::grpc::http::counted,
         ))
         .with_state(svc)
 }
@@ -119,29 +117,6 @@ fn api_routes() -> ApiRouter<Arc<ScdService>> {
         .api_route("/v1/models", get_with(embeddings::models, embeddings::models_docs))
 }
 
-/// What a counting layer needs: the recorder, the label's prefix (`REST`,
-/// `A2A`) and the route of a path (ids are not labels).
-#[derive(Clone)]
-pub(crate) struct Counted {
-    pub(crate) metrics: Arc<crate::grpc::metrics::Metrics>,
-    pub(crate) prefix: &'static str,
-    pub(crate) route_of: fn(&str) -> &'static str,
-}
-
-/// Counts each call in `scd_requests_total` (method `<prefix> <verb>
-/// <route>`, the gRPC code of its HTTP status) with its duration.
-pub(crate) async fn counted(
-    State(c): State<Counted>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let start = std::time::Instant::now();
-    let method = format!("{} {} {}", c.prefix, req.method(), (c.route_of)(req.uri().path()));
-    let r = next.run(req).await;
-    c.metrics.request(&method, code_of(r.status()), start.elapsed().as_secs_f64());
-    r
-}
-
 /// A path as its route (a session id is not a label).
 fn route_of(path: &str) -> &'static str {
     match path {
@@ -153,65 +128,6 @@ fn route_of(path: &str) -> &'static str {
         _ => "/v1/sessions/{session_id}",
     }
 }
-
-/// The gRPC code an HTTP status stands for.
-pub(crate) fn code_of(status: StatusCode) -> tonic::Code {
-    use tonic::Code;
-    match status.as_u16() {
-        200..=299 => Code::Ok,
-        400 | 413 | 415 => Code::InvalidArgument,
-        401 => Code::Unauthenticated,
-        403 => Code::PermissionDenied,
-        404 => Code::NotFound,
-        409 => Code::FailedPrecondition,
-        429 => Code::ResourceExhausted,
-        503 => Code::Unavailable,
-        504 => Code::DeadlineExceeded,
-        _ => Code::Internal,
-    }
-}
-
-/// Who calls: the DID that signed the request (`--auth did-wba`) and the
-/// client's address. Sessions, shares and the audit trail key on these.
-#[derive(Debug, Clone, Default)]
-pub struct Who {
-    /// The verified DID, if any.
-    pub did: Option<String>,
-    /// The client's address.
-    pub addr: Option<SocketAddr>,
-}
-
-impl Who {
-    fn peer(&self) -> Option<String> {
-        self.addr.map(|a| a.to_string())
-    }
-
-    /// `msg` as a tonic request from this caller, as the gRPC handlers see one.
-    fn request<T>(&self, msg: T) -> Request<T> {
-        let mut r = Request::new(msg);
-        if let Some(addr) = self.addr {
-            r.extensions_mut()
-                .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(addr) });
-        }
-        if let Some(did) = &self.did {
-            r.extensions_mut().insert(AuthenticatedDid(did.clone()));
-        }
-        r
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Who {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Who {
-            did: parts.extensions.get::<AuthenticatedDid>().map(|d| d.0.clone()),
-            addr: parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0),
-        })
-    }
-}
-
-impl aide::OperationInput for Who {}
 
 /// The `x-scd-session-token` header, when sent (at most 256 bytes).
 #[derive(Default)]
@@ -280,7 +196,7 @@ pub struct CompressReply {
 /// `POST /v1/compress`.
 async fn compress(
     State(svc): State<Arc<ScdService>>,
-    who: Who,
+    who: Caller,
     SessionToken(token): SessionToken,
     Body(b): Body<CompressBody>,
 ) -> Result<Json<CompressReply>, ApiError> {
@@ -320,7 +236,7 @@ fn compress_docs(op: TransformOperation) -> TransformOperation {
 /// and the caller's share of it); at least 1.
 async fn rate_budget(
     svc: &Arc<ScdService>,
-    who: &Who,
+    who: &Caller,
     args: &crate::mcp::CompressContextArgs,
     rate: f64,
 ) -> Result<u32, ApiError> {
@@ -342,7 +258,7 @@ async fn rate_budget(
     let mut tokens: u64 = 0;
     for batch in pieces.chunks(limits.max_texts.max(1)) {
         let r = pb::CountTokensRequest { texts: batch.to_vec(), tokenizer: tokenizer.clone() };
-        let counted = handler.count_tokens(who.request(r)).await.map_err(|s| {
+        let counted = handler.count_tokens(who.grpc_request(r)).await.map_err(|s| {
             let s = tonic::Status::new(s.code(), s.message().replacen("tokenizer", "budget_tokenizer", 1));
             ApiError::from_status(&s)
         })?;
@@ -355,7 +271,7 @@ async fn rate_budget(
 /// `POST /v1/sessions/{session_id}/more`.
 async fn more(
     State(svc): State<Arc<ScdService>>,
-    who: Who,
+    who: Caller,
     Path(session_id): Path<String>,
     SessionToken(token): SessionToken,
     Body(MoreBody(mut args)): Body<MoreBody>,
@@ -381,14 +297,18 @@ fn more_docs(op: TransformOperation) -> TransformOperation {
 /// `DELETE /v1/sessions/{session_id}`.
 async fn close(
     State(svc): State<Arc<ScdService>>,
-    who: Who,
+    who: Caller,
     Path(session_id): Path<String>,
     SessionToken(token): SessionToken,
 ) -> Result<StatusCode, ApiError> {
     let token = token.ok_or_else(ApiError::session_token_missing)?;
     let r = pb::CloseSessionRequest { session_id, session_token: token };
-    let closed =
-        ScdHandler(svc).close_session(who.request(r)).await.map_err(|s| ApiError::from_status(&s))?.into_inner().closed;
+    let closed = ScdHandler(svc)
+        .close_session(who.grpc_request(r))
+        .await
+        .map_err(|s| ApiError::from_status(&s))?
+        .into_inner()
+        .closed;
     if closed {
         Ok(StatusCode::NO_CONTENT)
     } else {
