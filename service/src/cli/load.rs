@@ -122,14 +122,7 @@ impl RestClient {
                 .await
                 .map_err(|_| "Transport".to_string())?;
             if status != http::StatusCode::OK {
-                let code = match status.as_u16() {
-                    429 => "ResourceExhausted",
-                    400 | 413 => "InvalidArgument",
-                    503 => "Unavailable",
-                    504 => "DeadlineExceeded",
-                    _ => "Internal",
-                };
-                return Err(code.into());
+                return Err(format!("{:?}", crate::grpc::http::code_of(status)));
             }
             let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| "Internal".to_string())?;
             return v["usage"]["prompt_tokens"].as_u64().ok_or_else(|| "Internal".to_string());
@@ -171,6 +164,13 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     let metrics_addr = metrics_addr.context("server printed no \"metrics on http://ADDR/metrics\" line")?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let texts = Arc::new(texts);
+    // the model REST clients name (GET /v1/models answers before the warm-up)
+    let rest_model = if args.protocol == Protocol::Grpc {
+        String::new()
+    } else {
+        let models: serde_json::Value = serde_json::from_str(&http_get(&metrics_addr, "/v1/models")?)?;
+        models["data"][0]["id"].as_str().context("GET /v1/models named no model")?.to_string()
+    };
     let result = rt.block_on(async {
         let ch = tonic::transport::Channel::from_shared(addr.clone())?.connect().await?;
         let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
@@ -190,13 +190,21 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         let mut out = serde_json::Map::new();
         for &p in phases {
             let label = if p == Protocol::Grpc { "grpc" } else { "rest" };
-            let phase = Phase { protocol: p, grpc: &ch, http: &metrics_addr, pid, texts: &texts, args: &args };
+            let phase = Phase {
+                protocol: p,
+                grpc: &ch,
+                http: &metrics_addr,
+                model: &rest_model,
+                pid,
+                texts: &texts,
+                args: &args,
+            };
             out.insert(label.into(), load_phase(phase).await?);
         }
         anyhow::Ok(out)
     });
     // scrape before the server goes; a failed scrape is reported, not fatal
-    let scraped = scrape_metrics(&metrics_addr);
+    let scraped = http_get(&metrics_addr, "/metrics");
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = child.wait();
     let phases = result?;
@@ -249,6 +257,8 @@ struct Phase<'a> {
     grpc: &'a tonic::transport::Channel,
     /// The HTTP listener's `host:port`.
     http: &'a str,
+    /// The model REST clients name.
+    model: &'a str,
     /// The server's pid (RSS, CPU).
     pid: u32,
     texts: &'a Arc<Vec<String>>,
@@ -258,13 +268,7 @@ struct Phase<'a> {
 /// `args.clients` clients of `protocol` for `args.seconds`: throughput,
 /// latency percentiles, codes, the server's RSS and CPU.
 async fn load_phase(phase: Phase<'_>) -> anyhow::Result<serde_json::Value> {
-    let Phase { protocol, grpc, http, pid, texts, args } = phase;
-    let model = if protocol == Protocol::Rest {
-        let models = get_json(http, "/v1/models").await?;
-        models["data"][0]["id"].as_str().context("GET /v1/models named no model")?.to_string()
-    } else {
-        String::new()
-    };
+    let Phase { protocol, grpc, http, model, pid, texts, args } = phase;
     let lat = Arc::new(Mutex::new(Vec::<f64>::new()));
     let codes = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
     let tokens = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -273,7 +277,9 @@ async fn load_phase(phase: Phase<'_>) -> anyhow::Result<serde_json::Value> {
     let mut tasks = Vec::new();
     for c in 0..args.clients {
         let mut client = match protocol {
-            Protocol::Rest => LoadClient::Rest(RestClient { addr: http.to_string(), model: model.clone(), conn: None }),
+            Protocol::Rest => {
+                LoadClient::Rest(RestClient { addr: http.to_string(), model: model.to_string(), conn: None })
+            }
             _ => LoadClient::Grpc(pb::scd_client::ScdClient::new(grpc.clone())),
         };
         let (lat, codes, tokens, done_texts, texts) =
@@ -335,29 +341,19 @@ async fn load_phase(phase: Phase<'_>) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
-/// `GET path` on the HTTP listener `addr`, parsed as JSON.
-async fn get_json(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("HTTP listener {addr}"))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await?;
-    let (_, body) = raw.split_once("\r\n\r\n").with_context(|| format!("GET {path}: no header end"))?;
-    serde_json::from_str(body).with_context(|| format!("GET {path}: not JSON"))
-}
-
-/// `GET /metrics` over HTTP/1.0 (close-delimited, no chunking); the body.
-fn scrape_metrics(addr: &str) -> anyhow::Result<String> {
+/// `GET path` on the HTTP listener `addr` over HTTP/1.0 (close-delimited,
+/// no chunking): the body of a 200.
+fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("metrics listener {addr}"))?;
+    let mut s = std::net::TcpStream::connect(addr).with_context(|| format!("HTTP listener {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
     let mut raw = String::new();
     s.read_to_string(&mut raw)?;
-    let (head, body) = raw.split_once("\r\n\r\n").context("metrics response has no header end")?;
+    let (head, body) = raw.split_once("\r\n\r\n").with_context(|| format!("GET {path}: no header end"))?;
     anyhow::ensure!(
         head.starts_with("HTTP/1.") && head.contains(" 200 "),
-        "metrics scrape: {}",
+        "GET {path}: {}",
         head.lines().next().unwrap_or("")
     );
     Ok(body.to_string())
