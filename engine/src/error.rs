@@ -130,6 +130,22 @@ pub enum Error {
         /// Why it is gone.
         cause: &'static str,
     },
+    /// The shared session store (`scd serve --state`) cannot be reached or
+    /// answered in error: calls that need a session fail, stateless ones go on.
+    #[error("the session store {store} is unavailable: {reason}")]
+    StateUnavailable {
+        /// The store, as the operator named it (no password).
+        store: String,
+        /// What failed.
+        reason: String,
+    },
+    /// Another replica changed the session while this request worked on it,
+    /// every time it tried: the client may retry.
+    #[error("session {session_id:?} was changed by concurrent requests on other replicas; retry")]
+    SessionContended {
+        /// The id asked for.
+        session_id: String,
+    },
     /// A follow-up compress named a session opened on another context.
     #[error("session {session_id:?} was opened on another context; open a new session for this one")]
     SessionContextMismatch {

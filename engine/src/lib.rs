@@ -17,6 +17,7 @@
 //! * [`eval`] — dataset loaders and evidence coverage for `scd eval`.
 //! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
 //! * [`session`] — bounded, unguessable sessions bound to their creators.
+//! * [`shared`] — sessions kept in a store shared by replicas (the service's Redis).
 //! * [`handoff`] — hand-off report formats: parse, render, report → fields.
 //!
 //! ```
@@ -42,5 +43,6 @@ pub mod handoff;
 pub mod index;
 pub mod score;
 pub mod session;
+pub mod shared;
 
 pub use error::{Error, Result};

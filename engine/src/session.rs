@@ -53,6 +53,7 @@ use moka::sync::Cache;
 use rand::Rng;
 use tracing::warn;
 
+use crate::shared::gone_cause;
 use crate::{Error, Result};
 
 /// Bounds on the sessions one engine holds.
@@ -64,6 +65,22 @@ pub struct SessionLimits {
     pub max_sessions: usize,
     /// Bytes held by all sessions together.
     pub max_bytes: usize,
+}
+
+impl SessionLimits {
+    /// What one session over `bytes` of state weighs against the bound:
+    /// at least an equal share of the bytes, so the count bound holds too.
+    pub fn weight(&self, bytes: usize) -> Result<u32> {
+        let floor = self.max_bytes / self.max_sessions.max(1);
+        let w = bytes.max(floor);
+        if w > self.max_bytes {
+            return Err(Error::invalid(
+                "session",
+                format!("the context needs {w} bytes of session memory, over the limit {}", self.max_bytes),
+            ));
+        }
+        Ok(u32::try_from(w).unwrap_or(u32::MAX))
+    }
 }
 
 impl Default for SessionLimits {
@@ -135,8 +152,9 @@ struct Counters {
 pub const SCOPE_PARTS: usize = 10;
 
 /// The tombstone of a session its own scope gave up for a newer one.
-const GAVE_WAY: &str =
-    "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own least recently used";
+fn gave_way() -> &'static str {
+    gone_cause("gave_way")
+}
 
 /// A session a scope holds: its store key, its weight and its last use.
 type Held = (String, u32, Arc<AtomicU64>);
@@ -160,12 +178,12 @@ impl<S> std::fmt::Debug for SessionStore<S> {
     }
 }
 
-fn random_hex() -> String {
+pub(crate) fn random_hex() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
 /// Constant-time equality, so a token cannot be guessed byte by byte.
-fn same_secret(a: &str, b: &str) -> bool {
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -181,6 +199,26 @@ pub fn check_session_id(id: &str) -> Result<()> {
     Ok(())
 }
 
+/// The id of a session being opened: the caller's choice, checked, or a
+/// fresh one of 128 random bits.
+pub(crate) fn new_session_id(id: Option<String>) -> Result<String> {
+    match id {
+        Some(id) => {
+            check_session_id(&id)?;
+            if is_generated(&id) {
+                // a generated id is global: a chosen one of its form would
+                // leave the caller's scope and tell whether it exists
+                return Err(Error::invalid(
+                    "session_id",
+                    "the form s-<32 hex digits> is the server's own; choose another id or leave it out",
+                ));
+            }
+            Ok(id)
+        }
+        None => Ok(format!("s-{}", random_hex())),
+    }
+}
+
 /// Whether `id` has the form of a generated id: `s-` and 32 lower-case hex
 /// digits.
 fn is_generated(id: &str) -> bool {
@@ -189,7 +227,7 @@ fn is_generated(id: &str) -> bool {
 
 /// The store's key of `id` in `scope`: a generated id as it is (128 random
 /// bits, global), a chosen one within its scope.
-fn key(id: &str, scope: Option<&str>) -> String {
+pub(crate) fn key(id: &str, scope: Option<&str>) -> String {
     if is_generated(id) {
         id.to_string()
     } else {
@@ -223,14 +261,14 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
                                 "sessions evicted to stay under the session memory/count bound"
                             );
                         }
-                        "evicted to keep sessions under the server's memory and count bounds"
+                        gone_cause("evicted")
                     }
                     RemovalCause::Expired => {
                         c.expired.fetch_add(1, Ordering::Relaxed);
-                        "expired after its idle time"
+                        gone_cause("expired")
                     }
                     RemovalCause::Explicit if g.contains_key(id.as_str()) => return,
-                    RemovalCause::Explicit => "closed",
+                    RemovalCause::Explicit => gone_cause("closed"),
                     RemovalCause::Replaced => return,
                 };
                 g.insert((*id).clone(), why);
@@ -246,15 +284,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
 
     /// What one session over `bytes` of state weighs against the bound.
     fn weight(&self, bytes: usize) -> Result<u32> {
-        let floor = self.limits.max_bytes / self.limits.max_sessions.max(1);
-        let w = bytes.max(floor);
-        if w > self.limits.max_bytes {
-            return Err(Error::invalid(
-                "session",
-                format!("the context needs {w} bytes of session memory, over the limit {}", self.limits.max_bytes),
-            ));
-        }
-        Ok(u32::try_from(w).unwrap_or(u32::MAX))
+        self.limits.weight(bytes)
     }
 
     /// Opens a session holding `state` (about `bytes` of memory) for the
@@ -270,21 +300,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         bytes: usize,
         state: S,
     ) -> Result<SessionGrant> {
-        let id = match id {
-            Some(id) => {
-                check_session_id(&id)?;
-                if is_generated(&id) {
-                    // a generated id is global: a chosen one of its form would
-                    // leave the caller's scope and tell whether it exists
-                    return Err(Error::invalid(
-                        "session_id",
-                        "the form s-<32 hex digits> is the server's own; choose another id or leave it out",
-                    ));
-                }
-                id
-            }
-            None => format!("s-{}", random_hex()),
-        };
+        let id = new_session_id(id)?;
         let token = random_hex();
         let entry = Arc::new(SessionEntry {
             token: token.clone(),
@@ -346,7 +362,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
             let Some((k, kw, _)) = lru.and_then(|i| q.remove(i)) else { break };
             bytes -= u64::from(kw);
             (n, w) = (n.saturating_sub(1), w.saturating_sub(u64::from(kw)));
-            self.gone.insert(k.clone(), GAVE_WAY);
+            self.gone.insert(k.clone(), gave_way());
             self.live.invalidate(&k);
         }
     }

@@ -24,6 +24,7 @@ pub mod fuzz;
 pub mod grpc;
 pub mod input;
 pub mod mcp;
+pub mod redis;
 pub mod rest;
 pub mod server;
 pub mod telemetry;

@@ -172,6 +172,9 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             info!("model warm; SERVING");
         }
     });
+    if let Some(store) = scd.shared_state().cloned() {
+        tokio::spawn(watch_store(store, service.readiness().clone(), health.clone()));
+    }
     let ready = service.readiness().clone();
     let svc = pb::scd_server::ScdServer::new(ScdHandler(service))
         .max_decoding_message_size(cfg.limits.max_request_bytes)
@@ -399,5 +402,45 @@ where
             let resp = fut.await?;
             Ok(resp.map(|body| tonic::body::Body::new(scd_net::HeldUntilEnd::new(body, guard))))
         })
+    }
+}
+
+/// How often the shared session store is pinged.
+const STORE_PING: Duration = Duration::from_secs(1);
+
+/// Pings the shared session store: while it does not answer the server is
+/// NOT_SERVING (gRPC health, `/ready`), and SERVING again once it does. A
+/// drain or a stopped encoder is left as it is.
+async fn watch_store(
+    store: Arc<dyn scd_engine::shared::SharedState>,
+    ready: Arc<crate::grpc::Readiness>,
+    health: tonic_health::server::HealthReporter,
+) {
+    let mut tick = tokio::time::interval(STORE_PING);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let s = store.clone();
+        let answer = tokio::task::spawn_blocking(move || s.ping()).await;
+        let up = matches!(answer, Ok(Ok(())));
+        match (up, ready.get()) {
+            (false, Ready::Serving) => {
+                ready.set_if(Ready::Serving, Ready::StoreDown);
+                let why = match answer {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the ping did not finish".into(),
+                };
+                error!(store = store.name(), error = %why, "session store down; health NOT_SERVING");
+                health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
+                health.set_service_status("", ServingStatus::NotServing).await;
+            }
+            (true, Ready::StoreDown) => {
+                ready.set_if(Ready::StoreDown, Ready::Serving);
+                info!(store = store.name(), "session store answers again; SERVING");
+                health.set_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
+                health.set_service_status("", ServingStatus::Serving).await;
+            }
+            _ => {}
+        }
     }
 }

@@ -26,6 +26,7 @@ mod more;
 mod pack;
 mod prepare;
 mod score;
+mod sessions;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ use crate::cancel::Cancel;
 use crate::context::{Context, ContextRequirement, Redacted, Task};
 use crate::encoder::{Encoder, InputKind};
 use crate::score::{dot, zscores};
-use crate::session::{SessionGrant, SessionLimits, SessionStats, SessionStore};
+use crate::session::{SessionGrant, SessionLimits, SessionStore};
 use crate::{Error, Result};
 
 /// One compression request.
@@ -373,6 +374,12 @@ pub struct ContextRequest {
     /// `None`: the session's default, the budget of the answer that opened
     /// it. Cut to what the session's total leaves, when it has one.
     pub max_tokens: Option<usize>,
+    /// The caller's id for this request (1 to 64 printable ASCII
+    /// characters): a retry of a request whose answer was lost (the
+    /// connection broke, a replica died) names the same id and gets the
+    /// same reply again, instead of new chunks with the first ones lost.
+    /// Only the session's last request is remembered.
+    pub request_id: Option<String>,
 }
 
 impl std::fmt::Debug for ContextRequest {
@@ -387,8 +394,24 @@ impl std::fmt::Debug for ContextRequest {
             .field("reasoning", &Redacted(self.reasoning.len()))
             .field("chunk_ids", &self.chunk_ids)
             .field("max_tokens", &self.max_tokens)
+            .field("request_id", &self.request_id)
             .finish()
     }
+}
+
+/// A session's last adaptive reply, for a retry that names its request id.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LastReply {
+    /// The request's id.
+    pub request_id: String,
+    /// The chunks it sent (indices, reading order) with their scores.
+    pub chunks: Vec<(usize, f32)>,
+    /// Its tokens, budget and reason.
+    pub sent_tokens: usize,
+    /// The reply's budget.
+    pub budget: usize,
+    /// Why less was sent, if it said.
+    pub reason: Option<String>,
 }
 
 /// A session's ledger: what the receiver holds and what it may still get.
@@ -403,6 +426,8 @@ struct Ledger {
     reply_budget: usize,
     /// The budget tokenizer the session counts in, and each chunk's count in it.
     counting: Counting,
+    /// The last adaptive reply, when its request named an id.
+    last: Option<LastReply>,
 }
 
 impl Ledger {
@@ -439,7 +464,7 @@ pub struct Scd {
     /// Texts and tokens this engine has had the encoder embed (cache misses).
     encoded: [std::sync::atomic::AtomicU64; 2],
     cache: EmbeddingCache,
-    sessions: SessionStore<Ledger>,
+    sessions: sessions::Sessions,
     prepared: moka::sync::Cache<[u8; 32], Arc<PreparedContext>>,
     cfg: ScdConfig,
 }
@@ -464,11 +489,11 @@ pub const EMBED_SLICE_BYTES: usize = 64 << 10;
 impl Scd {
     /// An engine over `encoder`.
     pub fn new(encoder: Arc<dyn Encoder>, cfg: ScdConfig) -> Self {
-        let sessions = SessionStore::new(SessionLimits {
+        let sessions = sessions::Sessions::Local(SessionStore::new(SessionLimits {
             ttl: cfg.session_ttl,
             max_sessions: cfg.max_sessions,
             max_bytes: cfg.session_bytes,
-        });
+        }));
         let prepared = moka::sync::Cache::builder()
             .max_capacity(cfg.prepared_cache_bytes as u64)
             .weigher(|_, p: &Arc<PreparedContext>| u32::try_from(p.bytes).unwrap_or(u32::MAX))
@@ -534,6 +559,10 @@ impl Scd {
     /// the selection, as `opts` asks.
     #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]
     pub fn compress_opts(&self, req: &CompressRequest, opts: &CompressOptions, cancel: &Cancel) -> Result<Compressed> {
+        retry_contended(|| self.compress_once(req, opts, cancel))
+    }
+
+    fn compress_once(&self, req: &CompressRequest, opts: &CompressOptions, cancel: &Cancel) -> Result<Compressed> {
         let ctx = &req.context;
         ctx.validate_within(&self.cfg.context_limits)?;
         let rq = &req.requirement;
@@ -559,12 +588,8 @@ impl Scd {
             ));
         }
         let continued = match &req.session {
-            Some(SessionRequest { id: Some(id), token, caller, scope, .. })
-                if self.sessions.contains(id, scope.as_deref()) =>
-            {
-                Some(self.sessions.get(id, token.as_deref().unwrap_or(""), caller.as_deref(), scope.as_deref())?)
-            }
-            _ => None,
+            Some(sr) => self.find_session(sr)?,
+            None => None,
         };
         let opening = req.session.as_ref().filter(|_| continued.is_none());
         if let Some(sr) = opening {
@@ -585,12 +610,12 @@ impl Scd {
         // a continued session's own lock, held to the end: what it already
         // sent is never sent again, and no concurrent request picks it too
         let mut ledger = match &continued {
-            Some(entry) => {
-                if entry.context_key() != &prepared.key {
+            Some(handle) => {
+                if handle.context_key() != Some(prepared.key) {
                     let id = req.session.as_ref().and_then(|s| s.id.clone()).unwrap_or_default();
                     return Err(Error::SessionContextMismatch { session_id: id });
                 }
-                Some(entry.lock())
+                Some(self.ledger(handle, Some(prepared.clone()), cancel)?)
             }
             None => None,
         };
@@ -734,6 +759,7 @@ impl Scd {
                 l.sent.extend(selected.iter().copied());
                 l.total_sent += sent;
                 l.counting = counting;
+                self.commit(continued.as_ref().expect("a ledger has its handle"), l)?;
                 Some(SessionGrant {
                     id: sr.id.clone().unwrap_or_default(),
                     token: sr.token.clone().unwrap_or_default(),
@@ -741,12 +767,10 @@ impl Scd {
             }
             (Some(sr), None) => {
                 let cap = sr.max_total_tokens.or((sr.reserve_tokens > 0).then_some(rq.max_context_tokens));
-                Some(self.sessions.open(
-                    sr.id.clone(),
-                    sr.caller.clone(),
-                    sr.scope.as_deref(),
-                    prepared.key,
-                    prepared.bytes + 8 * chunks.len(),
+                Some(self.open_session(
+                    sr,
+                    &prepared,
+                    &split.public,
                     Ledger {
                         context: prepared.clone(),
                         sent: selected.iter().copied().collect(),
@@ -754,6 +778,7 @@ impl Scd {
                         cap,
                         reply_budget: rq.max_context_tokens,
                         counting,
+                        last: None,
                     },
                 )?)
             }
@@ -771,16 +796,21 @@ impl Scd {
             None => self.encoder.count_tokens(text),
         }
     }
+}
 
-    /// Closes a session; `Ok(false)` when none was open under `id`. The
-    /// token (and the caller, for a session bound to one) must match.
-    pub fn close_session(&self, id: &str, token: &str, caller: Option<&str>, scope: Option<&str>) -> Result<bool> {
-        self.sessions.close(id, token, caller, scope)
-    }
-
-    /// Live sessions, their bytes, evictions and expiries.
-    pub fn session_stats(&self) -> SessionStats {
-        self.sessions.stats()
+/// Redoes `attempt` while another replica keeps committing to its session
+/// first (a shared store only), a few times with a short jittered pause.
+pub(super) fn retry_contended<T>(mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut tries = 0;
+    loop {
+        match attempt() {
+            Err(Error::SessionContended { .. }) if tries < 4 => {
+                tries += 1;
+                let ms = rand::Rng::random_range(&mut rand::rng(), 1..=5u64 << tries);
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
+            r => return r,
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tracing::instrument;
 
-use super::{ContextRequest, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
+use super::{ContextRequest, LastReply, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
 use crate::budget::CHUNK_SEPARATOR;
 use crate::cancel::Cancel;
 use crate::context::check_no_nul;
@@ -23,6 +23,10 @@ impl Scd {
     /// [`Scd::request_more`] that stops between stages once `cancel` says so.
     #[instrument(skip_all)]
     pub fn request_more_with(&self, req: &ContextRequest, cancel: &Cancel) -> Result<MoreContext> {
+        super::retry_contended(|| self.more_once(req, cancel))
+    }
+
+    fn more_once(&self, req: &ContextRequest, cancel: &Cancel) -> Result<MoreContext> {
         if !(0.0..=1.0).contains(&req.current_confidence) {
             return Err(Error::invalid(
                 "current_confidence",
@@ -38,11 +42,15 @@ impl Scd {
                 format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.max_task_bytes),
             ));
         }
-        let entry =
-            self.sessions.get(&req.session_id, &req.session_token, req.caller.as_deref(), req.scope.as_deref())?;
-        // this session's own lock, held through scoring: concurrent requests
+        if let Some(id) = &req.request_id {
+            if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(Error::invalid("request_id", "must be 1 to 64 printable ASCII characters"));
+            }
+        }
+        let handle = self.session(&req.session_id, &req.session_token, req.caller.as_deref(), req.scope.as_deref())?;
+        // this session's own turn, held through scoring: concurrent requests
         // on one session take turns, so none can pick a chunk another sends
-        let mut session = entry.lock();
+        let mut session = self.ledger(&handle, None, cancel)?;
         let budget = req.max_tokens.unwrap_or(session.reply_budget).min(session.total_left());
         match req.max_tokens {
             Some(0) => {
@@ -55,6 +63,11 @@ impl Scd {
                 ))
             }
             _ => {}
+        }
+        if let (Some(id), Some(last)) = (&req.request_id, &session.last) {
+            if &last.request_id == id {
+                return Ok(self.replay(&session, last));
+            }
         }
         let nothing = |session: &Ledger, reason: String| MoreContext {
             chunks: vec![],
@@ -164,6 +177,14 @@ impl Scd {
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
         picked.sort_unstable();
+        session.last = req.request_id.clone().map(|request_id| LastReply {
+            request_id,
+            chunks: picked.iter().map(|&i| (i, scores[i])).collect(),
+            sent_tokens,
+            budget,
+            reason: reason.clone(),
+        });
+        self.commit(&handle, &session)?;
         Ok(MoreContext {
             text: text_of(&picked),
             chunks: picked.iter().map(|&i| context.selected(i, scores[i], counting.tokens[i])).collect(),
@@ -173,5 +194,22 @@ impl Scd {
             remaining_tokens: session.remaining(),
             reason,
         })
+    }
+
+    /// The session's last reply again, for a retry naming its request id:
+    /// the ledger is unchanged (those chunks were counted when first sent).
+    fn replay(&self, session: &Ledger, last: &LastReply) -> MoreContext {
+        let context = &session.context;
+        let chunks: Vec<_> =
+            last.chunks.iter().map(|&(i, score)| context.selected(i, score, session.counting.tokens[i])).collect();
+        MoreContext {
+            text: chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR),
+            chunks,
+            sent_tokens: last.sent_tokens,
+            budget: last.budget,
+            session_sent_tokens: session.total_sent,
+            remaining_tokens: session.remaining(),
+            reason: last.reason.clone(),
+        }
     }
 }

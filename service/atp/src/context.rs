@@ -628,6 +628,8 @@ impl ScdLink {
                 report: String::new(),
                 // the session's total bounds it (the offer's budget)
                 max_tokens: 0,
+                // no retry here: a failed call is the worker's to report
+                request_id: String::new(),
             })
             .await
             .map_err(|s| self.status("RequestContext", s))?

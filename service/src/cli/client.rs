@@ -355,11 +355,13 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     current_confidence: confidence.unwrap_or(if report.is_empty() { 0.5 } else { 0.0 }),
                     report,
                     max_tokens: max_tokens.unwrap_or(0),
+                    // every try names it: a retry after a broken connection
+                    // gets the reply that may have been lost, not new chunks
+                    request_id: format!("r-{:032x}", rand::random::<u128>()),
                     ..Default::default()
                 };
-                // advances the session: not retried when the connection broke under it
                 let r = c
-                    .call("RequestContext", false, |mut cl| {
+                    .call("RequestContext", true, |mut cl| {
                         let req = req.clone();
                         async move { cl.request_context(req).await }
                     })

@@ -96,6 +96,7 @@ pub fn run(model: &ModelArgs, args: DemoArgs) -> anyhow::Result<()> {
         reasoning: "need to know whether the failure persisted".into(),
         chunk_ids: vec![],
         max_tokens: None,
+        request_id: None,
     })?;
     println!("\nreceiver asks (confidence 0.4): {question}");
     for c in &more.chunks {

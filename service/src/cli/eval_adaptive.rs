@@ -95,6 +95,7 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
             specific_question: q.clone(),
             current_confidence: 0.3,
             max_tokens: Some(hop_budget),
+            request_id: None,
             ..Default::default()
         })?;
         answered += usize::from(!more.chunks.is_empty());

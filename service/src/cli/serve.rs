@@ -95,6 +95,13 @@ pub struct ServeArgs {
     /// and their owners are told so.
     #[arg(long, env = "SCD_SESSION_BYTES", default_value_t = 1 << 30)]
     session_bytes: usize,
+    /// Keep sessions (their ledgers, and the contexts they were opened on,
+    /// with their embeddings) in Redis, `redis://HOST:PORT/DB`, so that
+    /// every replica started with the same URL serves every session and a
+    /// restart loses none. The bounds above hold there too. Without it,
+    /// sessions live in this process's memory.
+    #[arg(long, env = "SCD_STATE", value_name = "URL")]
+    state: Option<String>,
     /// Tokens of one Compress request's non-confidential context.
     #[arg(long, env = "SCD_MAX_CONTEXT_TOKENS", default_value_t = 262_144)]
     max_context_tokens: usize,
@@ -398,7 +405,20 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         },
         ..model.scd_config()
     };
-    let scd = Arc::new(Scd::new(encoder, cfg));
+    let mut scd = Scd::new(encoder, cfg);
+    if let Some(url) = &args.state {
+        let store = crate::redis::sessions::RedisSessions::open(url)?;
+        match scd_engine::shared::SharedState::ping(&store) {
+            Ok(()) => tracing::info!(store = store.name_str(), "sessions in Redis"),
+            Err(e) => tracing::warn!(
+                store = store.name_str(),
+                error = %e,
+                "the session store does not answer yet: session calls fail UNAVAILABLE and health is NOT_SERVING until it does"
+            ),
+        }
+        scd = scd.with_shared_state(Arc::new(store), tokenizers.clone());
+    }
+    let scd = Arc::new(scd);
     let limits = Limits {
         max_texts: args.max_texts,
         max_text_bytes: args.max_text_bytes,

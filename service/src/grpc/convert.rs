@@ -18,6 +18,8 @@ pub fn status(err: scd_engine::Error) -> Status {
         E::UnknownSession { .. } | E::SessionGone { .. } => Code::NotFound,
         E::SessionForbidden { .. } => Code::PermissionDenied,
         E::SessionContextMismatch { .. } => Code::FailedPrecondition,
+        E::SessionContended { .. } => Code::Aborted,
+        E::StateUnavailable { .. } => Code::Unavailable,
         E::Cancelled { .. } => Code::Cancelled,
         E::DeadlineExceeded { .. } => Code::DeadlineExceeded,
         E::OrtLibraryMissing { .. }

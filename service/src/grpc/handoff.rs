@@ -216,6 +216,7 @@ mod tests {
             reasoning: String::new(),
             chunk_ids: vec![],
             max_tokens: None,
+            request_id: None,
         }
     }
 

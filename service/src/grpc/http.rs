@@ -170,6 +170,10 @@ async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
         Ready::Starting => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "starting: the model is warming up\n"),
         Ready::Draining => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining: finishing the calls in flight\n"),
         Ready::Stopped => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopped: the encoder is not running\n"),
+        Ready::StoreDown => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "the session store does not answer: sessions are unavailable\n",
+        ),
     }
 }
 

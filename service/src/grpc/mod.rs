@@ -594,6 +594,7 @@ impl ScdService {
             reasoning: r.reasoning,
             chunk_ids: r.chunk_ids,
             max_tokens: (r.max_tokens > 0).then_some(r.max_tokens as usize),
+            request_id: (!r.request_id.is_empty()).then_some(r.request_id),
         };
         if !r.report.is_empty() {
             if let Err(s) = handoff::apply_report(&mut req, &r.report, &self.confidence_map) {
@@ -644,6 +645,9 @@ pub enum Ready {
     Draining = 2,
     /// The encoder thread stopped (or the warm-up failed): it takes no work.
     Stopped = 3,
+    /// The shared session store (`--state`) does not answer: session calls
+    /// fail, stateless ones go on.
+    StoreDown = 4,
 }
 
 impl Readiness {
@@ -669,6 +673,7 @@ impl Readiness {
             1 => Ready::Serving,
             2 => Ready::Draining,
             3 => Ready::Stopped,
+            4 => Ready::StoreDown,
             _ => Ready::Starting,
         }
     }

@@ -194,6 +194,7 @@ pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, Str
         (c, _) => c.unwrap_or(0.0),
     };
     Ok(pb::ContextRequest {
+        request_id: String::new(),
         session_id: a.session,
         session_token: String::new(),
         specific_question: a.question,
