@@ -24,6 +24,8 @@ enum Command {
     Embed(cli::embed::EmbedArgs),
     /// Embed a JSONL corpus into .npy or .jsonl: pipelined, resumable, with progress and a summary.
     EmbedBatch(cli::embed_batch::EmbedBatchArgs),
+    /// Embed shards of a corpus that `scd embed-batch --queue` puts on Redis; run any number, anywhere.
+    EmbedWorker(cli::embed_queue::EmbedWorkerArgs),
     /// Model management.
     #[command(subcommand)]
     Models(cli::models::ModelsCommand),
@@ -71,7 +73,7 @@ fn main() -> anyhow::Result<()> {
     let argv = cli::config_file::apply(&Cli::command(), std::env::args_os().collect())?;
     let cli = Cli::parse_from(argv);
     let level = match &cli.command {
-        Command::Serve(_) => "info",
+        Command::Serve(_) | Command::EmbedWorker(_) => "info",
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
         // the simulated agents' circuits open by design: their WARNs are noise
@@ -83,6 +85,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
         Command::EmbedBatch(args) => cli::embed_batch::run(&cli.model, args),
+        Command::EmbedWorker(args) => cli::embed_queue::work(&cli.model, args),
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),
         Command::Compress(args) => cli::compress::run(&cli.model, args),

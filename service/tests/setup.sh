@@ -9,6 +9,8 @@
 #   3. the Python client (service/clients/python) with its test pins in
 #      .tools/py-client-venv (service/clients/python/requirements-test.txt),
 #      re-installed when the pins or the package's files change
+#   4. redis-server and haproxy from Debian's packages (the replica and
+#      embed-queue tests start their own, on loopback, and stop them)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TOOLS="$ROOT/.tools"
@@ -56,4 +58,20 @@ STAMP="$TOOLS/py-client-venv.pins"
     | LC_ALL=C sort | xargs sha256sum)
 } > "$STAMP"
 venv "$TOOLS/py-client-venv" "$STAMP" -r "$PINS" "$CLIENT[did,langchain,llamaindex]"
+# real servers the tests start themselves: installed, never left running
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v haproxy >/dev/null || missing+=(haproxy)
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  say "installing ${missing[*]} from Debian"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # the package starts a system redis on 6379 where an init system runs; the tests use their own
+  if command -v systemctl >/dev/null && systemctl is-active --quiet redis-server 2>/dev/null; then
+    $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
+  fi
+fi
 say "ready"

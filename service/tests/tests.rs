@@ -30,6 +30,8 @@ mod handoff;
 mod lifecycle;
 #[path = "cases/mcp.rs"]
 mod mcp;
+#[path = "cases/replicas.rs"]
+mod replicas;
 #[path = "cases/rest.rs"]
 mod rest;
 #[path = "cases/serving.rs"]

@@ -40,7 +40,16 @@ pub(super) struct Shared {
 /// record as loaded.
 pub(super) enum Handle {
     Local(Arc<SessionEntry<Ledger>>),
-    Shared { key: String, id: String, version: u64, record: SessionRecord, _turn: Turn },
+    Shared(Box<SharedHandle>),
+}
+
+/// A session of a shared store, as loaded, with this process's turn on it.
+pub(super) struct SharedHandle {
+    key: String,
+    id: String,
+    version: u64,
+    record: SessionRecord,
+    _turn: Turn,
 }
 
 /// A session's ledger while a request works on it.
@@ -73,7 +82,8 @@ impl Handle {
     pub(super) fn context_key(&self) -> Option<[u8; 32]> {
         match self {
             Handle::Local(e) => Some(*e.context_key()),
-            Handle::Shared { record, .. } => {
+            Handle::Shared(h) => {
+                let record = &h.record;
                 let mut out = [0u8; 32];
                 (record.context.len() == 64).then_some(())?;
                 for (i, o) in out.iter_mut().enumerate() {
@@ -179,7 +189,7 @@ impl Scd {
         if !same_secret(&record.token_sha256, &sha256_hex(token)) || !owner_ok {
             return Err(Error::SessionForbidden { session_id: id.to_string() });
         }
-        Ok(Handle::Shared { key, id: id.to_string(), version, record, _turn: turn })
+        Ok(Handle::Shared(Box::new(SharedHandle { key, id: id.to_string(), version, record, _turn: turn })))
     }
 
     /// The ledger of a session held by `handle`. A shared one is rebuilt
@@ -193,7 +203,7 @@ impl Scd {
     ) -> Result<Guard<'a>> {
         let (record, id) = match handle {
             Handle::Local(e) => return Ok(Guard::Local(e.lock())),
-            Handle::Shared { record, id, .. } => (record, id),
+            Handle::Shared(h) => (&h.record, &h.id),
         };
         let Sessions::Shared(s) = &self.sessions else { unreachable!("a shared handle comes from a shared store") };
         let context = match prepared {
@@ -252,9 +262,10 @@ impl Scd {
     /// replica's commit in between is [`Error::SessionContended`]: the
     /// request is redone on the new ledger.
     pub(super) fn commit(&self, handle: &Handle, ledger: &Guard<'_>) -> Result<()> {
-        let (Handle::Shared { key, id, version, record, .. }, Sessions::Shared(s)) = (handle, &self.sessions) else {
+        let (Handle::Shared(h), Sessions::Shared(s)) = (handle, &self.sessions) else {
             return Ok(());
         };
+        let SharedHandle { key, id, version, record, .. } = &**h;
         let bytes = serde_json::to_vec(&record_of(record, ledger)).expect("a record serializes");
         match s.store.commit(key, *version, &bytes, &s.limits).map_err(|e| s.down(e))? {
             Committed::Done => Ok(()),
@@ -325,7 +336,7 @@ impl Scd {
             Sessions::Shared(s) => s,
         };
         match self.session(id, token, caller, scope) {
-            Ok(Handle::Shared { key, .. }) => s.store.close(&key, &s.limits).map_err(|e| s.down(e)),
+            Ok(Handle::Shared(h)) => s.store.close(&h.key, &s.limits).map_err(|e| s.down(e)),
             Ok(Handle::Local(_)) => unreachable!("a shared store gives shared handles"),
             Err(Error::UnknownSession { .. } | Error::SessionGone { .. }) => Ok(false),
             Err(e) => Err(e),

@@ -128,6 +128,36 @@ fn a_session_total_bounds_every_reply_counted_in_the_sessions_tokenizer() {
 }
 
 #[test]
+fn a_retry_naming_the_same_request_id_gets_the_same_reply_and_spends_nothing() {
+    let scd = scd();
+    let mut req = request("why did charges fail at checkout", 12);
+    req.session = Some(SessionRequest::default());
+    let grant = scd.compress(&req).unwrap().session.unwrap();
+    let ask = |id: &str, q: &str| {
+        let mut r = follow_up(&grant, q, Some(12));
+        r.request_id = Some(id.into());
+        scd.request_more(&r).unwrap()
+    };
+    let first = ask("r-1", "what about the office plants");
+    assert!(!first.chunks.is_empty());
+    let again = ask("r-1", "a retry sends the same question; this text is not read");
+    assert_eq!(again.text, first.text);
+    assert_eq!(
+        again.chunks.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        first.chunks.iter().map(|c| &c.id).collect::<Vec<_>>()
+    );
+    assert_eq!((again.sent_tokens, again.session_sent_tokens), (first.sent_tokens, first.session_sent_tokens));
+    // a new id is a new request: new chunks, counted
+    let next = ask("r-2", "what about the office plants");
+    assert!(next.chunks.iter().all(|c| first.chunks.iter().all(|f| f.id != c.id)));
+    assert_eq!(next.session_sent_tokens, first.session_sent_tokens + next.sent_tokens);
+    let mut bad = follow_up(&grant, "x", None);
+    bad.request_id = Some("has a space".into());
+    let e = scd.request_more(&bad).unwrap_err().to_string();
+    assert!(e.starts_with("request_id: "), "{e}");
+}
+
+#[test]
 fn a_follow_up_has_its_own_budget_and_is_scored_on_its_own_question() {
     let scd = scd();
     let t = builtin("o200k").unwrap();

@@ -37,23 +37,23 @@ use crate::grpc::pb;
 pub struct EmbedBatchArgs {
     /// Corpus: JSONL with a "text" field per line (and optionally "id").
     #[arg(long)]
-    input: PathBuf,
+    pub(super) input: PathBuf,
     /// Output: `.npy` (float32 [records, dim]) or `.jsonl`. Re-running resumes it.
     #[arg(long)]
-    output: PathBuf,
+    pub(super) output: PathBuf,
     /// Embed as queries (E5 `query: ` prefix) instead of passages.
     #[arg(long)]
-    query: bool,
+    pub(super) query: bool,
     /// Embed texts longer than the model's window as a weighted mean of
     /// windows (default: stop, naming the line).
     #[arg(long)]
-    windows: bool,
+    pub(super) windows: bool,
     /// Records per block: the unit of pipelining, progress and resumption.
     #[arg(long, env = "SCD_BLOCK_TEXTS", default_value_t = 2048)]
-    block_texts: usize,
+    pub(super) block_texts: usize,
     /// Start over when --output holds a run with another model, input or options.
     #[arg(long)]
-    overwrite: bool,
+    pub(super) overwrite: bool,
     /// Embed through a running `scd serve` (e.g. http://127.0.0.1:50051)
     /// instead of a local model; texts go over EmbedStream.
     #[arg(long, env = "SCD_SERVER")]
@@ -68,19 +68,30 @@ pub struct EmbedBatchArgs {
     warmup_texts: usize,
     /// Also write the final summary as JSON to this file.
     #[arg(long)]
-    summary_json: Option<PathBuf>,
+    pub(super) summary_json: Option<PathBuf>,
+    /// Split the corpus into shards (of --block-texts records) on this
+    /// Redis (`redis://HOST:PORT/DB`) for `scd embed-worker` processes to
+    /// embed, on any machines; this process assembles their rows in order.
+    /// The output is row for row what a one-process run writes, and
+    /// resumes the same way.
+    #[arg(long, env = "SCD_QUEUE", value_name = "URL", conflicts_with_all = ["server", "warmup_texts"])]
+    pub(super) queue: Option<String>,
+    /// With --queue: shards on the queue ahead of the next one written
+    /// (bounds what waits in Redis and in this process).
+    #[arg(long, default_value_t = 8)]
+    pub(super) queue_depth: usize,
 }
 
 /// What `<output>.meta.json` records about a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct RunMeta {
-    model: String,
-    dim: usize,
-    kind: String,
-    windows: bool,
-    input_sha256: String,
-    records: usize,
-    format: String,
+pub(super) struct RunMeta {
+    pub(super) model: String,
+    pub(super) dim: usize,
+    pub(super) kind: String,
+    pub(super) windows: bool,
+    pub(super) input_sha256: String,
+    pub(super) records: usize,
+    pub(super) format: String,
 }
 
 impl RunMeta {
@@ -106,14 +117,14 @@ impl RunMeta {
 }
 
 /// One corpus record.
-struct Record {
-    line: usize,
-    text: String,
-    id: Option<serde_json::Value>,
+pub(super) struct Record {
+    pub(super) line: usize,
+    pub(super) text: String,
+    pub(super) id: Option<serde_json::Value>,
 }
 
 /// Counts the records of `path` and hashes its bytes, in one streaming pass.
-fn scan(path: &Path) -> anyhow::Result<(usize, String)> {
+pub(super) fn scan(path: &Path) -> anyhow::Result<(usize, String)> {
     let f = File::open(path).with_context(|| format!("--input {}", path.display()))?;
     let mut reader = BufReader::with_capacity(1 << 20, f);
     let mut hash = Sha256::new();
@@ -133,14 +144,14 @@ fn scan(path: &Path) -> anyhow::Result<(usize, String)> {
 }
 
 /// Parses one JSONL line into a record (`line` is 1-based, for errors).
-fn parse(line: usize, raw: &str) -> anyhow::Result<Record> {
+pub(super) fn parse(line: usize, raw: &str) -> anyhow::Result<Record> {
     let (text, v) = super::jsonl_text(line, raw)?;
     ensure!(!text.trim().is_empty(), "--input line {line}: \"text\" is empty");
     Ok(Record { line, text, id: v.get("id").cloned() })
 }
 
 /// The non-blank lines of `path`, with their 1-based numbers: one record each.
-fn record_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::Result<(usize, String)>>> {
+pub(super) fn record_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::Result<(usize, String)>>> {
     let f = File::open(path).with_context(|| format!("--input {}", path.display()))?;
     Ok(BufReader::with_capacity(1 << 20, f).lines().enumerate().filter_map(|(n, line)| match line {
         Ok(l) if l.trim().is_empty() => None,
@@ -150,7 +161,7 @@ fn record_lines(path: &Path) -> anyhow::Result<impl Iterator<Item = anyhow::Resu
 }
 
 /// Where the vectors go.
-enum Sink {
+pub(super) enum Sink {
     Npy { file: BufWriter<File>, dim: usize },
     Jsonl { file: BufWriter<File> },
 }
@@ -188,7 +199,7 @@ fn npy_data_offset(file: &mut File, path: &Path, rows: usize, dim: usize) -> any
 impl Sink {
     /// Opens `path` for `records` rows of `dim`; when `resume`, keeps the
     /// whole rows already there and returns how many.
-    fn open(path: &Path, records: usize, dim: usize, resume: bool) -> anyhow::Result<(Sink, usize)> {
+    pub(super) fn open(path: &Path, records: usize, dim: usize, resume: bool) -> anyhow::Result<(Sink, usize)> {
         let npy = match path.extension().and_then(|e| e.to_str()) {
             Some("npy") => true,
             Some("jsonl") => false,
@@ -226,7 +237,7 @@ impl Sink {
     }
 
     /// Appends the rows of one block (records `first..`), then flushes.
-    fn write(&mut self, first: usize, records: &[Record], enc: &Encoded) -> anyhow::Result<()> {
+    pub(super) fn write(&mut self, first: usize, records: &[Record], enc: &Encoded) -> anyhow::Result<()> {
         match self {
             Sink::Npy { file, dim } => {
                 debug_assert_eq!(enc.dim, *dim);
@@ -366,27 +377,30 @@ fn block_error(e: scd_engine::Error, block: &Block) -> anyhow::Error {
 
 /// The final summary (also the --summary-json file).
 #[derive(Debug, Serialize)]
-struct Summary {
-    output: PathBuf,
-    model: String,
-    provider: String,
-    records: usize,
-    embedded: usize,
-    skipped: usize,
-    tokens: usize,
-    seconds: f64,
-    tokens_per_s: f64,
-    texts_per_s: f64,
-    batch_tokens: usize,
-    max_batch_rows: usize,
-    io_binding: bool,
-    load_seconds: f64,
+pub(super) struct Summary {
+    pub(super) output: PathBuf,
+    pub(super) model: String,
+    pub(super) provider: String,
+    pub(super) records: usize,
+    pub(super) embedded: usize,
+    pub(super) skipped: usize,
+    pub(super) tokens: usize,
+    pub(super) seconds: f64,
+    pub(super) tokens_per_s: f64,
+    pub(super) texts_per_s: f64,
+    pub(super) batch_tokens: usize,
+    pub(super) max_batch_rows: usize,
+    pub(super) io_binding: bool,
+    pub(super) load_seconds: f64,
 }
 
 /// Runs `scd embed-batch`.
 pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     ensure!(args.block_texts > 0, "--block-texts: must be at least 1");
     ensure!(args.request_texts > 0, "--request-texts: must be at least 1");
+    if let Some(url) = args.queue.clone() {
+        return super::embed_queue::coordinate(model, args, &url);
+    }
     let started = Instant::now();
     let (records, input_sha256) = scan(&args.input)?;
     ensure!(records > 0, "--input {}: no records", args.input.display());
@@ -505,23 +519,30 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         io_binding,
         load_seconds,
     };
-    eprintln!(
-        "embedded {} texts ({} already in {}), {} tokens in {:.2}s: {:.0} tokens/s, {:.1} texts/s; model {} on {}",
-        summary.embedded,
-        summary.skipped,
-        args.output.display(),
-        summary.tokens,
-        summary.seconds,
-        summary.tokens_per_s,
-        summary.texts_per_s,
-        summary.model,
-        summary.provider,
-    );
-    if let Some(path) = &args.summary_json {
-        std::fs::write(path, serde_json::to_string_pretty(&summary)? + "\n")
-            .with_context(|| format!("--summary-json {}", path.display()))?;
+    summary.report(args.summary_json.as_deref())
+}
+
+impl Summary {
+    /// Prints the summary line, and writes the JSON file if asked.
+    pub(super) fn report(&self, json: Option<&Path>) -> anyhow::Result<()> {
+        eprintln!(
+            "embedded {} texts ({} already in {}), {} tokens in {:.2}s: {:.0} tokens/s, {:.1} texts/s; model {} on {}",
+            self.embedded,
+            self.skipped,
+            self.output.display(),
+            self.tokens,
+            self.seconds,
+            self.tokens_per_s,
+            self.texts_per_s,
+            self.model,
+            self.provider,
+        );
+        if let Some(path) = json {
+            std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
+                .with_context(|| format!("--summary-json {}", path.display()))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Embeds the first `n` records of `input` and throws the vectors away.
@@ -557,7 +578,7 @@ fn prepare(
 
 /// Whether to resume `--output`: yes when its meta file matches this run;
 /// no when there is nothing there or --overwrite; an error otherwise.
-fn decide_resume(args: &EmbedBatchArgs, meta: &RunMeta, meta_path: &Path) -> anyhow::Result<bool> {
+pub(super) fn decide_resume(args: &EmbedBatchArgs, meta: &RunMeta, meta_path: &Path) -> anyhow::Result<bool> {
     if !args.output.exists() || args.overwrite {
         return Ok(false);
     }

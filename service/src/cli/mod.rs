@@ -12,6 +12,7 @@ pub mod context;
 pub mod demo;
 pub mod embed;
 pub mod embed_batch;
+pub mod embed_queue;
 pub mod eval;
 mod eval_adaptive;
 pub mod handoff;

@@ -7,6 +7,7 @@
 //! so a Redis that stops answering turns into an error naming the store,
 //! never a hung request.
 
+pub mod queue;
 pub mod sessions;
 
 use std::sync::Mutex;
@@ -63,19 +64,23 @@ impl Redis {
     }
 
     /// Runs `f` on a pooled connection (a fresh one when none is idle); a
-    /// connection that failed is dropped, not pooled.
-    pub fn with<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, StoreError> {
+    /// connection that failed is dropped, not pooled. A pooled connection
+    /// that turns out dead (the server restarted since) is replaced once.
+    pub fn with<T>(&self, mut f: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, StoreError> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let was_pooled = pooled.is_some();
         let mut con = match pooled {
             Some(c) => c,
-            None => {
-                let c = self.client.get_connection_with_timeout(self.timeout).map_err(describe)?;
-                c.set_read_timeout(Some(self.timeout)).map_err(describe)?;
-                c.set_write_timeout(Some(self.timeout)).map_err(describe)?;
-                c
-            }
+            None => self.connect()?,
         };
-        match f(&mut con) {
+        let mut result = f(&mut con);
+        if let Err(e) = &result {
+            if was_pooled && (e.is_io_error() || e.is_connection_dropped()) {
+                con = self.connect()?;
+                result = f(&mut con);
+            }
+        }
+        match result {
             Ok(v) => {
                 let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
                 if idle.len() < IDLE {
@@ -85,6 +90,13 @@ impl Redis {
             }
             Err(e) => Err(describe(e)),
         }
+    }
+
+    fn connect(&self) -> Result<redis::Connection, StoreError> {
+        let c = self.client.get_connection_with_timeout(self.timeout).map_err(describe)?;
+        c.set_read_timeout(Some(self.timeout)).map_err(describe)?;
+        c.set_write_timeout(Some(self.timeout)).map_err(describe)?;
+        Ok(c)
     }
 
     /// `PING`.

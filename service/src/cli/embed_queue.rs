@@ -1,0 +1,278 @@
+//! A corpus embedded by many workers: `scd embed-batch --queue` (the
+//! coordinator) and `scd embed-worker` (any number, each on its own CPU or
+//! GPU), over a Redis Stream ([`crate::redis::queue`]).
+//!
+//! Shards are the one-process run's blocks (`--block-texts` records from
+//! the same place), so every row comes from the same model call it would
+//! in one process: the output is the same row for row, and resumes the
+//! same way (the output file is the truth).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, Manifest};
+use tracing::{info, warn};
+
+use super::embed_batch::{decide_resume, parse, record_lines, scan, EmbedBatchArgs, Record, RunMeta, Sink, Summary};
+use crate::config::ModelArgs;
+use crate::redis::queue::{Queue, Shard, ShardRows, Taken};
+
+/// How long a coordinator's run stays alive without a refresh: workers
+/// drop the shards of a run whose coordinator is gone.
+const LIVE_TTL: Duration = Duration::from_secs(30);
+
+/// Arguments of `scd embed-worker`.
+#[derive(Debug, clap::Args)]
+pub struct EmbedWorkerArgs {
+    /// The queue (`redis://HOST:PORT/DB`) that `scd embed-batch --queue` fills.
+    #[arg(long, env = "SCD_QUEUE", value_name = "URL")]
+    queue: String,
+    /// This worker's name in the consumer group (default: host and pid).
+    #[arg(long, env = "SCD_WORKER_NAME")]
+    name: Option<String>,
+    /// Take over a shard another worker has held this long without
+    /// finishing it (it died or hangs), in milliseconds. Above the time
+    /// one shard takes, or a slow worker's shard is done twice.
+    #[arg(long, env = "SCD_CLAIM_IDLE_MS", default_value_t = 60_000)]
+    claim_idle_ms: u64,
+    /// Exit after this many seconds without a shard (default: run until killed).
+    #[arg(long)]
+    exit_idle_s: Option<f64>,
+}
+
+/// The shard's records' rows as the sink takes them.
+fn encoded(rows: &ShardRows) -> Encoded {
+    Encoded { dim: rows.dim, data: rows.data.clone(), tokens: rows.tokens.clone(), windows: rows.windows.clone() }
+}
+
+/// Runs `scd embed-batch --queue`: shards out, rows in, in order.
+pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow::Result<()> {
+    ensure!(args.queue_depth > 0, "--queue-depth: must be at least 1");
+    let started = Instant::now();
+    let (records, input_sha256) = scan(&args.input)?;
+    ensure!(records > 0, "--input {}: no records", args.input.display());
+    let dir = scd_engine::encoder::resolve_model(&model.models_dir, &model.model)?;
+    let manifest = Manifest::load(&dir)?;
+    let meta = RunMeta {
+        model: manifest.model_id(),
+        dim: manifest.dim,
+        kind: if args.query { "query" } else { "passage" }.into(),
+        windows: args.windows,
+        input_sha256,
+        records,
+        format: args.output.extension().and_then(|e| e.to_str()).unwrap_or_default().to_string(),
+    };
+    let meta_path = PathBuf::from(format!("{}.meta.json", args.output.display()));
+    let resume = decide_resume(&args, &meta, &meta_path)?;
+    let (mut sink, done) = Sink::open(&args.output, records, meta.dim, resume)?;
+    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)? + "\n")
+        .with_context(|| format!("writing {}", meta_path.display()))?;
+
+    let queue = Queue::open("--queue", url)?;
+    let fail = |e: scd_engine::shared::StoreError| anyhow::anyhow!("--queue {}: {e}", queue.name());
+    queue.ensure_group().map_err(fail)?;
+    let run = format!("{:016x}", rand::random::<u64>());
+    queue.keep_alive(&run, LIVE_TTL).map_err(fail)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+
+    let remaining = records - done;
+    let shards = remaining.div_ceil(args.block_texts);
+    let bar = ProgressBar::new(shards as u64);
+    bar.set_style(ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} shards  {msg}  elapsed {elapsed_precise} eta {eta}",
+    )?);
+    let run_start = Instant::now();
+    let mut lines = record_lines(&args.input)?.skip(done);
+    // shards sent and not yet written: their records, for the sink
+    let mut waiting: HashMap<usize, (usize, Vec<Record>)> = HashMap::new();
+    let (mut sent, mut written, mut first) = (0usize, 0usize, done);
+    let (mut tokens, mut embedded) = (0usize, 0usize);
+    let mut workers: BTreeSet<String> = BTreeSet::new();
+    let mut last_progress = Instant::now();
+    let mut refreshed = Instant::now();
+    while written < shards {
+        while sent < shards && sent < written + args.queue_depth {
+            let mut block = Vec::with_capacity(args.block_texts);
+            for item in lines.by_ref().take(args.block_texts) {
+                let (n, raw) = item?;
+                block.push(parse(n, &raw)?);
+            }
+            let shard = Shard {
+                run: run.clone(),
+                index: sent,
+                first,
+                model: meta.model.clone(),
+                query: args.query,
+                windows: args.windows,
+                texts: block.iter().map(|r| r.text.clone()).collect(),
+                lines: block.iter().map(|r| r.line).collect(),
+            };
+            queue.push(&shard).map_err(fail)?;
+            first += block.len();
+            waiting.insert(sent, (shard.first, block));
+            sent += 1;
+        }
+        if refreshed.elapsed() > LIVE_TTL / 6 {
+            queue.keep_alive(&run, LIVE_TTL).map_err(fail)?;
+            refreshed = Instant::now();
+        }
+        match queue.rows(&run, written).map_err(fail)? {
+            Some(rows) => {
+                if let Some(e) = &rows.error {
+                    bail!("{e}");
+                }
+                let (at, block) = waiting.remove(&written).expect("a written shard was sent");
+                ensure!(
+                    rows.tokens.len() == block.len() && rows.dim == meta.dim,
+                    "shard {written}: worker {} sent {} rows of {}, not {} of {}",
+                    rows.worker,
+                    rows.tokens.len(),
+                    rows.dim,
+                    block.len(),
+                    meta.dim
+                );
+                sink.write(at, &block, &encoded(&rows))?;
+                tokens += rows.tokens.iter().sum::<usize>();
+                embedded += block.len();
+                workers.insert(rows.worker.clone());
+                written += 1;
+                last_progress = Instant::now();
+                bar.inc(1);
+                let secs = run_start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!(
+                    "{embedded} texts, {:.0} tokens/s, {} worker{}",
+                    tokens as f64 / secs,
+                    workers.len(),
+                    if workers.len() == 1 { "" } else { "s" }
+                ));
+            }
+            None => {
+                if last_progress.elapsed() > Duration::from_secs(10) {
+                    bar.set_message(format!(
+                        "waiting for shard {written}: is an `scd embed-worker --queue {}` running?",
+                        queue.name()
+                    ));
+                }
+                queue.wait_done(&run, Duration::from_secs(1)).map_err(fail)?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    queue.end(&run).map_err(fail)?;
+    let seconds = run_start.elapsed().as_secs_f64();
+    Summary {
+        output: args.output.clone(),
+        model: meta.model.clone(),
+        provider: format!("queue {} ({} workers: {})", queue.name(), workers.len(), Vec::from_iter(workers).join(", ")),
+        records,
+        embedded,
+        skipped: done,
+        tokens,
+        seconds,
+        tokens_per_s: tokens as f64 / seconds.max(1e-9),
+        texts_per_s: embedded as f64 / seconds.max(1e-9),
+        batch_tokens: 0,
+        max_batch_rows: 0,
+        io_binding: false,
+        load_seconds,
+    }
+    .report(args.summary_json.as_deref())
+}
+
+/// Embeds one shard; an input error becomes the shard's error, naming its line.
+fn embed_shard<E: Encoder + ?Sized>(enc: &E, name: &str, shard: &Shard) -> ShardRows {
+    let mut opts = EncodeOptions::new(if shard.query { InputKind::Query } else { InputKind::Passage });
+    if shard.windows {
+        opts = opts.with_windows();
+    }
+    let texts: Vec<&str> = shard.texts.iter().map(String::as_str).collect();
+    let empty = |error: String| ShardRows {
+        worker: name.to_string(),
+        dim: enc.dim(),
+        tokens: vec![],
+        windows: vec![],
+        data: vec![],
+        error: Some(error),
+    };
+    match enc.encode(&texts, &opts) {
+        Ok(e) => ShardRows { worker: name.to_string(), dim: e.dim, tokens: e.tokens, windows: e.windows, data: e.data, error: None },
+        Err(scd_engine::Error::InputTooLong { index, tokens, max_tokens }) => empty(format!(
+            "--input line {}: {tokens} tokens, over the model's max_tokens {max_tokens}; pass --windows to embed it whole",
+            shard.lines.get(index).copied().unwrap_or(0)
+        )),
+        Err(e) => empty(format!("worker {name}: {e}")),
+    }
+}
+
+/// Runs `scd embed-worker` until killed (or idle for `--exit-idle-s`).
+pub fn work(model: &ModelArgs, args: EmbedWorkerArgs) -> anyhow::Result<()> {
+    let name = args.name.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        format!("{}-{}", if host.is_empty() { "worker" } else { &host }, std::process::id())
+    });
+    let queue = Queue::open("--queue", &args.queue)?;
+    let enc = model.load_encoder()?;
+    let claim_idle = Duration::from_millis(args.claim_idle_ms);
+    let mut idle_since = Instant::now();
+    let mut down_since: Option<Instant> = None;
+    info!(worker = %name, queue = queue.name(), model = enc.model_id(), "embed worker ready");
+    eprintln!("worker {name} on {} with {}", queue.name(), enc.model_id());
+    loop {
+        let got = queue.ensure_group().and_then(|()| queue.take(&name, claim_idle, Duration::from_secs(1)));
+        let taken: Taken = match got {
+            Ok(Some(t)) => {
+                down_since = None;
+                t
+            }
+            Ok(None) => {
+                down_since = None;
+                if args.exit_idle_s.is_some_and(|s| idle_since.elapsed().as_secs_f64() > s) {
+                    eprintln!("worker {name}: idle, exiting");
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) => {
+                let since = *down_since.get_or_insert_with(Instant::now);
+                warn!(worker = %name, queue = queue.name(), error = %e, down_s = since.elapsed().as_secs(), "queue unavailable; retrying");
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let shard = &taken.shard;
+        if !queue.is_live(&shard.run).map_err(|e| anyhow::anyhow!("--queue {}: {e}", queue.name()))? {
+            info!(run = %shard.run, shard = shard.index, "its coordinator is gone; dropping the shard");
+            queue.done_with(&taken.entry).map_err(|e| anyhow::anyhow!("--queue {}: {e}", queue.name()))?;
+            continue;
+        }
+        if shard.model != enc.model_id() {
+            bail!(
+                "shard {} of run {} is for model {}, and this worker runs {}: start it with that --model (the shard is left for another worker)",
+                shard.index,
+                shard.run,
+                shard.model,
+                enc.model_id()
+            );
+        }
+        if taken.reclaimed {
+            warn!(worker = %name, run = %shard.run, shard = shard.index, "reclaimed a shard its worker left unfinished");
+            eprintln!("worker {name}: reclaimed shard {} of run {}", shard.index, shard.run);
+        }
+        let t = Instant::now();
+        let rows = embed_shard(&enc, &name, shard);
+        queue.finish(&taken, &rows).map_err(|e| anyhow::anyhow!("--queue {}: {e}", queue.name()))?;
+        info!(
+            worker = %name,
+            run = %shard.run,
+            shard = shard.index,
+            texts = shard.texts.len(),
+            tokens = rows.tokens.iter().sum::<usize>(),
+            ms = t.elapsed().as_millis() as u64,
+            "shard done"
+        );
+        idle_since = Instant::now();
+    }
+}
