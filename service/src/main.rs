@@ -53,6 +53,8 @@ enum Command {
     BenchConns(cli::conns::ConnsArgs),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
     BenchEncode(cli::bench::BenchArgs),
+    /// Session throughput of one replica vs two behind HAProxy, and the latency Redis adds (starts Redis, replicas, HAProxy); prints JSON.
+    BenchReplicas(cli::bench_replicas::BenchReplicasArgs),
     /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
     #[command(subcommand)]
     Handoff(cli::handoff::HandoffCommand),
@@ -99,6 +101,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchLoad(args) => cli::load::run(&cli.model, args),
         Command::BenchConns(args) => cli::conns::run(&cli.model, args),
         Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
+        Command::BenchReplicas(args) => cli::bench_replicas::run(args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(*args),

@@ -194,7 +194,7 @@ impl IdentityArgs {
 
 /// The fields of a context file, parsed strictly by the engine's own type
 /// (unknown keys and non-boolean `confidential` are errors).
-fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
+pub(crate) fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
     let raw = if path.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("--context -: reading stdin")?
     } else {

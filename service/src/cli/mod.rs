@@ -4,6 +4,7 @@
 pub mod atp;
 pub mod audit;
 pub mod bench;
+pub mod bench_replicas;
 pub mod client;
 pub mod compress;
 pub mod config_file;
