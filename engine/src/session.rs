@@ -53,7 +53,6 @@ use moka::sync::Cache;
 use rand::Rng;
 use tracing::warn;
 
-use crate::shared::gone_cause;
 use crate::{Error, Result};
 
 /// Bounds on the sessions one engine holds.
@@ -146,6 +145,22 @@ struct Counters {
     evicted: AtomicU64,
     expired: AtomicU64,
     last_warn_s: AtomicU64,
+}
+
+/// The tombstone codes a store writes, and what the owner is told.
+pub const GONE_CAUSES: [(&str, &str); 4] = [
+    ("evicted", "evicted to keep sessions under the server's memory and count bounds"),
+    ("expired", "expired after its idle time"),
+    ("closed", "closed"),
+    (
+        "gave_way",
+        "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own least recently used",
+    ),
+];
+
+/// The message of tombstone `code` (an unknown code reads as evicted).
+pub fn gone_cause(code: &str) -> &'static str {
+    GONE_CAUSES.iter().find(|(c, _)| *c == code).map_or(GONE_CAUSES[0].1, |(_, m)| m)
 }
 
 /// Each scope's share of the sessions and of their bytes: `1 / SCOPE_PARTS`.

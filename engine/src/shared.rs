@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::context::Field;
+pub use crate::session::{gone_cause, GONE_CAUSES};
 use crate::session::{SessionLimits, SessionStats};
 
 /// What a store failure says: the engine turns it into
@@ -72,22 +73,6 @@ pub enum Committed {
     Conflict,
     /// The session went away meanwhile (its tombstone's cause, if any).
     Gone(Option<String>),
-}
-
-/// The tombstone codes a store writes, and what the owner is told.
-pub const GONE_CAUSES: [(&str, &str); 4] = [
-    ("evicted", "evicted to keep sessions under the server's memory and count bounds"),
-    ("expired", "expired after its idle time"),
-    ("closed", "closed"),
-    (
-        "gave_way",
-        "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own least recently used",
-    ),
-];
-
-/// The message of tombstone `code` (an unknown code reads as evicted).
-pub fn gone_cause(code: &str) -> &'static str {
-    GONE_CAUSES.iter().find(|(c, _)| *c == code).map_or(GONE_CAUSES[0].1, |(_, m)| m)
 }
 
 /// A store of sessions shared by replicas. Every method is one round trip
@@ -154,7 +139,22 @@ pub struct SessionRecord {
     pub tokenizer: Option<String>,
     /// The last adaptive reply, replayed to a retry naming its request id.
     #[serde(default)]
-    pub last: Option<crate::extract::LastReply>,
+    pub last: Option<LastReply>,
+}
+
+/// A session's last adaptive reply, for a retry that names its request id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastReply {
+    /// The request's id.
+    pub request_id: String,
+    /// The chunks it sent (indices, reading order) with their scores.
+    pub chunks: Vec<(usize, f32)>,
+    /// Its tokens, budget and reason.
+    pub sent_tokens: usize,
+    /// The reply's budget.
+    pub budget: usize,
+    /// Why less was sent, if it said.
+    pub reason: Option<String>,
 }
 
 /// A context as the store keeps it: the public fields and, per chunk, the

@@ -86,7 +86,10 @@ fn main() -> anyhow::Result<()> {
     telemetry::init(cli.log_format, level);
     match cli.command {
         Command::Embed(args) => cli::embed::run(&cli.model, args),
-        Command::EmbedBatch(args) => cli::embed_batch::run(&cli.model, args),
+        Command::EmbedBatch(args) => match args.queue_url() {
+            Some(url) => cli::embed_queue::coordinate(&cli.model, args, &url),
+            None => cli::embed_batch::run(&cli.model, args),
+        },
         Command::EmbedWorker(args) => cli::embed_queue::work(&cli.model, args),
         Command::Models(cmd) => cli::models::run(&cli.model, cmd),
         Command::Demo(args) => cli::demo::run(&cli.model, args),

@@ -399,20 +399,7 @@ impl std::fmt::Debug for ContextRequest {
     }
 }
 
-/// A session's last adaptive reply, for a retry that names its request id.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LastReply {
-    /// The request's id.
-    pub request_id: String,
-    /// The chunks it sent (indices, reading order) with their scores.
-    pub chunks: Vec<(usize, f32)>,
-    /// Its tokens, budget and reason.
-    pub sent_tokens: usize,
-    /// The reply's budget.
-    pub budget: usize,
-    /// Why less was sent, if it said.
-    pub reason: Option<String>,
-}
+pub use crate::shared::LastReply;
 
 /// A session's ledger: what the receiver holds and what it may still get.
 struct Ledger {

@@ -72,9 +72,13 @@ struct Replica {
 fn replica(dir: &Path, name: &str, threads: usize, state: Option<&str>) -> anyhow::Result<Replica> {
     let (grpc, http) = (free_port()?, free_port()?);
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.env("SCD_THREADS", threads.to_string())
-        .env("SCD_EMBEDDING_CACHE", "off")
-        .args(["serve", "--addr", &format!("127.0.0.1:{grpc}"), "--http-addr", &format!("127.0.0.1:{http}")]);
+    cmd.env("SCD_THREADS", threads.to_string()).env("SCD_EMBEDDING_CACHE", "off").args([
+        "serve",
+        "--addr",
+        &format!("127.0.0.1:{grpc}"),
+        "--http-addr",
+        &format!("127.0.0.1:{http}"),
+    ]);
     if let Some(url) = state {
         cmd.args(["--state", url]);
     }
@@ -237,7 +241,13 @@ async fn session(
 }
 
 /// `clients` clients running sessions against `addr` for `seconds`.
-async fn load(addr: String, open: &pb::CompressRequest, clients: usize, seconds: u64, bar: &ProgressBar) -> serde_json::Value {
+async fn load(
+    addr: String,
+    open: &pb::CompressRequest,
+    clients: usize,
+    seconds: u64,
+    bar: &ProgressBar,
+) -> serde_json::Value {
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let tasks: Vec<_> = (0..clients)
@@ -270,7 +280,12 @@ async fn load(addr: String, open: &pb::CompressRequest, clients: usize, seconds:
 
 /// One client, `n` sessions one after another on each of `addrs` in turn
 /// (so that drift on the machine falls on each alike); a report per address.
-async fn alternating(addrs: &[String], open: &pb::CompressRequest, n: usize, bar: &ProgressBar) -> anyhow::Result<Vec<serde_json::Value>> {
+async fn alternating(
+    addrs: &[String],
+    open: &pb::CompressRequest,
+    n: usize,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     let mut clients = Vec::new();
     for a in addrs {
         clients.push(pb::scd_client::ScdClient::connect(a.clone()).await?);
@@ -372,7 +387,8 @@ pub fn run(args: BenchReplicasArgs) -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("--json {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("--json {}", p.display()))?;
     }
     eprintln!(
         "served {:.1} calls/s on one replica, {:.1} on two behind HAProxy ({:.2}x); Redis adds {:.2} ms p50 / {:.2} ms p99 to RequestContext",

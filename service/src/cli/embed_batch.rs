@@ -82,6 +82,13 @@ pub struct EmbedBatchArgs {
     pub(super) queue_depth: usize,
 }
 
+impl EmbedBatchArgs {
+    /// `--queue`: the Redis whose workers embed the shards (`None`: this process embeds).
+    pub fn queue_url(&self) -> Option<String> {
+        self.queue.clone()
+    }
+}
+
 /// What `<output>.meta.json` records about a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(super) struct RunMeta {
@@ -398,9 +405,6 @@ pub(super) struct Summary {
 pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     ensure!(args.block_texts > 0, "--block-texts: must be at least 1");
     ensure!(args.request_texts > 0, "--request-texts: must be at least 1");
-    if let Some(url) = args.queue.clone() {
-        return super::embed_queue::coordinate(model, args, &url);
-    }
     let started = Instant::now();
     let (records, input_sha256) = scan(&args.input)?;
     ensure!(records > 0, "--input {}: no records", args.input.display());

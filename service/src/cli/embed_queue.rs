@@ -51,6 +51,7 @@ fn encoded(rows: &ShardRows) -> Encoded {
 /// Runs `scd embed-batch --queue`: shards out, rows in, in order.
 pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow::Result<()> {
     ensure!(args.queue_depth > 0, "--queue-depth: must be at least 1");
+    ensure!(args.block_texts > 0, "--block-texts: must be at least 1");
     let started = Instant::now();
     let (records, input_sha256) = scan(&args.input)?;
     ensure!(records > 0, "--input {}: no records", args.input.display());
