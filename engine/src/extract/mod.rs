@@ -746,6 +746,8 @@ impl Scd {
                 l.sent.extend(selected.iter().copied());
                 l.total_sent += sent;
                 l.counting = counting;
+                // a later request: an older follow-up is no longer replayed
+                l.last = None;
                 self.commit(continued.as_ref().expect("a ledger has its handle"), l)?;
                 Some(SessionGrant {
                     id: sr.id.clone().unwrap_or_default(),

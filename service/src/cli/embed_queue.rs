@@ -24,6 +24,25 @@ use crate::redis::queue::{Queue, Shard, ShardRows, Taken};
 /// drop the shards of a run whose coordinator is gone.
 const LIVE_TTL: Duration = Duration::from_secs(30);
 
+/// With no rows for this long and nothing on the stream (neither waiting
+/// nor held by a worker), the shards still owed were lost (their rows
+/// expired, or a worker dropped them while this run looked gone): sent again.
+const RESEND_AFTER: Duration = Duration::from_secs(60);
+
+/// Forgets the run on the queue however the coordinator ends.
+struct RunGuard<'a> {
+    queue: &'a Queue,
+    run: String,
+}
+
+impl Drop for RunGuard<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.queue.end(&self.run) {
+            warn!(run = %self.run, error = %e, "could not clear the run's keys (they expire)");
+        }
+    }
+}
+
 /// Arguments of `scd embed-worker`.
 #[derive(Debug, clap::Args)]
 pub struct EmbedWorkerArgs {
@@ -77,6 +96,7 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
     queue.ensure_group().map_err(fail)?;
     let run = format!("{:016x}", rand::random::<u64>());
     queue.keep_alive(&run, LIVE_TTL).map_err(fail)?;
+    let _guard = RunGuard { queue: &queue, run: run.clone() };
     let load_seconds = started.elapsed().as_secs_f64();
 
     let remaining = records - done;
@@ -87,8 +107,8 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
     )?);
     let run_start = Instant::now();
     let mut lines = record_lines(&args.input)?.skip(done);
-    // shards sent and not yet written: their records, for the sink
-    let mut waiting: HashMap<usize, (usize, Vec<Record>)> = HashMap::new();
+    // shards sent and not yet written, with their records for the sink
+    let mut waiting: HashMap<usize, (Shard, Vec<Record>)> = HashMap::new();
     let (mut sent, mut written, mut first) = (0usize, 0usize, done);
     let (mut tokens, mut embedded) = (0usize, 0usize);
     let mut workers: BTreeSet<String> = BTreeSet::new();
@@ -113,7 +133,7 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
             };
             queue.push(&shard).map_err(fail)?;
             first += block.len();
-            waiting.insert(sent, (shard.first, block));
+            waiting.insert(sent, (shard, block));
             sent += 1;
         }
         if refreshed.elapsed() > LIVE_TTL / 6 {
@@ -125,7 +145,8 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
                 if let Some(e) = &rows.error {
                     bail!("{e}");
                 }
-                let (at, block) = waiting.remove(&written).expect("a written shard was sent");
+                let (shard, block) = waiting.remove(&written).expect("a written shard was sent");
+                let at = shard.first;
                 ensure!(
                     rows.tokens.len() == block.len() && rows.dim == meta.dim,
                     "shard {written}: worker {} sent {} rows of {}, not {} of {}",
@@ -151,6 +172,15 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
                 ));
             }
             None => {
+                if last_progress.elapsed() > RESEND_AFTER && queue.backlog().map_err(fail)? == 0 {
+                    warn!(run = %run, shards = waiting.len(), "no rows and nothing on the queue: sending the owed shards again");
+                    let mut owed: Vec<&Shard> = waiting.values().map(|(s, _)| s).collect();
+                    owed.sort_by_key(|s| s.index);
+                    for s in owed {
+                        queue.push(s).map_err(fail)?;
+                    }
+                    last_progress = Instant::now();
+                }
                 if last_progress.elapsed() > Duration::from_secs(10) {
                     bar.set_message(format!(
                         "waiting for shard {written}: is an `scd embed-worker --queue {}` running?",
@@ -162,7 +192,6 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
         }
     }
     bar.finish_and_clear();
-    queue.end(&run).map_err(fail)?;
     let seconds = run_start.elapsed().as_secs_f64();
     Summary {
         output: args.output.clone(),

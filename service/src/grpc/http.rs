@@ -162,7 +162,9 @@ async fn health() -> impl IntoResponse {
 }
 
 /// `GET /ready`: 200 while the server takes work, else 503 saying why (for
-/// a load balancer's check; gRPC health says the same).
+/// a load balancer's check; gRPC health says the same, except that it is
+/// NOT_SERVING while the session store is down and `/ready` says 200,
+/// degraded, so that stateless calls still reach the replica).
 async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     use super::Ready;
     match service.readiness().get() {
@@ -170,9 +172,12 @@ async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
         Ready::Starting => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "starting: the model is warming up\n"),
         Ready::Draining => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining: finishing the calls in flight\n"),
         Ready::Stopped => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "stopped: the encoder is not running\n"),
+        // still taking work: a load balancer keeps sending stateless calls
+        // (Embed, CountTokens, Compress without a session); gRPC health says
+        // NOT_SERVING, for clients that need sessions
         Ready::StoreDown => (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "the session store does not answer: sessions are unavailable\n",
+            axum::http::StatusCode::OK,
+            "degraded: the session store does not answer; session calls fail UNAVAILABLE, stateless calls are served\n",
         ),
     }
 }

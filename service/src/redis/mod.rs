@@ -75,7 +75,9 @@ impl Redis {
         };
         let mut result = f(&mut con);
         if let Err(e) = &result {
-            if was_pooled && (e.is_io_error() || e.is_connection_dropped()) {
+            // a dead pooled connection (the server restarted since), not a
+            // timeout: a command that timed out may have run
+            if was_pooled && !e.is_timeout() && (e.is_io_error() || e.is_connection_dropped()) {
                 con = self.connect()?;
                 result = f(&mut con);
             }

@@ -8,7 +8,9 @@
 //! |---|---|
 //! | `s:<k>` | hash: `rec` (the record), `ver`, `ctx` (its context's digest) |
 //! | `lru` | sorted set: every live session by last use (Redis `TIME`, ms) |
-//! | `w`, `sc` | hashes: each session's weight and caller scope |
+//! | `w`, `sc`, `cx` | hashes: each session's weight, caller scope and context digest |
+//! | `seq` | the version counter (every open and commit takes the next) |
+//! | `ctxn` | hash: sessions per context digest (a blob goes with its last session) |
 //! | `bytes` | the weights' sum |
 //! | `scope:<s>`, `scopes`, `scb` | per scope: its sessions by last use, their count and bytes |
 //! | `gone:<k>` | a tombstone: why the session went (expires) |
@@ -19,8 +21,13 @@
 //! `ttl` is expired by the next script that meets it, and its keys expire
 //! on their own a minute later), count and bytes (eviction of the least
 //! recently used, a tenth per scope first), tombstones for at least an
-//! hour. A context blob lives as long as a session on it is used; its
-//! bytes are counted in each session's weight.
+//! hour. A context blob is deleted with the last session on it (and
+//! expires with their idle time); its bytes are counted in each session's
+//! weight. The bookkeeping hashes and sets hold one small entry per live
+//! session or scope.
+//!
+//! A script run twice (the reply lost, the call retried) is idempotent: an
+//! open finds its own record, a commit finds its own write.
 
 use std::time::Duration;
 
@@ -45,8 +52,14 @@ local gone_ttl = math.max(ttl, 3600000)
 local function drop(k, cause)
   local w = tonumber(redis.call('HGET', p .. 'w', k) or '0')
   local sc = redis.call('HGET', p .. 'sc', k)
+  local cx = redis.call('HGET', p .. 'cx', k)
   redis.call('HDEL', p .. 'w', k)
   redis.call('HDEL', p .. 'sc', k)
+  redis.call('HDEL', p .. 'cx', k)
+  if cx and redis.call('HINCRBY', p .. 'ctxn', cx, -1) <= 0 then
+    redis.call('HDEL', p .. 'ctxn', cx)
+    redis.call('DEL', p .. 'ctx:' .. cx)
+  end
   if w > 0 then redis.call('DECRBY', p .. 'bytes', w) end
   if sc then
     redis.call('ZREM', p .. 'scope:' .. sc, k)
@@ -77,8 +90,13 @@ end
 const OPEN: &str = r#"
 sweep()
 local k, sc, w = ARGV[3], ARGV[4], tonumber(ARGV[5])
-if redis.call('EXISTS', p .. 's:' .. k) == 1 then return 'taken' end
-if redis.call('ZSCORE', p .. 'lru', k) then drop(k, 'expired') end
+local score = redis.call('ZSCORE', p .. 'lru', k)
+if redis.call('EXISTS', p .. 's:' .. k) == 1 and score and now - tonumber(score) <= ttl then
+  -- the same open run twice (a retry after a lost reply) is that open
+  if redis.call('HGET', p .. 's:' .. k, 'rec') == ARGV[6] then return 'fresh' end
+  return 'taken'
+end
+if score or redis.call('EXISTS', p .. 's:' .. k) == 1 then drop(k, 'expired') end
 local ctx = p .. 'ctx:' .. ARGV[7]
 if ARGV[8] == '' and redis.call('EXISTS', ctx) == 0 then return 'need_context' end
 local max_n, max_b = tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -112,7 +130,12 @@ end
 while full() do
   if not take(p .. 'lru', 'evicted') then break end
 end
-redis.call('HSET', p .. 's:' .. k, 'rec', ARGV[6], 'ver', '1', 'ctx', ARGV[7])
+-- versions come from one counter: a session reopened under the same key
+-- never matches a commit meant for the one before it
+local ver = tostring(redis.call('INCR', p .. 'seq'))
+redis.call('HSET', p .. 's:' .. k, 'rec', ARGV[6], 'ver', ver, 'prev', '', 'ctx', ARGV[7])
+redis.call('HSET', p .. 'cx', k, ARGV[7])
+redis.call('HINCRBY', p .. 'ctxn', ARGV[7], 1)
 redis.call('HSET', p .. 'w', k, w)
 redis.call('INCRBY', p .. 'bytes', w)
 if sc ~= '' then
@@ -152,8 +175,13 @@ if redis.call('EXISTS', p .. 's:' .. k) == 0 then
   if g then return {'gone', g} end
   return {'gone'}
 end
-if redis.call('HGET', p .. 's:' .. k, 'ver') ~= ARGV[4] then return {'conflict'} end
-redis.call('HSET', p .. 's:' .. k, 'rec', ARGV[5], 'ver', tostring(tonumber(ARGV[4]) + 1))
+local cur = redis.call('HMGET', p .. 's:' .. k, 'ver', 'prev', 'rec')
+if cur[1] ~= ARGV[4] then
+  -- this very commit, run twice (a retry after a lost reply), is done
+  if cur[2] == ARGV[4] and cur[3] == ARGV[5] then return {'done'} end
+  return {'conflict'}
+end
+redis.call('HSET', p .. 's:' .. k, 'rec', ARGV[5], 'prev', ARGV[4], 'ver', tostring(redis.call('INCR', p .. 'seq')))
 touch(k)
 return {'done'}
 "#;

@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use scd_service::client::{Conn, Signer};
 use scd_service::grpc::pb;
 use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 use crate::{ready, root, scratch, skip};
 
@@ -234,6 +237,15 @@ impl Haproxy {
 // ---------------------------------------------------------------------------
 // calls
 // ---------------------------------------------------------------------------
+
+/// The replica's gRPC health for `scd.v1.Scd`.
+async fn health(r: &Replica) -> i32 {
+    let Ok(ch) = tonic::transport::Endpoint::from_shared(r.addr()).unwrap().connect().await else { return -1 };
+    HealthClient::new(ch)
+        .check(HealthCheckRequest { service: "scd.v1.Scd".into() })
+        .await
+        .map_or(-1, |h| h.into_inner().status)
+}
 
 fn conn(addr: &str, retries: u32) -> Conn {
     Conn::new(addr, None, retries, Signer::new(None, "scd")).unwrap()
@@ -452,10 +464,16 @@ async fn without_redis_session_calls_are_unavailable_and_stateless_ones_go_on() 
 
     let (token, mut seen) = open(&mut c, "kept").await.unwrap();
     redis.stop();
-    r.wait_ready(false);
+    // gRPC health goes NOT_SERVING; /ready stays 200 (degraded), so a load
+    // balancer still sends the stateless calls
+    let t = Instant::now();
+    while health(&r).await != ServingStatus::NotServing as i32 {
+        assert!(t.elapsed() < Duration::from_secs(10), "health stayed SERVING with Redis down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (code, body) = r.get("/ready");
-    assert_eq!(code, 503);
-    assert!(body.contains("session store"), "{body}");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("degraded") && body.contains("session store"), "{body}");
     let down = more(&mut c, "kept", &token, QUESTIONS[0], &mut seen).await.unwrap_err().0;
     assert_eq!(down.code(), Code::Unavailable, "{down:?}");
     assert!(down.message().contains(&redis.url()), "{}", down.message());
@@ -483,7 +501,11 @@ async fn without_redis_session_calls_are_unavailable_and_stateless_ones_go_on() 
 
     // restarted without persistence: the session is cleanly unknown
     redis.spawn();
-    r.wait_ready(true);
+    let t = Instant::now();
+    while health(&r).await != ServingStatus::Serving as i32 {
+        assert!(t.elapsed() < Duration::from_secs(10), "health never came back with Redis");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let unknown = more(&mut c, "kept", &token, QUESTIONS[0], &mut seen).await.unwrap_err().0;
     assert_eq!(unknown.code(), Code::NotFound, "{unknown:?}");
 }
