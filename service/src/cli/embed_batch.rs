@@ -423,20 +423,7 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     if args.windows {
         opts = opts.with_windows();
     }
-    let meta = RunMeta {
-        model: model_id,
-        dim,
-        kind: if args.query { "query" } else { "passage" }.into(),
-        windows: args.windows,
-        input_sha256,
-        records,
-        format: args.output.extension().and_then(|e| e.to_str()).unwrap_or_default().to_string(),
-    };
-    let meta_path = PathBuf::from(format!("{}.meta.json", args.output.display()));
-    let resume = decide_resume(&args, &meta, &meta_path)?;
-    let (mut sink, done) = Sink::open(&args.output, records, meta.dim, resume)?;
-    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)? + "\n")
-        .with_context(|| format!("writing {}", meta_path.display()))?;
+    let (meta, mut sink, done) = open_output(&args, model_id, dim, input_sha256, records)?;
 
     if let (Some(enc), true) = (&local, args.warmup_texts > 0) {
         warm_up(enc, &args.input, args.warmup_texts, &opts)?;
@@ -580,9 +567,36 @@ fn prepare(
     Ok(block)
 }
 
+/// The run's record, and `--output` opened for it: resumed (its whole rows
+/// kept, their count returned) when a previous run of the same model,
+/// input and options left it, else started over; the meta file written.
+pub(super) fn open_output(
+    args: &EmbedBatchArgs,
+    model: String,
+    dim: usize,
+    input_sha256: String,
+    records: usize,
+) -> anyhow::Result<(RunMeta, Sink, usize)> {
+    let meta = RunMeta {
+        model,
+        dim,
+        kind: if args.query { "query" } else { "passage" }.into(),
+        windows: args.windows,
+        input_sha256,
+        records,
+        format: args.output.extension().and_then(|e| e.to_str()).unwrap_or_default().to_string(),
+    };
+    let meta_path = PathBuf::from(format!("{}.meta.json", args.output.display()));
+    let resume = decide_resume(args, &meta, &meta_path)?;
+    let (sink, done) = Sink::open(&args.output, records, meta.dim, resume)?;
+    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)? + "\n")
+        .with_context(|| format!("writing {}", meta_path.display()))?;
+    Ok((meta, sink, done))
+}
+
 /// Whether to resume `--output`: yes when its meta file matches this run;
 /// no when there is nothing there or --overwrite; an error otherwise.
-pub(super) fn decide_resume(args: &EmbedBatchArgs, meta: &RunMeta, meta_path: &Path) -> anyhow::Result<bool> {
+fn decide_resume(args: &EmbedBatchArgs, meta: &RunMeta, meta_path: &Path) -> anyhow::Result<bool> {
     if !args.output.exists() || args.overwrite {
         return Ok(false);
     }

@@ -8,15 +8,14 @@
 //! same way (the output file is the truth).
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{bail, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, Manifest};
 use tracing::{info, warn};
 
-use super::embed_batch::{decide_resume, parse, record_lines, scan, EmbedBatchArgs, Record, RunMeta, Sink, Summary};
+use super::embed_batch::{open_output, parse, record_lines, scan, EmbedBatchArgs, Record, Summary};
 use crate::config::ModelArgs;
 use crate::redis::queue::{Queue, Shard, ShardRows, Taken};
 
@@ -76,20 +75,7 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
     ensure!(records > 0, "--input {}: no records", args.input.display());
     let dir = scd_engine::encoder::resolve_model(&model.models_dir, &model.model)?;
     let manifest = Manifest::load(&dir)?;
-    let meta = RunMeta {
-        model: manifest.model_id(),
-        dim: manifest.dim,
-        kind: if args.query { "query" } else { "passage" }.into(),
-        windows: args.windows,
-        input_sha256,
-        records,
-        format: args.output.extension().and_then(|e| e.to_str()).unwrap_or_default().to_string(),
-    };
-    let meta_path = PathBuf::from(format!("{}.meta.json", args.output.display()));
-    let resume = decide_resume(&args, &meta, &meta_path)?;
-    let (mut sink, done) = Sink::open(&args.output, records, meta.dim, resume)?;
-    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)? + "\n")
-        .with_context(|| format!("writing {}", meta_path.display()))?;
+    let (meta, mut sink, done) = open_output(&args, manifest.model_id(), manifest.dim, input_sha256, records)?;
 
     let queue = Queue::open("--queue", url)?;
     let fail = |e: scd_engine::shared::StoreError| anyhow::anyhow!("--queue {}: {e}", queue.name());
