@@ -314,3 +314,118 @@ fn a_container_header_is_sent_only_with_one_of_its_methods() {
     assert!(seen_with_member, "the header never came with its method");
     assert!(seen_alone_dropped, "no budget dropped the header as structure only");
 }
+
+/// A shared store in memory: two engines on it are two replicas. `race`
+/// makes the next commits lose to a concurrent one (another replica's
+/// write landing first), as many times as it holds.
+#[derive(Debug, Default)]
+struct MemStore {
+    sessions: std::sync::Mutex<HashMap<String, (Vec<u8>, u64)>>,
+    contexts: std::sync::Mutex<HashMap<String, Vec<u8>>>,
+    race: std::sync::atomic::AtomicUsize,
+}
+
+impl crate::shared::SharedState for MemStore {
+    fn name(&self) -> &str {
+        "memory"
+    }
+    fn open(
+        &self,
+        key: &str,
+        _scope: Option<&str>,
+        _weight: u64,
+        record: &[u8],
+        context: (&str, &[u8]),
+        _limits: &SessionLimits,
+    ) -> std::result::Result<crate::shared::Opened, crate::shared::StoreError> {
+        self.contexts.lock().unwrap().entry(context.0.into()).or_insert_with(|| context.1.to_vec());
+        let mut s = self.sessions.lock().unwrap();
+        if s.contains_key(key) {
+            return Ok(crate::shared::Opened::Taken);
+        }
+        s.insert(key.into(), (record.to_vec(), 1));
+        Ok(crate::shared::Opened::Fresh)
+    }
+    fn load(
+        &self,
+        key: &str,
+        _: &SessionLimits,
+    ) -> std::result::Result<crate::shared::Loaded, crate::shared::StoreError> {
+        Ok(match self.sessions.lock().unwrap().get(key) {
+            Some((r, v)) => crate::shared::Loaded::Live { record: r.clone(), version: *v },
+            None => crate::shared::Loaded::Unknown,
+        })
+    }
+    fn commit(
+        &self,
+        key: &str,
+        version: u64,
+        record: &[u8],
+        _: &SessionLimits,
+    ) -> std::result::Result<crate::shared::Committed, crate::shared::StoreError> {
+        let mut s = self.sessions.lock().unwrap();
+        let Some(entry) = s.get_mut(key) else { return Ok(crate::shared::Committed::Gone(None)) };
+        if self.race.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            self.race.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            entry.1 += 1;
+            return Ok(crate::shared::Committed::Conflict);
+        }
+        if entry.1 != version {
+            return Ok(crate::shared::Committed::Conflict);
+        }
+        *entry = (record.to_vec(), version + 1);
+        Ok(crate::shared::Committed::Done)
+    }
+    fn close(&self, key: &str, _: &SessionLimits) -> std::result::Result<bool, crate::shared::StoreError> {
+        Ok(self.sessions.lock().unwrap().remove(key).is_some())
+    }
+    fn context(&self, digest: &str) -> std::result::Result<Option<Vec<u8>>, crate::shared::StoreError> {
+        Ok(self.contexts.lock().unwrap().get(digest).cloned())
+    }
+    fn stats(&self, _: &SessionLimits) -> std::result::Result<SessionStats, crate::shared::StoreError> {
+        Ok(SessionStats { live: self.sessions.lock().unwrap().len() as u64, ..Default::default() })
+    }
+    fn ping(&self) -> std::result::Result<(), crate::shared::StoreError> {
+        Ok(())
+    }
+}
+
+use crate::session::{SessionLimits, SessionStats};
+
+#[test]
+fn a_replica_continues_another_replicas_session_from_the_store_and_redoes_a_lost_race() {
+    let store = Arc::new(MemStore::default());
+    let a = scd().with_shared_state(store.clone(), TokenizerRegistry::new());
+    let b = scd().with_shared_state(store.clone(), TokenizerRegistry::new());
+    let mut req = request("why did charges fail at checkout", 12);
+    req.session = Some(SessionRequest { max_total_tokens: Some(60), ..Default::default() });
+    let first = a.compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+    let grant = first.session.clone().unwrap();
+    // the token is stored only as its hash
+    let stored = store.sessions.lock().unwrap().values().next().unwrap().0.clone();
+    assert!(!String::from_utf8_lossy(&stored).contains(&grant.token));
+    // b never saw the context: it rebuilds it from the store, in o200k
+    // (the session's tokenizer), and sends nothing a already sent
+    let more = b.request_more(&follow_up(&grant, "what about the office plants", Some(12))).unwrap();
+    assert!(!more.chunks.is_empty());
+    let sent_first: Vec<&str> = first.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert!(more.chunks.iter().all(|c| !sent_first.contains(&c.id.as_str())), "resent across replicas");
+    let o200k = builtin("o200k").unwrap();
+    assert_eq!(more.sent_tokens, o200k.count(&more.text).unwrap());
+    assert_eq!(more.session_sent_tokens, first.totals.sent_tokens + more.sent_tokens);
+    // another replica commits first, twice: the request is redone on the
+    // new ledger and still sends nothing twice
+    store.race.store(2, std::sync::atomic::Ordering::SeqCst);
+    let again = a.request_more(&follow_up(&grant, "what about the office plants", Some(12))).unwrap();
+    assert_eq!(store.race.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let before: Vec<&str> = sent_first.iter().copied().chain(more.chunks.iter().map(|c| c.id.as_str())).collect();
+    assert!(again.chunks.iter().all(|c| !before.contains(&c.id.as_str())));
+    // losing every time ends in SessionContended, not a silent resend
+    store.race.store(100, std::sync::atomic::Ordering::SeqCst);
+    let e = b.request_more(&follow_up(&grant, "the cactus", Some(12))).unwrap_err();
+    assert!(matches!(e, Error::SessionContended { .. }), "{e}");
+    // wrong token on the other replica: refused as in memory
+    let mut wrong = follow_up(&grant, "x", None);
+    wrong.session_token = "guess".into();
+    assert!(matches!(b.request_more(&wrong).unwrap_err(), Error::SessionForbidden { .. }));
+}
