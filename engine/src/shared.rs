@@ -216,7 +216,8 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Option<[u8; 32]> {
+/// The digest written by [`hex`]; `None` when `s` is not 64 hex digits.
+pub(crate) fn unhex(s: &str) -> Option<[u8; 32]> {
     if s.len() != 64 {
         return None;
     }

@@ -18,7 +18,7 @@ use crate::context::Field;
 use crate::session::{key, new_session_id, random_hex, same_secret, SessionEntry, SessionGrant, SessionLimits};
 use crate::session::{SessionStats, SessionStore};
 use crate::shared::{gone_cause, hex, Committed, ContextBlob, Inflight, Loaded, Opened, SessionRecord, SharedState};
-use crate::shared::{StoreError, Turn};
+use crate::shared::{unhex, StoreError, Turn};
 use crate::{Error, Result};
 
 /// Where sessions live.
@@ -82,15 +82,7 @@ impl Handle {
     pub(super) fn context_key(&self) -> Option<[u8; 32]> {
         match self {
             Handle::Local(e) => Some(*e.context_key()),
-            Handle::Shared(h) => {
-                let record = &h.record;
-                let mut out = [0u8; 32];
-                (record.context.len() == 64).then_some(())?;
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = u8::from_str_radix(&record.context[2 * i..2 * i + 2], 16).ok()?;
-                }
-                Some(out)
-            }
+            Handle::Shared(h) => unhex(&h.record.context),
         }
     }
 }
@@ -233,10 +225,8 @@ impl Scd {
     /// The prepared context of digest `digest`: this replica's, or rebuilt
     /// from the store's blob with its embeddings (the encoder is not run).
     fn restore_context(&self, s: &Shared, digest: &str, id: &str, cancel: &Cancel) -> Result<Arc<PreparedContext>> {
-        let mut key = [0u8; 32];
-        for (i, k) in key.iter_mut().enumerate() {
-            *k = digest.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
-        }
+        // a malformed digest matches nothing: the rebuilt context's check refuses it
+        let key = unhex(digest).unwrap_or([0; 32]);
         if let Some(p) = self.prepared.get(&key) {
             return Ok(p);
         }

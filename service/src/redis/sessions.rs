@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 use scd_engine::session::{SessionLimits, SessionStats};
-use scd_engine::shared::{Committed, Loaded, Opened, SharedState, StoreError};
+use scd_engine::shared::{hex, Committed, Loaded, Opened, SharedState, StoreError};
 use sha2::{Digest, Sha256};
 
 use super::Redis;
@@ -222,7 +222,7 @@ fn ttl_ms(limits: &SessionLimits) -> u64 {
 
 /// A scope as a key part: hashed, so any caller identity is a safe key.
 fn scope_key(scope: &str) -> String {
-    Sha256::digest(scope.as_bytes()).iter().take(16).map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(scope.as_bytes())[..16])
 }
 
 fn text(v: &Value) -> Option<String> {
