@@ -58,6 +58,9 @@ pub struct ServeConfig {
     pub audit_access: crate::grpc::audit::AuditAccess,
     /// A2A task store bounds (the A2A routes are on the HTTP listener).
     pub a2a: crate::a2a::store::StoreLimits,
+    /// The A2A tasks' shared store (`--state`); `None` keeps them in this
+    /// process.
+    pub a2a_state: Option<Arc<crate::redis::tasks::RedisTasks>>,
     /// The HTTP listener's public URL for the agent card (`None`: the
     /// listener's own address); the gRPC interface is listed on its host.
     pub a2a_public_url: Option<String>,
@@ -109,6 +112,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             service.clone(),
             crate::a2a::A2aConfig {
                 store: cfg.a2a,
+                state: cfg.a2a_state.clone(),
                 max_request_bytes: cfg.limits.max_request_bytes,
                 grpc_addr: local,
                 grpc_scheme: scheme,

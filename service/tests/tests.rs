@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 // each as a separate test binary); they share the helpers below.
 #[path = "cases/a2a.rs"]
 mod a2a;
+#[path = "cases/a2a_shared.rs"]
+mod a2a_shared;
 #[path = "cases/atp.rs"]
 mod atp;
 #[path = "cases/atp_context.rs"]
@@ -959,6 +961,7 @@ mod inproc {
             audit: o.audit,
             audit_access: o.audit_access,
             a2a: Default::default(),
+            a2a_state: None,
             a2a_public_url: None,
             tokenizers: Default::default(),
             confidence_map: Default::default(),

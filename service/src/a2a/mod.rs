@@ -139,6 +139,15 @@ pub enum Error {
         /// When to retry.
         retry_after_s: u64,
     },
+    /// `-32603`, HTTP 503: the shared task store (`--state`) does not
+    /// answer; another try (on any replica) may succeed.
+    #[error("task store {store} unavailable: {reason}")]
+    StoreUnavailable {
+        /// `redis://host:port/db`.
+        store: String,
+        /// What failed (never a value the store holds).
+        reason: String,
+    },
     /// `-32000`: the engine is at capacity (its compress slots, queue or
     /// session store are full).
     #[error("resource exhausted: {what}; retry after {retry_after_ms} ms")]
@@ -158,7 +167,7 @@ impl Error {
             Self::InvalidRequest(_) => -32600,
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams(_) => -32602,
-            Self::Internal(_) => -32603,
+            Self::Internal(_) | Self::StoreUnavailable { .. } => -32603,
             Self::TaskNotFound(_) => -32001,
             Self::NotCancelable { .. } => -32002,
             Self::PushNotSupported => -32003,
@@ -177,6 +186,7 @@ impl Error {
             Self::NotCancelable { .. } => StatusCode::CONFLICT,
             Self::ContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Exhausted { .. } | Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::BAD_REQUEST,
         }
@@ -187,6 +197,8 @@ impl Error {
         match self {
             Self::Exhausted { retry_after_s, .. } => Some(retry_after_s * 1000),
             Self::Overloaded { retry_after_ms, .. } => Some(*retry_after_ms),
+            // the store is pinged every second
+            Self::StoreUnavailable { .. } => Some(1000),
             _ => None,
         }
     }
@@ -220,6 +232,9 @@ impl Error {
 pub struct A2aConfig {
     /// Task store bounds.
     pub store: StoreLimits,
+    /// The shared store (`--state`): tasks and contexts in Redis, served
+    /// by every replica on it; `None` keeps them in this process.
+    pub state: Option<Arc<crate::redis::tasks::RedisTasks>>,
     /// Largest request body (`--max-request-bytes`).
     pub max_request_bytes: usize,
     /// The gRPC listener, listed in the card as SCD's own binding (on the
@@ -483,7 +498,11 @@ impl Outcome {
 impl Agent {
     /// An agent over `svc`.
     pub fn new(svc: Arc<ScdService>, cfg: A2aConfig) -> Self {
-        Self { store: Store::new(cfg.store), svc, cfg }
+        let store = match &cfg.state {
+            Some(redis) => Store::shared(cfg.store, redis.clone()),
+            None => Store::new(cfg.store),
+        };
+        Self { store, svc, cfg }
     }
 
     /// The settings.
@@ -705,6 +724,14 @@ impl Agent {
                     context_id,
                     Session { id: resp.session_id.clone(), token: resp.session_token.clone() },
                 );
+                let old = match old {
+                    Ok(old) => old,
+                    Err(e) => {
+                        // the selection is answered; its follow-ups need the context sent again
+                        tracing::warn!(context = %context_id, error = %e, "A2A: the context's session is not stored");
+                        None
+                    }
+                };
                 if let Some(old) = old {
                     let scope = crate::grpc::shares::key(caller.as_deref(), who.peer().as_deref());
                     let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref(), Some(&scope));
@@ -741,7 +768,11 @@ impl Agent {
 
     async fn question(&self, context_id: &str, text: String, confidence: Option<f32>, who: &Caller) -> Outcome {
         let owner = who.owner();
-        let Some(session) = self.store.session(&owner, context_id) else {
+        let session = match self.store.session(&owner, context_id) {
+            Ok(s) => s,
+            Err(e) => return Outcome::done(TaskState::Failed, e.to_string(), None),
+        };
+        let Some(session) = session else {
             // the task stays working on the question, waiting for its
             // context (a status message with TASK_STATE_WORKING: see
             // `ends_stream`)
@@ -880,7 +911,7 @@ impl Agent {
         let filter = store::ListFilter { context_id: r.context_id.filter(|c| !c.is_empty()), state, updated_after };
         let artifacts = r.include_artifacts.unwrap_or(false);
         let (total, page) =
-            self.store.list(&filter, &who.owner(), store::Page { offset, size: page_size, history, artifacts });
+            self.store.list(&filter, &who.owner(), store::Page { offset, size: page_size, history, artifacts })?;
         let next = if offset + page.len() < total { format!("o{}", offset + page.len()) } else { String::new() };
         Ok(json!({"tasks": page, "nextPageToken": next, "pageSize": page.len(), "totalSize": total}))
     }
@@ -923,7 +954,7 @@ impl Agent {
                         let end = ends_stream(&s);
                         (json!({"statusUpdate": {"taskId": id, "contextId": ctx, "status": s}}), end)
                     }
-                    Err(RecvError::Lagged(_)) => match me.store.get(&id, &owner) {
+                    Ok(store::Event::Resync) | Err(RecvError::Lagged(_)) => match me.store.get(&id, &owner) {
                         Ok(t) => {
                             let end = ends_stream(&t.status);
                             (json!({"task": t}), end)
@@ -1068,6 +1099,7 @@ mod tests {
         let svc = Arc::new(ScdService::new(scd, limits, metrics));
         let cfg = A2aConfig {
             store,
+            state: None,
             max_request_bytes: 16 << 20,
             grpc_addr: "127.0.0.1:1".parse().unwrap(),
             grpc_scheme: "http",
@@ -1108,7 +1140,7 @@ mod tests {
         let send = a.send(send_req(json!({ "parts": [part] })), Caller::default());
         assert!(tokio::time::timeout(std::time::Duration::ZERO, send).await.is_err(), "answered at once");
         let page = store::Page { offset: 0, size: 1, history: 0, artifacts: false };
-        let id = a.store().list(&store::ListFilter::default(), "local", page).1[0].id.clone();
+        let id = a.store().list(&store::ListFilter::default(), "local", page).unwrap().1[0].id.clone();
         let mut state = TaskState::Working;
         for _ in 0..500 {
             state = a.store().get(&id, "local").unwrap().status.state;
@@ -1130,7 +1162,7 @@ mod tests {
         assert_eq!(first.status.state, TaskState::Completed);
         let ctx = first.context_id.clone();
         // the engine loses the session (expiry and eviction answer the same)
-        let session = a.store().session("local", &ctx).unwrap();
+        let session = a.store().session("local", &ctx).unwrap().unwrap();
         assert!(svc.scd.close_session(&session.id, &session.token, None, None).unwrap());
         let q = a
             .send(
@@ -1142,14 +1174,14 @@ mod tests {
         assert_eq!(q.status.state, TaskState::InputRequired, "{:?}", q.status);
         let note = q.status.message.as_ref().unwrap().parts[0].text.clone().unwrap();
         assert!(note.starts_with("the context's session expired; send the context again"), "{note}");
-        assert!(a.store().session("local", &ctx).is_none());
+        assert!(a.store().session("local", &ctx).unwrap().is_none());
         // the context again, in that task: compressed, the task completes
         let again =
             a.send(send_req(json!({"taskId": q.id, "parts": [compress_part(None)]})), Caller::default()).await.unwrap();
         assert_eq!(again.status.state, TaskState::Completed, "{:?}", again.status);
         assert_eq!(again.id, q.id);
         assert_eq!(again.artifacts[0].name, "minimal-sufficient-context");
-        assert!(a.store().session("local", &ctx).is_some_and(|s| s != session));
+        assert!(a.store().session("local", &ctx).unwrap().is_some_and(|s| s != session));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

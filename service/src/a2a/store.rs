@@ -20,9 +20,14 @@
 //! task in the store expires. Contexts follow: a new context takes the
 //! place of one of the owner's contexts that holds no task (or, in a full
 //! store, of the largest owner's).
+//!
+//! With `--state` the store is in Redis ([`Store::shared`]), with the same
+//! operations and bounds, so that every replica serves every task.
+
+mod shared;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::broadcast;
@@ -41,6 +46,9 @@ pub enum Event {
     Status(TaskStatus),
     /// A new artifact.
     Artifact(Artifact),
+    /// Events may have been missed (the shared store's subscription was
+    /// re-established): read the task again.
+    Resync,
 }
 
 /// Store bounds.
@@ -378,6 +386,8 @@ pub struct ListFilter {
 pub struct Store {
     limits: StoreLimits,
     inner: Mutex<Inner>,
+    /// `Some`: the tasks are in Redis and `inner` stays empty.
+    shared: Option<shared::Shared>,
 }
 
 /// Which tasks of a [`Store::list`] to copy out, and how much of each.
@@ -405,7 +415,13 @@ pub fn trim_history(mut t: Task, n: Option<usize>) -> Task {
 impl Store {
     /// An empty store.
     pub fn new(limits: StoreLimits) -> Self {
-        Self { limits, inner: Mutex::new(Inner::default()) }
+        Self { limits, inner: Mutex::new(Inner::default()), shared: None }
+    }
+
+    /// A store in Redis (`--state`), shared by every replica on it.
+    pub fn shared(limits: StoreLimits, redis: Arc<crate::redis::tasks::RedisTasks>) -> Self {
+        let shared = Some(shared::Shared::new(redis, &limits));
+        Self { limits, inner: Mutex::new(Inner::default()), shared }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -488,6 +504,9 @@ impl Store {
         mut first: Message,
         state: TaskState,
     ) -> Result<Task, Error> {
+        if let Some(s) = &self.shared {
+            return s.create(context_id, owner, first, state);
+        }
         let context_id = context_id.unwrap_or_else(uuid_v4);
         let id = uuid_v4();
         first.task_id = Some(id.clone());
@@ -532,12 +551,18 @@ impl Store {
 
     /// The task, if `owner` holds it.
     pub fn get(&self, id: &str, owner: &Owner) -> Result<Task, Error> {
+        if let Some(s) = &self.shared {
+            return s.get(id, owner);
+        }
         let held = Self::entry(&mut self.lock().tasks, id, owner).map(|e| e.task.clone())?;
         Ok(held.parsed())
     }
 
     /// Adds `msg` to a task that is not terminal, as `state`.
     pub fn continue_task(&self, id: &str, owner: &Owner, mut msg: Message, state: TaskState) -> Result<Task, Error> {
+        if let Some(s) = &self.shared {
+            return s.continue_task(id, owner, msg, state);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let max = self.limits.max_history;
@@ -601,6 +626,9 @@ impl Store {
         message: Option<Message>,
         artifact: Option<Artifact>,
     ) -> Result<Task, Error> {
+        if let Some(s) = &self.shared {
+            return s.update(id, state, message, artifact);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let e = inner.tasks.get_mut(id).ok_or_else(|| Error::TaskNotFound(id.to_string()))?;
@@ -622,6 +650,9 @@ impl Store {
     /// `None`) is removed, a continued one returns to `prev` without that
     /// message. A task canceled meanwhile stays canceled.
     pub fn take_back(&self, id: &str, prev: Option<TaskStatus>) {
+        if let Some(s) = &self.shared {
+            return s.take_back(id, prev);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(e) = inner.tasks.get_mut(id) else { return };
@@ -646,6 +677,9 @@ impl Store {
 
     /// Cancels a task that is not terminal.
     pub fn cancel(&self, id: &str, owner: &Owner) -> Result<Task, Error> {
+        if let Some(s) = &self.shared {
+            return s.cancel(id, owner);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let e = Self::entry(&mut inner.tasks, id, owner)?;
@@ -662,6 +696,9 @@ impl Store {
 
     /// The task and a receiver of its later events; a terminal task has none.
     pub fn subscribe(&self, id: &str, owner: &Owner) -> Result<(Task, broadcast::Receiver<Event>), Error> {
+        if let Some(s) = &self.shared {
+            return s.subscribe(id, owner);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let e = Self::entry(&mut inner.tasks, id, owner)?;
@@ -681,7 +718,10 @@ impl Store {
     /// How many of `owner`'s tasks match `filter`, and the `page` of them,
     /// most recently updated first: references are sorted, only the page is
     /// copied.
-    pub fn list(&self, filter: &ListFilter, owner: &Owner, page: Page) -> (usize, Vec<Task>) {
+    pub fn list(&self, filter: &ListFilter, owner: &Owner, page: Page) -> Result<(usize, Vec<Task>), Error> {
+        if let Some(s) = &self.shared {
+            return s.list(filter, owner, page);
+        }
         let mut inner = self.lock();
         self.purge(&mut inner, false);
         let mut hits: Vec<&Entry> = inner
@@ -701,29 +741,38 @@ impl Store {
             .map(|e| e.task.view(page.history, page.artifacts))
             .collect();
         drop(inner);
-        (total, views.iter().map(Held::parsed).collect())
+        Ok((total, views.iter().map(Held::parsed).collect()))
     }
 
     /// The SCD session of `owner`'s context `context_id`.
-    pub fn session(&self, owner: &Owner, context_id: &str) -> Option<Session> {
-        self.lock().contexts.get(&key(owner, context_id)).and_then(|c| c.session.clone())
+    pub fn session(&self, owner: &Owner, context_id: &str) -> Result<Option<Session>, Error> {
+        if let Some(s) = &self.shared {
+            return s.session(owner, context_id);
+        }
+        Ok(self.lock().contexts.get(&key(owner, context_id)).and_then(|c| c.session.clone()))
     }
 
     /// Sets the SCD session of `owner`'s context `context_id`, returning the
     /// one it replaces.
-    pub fn set_session(&self, owner: &Owner, context_id: &str, session: Session) -> Option<Session> {
+    pub fn set_session(&self, owner: &Owner, context_id: &str, session: Session) -> Result<Option<Session>, Error> {
+        if let Some(s) = &self.shared {
+            return s.set_session(owner, context_id, session);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let k = key(owner, context_id);
-        let c = inner.contexts.get_mut(&k)?;
+        let Some(c) = inner.contexts.get_mut(&k) else { return Ok(None) };
         let old = c.session.replace(session);
         c.recount(&k, &mut inner.bytes);
-        old
+        Ok(old)
     }
 
     /// Forgets the SCD session `session_id` of `owner`'s context
     /// `context_id` (it is gone from the engine); a newer session is kept.
     pub fn clear_session(&self, owner: &Owner, context_id: &str, session_id: &str) {
+        if let Some(s) = &self.shared {
+            return s.clear_session(owner, context_id, session_id);
+        }
         let mut guard = self.lock();
         let inner = &mut *guard;
         let k = key(owner, context_id);
@@ -735,17 +784,32 @@ impl Store {
         }
     }
 
-    /// Tasks held.
+    /// Tasks held, and the bytes they (and the contexts) are counted as.
+    pub fn count(&self) -> Result<(usize, usize), Error> {
+        if let Some(s) = &self.shared {
+            return s.count();
+        }
+        let inner = self.lock();
+        Ok((inner.tasks.len(), inner.bytes))
+    }
+
+    /// Whether subscribers hear every replica's updates: always in memory;
+    /// with a shared store, once its Pub/Sub subscription is made.
+    pub fn listening(&self) -> bool {
+        self.shared.as_ref().is_none_or(shared::Shared::listening)
+    }
+
+    /// Tasks held in this process (a shared store: see [`Store::count`]).
     pub fn len(&self) -> usize {
         self.lock().tasks.len()
     }
 
-    /// Bytes the tasks held are counted as.
+    /// Bytes the tasks held in this process are counted as.
     pub fn bytes(&self) -> usize {
         self.lock().bytes
     }
 
-    /// No tasks held.
+    /// No tasks held in this process.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -806,17 +870,17 @@ mod tests {
         let s = store(10);
         let a = s.create(Some("shared".into()), "127.0.0.1", msg("a"), TaskState::InputRequired).unwrap();
         let mine = Session { id: "s-a".into(), token: "t-a".into() };
-        assert_eq!(s.set_session("127.0.0.1", "shared", mine.clone()), None);
+        assert_eq!(s.set_session("127.0.0.1", "shared", mine.clone()).unwrap(), None);
         // B names A's contextId: no error, no hint that it exists, a fresh context
         let b = s.create(Some("shared".into()), "127.0.0.2", msg("b"), TaskState::InputRequired).unwrap();
         assert_eq!(b.context_id, "shared");
-        assert_eq!(s.session("127.0.0.2", "shared"), None, "B reaches A's session");
-        assert_eq!(s.session("127.0.0.1", "shared"), Some(mine.clone()));
+        assert_eq!(s.session("127.0.0.2", "shared").unwrap(), None, "B reaches A's session");
+        assert_eq!(s.session("127.0.0.1", "shared").unwrap(), Some(mine.clone()));
         let theirs = Session { id: "s-b".into(), token: "t-b".into() };
-        assert_eq!(s.set_session("127.0.0.2", "shared", theirs.clone()), None, "B replaced A's session");
-        assert_eq!(s.session("127.0.0.1", "shared"), Some(mine));
+        assert_eq!(s.set_session("127.0.0.2", "shared", theirs.clone()).unwrap(), None, "B replaced A's session");
+        assert_eq!(s.session("127.0.0.1", "shared").unwrap(), Some(mine));
         s.clear_session("127.0.0.1", "shared", "s-b");
-        assert_eq!(s.session("127.0.0.2", "shared"), Some(theirs));
+        assert_eq!(s.session("127.0.0.2", "shared").unwrap(), Some(theirs));
         // A's task is not found for B, whatever B does with it
         let gone = |r: Result<Task, Error>| assert!(matches!(r, Err(Error::TaskNotFound(_))), "{r:?}");
         gone(s.get(&a.id, "127.0.0.2"));
@@ -824,10 +888,10 @@ mod tests {
         gone(s.continue_task(&a.id, "127.0.0.2", msg("c"), TaskState::Working));
         assert!(matches!(s.subscribe(&a.id, "127.0.0.2"), Err(Error::TaskNotFound(_))));
         let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
-        let (n, listed) = s.list(&ListFilter::default(), "127.0.0.2", all);
+        let (n, listed) = s.list(&ListFilter::default(), "127.0.0.2", all).unwrap();
         assert_eq!((n, listed[0].id.as_str()), (1, b.id.as_str()));
         let in_ctx = ListFilter { context_id: Some("shared".into()), ..Default::default() };
-        assert_eq!(s.list(&in_ctx, "127.0.0.1", all).1.iter().map(|t| &t.id).collect::<Vec<_>>(), [&a.id]);
+        assert_eq!(s.list(&in_ctx, "127.0.0.1", all).unwrap().1.iter().map(|t| &t.id).collect::<Vec<_>>(), [&a.id]);
         assert_eq!(s.get(&a.id, "127.0.0.1").unwrap().status.state, TaskState::InputRequired);
     }
 
@@ -917,8 +981,8 @@ mod tests {
         assert!(matches!(s.get(&a.id, "did:wba:b"), Err(Error::TaskNotFound(_))));
         assert!(matches!(s.cancel(&a.id, "local"), Err(Error::TaskNotFound(_))));
         let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
-        assert_eq!(s.list(&ListFilter::default(), "did:wba:a", all).0, 2);
-        assert_eq!(s.list(&ListFilter::default(), "local", all), (0, vec![]));
+        assert_eq!(s.list(&ListFilter::default(), "did:wba:a", all).unwrap().0, 2);
+        assert_eq!(s.list(&ListFilter::default(), "local", all).unwrap(), (0, vec![]));
         assert_eq!(s.len(), 2);
     }
 
@@ -1047,17 +1111,17 @@ mod tests {
             (0..5).map(|i| s.create(None, "local", msg(&format!("m{i}")), TaskState::Working).unwrap().id).collect();
         s.update(&ids[0], TaskState::Completed, Some(msg("done")), None).unwrap();
         let (total, page) =
-            s.list(&ListFilter::default(), "local", Page { offset: 1, size: 2, history: 1, artifacts: false });
+            s.list(&ListFilter::default(), "local", Page { offset: 1, size: 2, history: 1, artifacts: false }).unwrap();
         assert_eq!(total, 5);
         // most recently updated first: 0 (just updated), 4, 3, ...
         assert_eq!(page.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), [ids[4].as_str(), ids[3].as_str()]);
         assert_eq!(page[0].history.len(), 1);
         let (_, first) =
-            s.list(&ListFilter::default(), "local", Page { offset: 0, size: 1, history: 0, artifacts: false });
+            s.list(&ListFilter::default(), "local", Page { offset: 0, size: 1, history: 0, artifacts: false }).unwrap();
         assert_eq!(first[0].id, ids[0]);
         assert!(first[0].history.is_empty());
         let (_, past) =
-            s.list(&ListFilter::default(), "local", Page { offset: 9, size: 5, history: 0, artifacts: false });
+            s.list(&ListFilter::default(), "local", Page { offset: 9, size: 5, history: 0, artifacts: false }).unwrap();
         assert!(past.is_empty());
     }
 

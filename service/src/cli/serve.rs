@@ -96,10 +96,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SCD_SESSION_BYTES", default_value_t = 1 << 30)]
     session_bytes: usize,
     /// Keep sessions (their ledgers, and the contexts they were opened on,
-    /// with their embeddings) in Redis, `redis://HOST:PORT/DB`, so that
-    /// every replica started with the same URL serves every session and a
-    /// restart loses none. The bounds above hold there too. Without it,
-    /// sessions live in this process's memory.
+    /// with their embeddings) and A2A tasks and contexts in Redis,
+    /// `redis://HOST:PORT/DB`, so that every replica started with the same
+    /// URL serves every session and task, and a restart loses none. The
+    /// bounds above (and the --a2a-* ones) hold there too. Without it, they
+    /// live in this process's memory.
     #[arg(long, env = "SCD_STATE", value_name = "URL")]
     state: Option<String>,
     /// Tokens of one Compress request's non-confidential context.
@@ -406,7 +407,9 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         ..model.scd_config()
     };
     let mut scd = Scd::new(encoder, cfg);
+    let mut a2a_state = None;
     if let Some(url) = &args.state {
+        a2a_state = Some(Arc::new(crate::redis::tasks::RedisTasks::open(url)?));
         let store = crate::redis::sessions::RedisSessions::open(url)?;
         match scd_engine::shared::SharedState::ping(&store) {
             Ok(()) => tracing::info!(store = store.name_str(), "sessions in Redis"),
@@ -449,6 +452,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             audit,
             audit_access,
             a2a: a2a_limits(&args),
+            a2a_state,
             a2a_public_url: args.a2a_public_url.clone(),
             tokenizers,
             confidence_map,

@@ -9,6 +9,7 @@
 
 pub mod queue;
 pub mod sessions;
+pub mod tasks;
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -97,6 +98,15 @@ impl Redis {
     fn connect(&self) -> Result<redis::Connection, StoreError> {
         let c = self.client.get_connection_with_timeout(self.timeout).map_err(describe)?;
         c.set_read_timeout(Some(self.timeout)).map_err(describe)?;
+        c.set_write_timeout(Some(self.timeout)).map_err(describe)?;
+        Ok(c)
+    }
+
+    /// A connection of its own (not pooled) whose reads wait at most
+    /// `read_timeout`: a Pub/Sub subscriber.
+    pub fn subscriber(&self, read_timeout: Duration) -> Result<redis::Connection, StoreError> {
+        let c = self.client.get_connection_with_timeout(self.timeout).map_err(describe)?;
+        c.set_read_timeout(Some(read_timeout)).map_err(describe)?;
         c.set_write_timeout(Some(self.timeout)).map_err(describe)?;
         Ok(c)
     }

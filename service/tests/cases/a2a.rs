@@ -106,7 +106,7 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
-fn rpc(addr: &str, method: &str, params: Value) -> Value {
+pub(crate) fn rpc(addr: &str, method: &str, params: Value) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string();
     let (status, text) = http(addr, "POST", "/", &[], &body);
     assert_eq!(status, 200, "{text}");
@@ -117,7 +117,7 @@ fn context() -> Value {
     serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap()
 }
 
-fn compress_message(ctx: Option<&str>) -> Value {
+pub(crate) fn compress_message(ctx: Option<&str>) -> Value {
     let mut m = json!({"messageId": "m-1", "role": "ROLE_USER", "parts": [{"data": {
         "task": "Why are customer charges failing at checkout?", "context": context(), "budget": 150}}]});
     if let Some(c) = ctx {

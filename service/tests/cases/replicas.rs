@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use scd_service::client::{Conn, Signer};
 use scd_service::grpc::pb;
+use serde_json::Value;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -29,7 +30,7 @@ fn free_port() -> u16 {
 }
 
 /// Whether `program` is installed; under CI its absence fails the test.
-fn have(program: &str) -> bool {
+pub(crate) fn have(program: &str) -> bool {
     let found =
         Command::new("sh").arg("-c").arg(format!("command -v {program}")).output().is_ok_and(|o| o.status.success());
     if !found {
@@ -47,7 +48,7 @@ fn kill9(child: &Child) {
 // redis-server, started by the test
 // ---------------------------------------------------------------------------
 
-struct RedisServer {
+pub(crate) struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
@@ -55,17 +56,17 @@ struct RedisServer {
 }
 
 impl RedisServer {
-    fn start(dir: &Path, persistent: bool) -> RedisServer {
+    pub(crate) fn start(dir: &Path, persistent: bool) -> RedisServer {
         let mut r = RedisServer { child: None, port: free_port(), dir: dir.to_path_buf(), persistent };
         r.spawn();
         r
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
-    fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         let mut cmd = Command::new("redis-server");
         cmd.arg(root().join("docs/deploy/redis.conf")).args([
             "--port",
@@ -86,7 +87,7 @@ impl RedisServer {
     }
 
     /// One command through redis-cli; its output, trimmed.
-    fn cli(&self, args: &[&str]) -> String {
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
         Command::new("redis-cli")
             .args(["-p", &self.port.to_string()])
             .args(args)
@@ -96,7 +97,7 @@ impl RedisServer {
     }
 
     /// SIGTERM (Redis writes its append-only file and exits) and wait.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
             let _ = c.wait();
@@ -366,6 +367,32 @@ async fn sessions_survive_replicas_behind_haproxy_a_killed_replica_and_a_redis_r
     let wrong = more(&mut cb, "direct", "0123", QUESTIONS[2], &mut Seen::default()).await.unwrap_err().0;
     assert_eq!(wrong.code(), Code::PermissionDenied, "{wrong:?}");
 
+    // A2A: a context compressed through a, its follow-up asked through b
+    let (ha, hb) = (format!("127.0.0.1:{}", a.http), format!("127.0.0.1:{}", b.http));
+    let a2a_task = tokio::task::spawn_blocking(move || {
+        let first = crate::a2a::rpc(&ha, "SendMessage", crate::a2a::compress_message(None));
+        let task = &first["result"]["task"];
+        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
+        let (id, ctx) = (task["id"].as_str().unwrap().to_string(), task["contextId"].as_str().unwrap().to_string());
+        let got = crate::a2a::rpc(&hb, "GetTask", serde_json::json!({"id": id}));
+        assert_eq!(got["result"]["id"], task["id"], "b serves a's task: {got}");
+        let q = serde_json::json!({"message": {"messageId": "q-1", "role": "ROLE_USER", "contextId": ctx,
+            "parts": [{"text": "Which function acquires the database connection?"}], "metadata": {"currentConfidence": 0.2}}});
+        let second = crate::a2a::rpc(&hb, "SendMessage", q);
+        let t2 = &second["result"]["task"];
+        assert_eq!(t2["status"]["state"], "TASK_STATE_COMPLETED", "b continues a's context: {second}");
+        assert_eq!(t2["artifacts"][0]["name"], "more-context");
+        let sent: Vec<Value> = [task, t2]
+            .iter()
+            .flat_map(|t| t["artifacts"][0]["parts"][0]["data"]["chunks"].as_array().cloned().unwrap_or_default())
+            .map(|c| c["id"].clone())
+            .collect();
+        assert!(sent.len() > 1 && sent.iter().collect::<HashSet<_>>().len() == sent.len(), "resent: {sent:?}");
+        id
+    })
+    .await
+    .unwrap();
+
     // a load of sessions through HAProxy; replica a killed in the middle
     let wait = Instant::now();
     let mut probe = conn(&lb.addr(), 10);
@@ -436,6 +463,12 @@ async fn sessions_survive_replicas_behind_haproxy_a_killed_replica_and_a_redis_r
     redis.spawn();
     more(&mut cb, "direct", &token, QUESTIONS[3], &mut seen).await.unwrap();
     assert_eq!(seen.received, seen.server_total);
+    // and so is the A2A task, on the replica that never ran it
+    let hb = format!("127.0.0.1:{}", b.http);
+    let got = tokio::task::spawn_blocking(move || crate::a2a::rpc(&hb, "GetTask", serde_json::json!({"id": a2a_task})))
+        .await
+        .unwrap();
+    assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

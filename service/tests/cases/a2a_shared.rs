@@ -1,0 +1,298 @@
+//! A2A tasks and contexts in a real `redis-server` (`scd serve --state`):
+//! two stores on one Redis stand for two replicas. What one creates,
+//! continues, cancels or binds to an SCD session the other serves; a
+//! subscriber on one hears the other's updates; the bounds, the owner
+//! isolation and the refusals are those of the in-memory store.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use scd_service::a2a::store::{Event, ListFilter, Page, Session, Store, StoreLimits};
+use scd_service::a2a::types::{uuid_v4, Artifact, Message, Part, Task, TaskState};
+use scd_service::a2a::Error;
+use scd_service::redis::tasks::RedisTasks;
+
+use crate::replicas::{have, RedisServer};
+use crate::scratch;
+
+fn msg(text: &str) -> Message {
+    serde_json::from_value(serde_json::json!({"messageId": uuid_v4(), "role": "ROLE_USER",
+        "parts": [{"text": text}]}))
+    .unwrap()
+}
+
+/// Two replicas' stores on `redis`, with `limits`, each listening.
+fn replicas(redis: &RedisServer, limits: StoreLimits) -> (Store, Store) {
+    let open = || Store::shared(limits, Arc::new(RedisTasks::open(&redis.url()).unwrap()));
+    let (a, b) = (open(), open());
+    let t = Instant::now();
+    while !(a.listening() && b.listening()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the stores never subscribed to the task events");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (a, b)
+}
+
+fn limits(max_tasks: usize, share: usize, ttl: Duration) -> StoreLimits {
+    StoreLimits { max_tasks, max_tasks_per_caller: share, ttl, max_history: 4, ..StoreLimits::default() }
+}
+
+fn live(s: &Store, owner: &str) -> Result<Task, Error> {
+    s.create(None, owner, msg("q"), TaskState::Working)
+}
+
+fn done(s: &Store, owner: &str) -> Task {
+    let t = live(s, owner).unwrap();
+    s.update(&t.id, TaskState::Completed, None, None).unwrap()
+}
+
+fn not_found(r: Result<Task, Error>) {
+    assert!(matches!(r, Err(Error::TaskNotFound(_))), "{r:?}");
+}
+
+/// The next event within 5 s.
+fn next(rx: &mut tokio::sync::broadcast::Receiver<Event>) -> Option<Event> {
+    let t = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(e) => return Some(e),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+#[test]
+fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
+    if !have("redis-server") {
+        return;
+    }
+    let dir = scratch("a2a-shared");
+    let redis = RedisServer::start(&dir, false);
+    let (a, b) = replicas(&redis, limits(100, 10, Duration::from_secs(3600)));
+
+    // created on a, read and continued on b, seen on a
+    let t = a.create(Some("ctx-1".into()), "did:wba:x", msg("first"), TaskState::InputRequired).unwrap();
+    assert_eq!(b.get(&t.id, "did:wba:x").unwrap(), t);
+    let t2 = b.continue_task(&t.id, "did:wba:x", msg("second"), TaskState::Working).unwrap();
+    assert_eq!(t2.history.len(), 2);
+    assert_eq!(t2.history[1].context_id.as_deref(), Some("ctx-1"));
+    assert_eq!(a.get(&t.id, "did:wba:x").unwrap(), t2);
+    // another owner: not found on any replica, whatever it does
+    not_found(b.get(&t.id, "did:wba:y"));
+    not_found(a.cancel(&t.id, "did:wba:y"));
+    not_found(b.continue_task(&t.id, "did:wba:y", msg("c"), TaskState::Working));
+    assert!(matches!(b.subscribe(&t.id, "did:wba:y"), Err(Error::TaskNotFound(_))));
+    let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
+    assert_eq!(b.list(&ListFilter::default(), "did:wba:y", all).unwrap(), (0, vec![]));
+    // the context's SCD session, set on a, is b's too, and only its owner's
+    let s1 = Session { id: "s-1".into(), token: "tok-1".into() };
+    assert_eq!(a.set_session("did:wba:x", "ctx-1", s1.clone()).unwrap(), None);
+    assert_eq!(b.session("did:wba:x", "ctx-1").unwrap(), Some(s1.clone()));
+    assert_eq!(b.session("did:wba:y", "ctx-1").unwrap(), None);
+    // y naming x's contextId gets a context of its own
+    let y = b.create(Some("ctx-1".into()), "did:wba:y", msg("y"), TaskState::Working).unwrap();
+    assert_eq!(a.session("did:wba:y", "ctx-1").unwrap(), None);
+    let s2 = Session { id: "s-2".into(), token: "tok-2".into() };
+    assert_eq!(b.set_session("did:wba:x", "ctx-1", s2.clone()).unwrap(), Some(s1), "the replaced one is answered");
+    a.clear_session("did:wba:x", "ctx-1", "s-1");
+    assert_eq!(a.session("did:wba:x", "ctx-1").unwrap(), Some(s2), "a newer session stays");
+    b.clear_session("did:wba:x", "ctx-1", "s-2");
+    assert_eq!(a.session("did:wba:x", "ctx-1").unwrap(), None);
+
+    // a subscriber on b hears a's updates, in order, until the task ends
+    let (seen, mut rx) = b.subscribe(&t.id, "did:wba:x").unwrap();
+    assert_eq!(seen.status.state, TaskState::Working);
+    let art =
+        Artifact { artifact_id: "a-1".into(), name: "n".into(), description: "d".into(), parts: vec![Part::text("x")] };
+    let reply = Message::agent(&t.id, "ctx-1", vec![Part::text("done")]);
+    let end = a.update(&t.id, TaskState::Completed, Some(reply.clone()), Some(art.clone())).unwrap();
+    assert!(matches!(next(&mut rx), Some(Event::Artifact(x)) if x == art));
+    match next(&mut rx) {
+        Some(Event::Status(s)) => {
+            assert_eq!((s.state, s.message.as_ref()), (TaskState::Completed, Some(&reply)));
+            assert_eq!(s, end.status);
+        }
+        e => panic!("not the terminal status: {e:?}"),
+    }
+    assert!(next(&mut rx).is_none(), "the channel closes after the terminal status");
+    assert_eq!(end.history.last(), Some(&reply));
+    assert_eq!(end.artifacts, [art]);
+    // terminal is immutable, on either replica
+    assert_eq!(b.update(&t.id, TaskState::Failed, None, None).unwrap_err().code(), -32004);
+    assert!(matches!(a.cancel(&t.id, "did:wba:x"), Err(Error::NotCancelable { .. })));
+    assert!(matches!(b.continue_task(&t.id, "did:wba:x", msg("d"), TaskState::Working), Err(Error::Terminal { .. })));
+    assert!(matches!(a.subscribe(&t.id, "did:wba:x"), Err(Error::Unsupported(_))));
+
+    // canceled on b, a's subscriber hears it
+    let c = a.create(None, "did:wba:x", msg("to cancel"), TaskState::Working).unwrap();
+    let (_, mut rx) = a.subscribe(&c.id, "did:wba:x").unwrap();
+    assert_eq!(b.cancel(&c.id, "did:wba:x").unwrap().status.state, TaskState::Canceled);
+    assert!(matches!(next(&mut rx), Some(Event::Status(s)) if s.state == TaskState::Canceled));
+
+    // the history limit and the context check
+    let h = b.create(None, "did:wba:x", msg("h1"), TaskState::InputRequired).unwrap();
+    let mut other = msg("elsewhere");
+    other.context_id = Some("elsewhere".into());
+    let e = a.continue_task(&h.id, "did:wba:x", other, TaskState::InputRequired).unwrap_err();
+    assert!(e.to_string().contains("belongs to context"), "{e}");
+    a.continue_task(&h.id, "did:wba:x", msg("h2"), TaskState::InputRequired).unwrap();
+    b.continue_task(&h.id, "did:wba:x", msg("h3"), TaskState::InputRequired).unwrap();
+    let e = b.continue_task(&h.id, "did:wba:x", msg("h4"), TaskState::InputRequired).unwrap_err();
+    assert!(e.to_string().contains("history limit is 4"), "{e}");
+
+    // taken back: a continued task returns to its status without the message, a new one goes
+    let before = a.get(&h.id, "did:wba:x").unwrap();
+    let grown = a.continue_task(&h.id, "did:wba:x", msg("k"), TaskState::Working);
+    assert!(grown.is_err(), "at its history limit");
+    let k = a.create(None, "did:wba:x", msg("k1"), TaskState::InputRequired).unwrap();
+    let k2 = b.continue_task(&k.id, "did:wba:x", msg("k2"), TaskState::Working).unwrap();
+    assert_eq!(k2.history.len(), 2);
+    b.take_back(&k.id, Some(k.status.clone()));
+    let back = a.get(&k.id, "did:wba:x").unwrap();
+    assert_eq!((back.status, back.history.len()), (k.status, 1));
+    assert_eq!(before, a.get(&h.id, "did:wba:x").unwrap());
+    b.take_back(&y.id, None);
+    not_found(a.get(&y.id, "did:wba:y"));
+
+    // listing: most recently updated first, filtered, paged, with history trimmed
+    let after = SystemTime::now();
+    std::thread::sleep(Duration::from_millis(5));
+    let newest = a.create(Some("ctx-1".into()), "did:wba:x", msg("n"), TaskState::Working).unwrap();
+    let (n, page) =
+        b.list(&ListFilter::default(), "did:wba:x", Page { offset: 0, size: 2, history: 1, artifacts: false }).unwrap();
+    assert_eq!(n, 5);
+    assert_eq!(page[0].id, newest.id);
+    assert!(page.iter().all(|t| t.history.len() <= 1 && t.artifacts.is_empty()));
+    let since = ListFilter { updated_after: Some(after), ..Default::default() };
+    assert_eq!(b.list(&since, "did:wba:x", all).unwrap().0, 1);
+    let done_only = ListFilter { state: Some(TaskState::Completed), ..Default::default() };
+    let with_art = Page { artifacts: true, ..all };
+    let (_, completed) = b.list(&done_only, "did:wba:x", with_art).unwrap();
+    assert_eq!(completed.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), [t.id.as_str()]);
+    assert_eq!(completed[0].artifacts.len(), 1);
+    let in_ctx = ListFilter { context_id: Some("ctx-1".into()), ..Default::default() };
+    assert_eq!(b.list(&in_ctx, "did:wba:x", all).unwrap().0, 2);
+    assert_eq!(a.list(&ListFilter::default(), "did:wba:x", Page { offset: 9, ..all }).unwrap().1, vec![]);
+
+    // no session token is left behind under any other key than its context's
+    let keys = redis.cli(&["--scan", "--pattern", "scd:v1:a2a:*"]);
+    assert!(!keys.contains("tok-"), "a token in a key name: {keys}");
+}
+
+#[test]
+fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down() {
+    if !have("redis-server") {
+        return;
+    }
+    let dir = scratch("a2a-shared-bounds");
+    let mut redis = RedisServer::start(&dir, false);
+
+    // an owner at its share is refused with the in-memory store's words; another is not
+    let (a, b) = replicas(&redis, limits(10, 3, Duration::from_secs(3600)));
+    for _ in 0..3 {
+        live(&a, "a").unwrap();
+    }
+    let e = live(&b, "a").unwrap_err();
+    assert_eq!(e.code(), -32000);
+    assert_eq!(
+        e.to_string(),
+        "resource exhausted: this caller's share of the task store holds 3 tasks (the limit, --a2a-max-tasks-per-caller); retry after 3600 s"
+    );
+    assert_eq!(e.retry_after_ms(), Some(3_600_000));
+    for _ in 0..3 {
+        live(&b, "b").unwrap();
+    }
+    assert_eq!(a.count().unwrap().0, 6);
+    redis.cli(&["FLUSHDB"]);
+
+    // terminal tasks give way: the owner's oldest at its share, the largest owner's in a full store
+    let old = done(&a, "a");
+    let newer = done(&b, "a");
+    let running = live(&a, "a").unwrap();
+    live(&b, "a").unwrap();
+    not_found(a.get(&old.id, "a"));
+    assert!(b.get(&newer.id, "a").is_ok() && b.get(&running.id, "a").is_ok());
+    redis.cli(&["FLUSHDB"]);
+    let (a, b) = replicas(&redis, limits(4, 3, Duration::from_secs(3600)));
+    let a_done = done(&a, "a");
+    done(&b, "a");
+    let b_done = done(&a, "b");
+    live(&b, "a").unwrap();
+    live(&a, "c").unwrap();
+    not_found(b.get(&a_done.id, "a"));
+    assert!(b.get(&b_done.id, "b").is_ok(), "b holds fewer: its task stays");
+    assert_eq!(a.count().unwrap().0, 4);
+    // terminal tasks give way, then a store full of live tasks refuses
+    live(&a, "c").unwrap();
+    live(&b, "d").unwrap();
+    let full = live(&a, "e").unwrap_err();
+    assert!(full.to_string().contains("task store holds 4 tasks (the limit, --a2a-max-tasks)"), "{full}");
+    redis.cli(&["FLUSHDB"]);
+
+    // the retry hint is the time until the first task expires, and expired tasks go
+    let (a, b) = replicas(&redis, limits(2, 1, Duration::from_millis(3000)));
+    let first = live(&a, "a").unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let e = live(&b, "a").unwrap_err();
+    assert_eq!(e.retry_after_ms(), Some(2000), "{e}");
+    live(&b, "b").unwrap();
+    let e = live(&a, "c").unwrap_err();
+    assert!(e.to_string().contains("task store holds 2 tasks (the limit, --a2a-max-tasks)"), "{e}");
+    assert_eq!(e.retry_after_ms(), Some(2000), "{e}");
+    std::thread::sleep(Duration::from_millis(1900));
+    not_found(b.get(&first.id, "a"));
+    live(&a, "c").unwrap();
+    redis.cli(&["FLUSHDB"]);
+
+    // bytes: counted as a running sum in Redis, the bound refuses, taking back frees
+    let small =
+        StoreLimits { max_bytes: 6000, max_bytes_per_caller: 6000, ..limits(100, 100, Duration::from_secs(3600)) };
+    let (a, b) = replicas(&redis, small);
+    let t = a.create(None, "a", msg(&"x".repeat(1500)), TaskState::Working).unwrap();
+    let one = a.count().unwrap().1;
+    assert!(one > 1500 && one < 3000, "{one}");
+    b.create(None, "a", msg(&"y".repeat(1500)), TaskState::Working).unwrap();
+    let e = a.create(None, "a", msg(&"z".repeat(1500)), TaskState::Working).unwrap_err();
+    assert!(e.to_string().contains("bytes (the limit, --a2a-max-bytes"), "{e}");
+    let e = b.continue_task(&t.id, "a", msg(&"w".repeat(4000)), TaskState::Working).unwrap_err();
+    assert_eq!(e.code(), -32000, "{e}");
+    let two = b.count().unwrap().1;
+    b.take_back(&t.id, None);
+    assert!(a.count().unwrap().1 < two - 1500, "a removed task's bytes are freed");
+
+    // Redis down: an error naming the store, 503, a retry hint; nothing echoed
+    let url = redis.url();
+    redis.stop();
+    let e = a.create(None, "a", msg("secret-content-123"), TaskState::Working).unwrap_err();
+    assert!(matches!(e, Error::StoreUnavailable { .. }), "{e:?}");
+    assert!(e.to_string().contains(&url), "{e}");
+    assert!(!e.to_string().contains("secret-content-123"));
+    assert_eq!((e.code(), e.http_status().as_u16(), e.retry_after_ms()), (-32603, 503, Some(1000)));
+    assert!(matches!(b.get(&t.id, "a"), Err(Error::StoreUnavailable { .. })));
+    assert!(matches!(b.session("a", "c"), Err(Error::StoreUnavailable { .. })));
+    // back: served again, and the subscriptions are made again
+    redis.spawn();
+    let t = a.create(None, "a", msg("again"), TaskState::Working).unwrap();
+    let (_, mut rx) = b.subscribe(&t.id, "a").unwrap();
+    let deadline = Instant::now();
+    a.update(&t.id, TaskState::Completed, None, None).unwrap();
+    let mut heard = false;
+    while let Some(ev) = next(&mut rx) {
+        match ev {
+            Event::Status(s) if s.state == TaskState::Completed => {
+                heard = true;
+                break;
+            }
+            // the resubscription tells every stream to read its task again
+            Event::Resync => heard = b.get(&t.id, "a").unwrap().status.state == TaskState::Completed,
+            _ => {}
+        }
+        if heard || deadline.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+    }
+    assert!(heard, "b's subscriber never learned that the task completed");
+}
