@@ -104,6 +104,13 @@ local function sweep()
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', p .. 'exp', '-inf', now - ttl, 'LIMIT', 0, 64)) do drop_task(id) end
   for _, k in ipairs(redis.call('ZRANGEBYSCORE', p .. 'cx', '-inf', now - ttl, 'LIMIT', 0, 64)) do drop_context(k) end
 end
+-- every expired task, before a refusal: counts are of live tasks only
+local function sweep_all()
+  repeat
+    local old = redis.call('ZRANGEBYSCORE', p .. 'exp', '-inf', now - ttl, 'LIMIT', 0, 256)
+    for _, id in ipairs(old) do drop_task(id) end
+  until #old == 0
+end
 local function oldest(o) return redis.call('ZRANGE', p .. 'ot:' .. o, 0, 0)[1] end
 local function largest(z)
   for _, o in ipairs(redis.call('ZREVRANGE', p .. z, 0, -1)) do
@@ -127,6 +134,7 @@ end
 -- room for n more tasks and b more bytes of owner o: terminal tasks give
 -- way, or the refusal {'full', own, unit, ms until a task expires}
 local function room(o, n, b)
+  local swept = false
   while true do
     local mn = tonumber(redis.call('ZSCORE', p .. 'on', o) or '0')
     local mb = tonumber(redis.call('ZSCORE', p .. 'obz', o) or '0')
@@ -142,7 +150,10 @@ local function room(o, n, b)
     else
       return nil
     end
-    if victim then
+    if not swept then
+      swept = true
+      sweep_all()
+    elseif victim then
       drop_task(victim)
     else
       local first = first_expiry(own == 1 and o or nil)
@@ -243,12 +254,17 @@ local o, c, id = ARGV[9], ARGV[10], ARGV[11]
 -- the same create run twice (its reply lost) finds its task
 if redis.call('HGET', p .. 'to', id) == o then return {'ok'} end
 local k = ck(o, c)
-local new = not live('cx', k)
+-- an idle context not swept yet is gone, with its session
+if redis.call('ZSCORE', p .. 'cx', k) and not live('cx', k) then drop_context(k) end
+local new = not redis.call('ZSCORE', p .. 'cx', k)
 local cb = 0
 if new then cb = CB + #o + #c end
 local r = room(o, 1, TB + 2 * #id + #c + #o + #ARGV[14] + #ARGV[12] + 16 + cb)
 if r then return r end
-if new then context_room(o) end
+if new then
+  context_room(o)
+  redis.call('ZINCRBY', p .. 'ocs', 1, o)
+end
 touch_context(o, c)
 if new then recount_context(k) end
 redis.call('HINCRBY', p .. 'ctn', k, 1)
@@ -278,11 +294,13 @@ return {'ok', read(id, tonumber(ARGV[11]), true)}
 "#;
 
 /// ARGV 9..: owner, id, message, state, timestamp, updated µs, history
-/// limit.
+/// limit, terminal ('1'), operation id.
 const CONTINUE: &str = r#"
 sweep()
 local o, id, msg = ARGV[9], ARGV[10], ARGV[11]
 if not mine(id, o) then return 'nf' end
+-- the same call run twice (its reply lost) finds its own write
+if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[17] then return {'ok', read(id, -1, true)} end
 local r = room(o, 0, #msg + 16)
 if r then return r end
 if not mine(id, o) then return 'nf' end
@@ -290,7 +308,8 @@ if terminal(id, o) then return {'term', redis.call('HGET', p .. 't:' .. id, 'st'
 local n = redis.call('LLEN', p .. 'h:' .. id)
 if n + 2 > tonumber(ARGV[15]) then return {'hist', n} end
 redis.call('RPUSH', p .. 'h:' .. id, msg)
-set_state(id, o, ARGV[12], ARGV[13], ARGV[14], '', '0')
+set_state(id, o, ARGV[12], ARGV[13], ARGV[14], '', ARGV[16])
+redis.call('HSET', p .. 't:' .. id, 'op', ARGV[17])
 local c = redis.call('HGET', p .. 'tc', id)
 if live('cx', ck(o, c)) then touch_context(o, c) end
 recount(id, o)
@@ -298,34 +317,38 @@ return {'ok', read(id, -1, true)}
 "#;
 
 /// ARGV 9..: id, state, timestamp, updated µs, status message ('' for
-/// none), artifact ('' for none), terminal ('1'), owner ('' for any).
+/// none), artifact ('' for none), terminal ('1'), owner ('' for any),
+/// operation id.
 const UPDATE: &str = r#"
 local id = ARGV[9]
 local o = redis.call('HGET', p .. 'to', id)
 if not o or not live('exp', id) or (ARGV[16] ~= '' and ARGV[16] ~= o) then return 'nf' end
+if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[17] then return {'ok', read(id, -1, true)} end
 if terminal(id, o) then return {'term', redis.call('HGET', p .. 't:' .. id, 'st')} end
 if ARGV[14] ~= '' then
   redis.call('RPUSH', p .. 'a:' .. id, ARGV[14])
   redis.call('PUBLISH', p .. 'ev:' .. id, 'a' .. ARGV[14])
 end
 set_state(id, o, ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[15])
+redis.call('HSET', p .. 't:' .. id, 'op', ARGV[17])
 recount(id, o)
 return {'ok', read(id, -1, true)}
 "#;
 
 /// ARGV 9..: id, take the task back whole ('1') or return it to the
-/// previous status: state, timestamp, status message.
+/// previous status: state, timestamp, status message; operation id.
 const TAKE_BACK: &str = r#"
 local id = ARGV[9]
 local o = redis.call('HGET', p .. 'to', id)
-if not o or terminal(id, o) then return 0 end
+if not o or not live('exp', id) or terminal(id, o) then return 0 end
+if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[14] then return 0 end
 if ARGV[10] == '1' then
   drop_task(id)
   return 1
 end
 redis.call('RPOP', p .. 'h:' .. id)
 local q = redis.call('INCR', p .. 'seq')
-redis.call('HSET', p .. 't:' .. id, 'st', ARGV[11], 'ts', ARGV[12], 'm', ARGV[13], 'q', q)
+redis.call('HSET', p .. 't:' .. id, 'st', ARGV[11], 'ts', ARGV[12], 'm', ARGV[13], 'q', q, 'op', ARGV[14])
 redis.call('ZADD', p .. 'o:' .. o, q, id)
 redis.call('PUBLISH', p .. 'ev:' .. id, 's' .. ARGV[11] .. '\n' .. ARGV[12] .. '\n' .. ARGV[13])
 recount(id, o)
@@ -461,10 +484,24 @@ pub enum RawEvent {
     Artifact(String),
 }
 
-/// Receives what [`RedisTasks::listen`] hears: a task's event, or `None`
-/// for the task id when events may have been missed (the subscription was
-/// re-established): every stream should read its task again.
-pub type Listener = dyn Fn(Option<(&str, RawEvent)>) + Send + Sync;
+/// What [`RedisTasks::listen`] hears.
+#[derive(Debug)]
+pub enum Heard<'a> {
+    /// Subscribed (again): events may have been missed meanwhile, every
+    /// stream should read its task again.
+    Subscribed,
+    /// The subscription broke (or stopped answering); resubscribing.
+    Lost,
+    /// A task's event.
+    Event(&'a str, RawEvent),
+}
+
+/// Receives what [`RedisTasks::listen`] hears.
+pub type Listener = dyn Fn(Heard<'_>) + Send + Sync;
+
+/// Quiet seconds on the subscription before it is pinged: a connection
+/// that died without a word (half-open) is noticed within twice this.
+const PING_AFTER_S: u32 = 5;
 
 /// A2A tasks and contexts in Redis (see the module docs).
 pub struct RedisTasks {
@@ -563,6 +600,12 @@ fn task_reply(v: &Value, what: &str) -> Result<Reply<RawTask>, StoreError> {
         }
         _ => Err(unexpected(what)),
     }
+}
+
+/// A fresh id for one call: a script run twice (its reply lost, the call
+/// retried on a new connection) finds it and does not apply twice.
+fn op_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 fn flag(b: bool) -> &'static str {
@@ -672,9 +715,10 @@ impl RedisTasks {
         timestamp: &str,
         updated_us: u64,
         max_history: usize,
+        terminal: bool,
     ) -> Result<Reply<RawTask>, StoreError> {
-        let (u, max) = (updated_us.to_string(), max_history.to_string());
-        let v = self.run(&self.continue_, b, &[owner, id, message, state, timestamp, &u, &max])?;
+        let (u, max, op) = (updated_us.to_string(), max_history.to_string(), op_id());
+        let v = self.run(&self.continue_, b, &[owner, id, message, state, timestamp, &u, &max, flag(terminal), &op])?;
         task_reply(&v, "continue")
     }
 
@@ -694,7 +738,7 @@ impl RedisTasks {
         artifact: Option<&str>,
         terminal: bool,
     ) -> Result<Reply<RawTask>, StoreError> {
-        let u = updated_us.to_string();
+        let (u, op) = (updated_us.to_string(), op_id());
         let args = [
             id,
             state,
@@ -704,6 +748,7 @@ impl RedisTasks {
             artifact.unwrap_or(""),
             flag(terminal),
             owner.unwrap_or(""),
+            &op,
         ];
         let v = self.run(&self.update, b, &args)?;
         task_reply(&v, "update")
@@ -713,9 +758,10 @@ impl RedisTasks {
     /// message, returning it to `prev`: state, timestamp and status
     /// message ('' for none).
     pub fn take_back(&self, b: &Bounds, id: &str, prev: Option<[&str; 3]>) -> Result<(), StoreError> {
+        let op = op_id();
         let args = match prev {
-            None => [id, "1", "", "", ""],
-            Some([st, ts, m]) => [id, "0", st, ts, m],
+            None => [id, "1", "", "", "", &op],
+            Some([st, ts, m]) => [id, "0", st, ts, m, &op],
         };
         self.run(&self.take_back, b, &args).map(drop)
     }
@@ -787,9 +833,10 @@ impl RedisTasks {
     }
 
     /// Listens to every task's events on a thread of its own, handing each
-    /// to `on`; when the subscription is (re-)established `on` gets `None`
-    /// (events may have been missed meanwhile). The thread ends once
-    /// `alive` can no longer be upgraded (its owner was dropped).
+    /// to `on`, with [`Heard::Subscribed`] each time the subscription is
+    /// made and [`Heard::Lost`] when it breaks. A quiet subscription is
+    /// pinged. The thread ends once `alive` can no longer be upgraded (its
+    /// owner was dropped).
     pub fn listen<T: Send + Sync + 'static>(self: &Arc<Self>, alive: Weak<T>, on: Box<Listener>) {
         let me = Arc::downgrade(self);
         let pattern = format!("{PREFIX}ev:*");
@@ -809,22 +856,34 @@ impl RedisTasks {
                             tracing::info!("A2A events: subscribed to the store again");
                             down_logged = false;
                         }
-                        on(None);
+                        on(Heard::Subscribed);
+                        let mut quiet = 0;
                         while alive.strong_count() > 0 {
                             match ps.get_message() {
                                 Ok(msg) => {
+                                    quiet = 0;
                                     let Some(id) = msg.get_channel_name().strip_prefix(&pattern[..pattern.len() - 1])
                                     else {
                                         continue;
                                     };
                                     let payload: Vec<u8> = msg.get_payload().unwrap_or_default();
                                     let Some(event) = raw_event(&payload) else { continue };
-                                    on(Some((id, event)));
+                                    on(Heard::Event(id, event));
                                 }
-                                Err(e) if e.is_timeout() => continue,
+                                Err(e) if e.is_timeout() => {
+                                    quiet += 1;
+                                    // a pong resets the count; none within as long again is a dead connection
+                                    if quiet == PING_AFTER_S && ps.ping::<Value>().is_err() || quiet >= 2 * PING_AFTER_S {
+                                        tracing::warn!("A2A events: the store's subscription stopped answering; resubscribing");
+                                        down_logged = true;
+                                        on(Heard::Lost);
+                                        break;
+                                    }
+                                }
                                 Err(e) => {
                                     tracing::warn!(error = %e, "A2A events: the store's subscription broke; resubscribing");
                                     down_logged = true;
+                                    on(Heard::Lost);
                                     break;
                                 }
                             }

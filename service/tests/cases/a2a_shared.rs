@@ -50,6 +50,21 @@ fn not_found(r: Result<Task, Error>) {
     assert!(matches!(r, Err(Error::TaskNotFound(_))), "{r:?}");
 }
 
+/// Waits (5 s at most) for the channel to close, with no event before.
+fn closes(rx: &mut tokio::sync::broadcast::Receiver<Event>) {
+    use tokio::sync::broadcast::error::TryRecvError;
+    let t = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Err(TryRecvError::Closed) => return,
+            Err(TryRecvError::Empty) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            other => panic!("the channel did not close after the terminal status: {other:?}"),
+        }
+    }
+}
+
 /// The next event within 5 s.
 fn next(rx: &mut tokio::sync::broadcast::Receiver<Event>) -> Option<Event> {
     let t = Instant::now();
@@ -117,7 +132,7 @@ fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
         }
         e => panic!("not the terminal status: {e:?}"),
     }
-    assert!(next(&mut rx).is_none(), "the channel closes after the terminal status");
+    closes(&mut rx);
     assert_eq!(end.history.last(), Some(&reply));
     assert_eq!(end.artifacts, [art]);
     // terminal is immutable, on either replica
@@ -177,9 +192,21 @@ fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
     assert_eq!(b.list(&in_ctx, "did:wba:x", all).unwrap().0, 2);
     assert_eq!(a.list(&ListFilter::default(), "did:wba:x", Page { offset: 9, ..all }).unwrap().1, vec![]);
 
-    // no session token is left behind under any other key than its context's
-    let keys = redis.cli(&["--scan", "--pattern", "scd:v1:a2a:*"]);
-    assert!(!keys.contains("tok-"), "a token in a key name: {keys}");
+    // a subscription refused leaves no channel behind: nothing to hear, nothing held
+    assert!(matches!(a.subscribe("no-such-task", "did:wba:x"), Err(Error::TaskNotFound(_))));
+
+    // an owner's contexts are bounded by its share: an idle one gives way, with its session
+    redis.cli(&["FLUSHDB"]);
+    let (a, b) = replicas(&redis, limits(100, 2, Duration::from_secs(3600)));
+    let t1 = a.create(Some("c1".into()), "o", msg("1"), TaskState::Working).unwrap();
+    a.set_session("o", "c1", Session { id: "s-c1".into(), token: "tok-c1".into() }).unwrap();
+    b.take_back(&t1.id, None);
+    assert!(b.session("o", "c1").unwrap().is_some(), "a context outlives its tasks");
+    let t2 = b.create(Some("c2".into()), "o", msg("2"), TaskState::Working).unwrap();
+    a.update(&t2.id, TaskState::Completed, None, None).unwrap();
+    a.create(Some("c3".into()), "o", msg("3"), TaskState::Working).unwrap();
+    assert_eq!(a.session("o", "c1").unwrap(), None, "the idle context gave way at the owner's share");
+    assert_eq!(redis.cli(&["ZSCORE", "scd:v1:a2a:ocs", "o"]), "2");
 }
 
 #[test]
@@ -245,6 +272,26 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
     std::thread::sleep(Duration::from_millis(1900));
     not_found(b.get(&first.id, "a"));
     live(&a, "c").unwrap();
+    // once everything expired, nothing is left but the byte sum (0) and the order counter
+    std::thread::sleep(Duration::from_millis(3100));
+    assert_eq!(a.count().unwrap(), (0, 0));
+    let mut keys: Vec<String> =
+        redis.cli(&["--scan", "--pattern", "scd:v1:a2a:*"]).lines().map(str::to_string).collect();
+    keys.sort();
+    assert_eq!(keys, ["scd:v1:a2a:bytes", "scd:v1:a2a:seq"], "bookkeeping left behind");
+    redis.cli(&["FLUSHDB"]);
+
+    // many expired tasks are all swept before a refusal: an owner whose tasks all expired is served
+    let (a, b) = replicas(&redis, limits(200, 70, Duration::from_millis(1500)));
+    for _ in 0..70 {
+        live(&a, "old").unwrap();
+    }
+    for _ in 0..70 {
+        live(&b, "mine").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1600));
+    live(&a, "mine").unwrap();
+    assert_eq!(b.count().unwrap().0, 1);
     redis.cli(&["FLUSHDB"]);
 
     // bytes: counted as a running sum in Redis, the bound refuses, taking back frees

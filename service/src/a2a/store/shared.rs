@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use super::{ceil_s, json, parse, Event, ListFilter, Owner, Page, Session, StoreLimits, CONTEXT_BYTES, ENTRY_BYTES};
 use crate::a2a::types::{rfc3339, uuid_v4, Artifact, Message, Part, Task, TaskState, TaskStatus};
 use crate::a2a::Error;
-use crate::redis::tasks::{Bounds, RawEvent, RawTask, RedisTasks, Refusal};
+use crate::redis::tasks::{Bounds, Heard, RawEvent, RawTask, RedisTasks, Refusal};
 
 /// A task's local subscribers, by task id.
 type Subscribers = Mutex<HashMap<String, broadcast::Sender<Event>>>;
@@ -25,7 +25,7 @@ pub(super) struct Shared {
     bounds: Bounds,
     max_history: usize,
     subs: Arc<Subscribers>,
-    /// The events of other replicas have been heard since (subscribed once).
+    /// Subscribed to the events of every replica (false while resubscribing).
     listening: Arc<AtomicBool>,
 }
 
@@ -51,16 +51,20 @@ fn status(state: &str, timestamp: &str, message: &str) -> Option<TaskStatus> {
     })
 }
 
-/// Hands an event heard on the store to the task's local subscribers;
-/// `None` tells every one of them to read its task again.
-fn dispatch(subs: &Subscribers, ev: Option<(&str, RawEvent)>) {
+/// Hands an event heard on the store to the task's local subscribers; a
+/// new subscription tells every one of them to read its task again.
+fn dispatch(subs: &Subscribers, heard: Heard<'_>) {
     let mut map = subs.lock().unwrap_or_else(|p| p.into_inner());
     map.retain(|_, tx| tx.receiver_count() > 0);
-    let Some((id, raw)) = ev else {
-        for tx in map.values() {
-            let _ = tx.send(Event::Resync);
+    let (id, raw) = match heard {
+        Heard::Subscribed => {
+            for tx in map.values() {
+                let _ = tx.send(Event::Resync);
+            }
+            return;
         }
-        return;
+        Heard::Lost => return,
+        Heard::Event(id, raw) => (id, raw),
     };
     let Some(tx) = map.get(id) else { return };
     let event = match raw {
@@ -90,8 +94,10 @@ impl Shared {
         redis.listen(
             Arc::downgrade(&subs),
             Box::new(move |ev| {
-                if ev.is_none() {
-                    on.store(true, Ordering::Release);
+                match ev {
+                    Heard::Subscribed => on.store(true, Ordering::Release),
+                    Heard::Lost => on.store(false, Ordering::Release),
+                    Heard::Event(..) => {}
                 }
                 if let Some(subs) = heard.upgrade() {
                     dispatch(&subs, ev);
@@ -244,6 +250,7 @@ impl Shared {
                 &rfc3339(updated),
                 micros(updated),
                 self.max_history,
+                state.is_terminal(),
             )
         })
         .map_err(|e| self.unavailable(e))?
@@ -325,13 +332,21 @@ impl Shared {
             .entry(id.to_string())
             .or_insert_with(|| broadcast::channel(16).0)
             .subscribe();
-        match self.fetch(id, owner, true) {
-            Err(Error::Terminal { state, .. }) => Err(Error::Unsupported(format!(
+        let refused = match self.fetch(id, owner, true) {
+            Ok(t) => return Ok((t, rx)),
+            Err(Error::Terminal { state, .. }) => Error::Unsupported(format!(
                 "SubscribeToTask: task {id} is {} (terminal); read it with GetTask",
                 state.name()
-            ))),
-            r => r.map(|t| (t, rx)),
+            )),
+            Err(e) => e,
+        };
+        // no channel stays for a task that was not subscribed to
+        drop(rx);
+        let mut map = self.subs.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(id).is_some_and(|tx| tx.receiver_count() == 0) {
+            map.remove(id);
         }
+        Err(refused)
     }
 
     pub(super) fn list(&self, filter: &ListFilter, owner: &Owner, page: Page) -> Result<(usize, Vec<Task>), Error> {
