@@ -74,41 +74,73 @@ fn bad(path: &Path, what: &str) -> Error {
     Error::invalid("path", format!("{}: {what}", path.display()))
 }
 
-/// Builds an example from titled paragraphs given as sentence lists.
+/// How a dataset's sentence lists become a field's text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Join {
+    /// Each sentence trimmed, joined with one space (what a careful user
+    /// sends).
+    #[default]
+    Natural,
+    /// The sentences concatenated as the dataset gives them (`"".join`):
+    /// HotpotQA's sentences carry their leading space, 2Wiki's do not, so
+    /// its sentences arrive glued (`...in 1987.He was...`).
+    AsGiven,
+}
+
+/// Builds an example from titled paragraphs given as sentence lists, each
+/// `(title, text)` sent once (a repeated title with other text is a field
+/// of its own, `title (2)`: field names are unique).
 fn from_paragraphs(
     id: String,
     question: String,
     paras: Vec<(String, Vec<String>)>,
     gold_sents: &[(String, usize)],
+    join: Join,
 ) -> Example {
-    let mut fields = Vec::new();
+    let mut fields: Vec<Field> = Vec::new();
     let mut spans = Vec::new();
     let mut seen = std::collections::HashMap::<String, usize>::new();
+    // the field each title's first paragraph became
+    let mut by_title = std::collections::HashMap::<&str, usize>::new();
     for (title, sents) in &paras {
         let mut content = String::new();
         let mut sp = Vec::new();
         for s in sents {
-            let s = s.trim();
-            if s.is_empty() {
-                sp.push((content.len(), content.len()));
-                continue;
+            match join {
+                Join::Natural => {
+                    let s = s.trim();
+                    if s.is_empty() {
+                        sp.push((content.len(), content.len()));
+                        continue;
+                    }
+                    if !content.is_empty() {
+                        content.push(' ');
+                    }
+                    sp.push((content.len(), content.len() + s.len()));
+                    content.push_str(s);
+                }
+                Join::AsGiven => {
+                    let lead = s.len() - s.trim_start().len();
+                    let start = content.len() + lead;
+                    sp.push((start, start.max(content.len() + s.trim_end().len())));
+                    content.push_str(s);
+                }
             }
-            if !content.is_empty() {
-                content.push(' ');
-            }
-            sp.push((content.len(), content.len() + s.len()));
-            content.push_str(s);
         }
-        // titles can repeat within a context; field names cannot
+        let same = by_title.get(title.as_str()).is_some_and(|&f| fields[f].content == content);
+        if same {
+            continue;
+        }
         let n = seen.entry(title.clone()).or_default();
         *n += 1;
         let name = if *n == 1 { title.clone() } else { format!("{title} ({})", n) };
+        by_title.entry(title.as_str()).or_insert(fields.len());
         fields.push(Field { name, kind: FieldKind::Prose, content, confidential: false });
         spans.push(sp);
     }
     let mut gold = Vec::new();
     for (title, sid) in gold_sents {
-        if let Some(fi) = paras.iter().position(|(t, _)| t == title) {
+        if let Some(&fi) = by_title.get(title.as_str()) {
             if let Some(&span) = spans[fi].get(*sid) {
                 if span.1 > span.0 {
                     gold.push((fi, span));
@@ -156,7 +188,7 @@ enum SupportingFacts {
 }
 
 impl MultiHopRecord {
-    fn into_example(self) -> std::result::Result<Example, String> {
+    fn into_example(self, join: Join) -> std::result::Result<Example, String> {
         let paras = match self.context {
             MultiHopContext::Official(p) => p,
             MultiHopContext::HuggingFace { title, sentences } => {
@@ -176,7 +208,7 @@ impl MultiHopRecord {
             }
         };
         let id = self.underscore_id.or(self.id).ok_or("missing field `_id` (or `id`)")?;
-        Ok(from_paragraphs(id, self.question, paras, &gold))
+        Ok(from_paragraphs(id, self.question, paras, &gold, join))
     }
 }
 
@@ -301,14 +333,20 @@ fn records<T: serde::de::DeserializeOwned>(path: &Path, text: &str, limit: usize
         .collect()
 }
 
-/// Loads examples from `path` in `dataset`'s layout, at most `limit`.
+/// Loads examples from `path` in `dataset`'s layout, at most `limit`,
+/// sentences joined the [`Join::Natural`] way.
 pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>> {
+    load_with(dataset, path, limit, Join::Natural)
+}
+
+/// [`load`], HotpotQA's and 2Wiki's sentences joined as `join` says.
+pub fn load_with(dataset: Dataset, path: &Path, limit: usize, join: Join) -> Result<Vec<Example>> {
     let text = read(path)?;
     let mut out = Vec::new();
     match dataset {
         Dataset::HotpotQa | Dataset::TwoWiki => {
             for (n, r) in records::<MultiHopRecord>(path, &text, limit)?.into_iter().enumerate() {
-                out.push(r.into_example().map_err(|e| bad(path, &format!("record {}: {e}", n + 1)))?);
+                out.push(r.into_example(join).map_err(|e| bad(path, &format!("record {}: {e}", n + 1)))?);
             }
         }
         Dataset::Musique => {
@@ -325,7 +363,7 @@ pub fn load(dataset: Dataset, path: &Path, limit: usize) -> Result<Vec<Example>>
                     }
                     paras.push((p.title, sents));
                 }
-                let mut ex = from_paragraphs(r.id, r.question, paras, &[]);
+                let mut ex = from_paragraphs(r.id, r.question, paras, &[], Join::Natural);
                 let hops: Vec<(String, String)> =
                     r.question_decomposition.into_iter().map(|h| (h.question, h.answer)).collect();
                 ex.follow_ups = follow_up_questions(&hops);
@@ -569,6 +607,7 @@ mod tests {
             "q".into(),
             vec![("A".into(), vec!["One.".into(), " Two.".into()]), ("B".into(), vec!["Three.".into()])],
             &[("A".into(), 1), ("B".into(), 0)],
+            Join::Natural,
         );
         assert_eq!(ex.context.fields[0].content, "One. Two.");
         assert_eq!(ex.gold, vec![(0, (5, 9)), (1, (0, 6))]);
@@ -576,6 +615,27 @@ mod tests {
         assert!(!covered(&[(0, (0, 4))], "One. Two.", 0, (5, 9), 0.999));
         let (r, all) = evidence_recall(&ex, &[(0, (5, 9))], Dataset::HotpotQa);
         assert_eq!((r, all), (0.5, false));
+    }
+
+    #[test]
+    fn sentences_join_as_given_and_a_repeated_paragraph_is_sent_once() {
+        let paras = vec![
+            ("A".into(), vec!["One.".into(), "Two.".into(), "  ".into()]),
+            ("B".into(), vec!["Three.".into(), " Four.".into()]),
+            ("A".into(), vec!["One.".into(), "Two.".into(), "  ".into()]),
+            ("B".into(), vec!["Other.".into()]),
+        ];
+        let gold = [("A".into(), 1), ("B".into(), 1), ("A".into(), 2)];
+        let ex = from_paragraphs("x".into(), "q".into(), paras.clone(), &gold, Join::AsGiven);
+        let names: Vec<&str> = ex.context.fields.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["A", "B", "B (2)"], "the identical A once, the other B under its own name");
+        assert_eq!(ex.context.fields[0].content, "One.Two.  ");
+        assert_eq!(ex.context.fields[1].content, "Three. Four.");
+        // spans are the sentences without their surrounding whitespace; a blank one is no gold
+        assert_eq!(ex.gold, vec![(0, (4, 8)), (1, (7, 12))]);
+        let natural = from_paragraphs("x".into(), "q".into(), paras, &gold, Join::Natural);
+        assert_eq!(natural.context.fields[0].content, "One. Two.");
+        assert_eq!(natural.gold, vec![(0, (5, 9)), (1, (7, 12))]);
     }
 
     #[test]
@@ -595,7 +655,7 @@ mod tests {
     #[test]
     fn a_musique_paragraph_is_kept_from_90_percent_of_its_characters() {
         let body = "abcdefghij klmnopqrst"; // 20 non-space characters
-        let mut ex = from_paragraphs("m".into(), "q".into(), vec![("P".into(), vec![body.into()])], &[]);
+        let mut ex = from_paragraphs("m".into(), "q".into(), vec![("P".into(), vec![body.into()])], &[], Join::Natural);
         ex.gold = vec![(0, (0, body.len()))];
         // 18 of 20 sent: kept; 17 of 20: not
         assert_eq!(evidence_recall(&ex, &[(0, (0, 19))], Dataset::Musique), (1.0, true));

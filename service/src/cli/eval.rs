@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use scd_engine::budget::BudgetTokenizer;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder};
-use scd_engine::eval::{evidence_recall, load, selection, Dataset, Example};
+use scd_engine::eval::{evidence_recall, load_with, selection, Dataset, Example, Join};
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
@@ -33,9 +33,16 @@ pub struct EvalArgs {
     /// Dataset files (read by path; several are concatenated).
     #[arg(long, num_args = 1.., required = true)]
     path: Vec<PathBuf>,
-    /// Budgets as fractions of each context's tokens.
+    /// Budgets as fractions of each context's tokens, as sent (every
+    /// field's whole text counted).
     #[arg(long, value_delimiter = ',', default_value = "0.2,0.25,0.33,0.5")]
     budgets: Vec<f32>,
+    /// HotpotQA and 2Wiki: how a paragraph's sentences become its field:
+    /// `natural` (each trimmed, one space between) or `as-given`
+    /// (concatenated as the dataset gives them, as `"".join` does:
+    /// HotpotQA's carry their leading space, 2Wiki's arrive glued).
+    #[arg(long, default_value = "natural", value_parser = ["natural", "as-given"])]
+    join: String,
     /// Examples per file at most.
     #[arg(long, default_value_t = 200)]
     limit: usize,
@@ -191,7 +198,14 @@ fn sentence_units(enc: &OrtEncoder, ex: &Example, tok: Option<&BudgetTokenizer>)
         }
     }
     let n = units.len();
-    let total = units.iter().map(|u| u.2).sum();
+    // the budget base: the context as a user sends it, each field whole
+    let mut total = 0;
+    for f in &ex.context.fields {
+        total += match tok {
+            Some(tok) => tok.count(&f.content)?,
+            None => enc.count_tokens(&f.content)?,
+        };
+    }
     Ok(Baselines { units, dense: vec![0.0; n], bm25: vec![0.0; n], total })
 }
 
@@ -352,7 +366,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     }
     let mut examples = Vec::new();
     for p in &args.path {
-        examples.extend(load(dataset, p, args.limit).with_context(|| format!("--path {}", p.display()))?);
+        let join = if args.join == "as-given" { Join::AsGiven } else { Join::Natural };
+        examples.extend(load_with(dataset, p, args.limit, join).with_context(|| format!("--path {}", p.display()))?);
     }
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();
