@@ -190,8 +190,36 @@ fn lines(text: &str) -> Vec<(usize, usize)> {
     out
 }
 
+/// Common abbreviations: a stop after one does not end a sentence.
+const ABBREVIATIONS: [&str; 15] =
+    ["Mr", "Mrs", "Ms", "Dr", "St", "Jr", "Sr", "vs", "e.g", "i.e", "etc", "No", "Inc", "Co", "Ltd"];
+
+/// The word before byte `pos`: back to the last whitespace.
+fn word_before(text: &str, pos: usize) -> &str {
+    let start =
+        text[..pos].char_indices().rev().find(|(_, ch)| ch.is_whitespace()).map_or(0, |(p, ch)| p + ch.len_utf8());
+    &text[start..pos]
+}
+
+/// A sentence glued to the next with no space (`born in 1987.He was`, as
+/// text built by concatenating sentences arrives): the stop at `i` follows
+/// a lower-case letter or a digit, and `j` (after any closing quotes) is an
+/// upper-case letter followed by a lower-case one. Abbreviations, initials
+/// (`U.S.Army`: an upper-case letter before), and addresses (`/`, `@`) are
+/// not boundaries.
+fn glued_boundary(text: &str, chars: &[(usize, char)], i: usize, j: usize) -> bool {
+    let before = i.checked_sub(1).map(|b| chars[b].1);
+    let opens = chars[j].1.is_uppercase() && chars.get(j + 1).is_some_and(|&(_, c)| c.is_lowercase());
+    if !opens || !before.is_some_and(|b| b.is_lowercase() || b.is_ascii_digit()) {
+        return false;
+    }
+    let word = word_before(text, chars[i].0);
+    !(ABBREVIATIONS.contains(&word) || word.contains(['/', '@', ':']))
+}
+
 /// Sentence spans of a paragraph: ends after `.`, `!`, `?` (or CJK stops)
-/// followed by whitespace and an upper-case letter, digit or quote.
+/// followed by whitespace and an upper-case letter, digit or quote, or
+/// glued to the next sentence (see [`glued_boundary`]).
 pub fn sentences(text: &str, offset: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut start = 0;
@@ -213,7 +241,15 @@ pub fn sentences(text: &str, offset: usize) -> Vec<(usize, usize)> {
         while j < chars.len() && matches!(chars[j].1, '"' | '\'' | ')' | '”' | '’') {
             j += 1;
         }
-        if j >= chars.len() || !chars[j].1.is_whitespace() {
+        if j >= chars.len() {
+            continue;
+        }
+        if !chars[j].1.is_whitespace() {
+            if glued_boundary(text, &chars, i, j) {
+                let cut = chars[j].0;
+                out.push((offset + start, offset + cut));
+                start = cut;
+            }
             continue;
         }
         let mut k = j;
@@ -226,31 +262,8 @@ pub fn sentences(text: &str, offset: usize) -> Vec<(usize, usize)> {
                 continue;
             }
             // common abbreviations do not end a sentence
-            let word_start = text[..pos]
-                .char_indices()
-                .rev()
-                .find(|(_, ch)| ch.is_whitespace())
-                .map(|(p, ch)| p + ch.len_utf8())
-                .unwrap_or(0);
-            let word = &text[word_start..pos];
-            if matches!(
-                word,
-                "Mr" | "Mrs"
-                    | "Ms"
-                    | "Dr"
-                    | "St"
-                    | "Jr"
-                    | "Sr"
-                    | "vs"
-                    | "e.g"
-                    | "i.e"
-                    | "etc"
-                    | "No"
-                    | "Inc"
-                    | "Co"
-                    | "Ltd"
-            ) || (word.len() == 1 && word.chars().all(|ch| ch.is_uppercase()))
-            {
+            let word = word_before(text, pos);
+            if ABBREVIATIONS.contains(&word) || (word.len() == 1 && word.chars().all(|ch| ch.is_uppercase())) {
                 continue;
             }
         }
@@ -645,6 +658,23 @@ mod tests {
         let c = chunk_field(&f, ChunkConfig::default());
         assert!(c[0].lead && !c[1].lead && c[3].lead);
         assert_ne!(c[0].group, c[3].group);
+    }
+
+    #[test]
+    fn sentences_glued_without_a_space_are_split_but_initials_and_addresses_are_not() {
+        let text = "Mathilde was born in 1187.She married Otto.He died in 1201.The U.S.Army e.g.This see example.com/Page and Node.js.";
+        let got: Vec<&str> = sentences(text, 0).into_iter().map(|(a, b)| &text[a..b]).collect();
+        assert_eq!(
+            got,
+            [
+                "Mathilde was born in 1187.",
+                "She married Otto.",
+                "He died in 1201.",
+                "The U.S.Army e.g.This see example.com/Page and Node.js."
+            ]
+        );
+        // offsets are kept
+        assert_eq!(sentences("ab.Cd", 10), [(10, 13), (13, 15)]);
     }
 
     #[test]
