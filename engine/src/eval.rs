@@ -457,6 +457,71 @@ fn code_example(r: CodeRecord) -> std::result::Result<Example, String> {
     Ok(Example { id: r.id, question: r.task, context, sentences, gold: vec![gold], follow_ups: Vec::new() })
 }
 
+/// A field of the long-context set: the field, its sentence spans, and its
+/// index in its own example (`None`: another example's paragraph).
+type Placed = (Field, Vec<(usize, usize)>, Option<usize>);
+
+/// The long-context set: each example's paragraphs among paragraphs of
+/// the other examples, `total` fields in all (fewer when the others hold
+/// too few), in a seeded random order. Each `(title, text)` appears once;
+/// another paragraph under a title already present is named `title (n)`.
+/// Gold moves with its field; the added paragraphs hold none.
+pub fn among_others(examples: &[Example], total: usize, seed: u64) -> Vec<Example> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let pool: Vec<(usize, usize)> =
+        examples.iter().enumerate().flat_map(|(e, ex)| (0..ex.context.fields.len()).map(move |f| (e, f))).collect();
+    examples
+        .iter()
+        .enumerate()
+        .map(|(i, ex)| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut fields: Vec<Placed> = ex
+                .context
+                .fields
+                .iter()
+                .cloned()
+                .zip(ex.sentences.iter().cloned())
+                .enumerate()
+                .map(|(f, (field, spans))| (field, spans, Some(f)))
+                .collect();
+            let mut names: std::collections::HashMap<String, usize> =
+                fields.iter().map(|(f, _, _)| (f.name.clone(), 1)).collect();
+            let mut texts: std::collections::HashSet<(String, String)> =
+                fields.iter().map(|(f, _, _)| (f.name.clone(), f.content.clone())).collect();
+            let mut others: Vec<&(usize, usize)> = pool.iter().filter(|(e, _)| *e != i).collect();
+            others.shuffle(&mut rng);
+            for &&(e, f) in &others {
+                if fields.len() >= total {
+                    break;
+                }
+                let field = examples[e].context.fields[f].clone();
+                if !texts.insert((field.name.clone(), field.content.clone())) {
+                    continue;
+                }
+                let n = names.entry(field.name.clone()).or_default();
+                *n += 1;
+                let name = if *n == 1 { field.name.clone() } else { format!("{} ({n})", field.name) };
+                fields.push((Field { name, ..field }, examples[e].sentences[f].clone(), None));
+            }
+            fields.shuffle(&mut rng);
+            let at: std::collections::HashMap<usize, usize> =
+                fields.iter().enumerate().filter_map(|(new, (_, _, old))| old.map(|o| (o, new))).collect();
+            let gold = ex.gold.iter().map(|&(f, span)| (at[&f], span)).collect();
+            let (fields, sentences): (Vec<Field>, Vec<Vec<(usize, usize)>>) =
+                fields.into_iter().map(|(f, s, _)| (f, s)).unzip();
+            Example {
+                id: ex.id.clone(),
+                question: ex.question.clone(),
+                context: Context { fields },
+                sentences,
+                gold,
+                follow_ups: ex.follow_ups.clone(),
+            }
+        })
+        .collect()
+}
+
 /// Byte spans of the blank-line-separated blocks of `text` (trimmed).
 pub fn blocks(text: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
@@ -636,6 +701,47 @@ mod tests {
         let natural = from_paragraphs("x".into(), "q".into(), paras, &gold, Join::Natural);
         assert_eq!(natural.context.fields[0].content, "One. Two.");
         assert_eq!(natural.gold, vec![(0, (5, 9)), (1, (7, 12))]);
+    }
+
+    #[test]
+    fn the_long_context_set_puts_each_example_among_the_others_paragraphs() {
+        let ex = |id: &str, paras: &[(&str, &str)], gold: &[(&str, usize)]| {
+            let paras = paras.iter().map(|(t, s)| (t.to_string(), vec![s.to_string()])).collect();
+            let gold: Vec<(String, usize)> = gold.iter().map(|(t, n)| (t.to_string(), *n)).collect();
+            from_paragraphs(id.into(), format!("q{id}"), paras, &gold, Join::Natural)
+        };
+        let set = vec![
+            ex("1", &[("A", "Gold one."), ("B", "Other one.")], &[("A", 0)]),
+            ex("2", &[("C", "Gold two."), ("A", "Another A.")], &[("C", 0)]),
+            ex("3", &[("B", "Other one."), ("D", "Dee.")], &[("D", 0)]),
+        ];
+        let long = among_others(&set, 5, 7);
+        assert_eq!(long.len(), 3);
+        for (l, orig) in long.iter().zip(&set) {
+            // its own paragraphs all there, gold still on the same text
+            for f in &orig.context.fields {
+                assert!(l.context.fields.iter().any(|g| g.content == f.content), "{} lost {}", l.id, f.name);
+            }
+            let (gf, span) = l.gold[0];
+            let (of, ospan) = orig.gold[0];
+            assert_eq!(
+                &l.context.fields[gf].content[span.0..span.1],
+                &orig.context.fields[of].content[ospan.0..ospan.1]
+            );
+            // names unique, each (title, text) once
+            let names: std::collections::HashSet<&str> = l.context.fields.iter().map(|f| f.name.as_str()).collect();
+            assert_eq!(names.len(), l.context.fields.len());
+            assert_eq!(l.sentences.len(), l.context.fields.len());
+        }
+        // example 1 has B "Other one." itself: example 3's copy is not added again; its A gets a name of its own
+        assert_eq!(long[0].context.fields.len(), 5);
+        assert!(long[0].context.fields.iter().any(|f| f.name == "A (2)" && f.content == "Another A."));
+        assert_eq!(long[0].context.fields.iter().filter(|f| f.content == "Other one.").count(), 1);
+        // seeded: the same set again, another seed another order
+        let again = among_others(&set, 5, 7);
+        let order = |s: &[Example]| s[0].context.fields.iter().map(|f| f.name.clone()).collect::<Vec<_>>();
+        assert_eq!(order(&long), order(&again));
+        assert!((0..20).any(|seed| order(&among_others(&set, 5, seed)) != order(&long)));
     }
 
     #[test]
