@@ -6,9 +6,24 @@ use crate::chunk::ChunkConfig;
 use crate::context::ContextLimits;
 use crate::index::HnswParams;
 
+/// How chunks are scored for packing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Scorer {
+    /// The hand-weighted sum: `dense_z + lexical_weight·lexical_z +
+    /// group_lift + link_lift (+ hop_lift)`.
+    #[default]
+    Hand,
+    /// The logistic regression shipped with the engine
+    /// ([`super::LearnedScorer::shipped`]) over the same parts, kept apart,
+    /// and the chunk's place; packing ranks by the z-score of its log-odds.
+    Learned,
+}
+
 /// Tuning and limits of the extractor.
 #[derive(Debug, Clone)]
 pub struct ScdConfig {
+    /// How chunks are scored for packing.
+    pub scorer: Scorer,
     /// How fields are chunked.
     pub chunk: ChunkConfig,
     /// Embedding cache bound in bytes.
@@ -136,6 +151,7 @@ impl Default for ScdConfig {
             second_hop_weight: 0.5,
             second_hop_sources: 1,
             second_hop_max_tokens: 256,
+            scorer: Scorer::default(),
             group_closure_tokens: 400,
             embed_neighbour: false,
             lead_link_bonus: 1.5,

@@ -22,6 +22,7 @@
 
 mod assemble;
 mod config;
+mod features;
 mod more;
 mod pack;
 mod prepare;
@@ -35,7 +36,8 @@ use std::time::Instant;
 use serde::Serialize;
 use tracing::{debug, instrument};
 
-pub use self::config::ScdConfig;
+pub use self::config::{ScdConfig, Scorer};
+pub use self::features::{Features, LearnedScorer, FEATURES};
 use self::pack::PackTrace;
 use self::prepare::{PreparedContext, Split};
 use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
@@ -401,6 +403,19 @@ impl std::fmt::Debug for ContextRequest {
 
 pub use crate::shared::LastReply;
 
+/// One chunk and its features ([`Scd::chunk_features`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkFeatures {
+    /// Its field, among the context's public fields.
+    pub field: usize,
+    /// Its byte span in that field.
+    pub span: (usize, usize),
+    /// Its tokens in the encoder's tokenizer.
+    pub tokens: usize,
+    /// [`FEATURES`], in order.
+    pub features: Features,
+}
+
 /// A session's ledger: what the receiver holds and what it may still get.
 struct Ledger {
     context: Arc<PreparedContext>,
@@ -549,6 +564,35 @@ impl Scd {
         retry_contended(|| self.compress_once(req, opts, cancel))
     }
 
+    /// With [`Scorer::Learned`], replaces the hand sum in `parts.fused`
+    /// with the learned score.
+    fn rescore(&self, prepared: &PreparedContext, parts: &mut score::Scores) {
+        if self.cfg.scorer == Scorer::Learned && !prepared.chunks.is_empty() {
+            parts.fused = features::learned(prepared, parts, LearnedScorer::shipped());
+        }
+    }
+
+    /// Every chunk of `req`'s context (its public fields, as compression
+    /// sees them) with its features for the task: field index (among the
+    /// public fields), byte span, tokens, and [`FEATURES`] values. What a
+    /// learned scorer is fitted on (`scd eval --dump-features`).
+    pub fn chunk_features(&self, req: &CompressRequest, cancel: &Cancel) -> Result<Vec<ChunkFeatures>> {
+        req.context.validate_within(&self.cfg.context_limits)?;
+        let split = Split::new(&req.context);
+        let task_text = req.task.text();
+        let prepared = self.prepare(&split.public, cancel)?;
+        let task_vec = self.embed_cached_with(&[task_text.as_str()], InputKind::Query, cancel)?.remove(0);
+        let mut parts = self.score(&prepared, &task_vec, &task_text);
+        self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
+        let rows = features::features(&prepared, &parts);
+        Ok(prepared
+            .chunks
+            .iter()
+            .zip(rows)
+            .map(|(c, x)| ChunkFeatures { field: c.field, span: c.span, tokens: c.tokens, features: x })
+            .collect())
+    }
+
     fn compress_once(&self, req: &CompressRequest, opts: &CompressOptions, cancel: &Cancel) -> Result<Compressed> {
         let ctx = &req.context;
         ctx.validate_within(&self.cfg.context_limits)?;
@@ -624,6 +668,7 @@ impl Scd {
         // time is the task's embedding, not selection
         let t3 = Instant::now();
         self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
+        self.rescore(&prepared, &mut parts);
         let hop_ms = t3.elapsed().as_secs_f64() * 1e3;
         let scores = &parts.fused;
         // what this answer may send: the budget, less what an opening

@@ -123,7 +123,9 @@ impl Scd {
         cancel.check("score")?;
         // the question is scored on its own: it is the receiver's next hop,
         // not the task again
-        let scores = self.score(&context, &qvec, &query).fused;
+        let mut parts = self.score(&context, &qvec, &query);
+        self.rescore(&context, &mut parts);
+        let scores = parts.fused;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
         let mut ranked: Vec<usize> = (0..chunks.len())
             .filter(|i| !session.sent.contains(i) && !explicit.contains(i))

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::features::Link;
 use super::prepare::{Prepared, PreparedContext};
 use super::Scd;
 use crate::cancel::Cancel;
@@ -46,6 +47,14 @@ pub(super) struct Scores {
     /// What the second hop added (`second_hop_weight` × its z-score; empty
     /// when the hop is off).
     pub(super) hop_lift: Vec<f32>,
+    /// The raw cosine similarity to the query (learned scoring's input).
+    pub(super) dense: Vec<f32>,
+    /// The best base score (dense and lexical) in the chunk's group.
+    pub(super) group_best: Vec<f32>,
+    /// Which link lifted the chunk.
+    pub(super) link: Vec<Link>,
+    /// The second hop's z-score (before its weight; empty when off).
+    pub(super) hop_z: Vec<f32>,
 }
 
 impl Scd {
@@ -81,7 +90,8 @@ impl Scd {
             let e = best.entry(c.group).or_insert(f32::MIN);
             *e = e.max(v);
         }
-        let group_lift: Vec<f32> = chunks.iter().map(|c| self.cfg.field_weight * best[&c.group]).collect();
+        let group_best: Vec<f32> = chunks.iter().map(|c| best[&c.group]).collect();
+        let group_lift: Vec<f32> = group_best.iter().map(|b| self.cfg.field_weight * b).collect();
         for (v, g) in s.iter_mut().zip(&group_lift) {
             *v += g;
         }
@@ -118,21 +128,37 @@ impl Scd {
             !c.rides && owners.get(&c.group).is_some_and(|ds| ds.iter().any(|d| top_names.contains(d.as_str())))
         };
         let mut link_lift = vec![0.0; chunks.len()];
-        for ((c, v), l) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()) {
+        let mut link = vec![Link::None; chunks.len()];
+        for (((c, v), l), k) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()).zip(link.iter_mut()) {
             if linked_fields.contains(&c.field) {
                 *l = self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
+                *k = Link::Title;
             } else if c.defines.iter().any(|d| named_by(d, c.field)) {
                 *l = self.cfg.link_weight * self.cfg.lead_link_bonus;
+                *k = Link::Defined;
             } else if top_defines.iter().any(|&(f, d)| f != c.field && mentions(&c.lower, d)) {
                 *l = self.cfg.link_weight;
+                *k = Link::Mention;
             } else if self.cfg.owner_link_weight > 0.0 && owned_by_top(c) {
                 *l = self.cfg.owner_link_weight;
+                *k = Link::Owner;
             } else {
                 continue;
             }
             *v += *l;
         }
-        Scores { fused: s, dense_z: zd, lexical_z: zl, group_lift, link_lift, hop_lift: Vec::new() }
+        Scores {
+            fused: s,
+            dense_z: zd,
+            lexical_z: zl,
+            group_lift,
+            link_lift,
+            hop_lift: Vec::new(),
+            dense,
+            group_best,
+            link,
+            hop_z: Vec::new(),
+        }
     }
 
     /// `query` (the task, a space, then the bridge chunks' text) within
@@ -204,9 +230,11 @@ impl Scd {
         let rest: Vec<usize> = (0..chunks.len()).filter(|i| prose(i) && !groups.contains(&chunks[*i].group)).collect();
         let dense: Vec<f32> = rest.iter().map(|&i| dot(&v, &chunks[i].embedding)).collect();
         parts.hop_lift = vec![0.0; chunks.len()];
+        parts.hop_z = vec![0.0; chunks.len()];
         for (&i, z) in rest.iter().zip(zscores(&dense)) {
             scores[i] += w * z;
             parts.hop_lift[i] = w * z;
+            parts.hop_z[i] = z;
         }
         Ok(())
     }

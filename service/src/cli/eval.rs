@@ -52,6 +52,12 @@ pub struct EvalArgs {
     /// Seed of `--among`'s choice and order of paragraphs.
     #[arg(long, default_value_t = 27)]
     among_seed: u64,
+    /// Instead of evaluating, write every chunk's features and its label
+    /// (1 when at least half its bytes are gold evidence) as JSON lines
+    /// `{"set", "id", "label", "tokens", "x"}`: what `models/fit_scorer.py`
+    /// fits the learned scorer on (use the train samples).
+    #[arg(long, value_name = "FILE")]
+    dump_features: Option<PathBuf>,
     /// Examples per file at most.
     #[arg(long, default_value_t = 200)]
     limit: usize,
@@ -365,6 +371,44 @@ fn fixture_recall(scd: &Scd, context: &std::path::Path, gold: &std::path::Path) 
     }))
 }
 
+/// Writes every chunk's features and label (`--dump-features`).
+fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("--dump-features {}", path.display()))?,
+    );
+    let bar = ProgressBar::new(examples.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} examples {per_sec} eta {eta}")?);
+    let (mut rows, mut positive) = (0usize, 0usize);
+    for ex in examples {
+        let req = CompressRequest {
+            task: Task::new(ex.question.clone()),
+            context: ex.context.clone(),
+            requirement: ContextRequirement::with_budget(1),
+            session: None,
+        };
+        for c in scd.chunk_features(&req, &scd_engine::cancel::Cancel::new())? {
+            let gold: usize = ex
+                .gold
+                .iter()
+                .filter(|(f, _)| *f == c.field)
+                .map(|(_, g)| c.span.1.min(g.1).saturating_sub(c.span.0.max(g.0)))
+                .sum();
+            let label = u8::from(2 * gold >= (c.span.1 - c.span.0).max(1));
+            positive += usize::from(label);
+            rows += 1;
+            let line =
+                serde_json::json!({"set": set, "id": ex.id, "label": label, "tokens": c.tokens, "x": c.features});
+            writeln!(out, "{line}")?;
+        }
+        bar.inc(1);
+    }
+    out.flush()?;
+    bar.finish_and_clear();
+    println!("{rows} chunks ({positive} evidence) of {} examples -> {}", examples.len(), path.display());
+    Ok(())
+}
+
 /// Runs `scd eval`.
 pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let dataset: Dataset = args.dataset.parse()?;
@@ -402,6 +446,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         Arc::new(Memo { inner: encoder.clone(), seen: Mutex::new(HashMap::new()) })
     };
     let scd = Scd::new(memo.clone(), cfg);
+    if let Some(path) = &args.dump_features {
+        return dump_features(&scd, &args.dataset, &examples, path);
+    }
     if args.adaptive {
         anyhow::ensure!(
             dataset == Dataset::Musique,

@@ -91,10 +91,17 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "second_hop_sources" => cfg.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
         "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
+        "scorer" => {
+            cfg.scorer = match as_count()? {
+                0 => scd_engine::extract::Scorer::Hand,
+                1 => scd_engine::extract::Scorer::Learned,
+                n => bail!("scorer takes 0 (the hand sum) or 1 (learned), got {n}"),
+            }
+        }
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, embed_neighbour)"
+             group_closure_tokens, embed_neighbour, scorer)"
         ),
     }
     Ok(())

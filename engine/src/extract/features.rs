@@ -1,0 +1,243 @@
+//! What a learned scorer sees of each chunk, and the learned scorer itself:
+//! a logistic regression over these features, fitted offline on the
+//! datasets' train samples (`models/fit_scorer.py`) and shipped as
+//! `scorer.json` beside this file.
+//!
+//! The features are the parts the hand-weighted sum already computes, kept
+//! apart (dense z and raw cosine, BM25 z, the group's best, each kind of
+//! link, the second hop) and the chunk's place (lead, position and size of
+//! its group, the group's rank, its tokens). `title_lead` (a title link on
+//! a lead) is derived from two of them: `scd eval --dump-features` writes
+//! it, and `fit_scorer.py` derives it from older dumps without it.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+
+use super::prepare::PreparedContext;
+use super::score::Scores;
+use crate::score::zscores;
+
+/// The features, in the order of every vector and of `scorer.json`.
+pub const FEATURES: [&str; 17] = [
+    "dense_z",
+    "dense",
+    "lexical_z",
+    "group_best",
+    "link_title",
+    "link_defined",
+    "link_mention",
+    "link_owner",
+    "hop_z",
+    "hop_on",
+    "lead",
+    "position",
+    "group_size",
+    "group_rank",
+    "dense_rank",
+    "tokens",
+    "title_lead",
+];
+
+/// One chunk's features, in [`FEATURES`]' order.
+pub type Features = [f32; FEATURES.len()];
+
+/// Which link lifted a chunk (the first rule that matched, as in scoring).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Link {
+    /// None.
+    #[default]
+    None,
+    /// Its document's title is named by the task or a top chunk.
+    Title,
+    /// It defines a name the task or a top chunk mentions.
+    Defined,
+    /// It mentions a name a top chunk defines.
+    Mention,
+    /// A member of a type a top chunk defines (code).
+    Owner,
+}
+
+fn ln1p(x: usize) -> f32 {
+    (x as f32).ln_1p()
+}
+
+/// Ranks (0 = best) of `v`, ties in index order.
+fn ranks(v: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
+    let mut r = vec![0; v.len()];
+    for (k, &i) in order.iter().enumerate() {
+        r[i] = k;
+    }
+    r
+}
+
+/// Every chunk's features, from its scoring parts.
+pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
+    let chunks = &ctx.chunks;
+    let n = chunks.len();
+    let mut members: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    for (i, c) in chunks.iter().enumerate() {
+        members.entry(c.group).or_default().push(i);
+    }
+    // a group's rank among groups, by its best chunk
+    let mut groups: Vec<((usize, usize), f32)> =
+        members.iter().map(|(g, m)| (*g, m.iter().map(|&i| parts.group_best[i]).fold(f32::MIN, f32::max))).collect();
+    groups.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let group_rank: HashMap<(usize, usize), usize> = groups.iter().enumerate().map(|(r, (g, _))| (*g, r)).collect();
+    let dense_rank = ranks(&parts.dense_z);
+    let hop_on = !parts.hop_z.is_empty();
+    (0..n)
+        .map(|i| {
+            let c = &chunks[i];
+            let m = &members[&c.group];
+            let link = parts.link.get(i).copied().unwrap_or_default();
+            [
+                parts.dense_z[i],
+                parts.dense[i],
+                parts.lexical_z[i],
+                parts.group_best[i],
+                f32::from(link == Link::Title),
+                f32::from(link == Link::Defined),
+                f32::from(link == Link::Mention),
+                f32::from(link == Link::Owner),
+                parts.hop_z.get(i).copied().unwrap_or(0.0),
+                f32::from(hop_on && ctx.is_prose(c.field)),
+                f32::from(c.lead),
+                ln1p(m.iter().position(|&j| j == i).unwrap_or(0)),
+                ln1p(m.len()),
+                ln1p(group_rank[&c.group]),
+                ln1p(dense_rank[i]),
+                ln1p(c.tokens),
+                f32::from(link == Link::Title && c.lead),
+            ]
+        })
+        .collect()
+}
+
+/// A logistic regression over standardized [`FEATURES`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct LearnedScorer {
+    /// The feature names it was fitted on (must be [`FEATURES`]).
+    pub features: Vec<String>,
+    /// Each feature's mean and standard deviation on the training rows.
+    pub mean: Vec<f32>,
+    /// See `mean`.
+    pub std: Vec<f32>,
+    /// One weight per feature.
+    pub weights: Vec<f32>,
+    /// The intercept.
+    pub bias: f32,
+}
+
+impl LearnedScorer {
+    /// The log-odds that a chunk is evidence.
+    pub fn logit(&self, x: &Features) -> f32 {
+        let parts = x.iter().zip(&self.weights).zip(self.mean.iter().zip(&self.std));
+        parts.fold(self.bias, |s, ((x, w), (m, sd))| s + w * (x - m) / sd)
+    }
+
+    /// The scorer shipped with the engine (`scorer.json`).
+    pub fn shipped() -> &'static LearnedScorer {
+        static SHIPPED: OnceLock<LearnedScorer> = OnceLock::new();
+        SHIPPED.get_or_init(|| {
+            let s: LearnedScorer = serde_json::from_str(include_str!("scorer.json"))
+                .unwrap_or_else(|e| panic!("engine/src/extract/scorer.json does not parse: {e}"));
+            assert!(
+                s.features == FEATURES && [s.mean.len(), s.std.len(), s.weights.len()] == [FEATURES.len(); 3],
+                "engine/src/extract/scorer.json was fitted on other features: {:?}",
+                s.features
+            );
+            s
+        })
+    }
+}
+
+/// The learned score of every chunk, as z-scores of its log-odds (so that
+/// "above the context's average" stays `>= 0`, as with the hand sum).
+pub(super) fn learned(ctx: &PreparedContext, parts: &Scores, scorer: &LearnedScorer) -> Vec<f32> {
+    let logits: Vec<f32> = features(ctx, parts).iter().map(|x| scorer.logit(x)).collect();
+    zscores(&logits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_scorer_matches_the_features_and_is_finite() {
+        let s = LearnedScorer::shipped();
+        assert_eq!(s.features, FEATURES);
+        assert!(s.std.iter().all(|v| *v > 0.0), "a zero deviation divides by zero");
+        assert!(s.weights.iter().chain(&s.mean).all(|v| v.is_finite()) && s.bias.is_finite());
+        // ranking higher among the context's chunks, or being named by the
+        // task, is more likely evidence, all else equal
+        let at = |name: &str| FEATURES.iter().position(|f| *f == name).unwrap();
+        let x = [0.0; FEATURES.len()];
+        for (name, v) in [("dense_z", 2.0), ("lexical_z", 2.0), ("link_title", 1.0), ("group_best", 2.0)] {
+            let mut y = x;
+            y[at(name)] = v;
+            assert!(s.logit(&y) > s.logit(&x), "{name}");
+        }
+    }
+
+    #[test]
+    fn every_chunk_has_its_features_and_the_learned_scorer_packs_within_the_budget() {
+        use std::sync::Arc;
+
+        use crate::cancel::Cancel;
+        use crate::context::{Context, ContextRequirement, Field, FieldKind, Task};
+        use crate::encoder::HashEncoder;
+        use crate::extract::{CompressRequest, Scd, ScdConfig, Scorer};
+
+        let field = |name: &str, content: &str| Field {
+            name: name.into(),
+            kind: FieldKind::Prose,
+            confidential: false,
+            content: content.into(),
+        };
+        let context = Context {
+            fields: vec![
+                field("Paris", "Paris is the capital of France. It lies on the Seine. The Louvre is there."),
+                field("notes", "Lunch is at noon. We visited Paris in May. The train was late."),
+                field("secret", "do not send"),
+            ],
+        };
+        let mut req = CompressRequest {
+            task: Task::new("what river runs through paris"),
+            context,
+            requirement: ContextRequirement::with_budget(12),
+            session: None,
+        };
+        req.context.fields[2].confidential = true;
+        let hand = Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default());
+        let rows = hand.chunk_features(&req, &Cancel::new()).unwrap();
+        assert_eq!(rows.len(), 6, "two prose fields of three sentences; the confidential field is not scored");
+        for r in &rows {
+            let text = &req.context.fields[r.field].content[r.span.0..r.span.1];
+            assert!(!text.is_empty() && r.tokens > 0);
+            assert!(r.features.iter().all(|v| v.is_finite()), "{:?}", r.features);
+        }
+        // the task names the document "Paris": its chunks, and only they, carry the title link
+        let title = FEATURES.iter().position(|f| *f == "link_title").unwrap();
+        assert!(rows.iter().all(|r| (r.features[title] == 1.0) == (r.field == 0)));
+        // leads: each field's first sentence
+        let lead = FEATURES.iter().position(|f| *f == "lead").unwrap();
+        assert_eq!(rows.iter().filter(|r| r.features[lead] == 1.0).count(), 2);
+
+        let learned = Scd::new(
+            Arc::new(HashEncoder::new(64, 512)),
+            ScdConfig { scorer: Scorer::Learned, ..ScdConfig::default() },
+        );
+        let out = learned.compress(&req).unwrap();
+        assert!(out.totals.sent_tokens <= 12 && !out.chunks.is_empty());
+        assert!(out.chunks.iter().all(|c| !c.text.contains("do not send")));
+    }
+
+    #[test]
+    fn ranks_are_zero_for_the_best() {
+        assert_eq!(ranks(&[0.1, 0.9, 0.5]), [2, 0, 1]);
+    }
+}
