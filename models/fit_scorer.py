@@ -154,8 +154,13 @@ def main():
     ap.add_argument("--report")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--lambdas", default="0.001,0.01,0.1,1,10")
+    ap.add_argument("--drop", default="", help="features left out (their weight stays 0), comma-separated")
     args = ap.parse_args()
     sets, ids, y, tok, X = load(args.dumps)
+    for name in filter(None, args.drop.split(",")):
+        if name not in FEATURES:
+            sys.exit(f"--drop {name}: not a feature ({', '.join(FEATURES)})")
+        X[:, FEATURES.index(name)] = 0.0
     names = sorted(set(sets))
     print(f"{len(y)} chunks ({int(y.sum())} evidence) of {len(set(ids))} examples in {names}")
     lambdas = [float(v) for v in args.lambdas.split(",")]
