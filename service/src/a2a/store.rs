@@ -403,6 +403,24 @@ pub struct Page {
     pub artifacts: bool,
 }
 
+/// A new task in `state`: fresh ids (a new context when `context_id` is
+/// `None`), `first` in its history, and when it was made.
+fn new_task(context_id: Option<String>, mut first: Message, state: TaskState) -> (Task, SystemTime) {
+    let context_id = context_id.unwrap_or_else(uuid_v4);
+    let id = uuid_v4();
+    first.task_id = Some(id.clone());
+    first.context_id = Some(context_id.clone());
+    let updated = SystemTime::now();
+    let task = Task {
+        id,
+        context_id,
+        status: TaskStatus { state, message: None, timestamp: rfc3339(updated) },
+        artifacts: Vec::new(),
+        history: vec![first],
+    };
+    (task, updated)
+}
+
 /// Messages kept of a history: the last `n` (all when `None`).
 pub fn trim_history(mut t: Task, n: Option<usize>) -> Task {
     if let Some(n) = n {
@@ -501,24 +519,14 @@ impl Store {
         &self,
         context_id: Option<String>,
         owner: &Owner,
-        mut first: Message,
+        first: Message,
         state: TaskState,
     ) -> Result<Task, Error> {
+        let (task, updated) = new_task(context_id, first, state);
         if let Some(s) = &self.shared {
-            return s.create(context_id, owner, first, state);
+            return s.create(task, owner, updated);
         }
-        let context_id = context_id.unwrap_or_else(uuid_v4);
-        let id = uuid_v4();
-        first.task_id = Some(id.clone());
-        first.context_id = Some(context_id.clone());
-        let updated = SystemTime::now();
-        let task = Task {
-            id: id.clone(),
-            context_id,
-            status: TaskStatus { state, message: None, timestamp: rfc3339(updated) },
-            artifacts: Vec::new(),
-            history: vec![first],
-        };
+        let id = task.id.clone();
         let held = Held::new(&task);
         let mut inner = self.lock();
         self.purge(&mut inner, false);

@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
 
 use super::{ceil_s, json, parse, Event, ListFilter, Owner, Page, Session, StoreLimits, CONTEXT_BYTES, ENTRY_BYTES};
-use crate::a2a::types::{rfc3339, uuid_v4, Artifact, Message, Part, Task, TaskState, TaskStatus};
+use crate::a2a::types::{rfc3339, Artifact, Message, Part, Task, TaskState, TaskStatus};
 use crate::a2a::Error;
 use crate::redis::tasks::{Bounds, Heard, RawEvent, RawTask, RedisTasks, Refusal};
 
@@ -167,43 +167,26 @@ impl Shared {
         })
     }
 
-    pub(super) fn create(
-        &self,
-        context_id: Option<String>,
-        owner: &Owner,
-        mut first: Message,
-        state: TaskState,
-    ) -> Result<Task, Error> {
-        let context_id = context_id.unwrap_or_else(uuid_v4);
-        let id = uuid_v4();
-        first.task_id = Some(id.clone());
-        first.context_id = Some(context_id.clone());
-        let updated = SystemTime::now();
-        let ts = rfc3339(updated);
-        let held = json(&first);
-        let b = &self.bounds;
+    /// Stores `task`, new (see `new_task`), made at `updated`.
+    pub(super) fn create(&self, task: Task, owner: &Owner, updated: SystemTime) -> Result<Task, Error> {
+        let held = json(&task.history[0]);
+        let state = task.status.state;
         blocking(|| {
             self.redis.create(
-                b,
+                &self.bounds,
                 owner,
-                &context_id,
-                &id,
+                &task.context_id,
+                &task.id,
                 &held,
                 state.name(),
-                &ts,
+                &task.status.timestamp,
                 micros(updated),
                 state.is_terminal(),
             )
         })
         .map_err(|e| self.unavailable(e))?
-        .map_err(|r| self.refused(r, &id, &context_id))?;
-        Ok(Task {
-            id,
-            context_id,
-            status: TaskStatus { state, message: None, timestamp: ts },
-            artifacts: Vec::new(),
-            history: vec![first],
-        })
+        .map_err(|r| self.refused(r, &task.id, &task.context_id))?;
+        Ok(task)
     }
 
     fn fetch(&self, id: &str, owner: &Owner, live_only: bool) -> Result<Task, Error> {
