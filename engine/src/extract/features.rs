@@ -83,8 +83,8 @@ pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
         members.entry(c.group).or_default().push(i);
     }
     // a group's rank among groups, by its best chunk
-    let mut groups: Vec<((usize, usize), f32)> =
-        members.iter().map(|(g, m)| (*g, m.iter().map(|&i| parts.group_best[i]).fold(f32::MIN, f32::max))).collect();
+    // every member of a group carries the group's best
+    let mut groups: Vec<((usize, usize), f32)> = members.iter().map(|(g, m)| (*g, parts.group_best[m[0]])).collect();
     groups.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let group_rank: HashMap<(usize, usize), usize> = groups.iter().enumerate().map(|(r, (g, _))| (*g, r)).collect();
     let dense_rank = ranks(&parts.dense_z);

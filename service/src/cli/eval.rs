@@ -418,8 +418,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
     }
     let mut examples = Vec::new();
+    let join = if args.join == "as-given" { Join::AsGiven } else { Join::Natural };
     for p in &args.path {
-        let join = if args.join == "as-given" { Join::AsGiven } else { Join::Natural };
         examples.extend(load_with(dataset, p, args.limit, join).with_context(|| format!("--path {}", p.display()))?);
     }
     if let Some(n) = args.among {
