@@ -23,6 +23,8 @@ test: setup
 	# the binary without the ATP stack (feature `atp` off) builds and lints clean
 	cargo clippy -p scd-service --no-default-features --lib --bins -- -D warnings
 	SCD_REQUIRE_MODELS=1 cargo test --workspace
+	# the learned scorer's fitting (models/fit_scorer.py)
+	.tools/venv/bin/python -m unittest discover -s models -p 'test_*.py'
 	# the Python client and its LangChain / LlamaIndex adapters against a
 	# real `scd serve` (target/debug/scd, which cargo test just built)
 	SCD_REQUIRE_MODELS=1 service/clients/python/run-tests.sh

@@ -139,6 +139,6 @@ impl Scd {
             })
             .collect();
         dropped.sort_by(|a, b| b.score.total_cmp(&a.score));
-        Explanation { lexical_weight: self.cfg.lexical_weight, selected, dropped }
+        Explanation { lexical_weight: self.lexical_weight(), selected, dropped }
     }
 }

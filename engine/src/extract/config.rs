@@ -11,11 +11,13 @@ use crate::index::HnswParams;
 pub enum Scorer {
     /// The hand-weighted sum: `dense_z + lexical_weight·lexical_z +
     /// group_lift + link_lift (+ hop_lift)`.
-    #[default]
     Hand,
-    /// The logistic regression shipped with the engine
+    /// The linear scorer shipped with the engine
     /// ([`super::LearnedScorer::shipped`]) over the same parts, kept apart,
-    /// and the chunk's place; packing ranks by the z-score of its log-odds.
+    /// and the chunk's place, fitted on packed recall and chosen by
+    /// leave-one-set-out (`models/fit_scorer.py`); packing ranks by the
+    /// z-score of its output.
+    #[default]
     Learned,
 }
 
@@ -52,6 +54,16 @@ pub struct ScdConfig {
     pub owner_link_weight: f32,
     /// Top chunks whose mentions create links.
     pub link_sources: usize,
+    /// A defined name that is a plain word (letters only: `left`, `both`)
+    /// links only when at most this many chunks of its field mention it: a
+    /// word the whole file uses is no sign that the task means that
+    /// definition (0: every defined name links). Chosen on the code set.
+    pub common_name_chunks: usize,
+    /// Lift of a code chunk over its sibling, a definition whose name
+    /// differs from its own in one word (`timestamp_millis`,
+    /// `timestamp_seconds`), when the task names its differing word and not
+    /// the sibling's (0: off). Added after scoring, in the score's units.
+    pub sibling_weight: f32,
     /// Weight of a second hop (0 turns it off): the task is embedded again
     /// together with the texts of its best chunks from `second_hop_sources`
     /// different groups (the bridge facts of a multi-hop question), and each
@@ -148,6 +160,8 @@ impl Default for ScdConfig {
             link_weight: 2.0,
             owner_link_weight: 1.0,
             link_sources: 3,
+            common_name_chunks: 3,
+            sibling_weight: 1.0,
             second_hop_weight: 0.5,
             second_hop_sources: 1,
             second_hop_max_tokens: 256,

@@ -7,8 +7,8 @@
 //! apart (dense z and raw cosine, BM25 z, the group's best, each kind of
 //! link, the second hop) and the chunk's place (lead, position and size of
 //! its group, the group's rank, its tokens). `title_lead` (a title link on
-//! a lead) is derived from two of them: `scd eval --dump-features` writes
-//! it, and `fit_scorer.py` derives it from older dumps without it.
+//! a lead) and `title_shared` (a title link, by the log of how many fields
+//! share that title) are derived from them.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -17,10 +17,9 @@ use serde::Deserialize;
 
 use super::prepare::PreparedContext;
 use super::score::Scores;
-use crate::score::zscores;
 
 /// The features, in the order of every vector and of `scorer.json`.
-pub const FEATURES: [&str; 17] = [
+pub const FEATURES: [&str; 18] = [
     "dense_z",
     "dense",
     "lexical_z",
@@ -38,6 +37,7 @@ pub const FEATURES: [&str; 17] = [
     "dense_rank",
     "tokens",
     "title_lead",
+    "title_shared",
 ];
 
 /// One chunk's features, in [`FEATURES`]' order.
@@ -88,6 +88,13 @@ pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
     groups.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let group_rank: HashMap<(usize, usize), usize> = groups.iter().enumerate().map(|(r, (g, _))| (*g, r)).collect();
     let dense_rank = ranks(&parts.dense_z);
+    // how many fields carry each document title: a named title that many
+    // paragraphs share (MuSiQue's distractors) says less about each
+    let mut titled: HashMap<&str, usize> = HashMap::new();
+    for k in ctx.field_keys.iter().flatten() {
+        *titled.entry(k.as_str()).or_default() += 1;
+    }
+    let shared = |field: usize| ctx.field_keys[field].as_deref().map_or(1, |k| titled[k]);
     let hop_on = !parts.hop_z.is_empty();
     (0..n)
         .map(|i| {
@@ -112,12 +119,33 @@ pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
                 ln1p(dense_rank[i]),
                 ln1p(c.tokens),
                 f32::from(link == Link::Title && c.lead),
+                if link == Link::Title { (shared(c.field) as f32).ln() } else { 0.0 },
             ]
         })
         .collect()
 }
 
-/// A logistic regression over standardized [`FEATURES`].
+/// The features a learned scorer may weigh, besides `dense_z` at 1: those
+/// an explanation's parts show (`score = dense_z + lexical_weight·lexical_z`
+/// plus `group_lift`, `link_lift` and `hop_lift`), so that a learned score
+/// still adds up from its parts. The chunk's place and the raw cosine are
+/// features for fitting (`models/fit_scorer.py` tries them), not for
+/// shipping: by leave-one-set-out they did not carry to a set they were not
+/// fitted on. The second hop keeps its setting's weight
+/// (`ScdConfig::second_hop_weight`, which `scd serve` exposes), so `hop_z`
+/// is not weighed here either.
+const WEIGHABLE: [&str; 8] = [
+    "lexical_z",
+    "group_best",
+    "link_title",
+    "link_defined",
+    "link_mention",
+    "link_owner",
+    "title_lead",
+    "title_shared",
+];
+
+/// A linear scorer over [`FEATURES`] (standardized by `mean` and `std`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct LearnedScorer {
     /// The feature names it was fitted on (must be [`FEATURES`]).
@@ -133,10 +161,34 @@ pub struct LearnedScorer {
 }
 
 impl LearnedScorer {
-    /// The log-odds that a chunk is evidence.
+    /// The score of a chunk with features `x`.
     pub fn logit(&self, x: &Features) -> f32 {
         let parts = x.iter().zip(&self.weights).zip(self.mean.iter().zip(&self.std));
         parts.fold(self.bias, |s, ((x, w), (m, sd))| s + w * (x - m) / sd)
+    }
+
+    /// The weight of the feature `name` (0 for a name it does not know).
+    pub fn weight(&self, name: &str) -> f32 {
+        FEATURES.iter().position(|f| *f == name).map_or(0.0, |k| self.weights[k])
+    }
+
+    /// Why `self` cannot be shipped: it was fitted on other features, or it
+    /// weighs what an explanation cannot show (see [`WEIGHABLE`]).
+    pub fn unshippable(&self) -> Option<String> {
+        if self.features != FEATURES || [self.mean.len(), self.std.len(), self.weights.len()] != [FEATURES.len(); 3] {
+            return Some(format!("fitted on other features: {:?}", self.features));
+        }
+        if self.bias != 0.0 || self.mean.iter().any(|m| *m != 0.0) || self.std.iter().any(|s| *s != 1.0) {
+            return Some("standardized or biased: a shipped scorer weighs the features as they are".into());
+        }
+        if self.weight("dense_z") != 1.0 {
+            return Some(format!("dense_z weighs {}: it sets the scale and must weigh 1", self.weight("dense_z")));
+        }
+        FEATURES
+            .iter()
+            .zip(&self.weights)
+            .find(|(f, w)| **f != "dense_z" && !WEIGHABLE.contains(f) && **w != 0.0)
+            .map(|(f, w)| format!("{f} weighs {w}: only {WEIGHABLE:?} may"))
     }
 
     /// The scorer shipped with the engine (`scorer.json`).
@@ -145,21 +197,35 @@ impl LearnedScorer {
         SHIPPED.get_or_init(|| {
             let s: LearnedScorer = serde_json::from_str(include_str!("scorer.json"))
                 .unwrap_or_else(|e| panic!("engine/src/extract/scorer.json does not parse: {e}"));
-            assert!(
-                s.features == FEATURES && [s.mean.len(), s.std.len(), s.weights.len()] == [FEATURES.len(); 3],
-                "engine/src/extract/scorer.json was fitted on other features: {:?}",
-                s.features
-            );
+            if let Some(why) = s.unshippable() {
+                panic!("engine/src/extract/scorer.json: {why}");
+            }
             s
         })
     }
 }
 
-/// The learned score of every chunk, as z-scores of its log-odds (so that
-/// "above the context's average" stays `>= 0`, as with the hand sum).
-pub(super) fn learned(ctx: &PreparedContext, parts: &Scores, scorer: &LearnedScorer) -> Vec<f32> {
-    let logits: Vec<f32> = features(ctx, parts).iter().map(|x| scorer.logit(x)).collect();
-    zscores(&logits)
+/// Scores every chunk with `scorer`, rewriting `parts` as its
+/// contributions: `fused = dense_z + w·lexical_z + group_lift + link_lift +
+/// hop_lift`, with `group_lift` the group's best by its weight and
+/// `link_lift` the links' (title, title on a lead, shared title,
+/// definitions); `hop_lift` stays the second hop's, at its setting's
+/// weight. The explanation's lexical weight is `scorer.weight("lexical_z")`.
+pub(super) fn learned(ctx: &PreparedContext, parts: &mut Scores, scorer: &LearnedScorer) {
+    let at = |name: &str| FEATURES.iter().position(|f| *f == name).expect("a known feature");
+    let links: Vec<(usize, f32)> =
+        ["link_title", "link_defined", "link_mention", "link_owner", "title_lead", "title_shared"]
+            .iter()
+            .map(|f| (at(f), scorer.weight(f)))
+            .collect();
+    let (lexical, group, group_at) = (scorer.weight("lexical_z"), scorer.weight("group_best"), at("group_best"));
+    for (i, x) in features(ctx, parts).iter().enumerate() {
+        parts.group_lift[i] = group * x[group_at];
+        parts.link_lift[i] = links.iter().map(|&(k, w)| w * x[k]).sum();
+        let hop_lift = parts.hop_lift.get(i).copied().unwrap_or(0.0);
+        parts.fused[i] =
+            parts.dense_z[i] + lexical * parts.lexical_z[i] + parts.group_lift[i] + parts.link_lift[i] + hop_lift;
+    }
 }
 
 #[cfg(test)]
@@ -167,13 +233,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_shipped_scorer_matches_the_features_and_is_finite() {
+    fn the_shipped_scorer_matches_the_features_and_weighs_only_what_an_explanation_shows() {
         let s = LearnedScorer::shipped();
-        assert_eq!(s.features, FEATURES);
-        assert!(s.std.iter().all(|v| *v > 0.0), "a zero deviation divides by zero");
-        assert!(s.weights.iter().chain(&s.mean).all(|v| v.is_finite()) && s.bias.is_finite());
-        // ranking higher among the context's chunks, or being named by the
-        // task, is more likely evidence, all else equal
+        assert_eq!(s.unshippable(), None);
+        assert!(s.weights.iter().all(|v| v.is_finite()));
+        // being named by the task, or matching it, is evidence, all else equal
         let at = |name: &str| FEATURES.iter().position(|f| *f == name).unwrap();
         let x = [0.0; FEATURES.len()];
         for (name, v) in [("dense_z", 2.0), ("lexical_z", 2.0), ("link_title", 1.0), ("group_best", 2.0)] {
@@ -181,6 +245,16 @@ mod tests {
             y[at(name)] = v;
             assert!(s.logit(&y) > s.logit(&x), "{name}");
         }
+        // what would not add up is refused, naming the feature
+        let mut bad = s.clone();
+        bad.weights[at("tokens")] = 0.5;
+        assert!(bad.unshippable().unwrap().starts_with("tokens weighs 0.5"), "{:?}", bad.unshippable());
+        let mut bad = s.clone();
+        bad.weights[at("dense_z")] = 0.8;
+        assert!(bad.unshippable().unwrap().starts_with("dense_z weighs 0.8"));
+        let mut bad = s.clone();
+        bad.features.pop();
+        assert!(bad.unshippable().unwrap().starts_with("fitted on other features"));
     }
 
     #[test]

@@ -412,6 +412,15 @@ pub struct ChunkFeatures {
     pub span: (usize, usize),
     /// Its tokens in the encoder's tokenizer.
     pub tokens: usize,
+    /// Its group (field, group within the field): what packing's closure
+    /// brings together.
+    pub group: (usize, usize),
+    /// Whether it leads its group (closure brings it with any member).
+    pub lead: bool,
+    /// Whether its field is prose (a small prose group comes whole).
+    pub prose: bool,
+    /// The hand-weighted sum's score of it.
+    pub hand: f32,
     /// [`FEATURES`], in order.
     pub features: Features,
 }
@@ -564,11 +573,25 @@ impl Scd {
         retry_contended(|| self.compress_once(req, opts, cancel))
     }
 
-    /// With [`Scorer::Learned`], replaces the hand sum in `parts.fused`
-    /// with the learned score.
-    fn rescore(&self, prepared: &PreparedContext, parts: &mut score::Scores) {
+    /// With [`Scorer::Learned`], replaces the hand sum in `parts` with the
+    /// learned score and its parts; then tells code siblings apart by
+    /// `query` (a link lift).
+    fn rescore(&self, prepared: &PreparedContext, query: &str, parts: &mut score::Scores) {
         if self.cfg.scorer == Scorer::Learned && !prepared.chunks.is_empty() {
-            parts.fused = features::learned(prepared, parts, LearnedScorer::shipped());
+            features::learned(prepared, parts, LearnedScorer::shipped());
+        }
+        for (i, lift) in self.sibling_lift(prepared, query).into_iter().enumerate().filter(|(_, l)| *l != 0.0) {
+            parts.fused[i] += lift;
+            parts.link_lift[i] += lift;
+        }
+    }
+
+    /// The weight of the lexical z-score in the fused score (the learned
+    /// scorer's when it scores).
+    fn lexical_weight(&self) -> f32 {
+        match self.cfg.scorer {
+            Scorer::Hand => self.cfg.lexical_weight,
+            Scorer::Learned => LearnedScorer::shipped().weight("lexical_z"),
         }
     }
 
@@ -589,7 +612,17 @@ impl Scd {
             .chunks
             .iter()
             .zip(rows)
-            .map(|(c, x)| ChunkFeatures { field: c.field, span: c.span, tokens: c.tokens, features: x })
+            .zip(&parts.fused)
+            .map(|((c, x), &hand)| ChunkFeatures {
+                field: c.field,
+                span: c.span,
+                tokens: c.tokens,
+                group: c.group,
+                lead: c.lead,
+                prose: prepared.is_prose(c.field),
+                hand,
+                features: x,
+            })
             .collect())
     }
 
@@ -668,7 +701,7 @@ impl Scd {
         // time is the task's embedding, not selection
         let t3 = Instant::now();
         self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
-        self.rescore(&prepared, &mut parts);
+        self.rescore(&prepared, &task_text, &mut parts);
         let hop_ms = t3.elapsed().as_secs_f64() * 1e3;
         let scores = &parts.fused;
         // what this answer may send: the budget, less what an opening

@@ -124,7 +124,7 @@ impl Scd {
         // the question is scored on its own: it is the receiver's next hop,
         // not the task again
         let mut parts = self.score(&context, &qvec, &query);
-        self.rescore(&context, &mut parts);
+        self.rescore(&context, &query, &mut parts);
         let scores = parts.fused;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
         let mut ranked: Vec<usize> = (0..chunks.len())

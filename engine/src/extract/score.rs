@@ -127,16 +127,28 @@ impl Scd {
         let owned_by_top = |c: &Prepared| {
             !c.rides && owners.get(&c.group).is_some_and(|ds| ds.iter().any(|d| top_names.contains(d.as_str())))
         };
+        // a defined name that is a plain word many chunks of its field use
+        // (`left`, `both`, `name`) is no evidence that the task means it
+        let mut common: HashMap<(usize, String), bool> = HashMap::new();
+        let limit = self.cfg.common_name_chunks;
+        let mut distinctive = |field: usize, key: &str| {
+            limit == 0
+                || !key.chars().all(char::is_alphabetic)
+                || !*common.entry((field, key.to_string())).or_insert_with(|| {
+                    chunks.iter().filter(|c| c.field == field && mentions(&c.lower, key)).take(limit + 1).count()
+                        > limit
+                })
+        };
         let mut link_lift = vec![0.0; chunks.len()];
         let mut link = vec![Link::None; chunks.len()];
         for (((c, v), l), k) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()).zip(link.iter_mut()) {
             if linked_fields.contains(&c.field) {
                 *l = self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
                 *k = Link::Title;
-            } else if c.defines.iter().any(|d| named_by(d, c.field)) {
+            } else if c.defines.iter().any(|d| named_by(d, c.field) && distinctive(c.field, d)) {
                 *l = self.cfg.link_weight * self.cfg.lead_link_bonus;
                 *k = Link::Defined;
-            } else if top_defines.iter().any(|&(f, d)| f != c.field && mentions(&c.lower, d)) {
+            } else if top_defines.iter().any(|&(f, d)| f != c.field && mentions(&c.lower, d) && distinctive(f, d)) {
                 *l = self.cfg.link_weight;
                 *k = Link::Mention;
             } else if self.cfg.owner_link_weight > 0.0 && owned_by_top(c) {
@@ -159,6 +171,53 @@ impl Scd {
             link,
             hop_z: Vec::new(),
         }
+    }
+
+    /// Siblings told apart: of two code definitions whose names differ in
+    /// one word (`timestamp_millis`, `timestamp_seconds`), the one whose
+    /// differing word the query names (a query word starting with it, or
+    /// it with the query word: `millis`, "milliseconds") gains
+    /// `sibling_weight` when the other's word is not named. Their docs
+    /// are often near copies, so the dense score alone picks at random.
+    pub(super) fn sibling_lift(&self, ctx: &PreparedContext, query: &str) -> Vec<f32> {
+        let w = self.cfg.sibling_weight;
+        let mut lift = vec![0.0; ctx.chunks.len()];
+        if w == 0.0 {
+            return lift;
+        }
+        let words = |s: &str| -> Vec<String> {
+            s.split(|c: char| !c.is_alphanumeric()).filter(|t| !t.is_empty()).map(str::to_lowercase).collect()
+        };
+        let asked = words(query);
+        let named = |word: &str| {
+            word.chars().count() >= 3
+                && asked.iter().any(|q| q.chars().count() >= 3 && (q.starts_with(word) || word.starts_with(q.as_str())))
+        };
+        // (field, the name with one word blanked) -> (chunk, its word there)
+        type Bucket<'a> = (usize, Vec<&'a str>);
+        let mut buckets: HashMap<Bucket, Vec<(usize, String)>> = HashMap::new();
+        let names: Vec<Vec<String>> =
+            ctx.chunks.iter().map(|c| c.defines.first().map(|d| words(d)).unwrap_or_default()).collect();
+        for (i, c) in ctx.chunks.iter().enumerate() {
+            let ws = &names[i];
+            if ctx.is_prose(c.field) || c.rides || ws.len() < 2 {
+                continue;
+            }
+            for p in 0..ws.len() {
+                let mut key: Vec<&str> = ws.iter().map(String::as_str).collect();
+                key[p] = "";
+                buckets.entry((c.field, key)).or_default().push((i, ws[p].clone()));
+            }
+        }
+        for members in buckets.values().filter(|m| m.len() >= 2) {
+            let hits: Vec<bool> = members.iter().map(|(_, word)| named(word)).collect();
+            if hits.iter().any(|h| *h) && hits.iter().any(|h| !*h) {
+                for ((i, _), _) in members.iter().zip(&hits).filter(|(_, h)| **h) {
+                    lift[*i] = w;
+                }
+            }
+        }
+        lift
     }
 
     /// `query` (the task, a space, then the bridge chunks' text) within
@@ -247,6 +306,8 @@ mod tests {
     use crate::cancel::Cancel;
     use crate::context::{Field, FieldKind};
     use crate::encoder::HashEncoder;
+    use crate::extract::features::Link;
+    use crate::extract::prepare::PreparedContext;
     use crate::extract::{Scd, ScdConfig};
 
     #[test]
@@ -313,5 +374,65 @@ mod tests {
         let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
         let s = scd.score(&ctx, &qv, strukt);
         assert_eq!(s.link_lift[at("fn push_byte")], 0.0);
+    }
+
+    fn code_context(scd: &Scd, code: &str) -> Arc<PreparedContext> {
+        let fields =
+            [Field { name: "lib.rs".into(), kind: FieldKind::Code, confidential: false, content: code.into() }];
+        let refs: Vec<&Field> = fields.iter().collect();
+        scd.prepare(&refs, &Cancel::new()).unwrap()
+    }
+
+    #[test]
+    fn a_plain_word_many_chunks_use_gets_no_definition_link() {
+        // `left` is defined once and used by four other functions; `rotate_left` once
+        let code = "fn left(n: usize) -> usize {\n    n * 2\n}\n\n\
+                    fn walk(n: usize) -> usize {\n    left(n)\n}\n\n\
+                    fn hop(n: usize) -> usize {\n    left(n) + 1\n}\n\n\
+                    fn skip(n: usize) -> usize {\n    left(left(n))\n}\n\n\
+                    fn spin(n: usize) -> usize {\n    left(n) - 1\n}\n\n\
+                    fn rotate_left(n: usize) -> usize {\n    n.rotate_left(1)\n}\n";
+        let query = "the index of the left child, and rotate_left";
+        let at =
+            |ctx: &PreparedContext, prefix: &str| ctx.chunks.iter().position(|c| c.text.starts_with(prefix)).unwrap();
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default());
+        assert_eq!(scd.config().common_name_chunks, 3);
+        let ctx = code_context(&scd, code);
+        let qv = scd.embed_cached(&[query], crate::encoder::InputKind::Query).unwrap().remove(0);
+        let s = scd.score(&ctx, &qv, query);
+        assert_eq!(s.link[at(&ctx, "fn left")], Link::None, "five chunks of the file say `left`");
+        assert_eq!(s.link[at(&ctx, "fn rotate_left")], Link::Defined, "not a plain word: it links");
+        // off: the plain word links too
+        let scd =
+            Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig { common_name_chunks: 0, ..ScdConfig::default() });
+        let ctx = code_context(&scd, code);
+        let s = scd.score(&ctx, &qv, query);
+        assert_eq!(s.link[at(&ctx, "fn left")], Link::Defined);
+    }
+
+    #[test]
+    fn of_two_siblings_the_one_whose_word_the_task_names_is_lifted() {
+        let code = "/// The time since the epoch.\nfn timestamp_millis() -> u64 {\n    0\n}\n\n\
+                    /// The time since the epoch.\nfn timestamp_seconds() -> u64 {\n    0\n}\n\n\
+                    fn other_thing() -> u64 {\n    1\n}\n";
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default());
+        let ctx = code_context(&scd, code);
+        let at = |prefix: &str| ctx.chunks.iter().position(|c| c.text.contains(prefix)).unwrap();
+        let (millis, seconds, other) = (at("fn timestamp_millis"), at("fn timestamp_seconds"), at("fn other_thing"));
+        let w = scd.config().sibling_weight;
+        assert!(w > 0.0);
+        let lifted = |query: &str| scd.sibling_lift(&ctx, query);
+        // "milliseconds" starts with `millis`; nothing says `seconds` alone
+        let v = lifted("the time since the epoch in milliseconds");
+        assert_eq!((v[millis], v[seconds], v[other]), (w, 0.0, 0.0));
+        let v = lifted("whole seconds since the epoch");
+        assert_eq!((v[millis], v[seconds]), (0.0, w));
+        // both named, or neither: no lift
+        assert!(lifted("millis or seconds since the epoch").iter().all(|x| *x == 0.0));
+        assert!(lifted("the time since the epoch").iter().all(|x| *x == 0.0));
+        // off
+        let scd =
+            Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig { sibling_weight: 0.0, ..ScdConfig::default() });
+        assert!(scd.sibling_lift(&ctx, "in milliseconds").iter().all(|x| *x == 0.0));
     }
 }

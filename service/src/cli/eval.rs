@@ -54,8 +54,10 @@ pub struct EvalArgs {
     among_seed: u64,
     /// Instead of evaluating, write every chunk's features and its label
     /// (1 when at least half its bytes are gold evidence) as JSON lines
-    /// `{"set", "id", "label", "tokens", "x"}`: what `models/fit_scorer.py`
-    /// fits the learned scorer on (use the train samples).
+    /// `{"set", "id", "label", "tokens", "x", "group", "lead", "prose",
+    /// "hand"}` (packing needs the group, lead and prose flags; "hand" is the
+    /// hand sum's score): what `models/fit_scorer.py` fits the learned
+    /// scorer on (use the train samples).
     #[arg(long, value_name = "FILE")]
     dump_features: Option<PathBuf>,
     /// Examples per file at most.
@@ -104,13 +106,14 @@ pub struct EvalArgs {
     /// Only SCD, no baselines (faster while developing).
     #[arg(long)]
     scd_only: bool,
-    /// Override ScdConfig::lexical_weight.
+    /// Override ScdConfig::lexical_weight (a weight of the hand-weighted
+    /// sum: any of these three scores with it instead of the learned scorer).
     #[arg(long)]
     lexical_weight: Option<f32>,
-    /// Override ScdConfig::field_weight.
+    /// Override ScdConfig::field_weight (selects the hand-weighted sum).
     #[arg(long)]
     field_weight: Option<f32>,
-    /// Override ScdConfig::link_weight.
+    /// Override ScdConfig::link_weight (selects the hand-weighted sum).
     #[arg(long)]
     link_weight: Option<f32>,
     /// Override ScdConfig::link_sources.
@@ -322,6 +325,11 @@ fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfi
         }
         out = next;
     }
+    let keys: Vec<&str> = grid.split_whitespace().filter_map(|spec| spec.split_once('=').map(|(k, _)| k)).collect();
+    for (name, c) in &out {
+        super::tune::weights_need_the_hand_sum(c, keys.iter().copied())
+            .map_err(|e| anyhow::anyhow!("--sweep: scd[{}]: {e}", name.trim()))?;
+    }
     Ok(out.into_iter().filter(|(n, _)| !n.is_empty()).map(|(n, c)| (format!("scd[{}]", n.trim()), c)).collect())
 }
 
@@ -397,8 +405,10 @@ fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::P
             let label = u8::from(2 * gold >= (c.span.1 - c.span.0).max(1));
             positive += usize::from(label);
             rows += 1;
-            let line =
-                serde_json::json!({"set": set, "id": ex.id, "label": label, "tokens": c.tokens, "x": c.features});
+            let line = serde_json::json!({
+                "set": set, "id": ex.id, "label": label, "tokens": c.tokens, "x": c.features,
+                "group": [c.group.0, c.group.1], "lead": c.lead, "prose": c.prose, "hand": c.hand,
+            });
             writeln!(out, "{line}")?;
         }
         bar.inc(1);
@@ -430,6 +440,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();
     let mut cfg = ScdConfig::default();
+    if args.lexical_weight.is_some() || args.field_weight.is_some() || args.link_weight.is_some() {
+        cfg.scorer = scd_engine::extract::Scorer::Hand;
+    }
     cfg.lexical_weight = args.lexical_weight.unwrap_or(cfg.lexical_weight);
     cfg.field_weight = args.field_weight.unwrap_or(cfg.field_weight);
     cfg.link_weight = args.link_weight.unwrap_or(cfg.link_weight);

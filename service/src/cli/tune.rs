@@ -69,6 +69,32 @@ fn apply(cfg: &mut ScdConfig, settings: &Settings) -> anyhow::Result<()> {
     for (k, &v) in settings {
         apply_one(cfg, k, v).map_err(|e| anyhow::anyhow!("--grid: {e}"))?;
     }
+    weights_need_the_hand_sum(cfg, settings.keys().map(String::as_str)).map_err(|e| anyhow::anyhow!("--grid: {e}"))
+}
+
+/// The weights of the hand-weighted sum: the learned scorer (the default)
+/// has its own, fitted (`engine/src/extract/scorer.json`).
+const HAND_WEIGHTS: [&str; 5] =
+    ["lexical_weight", "field_weight", "link_weight", "lead_link_bonus", "owner_link_weight"];
+
+/// Refuses a hand-sum weight among `keys` when `cfg` scores with the
+/// learned scorer, which would ignore it (the second hop's weight applies
+/// to both).
+pub(crate) fn weights_need_the_hand_sum<'k>(
+    cfg: &ScdConfig,
+    keys: impl IntoIterator<Item = &'k str>,
+) -> anyhow::Result<()> {
+    if cfg.scorer != scd_engine::extract::Scorer::Learned {
+        return Ok(());
+    }
+    for k in keys {
+        if HAND_WEIGHTS.contains(&k) {
+            bail!(
+                "{k} weighs the hand-weighted sum, and this variant scores with the learned scorer, whose weights \
+                 are fitted (engine/src/extract/scorer.json): add scorer=0"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -88,6 +114,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "owner_link_weight" => cfg.owner_link_weight = v as f32,
         "second_hop_weight" => cfg.second_hop_weight = v as f32,
         "link_sources" => cfg.link_sources = as_count()?,
+        "common_name_chunks" => cfg.common_name_chunks = as_count()?,
+        "sibling_weight" => cfg.sibling_weight = v as f32,
         "second_hop_sources" => cfg.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
         "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
@@ -101,7 +129,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, embed_neighbour, scorer)"
+             group_closure_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight)"
         ),
     }
     Ok(())
@@ -386,18 +414,40 @@ mod tests {
 
     #[test]
     fn the_grid_is_the_defaults_and_the_product_and_unknown_settings_are_named() {
-        let v = variants(&serde_json::json!({"lexical_weight": [0.1, 0.2], "second_hop_weight": [0, 0.5, 1]})).unwrap();
+        let grid = serde_json::json!({"lexical_weight": [0.1, 0.2], "second_hop_weight": [0, 0.5, 1], "scorer": [0]});
+        let v = variants(&grid).unwrap();
         assert_eq!(v.len(), 7);
         assert!(v[0].is_empty());
-        assert_eq!(v[1], Settings::from([("lexical_weight".into(), 0.1), ("second_hop_weight".into(), 0.0)]));
+        let first = [("lexical_weight".into(), 0.1), ("scorer".into(), 0.0), ("second_hop_weight".into(), 0.0)];
+        assert_eq!(v[1], Settings::from(first));
         let e = variants(&serde_json::json!({"lexical_wieght": [0.1]})).unwrap_err().to_string();
         assert!(e.starts_with("--grid: unknown setting \"lexical_wieght\""), "{e}");
         let e = variants(&serde_json::json!({"link_sources": [1.5]})).unwrap_err().to_string();
         assert_eq!(e, "--grid: link_sources takes whole numbers from 0 to 1000000, got 1.5");
-        let e = variants(&serde_json::json!({"lexical_weight": vec![0; 30], "field_weight": vec![0; 30]})).unwrap_err();
+        let e = variants(&serde_json::json!({"link_sources": vec![0; 30], "group_closure_tokens": vec![0; 30]}))
+            .unwrap_err();
         assert_eq!(e.to_string(), "--grid: more than 512 variants");
         let e = variants(&serde_json::json!({"lexical_weight": 0.1})).unwrap_err().to_string();
         assert_eq!(e, "--grid: lexical_weight must be a list of numbers");
+    }
+
+    #[test]
+    fn a_hand_weight_without_the_hand_sum_is_refused_by_name() {
+        let mut cfg = ScdConfig::default();
+        assert_eq!(cfg.scorer, scd_engine::extract::Scorer::Learned);
+        let settings = Settings::from([("lexical_weight".into(), 0.1)]);
+        let e = apply(&mut cfg, &settings).unwrap_err().to_string();
+        assert!(e.starts_with("--grid: lexical_weight weighs the hand-weighted sum"), "{e}");
+        assert!(e.ends_with("add scorer=0"), "{e}");
+        // with scorer=0 it applies
+        let mut cfg = ScdConfig::default();
+        let settings = Settings::from([("lexical_weight".into(), 0.1), ("scorer".into(), 0.0)]);
+        apply(&mut cfg, &settings).unwrap();
+        assert_eq!(cfg.lexical_weight, 0.1);
+        // the second hop's weight applies to both scorers
+        let mut cfg = ScdConfig::default();
+        apply(&mut cfg, &Settings::from([("second_hop_weight".into(), 1.0)])).unwrap();
+        assert_eq!(cfg.second_hop_weight, 1.0);
     }
 
     #[test]
