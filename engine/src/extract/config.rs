@@ -12,11 +12,11 @@ pub enum Scorer {
     /// The hand-weighted sum: `dense_z + lexical_weight·lexical_z +
     /// group_lift + link_lift (+ hop_lift)`.
     Hand,
-    /// The linear scorer shipped with the engine
-    /// ([`super::LearnedScorer::shipped`]) over the same parts, kept apart,
-    /// and the chunk's place, fitted on packed recall and chosen by
-    /// leave-one-set-out (`models/fit_scorer.py`); packing ranks by the
-    /// z-score of its output.
+    /// The same parts with the weights shipped with the engine
+    /// ([`super::LearnedScorer::shipped`]), fitted on packed recall and
+    /// chosen by leave-one-set-out (`models/fit_scorer.py`); the second hop
+    /// keeps `second_hop_weight`. The link rules (`common_name_chunks`,
+    /// `sibling_weight`) apply to both scorers.
     #[default]
     Learned,
 }

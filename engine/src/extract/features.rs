@@ -1,7 +1,7 @@
 //! What a learned scorer sees of each chunk, and the learned scorer itself:
-//! a logistic regression over these features, fitted offline on the
-//! datasets' train samples (`models/fit_scorer.py`) and shipped as
-//! `scorer.json` beside this file.
+//! linear weights over these features, fitted offline on the datasets'
+//! train samples for what packing gets (`models/fit_scorer.py`) and shipped
+//! as `scorer.json` beside this file.
 //!
 //! The features are the parts the hand-weighted sum already computes, kept
 //! apart (dense z and raw cosine, BM25 z, the group's best, each kind of
@@ -79,8 +79,13 @@ pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
     let chunks = &ctx.chunks;
     let n = chunks.len();
     let mut members: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    // each chunk's place in its group, found as the groups are built (one
+    // group may hold a whole unbroken field's sentences)
+    let mut position = vec![0; n];
     for (i, c) in chunks.iter().enumerate() {
-        members.entry(c.group).or_default().push(i);
+        let m = members.entry(c.group).or_default();
+        position[i] = m.len();
+        m.push(i);
     }
     // a group's rank among groups, by its best chunk
     // every member of a group carries the group's best
@@ -113,7 +118,7 @@ pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
                 parts.hop_z.get(i).copied().unwrap_or(0.0),
                 f32::from(hop_on && ctx.is_prose(c.field)),
                 f32::from(c.lead),
-                ln1p(m.iter().position(|&j| j == i).unwrap_or(0)),
+                ln1p(position[i]),
                 ln1p(m.len()),
                 ln1p(group_rank[&c.group]),
                 ln1p(dense_rank[i]),
@@ -208,20 +213,21 @@ impl LearnedScorer {
 /// Scores every chunk with `scorer`, rewriting `parts` as its
 /// contributions: `fused = dense_z + w·lexical_z + group_lift + link_lift +
 /// hop_lift`, with `group_lift` the group's best by its weight and
-/// `link_lift` the links' (title, title on a lead, shared title,
-/// definitions); `hop_lift` stays the second hop's, at its setting's
-/// weight. The explanation's lexical weight is `scorer.weight("lexical_z")`.
+/// `link_lift` the links' (title, title on a lead, shared title, at least
+/// 0 together; definitions); `hop_lift` stays the second hop's, at its
+/// setting's weight. The explanation's lexical weight is `scorer.weight("lexical_z")`.
 pub(super) fn learned(ctx: &PreparedContext, parts: &mut Scores, scorer: &LearnedScorer) {
     let at = |name: &str| FEATURES.iter().position(|f| *f == name).expect("a known feature");
-    let links: Vec<(usize, f32)> =
-        ["link_title", "link_defined", "link_mention", "link_owner", "title_lead", "title_shared"]
-            .iter()
-            .map(|f| (at(f), scorer.weight(f)))
-            .collect();
+    let weigh = |names: &[&str]| -> Vec<(usize, f32)> { names.iter().map(|f| (at(f), scorer.weight(f))).collect() };
+    // a named document's link never turns into a penalty, however many
+    // fields share its title (the fit saw up to a few)
+    let title = weigh(&["link_title", "title_lead", "title_shared"]);
+    let code = weigh(&["link_defined", "link_mention", "link_owner"]);
     let (lexical, group, group_at) = (scorer.weight("lexical_z"), scorer.weight("group_best"), at("group_best"));
     for (i, x) in features(ctx, parts).iter().enumerate() {
         parts.group_lift[i] = group * x[group_at];
-        parts.link_lift[i] = links.iter().map(|&(k, w)| w * x[k]).sum();
+        let sum = |ws: &[(usize, f32)]| ws.iter().map(|&(k, w)| w * x[k]).sum::<f32>();
+        parts.link_lift[i] = sum(&title).max(0.0) + sum(&code);
         let hop_lift = parts.hop_lift.get(i).copied().unwrap_or(0.0);
         parts.fused[i] =
             parts.dense_z[i] + lexical * parts.lexical_z[i] + parts.group_lift[i] + parts.link_lift[i] + hop_lift;
@@ -308,6 +314,68 @@ mod tests {
         let out = learned.compress(&req).unwrap();
         assert!(out.totals.sent_tokens <= 12 && !out.chunks.is_empty());
         assert!(out.chunks.iter().all(|c| !c.text.contains("do not send")));
+    }
+
+    #[test]
+    fn a_title_many_fields_share_lifts_less_but_never_below_nothing() {
+        use std::sync::Arc;
+
+        use crate::cancel::Cancel;
+        use crate::context::{Field, FieldKind};
+        use crate::encoder::{HashEncoder, InputKind};
+        use crate::extract::{Scd, ScdConfig};
+
+        let s = LearnedScorer::shipped();
+        assert!(s.weight("title_shared") < 0.0, "the fit found shared titles worth less");
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default());
+        // "notes (1)" .. "notes (k)" all carry the title "notes", which the task names
+        let fields = |k: usize| -> Vec<Field> {
+            (1..=k)
+                .map(|n| Field {
+                    name: format!("notes ({n})"),
+                    kind: FieldKind::Prose,
+                    confidential: false,
+                    content: format!("Entry {n} opens here. Lunch moved to room {n}. The printer is out of paper."),
+                })
+                .chain(std::iter::once(Field {
+                    name: "weather".into(),
+                    kind: FieldKind::Prose,
+                    confidential: false,
+                    content: "Rain until noon. Sun after.".into(),
+                }))
+                .collect()
+        };
+        let query = "what do the notes say about lunch";
+        let lifts = |k: usize| {
+            let fs = fields(k);
+            let refs: Vec<&Field> = fs.iter().collect();
+            let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
+            let qv = scd.embed_cached(&[query], InputKind::Query).unwrap().remove(0);
+            let mut parts = scd.score(&ctx, &qv, query);
+            learned(&ctx, &mut parts, s);
+            let lead = |want: bool| {
+                (0..ctx.chunks.len())
+                    .filter(|&i| ctx.chunks[i].field < k && ctx.chunks[i].lead == want)
+                    .map(|i| parts.link_lift[i])
+                    .fold(f32::NAN, f32::max)
+            };
+            for i in 0..ctx.chunks.len() {
+                let sum = parts.dense_z[i]
+                    + s.weight("lexical_z") * parts.lexical_z[i]
+                    + parts.group_lift[i]
+                    + parts.link_lift[i]
+                    + parts.hop_lift.get(i).copied().unwrap_or(0.0);
+                assert!((sum - parts.fused[i]).abs() < 1e-5, "the parts add up");
+                assert!(parts.link_lift[i] >= 0.0, "a named title is never a penalty: {}", parts.link_lift[i]);
+            }
+            (lead(true), lead(false))
+        };
+        let (lead1, rest1) = lifts(1);
+        let (lead2, rest2) = lifts(2);
+        let (lead8, rest8) = lifts(8);
+        assert!(lead1 > lead2 && lead2 > lead8 && lead8 > 0.0, "{lead1} {lead2} {lead8}");
+        assert!(rest1 > rest2 && rest2 > 0.0, "{rest1} {rest2}");
+        assert_eq!(rest8, 0.0, "shared by 8: the sentence keeps no lift, and loses none");
     }
 
     #[test]

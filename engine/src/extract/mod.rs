@@ -214,7 +214,8 @@ pub struct ChunkWhy {
     pub lexical_z: f32,
     /// Lift from the best chunk of its group.
     pub group_lift: f32,
-    /// Lift from links (a document the task or a top chunk names, a name it defines).
+    /// Lift from links (a document the task or a top chunk names, a name it
+    /// defines, a code sibling whose differing word the task names).
     pub link_lift: f32,
     /// Lift from the second hop (the task re-embedded with its best chunks).
     pub hop_lift: f32,

@@ -176,7 +176,8 @@ impl Scd {
     /// Siblings told apart: of two code definitions whose names differ in
     /// one word (`timestamp_millis`, `timestamp_seconds`), the one whose
     /// differing word the query names (a query word starting with it, or
-    /// it with the query word: `millis`, "milliseconds") gains
+    /// it with a query word of 4 letters or more: `millis`,
+    /// "milliseconds") gains
     /// `sibling_weight` when the other's word is not named. Their docs
     /// are often near copies, so the dense score alone picks at random.
     pub(super) fn sibling_lift(&self, ctx: &PreparedContext, query: &str) -> Vec<f32> {
@@ -189,9 +190,15 @@ impl Scd {
             s.split(|c: char| !c.is_alphanumeric()).filter(|t| !t.is_empty()).map(str::to_lowercase).collect()
         };
         let asked = words(query);
+        // a task word starting with the name's word (`millis`:
+        // "milliseconds"), or a longer one the name's word starts with
+        // (`seconds`: "secs"); short words ("the", "for") name nothing
         let named = |word: &str| {
             word.chars().count() >= 3
-                && asked.iter().any(|q| q.chars().count() >= 3 && (q.starts_with(word) || word.starts_with(q.as_str())))
+                && asked.iter().any(|q| {
+                    (q.chars().count() >= 3 && q.starts_with(word))
+                        || (q.chars().count() >= 4 && word.starts_with(q.as_str()))
+                })
         };
         // (field, the name with one word blanked) -> (chunk, its word there)
         type Bucket<'a> = (usize, Vec<&'a str>);

@@ -51,10 +51,12 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 5)]
     folds: usize,
     /// JSON object: a setting's name → the list of values to try. The grid
-    /// is their product, plus today's defaults. Settings: lexical_weight,
-    /// field_weight, link_weight, link_sources, lead_link_bonus, owner_link_weight,
-    /// second_hop_weight, second_hop_sources, group_closure_tokens,
-    /// embed_neighbour (0 or 1).
+    /// is their product, plus today's defaults. Settings: scorer (0: the
+    /// hand-weighted sum, 1: learned, the default), the hand sum's weights
+    /// (with scorer 0: lexical_weight, field_weight, link_weight,
+    /// lead_link_bonus, owner_link_weight), link_sources, second_hop_weight,
+    /// second_hop_sources, group_closure_tokens, embed_neighbour (0 or 1),
+    /// common_name_chunks, sibling_weight.
     #[arg(long)]
     grid: PathBuf,
     /// JSON report path.
@@ -91,7 +93,7 @@ pub(crate) fn weights_need_the_hand_sum<'k>(
         if HAND_WEIGHTS.contains(&k) {
             bail!(
                 "{k} weighs the hand-weighted sum, and this variant scores with the learned scorer, whose weights \
-                 are fitted (engine/src/extract/scorer.json): add scorer=0"
+                 are fitted (engine/src/extract/scorer.json), so it would measure something else: add scorer=0"
             );
         }
     }
