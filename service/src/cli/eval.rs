@@ -304,8 +304,10 @@ fn sweep(base: &ScdConfig, grids: &[String]) -> anyhow::Result<Vec<(String, ScdC
 /// Every combination of one `--sweep` grid.
 fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfig)>> {
     let mut out = vec![(String::new(), base.clone())];
+    let mut keys = Vec::new();
     for spec in grid.split_whitespace() {
         let (key, values) = spec.split_once('=').with_context(|| format!("--sweep {spec:?}: expected key=v1,v2"))?;
+        keys.push(key);
         let mut next = Vec::new();
         for (name, cfg) in &out {
             for v in values.split(',') {
@@ -325,7 +327,6 @@ fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfi
         }
         out = next;
     }
-    let keys: Vec<&str> = grid.split_whitespace().filter_map(|spec| spec.split_once('=').map(|(k, _)| k)).collect();
     for (name, c) in &out {
         super::tune::weights_need_the_hand_sum(c, keys.iter().copied())
             .map_err(|e| anyhow::anyhow!("--sweep: scd[{}]: {e}", name.trim()))?;
