@@ -5,6 +5,7 @@
 //! each chunk records which chunker made it.
 
 pub mod code;
+pub mod json;
 pub mod markdown;
 
 use crate::context::{Field, FieldKind};
@@ -68,11 +69,20 @@ pub struct ChunkConfig {
     /// Parse code with tree-sitter where a grammar exists (else only the
     /// line heuristic, as before the parser came: for comparisons).
     pub code_parser: bool,
+    /// A JSON value up to this many bytes stays one chunk; a larger object
+    /// or array is cut into runs of members of about this size ([`json`]).
+    pub json_unit_bytes: usize,
 }
 
 impl Default for ChunkConfig {
     fn default() -> Self {
-        Self { target_bytes: 0, max_chunk_bytes: 2048, max_code_chunk_bytes: 16 << 10, code_parser: true }
+        Self {
+            target_bytes: 0,
+            max_chunk_bytes: 2048,
+            max_code_chunk_bytes: 16 << 10,
+            code_parser: true,
+            json_unit_bytes: 768,
+        }
     }
 }
 
@@ -86,7 +96,7 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
         FieldKind::Code if cfg.code_parser => code_field(field),
         FieldKind::Code => code(text),
         FieldKind::Log => log(text),
-        FieldKind::Json => json(text),
+        FieldKind::Json => json::chunk(text, cfg.json_unit_bytes).unwrap_or_else(|| json_lines(text)),
         FieldKind::Chat => chat(text),
         FieldKind::Table => table(text),
     };
@@ -397,6 +407,22 @@ fn code(text: &str) -> Vec<RawChunk> {
     out
 }
 
+/// How bad the worst line of a log text is: 2 an error, 1 a warning, 0 neither.
+pub fn severity(text: &str) -> u8 {
+    text.lines()
+        .map(|l| {
+            if is_error_line(l) {
+                2
+            } else if l.to_ascii_uppercase().contains("WARN") {
+                1
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 fn is_error_line(line: &str) -> bool {
     let u = line.to_ascii_uppercase();
     ["ERROR", "FATAL", "PANIC", "EXCEPTION", "TRACEBACK", "CRITICAL", "FAILED"].iter().any(|k| u.contains(k))
@@ -412,19 +438,39 @@ fn is_frame(line: &str) -> bool {
 }
 
 fn log(text: &str) -> Vec<RawChunk> {
-    // each entry is a line plus its continuation frames; an error entry is its own chunk,
-    // runs of ordinary entries are grouped (up to 4 lines)
+    // each entry is a line plus its continuation frames; an error entry is
+    // its own group, its line the lead and its frames a second chunk (so
+    // the line can go without them); runs of ordinary entries are grouped
+    // (up to 4 lines)
     let mut out: Vec<RawChunk> = Vec::new();
     let mut group = 0;
     let mut ordinary = 0;
+    let entry = |s: usize, e: usize, group: usize, lead: bool| RawChunk {
+        start: s,
+        end: e,
+        heading: None,
+        group,
+        lead,
+        defines: vec![],
+        chunker: "log",
+        rides: false,
+    };
     for (s, e) in lines(text) {
         let line = &text[s..e];
         if line.trim().is_empty() {
             continue;
         }
         if is_frame(line) {
-            if let Some(last) = out.last_mut() {
-                last.end = e;
+            match out.last_mut() {
+                // an error line's first frame opens its frames' chunk
+                Some(last) if last.lead && ordinary == 0 => {
+                    let g = last.group;
+                    out.push(entry(s, e, g, false));
+                }
+                Some(last) => last.end = e,
+                None => {}
+            }
+            if !out.is_empty() {
                 continue;
             }
         }
@@ -436,16 +482,7 @@ fn log(text: &str) -> Vec<RawChunk> {
             }
             _ => {
                 group += 1;
-                out.push(RawChunk {
-                    start: s,
-                    end: e,
-                    heading: None,
-                    group,
-                    lead: true,
-                    defines: vec![],
-                    chunker: "log",
-                    rides: false,
-                });
+                out.push(entry(s, e, group, true));
                 ordinary = usize::from(!error);
             }
         }
@@ -453,79 +490,22 @@ fn log(text: &str) -> Vec<RawChunk> {
     out
 }
 
-fn json(text: &str) -> Vec<RawChunk> {
-    // top-level keys of an object (by scanning, so spans stay exact); anything else by lines
-    let bytes = text.as_bytes();
-    let Ok(serde_json::Value::Object(_)) = serde_json::from_str::<serde_json::Value>(text) else {
-        return lines(text)
-            .into_iter()
-            .enumerate()
-            .map(|(i, (s, e))| RawChunk {
-                start: s,
-                end: e,
-                heading: None,
-                group: i,
-                lead: true,
-                defines: vec![],
-                chunker: "json",
-                rides: false,
-            })
-            .collect();
-    };
-    let mut out = Vec::new();
-    let mut depth = 0i32;
-    let mut in_str = false;
-    let mut esc = false;
-    let mut entry_start: Option<usize> = None;
-    for (i, &b) in bytes.iter().enumerate() {
-        if in_str {
-            match (esc, b) {
-                (true, _) => esc = false,
-                (false, b'\\') => esc = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => {
-                if depth == 1 && entry_start.is_none() {
-                    entry_start = Some(i);
-                }
-                in_str = true;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth -= 1;
-                if depth == 0 {
-                    if let Some(s) = entry_start.take() {
-                        out.push(json_entry(text, s, i));
-                    }
-                }
-            }
-            b',' if depth == 1 => {
-                if let Some(s) = entry_start.take() {
-                    out.push(json_entry(text, s, i));
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-fn json_entry(text: &str, start: usize, end: usize) -> RawChunk {
-    let key = text[start + 1..].split('"').next().unwrap_or("").to_string();
-    RawChunk {
-        start,
-        end,
-        heading: Some(key.clone()),
-        group: start,
-        lead: true,
-        defines: vec![key],
-        chunker: "json",
-        rides: false,
-    }
+/// A JSON field that does not parse (JSON Lines, a fragment): by lines.
+fn json_lines(text: &str) -> Vec<RawChunk> {
+    lines(text)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (s, e))| RawChunk {
+            start: s,
+            end: e,
+            heading: None,
+            group: i,
+            lead: true,
+            defines: vec![],
+            chunker: "json",
+            rides: false,
+        })
+        .collect()
 }
 
 fn chat(text: &str) -> Vec<RawChunk> {
@@ -714,23 +694,39 @@ mod tests {
     }
 
     #[test]
-    fn log_keeps_stack_frames_with_their_error() {
+    fn log_keeps_stack_frames_in_their_error_group() {
         let f = field(
             FieldKind::Log,
             "INFO start\nINFO ready\nERROR boom in charge\n    at payments::charge (src/pay.rs:10)\n    at main\nINFO retry",
         );
         let t = texts(&f);
-        assert_eq!(t.len(), 3);
-        assert!(t[1].starts_with("ERROR boom") && t[1].ends_with("at main"));
+        assert_eq!(
+            t,
+            [
+                "INFO start\nINFO ready",
+                "ERROR boom in charge",
+                "at payments::charge (src/pay.rs:10)\n    at main",
+                "INFO retry"
+            ]
+        );
+        let c = chunk_field(&f, ChunkConfig::default());
+        // the error line leads its group, so its frames bring it along
+        assert!(c[1].lead && !c[2].lead);
+        assert_eq!(c[1].group, c[2].group);
+        assert_ne!(c[0].group, c[1].group);
+        assert_ne!(c[3].group, c[1].group);
     }
 
     #[test]
-    fn json_chunks_by_top_level_key() {
+    fn json_chunks_parse_and_bad_json_goes_by_lines() {
         let f = field(FieldKind::Json, r#"{"a": {"x": [1, 2]}, "b": "q,\"r\"", "c": 3}"#);
         let c = chunk_field(&f, ChunkConfig::default());
-        let keys: Vec<_> = c.iter().map(|c| c.heading.clone().unwrap()).collect();
-        assert_eq!(keys, vec!["a", "b", "c"]);
-        assert_eq!(&f.content[c[1].start..c[1].end], r#""b": "q,\"r\"""#);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].heading.as_deref(), Some("$"));
+        let f = field(FieldKind::Json, "{\"a\": 1}\n{\"a\": 2}\n");
+        let c = chunk_field(&f, ChunkConfig::default());
+        assert_eq!(c.len(), 2);
+        assert_eq!(&f.content[c[1].start..c[1].end], "{\"a\": 2}");
     }
 
     #[test]

@@ -1,0 +1,327 @@
+//! JSON by subtree: a value that fits the unit ([`super::ChunkConfig::json_unit_bytes`]) is one chunk; a larger
+//! object or array is cut into its members, the small ones grouped in runs,
+//! the large ones cut again. Each chunk is a run of members of one container
+//! (so it parses once wrapped in `{}` or `[]`) and is headed by that
+//! container's path (`items[37].status`). A chunk's group is the array
+//! element it sits in (a pod of a pod list), led by its first chunk, so a
+//! deep chunk can bring the element's name along.
+
+use super::RawChunk;
+
+/// Deepest nesting followed; below it a value is one chunk whatever its size.
+const MAX_DEPTH: usize = 64;
+
+/// One member of an object (with its key) or element of an array.
+struct Member {
+    /// The member's span: from its key (objects) or value start to its value's end.
+    start: usize,
+    end: usize,
+    /// The key (objects) or index (arrays), for paths.
+    step: Step,
+    /// The value's span and whether it is a container.
+    value: (usize, usize),
+    container: bool,
+}
+
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// Chunks of a JSON document; `None` when `text` does not parse.
+pub fn chunk(text: &str, unit_bytes: usize) -> Option<Vec<RawChunk>> {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).ok()?;
+    let bytes = text.as_bytes();
+    let start = skip_ws(bytes, 0);
+    let end = value_end(bytes, start)?;
+    let mut out = Out::default();
+    let root = Unit { start, end, path: String::new(), group: start, depth: 0, unit: unit_bytes.max(1) };
+    emit(text, &root, &mut out);
+    Some(out.chunks)
+}
+
+/// A value being chunked: its span, path and group.
+struct Unit {
+    start: usize,
+    end: usize,
+    path: String,
+    group: usize,
+    depth: usize,
+    /// A value up to this many bytes stays one chunk.
+    unit: usize,
+}
+
+/// Keys that say which thing an object is: the chunk holding one leads
+/// its group (a pod's `metadata`, a release file's `filename`).
+const IDENTITY: [&str; 10] = ["name", "id", "key", "title", "filename", "metadata", "kind", "path", "version", "uid"];
+
+/// Members of one container collected into a chunk.
+struct Run {
+    start: usize,
+    end: usize,
+    /// First and last index of the members (array elements name them in the path).
+    first: usize,
+    last: usize,
+    /// Whether a member's key is in [`IDENTITY`].
+    ident: bool,
+}
+
+fn emit(text: &str, u: &Unit, out: &mut Out) {
+    let bytes = text.as_bytes();
+    let open = bytes[u.start];
+    if u.end - u.start <= u.unit || !(open == b'{' || open == b'[') || u.depth >= MAX_DEPTH {
+        out.push(u.start, u.end, &u.path, u.group, false);
+        return;
+    }
+    let array = open == b'[';
+    let flush = |run: Run, out: &mut Out| {
+        let path = match (array, run.first == run.last) {
+            (false, _) => u.path.clone(),
+            (true, true) => format!("{}[{}]", u.path, run.first),
+            (true, false) => format!("{}[{}-{}]", u.path, run.first, run.last),
+        };
+        out.push(run.start, run.end, &path, u.group, run.ident);
+    };
+    let mut run: Option<Run> = None;
+    for (n, m) in members(bytes, u.start, u.end).into_iter().enumerate() {
+        let ident = matches!(&m.step, Step::Key(k) if IDENTITY.contains(&k.to_ascii_lowercase().as_str()));
+        if m.container && m.value.1 - m.value.0 > u.unit {
+            if let Some(r) = run.take() {
+                flush(r, out);
+            }
+            let path = match &m.step {
+                Step::Key(k) if u.path.is_empty() => k.clone(),
+                Step::Key(k) => format!("{}.{k}", u.path),
+                Step::Index(i) => format!("{}[{i}]", u.path),
+            };
+            // an array's element is a group of its own (a pod of a list)
+            let group = if array { m.value.0 } else { u.group };
+            emit(text, &Unit { start: m.value.0, end: m.value.1, path, group, depth: u.depth + 1, unit: u.unit }, out);
+            continue;
+        }
+        run = match run {
+            Some(r) if m.end - r.start <= u.unit => Some(Run { end: m.end, last: n, ident: r.ident || ident, ..r }),
+            other => {
+                if let Some(r) = other {
+                    flush(r, out);
+                }
+                Some(Run { start: m.start, end: m.end, first: n, last: n, ident })
+            }
+        };
+    }
+    if let Some(r) = run {
+        flush(r, out);
+    }
+}
+
+/// The chunks so far; per group, its lead so far and whether that lead
+/// names the thing (holds an [`IDENTITY`] key).
+#[derive(Default)]
+struct Out {
+    chunks: Vec<RawChunk>,
+    leads: std::collections::HashMap<usize, (usize, bool)>,
+}
+
+impl Out {
+    fn push(&mut self, start: usize, end: usize, path: &str, group: usize, ident: bool) {
+        let at = self.chunks.len();
+        let lead = match self.leads.get(&group).copied() {
+            None => true,
+            // a chunk that names the thing takes the lead from one that does not
+            Some((old, false)) if ident => {
+                self.chunks[old].lead = false;
+                true
+            }
+            Some(_) => false,
+        };
+        if lead {
+            self.leads.insert(group, (at, ident));
+        }
+        self.chunks.push(piece(start, end, path, group, lead));
+    }
+}
+
+fn piece(start: usize, end: usize, path: &str, group: usize, lead: bool) -> RawChunk {
+    RawChunk {
+        start,
+        end,
+        heading: Some(if path.is_empty() { "$".to_string() } else { path.to_string() }),
+        group,
+        lead,
+        defines: vec![],
+        chunker: "json",
+        rides: false,
+    }
+}
+
+/// The members of the container spanning `start..end`.
+fn members(b: &[u8], start: usize, end: usize) -> Vec<Member> {
+    let object = b[start] == b'{';
+    let mut out = Vec::new();
+    let mut i = skip_ws(b, start + 1);
+    let mut index = 0;
+    while i < end - 1 {
+        let m_start = i;
+        let step = if object {
+            let Some(k_end) = string_end(b, i) else { break };
+            let key = serde_json::from_slice::<String>(&b[i..k_end]).unwrap_or_default();
+            i = skip_ws(b, k_end);
+            if b.get(i) != Some(&b':') {
+                break;
+            }
+            i = skip_ws(b, i + 1);
+            Step::Key(key)
+        } else {
+            Step::Index(index)
+        };
+        let Some(v_end) = value_end(b, i) else { break };
+        out.push(Member {
+            start: m_start,
+            end: v_end,
+            step,
+            value: (i, v_end),
+            container: matches!(b[i], b'{' | b'['),
+        });
+        index += 1;
+        i = skip_ws(b, v_end);
+        if b.get(i) == Some(&b',') {
+            i = skip_ws(b, i + 1);
+        }
+    }
+    out
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// End (exclusive) of the string starting at `i` (a `"`).
+fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let mut j = i + 1;
+    while j < b.len() {
+        match b[j] {
+            b'\\' => j += 2,
+            b'"' => return Some(j + 1),
+            _ => j += 1,
+        }
+    }
+    None
+}
+
+/// End (exclusive) of the value starting at `i`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = string_end(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        _ => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']') && !b[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// How a JSON chunk's text parses on its own: as it is, or wrapped in
+/// `{}` (object members) or `[]` (array elements); `None` if none parses.
+pub fn wrapping(text: &str) -> Option<(&'static str, &'static str)> {
+    let parses = |s: &str| serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok();
+    if parses(text) {
+        Some(("", ""))
+    } else if parses(&format!("{{{text}}}")) {
+        Some(("{", "}"))
+    } else if parses(&format!("[{text}]")) {
+        Some(("[", "]"))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UNIT: usize = 384;
+
+    fn pods(n: usize) -> String {
+        let items: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                serde_json::json!({
+                    "metadata": {"name": format!("pod-{i}"), "labels": {"app": "web", "tier": "front"}},
+                    "spec": {"containers": [{"name": "app", "image": "web:1.2", "args": ["--port", "8080", "--verbose", "--workers", "4"]}]},
+                    "status": {"phase": if i == 3 { "CrashLoopBackOff" } else { "Running" }, "restartCount": i * 7,
+                               "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-01-01T00:00:00Z"}}}
+                })
+            })
+            .collect();
+        serde_json::to_string_pretty(&serde_json::json!({"kind": "List", "apiVersion": "v1", "items": items})).unwrap()
+    }
+
+    #[test]
+    fn a_big_list_is_cut_by_element_with_paths() {
+        let text = pods(8);
+        let c = chunk(&text, UNIT).unwrap();
+        assert!(c.len() > 8, "{} chunks", c.len());
+        for ch in &c {
+            let t = &text[ch.start..ch.end];
+            assert!(ch.end - ch.start <= UNIT || !t.contains('\n'), "{}", t.len());
+            assert!(wrapping(t).is_some(), "does not parse: {t}");
+        }
+        let paths: Vec<&str> = c.iter().map(|c| c.heading.as_deref().unwrap()).collect();
+        assert!(paths.contains(&"$"), "{paths:?}");
+        assert!(paths.iter().any(|p| p.starts_with("items[3]")), "{paths:?}");
+        // the chunks of one pod share a group, led by the first
+        let g: Vec<&RawChunk> =
+            c.iter().filter(|c| c.heading.as_deref().unwrap_or("").starts_with("items[3]")).collect();
+        assert!(g.iter().all(|c| c.group == g[0].group));
+    }
+
+    #[test]
+    fn small_documents_are_one_chunk_and_bad_ones_none() {
+        let c = chunk(r#"{"a": 1, "b": [1, 2]}"#, UNIT).unwrap();
+        assert_eq!(c.len(), 1);
+        assert!(chunk("{\"a\": ", UNIT).is_none());
+        assert_eq!(wrapping(r#""a": 1, "b": 2"#), Some(("{", "}")));
+        assert_eq!(wrapping(r#"{"a": 1}, {"b": 2}"#), Some(("[", "]")));
+        assert_eq!(wrapping(r#""a": 1, }"#), None);
+    }
+
+    #[test]
+    fn escaped_quotes_and_brackets_in_strings_do_not_cut() {
+        let big = "x".repeat(UNIT);
+        let text = format!(r#"{{"a": "q\"]}}{{[", "b": "{big}", "c": {{"d": "}}"}}}}"#);
+        let c = chunk(&text, UNIT).unwrap();
+        for ch in &c {
+            assert!(wrapping(&text[ch.start..ch.end]).is_some(), "{}", &text[ch.start..ch.end]);
+        }
+        assert!(c.len() >= 2);
+    }
+}
