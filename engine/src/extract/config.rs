@@ -64,6 +64,11 @@ pub struct ScdConfig {
     /// `timestamp_seconds`), when the task names its differing word and not
     /// the sibling's (0: off). Added after scoring, in the score's units.
     pub sibling_weight: f32,
+    /// Lift of a log chunk that reports an error (a line with `ERROR`,
+    /// `FATAL`, `panic`, `Traceback`, `FAILED`...; a warning gets 0.4 of
+    /// it): what an on-call reader looks at first. Shown in `group_lift`
+    /// (the lift a chunk has for what its group is). 0 turns it off.
+    pub severity_weight: f32,
     /// Weight of a second hop (0 turns it off): the task is embedded again
     /// together with the texts of its best chunks from `second_hop_sources`
     /// different groups (the bridge facts of a multi-hop question), and each
@@ -162,6 +167,7 @@ impl Default for ScdConfig {
             link_sources: 3,
             common_name_chunks: 3,
             sibling_weight: 1.0,
+            severity_weight: 1.5,
             second_hop_weight: 0.5,
             second_hop_sources: 1,
             second_hop_max_tokens: 256,

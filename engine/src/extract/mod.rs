@@ -26,6 +26,7 @@ mod features;
 mod more;
 mod pack;
 mod prepare;
+mod render;
 mod score;
 mod sessions;
 
@@ -585,6 +586,13 @@ impl Scd {
             parts.fused[i] += lift;
             parts.link_lift[i] += lift;
         }
+        if self.cfg.severity_weight != 0.0 {
+            for (i, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| c.severity > 0) {
+                let lift = self.cfg.severity_weight * if c.severity >= 2 { 1.0 } else { 0.4 };
+                parts.fused[i] += lift;
+                parts.group_lift[i] += lift;
+            }
+        }
     }
 
     /// The weight of the lexical z-score in the fused score (the learned
@@ -720,10 +728,16 @@ impl Scd {
         // each chunk pays for one separator; n chunks need n - 1
         let sep = counting.separator;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + sep).collect();
+        // a piece's header: the plain text's (an envelope frames chunks its own way)
+        let header = match opts.envelope {
+            Some(_) => vec![0; chunks.len()],
+            None => self.header_costs(&prepared, &counting)?,
+        };
         let room = budget + sep;
         let mut selected: Vec<usize> =
             (0..chunks.len()).filter(|&i| required.contains(&chunks[i].field) && !already.contains(&i)).collect();
-        let needed: usize = selected.iter().map(|&i| cost[i]).sum();
+        let needed: usize = render::pieces(&prepared, &selected).iter().map(|p| header[p[0]]).sum::<usize>()
+            + selected.iter().map(|&i| cost[i]).sum::<usize>();
         if needed > room {
             return Err(Error::BudgetTooSmall { needed: needed - sep, budget });
         }
@@ -751,41 +765,25 @@ impl Scd {
         let n_held = held.len();
         held.append(&mut selected);
         let mut selected = held;
-        self.pack(&prepared, &order, &cost, room, &mut selected, &mut used, &mut trace);
+        let costs = pack::Costs { text: &cost, header: &header };
+        self.pack(&prepared, &order, &costs, room, &mut selected, &mut used, &mut trace);
         let mut selected = selected.split_off(n_held);
-        // what the receiver gets, counted whole (wrapping included): a merge
-        // across a separator, or a report's own text, could cost more than
-        // the parts, so drop the weakest until it fits
+        // what the receiver gets, counted whole (headers and wrapping
+        // included): drop the weakest until it fits
         let wrap = |sel: &[usize]| -> String {
-            let mut sel = sel.to_vec();
-            sel.sort_unstable();
-            let picked: Vec<SelectedChunk> =
-                sel.iter().map(|&i| prepared.selected(i, scores[i], counting.tokens[i])).collect();
             match &opts.envelope {
-                Some(e) => (e.0)(&picked),
-                None => joined_text(&picked),
+                Some(e) => {
+                    let mut sel = sel.to_vec();
+                    sel.sort_unstable();
+                    let picked: Vec<SelectedChunk> =
+                        sel.iter().map(|&i| prepared.selected(i, scores[i], counting.tokens[i])).collect();
+                    (e.0)(&picked)
+                }
+                None => render::render(&prepared, sel),
             }
         };
-        let mut sent_tokens = None;
-        if counting.tokenizer.is_some() || opts.envelope.is_some() {
-            loop {
-                let n = self.count_text(&counting, &wrap(&selected))?;
-                if n <= budget {
-                    sent_tokens = Some(n);
-                    break;
-                }
-                let weakest = (0..selected.len())
-                    .filter(|&k| !required.contains(&chunks[selected[k]].field))
-                    .min_by(|&a, &b| scores[selected[a]].total_cmp(&scores[selected[b]]));
-                match weakest {
-                    Some(k) => {
-                        trace.by_closure.remove(&selected[k]);
-                        selected.remove(k);
-                    }
-                    None => return Err(Error::BudgetTooSmall { needed: n, budget }),
-                }
-            }
-        }
+        let keep = |i: usize| required.contains(&chunks[i].field);
+        let sent_tokens = Some(self.fit(&counting, &mut selected, scores, keep, &wrap, budget, &mut trace)?);
         let select_ms = t2.elapsed().as_secs_f64() * 1e3 - hop_ms;
         let embed_ms = embed_ms + hop_ms;
 

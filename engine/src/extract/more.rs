@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use tracing::instrument;
 
 use super::{ContextRequest, LastReply, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
-use crate::budget::CHUNK_SEPARATOR;
 use crate::cancel::Cancel;
 use crate::context::check_no_nul;
 use crate::encoder::InputKind;
@@ -127,6 +126,7 @@ impl Scd {
         self.rescore(&context, &query, &mut parts);
         let scores = parts.fused;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
+        let header = self.header_costs(&context, &counting)?;
         let mut ranked: Vec<usize> = (0..chunks.len())
             .filter(|i| !session.sent.contains(i) && !explicit.contains(i))
             // beyond explicit ids, only chunks above the context's average
@@ -145,25 +145,12 @@ impl Scd {
         let held = selected.len();
         let mut used = 0;
         let mut trace = super::pack::PackTrace::default();
-        self.pack(&context, &order, &cost, budget + counting.separator, &mut selected, &mut used, &mut trace);
+        let costs = super::pack::Costs { text: &cost, header: &header };
+        self.pack(&context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         // counted whole, as the receiver pastes it: drop the weakest until it fits
-        let text_of = |picked: &[usize]| {
-            let mut reading = picked.to_vec();
-            reading.sort_unstable();
-            reading.iter().map(|&i| chunks[i].text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR)
-        };
-        let mut sent_tokens = picked.iter().map(|&i| counting.tokens[i]).sum::<usize>();
-        if counting.tokenizer.is_some() {
-            loop {
-                sent_tokens = if picked.is_empty() { 0 } else { self.count_text(&counting, &text_of(&picked))? };
-                if sent_tokens <= budget {
-                    break;
-                }
-                let weakest = (0..picked.len()).min_by(|&a, &b| scores[picked[a]].total_cmp(&scores[picked[b]]));
-                picked.remove(weakest.expect("over the budget, so not empty"));
-            }
-        }
+        let text_of = |picked: &[usize]| super::render::render(&context, picked);
+        let sent_tokens = self.fit(&counting, &mut picked, &scores, |_| false, &text_of, budget, &mut trace)?;
         let mut reason = None;
         if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
             reason = Some(format!("chunk {} needs {} tokens, {} left in this reply", chunks[i].id, cost[i], budget));
@@ -204,8 +191,9 @@ impl Scd {
         let context = &session.context;
         let chunks: Vec<_> =
             last.chunks.iter().map(|&(i, score)| context.selected(i, score, session.counting.tokens[i])).collect();
+        let ids: Vec<usize> = last.chunks.iter().map(|&(i, _)| i).collect();
         MoreContext {
-            text: chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join(CHUNK_SEPARATOR),
+            text: super::render::render(context, &ids),
             chunks,
             sent_tokens: last.sent_tokens,
             budget: last.budget,

@@ -1,6 +1,7 @@
 //! Pack: greedy by score under the budget, skipping near-duplicates of
 //! what is sent and bringing each chunk's group lead (a container's header
-//! comes only that way).
+//! comes only that way). A chunk pays for its text and, when it opens a
+//! piece of the rendered text ([`super::render`]), for that piece's header.
 
 use std::collections::{HashMap, HashSet};
 
@@ -17,22 +18,65 @@ pub(super) struct PackTrace {
     pub(super) duplicate_of: HashMap<usize, usize>,
 }
 
+/// What each chunk costs: its text (with one separator) and the header of
+/// a piece it would open.
+pub(super) struct Costs<'a> {
+    pub(super) text: &'a [usize],
+    pub(super) header: &'a [usize],
+}
+
+/// The chosen chunks and what they cost, headers included.
+struct Bag<'a> {
+    ctx: &'a PreparedContext,
+    costs: &'a Costs<'a>,
+    /// Per chunk, the chunk after it in its field's reading order.
+    next: Vec<Option<usize>>,
+    chosen: HashSet<usize>,
+    used: usize,
+}
+
+impl Bag<'_> {
+    /// Whether `i` would join a piece already chosen (no header of its own).
+    fn joins(&self, i: usize) -> bool {
+        let c = &self.ctx.chunks[i];
+        let before = c.prev.is_some_and(|p| self.chosen.contains(&p) && c.gap.is_some());
+        let after = self.next[i].is_some_and(|n| self.chosen.contains(&n) && self.ctx.chunks[n].gap.is_some());
+        before || after
+    }
+
+    /// What taking `i` adds to the total.
+    fn cost(&self, i: usize) -> usize {
+        self.costs.text[i] + if self.joins(i) { 0 } else { self.costs.header[i] }
+    }
+
+    fn take(&mut self, i: usize) {
+        self.used += self.cost(i);
+        self.chosen.insert(i);
+    }
+}
+
 impl Scd {
     /// Greedy packing by score with redundancy suppression and group
-    /// closure; chunk `i` costs `cost[i]`.
+    /// closure.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn pack(
         &self,
         ctx: &PreparedContext,
         order: &[usize],
-        cost: &[usize],
+        costs: &Costs<'_>,
         budget: usize,
         selected: &mut Vec<usize>,
         used: &mut usize,
         trace: &mut PackTrace,
     ) {
         let chunks = &ctx.chunks;
-        let mut chosen: HashSet<usize> = selected.iter().copied().collect();
+        let mut next = vec![None; chunks.len()];
+        for (i, c) in chunks.iter().enumerate() {
+            if let Some(p) = c.prev {
+                next[p] = Some(i);
+            }
+        }
+        let mut bag = Bag { ctx, costs, next, chosen: selected.iter().copied().collect(), used: *used };
         // the distinct embeddings already sent (with the chunk that sent
         // each): a chunk identical or near to one is redundant
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
@@ -48,49 +92,51 @@ impl Scd {
             for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
                 let e = members.entry(c.group).or_default();
                 e.0.push(j);
-                e.1 += cost[j];
+                e.1 += costs.text[j];
             }
         }
         for &i in order {
             // a container's header or closing line comes only with a member
-            if chosen.contains(&i) || chunks[i].rides || *used + cost[i] > budget {
+            if bag.chosen.contains(&i) || chunks[i].rides || bag.used + bag.cost(i) > budget {
                 continue;
             }
             let d = ctx.distinct[i];
             let twin = sent.get(&d).or_else(|| ctx.near_duplicates[d as usize].iter().find_map(|j| sent.get(j)));
             if let Some(&of) = twin {
-                trace.duplicate_of.insert(i, of);
-                continue;
+                if same_text(ctx, i, of) {
+                    trace.duplicate_of.insert(i, of);
+                    continue;
+                }
             }
-            sent.insert(d, i);
-            chosen.insert(i);
+            sent.entry(d).or_insert(i);
+            bag.take(i);
             selected.push(i);
-            *used += cost[i];
             // closure: a chunk brings the rest of a small group (a short
             // paragraph) when all of it fits, else its group's lead (a
             // paragraph's first sentence, a chat answer's question)
             let g = chunks[i].group;
             let rest: Vec<usize> = match members.get(&g) {
                 Some((m, t)) if *t <= self.cfg.group_closure_tokens => {
-                    m.iter().copied().filter(|j| !chosen.contains(j)).collect()
+                    m.iter().copied().filter(|j| !bag.chosen.contains(j)).collect()
                 }
                 _ => Vec::new(),
             };
-            let rest_cost: usize = rest.iter().map(|&j| cost[j]).sum();
-            let closure = if !rest.is_empty() && *used + rest_cost <= budget {
+            let rest_cost: usize = rest.iter().map(|&j| costs.text[j] + costs.header[j]).sum();
+            let closure = if !rest.is_empty() && bag.used + rest_cost <= budget {
                 rest
             } else {
                 // the lead, then a container's closing line once its header is in
                 let mut c = Vec::new();
                 let lead = leads.get(&g).copied();
-                if let Some(l) = lead.filter(|l| !chosen.contains(l) && *used + cost[*l] <= budget) {
+                let header_cost = |l: &usize| costs.text[*l] + costs.header[*l];
+                if let Some(l) = lead.filter(|l| !bag.chosen.contains(l) && bag.used + header_cost(l) <= budget) {
                     c.push(l);
                 }
-                let extra: usize = c.iter().map(|&j| cost[j]).sum();
-                let header_in = lead.is_some_and(|l| chosen.contains(&l) || c.contains(&l));
+                let extra: usize = c.iter().map(header_cost).sum();
+                let header_in = lead.is_some_and(|l| bag.chosen.contains(&l) || c.contains(&l));
                 let closing = closings.get(&g).copied();
-                if let Some(e) =
-                    closing.filter(|e| header_in && !chosen.contains(e) && *used + extra + cost[*e] <= budget)
+                if let Some(e) = closing
+                    .filter(|e| header_in && !bag.chosen.contains(e) && bag.used + extra + header_cost(e) <= budget)
                 {
                     c.push(e);
                 }
@@ -98,11 +144,66 @@ impl Scd {
             };
             for j in closure {
                 sent.entry(ctx.distinct[j]).or_insert(j);
-                chosen.insert(j);
+                bag.take(j);
                 selected.push(j);
-                *used += cost[j];
                 trace.by_closure.insert(j);
             }
         }
+        bridge(&mut bag, budget, selected, trace);
+        *used = bag.used;
     }
+}
+
+/// Longest run of unsent chunks a bridge fills.
+const MAX_BRIDGE: usize = 8;
+
+/// Bridges: a run of unsent chunks between two chosen ones of one field
+/// (whitespace around each) that costs at most twice the header the second
+/// piece opens is sent too, when the budget holds it, so the two pieces
+/// read as one (a chat's turns between two sent ones, a code line between
+/// two blocks).
+fn bridge(bag: &mut Bag<'_>, budget: usize, selected: &mut Vec<usize>, trace: &mut PackTrace) {
+    let chunks = &bag.ctx.chunks;
+    let mut starts: Vec<usize> = bag.chosen.iter().copied().collect();
+    starts.sort_unstable();
+    for a in starts {
+        let mut run = Vec::new();
+        let mut at = bag.next[a];
+        while let Some(j) = at {
+            if chunks[j].gap.is_none() || run.len() > MAX_BRIDGE {
+                break;
+            }
+            if bag.chosen.contains(&j) {
+                let cost: usize = run.iter().map(|&r| bag.costs.text[r]).sum();
+                let saved = bag.costs.header[j];
+                if !run.is_empty() && cost <= 2 * saved && bag.used + cost <= budget + saved {
+                    bag.used = (bag.used + cost).saturating_sub(saved);
+                    for &r in &run {
+                        bag.chosen.insert(r);
+                        selected.push(r);
+                        trace.by_closure.insert(r);
+                    }
+                }
+                break;
+            }
+            run.push(j);
+            at = bag.next[j];
+        }
+    }
+}
+
+/// Whether chunk `a` repeats chunk `b`: the same words (whitespace aside)
+/// in code, nine in ten of the same distinct words elsewhere. Only then is
+/// one a duplicate of the other: two similar functions that differ in one
+/// word, or a heading and the sentence under it, are both kept.
+fn same_text(ctx: &PreparedContext, a: usize, b: usize) -> bool {
+    let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
+    if ca.chunker.starts_with("tree-sitter") || ca.chunker.ends_with("code") {
+        return ca.text.split_whitespace().eq(cb.text.split_whitespace());
+    }
+    let x: HashSet<&str> = ca.lower.split_whitespace().collect();
+    let y: HashSet<&str> = cb.lower.split_whitespace().collect();
+    let common = x.intersection(&y).count();
+    let all = x.len() + y.len() - common;
+    all == 0 || common * 10 >= all * 9
 }

@@ -37,6 +37,24 @@ pub(super) struct Prepared {
     pub(super) stub: String,
     /// Which chunker cut it ([`crate::chunk::RawChunk::chunker`]).
     pub(super) chunker: &'static str,
+    /// 1-based first and last line of the span in its field.
+    pub(super) lines: (usize, usize),
+    /// The whitespace between the start of its first line and the span
+    /// (a code line's indentation), put back when it opens a piece.
+    pub(super) indent: String,
+    /// The chunk before it in its field's reading order.
+    pub(super) prev: Option<usize>,
+    /// The text between `prev` and it when that is only whitespace: the two
+    /// read as one piece with it between them.
+    pub(super) gap: Option<String>,
+    /// The section (a markdown heading) or JSON path in force, for the
+    /// piece's header.
+    pub(super) section: Option<String>,
+    /// A JSON chunk's wrapping that makes it parse on its own (`{}` around
+    /// object members, `[]` around array elements, nothing for a value).
+    pub(super) wrap: Option<(&'static str, &'static str)>,
+    /// A log chunk's severity: 2 an error, 1 a warning, 0 neither (or not a log).
+    pub(super) severity: u8,
 }
 
 /// The non-confidential part of a context chunked, counted, embedded and
@@ -356,8 +374,13 @@ impl Scd {
         // previous chunk of its group when `embed_neighbour` is on
         let mut vector_texts = Vec::new();
         for (fi, f) in fields.iter().enumerate() {
-            for (n, c) in chunk_field(f, self.cfg.chunk).into_iter().enumerate() {
+            let raw = chunk_field(f, self.cfg.chunk);
+            let base = out.len();
+            let mut places = super::render::layout(&f.content, &raw).into_iter();
+            for (n, c) in raw.into_iter().enumerate() {
+                let place = places.next().expect("one place per chunk");
                 let text = f.content[c.start..c.end].to_string();
+                let wrap = (c.chunker == "json").then(|| crate::chunk::json::wrapping(&text)).flatten();
                 let label = match &c.heading {
                     Some(h) if h != &f.name => format!("{} — {h}", f.name),
                     _ => f.name.clone(),
@@ -389,6 +412,13 @@ impl Scd {
                     lower: f.content[c.start..c.end].to_lowercase(),
                     stub: stub(&f.content[c.start..c.end], self.cfg.stub_words),
                     chunker: c.chunker,
+                    lines: place.lines,
+                    indent: place.indent,
+                    prev: place.prev.map(|p| base + p),
+                    gap: place.gap,
+                    wrap,
+                    severity: if c.chunker == "log" { crate::chunk::severity(&f.content[c.start..c.end]) } else { 0 },
+                    section: c.heading.filter(|_| c.chunker.starts_with("markdown") || c.chunker == "json"),
                 });
             }
         }

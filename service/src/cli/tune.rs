@@ -118,6 +118,9 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "link_sources" => cfg.link_sources = as_count()?,
         "common_name_chunks" => cfg.common_name_chunks = as_count()?,
         "sibling_weight" => cfg.sibling_weight = v as f32,
+        "severity_weight" => cfg.severity_weight = v as f32,
+        "max_code_chunk_bytes" => cfg.chunk.max_code_chunk_bytes = as_count()?.max(1),
+        "json_unit_bytes" => cfg.chunk.json_unit_bytes = as_count()?.max(1),
         "second_hop_sources" => cfg.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
         "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
@@ -131,7 +134,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight)"
+             group_closure_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight, \
+             severity_weight, max_code_chunk_bytes, json_unit_bytes)"
         ),
     }
     Ok(())

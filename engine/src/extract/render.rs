@@ -1,0 +1,201 @@
+//! Render: the selection as the receiver pastes it. The selected chunks
+//! that sit next to each other in one field form a piece; each piece opens
+//! with one header line saying where it came from, `[name:first-last]`
+//! (1-based lines of the field, the section or the JSON path after them
+//! where there is one), and keeps the field's own text between its chunks,
+//! so code keeps its indentation. The header is counted in the budget like
+//! any other text.
+
+use super::pack::PackTrace;
+use super::prepare::PreparedContext;
+use super::{Counting, Scd};
+use crate::chunk::RawChunk;
+use crate::{Error, Result};
+
+/// The line that stands for lines left out inside a piece.
+pub const GAP: &str = "…";
+
+/// Longest section name a header repeats, in characters.
+const MAX_HEADING_CHARS: usize = 60;
+
+impl Scd {
+    /// Per chunk, what the header of a piece it opens costs (with its line break).
+    pub(super) fn header_costs(&self, ctx: &PreparedContext, counting: &Counting) -> Result<Vec<usize>> {
+        use rayon::prelude::*;
+        (0..ctx.chunks.len()).into_par_iter().map(|i| Ok(self.count_text(counting, &header(ctx, &[i]))? + 1)).collect()
+    }
+
+    /// Drops the weakest chunk not kept by `keep` until `text(selected)`
+    /// counts at most `budget`; its count.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn fit(
+        &self,
+        counting: &Counting,
+        selected: &mut Vec<usize>,
+        scores: &[f32],
+        keep: impl Fn(usize) -> bool,
+        text: &dyn Fn(&[usize]) -> String,
+        budget: usize,
+        trace: &mut PackTrace,
+    ) -> Result<usize> {
+        loop {
+            let n = if selected.is_empty() { 0 } else { self.count_text(counting, &text(selected))? };
+            if n <= budget {
+                return Ok(n);
+            }
+            let weakest = (0..selected.len())
+                .filter(|&k| !keep(selected[k]))
+                .min_by(|&a, &b| scores[selected[a]].total_cmp(&scores[selected[b]]));
+            match weakest {
+                Some(k) => {
+                    trace.by_closure.remove(&selected[k]);
+                    selected.remove(k);
+                }
+                None => return Err(Error::BudgetTooSmall { needed: n, budget }),
+            }
+        }
+    }
+}
+
+/// The text of `selected` (chunk indices, any order) as the receiver reads it.
+pub(super) fn render(ctx: &PreparedContext, selected: &[usize]) -> String {
+    let mut out = String::new();
+    for piece in pieces(ctx, selected) {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        write_piece(ctx, &piece, &mut out);
+    }
+    out
+}
+
+/// The selection cut into pieces: runs of chunks of one field, each the
+/// next in that field's reading order with only whitespace between.
+pub(super) fn pieces(ctx: &PreparedContext, selected: &[usize]) -> Vec<Vec<usize>> {
+    let chunks = &ctx.chunks;
+    let mut sel = selected.to_vec();
+    sel.sort_unstable_by_key(|&i| (chunks[i].field, chunks[i].span.0, chunks[i].span.1));
+    sel.dedup();
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    for i in sel {
+        match out.last_mut() {
+            Some(p) if joins(ctx, *p.last().expect("a piece is never empty"), i) => p.push(i),
+            _ => out.push(vec![i]),
+        }
+    }
+    out
+}
+
+/// Whether chunk `b` continues a piece that ends with chunk `a`: it comes
+/// right after `a` with only whitespace between, or later in `a`'s group
+/// (the rest of a long function, a paragraph's later sentence), the lines
+/// between marked by a gap line. JSON subtrees are pieces of their own.
+fn joins(ctx: &PreparedContext, a: usize, b: usize) -> bool {
+    let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
+    (cb.prev == Some(a) && cb.gap.is_some())
+        || (ca.group == cb.group && ca.span.1 <= cb.span.0 && ca.wrap.is_none() && cb.wrap.is_none())
+}
+
+/// One header line naming the piece's source.
+pub(super) fn header(ctx: &PreparedContext, piece: &[usize]) -> String {
+    let first = &ctx.chunks[piece[0]];
+    let last = &ctx.chunks[piece[piece.len() - 1]];
+    let name = &ctx.field_names[first.field];
+    let (a, b) = (first.lines.0, last.lines.1);
+    let lines = if a == b { format!("{a}") } else { format!("{a}-{b}") };
+    match &first.section {
+        Some(s) => {
+            let s: String = s.chars().take(MAX_HEADING_CHARS).collect();
+            format!("[{name}:{lines} {s}]")
+        }
+        None => format!("[{name}:{lines}]"),
+    }
+}
+
+fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
+    out.push_str(&header(ctx, piece));
+    out.push('\n');
+    let first = &ctx.chunks[piece[0]];
+    if let (Some((open, close)), [_]) = (first.wrap, piece) {
+        // a JSON subtree: parses on its own, indented from the margin
+        let body = dedent(&format!("{}{}", first.indent, first.text));
+        if open.is_empty() {
+            out.push_str(&body);
+        } else {
+            out.push_str(open);
+            for line in body.lines() {
+                out.push_str("\n  ");
+                out.push_str(line);
+            }
+            out.push('\n');
+            out.push_str(close);
+        }
+        return;
+    }
+    for (k, &i) in piece.iter().enumerate() {
+        let c = &ctx.chunks[i];
+        match c.gap.as_deref() {
+            _ if k == 0 => out.push_str(&c.indent),
+            Some(gap) if c.prev == Some(piece[k - 1]) => out.push_str(gap),
+            // lines left out within the group
+            _ => {
+                out.push('\n');
+                out.push_str(&c.indent);
+                out.push_str(GAP);
+                out.push('\n');
+                out.push_str(&c.indent);
+            }
+        }
+        out.push_str(&c.text);
+    }
+}
+
+/// `text` with the indentation its lines share removed.
+fn dedent(text: &str) -> String {
+    let margin = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start_matches([' ', '\t']).len())
+        .min()
+        .unwrap_or(0);
+    text.lines().map(|l| l.get(margin..).unwrap_or(l.trim_start())).collect::<Vec<_>>().join("\n")
+}
+
+/// Where a chunk sits in its field, for rendering ([`layout`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Place {
+    pub(super) lines: (usize, usize),
+    pub(super) indent: String,
+    /// The chunk before it in reading order (an index into the field's chunks).
+    pub(super) prev: Option<usize>,
+    pub(super) gap: Option<String>,
+}
+
+/// Each chunk's place in `text`: its lines, its indentation, the chunk
+/// before it in reading order and the whitespace between them.
+pub(super) fn layout(text: &str, chunks: &[RawChunk]) -> Vec<Place> {
+    let starts: Vec<usize> =
+        std::iter::once(0).chain(text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i + 1)).collect();
+    let line_of = |pos: usize| starts.partition_point(|&s| s <= pos);
+    let mut out: Vec<Place> = chunks
+        .iter()
+        .map(|c| {
+            let first = line_of(c.start);
+            let last = line_of(c.end.saturating_sub(1).max(c.start));
+            let before = &text[starts[first - 1]..c.start];
+            let indent =
+                if before.chars().all(|ch| ch == ' ' || ch == '\t') { before.to_string() } else { String::new() };
+            Place { lines: (first, last), indent, prev: None, gap: None }
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..chunks.len()).collect();
+    order.sort_by_key(|&i| (chunks[i].start, chunks[i].end));
+    for w in order.windows(2) {
+        let (a, b) = (&chunks[w[0]], &chunks[w[1]]);
+        out[w[1]].prev = Some(w[0]);
+        if a.end <= b.start && text[a.end..b.start].trim().is_empty() {
+            out[w[1]].gap = Some(text[a.end..b.start].to_string());
+        }
+    }
+    out
+}
