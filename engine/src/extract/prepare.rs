@@ -104,10 +104,11 @@ impl<'a> Split<'a> {
     pub(super) fn index(&self, names: &HashMap<&str, usize>, name: &str, what: &str) -> Result<usize> {
         match names.get(name) {
             Some(&i) => Ok(i),
-            None if self.withheld.iter().any(|w| w == name) => {
-                Err(Error::invalid(what, format!("field {name:?} is confidential and is never sent")))
-            }
-            None => Err(Error::invalid(what, format!("unknown field {name:?}"))),
+            None if self.withheld.iter().any(|w| w == name) => Err(Error::invalid(
+                what,
+                format!("field {} is confidential and is never sent", crate::context::shown_name(name)),
+            )),
+            None => Err(Error::invalid(what, format!("unknown field {}", crate::context::shown_name(name)))),
         }
     }
 }
