@@ -289,7 +289,7 @@ impl ScdService {
                 self.metrics.rejected("embed_queue_full");
                 overloaded("embed", self.limits.queue_size, &self.embed_pace)
             }
-            Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
+            Refused::Stopped(_) => Status::unavailable(batcher::ENCODER_STOPPED),
         })?;
         Ok(PendingEmbed { rx, start, _cancel: guard, _share: share })
     }
@@ -330,7 +330,7 @@ impl ScdService {
             .await
             .ok()
             .and_then(|r| r.ok().and_then(|c| c.clone()));
-        Status::unavailable(format!("encoder thread stopped: {}", cause.as_deref().unwrap_or("unknown cause")))
+        Status::unavailable(if cause.is_some() { batcher::ENCODER_STOPPED } else { batcher::ENCODER_STOPPED_UNKNOWN })
     }
 
     /// Runs CPU-bound engine work off the runtime, behind the compress slots.
@@ -393,7 +393,7 @@ impl ScdService {
         });
         let out = until(deadline, "in the engine", queued, task)
             .await?
-            .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+            .map_err(convert::worker_failed)?
             .map_err(convert::status)?;
         guard.disarm();
         Ok((out, ms(queued)))
