@@ -553,7 +553,7 @@ impl ScdService {
                 rec.set_task(&t.description);
             }
             rec.budget_tokens = r.requirement.as_ref().map(|q| q.max_context_tokens);
-            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+            rec.session_id = audit::recorded_id(&r.session_id);
         }
         let res = self.compress_inner(r, deadline, caller, &who, open).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
@@ -578,7 +578,7 @@ impl ScdService {
         let share_key = shares::key(who.as_deref(), from.as_deref());
         let mut rec = self.audit_record(method, who.clone(), from);
         if let Some(rec) = rec.as_mut() {
-            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+            rec.session_id = audit::recorded_id(&r.session_id);
             rec.set_task(&r.specific_question);
         }
         if let Err(s) = empty_session(&r.session_id) {
@@ -842,7 +842,7 @@ impl pb::scd_server::Scd for ScdHandler {
                     rec.set_task(&t.description);
                 }
                 rec.budget_tokens = c.requirement.as_ref().map(|q| q.max_context_tokens);
-                rec.session_id = (!c.session_id.is_empty()).then(|| c.session_id.clone());
+                rec.session_id = audit::recorded_id(&c.session_id);
             }
         }
         let res = self.handoff_inner(r, d, who, &share_key).await;
