@@ -174,7 +174,11 @@ impl TokenizerRegistry {
         }
         Err(Error::invalid(
             "budget_tokenizer",
-            format!("unknown tokenizer {:?}; choose one of: {}", truncate(name, 64), self.names().join(", ")),
+            format!(
+                "unknown tokenizer {}; choose one of: {}",
+                crate::context::shown_name(name),
+                self.names().join(", ")
+            ),
         ))
     }
 
@@ -188,13 +192,6 @@ impl TokenizerRegistry {
             }
             r => r,
         }
-    }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_string(),
     }
 }
 
@@ -219,6 +216,9 @@ mod tests {
         let reg = TokenizerRegistry::new();
         let e = reg.resolve("gpt-5").unwrap_err().to_string();
         assert_eq!(e, "budget_tokenizer: unknown tokenizer \"gpt-5\"; choose one of: e5, o200k, cl100k");
+        // a long name (content sent by mistake) is named by its size only
+        let e = reg.resolve(&"sk_live_SECRET_".repeat(400)).unwrap_err().to_string();
+        assert!(e.starts_with("budget_tokenizer: unknown tokenizer <a 6000-byte name>; choose"), "{e}");
         // a request never names a path, not even one that exists
         assert!(reg.resolve("/etc/hostname").is_err());
         assert!(reg.resolve("").unwrap().is_none() && reg.resolve("e5").unwrap().is_none());

@@ -4,13 +4,24 @@
 //! persistent tier ([`DiskTier`]): one redb file that every process of the
 //! machine shares (`scd compress`, `scd mcp`, `scd serve`), so re-sending a
 //! file, or calling again after a restart, embeds only what is new.
+//!
+//! The file is a cache, never a source of truth: a vector read back that
+//! is not finite and unit-length is a miss; a file redb finds corrupt (or
+//! panics on) is moved aside as `<file>.corrupt-<unix seconds>` and the
+//! process goes on with the memory tier alone; a file another process
+//! holds is waited on briefly, then the disk tier is skipped for a while.
+//! A file this tier creates is private to its user (0600, in folders it
+//! creates 0700).
 
+use std::io::Read as _;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use moka::sync::Cache;
+use parking_lot::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
@@ -179,21 +190,61 @@ fn stored_bytes(floats: usize) -> u64 {
 }
 
 /// How long an operation waits for another process holding the file.
-const LOCK_WAIT: Duration = Duration::from_secs(2);
+const LOCK_WAIT: Duration = Duration::from_millis(100);
+/// How long the tier is skipped after the file was found held that long.
+pub const BUSY_BACKOFF: Duration = Duration::from_secs(30);
+/// How long an operation waits for another thread of this process using
+/// the tier before it goes on without it.
+const TURN_WAIT: Duration = Duration::from_millis(250);
+/// The first bytes of every redb file: a corrupt file that starts so is
+/// ours to move aside; any other file is left where it is.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// Whether `v` can be an embedding: finite, and of unit length (every
+/// encoder L2-normalizes its rows). Anything read back from a file or a
+/// store that is not is treated as absent.
+pub fn is_unit_vector(v: &[f32]) -> bool {
+    let mut sq = 0f64;
+    for &x in v {
+        if !x.is_finite() {
+            return false;
+        }
+        sq += f64::from(x) * f64::from(x);
+    }
+    (sq - 1.0).abs() <= 1e-3
+}
 
 /// The persistent tier: one redb file holding vectors by content key,
 /// bounded in bytes (oldest written first out). The file is opened per
 /// operation and closed after, so that several processes share it: one
-/// that finds it held by another retries for up to two seconds, then goes
-/// on without it (a cache never fails a request; the first failure is
-/// logged). A vector found on disk is not re-dated, so the bound is by age
-/// of writing.
+/// that finds it held by another retries for [`LOCK_WAIT`], then skips the
+/// tier for [`BUSY_BACKOFF`]; a thread that finds another of its process
+/// using the tier for [`TURN_WAIT`] skips it for that call. A cache never
+/// fails a request (the first failure is logged), and redb's panics on a
+/// corrupt file are contained: the file is moved aside and the tier turned
+/// off for the life of the process. A vector found on disk is not re-dated,
+/// so the bound is by age of writing.
 pub struct DiskTier {
     path: PathBuf,
     max_bytes: u64,
     /// One operation at a time in this process (redb allows one opener).
     lock: Mutex<()>,
     warned: AtomicBool,
+    /// Set for good once the file was found corrupt.
+    off: AtomicBool,
+    born: Instant,
+    /// Milliseconds after `born` before which the tier is skipped.
+    skip_until_ms: AtomicU64,
+}
+
+/// Why a disk operation failed.
+enum Fault {
+    /// Another process held the file for [`LOCK_WAIT`].
+    Busy,
+    /// redb found the file corrupt.
+    Corrupt(String),
+    /// Anything else (permissions, a folder in the way, a full disk).
+    Other(String),
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -202,15 +253,124 @@ impl std::fmt::Debug for DiskTier {
     }
 }
 
-fn store_error(e: impl std::fmt::Display) -> String {
-    e.to_string()
+fn store_error(e: impl Into<redb::Error>) -> Fault {
+    match e.into() {
+        redb::Error::Corrupted(m) => Fault::Corrupt(m),
+        redb::Error::DatabaseAlreadyOpen => Fault::Busy,
+        other => Fault::Other(other.to_string()),
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    let text = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+    format!("redb panicked: {}", text.unwrap_or_else(|| "(no message)".into()))
 }
 
 impl DiskTier {
-    /// A tier in the file `path` (created with its folder on first write),
-    /// holding at most `max_bytes` of entries.
+    /// A tier in the file `path` (created, 0600, with its folders, 0700, on
+    /// first write), holding at most `max_bytes` of entries.
     pub fn new(path: impl Into<PathBuf>, max_bytes: u64) -> Self {
-        Self { path: path.into(), max_bytes, lock: Mutex::new(()), warned: AtomicBool::new(false) }
+        Self {
+            path: path.into(),
+            max_bytes,
+            lock: Mutex::new(()),
+            warned: AtomicBool::new(false),
+            off: AtomicBool::new(false),
+            born: Instant::now(),
+            skip_until_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the tier is in use now: not turned off by a corrupt file,
+    /// not backing off from a file another process holds.
+    pub fn is_active(&self) -> bool {
+        !self.off.load(Ordering::Relaxed) && self.now_ms() >= self.skip_until_ms.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Runs `op` on the file unless the tier is off, backing off, or busy
+    /// in this process; contains a panic of redb. `None`: not done.
+    fn run<T>(&self, what: &str, op: impl FnOnce() -> Result<T, Fault>) -> Option<T> {
+        if !self.is_active() {
+            return None;
+        }
+        let Some(_one) = self.lock.try_lock_for(TURN_WAIT) else {
+            debug!(path = %self.path.display(), "embedding cache: the file is in use by this process; skipped");
+            return None;
+        };
+        if !self.is_active() {
+            return None;
+        }
+        match std::panic::catch_unwind(AssertUnwindSafe(op)) {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(Fault::Busy)) => {
+                let until = self.now_ms().saturating_add(BUSY_BACKOFF.as_millis() as u64);
+                self.skip_until_ms.store(until, Ordering::Relaxed);
+                self.fail(what, format!("held by another process; skipped for {} s", BUSY_BACKOFF.as_secs()));
+                None
+            }
+            Ok(Err(Fault::Corrupt(why))) => {
+                self.quarantine(&why);
+                None
+            }
+            Ok(Err(Fault::Other(why))) => {
+                self.fail(what, why);
+                None
+            }
+            Err(panic) => {
+                self.quarantine(&panic_text(&*panic));
+                None
+            }
+        }
+    }
+
+    /// Turns the tier off for this process and moves a corrupt redb file
+    /// aside (`<file>.corrupt-<unix seconds>`), so that the next process
+    /// starts a fresh one; a file that is not redb's is left in place.
+    fn quarantine(&self, why: &str) {
+        self.off.store(true, Ordering::Relaxed);
+        let mut magic = [0u8; REDB_MAGIC.len()];
+        let ours =
+            std::fs::File::open(&self.path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == REDB_MAGIC;
+        if !ours {
+            warn!(path = %self.path.display(), error = %why, "embedding cache: not a cache file; going on without the disk tier");
+            return;
+        }
+        let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let mut aside = self.path.clone().into_os_string();
+        aside.push(format!(".corrupt-{secs}"));
+        let aside = PathBuf::from(aside);
+        match std::fs::rename(&self.path, &aside) {
+            Ok(()) => warn!(path = %self.path.display(), moved_to = %aside.display(), error = %why,
+                "embedding cache: the file is corrupt; moved aside, going on without the disk tier"),
+            Err(e) => warn!(path = %self.path.display(), error = %why, rename_error = %e,
+                "embedding cache: the file is corrupt and could not be moved aside; going on without the disk tier"),
+        }
+    }
+
+    /// Creates the file's folders (0700) and the file itself, empty and
+    /// 0600, when absent (redb initializes an empty file); an existing
+    /// file or folder keeps its mode.
+    fn create_private(&self) -> Result<(), Fault> {
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let mut b = std::fs::DirBuilder::new();
+            b.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+            b.create(dir).map_err(|e| Fault::Other(format!("{}: {e}", dir.display())))?;
+        }
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+        match o.open(&self.path) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(Fault::Other(format!("{}: {e}", self.path.display()))),
+        }
     }
 
     /// The file.
@@ -231,31 +391,31 @@ impl DiskTier {
         }
     }
 
-    /// Opens the file, waiting out another process that holds it.
-    fn open(&self, create: bool) -> Result<Option<Database>, String> {
+    /// Opens the file, waiting [`LOCK_WAIT`] at most for another process
+    /// that holds it.
+    fn open(&self, create: bool) -> Result<Option<Database>, Fault> {
         if !create && !self.path.exists() {
             return Ok(None);
         }
-        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if create {
+            self.create_private()?;
         }
         let start = Instant::now();
         loop {
             match Database::create(&self.path) {
                 Ok(db) => return Ok(Some(db)),
                 Err(redb::DatabaseError::DatabaseAlreadyOpen) if start.elapsed() < LOCK_WAIT => {
-                    std::thread::sleep(Duration::from_millis(20));
+                    std::thread::sleep(Duration::from_millis(10));
                 }
                 Err(e) => return Err(store_error(e)),
             }
         }
     }
 
-    /// The stored vectors of `keys` (None where absent, or when the file
-    /// cannot be read).
+    /// The stored vectors of `keys` (None where absent, not a finite unit
+    /// vector, or when the file cannot be read).
     pub fn get_many(&self, keys: &[Key]) -> Vec<Option<Arc<[f32]>>> {
-        let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let read = || -> Result<Vec<Option<Arc<[f32]>>>, String> {
+        let read = || -> Result<Vec<Option<Arc<[f32]>>>, Fault> {
             let Some(db) = self.open(false)? else { return Ok(vec![None; keys.len()]) };
             let tx = db.begin_read().map_err(store_error)?;
             let table = match tx.open_table(VECTORS) {
@@ -268,17 +428,19 @@ impl DiskTier {
                     Ok(table.get(k.as_slice()).map_err(store_error)?.and_then(|v| {
                         let bytes = v.value();
                         // a value that is not 8 + 4n bytes is not ours: a miss
-                        (bytes.len() >= 8 && (bytes.len() - 8) % 4 == 0).then(|| {
-                            bytes[8..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-                        })
+                        (bytes.len() >= 8 && (bytes.len() - 8) % 4 == 0)
+                            .then(|| -> Arc<[f32]> {
+                                bytes[8..]
+                                    .chunks_exact(4)
+                                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                                    .collect()
+                            })
+                            .filter(|v| is_unit_vector(v))
                     }))
                 })
                 .collect()
         };
-        read().unwrap_or_else(|e| {
-            self.fail("reading", e);
-            vec![None; keys.len()]
-        })
+        self.run("reading", read).unwrap_or_else(|| vec![None; keys.len()])
     }
 
     /// Stores `entries` (those not stored yet) in one transaction, then
@@ -287,9 +449,8 @@ impl DiskTier {
         if entries.is_empty() {
             return;
         }
-        let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let write = || -> Result<usize, String> {
-            let db = self.open(true)?.expect("created");
+        let write = || -> Result<usize, Fault> {
+            let Some(db) = self.open(true)? else { return Err(Fault::Other("the file vanished".into())) };
             let mut tx = db.begin_write().map_err(store_error)?;
             tx.set_durability(Durability::Immediate).map_err(store_error)?;
             let mut evicted = 0;
@@ -329,17 +490,14 @@ impl DiskTier {
             tx.commit().map_err(store_error)?;
             Ok(evicted)
         };
-        match write() {
-            Ok(evicted) if evicted > 0 => debug!(evicted, "embedding cache: oldest entries evicted"),
-            Ok(_) => {}
-            Err(e) => self.fail("writing", e),
+        if let Some(evicted) = self.run("writing", write).filter(|&n| n > 0) {
+            debug!(evicted, "embedding cache: oldest entries evicted");
         }
     }
 
     /// Entries and their bytes on disk (0, 0 when the file is absent).
     pub fn stats(&self) -> (u64, u64) {
-        let _one = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let read = || -> Result<(u64, u64), String> {
+        let read = || -> Result<(u64, u64), Fault> {
             let Some(db) = self.open(false)? else { return Ok((0, 0)) };
             let tx = db.begin_read().map_err(store_error)?;
             let (Ok(vectors), Ok(meta)) = (tx.open_table(VECTORS), tx.open_table(META)) else { return Ok((0, 0)) };
@@ -347,15 +505,12 @@ impl DiskTier {
             let bytes = meta.get("bytes").map_err(store_error)?.map_or(0, |v| v.value());
             Ok((n, bytes))
         };
-        read().unwrap_or_else(|e| {
-            self.fail("reading", e);
-            (0, 0)
-        })
+        self.run("reading", read).unwrap_or((0, 0))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -377,8 +532,11 @@ mod tests {
         assert_eq!((s.hits, s.misses), (1, 1));
     }
 
+    /// A unit vector, different for each seed.
     fn vector(seed: usize) -> Arc<[f32]> {
-        (0..8).map(|i| (seed * 8 + i) as f32).collect()
+        let mut v: Vec<f32> = (0..8).map(|i| (seed * 8 + i + 1) as f32).collect();
+        crate::encoder::l2_normalize(&mut v);
+        v.into()
     }
 
     #[test]
@@ -427,6 +585,115 @@ mod tests {
             assert!(fresh.get_many(&[key])[0].is_none());
         }
         assert_eq!(std::fs::read(dir.path().join("junk.redb")).unwrap(), b"not a database at all, just bytes");
+    }
+
+    #[test]
+    fn a_vector_read_back_that_is_not_finite_and_unit_length_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.redb");
+        let bad: [Arc<[f32]>; 4] =
+            [Arc::from(vec![2.0f32; 8]), Arc::from(vec![0.0f32; 8]), Arc::from(vec![f32::NAN; 8]), {
+                let mut v = vec![0.0f32; 8];
+                v[0] = f32::INFINITY;
+                Arc::from(v)
+            }];
+        let keys: Vec<Key> = (0..5).map(|i| EmbeddingCache::key("m", 0, &i.to_string())).collect();
+        let mut entries: Vec<(Key, Arc<[f32]>)> = keys.iter().zip(bad).map(|(k, v)| (*k, v)).collect();
+        entries.push((keys[4], vector(4)));
+        DiskTier::new(&path, 1 << 20).put_many(&entries);
+        let got = DiskTier::new(&path, 1 << 20).get_many(&keys);
+        assert!(got[..4].iter().all(Option::is_none), "{got:?}");
+        assert_eq!(got[4].as_deref(), Some(&*vector(4)));
+        assert!(!is_unit_vector(&[]) && is_unit_vector(&vector(9)));
+    }
+
+    /// Flips `n` runs of 16 bytes of `path` at places drawn from `seed`.
+    pub(crate) fn flip(path: &Path, seed: u64, n: usize) {
+        use rand::{Rng, SeedableRng};
+        let mut bytes = std::fs::read(path).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for _ in 0..n {
+            let at = rng.random_range(0..bytes.len() - 16);
+            for b in &mut bytes[at..at + 16] {
+                *b ^= rng.random::<u8>() | 1;
+            }
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_corrupted_cache_file_never_panics_and_is_moved_aside() {
+        let keys: Vec<Key> = (0..64).map(|i| EmbeddingCache::key("m", 0, &i.to_string())).collect();
+        let entries: Vec<(Key, Arc<[f32]>)> = keys.iter().enumerate().map(|(i, k)| (*k, vector(i))).collect();
+        let mut moved = 0;
+        for seed in 0..24 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("e.redb");
+            DiskTier::new(&path, 1 << 20).put_many(&entries);
+            let len = std::fs::metadata(&path).unwrap().len();
+            // the header and the first pages, where redb's tables and bitmaps are
+            flip(&path, seed, 4);
+            let c = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 1 << 20)));
+            // whatever the flips hit: no panic, and nothing but unit vectors comes back
+            for (i, v) in c.get_many(&keys).into_iter().enumerate() {
+                assert!(v.is_none_or(|v| is_unit_vector(&v)), "seed {seed}: entry {i}");
+            }
+            c.put_many(&[(EmbeddingCache::key("m", 0, "new"), vector(99))]);
+            assert_eq!(c.get_many(&[EmbeddingCache::key("m", 0, "new")])[0].as_deref(), Some(&*vector(99)));
+            let aside: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.starts_with("e.redb.corrupt-"))
+                .collect();
+            if !aside.is_empty() {
+                moved += 1;
+                assert!(!c.disk().unwrap().is_active(), "seed {seed}: the tier is off once the file is moved");
+                assert_eq!(std::fs::metadata(dir.path().join(&aside[0])).unwrap().len(), len);
+                // the next process starts a fresh file
+                let next = DiskTier::new(&path, 1 << 20);
+                next.put_many(&entries[..1]);
+                assert_eq!(next.get_many(&keys[..1])[0].as_deref(), Some(&*vector(0)));
+            }
+        }
+        assert!(moved > 0, "no seed corrupted the file: the test flips too little");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_new_cache_file_is_private_and_existing_folders_keep_their_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("a/b/e.redb");
+        DiskTier::new(&path, 1 << 20).put_many(&[(EmbeddingCache::key("m", 0, "x"), vector(1))]);
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!((mode(&dir.path().join("a")), mode(&dir.path().join("a/b"))), (0o700, 0o700));
+        assert_eq!(mode(dir.path()), 0o755, "a folder that was there is not ours to change");
+    }
+
+    #[test]
+    fn a_file_held_by_another_opener_is_waited_on_briefly_then_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.redb");
+        let key = EmbeddingCache::key("m", 0, "x");
+        DiskTier::new(&path, 1 << 20).put_many(&[(key, vector(1))]);
+        let held = Database::create(&path).unwrap();
+        let c = EmbeddingCache::new(1 << 20).with_disk(Some(DiskTier::new(&path, 1 << 20)));
+        let start = Instant::now();
+        assert!(c.get_many(&[EmbeddingCache::key("m", 0, "y")])[0].is_none());
+        assert!(start.elapsed() < Duration::from_millis(1000), "waited {:?}", start.elapsed());
+        assert!(!c.disk().unwrap().is_active());
+        // backing off: the next calls do not touch the file at all
+        let start = Instant::now();
+        for _ in 0..20 {
+            c.put_many(&[(EmbeddingCache::key("m", 0, "z"), vector(2))]);
+            assert!(c.get_many(&[key])[0].is_none());
+        }
+        assert!(start.elapsed() < Duration::from_millis(200), "took {:?}", start.elapsed());
+        drop(held);
+        // another process (a fresh tier) uses the file again, which was left as it was
+        assert_eq!(DiskTier::new(&path, 1 << 20).get_many(&[key])[0].as_deref(), Some(&*vector(1)));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! ```
 
 pub use scd_context::{
-    check_no_nul, Context, ContextLimits, ContextRequirement, Field, FieldKind, Redacted, Task, MAX_FIELD_NAME_BYTES,
+    check_no_nul, check_unique_keys, shown_key, shown_name, Context, ContextLimits, ContextRequirement, Field,
+    FieldKind, Redacted, Task, MAX_FIELD_NAME_BYTES,
 };
 
 impl From<scd_context::Error> for crate::Error {

@@ -110,20 +110,20 @@ pub enum Error {
         budget: usize,
     },
     /// No live session with that id (never opened, closed or expired).
-    #[error("unknown or expired session {session_id:?}")]
+    #[error("unknown or expired session {}", scd_context::shown_name(.session_id))]
     UnknownSession {
         /// The id asked for.
         session_id: String,
     },
     /// The session exists but the caller may not use it: wrong token, or
     /// another caller's session. One message for both, so it tells nothing.
-    #[error("session {session_id:?}: the session_token does not match, or the session belongs to another caller")]
+    #[error("session {}: the session_token does not match, or the session belongs to another caller", scd_context::shown_name(.session_id))]
     SessionForbidden {
         /// The id asked for.
         session_id: String,
     },
     /// The session was evicted, expired or closed; `cause` says which.
-    #[error("session {session_id:?} is gone: {cause}")]
+    #[error("session {} is gone: {cause}", scd_context::shown_name(.session_id))]
     SessionGone {
         /// The id asked for.
         session_id: String,
@@ -141,13 +141,13 @@ pub enum Error {
     },
     /// Another replica changed the session while this request worked on it,
     /// every time it tried: the client may retry.
-    #[error("session {session_id:?} was changed by concurrent requests on other replicas; retry")]
+    #[error("session {} was changed by concurrent requests on other replicas; retry", scd_context::shown_name(.session_id))]
     SessionContended {
         /// The id asked for.
         session_id: String,
     },
     /// A follow-up compress named a session opened on another context.
-    #[error("session {session_id:?} was opened on another context; open a new session for this one")]
+    #[error("session {} was opened on another context; open a new session for this one", scd_context::shown_name(.session_id))]
     SessionContextMismatch {
         /// The id asked for.
         session_id: String,

@@ -24,9 +24,13 @@
 //! ```
 #![warn(missing_docs)]
 
+mod json;
+
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+pub use json::{check_unique_keys, shown_key, shown_name, MAX_ECHOED_KEY_BYTES, MAX_ECHOED_NAME_BYTES};
 
 /// Why a context, task or requirement is refused. Messages name the field
 /// and the limit, never the content.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{Counting, Scd, SelectedChunk, EMBED_SLICE, EMBED_SLICE_BYTES};
 use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
-use crate::cache::EmbeddingCache;
+use crate::cache::{is_unit_vector, EmbeddingCache};
 use crate::cancel::Cancel;
 use crate::chunk::chunk_field;
 use crate::context::{Context, Field, FieldKind};
@@ -122,10 +122,11 @@ impl<'a> Split<'a> {
     pub(super) fn index(&self, names: &HashMap<&str, usize>, name: &str, what: &str) -> Result<usize> {
         match names.get(name) {
             Some(&i) => Ok(i),
-            None if self.withheld.iter().any(|w| w == name) => {
-                Err(Error::invalid(what, format!("field {name:?} is confidential and is never sent")))
-            }
-            None => Err(Error::invalid(what, format!("unknown field {name:?}"))),
+            None if self.withheld.iter().any(|w| w == name) => Err(Error::invalid(
+                what,
+                format!("field {} is confidential and is never sent", crate::context::shown_name(name)),
+            )),
+            None => Err(Error::invalid(what, format!("unknown field {}", crate::context::shown_name(name)))),
         }
     }
 }
@@ -267,6 +268,17 @@ impl Scd {
     /// The prepared form of the public fields, from the context cache when
     /// the same fields (names, kinds, contents) were seen before.
     pub(super) fn prepare(&self, fields: &[&Field], cancel: &Cancel) -> Result<Arc<PreparedContext>> {
+        self.prepare_given(fields, &Given::new(), cancel)
+    }
+
+    /// [`Scd::prepare`], taking chunk vectors from `given` where it holds
+    /// them (see [`Scd::embed_given`]).
+    pub(super) fn prepare_given(
+        &self,
+        fields: &[&Field],
+        given: &Given,
+        cancel: &Cancel,
+    ) -> Result<Arc<PreparedContext>> {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(self.encoder.model_id().as_bytes());
@@ -284,7 +296,7 @@ impl Scd {
             return Ok(p);
         }
         cancel.check("chunk")?;
-        let chunks = self.prepare_chunks(fields, cancel)?;
+        let chunks = self.prepare_chunks(fields, given, cancel)?;
         cancel.check("index")?;
         // code: BM25 also sees camel-case identifiers split (`RandomState` → `random state`)
         let lexical: Vec<std::borrow::Cow<'_, str>> = chunks
@@ -368,7 +380,7 @@ impl Scd {
         }
     }
 
-    pub(super) fn prepare_chunks(&self, fields: &[&Field], cancel: &Cancel) -> Result<Vec<Prepared>> {
+    pub(super) fn prepare_chunks(&self, fields: &[&Field], given: &Given, cancel: &Cancel) -> Result<Vec<Prepared>> {
         let mut out: Vec<Prepared> = Vec::new();
         // what each chunk is embedded as: its label and text, after the
         // previous chunk of its group when `embed_neighbour` is on
@@ -430,13 +442,45 @@ impl Scd {
             ));
         }
         let texts: Vec<&str> = vector_texts.iter().map(String::as_str).collect();
-        let vecs = self.embed_cached_with(&texts, InputKind::Passage, cancel)?;
+        let vecs = self.embed_given(&texts, given, cancel)?;
         for (p, v) in out.iter_mut().zip(vecs) {
             p.embedding = v;
         }
         Ok(out)
     }
+
+    /// The passage vectors of `texts`: from `given` (vectors a shared
+    /// store's context blob holds, by embedding cache key) where it has one
+    /// under the key of the text itself that is a finite unit vector of the
+    /// encoder's dimension, the rest through the cache and the encoder. A
+    /// given vector goes into no cache, memory or disk: the store is not
+    /// trusted with what other contexts read, and an entry under a key no
+    /// text of these fields derives is never looked at.
+    pub(super) fn embed_given(&self, texts: &[&str], given: &Given, cancel: &Cancel) -> Result<Vec<Arc<[f32]>>> {
+        if given.is_empty() {
+            return self.embed_cached_with(texts, InputKind::Passage, cancel);
+        }
+        let (model, dim) = (self.encoder.model_id(), self.encoder.dim());
+        let mut out: Vec<Option<Arc<[f32]>>> = texts
+            .iter()
+            .map(|t| {
+                let v = given.get(&EmbeddingCache::key(model, 0, t))?;
+                (v.len() == dim && is_unit_vector(v)).then(|| Arc::from(v.as_slice()))
+            })
+            .collect();
+        let rest: Vec<usize> = (0..texts.len()).filter(|&i| out[i].is_none()).collect();
+        if !rest.is_empty() {
+            let refs: Vec<&str> = rest.iter().map(|&i| texts[i]).collect();
+            for (&i, v) in rest.iter().zip(self.embed_cached_with(&refs, InputKind::Passage, cancel)?) {
+                out[i] = Some(v);
+            }
+        }
+        Ok(out.into_iter().map(|v| v.expect("filled")).collect())
+    }
 }
+
+/// Chunk vectors by embedding cache key, from a shared store's context blob.
+pub(super) type Given = HashMap<[u8; 32], Vec<f32>>;
 
 /// An identifier as lower-case words: `parse_header`, `ParseHeader` and
 /// `parseHTTPHeader` → `parse header`, `parse header`, `parse http header`.

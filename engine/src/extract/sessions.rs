@@ -9,7 +9,7 @@ use std::sync::{Arc, MutexGuard};
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
-use super::prepare::PreparedContext;
+use super::prepare::{Given, PreparedContext};
 use super::{Ledger, Scd, SessionRequest};
 use crate::budget::TokenizerRegistry;
 use crate::cache::EmbeddingCache;
@@ -99,6 +99,18 @@ fn shared_key(id: &str, scope: Option<&str>) -> String {
 impl Shared {
     fn down(&self, e: StoreError) -> Error {
         Error::StateUnavailable { store: self.store.name().to_string(), reason: e.0 }
+    }
+}
+
+/// Refuses a record naming a chunk its context does not have (a chunk
+/// index is read from the store, and is used to index the context).
+fn check_indices(record: &SessionRecord, chunks: usize) -> std::result::Result<(), StoreError> {
+    let last = record.last.iter().flat_map(|l| l.chunks.iter().map(|(i, _)| i));
+    match record.sent.iter().chain(last).find(|&&i| i >= chunks) {
+        Some(i) => Err(StoreError(format!(
+            "a session record names chunk {i} of a context of {chunks} chunks; was it written by another version?"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -210,6 +222,7 @@ impl Scd {
             })?,
             None => None,
         };
+        check_indices(record, context.chunks.len()).map_err(|e| s.down(e))?;
         let counting = self.counting(&context, tokenizer)?;
         Ok(Guard::Shared(Box::new(Ledger {
             context,
@@ -235,11 +248,11 @@ impl Scd {
         let blob = ContextBlob::decode(&bytes).ok_or_else(|| {
             s.down(StoreError("a context blob is unreadable; was it written by another version?".into()))
         })?;
-        let entries: Vec<([u8; 32], Arc<[f32]>)> =
-            blob.embeddings.into_iter().map(|(k, v)| (k, Arc::from(v.into_boxed_slice()))).collect();
-        self.cache.put_many(&entries);
+        // the blob's vectors are used only for the chunks of its own fields
+        // whose keys they carry, checked, and cached nowhere (prepare_given)
+        let given: Given = blob.embeddings.into_iter().collect();
         let fields: Vec<&Field> = blob.fields.iter().collect();
-        let prepared = self.prepare(&fields, cancel)?;
+        let prepared = self.prepare_given(&fields, &given, cancel)?;
         if prepared.key != key {
             return Err(s.down(StoreError(
                 "the stored context does not rebuild to its digest: every replica must run the same model and chunking options".into(),

@@ -429,3 +429,105 @@ fn a_replica_continues_another_replicas_session_from_the_store_and_redoes_a_lost
     wrong.session_token = "guess".into();
     assert!(matches!(b.request_more(&wrong).unwrap_err(), Error::SessionForbidden { .. }));
 }
+
+/// The store's blob for the one context in `store`, decoded.
+fn stored_blob(store: &MemStore) -> (String, crate::shared::ContextBlob) {
+    let contexts = store.contexts.lock().unwrap();
+    let (digest, bytes) = contexts.iter().next().unwrap();
+    (digest.clone(), crate::shared::ContextBlob::decode(bytes).unwrap())
+}
+
+#[test]
+fn a_hostile_context_blob_puts_nothing_in_any_cache_of_the_replica_that_restores_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cache/embeddings.redb");
+    let store = Arc::new(MemStore::default());
+    let a = scd().with_shared_state(store.clone(), TokenizerRegistry::new());
+    let cfg = ScdConfig { embedding_store: Some(path.clone()), ..ScdConfig::default() };
+    let b =
+        Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg).with_shared_state(store.clone(), TokenizerRegistry::new());
+    let mut req = request("why did charges fail at checkout", 12);
+    req.session = Some(SessionRequest::default());
+    let grant = a.compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap().session.unwrap();
+    // the store's blob: every vector replaced by one chosen unit vector, one
+    // of them non-finite, and one more planted under the key of a text any
+    // other context may hold
+    let (digest, mut blob) = stored_blob(&store);
+    let mut chosen = vec![0f32; 128];
+    chosen[0] = 1.0;
+    let planted = EmbeddingCache::key(b.encoder.model_id(), 0, "weather: It is sunny today.");
+    for (_, v) in &mut blob.embeddings {
+        v.clone_from(&chosen);
+    }
+    blob.embeddings[0].1[1] = f32::NAN;
+    blob.embeddings.push((planted, chosen.clone()));
+    let keys: Vec<[u8; 32]> = blob.embeddings.iter().map(|(k, _)| *k).collect();
+    store.contexts.lock().unwrap().insert(digest, blob.encode());
+    // b restores the context from the blob, and answers
+    b.request_more(&follow_up(&grant, "what about the office plants", Some(12))).unwrap();
+    // but neither its memory nor its disk holds a vector of the blob
+    let held = b.cache.get_many(&keys);
+    assert!(held.iter().all(|v| v.as_deref() != Some(&chosen[..])), "a store vector was cached");
+    assert!(held.last().unwrap().is_none(), "the planted key was cached");
+    let disk = crate::cache::DiskTier::new(&path, 1 << 30).get_many(&keys);
+    assert!(disk.iter().all(|v| v.as_deref() != Some(&chosen[..])), "a store vector reached the disk");
+}
+
+#[test]
+fn a_session_record_naming_a_chunk_out_of_range_is_refused_not_a_panic() {
+    let store = Arc::new(MemStore::default());
+    let a = scd().with_shared_state(store.clone(), TokenizerRegistry::new());
+    let mut req = request("why did charges fail at checkout", 12);
+    req.session = Some(SessionRequest::default());
+    let grant = a.compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap().session.unwrap();
+    for (field, value) in [
+        ("sent", serde_json::json!([0, 1_000_000])),
+        (
+            "last",
+            serde_json::json!({"request_id": "r", "chunks": [[77, 0.5]], "sent_tokens": 1, "budget": 9, "reason": null}),
+        ),
+    ] {
+        {
+            let mut sessions = store.sessions.lock().unwrap();
+            let (record, _) = sessions.values_mut().next().unwrap();
+            let mut v: serde_json::Value = serde_json::from_slice(record).unwrap();
+            v["sent"] = serde_json::json!([]);
+            v[field] = value;
+            *record = serde_json::to_vec(&v).unwrap();
+        }
+        let mut ask = follow_up(&grant, "what about the office plants", Some(12));
+        ask.request_id = Some("r".into());
+        let e = a.request_more(&ask).unwrap_err();
+        assert!(matches!(e, Error::StateUnavailable { .. }), "{field}: {e}");
+        assert!(e.to_string().contains("a session record names chunk") && e.to_string().contains("chunks"), "{e}");
+    }
+}
+
+#[test]
+fn a_compress_goes_on_over_a_corrupted_cache_file_and_a_held_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("embeddings.redb");
+    let engine = || {
+        let cfg = ScdConfig { embedding_store: Some(path.clone()), ..ScdConfig::default() };
+        Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
+    };
+    let req = request("why did charges fail at checkout", 40);
+    let first = engine().compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+    let ids = |c: &Compressed| c.chunks.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
+    // held by another opener: the compress waits a moment, not seconds
+    let held = redb::Database::create(&path).unwrap();
+    let start = std::time::Instant::now();
+    let out = engine().compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+    assert!(start.elapsed() < std::time::Duration::from_millis(1500), "took {:?}", start.elapsed());
+    assert_eq!(ids(&out), ids(&first));
+    drop(held);
+    // corrupted, however: the same answer, and no panic
+    for seed in 0..8 {
+        crate::cache::tests::flip(&path, seed, 4);
+        let out = engine().compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+        assert_eq!(ids(&out), ids(&first), "seed {seed}");
+        if !path.exists() {
+            engine().compress_opts(&req, &opts("o200k", false), &Cancel::new()).unwrap();
+        }
+    }
+}

@@ -88,6 +88,15 @@ pub async fn handle(
             return reply(&Value::Null, Err(Error::InvalidRequest("id: required (every A2A method answers)".into())))
         }
     };
+    // a repeated key would leave only its last value in the map
+    // (`"confidential": true, "confidential": false` a public field)
+    if let Err(e) = scd_engine::context::check_unique_keys(&raw) {
+        let e = e.to_string();
+        return reply(
+            &id,
+            Err(if e.starts_with("params") { Error::InvalidParams(e) } else { Error::InvalidRequest(e) }),
+        );
+    }
     if let Some(k) = req.keys().find(|k| !["jsonrpc", "method", "params", "id"].contains(&k.as_str())) {
         return reply(
             &id,

@@ -92,10 +92,10 @@ pub enum Error {
     #[error("internal error: {0}")]
     Internal(String),
     /// `-32001`.
-    #[error("task {0} not found")]
+    #[error("task {} not found", scd_engine::context::shown_name(.0))]
     TaskNotFound(String),
     /// `-32002`.
-    #[error("task {id} is {} and cannot be canceled", state.name())]
+    #[error("task {} is {} and cannot be canceled", scd_engine::context::shown_name(.id), state.name())]
     NotCancelable {
         /// The task.
         id: String,

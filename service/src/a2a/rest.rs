@@ -83,7 +83,15 @@ fn query_object(q: Option<&str>, numeric: &[&str], boolean: &[&str]) -> Result<V
 
 async fn body_json(agent: &Agent, body: Body) -> Result<Value, Error> {
     let raw = read_body(body, agent.config().max_request_bytes).await?;
-    serde_json::from_slice(&raw).map_err(|e| Error::Parse(e.to_string()))
+    let v = serde_json::from_slice(&raw).map_err(|e| Error::Parse(e.to_string()))?;
+    unique_keys(&raw)?;
+    Ok(v)
+}
+
+/// A repeated key would leave only its last value in the parsed body
+/// (`"confidential": true, "confidential": false` a public field).
+fn unique_keys(raw: &[u8]) -> Result<(), Error> {
+    scd_engine::context::check_unique_keys(raw).map_err(|e| Error::InvalidParams(e.to_string()))
 }
 
 /// `GET /.well-known/agent-card.json`: URLs on `--a2a-public-url` or the
@@ -177,7 +185,9 @@ pub async fn post_task(
         let mut v = if raw.iter().all(u8::is_ascii_whitespace) {
             json!({})
         } else {
-            serde_json::from_slice(&raw).map_err(|e| Error::Parse(e.to_string()))?
+            let v = serde_json::from_slice(&raw).map_err(|e| Error::Parse(e.to_string()))?;
+            unique_keys(&raw)?;
+            v
         };
         if !v.is_object() {
             return Err(Error::InvalidParams("the body must be a JSON object".into()));

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt as _;
 use scd_engine::extract::Scd;
@@ -20,7 +19,8 @@ use crate::client::Conn;
 use crate::config::ModelArgs;
 use crate::grpc::http::{serve_router, HttpLimits};
 use crate::grpc::Limits;
-use crate::mcp::http::{refuse_when_full, CappedSessions, Gate};
+use crate::mcp::http::{refuse_duplicate_keys, refuse_when_full, CappedSessions, Gate};
+use crate::mcp::stdio::StrictLines;
 use crate::mcp::{Backend, ScdMcp, SessionTokens};
 use crate::tls;
 
@@ -172,8 +172,7 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
             None => {
                 tracing::info!("MCP over stdio");
                 let (stdin, stdout) = rmcp::transport::stdio();
-                let transport =
-                    AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(args.max_request_bytes);
+                let transport = StrictLines::new(stdin, stdout, args.max_request_bytes);
                 let running = server.serve(transport).await.context("MCP initialization")?;
                 running.waiting().await.context("MCP over stdio")?;
                 Ok(())
@@ -193,7 +192,8 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
                 let gate = Gate { sessions, max_body_bytes: args.max_request_bytes };
                 let router = axum::Router::new()
                     .nest_service("/mcp", service)
-                    .layer(axum::middleware::from_fn_with_state(gate, refuse_when_full));
+                    .layer(axum::middleware::from_fn_with_state(gate, refuse_when_full))
+                    .layer(axum::middleware::from_fn_with_state(args.max_request_bytes, refuse_duplicate_keys));
                 let limits = HttpLimits {
                     max_connections: args.http_max_connections,
                     header_timeout: Duration::from_millis(args.http_header_timeout_ms),

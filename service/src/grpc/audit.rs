@@ -117,6 +117,24 @@ impl AuditAccess {
     }
 }
 
+/// The most bytes of a client-chosen session id a record keeps as sent.
+pub const MAX_RECORDED_ID_BYTES: usize = 128;
+
+/// A client-chosen session id as the trail records it (and a query names
+/// it): `None` when empty, itself when at most [`MAX_RECORDED_ID_BYTES`],
+/// else `sha256:` and its hex digest, so that calls naming a megabyte "id"
+/// (refused ones included) cannot make the trail hold and flush it whole.
+pub fn recorded_id(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return None;
+    }
+    if id.len() <= MAX_RECORDED_ID_BYTES {
+        return Some(id.to_string());
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    Some(format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
 /// The name of a status code as recorded in `outcome` (`InvalidArgument`).
 pub fn code_name(code: Code) -> String {
     format!("{code:?}")
@@ -132,8 +150,8 @@ pub fn fill_from_compress(rec: &mut AuditRecord, r: &pb::CompressResponse) {
         rec.selected_tokens = u64::from(t.sent_tokens);
         rec.reduction_ratio = t.reduction_ratio;
     }
-    if !r.session_id.is_empty() {
-        rec.session_id = Some(r.session_id.clone());
+    if let Some(id) = recorded_id(&r.session_id) {
+        rec.session_id = Some(id);
     }
     fill_timing(rec, r.timing.as_ref());
 }
@@ -240,7 +258,7 @@ pub fn from_pb(m: pb::AuditRecordMsg) -> AuditRecord {
 pub fn filter(r: pb::AuditRequest, who: Option<&str>) -> Result<AuditFilter, Status> {
     let some = |s: String| (!s.is_empty()).then_some(s);
     let mut f = AuditFilter {
-        session: some(r.session_id),
+        session: recorded_id(&r.session_id),
         caller: some(r.caller),
         since_ms: (r.since_ms > 0).then_some(r.since_ms),
         until_ms: (r.until_ms > 0).then_some(r.until_ms),
@@ -376,6 +394,19 @@ impl ScdService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_session_id_is_recorded_and_queried_by_its_digest() {
+        assert_eq!(recorded_id(""), None);
+        let short = "s".repeat(MAX_RECORDED_ID_BYTES);
+        assert_eq!(recorded_id(&short).as_deref(), Some(short.as_str()));
+        let long = "x".repeat(5_000_000);
+        let kept = recorded_id(&long).unwrap();
+        assert!(kept.starts_with("sha256:") && kept.len() == 7 + 64, "{kept}");
+        assert_ne!(recorded_id(&format!("{long}y")).unwrap(), kept);
+        let f = filter(pb::AuditRequest { session_id: long, ..Default::default() }, None).unwrap();
+        assert_eq!(f.session, Some(kept), "a query finds what was recorded");
+    }
 
     #[test]
     fn filter_checks_range_and_restricts_callers() {

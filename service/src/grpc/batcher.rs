@@ -71,6 +71,15 @@ pub struct Batcher {
     stopped: watch::Receiver<Option<String>>,
 }
 
+/// What a client is told when the encoder panicked on its batch: the
+/// panic's text may quote a request's content, so it goes to the log only.
+pub const ENCODER_FAILED: &str = "the encoder failed; the server's log has the cause";
+/// What a client is told once the encoder thread has stopped (the cause is
+/// logged, and kept for the operator by [`Batcher::stopped_signal`]).
+pub const ENCODER_STOPPED: &str = "encoder thread stopped; the server's log has the cause";
+/// [`ENCODER_STOPPED`] when the cause was not published in time.
+pub const ENCODER_STOPPED_UNKNOWN: &str = "encoder thread stopped; the cause was not published";
+
 static QUEUE_FULL: RateLimitedWarn = RateLimitedWarn::new("embed_queue_full");
 
 /// Why a submission was refused.
@@ -99,7 +108,7 @@ impl Batcher {
                 error!(cause = %cause, "encoder thread stopped; embed requests now fail UNAVAILABLE");
                 let _ = stop_tx.send(Some(cause.clone()));
                 worker.rx.close();
-                let unavailable = || Status::unavailable(format!("encoder thread stopped: {cause}"));
+                let unavailable = || Status::unavailable(ENCODER_STOPPED);
                 if let Some((j, _)) = worker.pending.take() {
                     let _ = j.reply.send((Err(unavailable()), 0.0));
                 }
@@ -290,7 +299,7 @@ impl Worker {
             Err(cause) => {
                 for j in jobs {
                     let q = queued(&j);
-                    let _ = j.reply.send((Err(Status::internal(cause.clone())), q));
+                    let _ = j.reply.send((Err(Status::internal(ENCODER_FAILED)), q));
                 }
                 return Err(cause);
             }
@@ -333,7 +342,7 @@ impl Worker {
                         Err(cause) => {
                             for j in std::iter::once(j).chain(jobs) {
                                 let q = queued(&j);
-                                let _ = j.reply.send((Err(Status::internal(cause.clone())), q));
+                                let _ = j.reply.send((Err(Status::internal(ENCODER_FAILED)), q));
                             }
                             return Err(cause);
                         }

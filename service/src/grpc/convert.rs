@@ -32,6 +32,13 @@ pub fn status(err: scd_engine::Error) -> Status {
     Status::new(code, err.to_string())
 }
 
+/// A worker that failed (a panic in the engine, whose text may quote a
+/// request's content): a fixed INTERNAL for the client, the cause logged.
+pub(crate) fn worker_failed(e: tokio::task::JoinError) -> Status {
+    tracing::error!(error = %e, "an engine worker failed");
+    Status::internal("the engine failed on this request; the server's log has the cause")
+}
+
 fn kind(i: usize, k: i32) -> Result<FieldKind, Status> {
     let wire = pb::FieldKind::try_from(k)
         .map_err(|_| Status::invalid_argument(format!("fields[{i}].kind: unknown value {k}")))?;

@@ -289,7 +289,7 @@ impl ScdService {
                 self.metrics.rejected("embed_queue_full");
                 overloaded("embed", self.limits.queue_size, &self.embed_pace)
             }
-            Refused::Stopped(cause) => Status::unavailable(format!("encoder thread stopped: {cause}")),
+            Refused::Stopped(_) => Status::unavailable(batcher::ENCODER_STOPPED),
         })?;
         Ok(PendingEmbed { rx, start, _cancel: guard, _share: share })
     }
@@ -330,7 +330,7 @@ impl ScdService {
             .await
             .ok()
             .and_then(|r| r.ok().and_then(|c| c.clone()));
-        Status::unavailable(format!("encoder thread stopped: {}", cause.as_deref().unwrap_or("unknown cause")))
+        Status::unavailable(if cause.is_some() { batcher::ENCODER_STOPPED } else { batcher::ENCODER_STOPPED_UNKNOWN })
     }
 
     /// Runs CPU-bound engine work off the runtime, behind the compress slots.
@@ -393,7 +393,7 @@ impl ScdService {
         });
         let out = until(deadline, "in the engine", queued, task)
             .await?
-            .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+            .map_err(convert::worker_failed)?
             .map_err(convert::status)?;
         guard.disarm();
         Ok((out, ms(queued)))
@@ -553,7 +553,7 @@ impl ScdService {
                 rec.set_task(&t.description);
             }
             rec.budget_tokens = r.requirement.as_ref().map(|q| q.max_context_tokens);
-            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+            rec.session_id = audit::recorded_id(&r.session_id);
         }
         let res = self.compress_inner(r, deadline, caller, &who, open).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
@@ -578,7 +578,7 @@ impl ScdService {
         let share_key = shares::key(who.as_deref(), from.as_deref());
         let mut rec = self.audit_record(method, who.clone(), from);
         if let Some(rec) = rec.as_mut() {
-            rec.session_id = (!r.session_id.is_empty()).then(|| r.session_id.clone());
+            rec.session_id = audit::recorded_id(&r.session_id);
             rec.set_task(&r.specific_question);
         }
         if let Err(s) = empty_session(&r.session_id) {
@@ -842,7 +842,7 @@ impl pb::scd_server::Scd for ScdHandler {
                     rec.set_task(&t.description);
                 }
                 rec.budget_tokens = c.requirement.as_ref().map(|q| q.max_context_tokens);
-                rec.session_id = (!c.session_id.is_empty()).then(|| c.session_id.clone());
+                rec.session_id = audit::recorded_id(&c.session_id);
             }
         }
         let res = self.handoff_inner(r, d, who, &share_key).await;

@@ -142,17 +142,8 @@ pub async fn refuse_when_full(State(gate): State<Gate>, req: Request, next: Next
     }
     let (parts, body) = req.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, gate.max_body_bytes).await else {
-        return (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body over {} bytes (--max-request-bytes)\n", gate.max_body_bytes),
-        )
-            .into_response();
+        return too_large(gate.max_body_bytes);
     };
-    #[derive(serde::Deserialize)]
-    struct Probe {
-        method: Option<String>,
-        id: Option<serde_json::Value>,
-    }
     match serde_json::from_slice::<Probe>(&bytes) {
         Ok(Probe { method: Some(m), id }) if m == "initialize" => {
             let msg = SessionError::Full { max: gate.sessions.max }.to_string();
@@ -174,6 +165,42 @@ pub async fn refuse_when_full(State(gate): State<Gate>, req: Request, next: Next
         }
         _ => next.run(Request::from_parts(parts, Body::from(bytes))).await,
     }
+}
+
+/// The part of a JSON-RPC request the middlewares look at.
+#[derive(serde::Deserialize)]
+struct Probe {
+    method: Option<String>,
+    id: Option<serde_json::Value>,
+}
+
+fn too_large(max: usize) -> Response {
+    (StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {max} bytes (--max-request-bytes)\n")).into_response()
+}
+
+/// Middleware: a POST whose body repeats a key in any object is answered
+/// HTTP 400 with a JSON-RPC error naming the key's path
+/// (`params.arguments.context.fields[0].confidential: duplicate key; …`).
+/// rmcp reads a request into maps that keep a repeated key's last value,
+/// so `"confidential": true, "confidential": false` would reach the tools
+/// as a public field. The state is `--max-request-bytes`.
+pub async fn refuse_duplicate_keys(State(max_body_bytes): State<usize>, req: Request, next: Next) -> Response {
+    if req.method() != Method::POST {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, max_body_bytes).await else {
+        return too_large(max_body_bytes);
+    };
+    let Err(e) = scd_engine::context::check_unique_keys(&bytes) else {
+        return next.run(Request::from_parts(parts, Body::from(bytes))).await;
+    };
+    let msg = e.to_string();
+    let code = if msg.starts_with("params") { -32602 } else { -32600 };
+    let id = serde_json::from_slice::<Probe>(&bytes).ok().and_then(|p| p.id).unwrap_or(serde_json::Value::Null);
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": msg}});
+    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body.to_string())
+        .into_response()
 }
 
 #[cfg(test)]

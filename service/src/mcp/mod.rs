@@ -47,6 +47,7 @@
 
 mod backend;
 pub mod http;
+pub mod stdio;
 
 pub use backend::{Backend, Peer};
 

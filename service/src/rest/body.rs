@@ -45,6 +45,9 @@ impl<T: RestBody> FromRequest<Arc<ScdService>> for Body<T> {
         let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
             ApiError::invalid(format!("body: not JSON ({})", crate::input::redact_json_error(&e.to_string())))
         })?;
+        // a repeated key would leave only its last value in the map
+        // (`"confidential": true, "confidential": false` a public field)
+        scd_engine::context::check_unique_keys(&bytes).map_err(|e| ApiError::invalid(format!("body.{e}")))?;
         let Value::Object(map) = value else {
             return Err(ApiError::invalid("body: must be a JSON object".into()));
         };

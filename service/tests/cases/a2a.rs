@@ -622,3 +622,37 @@ async fn a2a_card_urls_ignore_a_forged_host_header() {
     assert_eq!(urls, [format!("{base}/"), base.clone(), format!("http://localhost:{grpc_port}")]);
     assert_eq!(card["provider"]["url"], base);
 }
+
+/// A key twice in one object is refused over JSON-RPC and over HTTP+JSON
+/// (in-process server, hash encoder), so a data part's `"confidential":
+/// true, "confidential": false` never reads as public.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_refuses_a_repeated_key_so_a_confidential_field_is_never_public() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let addr = s.http.to_string();
+    tokio::task::spawn_blocking(move || {
+        let fields = r#"[{"name": "notes", "content": "Checkout calls the payment API."},
+            {"name": "api_keys", "content": "sk_live_SECRET_4242", "confidential": true, "confidential": false}]"#;
+        let message = format!(
+            r#"{{"message": {{"messageId": "m-dup", "role": "ROLE_USER", "parts": [{{"data": {{
+            "task": "Which key does checkout use?", "budget": 200, "context": {{"fields": {fields}}}}}}}]}}}}"#
+        );
+        let why = "message.parts[0].data.context.fields[1].confidential: duplicate key; each key may appear once in an object";
+        let r = post(&addr, &format!(r#"{{"jsonrpc": "2.0", "id": 5, "method": "SendMessage", "params": {message}}}"#));
+        assert_eq!(r["id"], 5, "{r}");
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().ends_with(&format!("params.{why}")), "{r}");
+        assert!(!r.to_string().contains("SECRET"), "{r}");
+        let (status, text) = http(&addr, "POST", "/message:send", &[("A2A-Version", "1.0")], &message);
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains(why) && !text.contains("SECRET"), "{text}");
+        // the key once: compressed, the field withheld
+        let once = message.replace(r#", "confidential": false"#, "");
+        let r = post(&addr, &format!(r#"{{"jsonrpc": "2.0", "id": 6, "method": "SendMessage", "params": {once}}}"#));
+        assert!(r["result"].is_object(), "{r}");
+        assert!(!r.to_string().contains("SECRET"), "{r}");
+    })
+    .await
+    .unwrap();
+}

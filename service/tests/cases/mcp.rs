@@ -349,3 +349,62 @@ fn mcp_flags_are_checked_before_any_work() {
     assert!(!ok);
     assert!(err.contains("--server"), "{err}");
 }
+
+/// `compress_context` with `api_keys` marked confidential, then public, in
+/// one object: JSON-RPC request `id` 9.
+const DUPLICATE_CALL: &str = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"compress_context","arguments":{"task":"Which key does checkout use?","budget":200,"context":{"fields":[{"name":"notes","content":"Checkout calls the payment API."},{"name":"api_keys","content":"sk_live_SECRET_4242","confidential":true,"confidential":false}]}}}}"#;
+
+const DUPLICATE_WHY: &str =
+    "params.arguments.context.fields[1].confidential: duplicate key; each key may appear once in an object";
+
+/// A key twice in one object never reaches the tools, over HTTP: the
+/// request is answered 400 with a JSON-RPC error naming the key's path (no
+/// backend is reachable: nothing else could answer so).
+#[test]
+fn mcp_over_http_refuses_a_repeated_key_before_any_tool_runs() {
+    let (_guard, url) = mcp_http(&["--server", "http://127.0.0.1:9", "--models-dir", "/nonexistent"]);
+    let addr = host(&url);
+    let init = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    assert!(init.starts_with("HTTP/1.1 200"), "{init}");
+    let session = session_id(&init).to_string();
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert!(raw_http(addr, "POST", Some(&session), note).unwrap().starts_with("HTTP/1.1 2"));
+    let refused = raw_http(addr, "POST", Some(&session), DUPLICATE_CALL).unwrap();
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    let body: serde_json::Value = serde_json::from_str(refused.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["id"], 9, "{body}");
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+    assert_eq!(body["error"]["message"], DUPLICATE_WHY);
+    assert!(!refused.contains("SECRET"), "{refused}");
+}
+
+/// The same over stdio: the line never reaches rmcp, and the client gets
+/// the error for its request id on stdout.
+#[test]
+fn mcp_over_stdio_refuses_a_repeated_key_before_any_tool_runs() {
+    use std::io::Write;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_scd"));
+    let mut child = model_env(&mut cmd)
+        .args(["mcp", "--server", "http://127.0.0.1:9", "--models-dir", "/nonexistent"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let _guard = Guard(child);
+    writeln!(stdin, "{INITIALIZE}").unwrap();
+    let init = lines.next().unwrap().unwrap();
+    assert!(init.contains(r#""id":7"#) && init.contains("serverInfo"), "{init}");
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#).unwrap();
+    writeln!(stdin, "{DUPLICATE_CALL}").unwrap();
+    let reply: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(reply["id"], 9, "{reply}");
+    assert_eq!(reply["error"]["code"], -32602, "{reply}");
+    assert_eq!(reply["error"]["message"], DUPLICATE_WHY);
+    // the server goes on: a ping is answered
+    writeln!(stdin, r#"{{"jsonrpc":"2.0","id":10,"method":"ping"}}"#).unwrap();
+    let pong = lines.next().unwrap().unwrap();
+    assert!(pong.contains(r#""id":10"#) && pong.contains("result"), "{pong}");
+}

@@ -320,3 +320,43 @@ fn health_and_ready_over_http_need_no_signature() {
     assert_eq!(states.last().unwrap(), &(200, "serving".to_string()), "{states:?}");
     assert_eq!(http("/metrics").0, 401, "other routes still need a signature");
 }
+
+/// `api_keys` marked confidential, then public, in one object.
+const DUPLICATE_BODY: &str = r#"{"task": "Which key does checkout use?", "budget": 200, "context": {"fields": [
+    {"name": "notes", "content": "Checkout calls the payment API."},
+    {"name": "api_keys", "content": "sk_live_SECRET_4242", "confidential": true, "confidential": false}]}}"#;
+
+/// A key twice in one object is refused (in-process server, hash encoder),
+/// so `"confidential": true, "confidential": false` never reads as public;
+/// the body with the key once compresses with the field withheld.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_refuses_a_repeated_key_so_a_confidential_field_is_never_public() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let host = s.http.to_string();
+    let post = |body: String| {
+        let host = host.clone();
+        async move {
+            let raw = request_from("127.0.0.1", s.http, &[("Host", &host)], "POST", "/v1/compress", &body).await;
+            parse_response(&raw)
+        }
+    };
+    let (status, text) = post(DUPLICATE_BODY.to_string()).await;
+    assert_eq!(status, 400, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        e["error"]["message"],
+        "body.context.fields[1].confidential: duplicate key; each key may appear once in an object",
+        "{text}"
+    );
+    assert!(!text.contains("SECRET"), "{text}");
+    // anywhere in the body, not only in a field
+    let (status, text) = post(DUPLICATE_BODY.replace(r#""budget": 200"#, r#""budget": 200, "budget": 1"#)).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("body.budget: duplicate key"), "{text}");
+    let (status, text) = post(DUPLICATE_BODY.replace(r#", "confidential": false"#, "")).await;
+    assert_eq!(status, 200, "{text}");
+    let out: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(out["withheld_fields"], json!(["api_keys"]), "{text}");
+    assert!(!text.contains("SECRET"), "{text}");
+}
