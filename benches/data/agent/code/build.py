@@ -174,7 +174,8 @@ def main():
     count, how = counter(a.tokenizer)
     rows, bad = [], 0
     for c in cases:
-        texts = read_members(fetch(c), set(c['files']))
+        archive = fetch(c)
+        texts = read_members(archive, set(c['files']))
         fields = [{'name': p, 'kind': 'code', 'content': texts[p], 'confidential': False} for p in sorted(c['files'])]
         for g in c['gold']:
             lines = lines_of(texts[g['field']])
@@ -194,8 +195,9 @@ def main():
         rows.append({
             'id': c['id'], 'kind': 'code',
             'source': {'registry': c['registry'], 'package': c['package'], 'version_from': c['version_from'],
-                       'version_to': c['version_to'], 'paths': [g['field'] for g in c['gold']], 'lang': c['lang'],
-                       'archive_sha256': c['archive_sha256']},
+                       'version_to': c['version_to'], 'archive': os.path.basename(archive), 'sha256': c['archive_sha256'],
+                       'path': c['gold'][0]['field'], 'gold_paths': [g['field'] for g in c['gold']],
+                       'paths': [f['name'] for f in fields], 'lang': c['lang'], 'task_from': c['task_from']},
             'task': c['task'],
             'context': {'fields': fields},
             'gold': [{'field': g['field'], 'ranges': g['ranges']} for g in c['gold']],
