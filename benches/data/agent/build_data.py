@@ -71,7 +71,7 @@ def fetch(pkg: dict) -> Path:
             (proj / "src" / "lib.rs").write_text("")
             (proj / "Cargo.toml").write_text(
                 f'[package]\nname = "fetch-{name}"\nversion = "0.0.0"\nedition = "2021"\n\n'
-                f'[dependencies]\n{name} = "={ver}"\n')
+                f'[dependencies]\n{name} = "={ver}"\n\n[workspace]\n')
             subprocess.run(["cargo", "fetch", "--manifest-path", str(proj / "Cargo.toml")], check=True)
             home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
             found = sorted(home.glob(f"registry/cache/*/{name}-{ver}.crate"))
