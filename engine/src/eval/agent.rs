@@ -344,11 +344,11 @@ mod tests {
         let mut wrong = record();
         wrong["gold"][0]["field"] = "x".into();
         let bad = temp("bad", &format!("{one}\n{wrong}\n"));
-        let err = load_all(&[bad.clone()], 10).unwrap_err().to_string();
+        let err = load_all(std::slice::from_ref(&bad), 10).unwrap_err().to_string();
         assert!(err.contains("cases.jsonl: record 2: case \"logs-x\": gold[0].field \"x\""), "{err}");
         let empty = temp("empty", "");
         std::fs::remove_file(empty.join("cases.jsonl")).unwrap();
-        let err = load_all(&[empty.clone()], 10).unwrap_err().to_string();
+        let err = load_all(std::slice::from_ref(&empty), 10).unwrap_err().to_string();
         assert!(err.ends_with("a folder without *.jsonl files"), "{err}");
         for d in [dir, bad, empty] {
             std::fs::remove_dir_all(d).unwrap();
