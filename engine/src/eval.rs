@@ -2,7 +2,10 @@
 //! layouts), SQuAD 2.0, MuSiQue and 2WikiMultihopQA, turned into contexts
 //! with gold evidence spans, and the coverage check that scores a selection.
 //! The `code` set (functions found by their doc sentence in real Rust files)
-//! scores by lines: see [`lines_kept`].
+//! scores by lines: see [`lines_kept`]. Agent material (logs, docs, JSON,
+//! chat, code; gold given as line ranges) loads with [`agent`] and is scored
+//! by its gold lines, beside the line baselines of [`line_baselines`]; both
+//! use this module's helpers, this module uses neither.
 
 use std::path::Path;
 
@@ -12,6 +15,9 @@ use serde_json::Value;
 use crate::chunk::sentences;
 use crate::context::{Context, Field, FieldKind};
 use crate::{Error, Result};
+
+pub mod agent;
+pub mod line_baselines;
 
 /// Which dataset layout to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

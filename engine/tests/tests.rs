@@ -1274,6 +1274,9 @@ mod hnsw_path {
     }
 }
 
+#[path = "cases/agent.rs"]
+mod agent_data;
+
 mod loaders {
     use scd_engine::eval::{load, Dataset};
 

@@ -26,12 +26,15 @@ use crate::config::ModelArgs;
 /// Arguments of `scd eval`.
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// hotpotqa, squad, musique, 2wiki or code (for code the baselines rank
-    /// blank-line-separated blocks, not sentences).
+    /// hotpotqa, squad, musique, 2wiki, code (for code the baselines rank
+    /// blank-line-separated blocks, not sentences) or agent (logs, docs,
+    /// JSON, chat and code cases with gold line ranges, reported per kind
+    /// beside grep-like, BM25-over-lines and first-N-lines baselines).
     #[arg(long)]
     dataset: String,
-    /// Dataset files (read by path; several are concatenated).
-    #[arg(long, num_args = 1.., required = true)]
+    /// Dataset files (read by path; several are concatenated). For agent,
+    /// also folders (their `*.jsonl` files, in name order).
+    #[arg(long, visible_alias = "data", num_args = 1.., required = true)]
     path: Vec<PathBuf>,
     /// Budgets as fractions of each context's tokens, as sent (every
     /// field's whole text counted).
@@ -420,26 +423,8 @@ fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::P
     Ok(())
 }
 
-/// Runs `scd eval`.
-pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
-    let dataset: Dataset = args.dataset.parse()?;
-    let tok = crate::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
-    let opts = CompressOptions { budget_tokenizer: tok.clone(), ..Default::default() };
-    for b in &args.budgets {
-        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
-    }
-    let mut examples = Vec::new();
-    let join = if args.join == "as-given" { Join::AsGiven } else { Join::Natural };
-    for p in &args.path {
-        examples.extend(load_with(dataset, p, args.limit, join).with_context(|| format!("--path {}", p.display()))?);
-    }
-    if let Some(n) = args.among {
-        anyhow::ensure!(dataset != Dataset::Code, "--among: code examples are files, not paragraphs to mix");
-        anyhow::ensure!(n >= 2, "--among: {n} fields; at least 2");
-        examples = among_others(&examples, n, args.among_seed);
-    }
-    let encoder = Arc::new(model.load_encoder()?);
-    let model_id = encoder.model_id().to_string();
+/// SCD's settings from the flags that set them.
+fn scd_config(args: &EvalArgs) -> anyhow::Result<ScdConfig> {
     let mut cfg = ScdConfig::default();
     if args.lexical_weight.is_some() || args.field_weight.is_some() || args.link_weight.is_some() {
         cfg.scorer = scd_engine::extract::Scorer::Hand;
@@ -453,6 +438,59 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         "heuristic" => before_parser(&mut cfg),
         other => anyhow::bail!("--code-chunker: expected parser or heuristic, got {other:?}"),
     }
+    Ok(cfg)
+}
+
+/// `--dataset agent`'s run, refusing the flags it does not take.
+fn agent_eval(args: &EvalArgs, tok: Option<BudgetTokenizer>) -> anyhow::Result<super::eval_agent::AgentEval> {
+    let unused = [
+        ("--among", args.among.is_some()),
+        ("--adaptive", args.adaptive),
+        ("--sweep", !args.sweep.is_empty()),
+        ("--also-model", !args.also_model.is_empty()),
+        ("--dump-features", args.dump_features.is_some()),
+        ("--join", args.join != "natural"),
+    ];
+    if let Some((flag, _)) = unused.iter().find(|(_, set)| *set) {
+        anyhow::bail!("{flag}: not for --dataset agent");
+    }
+    Ok(super::eval_agent::AgentEval {
+        paths: args.path.clone(),
+        limit: args.limit,
+        budgets: args.budgets.clone(),
+        tokenizer: tok,
+        cfg: scd_config(args)?,
+        scd_only: args.scd_only,
+        report: args.report.clone(),
+        plot: args.plot.clone(),
+        per_example: args.per_example.clone(),
+    })
+}
+
+/// Runs `scd eval`.
+pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
+    let tok = crate::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
+    for b in &args.budgets {
+        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
+    }
+    if args.dataset == "agent" {
+        return super::eval_agent::run(model, agent_eval(&args, tok)?);
+    }
+    let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
+    let opts = CompressOptions { budget_tokenizer: tok.clone(), ..Default::default() };
+    let mut examples = Vec::new();
+    let join = if args.join == "as-given" { Join::AsGiven } else { Join::Natural };
+    for p in &args.path {
+        examples.extend(load_with(dataset, p, args.limit, join).with_context(|| format!("--path {}", p.display()))?);
+    }
+    if let Some(n) = args.among {
+        anyhow::ensure!(dataset != Dataset::Code, "--among: code examples are files, not paragraphs to mix");
+        anyhow::ensure!(n >= 2, "--among: {n} fields; at least 2");
+        examples = among_others(&examples, n, args.among_seed);
+    }
+    let encoder = Arc::new(model.load_encoder()?);
+    let model_id = encoder.model_id().to_string();
+    let cfg = scd_config(&args)?;
     let variants = sweep(&cfg, &args.sweep)?;
     let memo: Arc<dyn Encoder> = if variants.is_empty() {
         encoder.clone()

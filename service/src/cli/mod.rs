@@ -16,6 +16,7 @@ pub mod embed_batch;
 pub mod embed_queue;
 pub mod eval;
 mod eval_adaptive;
+mod eval_agent;
 pub mod handoff;
 pub mod identity;
 pub mod load;
