@@ -85,11 +85,12 @@ impl Scd {
         // a container's closing line (`}`), which comes with its header
         let closings: HashMap<(usize, usize), usize> =
             chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();
-        // each prose group's chunks and tokens (a paragraph), when closing
-        // whole groups is on
+        // each prose or chat group's chunks and tokens (a paragraph, a
+        // question and its answer), when closing whole groups is on
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         if self.cfg.group_closure_tokens > 0 {
-            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
+            // prose paragraphs, and a chat question with its answer
+            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field) || c.chunker == "chat") {
                 let e = members.entry(c.group).or_default();
                 e.0.push(j);
                 e.1 += costs.text[j];
@@ -121,7 +122,8 @@ impl Scd {
                 }
                 _ => Vec::new(),
             };
-            let rest_cost: usize = rest.iter().map(|&j| costs.text[j] + costs.header[j]).sum();
+            // the rest of a paragraph joins the chosen chunk's piece: no header
+            let rest_cost: usize = rest.iter().map(|&j| costs.text[j]).sum();
             let closure = if !rest.is_empty() && bag.used + rest_cost <= budget {
                 rest
             } else {

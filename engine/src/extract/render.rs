@@ -22,7 +22,10 @@ impl Scd {
     /// Per chunk, what the header of a piece it opens costs (with its line break).
     pub(super) fn header_costs(&self, ctx: &PreparedContext, counting: &Counting) -> Result<Vec<usize>> {
         use rayon::prelude::*;
-        (0..ctx.chunks.len()).into_par_iter().map(|i| Ok(self.count_text(counting, &header(ctx, &[i]))? + 1)).collect()
+        (0..ctx.chunks.len())
+            .into_par_iter()
+            .map(|i| self.count_text(counting, &format!("{}\n", header(ctx, &[i]))))
+            .collect()
     }
 
     /// Drops the weakest chunk not kept by `keep` until `text(selected)`
@@ -39,7 +42,7 @@ impl Scd {
         trace: &mut PackTrace,
     ) -> Result<usize> {
         loop {
-            let n = if selected.is_empty() { 0 } else { self.count_text(counting, &text(selected))? };
+            let n = self.count_text(counting, &text(selected))?;
             if n <= budget {
                 return Ok(n);
             }

@@ -81,10 +81,12 @@ fn the_sent_text_never_counts_more_than_the_budget_in_the_chosen_tokenizer() {
             }
         }
     }
-    // the default stays the encoder's count, chunks summed
+    // the default counts in the encoder's tokenizer, the text whole (its
+    // headers too)
     let out = scd.compress(&request("why did charges fail", 20)).unwrap();
     assert_eq!(out.totals.tokenizer, "e5");
-    assert_eq!(out.totals.sent_tokens, out.chunks.iter().map(|c| c.tokens).sum::<usize>());
+    assert_eq!(out.totals.sent_tokens, scd.encoder().count_tokens(&out.text).unwrap());
+    assert!(out.totals.sent_tokens <= 20 && out.text.starts_with('['), "{}", out.text);
     assert!(out.explanation.is_none());
 }
 
