@@ -1285,6 +1285,9 @@ mod hnsw_path {
 #[path = "cases/agent.rs"]
 mod agent_data;
 
+#[path = "cases/showcase.rs"]
+mod showcase;
+
 mod loaders {
     use scd_engine::eval::{load, Dataset};
 

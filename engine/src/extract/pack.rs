@@ -85,12 +85,11 @@ impl Scd {
         // a container's closing line (`}`), which comes with its header
         let closings: HashMap<(usize, usize), usize> =
             chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();
-        // each prose or chat group's chunks and tokens (a paragraph, a
-        // question and its answer), when closing whole groups is on
+        // each prose group's chunks and tokens (a paragraph), when closing
+        // whole groups is on
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         if self.cfg.group_closure_tokens > 0 {
-            // prose paragraphs, and a chat question with its answer
-            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field) || c.chunker == "chat") {
+            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
                 let e = members.entry(c.group).or_default();
                 e.0.push(j);
                 e.1 += costs.text[j];

@@ -127,7 +127,8 @@ fn adversarial_contexts_get_clear_errors() {
     let p = path.to_str().unwrap();
     let run = |ctx: String| {
         std::fs::write(&path, ctx).unwrap();
-        scd(&["compress", "--task", "why", "--context", p, "--budget", "400"], "")
+        // a 2 KiB piece of one line is about 470 e5 tokens, with its header line
+        scd(&["compress", "--task", "why", "--context", p, "--budget", "500"], "")
     };
     // 10k-deep nesting where a string belongs: a clear type error, no stack overflow
     let deep = format!("{{\"fields\": [{{\"name\": {}{}}}]}}", "[".repeat(10_000), "]".repeat(10_000));
@@ -153,7 +154,7 @@ fn adversarial_contexts_get_clear_errors() {
     assert!(ok, "{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     let sent = v["totals"]["sent_tokens"].as_u64().unwrap();
-    assert!(sent > 0 && sent <= 400, "{sent}");
+    assert!(sent > 0 && sent <= 500, "{sent}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# SCD on agent material (issue 45) beside the grep-like, BM25 and first-N
+# baselines in the same `scd eval --dataset agent` run, per kind, at 5x and
+# 10x in cl100k. Sets: `shared` (the 42 cases of ../shared/evaldata/agent)
+# and `registry` (benches/data/agent/out, built by
+# benches/data/agent/build_data.py and benches/data/agent/code/build.py).
+# Raw outputs: benches/results/eval_agent_<set>.{txt,json,svg}.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+E=${SCD_SHARED_DIR:-../shared}/evaldata
+SCD=${SCD_BIN:-target/release/scd}
+run() {
+  local set=$1; shift
+  local out=benches/results/eval_agent_$set
+  local cmd=("$SCD" --threads 2 eval --dataset agent "$@" --budgets 0.2,0.1 --budget-tokenizer cl100k
+    --report "$out.json" --plot "$out.svg")
+  {
+    echo "# $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes'), release build, 2 cores; $(date -u +%FT%TZ)"
+    echo "# command: ${cmd[*]}"
+    "${cmd[@]}" 2>&1 | grep -v '^\s*$'
+  } > "$out.txt"
+  tail -n 24 "$out.txt"
+}
+sets=("$@")
+[ ${#sets[@]} -gt 0 ] || sets=(shared registry)
+for s in "${sets[@]}"; do
+  case $s in
+    shared) run shared --data "$E/agent/agent_dev.jsonl" ;;
+    registry) run registry --data benches/data/agent/out ;;
+    *) echo "unknown set $s (shared, registry)" >&2; exit 2 ;;
+  esac
+done

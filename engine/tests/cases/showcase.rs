@@ -1,0 +1,51 @@
+//! The fixture showcase (README, docs/compress.md): with the real model,
+//! what a receiver pastes at 150 cl100k tokens answers "why are charges
+//! failing", says where each piece came from, and fits the budget.
+
+use std::sync::Arc;
+
+use scd_engine::budget::builtin;
+use scd_engine::cancel::Cancel;
+use scd_engine::context::{Context, ContextRequirement, Task};
+use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
+
+use super::{load, root};
+
+fn showcase(budget: usize) -> Option<String> {
+    let (enc, _) = load("e5-small")?;
+    let scd = Scd::new(Arc::new(enc), ScdConfig::default());
+    let ctx: Context =
+        serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap();
+    let req = CompressRequest {
+        task: Task::new("Why are customer charges failing at checkout?"),
+        context: ctx,
+        requirement: ContextRequirement::with_budget(budget),
+        session: None,
+    };
+    let opts = CompressOptions { budget_tokenizer: Some(builtin("cl100k").unwrap()), ..CompressOptions::default() };
+    let out = scd.compress_opts(&req, &opts, &Cancel::new()).unwrap();
+    let n = builtin("cl100k").unwrap().count(&out.text).unwrap();
+    assert!(n <= budget && n == out.totals.sent_tokens, "{n} of {budget}:\n{}", out.text);
+    Some(out.text)
+}
+
+#[test]
+fn the_showcase_keeps_the_root_cause_at_150_cl100k_with_its_source() {
+    let Some(text) = showcase(150) else { return };
+    // the error entry, not the INFO lines beside it, with the line it sits on
+    assert!(
+        text.contains("[error_logs:3]\n2026-11-30T00:12:03Z ERROR payments::db: connection pool exhausted"),
+        "{text}"
+    );
+    assert!(!text.contains("health check ok") && !text.contains("newsletter: sent weekly digest"), "{text}");
+    // the code that acquires the connection, indented as written
+    assert!(
+        text.contains(
+            "fn charge_card(pool: &Pool, order: &Order) -> Result<Receipt> {\n    let conn = pool.acquire()?;"
+        ),
+        "{text}"
+    );
+    // every piece opens with its header line; the confidential field never appears
+    assert!(text.starts_with('['), "{text}");
+    assert!(!text.contains("sk_live") && !text.contains("api_keys"), "{text}");
+}
