@@ -765,7 +765,7 @@ impl Scd {
         let n_held = held.len();
         held.append(&mut selected);
         let mut selected = held;
-        let costs = pack::Costs { text: &cost, header: &header };
+        let costs = pack::Costs { text: &cost, header: &header, score: scores };
         self.pack(&prepared, &order, &costs, room, &mut selected, &mut used, &mut trace);
         let mut selected = selected.split_off(n_held);
         // what the receiver gets, counted whole (headers and wrapping

@@ -145,7 +145,7 @@ impl Scd {
         let held = selected.len();
         let mut used = 0;
         let mut trace = super::pack::PackTrace::default();
-        let costs = super::pack::Costs { text: &cost, header: &header };
+        let costs = super::pack::Costs { text: &cost, header: &header, score: &scores };
         self.pack(&context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         // counted whole, as the receiver pastes it: drop the weakest until it fits

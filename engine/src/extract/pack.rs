@@ -23,6 +23,36 @@ pub(super) struct PackTrace {
 pub(super) struct Costs<'a> {
     pub(super) text: &'a [usize],
     pub(super) header: &'a [usize],
+    /// The score packing ranks by (a chat answer waits at its own).
+    pub(super) score: &'a [f32],
+}
+
+/// The candidates in score order, merged with the chat answers whose
+/// question was taken: each answer waits at its own score (threshold or
+/// not), so it comes with its question when it is worth its tokens, and a
+/// better chunk elsewhere is not crowded out by it.
+struct Queue<'a> {
+    order: &'a [usize],
+    at: usize,
+    waiting: Vec<usize>,
+}
+
+impl Queue<'_> {
+    fn next(&mut self, score: &[f32]) -> Option<usize> {
+        let best = (0..self.waiting.len()).max_by(|&a, &b| score[self.waiting[a]].total_cmp(&score[self.waiting[b]]));
+        match (self.order.get(self.at), best) {
+            (Some(&o), Some(w)) if score[self.waiting[w]] <= score[o] => {
+                self.at += 1;
+                Some(o)
+            }
+            (_, Some(w)) => Some(self.waiting.swap_remove(w)),
+            (Some(&o), None) => {
+                self.at += 1;
+                Some(o)
+            }
+            (None, None) => None,
+        }
+    }
 }
 
 /// The chosen chunks and what they cost, headers included.
@@ -95,7 +125,13 @@ impl Scd {
                 e.1 += costs.text[j];
             }
         }
-        for &i in order {
+        // a chat question's answers (the rest of its group)
+        let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
+            answers.entry(c.group).or_default().push(j);
+        }
+        let mut queue = Queue { order, at: 0, waiting: Vec::new() };
+        while let Some(i) = queue.next(costs.score) {
             // a container's header or closing line comes only with a member
             if bag.chosen.contains(&i) || chunks[i].rides || bag.used + bag.cost(i) > budget {
                 continue;
@@ -111,6 +147,11 @@ impl Scd {
             sent.entry(d).or_insert(i);
             bag.take(i);
             selected.push(i);
+            for &j in answers.get(&chunks[i].group).into_iter().flatten() {
+                if !bag.chosen.contains(&j) && !queue.waiting.contains(&j) {
+                    queue.waiting.push(j);
+                }
+            }
             // closure: a chunk brings the rest of a small group (a short
             // paragraph) when all of it fits, else its group's lead (a
             // paragraph's first sentence, a chat answer's question)
