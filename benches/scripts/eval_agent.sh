@@ -2,8 +2,9 @@
 # SCD on agent material (issue 45) beside the grep-like, BM25 and first-N
 # baselines in the same `scd eval --dataset agent` run, per kind, at 5x and
 # 10x in cl100k. Sets: `shared` (the 42 cases of ../shared/evaldata/agent)
-# and `registry` (benches/data/agent/out, built by
-# benches/data/agent/build_data.py and benches/data/agent/code/build.py).
+# `registry` (logs, docs, json and chat from registry packages, built by
+# benches/data/agent/build_data.py into benches/data/agent/out) and `code`
+# (benches/data/agent/code/build.py).
 # Raw outputs: benches/results/eval_agent_<set>.{txt,json,svg}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,11 +23,13 @@ run() {
   tail -n 24 "$out.txt"
 }
 sets=("$@")
-[ ${#sets[@]} -gt 0 ] || sets=(shared registry)
+[ ${#sets[@]} -gt 0 ] || sets=(shared registry code)
 for s in "${sets[@]}"; do
   case $s in
     shared) run shared --data "$E/agent/agent_dev.jsonl" ;;
-    registry) run registry --data benches/data/agent/out ;;
-    *) echo "unknown set $s (shared, registry)" >&2; exit 2 ;;
+    registry) O=benches/data/agent/out
+      run registry --data "$O/logs.jsonl" --data "$O/docs.jsonl" --data "$O/json.jsonl" --data "$O/chat.jsonl" ;;
+    code) run code --data benches/data/agent/out/code.jsonl ;;
+    *) echo "unknown set $s (shared, registry, code)" >&2; exit 2 ;;
   esac
 done
