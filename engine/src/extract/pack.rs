@@ -110,21 +110,7 @@ impl Scd {
         // the distinct embeddings already sent (with the chunk that sent
         // each): a chunk identical or near to one is redundant
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
-        let leads: HashMap<(usize, usize), usize> =
-            chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
-        // a container's closing line (`}`), which comes with its header
-        let closings: HashMap<(usize, usize), usize> =
-            chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();
-        // each prose group's chunks and tokens (a paragraph), when closing
-        // whole groups is on
-        let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
-        if self.cfg.group_closure_tokens > 0 {
-            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
-                let e = members.entry(c.group).or_default();
-                e.0.push(j);
-                e.1 += costs.text[j];
-            }
-        }
+        let groups = Groups::new(ctx, costs, self.cfg.group_closure_tokens > 0);
         // a chat question's answers (the rest of its group)
         let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
@@ -155,35 +141,7 @@ impl Scd {
             // closure: a chunk brings the rest of a small group (a short
             // paragraph) when all of it fits, else its group's lead (a
             // paragraph's first sentence, a chat answer's question)
-            let g = chunks[i].group;
-            let rest: Vec<usize> = match members.get(&g) {
-                Some((m, t)) if *t <= self.cfg.group_closure_tokens => {
-                    m.iter().copied().filter(|j| !bag.chosen.contains(j)).collect()
-                }
-                _ => Vec::new(),
-            };
-            // the rest of a paragraph joins the chosen chunk's piece: no header
-            let rest_cost: usize = rest.iter().map(|&j| costs.text[j]).sum();
-            let closure = if !rest.is_empty() && bag.used + rest_cost <= budget {
-                rest
-            } else {
-                // the lead, then a container's closing line once its header is in
-                let mut c = Vec::new();
-                let lead = leads.get(&g).copied();
-                let header_cost = |l: &usize| costs.text[*l] + costs.header[*l];
-                if let Some(l) = lead.filter(|l| !bag.chosen.contains(l) && bag.used + header_cost(l) <= budget) {
-                    c.push(l);
-                }
-                let extra: usize = c.iter().map(header_cost).sum();
-                let header_in = lead.is_some_and(|l| bag.chosen.contains(&l) || c.contains(&l));
-                let closing = closings.get(&g).copied();
-                if let Some(e) = closing
-                    .filter(|e| header_in && !bag.chosen.contains(e) && bag.used + extra + header_cost(e) <= budget)
-                {
-                    c.push(e);
-                }
-                c
-            };
+            let closure = groups.closure(chunks[i].group, &bag, budget, self.cfg.group_closure_tokens);
             for j in closure {
                 sent.entry(ctx.distinct[j]).or_insert(j);
                 bag.take(j);
@@ -193,6 +151,64 @@ impl Scd {
         }
         bridge(&mut bag, budget, selected, trace);
         *used = bag.used;
+    }
+}
+
+/// What closure brings: each group's lead, a container's closing line, and
+/// the members and tokens of each prose group (a paragraph).
+struct Groups {
+    leads: HashMap<(usize, usize), usize>,
+    closings: HashMap<(usize, usize), usize>,
+    members: HashMap<(usize, usize), (Vec<usize>, usize)>,
+}
+
+impl Groups {
+    fn new(ctx: &PreparedContext, costs: &Costs<'_>, whole_paragraphs: bool) -> Self {
+        let chunks = &ctx.chunks;
+        let leads = chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
+        // a container's closing line (`}`), which comes with its header
+        let closings =
+            chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();
+        let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
+        if whole_paragraphs {
+            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
+                let e = members.entry(c.group).or_default();
+                e.0.push(j);
+                e.1 += costs.text[j];
+            }
+        }
+        Self { leads, closings, members }
+    }
+
+    /// The chunks group `g` brings once one of its chunks is taken: the
+    /// rest of a small paragraph when all of it fits, else its lead, then a
+    /// container's closing line once its header is in.
+    fn closure(&self, g: (usize, usize), bag: &Bag<'_>, budget: usize, closure_tokens: usize) -> Vec<usize> {
+        let costs = bag.costs;
+        let rest: Vec<usize> = match self.members.get(&g) {
+            Some((m, t)) if *t <= closure_tokens => m.iter().copied().filter(|j| !bag.chosen.contains(j)).collect(),
+            _ => Vec::new(),
+        };
+        // the rest of a paragraph joins the chosen chunk's piece: no header
+        let rest_cost: usize = rest.iter().map(|&j| costs.text[j]).sum();
+        if !rest.is_empty() && bag.used + rest_cost <= budget {
+            return rest;
+        }
+        let mut c = Vec::new();
+        let lead = self.leads.get(&g).copied();
+        let header_cost = |l: &usize| costs.text[*l] + costs.header[*l];
+        if let Some(l) = lead.filter(|l| !bag.chosen.contains(l) && bag.used + header_cost(l) <= budget) {
+            c.push(l);
+        }
+        let extra: usize = c.iter().map(header_cost).sum();
+        let header_in = lead.is_some_and(|l| bag.chosen.contains(&l) || c.contains(&l));
+        let closing = self.closings.get(&g).copied();
+        if let Some(e) =
+            closing.filter(|e| header_in && !bag.chosen.contains(e) && bag.used + extra + header_cost(e) <= budget)
+        {
+            c.push(e);
+        }
+        c
     }
 }
 
