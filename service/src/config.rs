@@ -165,3 +165,72 @@ impl GrpcConnArgs {
         Ok(l)
     }
 }
+
+/// The HTTP listener's caps and time limits (`scd serve --http-addr`, `scd
+/// mcp --http-addr`): see [`crate::grpc::http::HttpLimits`].
+#[derive(Debug, Clone, clap::Args)]
+pub struct HttpConnArgs {
+    /// HTTP connections open at once, all peers together; past it (and the
+    /// probe reserve) new ones are closed on accept.
+    #[arg(long, env = "SCD_HTTP_MAX_CONNECTIONS", default_value_t = 256, requires = "http_addr")]
+    pub http_max_connections: usize,
+    /// HTTP connections from one IPv4 address or IPv6 /64.
+    #[arg(long, env = "SCD_HTTP_MAX_PER_PEER", default_value_t = 64, requires = "http_addr")]
+    pub http_max_per_peer: usize,
+    /// Connections past --http-max-connections admitted for `GET /health`,
+    /// `GET /ready` and `GET /metrics` only.
+    #[arg(long, env = "SCD_HTTP_RESERVE", default_value_t = 8, requires = "http_addr")]
+    pub http_reserve: usize,
+    /// Milliseconds a connection has to send a complete request head (idle
+    /// keep-alive connections included) before it is closed.
+    #[arg(long, env = "SCD_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000, requires = "http_addr")]
+    pub http_header_timeout_ms: u64,
+    /// Milliseconds a request's body has to arrive after its head (else 408
+    /// and the connection is closed); also the longest a reply waits on a
+    /// client that reads none of it.
+    #[arg(long, env = "SCD_HTTP_BODY_TIMEOUT_MS", default_value_t = 30_000, requires = "http_addr")]
+    pub http_body_timeout_ms: u64,
+    /// Milliseconds a call may run before it is cancelled and answered 504
+    /// (a compress of a large repository on a busy CPU takes minutes).
+    #[arg(long, env = "SCD_HTTP_REQUEST_TIMEOUT_MS", default_value_t = 600_000, requires = "http_addr")]
+    pub http_request_timeout_ms: u64,
+}
+
+impl HttpConnArgs {
+    /// The checked limits; an error names the flag.
+    pub fn limits(&self) -> anyhow::Result<crate::grpc::http::HttpLimits> {
+        use std::time::Duration;
+        for (flag, v) in [
+            ("--http-max-connections", self.http_max_connections as u64),
+            ("--http-max-per-peer", self.http_max_per_peer as u64),
+            ("--http-header-timeout-ms", self.http_header_timeout_ms),
+            ("--http-body-timeout-ms", self.http_body_timeout_ms),
+            ("--http-request-timeout-ms", self.http_request_timeout_ms),
+        ] {
+            anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
+        }
+        anyhow::ensure!(
+            self.http_max_per_peer <= self.http_max_connections + self.http_reserve,
+            "--http-max-per-peer {}: must be at most --http-max-connections + --http-reserve ({})",
+            self.http_max_per_peer,
+            self.http_max_connections + self.http_reserve
+        );
+        anyhow::ensure!(self.http_reserve <= 1024, "--http-reserve {}: must be at most 1024", self.http_reserve);
+        let day = 86_400_000;
+        for (flag, v) in [
+            ("--http-header-timeout-ms", self.http_header_timeout_ms),
+            ("--http-body-timeout-ms", self.http_body_timeout_ms),
+            ("--http-request-timeout-ms", self.http_request_timeout_ms),
+        ] {
+            anyhow::ensure!(v <= day, "{flag} {v}: must be at most {day} (a day)");
+        }
+        Ok(crate::grpc::http::HttpLimits {
+            max_connections: self.http_max_connections,
+            max_per_peer: self.http_max_per_peer,
+            reserve: self.http_reserve,
+            header_timeout: Duration::from_millis(self.http_header_timeout_ms),
+            body_timeout: Duration::from_millis(self.http_body_timeout_ms),
+            request_timeout: Duration::from_millis(self.http_request_timeout_ms),
+        })
+    }
+}

@@ -28,6 +28,8 @@ mod cli;
 mod fuzz;
 #[path = "cases/handoff.rs"]
 mod handoff;
+#[path = "cases/http_listener.rs"]
+mod http_listener;
 #[path = "cases/lifecycle.rs"]
 mod lifecycle;
 #[path = "cases/mcp.rs"]
@@ -931,7 +933,11 @@ mod inproc {
             Options {
                 encoder: Arc::new(HashEncoder::new(64, 512)),
                 limits: limits(),
-                http: HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) },
+                http: HttpLimits {
+                    max_connections: 256,
+                    header_timeout: Duration::from_secs(5),
+                    ..HttpLimits::default()
+                },
                 auth: None,
                 audit: None,
                 audit_access: Default::default(),

@@ -7,7 +7,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -17,7 +16,7 @@ use scd_engine::extract::Scd;
 use crate::cli::client::IdentityArgs;
 use crate::client::Conn;
 use crate::config::ModelArgs;
-use crate::grpc::http::{serve_router, HttpLimits};
+use crate::grpc::http::serve_router;
 use crate::grpc::Limits;
 use crate::mcp::http::{refuse_duplicate_keys, refuse_when_full, CappedSessions, Gate};
 use crate::mcp::stdio::StrictLines;
@@ -67,13 +66,9 @@ pub struct McpArgs {
     /// `initialize` is answered HTTP 503 with Retry-After.
     #[arg(long, env = "SCD_MCP_MAX_HTTP_SESSIONS", default_value_t = 256, requires = "http_addr")]
     max_http_sessions: usize,
-    /// Over HTTP: connections open at once; more are closed on accept.
-    #[arg(long, env = "SCD_MCP_HTTP_MAX_CONNECTIONS", default_value_t = 256, requires = "http_addr")]
-    http_max_connections: usize,
-    /// Over HTTP: milliseconds a connection has to send a complete request
-    /// head (idle keep-alive connections included) before it is closed.
-    #[arg(long, env = "SCD_MCP_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000, requires = "http_addr")]
-    http_header_timeout_ms: u64,
+    /// Over HTTP: the listener's caps and time limits.
+    #[command(flatten)]
+    http_conn: crate::config::HttpConnArgs,
     /// Largest MCP message in bytes (a stdio line, an HTTP request body);
     /// a longer stdio line is dropped and answered with an error.
     #[arg(long, env = "SCD_MAX_REQUEST_BYTES", default_value_t = 16 << 20)]
@@ -106,11 +101,10 @@ impl McpArgs {
             ("--max-text-bytes", self.max_text_bytes),
             ("--max-request-bytes", self.max_request_bytes),
             ("--max-http-sessions", self.max_http_sessions),
-            ("--http-max-connections", self.http_max_connections),
-            ("--http-header-timeout-ms", usize::try_from(self.http_header_timeout_ms).unwrap_or(usize::MAX)),
         ] {
             anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
         }
+        self.http_conn.limits()?;
         Ok(())
     }
 
@@ -194,14 +188,11 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
                     .nest_service("/mcp", service)
                     .layer(axum::middleware::from_fn_with_state(gate, refuse_when_full))
                     .layer(axum::middleware::from_fn_with_state(args.max_request_bytes, refuse_duplicate_keys));
-                let limits = HttpLimits {
-                    max_connections: args.http_max_connections,
-                    header_timeout: Duration::from_millis(args.http_header_timeout_ms),
-                };
+                let limits = args.http_conn.limits()?;
                 println!("mcp on http://{local}/mcp");
                 tracing::info!(%local, "MCP over streamable HTTP at /mcp");
                 tokio::select! {
-                    () = serve_router(listener, router, limits, || {}) => {}
+                    () = serve_router(listener, router, limits, |_| {}) => {}
                     () = crate::server::shutdown_signal() => stop.cancel(),
                 }
                 Ok(())

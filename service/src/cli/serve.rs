@@ -16,7 +16,6 @@ use scd_did::wba::{list_documents, WbaAuthenticator};
 use crate::config::ModelArgs;
 use crate::grpc::audit::AuditAccess;
 use crate::grpc::auth::{AuthConfig, DidRateLimiter};
-use crate::grpc::http::HttpLimits;
 use crate::grpc::Limits;
 use crate::server::{serve, ServeConfig};
 use crate::tls;
@@ -52,13 +51,9 @@ pub struct ServeArgs {
     /// Caps and idle timeouts of the gRPC listener.
     #[command(flatten)]
     grpc_conn: crate::config::GrpcConnArgs,
-    /// Connections to --http-addr open at once; more are closed on accept.
-    #[arg(long, env = "SCD_HTTP_MAX_CONNECTIONS", default_value_t = 256)]
-    http_max_connections: usize,
-    /// Milliseconds an HTTP connection has to send a complete request head
-    /// (idle keep-alive connections included) before it is closed.
-    #[arg(long, env = "SCD_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000)]
-    http_header_timeout_ms: u64,
+    /// Caps and time limits of the HTTP listener.
+    #[command(flatten)]
+    http_conn: crate::config::HttpConnArgs,
     /// Compress / RequestContext calls in flight at once; more are RESOURCE_EXHAUSTED.
     #[arg(long, env = "SCD_MAX_CONCURRENT_COMPRESS", default_value_t = 8)]
     max_concurrent_compress: usize,
@@ -269,8 +264,6 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         ("--max-request-bytes", args.max_request_bytes),
         ("--max-sessions", args.max_sessions),
         ("--max-batch-tokens", args.max_batch_tokens),
-        ("--http-max-connections", args.http_max_connections),
-        ("--http-header-timeout-ms", args.http_header_timeout_ms as usize),
         ("--session-bytes", args.session_bytes),
         ("--max-context-tokens", args.max_context_tokens),
         ("--max-request-encoder-tokens", args.max_request_encoder_tokens),
@@ -279,6 +272,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     ] {
         anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
     }
+    args.http_conn.limits()?;
     anyhow::ensure!(
         args.drain_timeout.is_finite() && (0.0..=86_400.0).contains(&args.drain_timeout),
         "--drain-timeout {}: must be between 0 and 86400 seconds",
@@ -433,10 +427,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         max_concurrent_compress: args.max_concurrent_compress,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let http = HttpLimits {
-        max_connections: args.http_max_connections,
-        header_timeout: Duration::from_millis(args.http_header_timeout_ms),
-    };
+    let http = args.http_conn.limits()?;
     let served = rt.block_on(serve(
         scd,
         ServeConfig {

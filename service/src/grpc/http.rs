@@ -1,46 +1,23 @@
 //! The HTTP listener (`--http-addr`; over TLS with `--tls-cert`, mTLS with
 //! `--client-ca`): Prometheus metrics at `GET /metrics`
 //! (with `--auth did-wba`: signed requests only, and the DID documents of
-//! `--did-dir` at their did:wba paths, see [`super::auth`]), served by axum over hyper's HTTP/1.1 connection driver with
-//!
-//! - a header read timeout (`--http-header-timeout-ms`): a connection that
-//!   sends no complete request head in time, including an idle keep-alive
-//!   one, is closed;
-//! - a cap on connection lifetime ([`MAX_CONNECTION_AGE`]);
-//! - a connection limit (`--http-max-connections`): past it new connections
-//!   are closed at once and counted in `scd_rejected_total{kind="http_connections"}`.
+//! `--did-dir` at their did:wba paths, see [`super::auth`]), `/health`,
+//! `/ready`, and the A2A and REST routes merged in; served by axum over
+//! hyper's HTTP/1.1 connection driver with the caps, probe reserve and time
+//! limits of [`super::http_conn`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::Semaphore;
-use tracing::debug;
 
 use super::auth::{http_middleware, Auth};
 use super::metrics::Scrape;
-use super::ratelog::RateLimitedWarn;
 use super::ScdService;
 
-/// Longest time one HTTP connection is kept, whatever it does.
-pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
-
-/// HTTP listener settings.
-#[derive(Debug, Clone, Copy)]
-pub struct HttpLimits {
-    /// Connections open at once.
-    pub max_connections: usize,
-    /// Time a connection has to send a complete request head (and, over
-    /// TLS, to finish its handshake first).
-    pub header_timeout: Duration,
-}
-
-static CONN_LIMIT: RateLimitedWarn = RateLimitedWarn::new("http_connections");
-static ACCEPT: RateLimitedWarn = RateLimitedWarn::new("http_accept");
+pub use super::http_conn::HttpLimits;
 
 async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     let stats = service.scd.cache_stats();
@@ -210,76 +187,18 @@ pub async fn serve_metrics(
             .layer(axum::middleware::from_fn_with_state(auth, http_middleware));
     }
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
-    serve_router_tls(listener, router, limits, tls, move || service.metrics.rejected("http_connections")).await
+    super::http_conn::serve(listener, router, limits, tls, move |kind| service.metrics.rejected(kind)).await
 }
 
 /// Serves `router` on `listener` with `limits` until the task is dropped;
-/// `on_reject` runs for each connection closed at the connection limit.
-/// Each request carries its client's address as an
-/// `Extension<ConnectInfo<SocketAddr>>` (the A2A agent's audit `peer`).
+/// `on_reject` runs with the `scd_rejected_total` kind of each refusal
+/// (see [`super::http_conn`]). Each request carries its client's address as
+/// an `Extension<ConnectInfo<SocketAddr>>` (the A2A agent's audit `peer`).
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     limits: HttpLimits,
-    on_reject: impl Fn() + Send + 'static,
+    on_reject: impl Fn(&'static str) + Send + Sync + 'static,
 ) {
-    serve_router_tls(listener, router, limits, None, on_reject).await
-}
-
-/// [`serve_router`], over TLS with `tls`: a connection that has not
-/// finished its handshake within the header timeout is closed.
-pub async fn serve_router_tls(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    limits: HttpLimits,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    on_reject: impl Fn() + Send + 'static,
-) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    loop {
-        let (sock, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // e.g. out of file descriptors: back off instead of spinning
-                ACCEPT.hit(&format!("HTTP listener accept failed: {e}"));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            on_reject();
-            CONN_LIMIT.hit("HTTP listener at its connection limit; connection closed");
-            drop(sock);
-            continue;
-        };
-        let router = router.clone();
-        let svc = hyper::service::service_fn(move |mut req: axum::http::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(axum::extract::ConnectInfo(peer));
-            tower::Service::call(&mut router.clone(), req)
-        });
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let http = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_timeout)
-                .to_owned();
-            let served = match tls {
-                None => tokio::time::timeout(MAX_CONNECTION_AGE, http.serve_connection(TokioIo::new(sock), svc)).await,
-                Some(acceptor) => {
-                    let stream = match tokio::time::timeout(limits.header_timeout, acceptor.accept(sock)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => return debug!(error = %e, "TLS handshake failed"),
-                        Err(_) => return debug!("TLS handshake timed out"),
-                    };
-                    tokio::time::timeout(MAX_CONNECTION_AGE, http.serve_connection(TokioIo::new(stream), svc)).await
-                }
-            };
-            match served {
-                Ok(Err(e)) => debug!(error = %e, "HTTP connection ended"),
-                Err(_) => debug!("HTTP connection closed at its maximum age"),
-                Ok(Ok(())) => {}
-            }
-        });
-    }
+    super::http_conn::serve(listener, router, limits, None, on_reject).await
 }

@@ -25,6 +25,7 @@ pub mod batcher;
 pub mod convert;
 pub mod handoff;
 pub mod http;
+mod http_conn;
 pub mod layer;
 pub mod metrics;
 pub mod ratelog;

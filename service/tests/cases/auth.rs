@@ -38,7 +38,7 @@ async fn start(dir: &Path, rate_per_s: f64, burst: u32) -> InProc {
 
 async fn start_with(dir: &Path, rate_per_s: f64, burst: u32, audit: Option<Arc<AuditLog>>) -> InProc {
     let s = crate::inproc::start(Options {
-        http: HttpLimits { max_connections: 64, header_timeout: Duration::from_secs(5) },
+        http: HttpLimits { max_connections: 64, header_timeout: Duration::from_secs(5), ..HttpLimits::default() },
         auth: Some(AuthConfig { authenticator: WbaAuthenticator::new(dir, "scd"), rate_per_s, burst }),
         audit,
         audit_access: scd_service::grpc::audit::AuditAccess::with_operator_token(AUDIT_TOKEN),

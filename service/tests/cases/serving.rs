@@ -97,7 +97,7 @@ fn limits() -> Limits {
 }
 
 fn http_limits() -> HttpLimits {
-    HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) }
+    HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5), ..HttpLimits::default() }
 }
 
 async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> InProc {
@@ -248,7 +248,13 @@ async fn batches_stay_within_the_token_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_http_connections_are_closed_and_metrics_still_answer() {
-    let http = HttpLimits { max_connections: 256, header_timeout: Duration::from_millis(500) };
+    // all 200 from one address: within its share here (the share has its own test)
+    let http = HttpLimits {
+        max_connections: 256,
+        max_per_peer: 256,
+        header_timeout: Duration::from_millis(500),
+        ..HttpLimits::default()
+    };
     let s = start(TestEncoder::new(0), limits(), http).await;
     let mut c = client(&s).await;
     c.embed(embed(&["a"], pb::InputKind::Query)).await.unwrap();
@@ -278,7 +284,9 @@ async fn idle_http_connections_are_closed_and_metrics_still_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_over_the_limit_are_closed_and_counted() {
-    let http = HttpLimits { max_connections: 4, header_timeout: Duration::from_secs(5) };
+    // no probe reserve here (the reserve has its own test)
+    let http =
+        HttpLimits { max_connections: 4, reserve: 0, header_timeout: Duration::from_secs(5), ..HttpLimits::default() };
     let s = start(TestEncoder::new(0), limits(), http).await;
     let _ = client(&s).await;
     let mut held = Vec::new();

@@ -283,8 +283,8 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
                     async move { ([(http::header::CONTENT_TYPE, "application/did+json")], body) }
                 }),
             );
-            let limits = crate::grpc::http::HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5) };
-            tokio::spawn(crate::grpc::http::serve_router(listener, router, limits, || {}));
+            let limits = crate::grpc::http::HttpLimits::default();
+            tokio::spawn(crate::grpc::http::serve_router(listener, router, limits, |_| {}));
         }
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{ready}")?;
