@@ -163,9 +163,11 @@ impl aide::OperationOutput for ApiError {
             (401, "Not authenticated (`--auth did-wba`), or a session call without its token"),
             (404, "No such session or model"),
             (413, "Body over --max-request-bytes"),
+            (408, "The body did not arrive within --http-body-timeout-ms of the head; the connection is closed"),
             (415, "Body not sent as Content-Type: application/json"),
             (429, "Busy: retry after `Retry-After` seconds (`retry-after-ms` to the millisecond)"),
-            (503, "The engine is unavailable"),
+            (503, "The engine is unavailable, or every connection slot is held (then with `Retry-After`)"),
+            (504, "The call ran past --http-request-timeout-ms and was cancelled"),
         ]
         .into_iter()
         .map(|(code, description)| {
