@@ -13,7 +13,8 @@
 //! with the next successful call's commit or within a second. Repeats of a
 //! refusal (same method, caller, peer, session and outcome) within that
 //! second are merged into its record, whose `count` says how many calls it
-//! stands for. When the audit
+//! stands for (see `scd_audit` for the merging and for retention, which
+//! never lets refused calls' records evict successful calls'). When the audit
 //! log cannot commit, a call that succeeded fails with INTERNAL `audit: …`
 //! instead of answering unrecorded (a failed call keeps its own status; the
 //! audit error is logged).
@@ -118,21 +119,16 @@ impl AuditAccess {
 }
 
 /// The most bytes of a client-chosen session id a record keeps as sent.
-pub const MAX_RECORDED_ID_BYTES: usize = 128;
+pub const MAX_RECORDED_ID_BYTES: usize = scd_audit::MAX_ID_BYTES;
 
 /// A client-chosen session id as the trail records it (and a query names
-/// it): `None` when empty, itself when at most [`MAX_RECORDED_ID_BYTES`],
-/// else `sha256:` and its hex digest, so that calls naming a megabyte "id"
-/// (refused ones included) cannot make the trail hold and flush it whole.
+/// it): `None` when empty, else [`scd_audit::bounded_id`] (itself when at
+/// most [`MAX_RECORDED_ID_BYTES`] with no control character, else `sha256:`
+/// and its hex digest), so that calls naming a megabyte "id" (refused ones
+/// included) cannot make the trail hold and flush it whole. The log bounds
+/// every other string of a record the same way.
 pub fn recorded_id(id: &str) -> Option<String> {
-    if id.is_empty() {
-        return None;
-    }
-    if id.len() <= MAX_RECORDED_ID_BYTES {
-        return Some(id.to_string());
-    }
-    let digest = Sha256::digest(id.as_bytes());
-    Some(format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+    (!id.is_empty()).then(|| scd_audit::bounded_id(id))
 }
 
 /// The name of a status code as recorded in `outcome` (`InvalidArgument`).

@@ -172,8 +172,9 @@ fn empty_session(id: &str) -> Result<(), Status> {
 /// when one of its places likely frees.
 fn past_share(what: &str, p: shares::PastShare, pace: &shares::Pace) -> Status {
     let ms = pace.retry_ms(p.held);
+    let holder = if p.network { "this caller's network (its /24)" } else { "this caller" };
     let mut s = Status::resource_exhausted(format!(
-        "{what}: this caller holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after {ms} ms",
+        "{what}: {holder} holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after {ms} ms",
         p.held, p.capacity, p.share
     ));
     s.metadata_mut().insert("retry-after-ms", ms.into());

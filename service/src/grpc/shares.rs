@@ -6,13 +6,17 @@
 //! while others do, a caller past its share cannot take the last `share`
 //! free places, which stay for them. A caller is its verified identity
 //! (mTLS, DID), else its IP address, else `local` (an in-process call):
-//! see [`key`].
+//! see [`key`]. An IPv6 caller's share is its /64's (one host or site has a
+//! /64 of addresses, as the connection guard counts them), and the IPv4
+//! callers of one /24 share a second bound on top of their own: together
+//! they are held to [`NET_SHARES`] shares by the same rule, so that ten
+//! addresses of one network are not ten callers to the others.
 //!
 //! A refused caller is told when to retry by [`Pace`]: the measured time a
 //! place is held, spread over the places in use.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -65,6 +69,32 @@ pub fn key(caller: Option<&str>, peer: Option<&str>) -> String {
     }
 }
 
+/// The shares one IPv4 /24 holds together, its callers all counted.
+pub const NET_SHARES: usize = 2;
+
+/// Whose share a caller key ([`key`]) draws on: an IPv6 address's /64,
+/// else the key itself.
+fn unit(caller: &str) -> String {
+    match caller.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
+        Some(IpAddr::V6(v6)) => {
+            let s = v6.segments();
+            format!("ip:{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        _ => caller.to_string(),
+    }
+}
+
+/// The network a share unit belongs to: an IPv4 address's /24.
+fn network(unit: &str) -> Option<String> {
+    match unit.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
+        Some(IpAddr::V4(v4)) => {
+            let o = v4.octets();
+            Some(format!("net:{}.{}.{}.0/24", o[0], o[1], o[2]))
+        }
+        _ => None,
+    }
+}
+
 /// A shared bound of `capacity` places and each caller's `share` of it.
 #[derive(Debug)]
 pub struct Shares {
@@ -77,6 +107,8 @@ pub struct Shares {
 struct Held {
     total: usize,
     by_caller: HashMap<String, usize>,
+    /// Places held per IPv4 /24 ([`network`]).
+    by_network: HashMap<String, usize>,
     /// When each caller last took a place (pruned past [`RECENT`]; at most
     /// one entry per caller seen in that time).
     seen: HashMap<String, Instant>,
@@ -91,6 +123,10 @@ pub struct PastShare {
     pub share: usize,
     /// The bound's places.
     pub capacity: usize,
+    /// Whether the caller's network (its IPv4 /24) is past its share
+    /// ([`NET_SHARES`]), not the caller alone: `held` and `share` are the
+    /// network's.
+    pub network: bool,
 }
 
 impl Shares {
@@ -113,20 +149,32 @@ impl Shares {
     }
 
     fn take_at(self: &Arc<Self>, caller: &str, now: Instant) -> Result<ShareGuard, PastShare> {
+        let caller = unit(caller);
+        let net = network(&caller);
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if h.seen.len() > 64 {
             h.seen.retain(|_, t| now.saturating_duration_since(*t) < RECENT);
         }
-        let others = h.seen.iter().any(|(k, t)| k != caller && now.saturating_duration_since(*t) < RECENT);
-        let mine = h.by_caller.get(caller).copied().unwrap_or(0);
+        let recent = |k: &str, t: &Instant| now.saturating_duration_since(*t) < RECENT && k != caller;
+        let others = h.seen.iter().any(|(k, t)| recent(k, t));
         let free = self.capacity.saturating_sub(h.total);
+        let mine = h.by_caller.get(&caller).copied().unwrap_or(0);
         if others && mine >= self.share && free <= self.share {
-            return Err(PastShare { held: mine, share: self.share, capacity: self.capacity });
+            return Err(PastShare { held: mine, share: self.share, capacity: self.capacity, network: false });
         }
-        h.seen.insert(caller.to_string(), now);
+        if let Some(n) = &net {
+            let outside = h.seen.iter().any(|(k, t)| recent(k, t) && network(k).as_ref() != Some(n));
+            let ours = h.by_network.get(n).copied().unwrap_or(0);
+            let share = self.share * NET_SHARES;
+            if outside && ours >= share && free <= self.share {
+                return Err(PastShare { held: ours, share, capacity: self.capacity, network: true });
+            }
+            *h.by_network.entry(n.clone()).or_default() += 1;
+        }
+        h.seen.insert(caller.clone(), now);
         h.total += 1;
-        *h.by_caller.entry(caller.to_string()).or_default() += 1;
-        Ok(ShareGuard { shares: self.clone(), caller: caller.to_string() })
+        *h.by_caller.entry(caller.clone()).or_default() += 1;
+        Ok(ShareGuard { shares: self.clone(), caller, network: net })
     }
 }
 
@@ -135,6 +183,7 @@ impl Shares {
 pub struct ShareGuard {
     shares: Arc<Shares>,
     caller: String,
+    network: Option<String>,
 }
 
 impl Drop for ShareGuard {
@@ -145,6 +194,14 @@ impl Drop for ShareGuard {
             *n -= 1;
             if *n == 0 {
                 h.by_caller.remove(&self.caller);
+            }
+        }
+        if let Some(net) = &self.network {
+            if let Some(n) = h.by_network.get_mut(net) {
+                *n -= 1;
+                if *n == 0 {
+                    h.by_network.remove(net);
+                }
             }
         }
     }
@@ -171,7 +228,7 @@ mod tests {
         assert_eq!(s.share(), 2);
         drop(s.take("b").unwrap());
         let mut a: Vec<_> = (0..6).map(|_| s.take("a").unwrap()).collect();
-        assert_eq!(s.take("a").unwrap_err(), PastShare { held: 6, share: 2, capacity: 8 });
+        assert_eq!(s.take("a").unwrap_err(), PastShare { held: 6, share: 2, capacity: 8, network: false });
         let b: Vec<_> = (0..2).map(|_| s.take("b").unwrap()).collect();
         assert!(s.take("b").is_err(), "b is at its share and nothing is free");
         a.truncate(3);
@@ -208,5 +265,55 @@ mod tests {
         assert_eq!(key(None, Some("10.0.0.1:4000")), key(None, Some("10.0.0.1:5000")));
         assert_eq!(key(None, Some("[::ffff:10.0.0.1]:1")), "ip:10.0.0.1");
         assert_eq!(key(None, None), "local");
+    }
+
+    #[test]
+    fn an_ipv6_caller_is_its_slash_64() {
+        let s = Shares::new(8, 4);
+        drop(s.take("ip:10.9.9.9").unwrap());
+        let p = |i: u16| format!("ip:2001:db8:1:2::{i:x}");
+        let mut held: Vec<_> = (1..=6).map(|i| s.take(&p(i)).expect("one /64 may use the room")).collect();
+        assert_eq!(
+            s.take(&p(7)).unwrap_err(),
+            PastShare { held: 6, share: 2, capacity: 8, network: false },
+            "another address of the same /64 is the same caller"
+        );
+        held.push(s.take("ip:2001:db8:1:3::1").expect("another /64 is another caller"));
+    }
+
+    #[test]
+    fn the_addresses_of_one_slash_24_share_a_bound_on_top_of_their_own() {
+        let s = Shares::new(16, 8);
+        assert_eq!(s.share(), 2);
+        drop(s.take("ip:10.0.1.1").unwrap());
+        // ten addresses of 10.0.0.0/24, each within its own share
+        let mut held = Vec::new();
+        let mut refused = None;
+        for i in 0..10 {
+            for _ in 0..2 {
+                match s.take(&format!("ip:10.0.0.{}", i + 1)) {
+                    Ok(g) => held.push(g),
+                    Err(p) => refused = refused.or(Some(p)),
+                }
+            }
+        }
+        assert_eq!(held.len(), 14, "the /24 leaves a share free for the others");
+        assert_eq!(refused, Some(PastShare { held: 14, share: 4, capacity: 16, network: true }));
+        let other: Vec<_> = (0..2).map(|_| s.take("ip:10.0.1.1").expect("another /24 finds its share")).collect();
+        drop((held, other));
+        // alone (no other network came), one /24 uses all of it
+        let t = Instant::now() + RECENT + RECENT;
+        let all: Vec<_> = (0..16).map(|i| s.take_at(&format!("ip:10.0.0.{}", i % 10 + 1), t).unwrap()).collect();
+        assert_eq!(all.len(), 16);
+    }
+
+    #[test]
+    fn units_and_networks() {
+        assert_eq!(unit("ip:2001:db8::1"), "ip:2001:db8:0:0::/64");
+        assert_eq!(unit("ip:10.0.0.1"), "ip:10.0.0.1");
+        assert_eq!(unit("id:did:key:z"), "id:did:key:z");
+        assert_eq!(network("ip:10.0.0.1").as_deref(), Some("net:10.0.0.0/24"));
+        assert_eq!(network("ip:2001:db8:0:0::/64"), None);
+        assert_eq!(network("local"), None);
     }
 }

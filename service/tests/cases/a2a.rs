@@ -656,3 +656,43 @@ async fn a2a_refuses_a_repeated_key_so_a_confidential_field_is_never_public() {
     .await
     .unwrap();
 }
+
+/// Tasks sent as text alone (no context: "waiting for the context") from
+/// ten addresses fill the store, yet a new caller's task is taken at once:
+/// waiting tasks give way first and live [`WAITING_TTL`], so no caller is
+/// told to retry in an hour (issue 43, Medium 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_only_tasks_from_ten_addresses_give_way_to_a_new_caller() {
+    use scd_service::a2a::store::WAITING_TTL;
+    if !ready() {
+        return;
+    }
+    // 30 tasks, a share of 3 per caller
+    let s = start(&["--a2a-max-tasks", "30"]);
+    let addr: std::net::SocketAddr = s.http.parse().unwrap();
+    let text = |i: usize| json!({"message": {"messageId": format!("m-{i}"), "role": "ROLE_USER", "parts": [{"text": "which pool?"}]}});
+    let mut waiting = Vec::new();
+    for i in 0..30 {
+        let from = format!("127.0.0.{}", 2 + i % 10);
+        let r = rpc_from(&from, addr, "SendMessage", text(i)).await;
+        assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_WORKING", "{r}");
+        waiting.push((from, r["result"]["task"]["id"].as_str().unwrap().to_string()));
+    }
+    // the store is full of waiting tasks: one gives way for a new caller's
+    let r = rpc_from("127.0.1.1", addr, "SendMessage", text(30)).await;
+    assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_WORKING", "a new caller was refused: {r}");
+    let r = rpc_from("127.0.1.1", addr, "SendMessage", compress_message(None)).await;
+    assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    // two waiting tasks (of the callers holding the most) went, for the two new ones
+    let mut gone = 0;
+    for (from, id) in &waiting {
+        let r = rpc_from(from, addr, "GetTask", json!({ "id": id })).await;
+        gone += usize::from(r["error"]["code"] == -32001);
+    }
+    assert_eq!(gone, 2);
+    let (from, _) = &waiting[29];
+    // a caller past its share of waiting tasks gives up its own oldest
+    let r = rpc_from(from, addr, "SendMessage", text(31)).await;
+    assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_WORKING", "{r}");
+    assert!(WAITING_TTL.as_secs() <= 120);
+}

@@ -562,3 +562,53 @@ async fn audit_streams_are_bounded_and_a_closed_one_frees_its_place() {
     }
     assert!(again.is_some(), "a finished stream frees its place");
 }
+
+// ---------------------------------------------------------------------------
+// Refused calls cannot flush the trail (issue 43, High 2)
+// ---------------------------------------------------------------------------
+
+/// An anonymous client sending refused calls (a budget over the limit, a
+/// wrong session token) with a fresh connection and a distinct session id
+/// each, over REST and gRPC,
+/// cannot evict another caller's successful record, whatever the cap: its
+/// records merge, and stay within their share of the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_cannot_flush_a_successful_calls_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let max = 60_000;
+    let retention = Retention { max_age: None, max_bytes: Some(max) };
+    let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, retention).unwrap());
+    let mut s = start(Some(log.clone())).await;
+    let victim = s.client.compress(compress_request("victim")).await.unwrap().into_inner();
+    assert!(!victim.session_token.is_empty());
+    let http = s._server.http;
+    const N: usize = 150;
+    for i in 0..N {
+        let body = serde_json::json!({
+            "task": "t",
+            "context": {"fields": [{"name": "notes", "kind": "prose", "content": "a b c"}]},
+            "budget": 2_000_000,
+            "session": format!("flood-{i}-{}", "y".repeat(100)),
+        });
+        let headers = [("Host", "scd")];
+        let raw =
+            super::a2a::request_from("127.0.0.2", http, &headers, "POST", "/v1/compress", &body.to_string()).await;
+        let (status, text) = super::a2a::parse_response(&raw);
+        assert!((400..500).contains(&status), "{status} {text}");
+        let mut req = compress_request("victim");
+        req.session_token = format!("wrong-{i}");
+        assert!(s.client.compress(req).await.is_err());
+        let mut req = compress_request(&format!("grpc-{i}-{}", "z".repeat(100)));
+        req.requirement.as_mut().unwrap().max_context_tokens = 2_000_000;
+        assert!(s.client.compress(req).await.is_err());
+    }
+    let all = audit(&mut s.client, pb::AuditRequest::default()).await.unwrap();
+    let ok: Vec<_> = all.iter().filter(|r| r.outcome == "ok").collect();
+    assert_eq!(ok.len(), 1, "the successful call's record was evicted: {} records kept", all.len());
+    assert_eq!(ok[0].session_id, "victim");
+    let (_, refused_bytes) = log.refused_stats().unwrap();
+    assert!(refused_bytes <= max / scd_audit::REFUSED_PARTS, "{refused_bytes} bytes of refused records");
+    // the calls merged: far fewer records than calls, none over the id bound
+    assert!(all.len() < N / 2, "{} records for {} refused calls", all.len(), 3 * N);
+    assert!(all.iter().all(|r| r.session_id.len() <= scd_audit::MAX_ID_BYTES && r.peer.len() <= 64));
+}
