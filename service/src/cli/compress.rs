@@ -41,6 +41,9 @@ pub struct CompressArgs {
     /// With --files: paths matching this pattern are confidential (repeatable).
     #[arg(long, requires = "files")]
     confidential: Vec<String>,
+    /// With --files: how folders are walked.
+    #[command(flatten)]
+    walk: crate::cli::context::WalkArgs,
     /// The receiver's budget in tokens (hard limit, at least 1). With
     /// --batch: the budget of lines that give none.
     #[arg(long, required_unless_present = "batch", value_parser = clap::value_parser!(u64).range(1..))]
@@ -336,6 +339,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
             confidential: args.confidential,
             kind: scd_engine::context::FieldKind::Prose,
             output: None,
+            walk: args.walk,
         };
         crate::cli::context::build(&files, &scd.config().context_limits).context("--files")?
     };

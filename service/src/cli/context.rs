@@ -1,10 +1,15 @@
 //! `scd context FILE...`: a context built from files, the JSON `scd
 //! compress --context` reads (and what `scd compress --files` builds in
 //! place). Each file is a field named by its path, its kind from the
-//! extension; a folder brings its files (hidden ones, `target/` and
-//! `node_modules/` left out); a quoted pattern (`'src/**/*.rs'`) is
-//! expanded here; `-` is standard input (the field `stdin`). Files that are
-//! not UTF-8 text are skipped with a note on stderr.
+//! extension. A folder brings its files as ripgrep walks one (the `ignore`
+//! crate): `.gitignore`, `.ignore` and `.git/info/exclude` are obeyed, hidden
+//! files and `target/` and `node_modules/` are left out (`--hidden`,
+//! `--no-ignore` to keep them), and `--exclude GLOB` leaves out more. A
+//! quoted pattern (`'src/**/*.rs'`) is expanded here; `-` is standard input
+//! (the field `stdin`). A file that is not UTF-8 text, or over the per-field
+//! limit, is skipped with one line on stderr; a log over the limit keeps
+//! its last `--log-tail` bytes instead, from a line start, and its field
+//! name says from which line.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -28,6 +33,29 @@ pub struct ContextArgs {
     /// Write the context here instead of stdout.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// How folders are walked.
+    #[command(flatten)]
+    pub walk: WalkArgs,
+}
+
+/// How `scd context` and `scd compress --files` walk folders.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct WalkArgs {
+    /// Leave out paths matching this glob, as a `.gitignore` line would
+    /// (repeatable: `--exclude '*.lock' --exclude 'docs/**'`).
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Walk hidden files and folders too.
+    #[arg(long)]
+    pub hidden: bool,
+    /// Do not obey `.gitignore`, `.ignore` and `.git/info/exclude`, and walk
+    /// `target/` and `node_modules/` too.
+    #[arg(long)]
+    pub no_ignore: bool,
+    /// A log over the per-field limit keeps its last this many bytes (at
+    /// most the limit; default: the limit), from a line start.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_tail: Option<u64>,
 }
 
 fn kind_arg(s: &str) -> Result<FieldKind, String> {
@@ -52,53 +80,70 @@ pub fn kind_of(path: &Path) -> Option<FieldKind> {
     })
 }
 
-fn skipped_dir(name: &str) -> bool {
-    name.starts_with('.') || name == "target" || name == "node_modules"
-}
+/// Folders left out unless `--no-ignore` (build output and installed
+/// packages, which a repository's `.gitignore` usually names anyway).
+const SKIPPED_DIRS: [&str; 2] = ["target", "node_modules"];
 
-/// Every file under `dir`, sorted, folders skipped as the module says.
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .collect();
-    entries.sort();
-    for p in entries {
-        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if p.is_dir() {
-            if !skipped_dir(name) {
-                walk(&p, out)?;
-            }
-        } else if p.is_file() && !name.starts_with('.') {
-            out.push(p);
+/// Every file under `dir` as ripgrep would walk it, sorted by path.
+fn walk(dir: &Path, opts: &WalkArgs, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let mut overrides = ignore::overrides::OverrideBuilder::new(dir);
+    for glob in &opts.exclude {
+        overrides.add(&format!("!{glob}")).with_context(|| format!("--exclude {glob}: not a valid glob"))?;
+    }
+    if !opts.no_ignore {
+        for d in SKIPPED_DIRS {
+            overrides.add(&format!("!{d}/")).expect("a valid glob");
+        }
+    }
+    let mut walker = ignore::WalkBuilder::new(dir);
+    walker
+        .hidden(!opts.hidden)
+        .ignore(!opts.no_ignore)
+        .git_ignore(!opts.no_ignore)
+        .git_exclude(!opts.no_ignore)
+        .git_global(false)
+        .parents(!opts.no_ignore)
+        .require_git(false)
+        .overrides(overrides.build().context("--exclude")?)
+        .sort_by_file_path(|a, b| a.cmp(b));
+    for entry in walker.build() {
+        let entry = entry.with_context(|| dir.display().to_string())?;
+        if entry.file_type().is_some_and(|t| t.is_file()) {
+            out.push(entry.into_path());
         }
     }
     Ok(())
 }
 
 /// The files `paths` name, in order, each once.
-fn expand(paths: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+fn expand(paths: &[String], opts: &WalkArgs) -> anyhow::Result<Vec<PathBuf>> {
+    let mut excluded = globset::GlobSetBuilder::new();
+    for glob in &opts.exclude {
+        excluded.add(globset::Glob::new(glob).with_context(|| format!("--exclude {glob}: not a valid glob"))?);
+    }
+    let excluded = excluded.build().context("--exclude")?;
     let mut files = Vec::new();
     for p in paths {
         let path = Path::new(p);
         if path.is_dir() {
-            walk(path, &mut files)?;
+            walk(path, opts, &mut files)?;
         } else if path.is_file() {
             files.push(path.to_path_buf());
         } else if p.contains(['*', '?', '[']) {
             // as for folders: hidden files, target/ and node_modules/ only when the pattern names them
-            let opts = glob::MatchOptions { require_literal_leading_dot: true, ..Default::default() };
+            let glob_opts = glob::MatchOptions { require_literal_leading_dot: !opts.hidden, ..Default::default() };
             let named = |c: &str| p.split('/').any(|part| part == c);
-            let matched: Vec<PathBuf> = glob::glob_with(p, opts)
+            let matched: Vec<PathBuf> = glob::glob_with(p, glob_opts)
                 .with_context(|| format!("{p}: not a valid pattern"))?
                 .filter_map(Result::ok)
                 .filter(|m| m.is_file())
                 .filter(|m| {
                     m.components().all(|c| {
                         let c = c.as_os_str().to_str().unwrap_or("");
-                        !(c == "target" || c == "node_modules") || named(c)
+                        opts.no_ignore || !SKIPPED_DIRS.contains(&c) || named(c)
                     })
                 })
+                .filter(|m| !excluded.is_match(m) && !m.file_name().is_some_and(|n| excluded.is_match(n)))
                 .collect();
             anyhow::ensure!(!matched.is_empty(), "{p}: the pattern matches no file");
             files.extend(matched);
@@ -109,6 +154,59 @@ fn expand(paths: &[String]) -> anyhow::Result<Vec<PathBuf>> {
     let mut seen = std::collections::HashSet::new();
     files.retain(|f| seen.insert(f.clone()));
     Ok(files)
+}
+
+/// `n` bytes for a person: `9.0 MiB`, `512 KiB`, `300 bytes`.
+fn size(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// A file's field, or `None` with a line on stderr saying why it is skipped.
+fn file_field(
+    path: &Path,
+    args: &ContextArgs,
+    limits: &ContextLimits,
+) -> anyhow::Result<Option<(String, FieldKind, String)>> {
+    let name = path.to_string_lossy().trim_start_matches("./").to_string();
+    let raw = std::fs::read(path).with_context(|| name.clone())?;
+    let Ok(mut content) = String::from_utf8(raw) else {
+        eprintln!("-- {name}: not UTF-8 text, skipped");
+        return Ok(None);
+    };
+    if content.contains('\0') {
+        eprintln!("-- {name}: binary (a NUL byte), skipped");
+        return Ok(None);
+    }
+    let kind = kind_of(path).unwrap_or(args.kind);
+    let max = limits.max_field_bytes;
+    if content.len() <= max {
+        return Ok(Some((name, kind, content)));
+    }
+    if kind != FieldKind::Log {
+        eprintln!("-- {name}: {}, over the limit of {} per field; skipped", size(content.len()), size(max));
+        return Ok(None);
+    }
+    let keep = args.walk.log_tail.map_or(max, |t| usize::try_from(t).unwrap_or(usize::MAX).min(max));
+    let mut cut = content.len() - keep;
+    while !content.is_char_boundary(cut) {
+        cut += 1;
+    }
+    // from the first whole line
+    cut = content[cut..].find('\n').map_or(content.len(), |i| cut + i + 1);
+    let first_line = content[..cut].bytes().filter(|&b| b == b'\n').count() + 1;
+    let total = content.len();
+    content.drain(..cut);
+    eprintln!(
+        "-- {name}: {}, over the limit of {} per field; kept its last {} (from line {first_line}; --log-tail)",
+        size(total),
+        size(max),
+        size(content.len())
+    );
+    Ok(Some((format!("{name} (from line {first_line})"), kind, content)))
 }
 
 /// The context of `args.paths`, within `limits` (errors name the limit).
@@ -127,26 +225,10 @@ pub fn build(args: &ContextArgs, limits: &ContextLimits) -> anyhow::Result<Conte
         std::io::stdin().read_to_string(&mut content).context("-: standard input is not UTF-8 text")?;
         fields.push(Field { name: "stdin".into(), kind: args.kind, content, confidential: false });
     }
-    for path in expand(&rest)? {
-        let name = path.to_string_lossy().trim_start_matches("./").to_string();
-        let raw = std::fs::read(&path).with_context(|| name.clone())?;
-        let Ok(content) = String::from_utf8(raw) else {
-            eprintln!("-- {name}: not UTF-8 text, skipped");
-            continue;
-        };
-        if content.contains('\0') {
-            eprintln!("-- {name}: binary (a NUL byte), skipped");
-            continue;
-        }
-        let kind = kind_of(&path).unwrap_or(args.kind);
-        let confidential = secret.iter().any(|p| p.matches(&name));
+    for path in expand(&rest, &args.walk)? {
+        let Some((name, kind, content)) = file_field(&path, args, limits)? else { continue };
+        let confidential = secret.iter().any(|p| p.matches(path.to_string_lossy().trim_start_matches("./")));
         bytes += content.len();
-        anyhow::ensure!(
-            content.len() <= limits.max_field_bytes,
-            "{name}: {} bytes, over the limit of {} per field",
-            content.len(),
-            limits.max_field_bytes
-        );
         anyhow::ensure!(
             bytes <= limits.max_context_bytes,
             "the files hold over {} bytes, the limit of one context (stopped at {name})",

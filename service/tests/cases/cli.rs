@@ -619,3 +619,81 @@ fn files_become_a_context_and_compress_in_one_command() {
     assert!(!stderr.contains("sk_live"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A folder walked as ripgrep walks one (issue 42, wall 3): `.gitignore`
+/// obeyed, `--exclude` and `--hidden` work, a file over the per-field limit
+/// is skipped with one line (the run goes on), and a big log keeps its tail
+/// from a line start, its name saying from which line.
+#[test]
+fn a_repository_walks_as_ripgrep_does_and_oversized_files_do_not_stop_the_run() {
+    let dir = crate::scratch("context-walk");
+    let w = |rel: &str, body: &[u8]| {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    };
+    w(".gitignore", b"build/\n*.tmp\n");
+    w("src/lib.rs", b"pub fn pool() {}\n");
+    w("build/out.rs", b"fn generated() {}\n");
+    w("notes.tmp", b"scratch\n");
+    w("Cargo.lock", b"# lock\n");
+    w(".github/ci.yml", b"on: push\n");
+    // 5 MiB of JSON, over the 4 MiB per field
+    let big = format!("[{}1]", "1,".repeat(5 << 19));
+    w("models/tokenizer.json", big.as_bytes());
+    // 5 MiB of log lines; the last one is the error
+    let mut log = String::new();
+    let mut n = 0;
+    while log.len() < 5 << 20 {
+        n += 1;
+        log.push_str(&format!("2026-12-05T10:00:00Z INFO request {n} served in 3 ms\n"));
+    }
+    log.push_str("2026-12-05T10:00:01Z ERROR disk full: No space left on device\n");
+    w("logs/app.log", log.as_bytes());
+    let d = dir.to_str().unwrap();
+    let names = |stdout: &str| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(stdout).unwrap();
+        v["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap().trim_start_matches(d).trim_start_matches('/').to_string())
+            .collect()
+    };
+    let (ok, stdout, stderr) = scd(&["context", d, "--exclude", "*.lock"], "");
+    assert!(ok, "{stderr}");
+    let fields = names(&stdout);
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert_eq!(fields[1], "src/lib.rs");
+    // the log's tail: from a line start, within the limit, the error kept
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let tail = v["fields"][0]["content"].as_str().unwrap();
+    let first = tail.lines().next().unwrap();
+    assert!(first.starts_with("2026-12-05T10:00:00Z INFO request "), "{first}");
+    assert!(tail.len() <= 4 << 20 && tail.ends_with("No space left on device\n"));
+    let from: usize = first.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert_eq!(fields[0], format!("logs/app.log (from line {from})"));
+    assert!(stderr.contains("logs/app.log: 5.0 MiB, over the limit of 4.0 MiB per field; kept its last"), "{stderr}");
+    let skipped: Vec<&str> = stderr.lines().filter(|l| l.contains("tokenizer.json")).collect();
+    assert_eq!(
+        skipped,
+        [format!("-- {d}/models/tokenizer.json: 5.0 MiB, over the limit of 4.0 MiB per field; skipped")]
+    );
+    // --hidden brings .github; --no-ignore brings build/ and notes.tmp too
+    let (ok, stdout, _) = scd(&["context", d, "--hidden", "--exclude", "*.lock", "--exclude", "logs/**"], "");
+    assert!(ok);
+    let fields = names(&stdout);
+    assert!(fields.contains(&".github/ci.yml".to_string()) && fields.contains(&".gitignore".to_string()), "{fields:?}");
+    let (ok, stdout, _) = scd(&["context", d, "--no-ignore", "--log-tail", "100"], "");
+    assert!(ok);
+    let fields = names(&stdout);
+    for f in ["build/out.rs", "notes.tmp", "Cargo.lock"] {
+        assert!(fields.contains(&f.to_string()), "{f} in {fields:?}");
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let log = v["fields"].as_array().unwrap().iter().find(|f| f["name"].as_str().unwrap().contains("app.log")).unwrap();
+    assert_eq!(log["content"].as_str().unwrap(), "2026-12-05T10:00:01Z ERROR disk full: No space left on device\n");
+    let (ok, _, stderr) = scd(&["context", d, "--exclude", "a{b"], "");
+    assert!(!ok && stderr.contains("--exclude a{b: not a valid glob"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
