@@ -14,6 +14,8 @@ pub mod demo;
 pub mod embed;
 pub mod embed_batch;
 pub mod embed_queue;
+pub mod embed_timing;
+pub mod embed_workers;
 pub mod eval;
 mod eval_adaptive;
 mod eval_agent;
