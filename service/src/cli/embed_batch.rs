@@ -419,7 +419,7 @@ enum Item {
 
 /// A block with its rows (and, from a local model, where its time went).
 enum Embedded {
-    Block(Block, Encoded, Option<Breakdown>),
+    Block(Box<Block>, Encoded, Option<Box<Breakdown>>),
     PassEnd,
 }
 
@@ -620,7 +620,7 @@ fn embed_local(enc: &OrtEncoder, item: anyhow::Result<Item>, overlap: bool) -> a
     };
     let prepared = block.prepared.as_ref().expect("local blocks are prepared by the reader");
     let (enc, breakdown) = enc.run_prepared_timed(prepared, overlap).map_err(|e| block_error(e, &block))?;
-    Ok(Embedded::Block(block, enc, Some(breakdown)))
+    Ok(Embedded::Block(Box::new(block), enc, Some(Box::new(breakdown))))
 }
 
 /// Sends a block to the server.
@@ -631,7 +631,7 @@ fn embed_remote(remote: &mut Remote, item: Item, opts: &EncodeOptions) -> anyhow
     };
     let texts: Vec<String> = block.records.iter().map(|r| r.text.clone()).collect();
     let enc = remote.embed(&texts, opts).with_context(|| format!("--input lines {}..", block.records[0].line))?;
-    Ok(Embedded::Block(block, enc, None))
+    Ok(Embedded::Block(Box::new(block), enc, None))
 }
 
 /// The writing side of a run: rows in order, the passes and their times.
