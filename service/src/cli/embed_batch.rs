@@ -28,7 +28,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -37,10 +37,10 @@ use scd_engine::encoder::{Breakdown, EncodeOptions, Encoded, Encoder, InputKind,
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::embed_remote::Remote;
 use super::embed_timing::{Rate, Timing};
 use super::embed_workers;
 use crate::config::ModelArgs;
-use crate::grpc::pb;
 
 /// Arguments of `scd embed-batch`.
 #[derive(Debug, clap::Args)]
@@ -330,77 +330,6 @@ fn complete_lines(file: &mut File) -> anyhow::Result<(u64, usize)> {
     Ok((keep, lines))
 }
 
-/// A running `scd serve`, called over EmbedStream.
-struct Remote {
-    rt: tokio::runtime::Runtime,
-    client: pb::scd_client::ScdClient<tonic::transport::Channel>,
-    info: pb::InfoResponse,
-    request_texts: usize,
-}
-
-impl Remote {
-    fn connect(addr: &str, request_texts: usize) -> anyhow::Result<Remote> {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let (client, info) = rt.block_on(async {
-            let mut c = pb::scd_client::ScdClient::connect(addr.to_string())
-                .await
-                .with_context(|| format!("--server {addr}"))?;
-            let info = c.info(pb::InfoRequest {}).await.with_context(|| format!("--server {addr}: Info"))?;
-            anyhow::Ok((c, info.into_inner()))
-        })?;
-        Ok(Remote { rt, client, info, request_texts })
-    }
-
-    /// Embeds one block over EmbedStream, retrying (whole block) while the
-    /// server answers RESOURCE_EXHAUSTED.
-    fn embed(&mut self, texts: &[String], opts: &EncodeOptions) -> anyhow::Result<Encoded> {
-        let kind = match opts.kind {
-            InputKind::Query => pb::InputKind::Query,
-            InputKind::Passage => pb::InputKind::Passage,
-        } as i32;
-        let windows = opts.long_inputs == scd_engine::encoder::LongInputPolicy::Windows;
-        let requests: Vec<pb::EmbedRequest> =
-            texts.chunks(self.request_texts).map(|c| pb::EmbedRequest { texts: c.to_vec(), kind, windows }).collect();
-        let dim = self.info.dim as usize;
-        for attempt in 0.. {
-            let stream = tokio_stream::iter(requests.clone());
-            let mut client = self.client.clone();
-            let got: Result<Vec<pb::EmbedResponse>, tonic::Status> = self.rt.block_on(async move {
-                let mut replies = client.embed_stream(stream).await?.into_inner();
-                let mut out = Vec::new();
-                while let Some(r) = tokio_stream::StreamExt::next(&mut replies).await {
-                    out.push(r?);
-                }
-                Ok(out)
-            });
-            match got {
-                Ok(replies) => {
-                    let mut enc = Encoded { dim, data: Vec::new(), tokens: Vec::new(), windows: Vec::new() };
-                    for e in replies.into_iter().flat_map(|r| r.embeddings) {
-                        ensure!(e.values.len() == dim, "server sent a vector of {} values, not {dim}", e.values.len());
-                        enc.data.extend_from_slice(&e.values);
-                        enc.tokens.push(e.tokens as usize);
-                        enc.windows.push(e.windows as usize);
-                    }
-                    ensure!(enc.len() == texts.len(), "server answered {} of {} texts", enc.len(), texts.len());
-                    return Ok(enc);
-                }
-                Err(s) if s.code() == tonic::Code::ResourceExhausted && attempt < 100 => {
-                    let wait = s
-                        .metadata()
-                        .get("retry-after-ms")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(100u64);
-                    tracing::debug!(wait, "server busy; retrying the block");
-                    std::thread::sleep(Duration::from_millis(wait));
-                }
-                Err(s) => bail!("--server: {}: {}", s.code(), s.message()),
-            }
-        }
-        unreachable!("the retry loop returns or fails")
-    }
-}
-
 /// A block on its way from the reader to the model.
 struct Block {
     first: usize,
@@ -511,36 +440,7 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     )?);
     bar.set_position(done as u64);
     let mut progress = Progress::new(&args, records, sink, bar, timing);
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        let (tx, rx) = sync_channel::<anyhow::Result<Item>>(1);
-        let (input, block_texts, repeat) = (&args.input, args.block_texts, args.min_seconds > 0.0);
-        let reader = local.first();
-        scope.spawn(move || read_blocks(tx, input, done, block_texts, reader, &opts, repeat));
-        let overlap = args.overlap;
-        match (&mut remote, local.as_slice()) {
-            (Some(r), _) => {
-                for item in rx {
-                    if progress.take(embed_remote(r, item?, &opts)?)? {
-                        break;
-                    }
-                }
-            }
-            (None, [enc]) => {
-                for item in rx {
-                    if progress.take(embed_local(enc, item, overlap)?)? {
-                        break;
-                    }
-                }
-            }
-            (None, encs) => embed_workers::ordered(
-                encs.len(),
-                rx,
-                |w, item| embed_local(&encs[w], item, overlap),
-                |r| progress.take(r?),
-            )?,
-        }
-        Ok(())
-    })?;
+    stream(&args, &local, remote.as_mut(), &opts, done, &mut progress)?;
     let Progress { bar, mut timing, embedded, .. } = progress;
     bar.finish_and_clear();
     timing.finish();
@@ -568,6 +468,48 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         timing: Some(timing),
     };
     summary.report(args.summary_json.as_deref())
+}
+
+/// Streams the corpus from a reader thread through the backend (the
+/// server, one local session, or several) into `progress`.
+fn stream(
+    args: &EmbedBatchArgs,
+    local: &[OrtEncoder],
+    remote: Option<&mut Remote>,
+    opts: &EncodeOptions,
+    done: usize,
+    progress: &mut Progress,
+) -> anyhow::Result<()> {
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let (tx, rx) = sync_channel::<anyhow::Result<Item>>(1);
+        let (input, block_texts, repeat) = (&args.input, args.block_texts, args.min_seconds > 0.0);
+        let reader = local.first();
+        scope.spawn(move || read_blocks(tx, input, done, block_texts, reader, opts, repeat));
+        let overlap = args.overlap;
+        match (remote, local) {
+            (Some(r), _) => {
+                for item in rx {
+                    if progress.take(embed_remote(r, item?, opts)?)? {
+                        break;
+                    }
+                }
+            }
+            (None, [enc]) => {
+                for item in rx {
+                    if progress.take(embed_local(enc, item, overlap)?)? {
+                        break;
+                    }
+                }
+            }
+            (None, encs) => embed_workers::ordered(
+                encs.len(),
+                rx,
+                |w, item| embed_local(&encs[w], item, overlap),
+                |r| progress.take(r?),
+            )?,
+        }
+        Ok(())
+    })
 }
 
 /// Reads the corpus into blocks (tokenized when the model is local) and

@@ -14,6 +14,7 @@ pub mod demo;
 pub mod embed;
 pub mod embed_batch;
 pub mod embed_queue;
+mod embed_remote;
 pub mod embed_timing;
 pub mod embed_workers;
 pub mod eval;
