@@ -300,7 +300,8 @@ def report(results: Path, out: Path) -> None:
         summary[f"best_{role}"] = res
     summary["table"] = table
     summary["errors"] = {k: v["error"][-300:] for k, v in rows.items() if "error" in v}
-    summary["skipped"] = {k: v["skipped"] for k, v in rows.items() if "skipped" in v}
+    # (embed-batch's own "skipped" counts rows already in a resumed output)
+    summary["skipped"] = {k: v["skipped"] for k, v in rows.items() if isinstance(v.get("skipped"), str)}
     summary["results"] = rows
     (out / "gpu_report.json").write_text(json.dumps(summary, indent=1))
     plot(table, summary["rehearsal"], out / "gpu_report.svg")

@@ -7,7 +7,7 @@
 #
 # REHEARSE=1 runs the same steps here, on the CPU, without a pack: the debug
 # (or SCD=...) binary, e5-small-fp16 and its optimizer variants in the
-# "large" role, also in the "small" one, 40 texts, MIN_S=2 s passes.
+# "large" role, also in the "small" one, 40 texts in blocks of 10, MIN_S=2 s.
 # ONLY=REGEX runs only the steps whose name matches (a partial rerun).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,7 +23,7 @@ ONLY="${ONLY:-.}"
 
 if [ -n "${REHEARSE:-}" ]; then
   W="${W:-/tmp/scd-gpu-rehearsal}"
-  DEVICE=cpu MIN_S="${MIN_S:-2}" WARM=8 BTS_LARGE="512 2048" BTS_SMALL="512 2048" BT_MAIN=512
+  DEVICE=cpu MIN_S="${MIN_S:-2}" WARM=8 BTS_LARGE="512 2048" BTS_SMALL="512 2048" BT_MAIN=512 BLOCK=10
   LARGE=e5-small-fp16 SMALL=e5-small-fp16 CHECK=e5-small-fp16
   PY="${PY:-$ROOT/.tools/venv/bin/python}"
   SCD="${SCD:-${CARGO_TARGET_DIR:-$ROOT/target}/debug/scd}"
@@ -42,7 +42,7 @@ if [ -n "${REHEARSE:-}" ]; then
   export SCD_ORT_LIB="${SCD_ORT_LIB:-$ROOT/.tools/ort/libonnxruntime.so}"
 else
   W=/tmp/scd-gpu
-  DEVICE=cuda MIN_S="${MIN_S:-20}" WARM=256 BTS_LARGE="8192 16384 32768 65536" BTS_SMALL="16384 65536"
+  DEVICE=cuda MIN_S="${MIN_S:-20}" WARM=256 BLOCK=2048 BTS_LARGE="8192 16384 32768 65536" BTS_SMALL="16384 65536"
   BT_MAIN=16384 LARGE=e5-large-arch-fp16 SMALL=e5-small-fp16-check CHECK=e5-small-fp16-check
   PY="${PY:-}"  # a Python with torch: its site-packages hold the CUDA 13 libraries
   [ -n "$PY" ] || for p in python3 python /opt/conda/bin/python /usr/local/bin/python3 /usr/bin/python3; do
@@ -75,7 +75,7 @@ EOF
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   ldd "$W/ort/libonnxruntime_providers_cuda.so" | grep "not found" || say "CUDA provider: no missing library"
 fi
-export SCD_MODELS_DIR="$W/models" SCD_DEVICE="$DEVICE"
+export SCD_MODELS_DIR="$W/models" SCD_DEVICE="$DEVICE" RUST_BACKTRACE=0
 say "python $PY; pack/stage ready in $W"
 "$PY" - "$R/plan.json" <<EOF
 import json, sys
@@ -137,7 +137,7 @@ step cos_query_fused "$PY" benches/gpu/gpu_bench.py check /tmp/check_q.npy "$C/c
 
 # --- throughput: every run lasts >= MIN_S seconds of steady state ----------------------
 K="$W/corpus/corpus.jsonl"
-RUN=(--input "$K" --warmup-texts "$WARM" --min-seconds "$MIN_S")
+RUN=(--input "$K" --warmup-texts "$WARM" --min-seconds "$MIN_S" --block-texts "$BLOCK")
 for bt in $BTS_LARGE; do
   embed "scd_large_fused_bt$bt" --model "$LARGE" --batch-tokens "$bt" "${RUN[@]}" --output /tmp/large.npy
 done
