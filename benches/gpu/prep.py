@@ -168,13 +168,13 @@ def paragraphs() -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def corpus(out: Path, target_tokens: int) -> None:
+def corpus(out: Path, target_tokens: int, tokenizer: Path | None = None) -> None:
     """Mixed lengths: the paragraphs as they are, plus one in five joined with
     its neighbours into a long passage; every text fits 512 tokens with the
     prefix; repeated (shuffled) up to the target."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(out / "models/e5-large-arch-fp16/tokenizer.json"))
+    tok = Tokenizer.from_file(str(tokenizer or out / "models/e5-large-arch-fp16/tokenizer.json"))
     tok.no_truncation()
     paras = paragraphs()
     rng = random.Random(0)
@@ -214,14 +214,33 @@ def corpus(out: Path, target_tokens: int) -> None:
     log(f"corpus: {stats}")
 
 
+def variants(out: Path) -> None:
+    """The optimizer's GPU variants (packed, key-length mask) of the E5-large
+    skeleton and of the check model, and their fused-operator counts."""
+    import subprocess
+
+    script = ROOT / "models/optimize_gpu.py"
+    for name, heads, hidden in [("e5-large-arch-fp16", 16, 1024), ("e5-small-fp16-check", 12, 384)]:
+        subprocess.run([sys.executable, str(script), str(out / "models" / name), "--heads", str(heads),
+                        "--hidden", str(hidden), "--report", str(out / "optimizer" / f"{name}.json")],
+                       check=True, stdout=subprocess.DEVNULL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu/stage")
     ap.add_argument("--tokens", type=int, default=1_500_000, help="corpus size in model tokens")
+    ap.add_argument("--rehearse", action="store_true",
+                    help="only the check set and a corpus in e5-small's tokenizer (benches/gpu/run.sh REHEARSE=1)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.rehearse:
+        check_set(args.out)
+        corpus(args.out, args.tokens, ROOT / "models/out/e5-small/tokenizer.json")
+        return
     pruned_e5_small(args.out, check_set(args.out))
     skeletons(args.out)
+    variants(args.out)
     corpus(args.out, args.tokens)
 
 

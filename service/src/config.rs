@@ -38,6 +38,12 @@ pub struct ModelArgs {
     /// plain runs, pooling on the host).
     #[arg(long, env = "SCD_IO_BINDING", default_value_t = true, action = clap::ArgAction::Set, global = true)]
     pub io_binding: bool,
+    /// With IoBinding on CUDA, leave the pooled output on the device and copy
+    /// it back after the run, so the device→host copy is timed apart from
+    /// the model (`scd embed-batch`'s breakdown); off, ONNX Runtime copies it
+    /// to pinned host memory inside the run.
+    #[arg(long, env = "SCD_SPLIT_COPIES", global = true)]
+    pub split_copies: bool,
     /// The persistent embedding cache: a redb file shared by every scd
     /// process of the machine (a vector is keyed by model and text), or
     /// `off`. Default: $XDG_CACHE_HOME/scd/embeddings.redb (else
@@ -98,6 +104,7 @@ impl ModelArgs {
         cfg.device = self.device()?;
         cfg.batch_tokens = self.batch_tokens;
         cfg.io_binding = self.io_binding;
+        cfg.split_copies = self.split_copies;
         cfg.max_batch = self.max_batch_rows;
         Ok(cfg)
     }

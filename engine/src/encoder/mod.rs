@@ -14,10 +14,12 @@
 //! assert!(cos > 0.3);
 //! ```
 
+mod batch;
 mod hash;
 mod manifest;
 mod ort;
 
+pub use self::batch::Breakdown;
 pub use self::hash::HashEncoder;
 pub use self::manifest::{list_models, resolve_model, Manifest, ModelEntry};
 pub use self::ort::{Device, LazyOrtEncoder, OrtConfig, OrtEncoder, OrtRuntime, Prepared, ORT_LIB_ENV};

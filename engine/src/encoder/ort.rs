@@ -8,17 +8,19 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use ort::environment::Environment;
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
 use ort::session::Session;
-use ort::value::Tensor;
+use ort::value::{Tensor, TensorValueType};
 use parking_lot::FairMutex;
 use rayon::prelude::*;
 use tokenizers::Tokenizer;
 use tracing::{debug, info, instrument, warn};
 
+use super::batch::{drive, BatchTimes, Breakdown, HostBatch};
 use super::{
     l2_normalize, plan_batches, windows, EncodeOptions, Encoded, Encoder, InputKind, LongInputPolicy, Manifest,
     Sequence,
@@ -79,6 +81,11 @@ pub struct OrtConfig {
     /// model without that output) runs plainly and pools `last_hidden_state`
     /// on the host.
     pub io_binding: bool,
+    /// With IoBinding on CUDA, bind the pooled output to device memory and
+    /// copy it back after the run, so the device→host copy is timed apart
+    /// from the model ([`Breakdown::d2h_s`]); off, the output is bound to
+    /// pinned host memory and ONNX Runtime copies it inside the run.
+    pub split_copies: bool,
 }
 
 impl OrtConfig {
@@ -105,6 +112,7 @@ impl OrtConfig {
             batch_tokens: 0,
             max_batch: 0,
             io_binding: true,
+            split_copies: false,
         }
     }
 
@@ -189,8 +197,11 @@ struct Runner {
     session: Session,
     /// Page-locked host memory for inputs (CUDA only).
     pinned: Option<Allocator>,
-    /// Where bound outputs land: host memory (pinned on CUDA).
+    /// Where bound outputs land: host memory (pinned on CUDA), or device
+    /// memory when `device_output`.
     output_memory: Option<MemoryInfo<'static>>,
+    /// The bound output stays on the device and is copied back after the run.
+    device_output: bool,
 }
 
 /// Texts tokenized and cut into windows: the CPU half of [`OrtEncoder::encode`],
@@ -308,6 +319,13 @@ impl OrtEncoder {
         };
         let bound = config.io_binding && outputs.iter().any(|o| o == POOLED_OUTPUT);
         let (pinned, output_memory) = if bound { bound_memory(&session, config.device)? } else { (None, None) };
+        let device_output = bound && config.split_copies && matches!(config.device, Device::Cuda(_));
+        let output_memory = match (device_output, config.device) {
+            (true, Device::Cuda(id)) => {
+                Some(MemoryInfo::new(AllocationDevice::CUDA, id, AllocatorType::Device, MemoryType::Default)?)
+            }
+            _ => output_memory,
+        };
         let id = manifest.model_id();
         info!(model = %id, provider, token_type_ids, io_binding = bound, "encoder ready");
         Ok(Self {
@@ -317,7 +335,7 @@ impl OrtEncoder {
             tokenizer_path,
             lead,
             trail,
-            runner: FairMutex::new(Runner { session, pinned, output_memory }),
+            runner: FairMutex::new(Runner { session, pinned, output_memory, device_output }),
             token_type_ids,
             output,
             bound,
@@ -403,24 +421,46 @@ impl OrtEncoder {
 
     /// [`OrtEncoder::run_prepared`], checking `cancel` before each batch.
     pub fn run_prepared_cancellable(&self, prepared: &Prepared, cancel: &crate::cancel::Cancel) -> Result<Encoded> {
+        Ok(self.run_timed(prepared, cancel, false)?.0)
+    }
+
+    /// [`OrtEncoder::run_prepared`] with the time of each phase: padded
+    /// batch assembly, host→device, the model, device→host, pooling
+    /// ([`Breakdown`]). With `overlap`, a producer thread assembles the next
+    /// batches while the model runs the current one; the embeddings are the
+    /// same, in the same order.
+    pub fn run_prepared_timed(&self, prepared: &Prepared, overlap: bool) -> Result<(Encoded, Breakdown)> {
+        self.run_timed(prepared, &crate::cancel::Cancel::new(), overlap)
+    }
+
+    fn run_timed(
+        &self,
+        prepared: &Prepared,
+        cancel: &crate::cancel::Cancel,
+        overlap: bool,
+    ) -> Result<(Encoded, Breakdown)> {
         let dim = self.manifest.dim;
         let n = prepared.len();
         let seqs = &prepared.seqs;
         let lens: Vec<usize> = seqs.iter().map(|s| s.ids.len()).collect();
-        let batches = plan_batches(&lens, self.batch_tokens, self.max_batch);
-        debug!(sequences = seqs.len(), batches = batches.len(), "encoding");
+        let plan = plan_batches(&lens, self.batch_tokens, self.max_batch);
+        debug!(sequences = seqs.len(), batches = plan.len(), overlap, "encoding");
         let mut acc = vec![0f32; n * dim];
         let mut weight = vec![0f32; n];
-        for batch in &batches {
+        let run = |batch: &HostBatch| {
             cancel.check("embed")?;
-            let group: Vec<&Sequence> = batch.iter().map(|&i| &seqs[i]).collect();
-            let pooled = self.run_batch(&group)?;
-            for (s, row) in group.iter().zip(pooled.chunks_exact(dim)) {
+            self.run_batch(batch)
+        };
+        let consume = |index: usize, pooled: Vec<f32>| {
+            for (&i, row) in plan[index].iter().zip(pooled.chunks_exact(dim)) {
+                let s = &seqs[i];
                 let out = &mut acc[s.text * dim..(s.text + 1) * dim];
                 out.iter_mut().zip(row).for_each(|(a, p)| *a += s.weight * p);
                 weight[s.text] += s.weight;
             }
-        }
+        };
+        let mut breakdown = drive(seqs, &plan, overlap, run, consume)?;
+        let t = Instant::now();
         for (i, w) in weight.iter().enumerate() {
             let row = &mut acc[i * dim..(i + 1) * dim];
             if *w > 0.0 {
@@ -430,84 +470,101 @@ impl OrtEncoder {
                 l2_normalize(row);
             }
         }
-        Ok(Encoded { dim, data: acc, tokens: prepared.tokens.clone(), windows: prepared.windows.clone() })
+        let spent = t.elapsed().as_secs_f64();
+        breakdown.pool_s += spent;
+        breakdown.total_s += spent;
+        let enc = Encoded { dim, data: acc, tokens: prepared.tokens.clone(), windows: prepared.windows.clone() };
+        Ok((enc, breakdown))
     }
 
-    /// Runs one padded batch; returns `rows * dim` mean-pooled (unnormalized) floats.
-    fn run_batch(&self, seqs: &[&Sequence]) -> Result<Vec<f32>> {
-        let rows = seqs.len();
-        let len = seqs.iter().map(|s| s.ids.len()).max().unwrap_or(0);
-        let fill = |ids: &mut [i64], mask: &mut [i64]| {
-            for (r, s) in seqs.iter().enumerate() {
-                ids[r * len..r * len + s.ids.len()].copy_from_slice(&s.ids);
-                mask[r * len..r * len + s.ids.len()].iter_mut().for_each(|m| *m = 1);
-            }
-        };
+    /// Runs one padded batch; returns `rows * dim` mean-pooled (unnormalized)
+    /// floats and the time of each phase.
+    fn run_batch(&self, batch: &HostBatch) -> Result<(Vec<f32>, BatchTimes)> {
         let mut runner = self.runner.lock();
         if self.bound {
-            return self.run_bound(&mut runner, rows, len, fill);
+            return self.run_bound(&mut runner, batch);
         }
-        let mut ids = vec![0i64; rows * len];
-        let mut mask = vec![0i64; rows * len];
-        fill(&mut ids, &mut mask);
+        let (rows, len) = (batch.rows, batch.len);
+        let t = Instant::now();
         let mut inputs = ort::inputs![
-            "input_ids" => Tensor::from_array(([rows, len], ids))?,
-            "attention_mask" => Tensor::from_array(([rows, len], mask))?,
+            "input_ids" => Tensor::from_array(([rows, len], batch.ids.clone()))?,
+            "attention_mask" => Tensor::from_array(([rows, len], batch.mask.clone()))?,
         ];
         if self.token_type_ids {
             inputs.push(("token_type_ids".into(), Tensor::from_array(([rows, len], vec![0i64; rows * len]))?.into()));
         }
+        let mut times = BatchTimes { h2d: t.elapsed(), ..BatchTimes::default() };
+        let t = Instant::now();
         let outputs = runner.session.run(inputs)?;
+        times.model = t.elapsed();
+        let t = Instant::now();
         let (shape, hidden) = outputs[self.output.as_str()].try_extract_tensor::<f32>()?;
         let dim = self.manifest.dim;
         self.check_shape(shape, &[rows, len, dim])?;
         let mut pooled = vec![0f32; rows * dim];
-        for (r, s) in seqs.iter().enumerate() {
+        for r in 0..rows {
             let v = &mut pooled[r * dim..(r + 1) * dim];
-            let n = s.ids.len();
+            let n = batch.mask[r * len..(r + 1) * len].iter().filter(|&&m| m == 1).count();
             for t in 0..n {
                 let h = &hidden[(r * len + t) * dim..(r * len + t + 1) * dim];
                 v.iter_mut().zip(h).for_each(|(a, b)| *a += b);
             }
-            v.iter_mut().for_each(|a| *a /= n as f32);
+            v.iter_mut().for_each(|a| *a /= n.max(1) as f32);
         }
-        Ok(pooled)
+        times.pool = t.elapsed();
+        Ok((pooled, times))
     }
 
-    /// The IoBinding path: inputs bound (from pinned memory on CUDA), only the
-    /// pooled `[rows, dim]` output bound to host memory.
-    fn run_bound(
-        &self,
-        runner: &mut Runner,
-        rows: usize,
-        len: usize,
-        fill: impl Fn(&mut [i64], &mut [i64]),
-    ) -> Result<Vec<f32>> {
-        let input = |runner: &Runner| -> Result<Tensor<i64>> {
-            Ok(match &runner.pinned {
-                Some(alloc) => {
+    /// The IoBinding path: inputs staged (in pinned memory on CUDA), bound and
+    /// synchronized (the host→device copy, timed apart), only the pooled
+    /// `[rows, dim]` output bound: to host memory, or with split copies to
+    /// device memory and copied back after the run (timed apart).
+    fn run_bound(&self, runner: &mut Runner, batch: &HostBatch) -> Result<(Vec<f32>, BatchTimes)> {
+        let (rows, len) = (batch.rows, batch.len);
+        let t = Instant::now();
+        let staged = |runner: &Runner, src: Option<&[i64]>| -> Result<Tensor<i64>> {
+            Ok(match (&runner.pinned, src) {
+                (Some(alloc), _) => {
                     let mut t = Tensor::<i64>::new(alloc, [rows, len])?;
-                    t.extract_tensor_mut().1.fill(0);
+                    match src {
+                        Some(s) => t.extract_tensor_mut().1.copy_from_slice(s),
+                        None => t.extract_tensor_mut().1.fill(0),
+                    }
                     t
                 }
-                None => Tensor::from_array(([rows, len], vec![0i64; rows * len]))?,
+                (None, Some(s)) => Tensor::from_array(([rows, len], s.to_vec()))?,
+                (None, None) => Tensor::from_array(([rows, len], vec![0i64; rows * len]))?,
             })
         };
-        let mut ids = input(runner)?;
-        let mut mask = input(runner)?;
-        fill(ids.extract_tensor_mut().1, mask.extract_tensor_mut().1);
+        let ids = staged(runner, Some(&batch.ids))?;
+        let mask = staged(runner, Some(&batch.mask))?;
         let mut binding = runner.session.create_binding()?;
         binding.bind_input("input_ids", &ids)?;
         binding.bind_input("attention_mask", &mask)?;
         if self.token_type_ids {
-            binding.bind_input("token_type_ids", &input(runner)?)?;
+            binding.bind_input("token_type_ids", &staged(runner, None)?)?;
         }
+        binding.synchronize_inputs()?;
+        let mut times = BatchTimes { h2d: t.elapsed(), ..BatchTimes::default() };
         let memory = runner.output_memory.as_ref().expect("bound encoders have an output memory");
         binding.bind_output_to_device(POOLED_OUTPUT, memory)?;
-        let outputs = runner.session.run_binding(&binding)?;
-        let (shape, pooled) = outputs[POOLED_OUTPUT].try_extract_tensor::<f32>()?;
-        self.check_shape(shape, &[rows, self.manifest.dim])?;
-        Ok(pooled.to_vec())
+        let t = Instant::now();
+        let mut outputs = runner.session.run_binding(&binding)?;
+        times.model = t.elapsed();
+        let t = Instant::now();
+        let pooled = if runner.device_output {
+            let on_device = outputs.remove(POOLED_OUTPUT).expect("the pooled output is bound");
+            let host = on_device.downcast::<TensorValueType<f32>>()?.to(AllocationDevice::CPU, 0)?;
+            let (shape, pooled) = host.try_extract_tensor::<f32>()?;
+            self.check_shape(shape, &[rows, self.manifest.dim])?;
+            pooled.to_vec()
+        } else {
+            let (shape, pooled) = outputs[POOLED_OUTPUT].try_extract_tensor::<f32>()?;
+            self.check_shape(shape, &[rows, self.manifest.dim])?;
+            pooled.to_vec()
+        };
+        times.d2h = t.elapsed();
+        Ok((pooled, times))
     }
 
     fn check_shape(&self, shape: &[i64], want: &[usize]) -> Result<()> {
@@ -719,6 +776,68 @@ impl Encoder for LazyOrtEncoder {
         match self.config.device {
             Device::Cpu => "cpu",
             Device::Cuda(_) => "cuda",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// e5-small and the ONNX Runtime library, as `engine/tests/tests.rs` finds
+    /// them; None (a failure under CI or `SCD_REQUIRE_MODELS=1`) when absent.
+    fn e5_small(io_binding: bool) -> Option<OrtEncoder> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let models = std::env::var_os("SCD_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("models/out"));
+        let lib = std::env::var_os(ORT_LIB_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join(".tools/ort/libonnxruntime.so"));
+        let dir = models.join("e5-small");
+        if !dir.join("manifest.json").is_file() || !lib.is_file() {
+            let required = |var: &str, on: &str| std::env::var(var).is_ok_and(|v| v == on);
+            assert!(
+                !required("CI", "true") && !required("SCD_REQUIRE_MODELS", "1"),
+                "e5-small or {ORT_LIB_ENV} absent"
+            );
+            eprintln!("SKIP: e5-small or the ONNX Runtime library absent (run models/setup.sh)");
+            return None;
+        }
+        let config = OrtConfig { intra_threads: 1, batch_tokens: 256, io_binding, ..OrtConfig::new(lib) };
+        Some(OrtEncoder::load(&dir, &config).unwrap())
+    }
+
+    fn texts() -> Vec<String> {
+        (0..24)
+            .map(|i| {
+                let words = ["the river", "a mountain pass", "tokens per second", "an old library", "GPU batches"];
+                (0..1 + (i * 7) % 19).map(|k| words[(i + k) % words.len()]).collect::<Vec<_>>().join(" ")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn overlapped_batches_embed_like_the_serial_path_in_the_same_order() {
+        for io_binding in [true, false] {
+            let Some(enc) = e5_small(io_binding) else { return };
+            let texts = texts();
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let prepared = enc.prepare(&refs, &EncodeOptions::new(InputKind::Passage)).unwrap();
+            let (serial, bs) = enc.run_prepared_timed(&prepared, false).unwrap();
+            let (overlapped, bo) = enc.run_prepared_timed(&prepared, true).unwrap();
+            assert_eq!(serial.len(), texts.len());
+            assert_eq!(serial.tokens, overlapped.tokens);
+            for i in 0..texts.len() {
+                let cos: f32 = serial.row(i).iter().zip(overlapped.row(i)).map(|(a, b)| a * b).sum();
+                assert!(cos >= 0.99999, "text {i}: cosine {cos} (io_binding {io_binding})");
+            }
+            // rows are not swapped: each text is closer to itself than to its neighbour
+            let cross: f32 = serial.row(0).iter().zip(overlapped.row(1)).map(|(a, b)| a * b).sum();
+            assert!(cross < 0.99999, "rows 0 and 1 differ ({cross})");
+            for b in [&bs, &bo] {
+                assert!(b.batches > 1, "several batches at 256 tokens: {b:?}");
+                assert_eq!(b.real_tokens, serial.tokens.iter().sum::<usize>());
+                assert!(b.model_s > 0.0 && b.model_thread_s() <= b.total_s + 1e-9, "{b:?}");
+            }
         }
     }
 }

@@ -14,23 +14,33 @@
 //! model, input or option is an error unless `--overwrite` starts over.
 //!
 //! Memory stays bounded: one thread reads and tokenizes block `k+1` while the
-//! model runs block `k`; at most three blocks exist at once.
+//! model runs block `k`; at most three blocks exist at once (with
+//! `--workers N`, N sessions take blocks in turn and at most `2N` are in
+//! flight). Within a block, `--overlap` assembles the next padded batch while
+//! the model runs the current one.
+//!
+//! The summary separates the steady state (after the warm-up, session
+//! creation excluded; `--min-seconds` repeats the corpus until it lasts that
+//! long) from one run end to end, and says where the time went per phase
+//! (`service/src/cli/embed_timing.rs`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::sync_channel;
-use std::time::{Duration, Instant};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use npyz::WriterBuilder as _;
-use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder, Prepared};
+use scd_engine::encoder::{Breakdown, EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder, Prepared};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::embed_remote::Remote;
+use super::embed_timing::{Rate, Timing};
+use super::embed_workers;
 use crate::config::ModelArgs;
-use crate::grpc::pb;
 
 /// Arguments of `scd embed-batch`.
 #[derive(Debug, clap::Args)]
@@ -66,6 +76,20 @@ pub struct EmbedBatchArgs {
     /// stay out of a throughput figure. Local model only.
     #[arg(long, default_value_t = 0)]
     warmup_texts: usize,
+    /// Assemble the next padded batch on a producer thread while the model
+    /// runs the current one (`false`: one after the other).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    overlap: bool,
+    /// Model sessions on the device, each on its own thread, taking blocks in
+    /// turn; rows are still written in corpus order. Local model only.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Pass over the corpus again until the timed passes (after the warm-up)
+    /// have lasted this many seconds, rewriting --output each pass: a
+    /// steady-state figure for a corpus one pass embeds too fast. Local
+    /// model only; the output must start empty (--overwrite).
+    #[arg(long, default_value_t = 0.0)]
+    min_seconds: f64,
     /// Also write the final summary as JSON to this file.
     #[arg(long)]
     pub(super) summary_json: Option<PathBuf>,
@@ -243,6 +267,20 @@ impl Sink {
         Ok((if npy { Sink::Npy { file, dim } } else { Sink::Jsonl { file } }, done))
     }
 
+    /// Starts the rows over (the next pass of `--min-seconds`): the file is
+    /// cut back to its header (`.npy`, for `records` rows) or emptied.
+    pub(super) fn rewind(&mut self, records: usize) -> anyhow::Result<()> {
+        let start = match self {
+            Sink::Npy { dim, .. } => npy_header(records, *dim)?.len() as u64,
+            Sink::Jsonl { .. } => 0,
+        };
+        let (Sink::Npy { file, .. } | Sink::Jsonl { file }) = self;
+        file.flush()?;
+        file.get_mut().set_len(start)?;
+        file.seek(SeekFrom::Start(start))?;
+        Ok(())
+    }
+
     /// Appends the rows of one block (records `first..`), then flushes.
     pub(super) fn write(&mut self, first: usize, records: &[Record], enc: &Encoded) -> anyhow::Result<()> {
         match self {
@@ -292,83 +330,26 @@ fn complete_lines(file: &mut File) -> anyhow::Result<(u64, usize)> {
     Ok((keep, lines))
 }
 
-/// A running `scd serve`, called over EmbedStream.
-struct Remote {
-    rt: tokio::runtime::Runtime,
-    client: pb::scd_client::ScdClient<tonic::transport::Channel>,
-    info: pb::InfoResponse,
-    request_texts: usize,
-}
-
-impl Remote {
-    fn connect(addr: &str, request_texts: usize) -> anyhow::Result<Remote> {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-        let (client, info) = rt.block_on(async {
-            let mut c = pb::scd_client::ScdClient::connect(addr.to_string())
-                .await
-                .with_context(|| format!("--server {addr}"))?;
-            let info = c.info(pb::InfoRequest {}).await.with_context(|| format!("--server {addr}: Info"))?;
-            anyhow::Ok((c, info.into_inner()))
-        })?;
-        Ok(Remote { rt, client, info, request_texts })
-    }
-
-    /// Embeds one block over EmbedStream, retrying (whole block) while the
-    /// server answers RESOURCE_EXHAUSTED.
-    fn embed(&mut self, texts: &[String], opts: &EncodeOptions) -> anyhow::Result<Encoded> {
-        let kind = match opts.kind {
-            InputKind::Query => pb::InputKind::Query,
-            InputKind::Passage => pb::InputKind::Passage,
-        } as i32;
-        let windows = opts.long_inputs == scd_engine::encoder::LongInputPolicy::Windows;
-        let requests: Vec<pb::EmbedRequest> =
-            texts.chunks(self.request_texts).map(|c| pb::EmbedRequest { texts: c.to_vec(), kind, windows }).collect();
-        let dim = self.info.dim as usize;
-        for attempt in 0.. {
-            let stream = tokio_stream::iter(requests.clone());
-            let mut client = self.client.clone();
-            let got: Result<Vec<pb::EmbedResponse>, tonic::Status> = self.rt.block_on(async move {
-                let mut replies = client.embed_stream(stream).await?.into_inner();
-                let mut out = Vec::new();
-                while let Some(r) = tokio_stream::StreamExt::next(&mut replies).await {
-                    out.push(r?);
-                }
-                Ok(out)
-            });
-            match got {
-                Ok(replies) => {
-                    let mut enc = Encoded { dim, data: Vec::new(), tokens: Vec::new(), windows: Vec::new() };
-                    for e in replies.into_iter().flat_map(|r| r.embeddings) {
-                        ensure!(e.values.len() == dim, "server sent a vector of {} values, not {dim}", e.values.len());
-                        enc.data.extend_from_slice(&e.values);
-                        enc.tokens.push(e.tokens as usize);
-                        enc.windows.push(e.windows as usize);
-                    }
-                    ensure!(enc.len() == texts.len(), "server answered {} of {} texts", enc.len(), texts.len());
-                    return Ok(enc);
-                }
-                Err(s) if s.code() == tonic::Code::ResourceExhausted && attempt < 100 => {
-                    let wait = s
-                        .metadata()
-                        .get("retry-after-ms")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(100u64);
-                    tracing::debug!(wait, "server busy; retrying the block");
-                    std::thread::sleep(Duration::from_millis(wait));
-                }
-                Err(s) => bail!("--server: {}: {}", s.code(), s.message()),
-            }
-        }
-        unreachable!("the retry loop returns or fails")
-    }
-}
-
 /// A block on its way from the reader to the model.
 struct Block {
     first: usize,
     records: Vec<Record>,
     /// Tokenized ahead (local backend only).
     prepared: Option<Prepared>,
+    /// Seconds the reader spent tokenizing it.
+    tokenize_s: f64,
+}
+
+/// What the reader sends: a block, or the end of one pass over the corpus.
+enum Item {
+    Block(Block),
+    PassEnd,
+}
+
+/// A block with its rows (and, from a local model, where its time went).
+enum Embedded {
+    Block(Box<Block>, Encoded, Option<Box<Breakdown>>),
+    PassEnd,
 }
 
 /// Maps an engine error on block text `index` to the input line.
@@ -399,21 +380,31 @@ pub(super) struct Summary {
     pub(super) max_batch_rows: usize,
     pub(super) io_binding: bool,
     pub(super) load_seconds: f64,
+    /// Steady state, end to end, the passes and the phases (not with --queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) timing: Option<Timing>,
 }
 
 /// Runs `scd embed-batch`.
 pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     ensure!(args.block_texts > 0, "--block-texts: must be at least 1");
     ensure!(args.request_texts > 0, "--request-texts: must be at least 1");
+    ensure!(args.workers > 0, "--workers: must be at least 1");
+    ensure!(args.min_seconds.is_finite() && args.min_seconds >= 0.0, "--min-seconds: must be 0 or more seconds");
+    ensure!(
+        args.server.is_none() || (args.workers == 1 && args.min_seconds == 0.0),
+        "--workers and --min-seconds need a local model, not --server"
+    );
     let started = Instant::now();
     let (records, input_sha256) = scan(&args.input)?;
     ensure!(records > 0, "--input {}: no records", args.input.display());
+    let scan_s = started.elapsed().as_secs_f64();
     // exactly one of the two is set
     let (local, mut remote) = match &args.server {
-        Some(addr) => (None, Some(Remote::connect(addr, args.request_texts)?)),
-        None => (Some(model.load_encoder()?), None),
+        Some(addr) => (Vec::new(), Some(Remote::connect(addr, args.request_texts)?)),
+        None => ((0..args.workers).map(|_| model.load_encoder()).collect::<anyhow::Result<Vec<_>>>()?, None),
     };
-    let (model_id, dim, provider) = match (&local, &remote) {
+    let (model_id, dim, provider) = match (local.first(), &remote) {
         (Some(e), _) => (e.model_id().to_string(), e.dim(), e.provider().to_string()),
         (None, Some(r)) => (r.info.model.clone(), r.info.dim as usize, format!("{} (server)", r.info.provider)),
         (None, None) => unreachable!("one backend is always set"),
@@ -423,77 +414,42 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
     if args.windows {
         opts = opts.with_windows();
     }
-    let (meta, mut sink, done) = open_output(&args, model_id, dim, input_sha256, records)?;
-
-    if let (Some(enc), true) = (&local, args.warmup_texts > 0) {
+    let (meta, sink, done) = open_output(&args, model_id, dim, input_sha256, records)?;
+    ensure!(
+        args.min_seconds == 0.0 || done == 0,
+        "--min-seconds times whole passes, but --output {} already holds {done} rows; pass --overwrite",
+        args.output.display()
+    );
+    let warm = Instant::now();
+    for enc in local.iter().filter(|_| args.warmup_texts > 0) {
         warm_up(enc, &args.input, args.warmup_texts, &opts)?;
     }
+    let timing = Timing {
+        scan_s,
+        load_s: load_seconds - scan_s,
+        warmup_s: warm.elapsed().as_secs_f64(),
+        workers: local.len(),
+        overlap: args.overlap,
+        min_seconds: args.min_seconds,
+        ..Timing::default()
+    };
 
     let bar = ProgressBar::new(records as u64);
     bar.set_style(ProgressStyle::with_template(
         "{bar:40} {pos}/{len} texts  {msg}  elapsed {elapsed_precise} eta {eta}",
     )?);
     bar.set_position(done as u64);
-    let run_start = Instant::now();
-    let mut tokens = 0usize;
-    let mut embedded = 0usize;
-
-    std::thread::scope(|scope| -> anyhow::Result<()> {
-        let (tx, rx) = sync_channel::<anyhow::Result<Block>>(1);
-        let local = local.as_ref();
-        let input = &args.input;
-        let block_texts = args.block_texts;
-        scope.spawn(move || {
-            let send_blocks = || -> anyhow::Result<()> {
-                let mut block = Vec::with_capacity(block_texts);
-                let mut first = done;
-                for item in record_lines(input)?.skip(done) {
-                    let (n, raw) = item?;
-                    block.push(parse(n, &raw)?);
-                    if block.len() == block_texts {
-                        let records = std::mem::replace(&mut block, Vec::with_capacity(block_texts));
-                        let len = records.len();
-                        if tx.send(prepare(local, first, records, &opts)).is_err() {
-                            return Ok(());
-                        }
-                        first += len;
-                    }
-                }
-                if !block.is_empty() {
-                    let _ = tx.send(prepare(local, first, block, &opts));
-                }
-                Ok(())
-            };
-            if let Err(e) = send_blocks() {
-                let _ = tx.send(Err(e));
-            }
-        });
-        for block in rx {
-            let block = block?;
-            let enc = match (local, &mut remote, &block.prepared) {
-                (Some(e), _, Some(p)) => e.run_prepared(p).map_err(|e| block_error(e, &block))?,
-                (_, Some(r), _) => {
-                    let texts: Vec<String> = block.records.iter().map(|r| r.text.clone()).collect();
-                    r.embed(&texts, &opts).with_context(|| format!("--input lines {}..", block.records[0].line))?
-                }
-                _ => unreachable!("local blocks are prepared by the reader"),
-            };
-            sink.write(block.first, &block.records, &enc)?;
-            tokens += enc.tokens.iter().sum::<usize>();
-            embedded += block.records.len();
-            bar.inc(block.records.len() as u64);
-            let secs = run_start.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!("{:.0} tokens/s", tokens as f64 / secs));
-        }
-        Ok(())
-    })?;
+    let mut progress = Progress::new(&args, records, sink, bar, timing);
+    stream(&args, &local, remote.as_mut(), &opts, done, &mut progress)?;
+    let Progress { bar, mut timing, embedded, .. } = progress;
     bar.finish_and_clear();
+    timing.finish();
 
-    let seconds = run_start.elapsed().as_secs_f64();
-    let (batch_tokens, max_batch_rows, io_binding) = match &local {
+    let (batch_tokens, max_batch_rows, io_binding) = match local.first() {
         Some(e) => (e.batch_tokens(), e.max_batch_rows(), e.uses_io_binding()),
         None => (0, 0, false),
     };
+    let steady = timing.steady.clone();
     let summary = Summary {
         output: args.output.clone(),
         model: meta.model.clone(),
@@ -501,16 +457,185 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         records,
         embedded,
         skipped: done,
-        tokens,
-        seconds,
-        tokens_per_s: tokens as f64 / seconds.max(1e-9),
-        texts_per_s: embedded as f64 / seconds.max(1e-9),
+        tokens: steady.tokens,
+        seconds: steady.seconds,
+        tokens_per_s: steady.tokens_per_s,
+        texts_per_s: embedded as f64 * timing.passes.len() as f64 / steady.seconds.max(1e-9),
         batch_tokens,
         max_batch_rows,
         io_binding,
         load_seconds,
+        timing: Some(timing),
     };
     summary.report(args.summary_json.as_deref())
+}
+
+/// Streams the corpus from a reader thread through the backend (the
+/// server, one local session, or several) into `progress`.
+fn stream(
+    args: &EmbedBatchArgs,
+    local: &[OrtEncoder],
+    remote: Option<&mut Remote>,
+    opts: &EncodeOptions,
+    done: usize,
+    progress: &mut Progress,
+) -> anyhow::Result<()> {
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let (tx, rx) = sync_channel::<anyhow::Result<Item>>(1);
+        let (input, block_texts, repeat) = (&args.input, args.block_texts, args.min_seconds > 0.0);
+        let reader = local.first();
+        scope.spawn(move || read_blocks(tx, input, done, block_texts, reader, opts, repeat));
+        let overlap = args.overlap;
+        match (remote, local) {
+            (Some(r), _) => {
+                for item in rx {
+                    if progress.take(embed_remote(r, item?, opts)?)? {
+                        break;
+                    }
+                }
+            }
+            (None, [enc]) => {
+                for item in rx {
+                    if progress.take(embed_local(enc, item, overlap)?)? {
+                        break;
+                    }
+                }
+            }
+            (None, encs) => embed_workers::ordered(
+                encs.len(),
+                rx,
+                |w, item| embed_local(&encs[w], item, overlap),
+                |r| progress.take(r?),
+            )?,
+        }
+        Ok(())
+    })
+}
+
+/// Reads the corpus into blocks (tokenized when the model is local) and
+/// sends them, then a [`Item::PassEnd`]; with `repeat`, pass after pass
+/// until the receiver hangs up. A read error is sent as the last item.
+fn read_blocks(
+    tx: SyncSender<anyhow::Result<Item>>,
+    input: &Path,
+    done: usize,
+    block_texts: usize,
+    local: Option<&OrtEncoder>,
+    opts: &EncodeOptions,
+    repeat: bool,
+) {
+    let send_all = || -> anyhow::Result<()> {
+        for pass in 0usize.. {
+            let mut first = if pass == 0 { done } else { 0 };
+            let mut block = Vec::with_capacity(block_texts);
+            for item in record_lines(input)?.skip(first) {
+                let (n, raw) = item?;
+                block.push(parse(n, &raw)?);
+                if block.len() == block_texts {
+                    let records = std::mem::replace(&mut block, Vec::with_capacity(block_texts));
+                    let len = records.len();
+                    if tx.send(prepare(local, first, records, opts).map(Item::Block)).is_err() {
+                        return Ok(());
+                    }
+                    first += len;
+                }
+            }
+            if !block.is_empty() && tx.send(prepare(local, first, block, opts).map(Item::Block)).is_err() {
+                return Ok(());
+            }
+            if tx.send(Ok(Item::PassEnd)).is_err() || !repeat {
+                return Ok(());
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = send_all() {
+        let _ = tx.send(Err(e));
+    }
+}
+
+/// Runs a prepared block through a local model.
+fn embed_local(enc: &OrtEncoder, item: anyhow::Result<Item>, overlap: bool) -> anyhow::Result<Embedded> {
+    let block = match item? {
+        Item::PassEnd => return Ok(Embedded::PassEnd),
+        Item::Block(block) => block,
+    };
+    let prepared = block.prepared.as_ref().expect("local blocks are prepared by the reader");
+    let (enc, breakdown) = enc.run_prepared_timed(prepared, overlap).map_err(|e| block_error(e, &block))?;
+    Ok(Embedded::Block(Box::new(block), enc, Some(Box::new(breakdown))))
+}
+
+/// Sends a block to the server.
+fn embed_remote(remote: &mut Remote, item: Item, opts: &EncodeOptions) -> anyhow::Result<Embedded> {
+    let block = match item {
+        Item::PassEnd => return Ok(Embedded::PassEnd),
+        Item::Block(block) => block,
+    };
+    let texts: Vec<String> = block.records.iter().map(|r| r.text.clone()).collect();
+    let enc = remote.embed(&texts, opts).with_context(|| format!("--input lines {}..", block.records[0].line))?;
+    Ok(Embedded::Block(Box::new(block), enc, None))
+}
+
+/// The writing side of a run: rows in order, the passes and their times.
+struct Progress<'a> {
+    args: &'a EmbedBatchArgs,
+    records: usize,
+    sink: Sink,
+    bar: ProgressBar,
+    pass_start: Instant,
+    pass_tokens: usize,
+    embedded: usize,
+    timing: Timing,
+}
+
+impl<'a> Progress<'a> {
+    fn new(args: &'a EmbedBatchArgs, records: usize, sink: Sink, bar: ProgressBar, timing: Timing) -> Self {
+        let pass_start = Instant::now();
+        Progress { args, records, sink, bar, pass_start, pass_tokens: 0, embedded: 0, timing }
+    }
+
+    /// Writes one embedded block, or closes a pass; true when the run is
+    /// over (one pass, or the passes have lasted --min-seconds).
+    fn take(&mut self, item: Embedded) -> anyhow::Result<bool> {
+        let (block, enc, breakdown) = match item {
+            Embedded::Block(block, enc, breakdown) => (block, enc, breakdown),
+            Embedded::PassEnd => {
+                let now = Instant::now();
+                let seconds = (now - self.pass_start).as_secs_f64();
+                self.timing.passes.push(Rate::new(self.pass_tokens, seconds));
+                (self.pass_start, self.pass_tokens) = (now, 0);
+                let steady: f64 = self.timing.passes.iter().map(|p| p.seconds).sum();
+                if steady >= self.args.min_seconds {
+                    return Ok(true);
+                }
+                let t = Instant::now();
+                self.sink.rewind(self.records)?;
+                self.timing.phases.write_s += t.elapsed().as_secs_f64();
+                self.bar.set_position(0);
+                return Ok(false);
+            }
+        };
+        let t = Instant::now();
+        self.sink.write(block.first, &block.records, &enc)?;
+        let phases = &mut self.timing.phases;
+        phases.write_s += t.elapsed().as_secs_f64();
+        phases.tokenize_s += block.tokenize_s;
+        if let Some(b) = &breakdown {
+            phases.engine.add(b);
+        }
+        self.pass_tokens += enc.tokens.iter().sum::<usize>();
+        if self.timing.passes.is_empty() {
+            self.embedded += block.records.len();
+        }
+        self.bar.inc(block.records.len() as u64);
+        let secs = self.pass_start.elapsed().as_secs_f64().max(1e-9);
+        self.bar.set_message(format!(
+            "pass {}: {:.0} tokens/s",
+            self.timing.passes.len() + 1,
+            self.pass_tokens as f64 / secs
+        ));
+        Ok(false)
+    }
 }
 
 impl Summary {
@@ -528,6 +653,18 @@ impl Summary {
             self.model,
             self.provider,
         );
+        if let Some(t) = &self.timing {
+            eprintln!(
+                "steady {:.0} tokens/s over {} pass(es) and {:.1}s; end to end {:.0} tokens/s (scan {:.2}s, load {:.2}s, warm-up {:.2}s)",
+                t.steady.tokens_per_s,
+                t.passes.len(),
+                t.steady.seconds,
+                t.end_to_end.tokens_per_s,
+                t.scan_s,
+                t.load_s,
+                t.warmup_s
+            );
+        }
         if let Some(path) = json {
             std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
                 .with_context(|| format!("--summary-json {}", path.display()))?;
@@ -556,7 +693,8 @@ fn prepare(
     records: Vec<Record>,
     opts: &EncodeOptions,
 ) -> anyhow::Result<Block> {
-    let mut block = Block { first, records, prepared: None };
+    let started = Instant::now();
+    let mut block = Block { first, records, prepared: None, tokenize_s: 0.0 };
     if let Some(enc) = local {
         let texts: Vec<&str> = block.records.iter().map(|r| r.text.as_str()).collect();
         match enc.prepare(&texts, opts) {
@@ -564,6 +702,7 @@ fn prepare(
             Err(e) => return Err(block_error(e, &block)),
         }
     }
+    block.tokenize_s = started.elapsed().as_secs_f64();
     Ok(block)
 }
 

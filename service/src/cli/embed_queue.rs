@@ -194,6 +194,7 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
         max_batch_rows: 0,
         io_binding: false,
         load_seconds,
+        timing: None,
     }
     .report(args.summary_json.as_deref())
 }
