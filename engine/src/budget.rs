@@ -110,13 +110,29 @@ impl TokenCounter for HfTokenizer {
     }
 }
 
-/// A built-in tokenizer by name (`o200k`, `cl100k`).
+/// A built-in tokenizer by name: `o200k` or `cl100k`, tiktoken's encoding
+/// names (`o200k_base`, `cl100k_base`), or an OpenAI model name as tiktoken
+/// maps it (`gpt-4o`, `gpt-4.1-mini`, `o3`, `gpt-5` → o200k; `gpt-4`,
+/// `gpt-3.5-turbo`, `text-embedding-3-small` → cl100k); any case. It reports
+/// itself as `o200k` or `cl100k`.
 pub fn builtin(name: &str) -> Option<BudgetTokenizer> {
-    match name {
-        "o200k" => Some(Arc::new(Tiktoken { name: "o200k", bpe: tiktoken_rs::o200k_base_singleton() })),
-        "cl100k" => Some(Arc::new(Tiktoken { name: "cl100k", bpe: tiktoken_rs::cl100k_base_singleton() })),
-        _ => None,
-    }
+    use tiktoken_rs::tokenizer::{get_tokenizer, Tokenizer};
+    let name = name.to_ascii_lowercase();
+    let o200k = match name.as_str() {
+        "o200k" | "o200k_base" => true,
+        "cl100k" | "cl100k_base" => false,
+        model => match get_tokenizer(model)? {
+            // gpt-oss's encoding is o200k's with more special tokens, which text never holds
+            Tokenizer::O200kBase | Tokenizer::O200kHarmony => true,
+            Tokenizer::Cl100kBase => false,
+            _ => return None,
+        },
+    };
+    Some(if o200k {
+        Arc::new(Tiktoken { name: "o200k", bpe: tiktoken_rs::o200k_base_singleton() })
+    } else {
+        Arc::new(Tiktoken { name: "cl100k", bpe: tiktoken_rs::cl100k_base_singleton() })
+    })
 }
 
 /// The tokenizers requests may name: `e5` (the default, also the empty
@@ -169,7 +185,7 @@ impl TokenizerRegistry {
         if name.is_empty() || name == E5 {
             return Ok(None);
         }
-        if let Some(t) = builtin(name).or_else(|| self.registered.get(name).cloned()) {
+        if let Some(t) = self.registered.get(name).cloned().or_else(|| builtin(name)) {
             return Ok(Some(t));
         }
         Err(Error::invalid(
@@ -200,6 +216,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_names_people_type_reach_the_right_encoding() {
+        let reg = TokenizerRegistry::new();
+        let text = "naïve café, 東京 — fn main() { println!(\"hi\"); }";
+        let o200k = reg.resolve("o200k").unwrap().unwrap().count(text).unwrap();
+        let cl100k = reg.resolve("cl100k").unwrap().unwrap().count(text).unwrap();
+        assert_ne!(o200k, cl100k, "the text tells the encodings apart");
+        for (name, canonical, n) in [
+            ("o200k_base", "o200k", o200k),
+            ("gpt-4o", "o200k", o200k),
+            ("GPT-4o-mini", "o200k", o200k),
+            ("gpt-4.1", "o200k", o200k),
+            ("o3-mini", "o200k", o200k),
+            ("gpt-5", "o200k", o200k),
+            ("cl100k_base", "cl100k", cl100k),
+            ("gpt-4", "cl100k", cl100k),
+            ("gpt-3.5-turbo", "cl100k", cl100k),
+            ("text-embedding-3-small", "cl100k", cl100k),
+        ] {
+            let t = reg.resolve(name).unwrap().unwrap_or_else(|| panic!("{name}"));
+            assert_eq!((t.name(), t.count(text).unwrap()), (canonical, n), "{name}");
+        }
+        // encodings SCD does not count in, and models tiktoken does not know
+        for name in ["gpt2", "text-davinci-003", "claude-3-5-sonnet"] {
+            assert!(reg.resolve(name).is_err(), "{name}");
+        }
+    }
+
+    #[test]
     fn builtins_count_like_tiktoken() {
         let reg = TokenizerRegistry::new();
         let o = reg.resolve("o200k").unwrap().unwrap();
@@ -214,8 +258,8 @@ mod tests {
     #[test]
     fn unknown_names_are_rejected_naming_the_field_and_the_choices() {
         let reg = TokenizerRegistry::new();
-        let e = reg.resolve("gpt-5").unwrap_err().to_string();
-        assert_eq!(e, "budget_tokenizer: unknown tokenizer \"gpt-5\"; choose one of: e5, o200k, cl100k");
+        let e = reg.resolve("llama-3").unwrap_err().to_string();
+        assert_eq!(e, "budget_tokenizer: unknown tokenizer \"llama-3\"; choose one of: e5, o200k, cl100k");
         // a long name (content sent by mistake) is named by its size only
         let e = reg.resolve(&"sk_live_SECRET_".repeat(400)).unwrap_err().to_string();
         assert!(e.starts_with("budget_tokenizer: unknown tokenizer <a 6000-byte name>; choose"), "{e}");
