@@ -69,7 +69,19 @@ enum Command {
     Openapi,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Runs the command; an error is one line on stderr (`Error: what: why`,
+/// its causes joined), whatever `RUST_BACKTRACE` says, and exit status 1.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", format!("{e:#}").replace('\n', " "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     // `scd serve --config FILE`: the file's settings as flags (those the
     // command line or the environment gives win)
     let argv = cli::config_file::apply(&Cli::command(), std::env::args_os().collect())?;

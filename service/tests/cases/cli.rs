@@ -697,3 +697,21 @@ fn a_repository_walks_as_ripgrep_does_and_oversized_files_do_not_stop_the_run() 
     assert!(!ok && stderr.contains("--exclude a{b: not a valid glob"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A user error is one line on stderr whatever the environment says
+/// (issue 42: `RUST_BACKTRACE=1` made "model not found" 43 lines).
+#[test]
+fn a_user_error_is_one_line_even_with_rust_backtrace_set() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_scd"))
+        .current_dir(root())
+        .env("RUST_BACKTRACE", "1")
+        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
+        .args(["--models-dir", "/nonexistent-models", "compress", "--task", "t", "--budget", "5", "--context"])
+        .arg(root().join("fixtures/agent_context.json"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("Error: ") && stderr.contains("/nonexistent-models"), "{stderr}");
+}
