@@ -123,6 +123,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
             },
         );
         println!("A2A agent card on {http_scheme}://{}/.well-known/agent-card.json", l.local_addr()?);
+        println!("REST API on {http_scheme}://{}/v1 (OpenAPI document at /openapi.json)", l.local_addr()?);
         tokio::spawn(serve_metrics(
             l,
             service.clone(),

@@ -48,6 +48,9 @@ pub(crate) fn start(extra: &[&str]) -> Server {
             break a.trim_end_matches("/metrics").to_string();
         }
     };
+    // the banner names every surface of the HTTP listener, REST included
+    let banner: Vec<String> = lines.by_ref().take(2).map(Result::unwrap).collect();
+    assert_eq!(banner[1], format!("REST API on http://{http}/v1 (OpenAPI document at /openapi.json)"), "{banner:?}");
     // keep reading stdout so the server never blocks on it
     std::thread::spawn(move || for _ in lines {});
     Server { child, http }
