@@ -28,7 +28,8 @@ pub struct EmbeddingsBody {
     /// its name before the `@`.
     pub model: String,
     /// A text, or a list of texts (each non-empty; at most the server's
-    /// `--max-texts`). Token arrays are not accepted: send text.
+    /// `--max-texts`); or, as OpenAI's clients send by default, one text's
+    /// cl100k token ids or a list of them (decoded to text here).
     #[serde(default)]
     pub input: Input,
     /// `float` (default) or `base64` (little-endian f32, as OpenAI's clients ask).
@@ -43,28 +44,51 @@ pub struct EmbeddingsBody {
     pub input_type: InputType,
 }
 
-/// The texts of an embeddings request (a string or a list of strings).
+/// The texts of an embeddings request: a string, a list of strings, or (as
+/// OpenAI accepts, and as OpenAI's clients send by default) one text's
+/// cl100k token ids or a list of them, decoded here to text.
 #[derive(Debug, Default)]
 pub struct Input(pub Vec<String>);
+
+/// One text given as cl100k token ids, decoded (a multi-byte character cut
+/// at the list's ends is replaced by U+FFFD, as OpenAI's clients cut
+/// long texts at token boundaries).
+fn decode_tokens(ids: &[Value]) -> Result<String, String> {
+    let bpe = tiktoken_rs::cl100k_base_singleton();
+    let mut ranks = Vec::with_capacity(ids.len());
+    for (i, id) in ids.iter().enumerate() {
+        let rank = id.as_u64().and_then(|n| u32::try_from(n).ok());
+        let rank = rank.filter(|r| bpe.decode_bytes(&[*r]).is_ok());
+        ranks.push(rank.ok_or_else(|| format!("token {i}: not a cl100k token id (an integer below 100277)"))?);
+    }
+    let bytes = bpe.decode_bytes(&ranks).map_err(|_| "not cl100k token ids".to_string())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
 
 impl<'de> Deserialize<'de> for Input {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error as _;
-        let tokens = "token arrays are not accepted: send the text";
+        let shape = "a string, a list of strings, a list of cl100k token ids, or a list of such lists";
         match Value::deserialize(d)? {
             Value::String(s) => Ok(Input(vec![s])),
+            Value::Array(items) if items.first().is_some_and(Value::is_number) => {
+                decode_tokens(&items).map(|t| Input(vec![t])).map_err(D::Error::custom)
+            }
             Value::Array(items) => {
+                let tokens = items.first().is_some_and(Value::is_array);
                 let mut texts = Vec::with_capacity(items.len());
-                for item in items {
+                for (i, item) in items.into_iter().enumerate() {
                     match item {
-                        Value::String(s) => texts.push(s),
-                        Value::Number(_) | Value::Array(_) => return Err(D::Error::custom(tokens)),
-                        _ => return Err(D::Error::custom("a string or a list of strings")),
+                        Value::String(s) if !tokens => texts.push(s),
+                        Value::Array(ids) if tokens && ids.first().is_none_or(Value::is_number) => {
+                            texts.push(decode_tokens(&ids).map_err(|e| D::Error::custom(format!("item {i}, {e}")))?)
+                        }
+                        _ => return Err(D::Error::custom(format!("item {i}: {shape}; the items all of one kind"))),
                     }
                 }
                 Ok(Input(texts))
             }
-            _ => Err(D::Error::custom("a string or a list of strings")),
+            _ => Err(D::Error::custom(shape)),
         }
     }
 }
@@ -76,7 +100,12 @@ impl JsonSchema for Input {
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         schemars::json_schema!({
-            "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}}
+            ]
         })
     }
 }

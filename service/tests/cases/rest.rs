@@ -169,7 +169,9 @@ async fn rest_refuses_bad_bodies_naming_the_field() {
         ("/v1/compress", json!([1, 2]), "body"),
         ("/v1/sessions/x/more", json!({"question": "q", "current_confidence": 2.0}), "current_confidence"),
         ("/v1/sessions/x/more", json!({"question": "q", "current_confidence": 0.5, "session": "y"}), "session"),
-        ("/v1/embeddings", json!({"model": "x", "input": [[1, 2, 3]]}), "input"),
+        ("/v1/embeddings", json!({"model": "x", "input": [[1, 2, 4_000_000]]}), "input"),
+        ("/v1/embeddings", json!({"model": "x", "input": [1, -2]}), "input"),
+        ("/v1/embeddings", json!({"model": "x", "input": ["a", [1, 2]]}), "input"),
         ("/v1/embeddings", json!({"model": "x", "input": []}), "input"),
         ("/v1/embeddings", json!({"model": "x", "input": "a", "encoding_format": "hex"}), "encoding_format"),
     ];
@@ -241,6 +243,18 @@ async fn rest_embeddings_match_scd_embed_by_cosine() {
             base64::engine::general_purpose::STANDARD.decode(b["data"][i]["embedding"].as_str().unwrap()).unwrap();
         let decoded: Vec<f32> = bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(decoded, got, "base64 carries the same floats");
+    }
+    // cl100k token ids, as OpenAI's clients send them by default (LangChain's
+    // OpenAIEmbeddings): the same vectors as the texts
+    let cl100k = tiktoken_rs::cl100k_base_singleton();
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| cl100k.encode_ordinary(t)).collect();
+    for input in [json!(ids), json!(ids[0])] {
+        let (status, t) =
+            call("127.0.0.1", addr, "POST", "/v1/embeddings", None, &json!({"model": model, "input": input})).await;
+        assert_eq!(status, 200, "{t}");
+        for (i, row) in t["data"].as_array().unwrap().iter().enumerate() {
+            assert!(cosine(&floats(&row["embedding"]), &reference[i]) > 0.9999, "token ids of text {i}");
+        }
     }
     // the model's name without its digest names it too
     let name = model.split('@').next().unwrap();
