@@ -24,6 +24,7 @@ mod assemble;
 mod compress;
 mod config;
 mod features;
+mod layout;
 mod more;
 mod pack;
 mod parts;
