@@ -345,7 +345,6 @@ fn main() {
             emit(off, &mut rows);
         }
     }
-    drop(emit);
     write_results(&lines, &rows);
 }
 
