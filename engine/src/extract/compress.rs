@@ -145,6 +145,8 @@ fn budget(rq: &ContextRequirement, opening: Option<&SessionRequest>, ledger: Opt
 }
 
 impl Scd {
+    /// One attempt at [`Scd::compress_opts`] (redone when another replica
+    /// commits to the session first).
     pub(super) fn compress_once(
         &self,
         req: &CompressRequest,
