@@ -221,18 +221,9 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn main() {
-    let Some((paras, questions)) = hotpot_paragraphs() else {
-        panic!("../shared/evaldata/hotpotqa/hotpot_hf_schema.jsonl is absent (or unreadable): this bench needs it");
-    };
-    let sents = sentences(&paras);
-    eprintln!("{} sentences from {} paragraphs", sents.len(), paras.len());
-    let enc = HashEncoder::new(384, 512);
-    let max_tokens = env_usize("SCD_SCALE_MAX_TOKENS", 1 << 20);
-    let max_fields = env_usize("SCD_SCALE_MAX_FIELDS", 100_000);
-    let hnsw_max_chunks = env_usize("SCD_SCALE_HNSW_MAX_CHUNKS", 80_000);
-    let mut rows = Vec::new();
-    let header = format!(
+/// The table's header line.
+fn header_line() -> String {
+    format!(
         "{:<7} {:<5} {:>9} {:>7} {:>7} {:>4} {:>9} {:>10} {:>9} {:>9} {:>11} {:>11}  stages ms",
         "part",
         "hnsw",
@@ -246,30 +237,33 @@ fn main() {
         "sel ms",
         "warm ms",
         "warm sel ms"
-    );
-    println!("{header}");
-    let mut lines = vec![header];
-    let mut emit = |row: Row, rows: &mut Vec<Row>| {
-        let line = format!(
-            "{:<7} {:<5} {:>9} {:>7} {:>7} {:>4} {:>9.3} {:>10.1} {:>9.1} {:>9.1} {:>11.2} {:>11.2}  {}",
-            row.part,
-            if row.hnsw { "dflt" } else { "off" },
-            row.tokens,
-            row.fields,
-            row.chunks,
-            row.runs,
-            row.cold_s,
-            row.us_per_1k(row.cold_s * 1e3),
-            row.prepare_ms,
-            row.select_ms,
-            row.warm_ms,
-            row.warm_select_ms,
-            row.stages.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect::<Vec<_>>().join(", ")
-        );
-        println!("{line}");
-        lines.push(line);
-        rows.push(row);
-    };
+    )
+}
+
+/// One row of the table, under [`header_line`].
+fn row_line(row: &Row) -> String {
+    format!(
+        "{:<7} {:<5} {:>9} {:>7} {:>7} {:>4} {:>9.3} {:>10.1} {:>9.1} {:>9.1} {:>11.2} {:>11.2}  {}",
+        row.part,
+        if row.hnsw { "dflt" } else { "off" },
+        row.tokens,
+        row.fields,
+        row.chunks,
+        row.runs,
+        row.cold_s,
+        row.us_per_1k(row.cold_s * 1e3),
+        row.prepare_ms,
+        row.select_ms,
+        row.warm_ms,
+        row.warm_select_ms,
+        row.stages.iter().map(|(n, ms)| format!("{n} {ms:.1}")).collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// The contexts measured: (part, size, sentences per field), growing in
+/// tokens (8 sentences a field) up to `max_tokens`, then in fields (one
+/// sentence each) up to `max_fields`.
+fn sizes(max_tokens: usize, max_fields: usize) -> Vec<(&'static str, usize, usize)> {
     let mut sizes = vec![];
     let mut t = 1000;
     while t <= max_tokens {
@@ -281,7 +275,53 @@ fn main() {
             sizes.push(("fields", f, 0));
         }
     }
-    for (part, size, per_field) in sizes {
+    sizes
+}
+
+/// Writes the table, the rows as JSON and the plot to `benches/results/`.
+fn write_results(lines: &[String], rows: &[Row]) {
+    let dir = root().join("benches/results");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("context_scale.txt"), lines.join("\n") + "\n").unwrap();
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "part": r.part, "hnsw": if r.hnsw { "default (>= 20000 chunks)" } else { "off" },
+                "tokens": r.tokens, "fields": r.fields, "chunks": r.chunks, "runs": r.runs,
+                "cold_s": r.cold_s, "cold_us_per_1k_tokens": r.us_per_1k(r.cold_s * 1e3),
+                "cold_prepare_ms": r.prepare_ms, "cold_select_ms": r.select_ms,
+                "warm_ms": r.warm_ms, "warm_select_ms": r.warm_select_ms,
+                "stages_ms": r.stages.iter().map(|(n, ms)| (n.to_string(), serde_json::json!(ms))).collect::<serde_json::Map<_, _>>(),
+            })
+        })
+        .collect();
+    std::fs::write(dir.join("context_scale.json"), serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    std::fs::write(dir.join("context_scale.svg"), svg(rows)).unwrap();
+    eprintln!("wrote {}", dir.join("context_scale.{txt,json,svg}").display());
+}
+
+fn main() {
+    let Some((paras, questions)) = hotpot_paragraphs() else {
+        panic!("../shared/evaldata/hotpotqa/hotpot_hf_schema.jsonl is absent (or unreadable): this bench needs it");
+    };
+    let sents = sentences(&paras);
+    eprintln!("{} sentences from {} paragraphs", sents.len(), paras.len());
+    let enc = HashEncoder::new(384, 512);
+    let max_tokens = env_usize("SCD_SCALE_MAX_TOKENS", 1 << 20);
+    let max_fields = env_usize("SCD_SCALE_MAX_FIELDS", 100_000);
+    let hnsw_max_chunks = env_usize("SCD_SCALE_HNSW_MAX_CHUNKS", 80_000);
+    let mut rows = Vec::new();
+    let header = header_line();
+    println!("{header}");
+    let mut lines = vec![header];
+    let mut emit = |row: Row, rows: &mut Vec<Row>| {
+        let line = row_line(&row);
+        println!("{line}");
+        lines.push(line);
+        rows.push(row);
+    };
+    for (part, size, per_field) in sizes(max_tokens, max_fields) {
         let (ctx, tokens) = if part == "tokens" {
             build(&sents, &enc, per_field, 7, |tok, _| tok >= size)
         } else {
@@ -305,26 +345,7 @@ fn main() {
             emit(off, &mut rows);
         }
     }
-
-    let dir = root().join("benches/results");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("context_scale.txt"), lines.join("\n") + "\n").unwrap();
-    let json: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "part": r.part, "hnsw": if r.hnsw { "default (>= 20000 chunks)" } else { "off" },
-                "tokens": r.tokens, "fields": r.fields, "chunks": r.chunks, "runs": r.runs,
-                "cold_s": r.cold_s, "cold_us_per_1k_tokens": r.us_per_1k(r.cold_s * 1e3),
-                "cold_prepare_ms": r.prepare_ms, "cold_select_ms": r.select_ms,
-                "warm_ms": r.warm_ms, "warm_select_ms": r.warm_select_ms,
-                "stages_ms": r.stages.iter().map(|(n, ms)| (n.to_string(), serde_json::json!(ms))).collect::<serde_json::Map<_, _>>(),
-            })
-        })
-        .collect();
-    std::fs::write(dir.join("context_scale.json"), serde_json::to_string_pretty(&json).unwrap()).unwrap();
-    std::fs::write(dir.join("context_scale.svg"), svg(&rows)).unwrap();
-    eprintln!("wrote {}", dir.join("context_scale.{txt,json,svg}").display());
+    write_results(&lines, &rows);
 }
 
 /// Log-log line plot of cold seconds vs tokens, one line per (part, hnsw),

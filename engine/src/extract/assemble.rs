@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use super::pack::PackTrace;
+use super::parts::Scores;
 use super::prepare::PreparedContext;
-use super::score::Scores;
 use super::{ChunkWhy, Compressed, Counting, DropReason, DropWhy, DroppedChunk, Explanation, Scd, Timings, Totals};
 
 /// The totals a request counted: the context, what was sent (`None`: the

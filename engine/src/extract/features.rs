@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
+use super::parts::{Link, Scores};
 use super::prepare::PreparedContext;
-use super::score::Scores;
 
 /// The features, in the order of every vector and of `scorer.json`.
 pub const FEATURES: [&str; 18] = [
@@ -42,22 +42,6 @@ pub const FEATURES: [&str; 18] = [
 
 /// One chunk's features, in [`FEATURES`]' order.
 pub type Features = [f32; FEATURES.len()];
-
-/// Which link lifted a chunk (the first rule that matched, as in scoring).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) enum Link {
-    /// None.
-    #[default]
-    None,
-    /// Its document's title is named by the task or a top chunk.
-    Title,
-    /// It defines a name the task or a top chunk mentions.
-    Defined,
-    /// It mentions a name a top chunk defines.
-    Mention,
-    /// A member of a type a top chunk defines (code).
-    Owner,
-}
 
 fn ln1p(x: usize) -> f32 {
     (x as f32).ln_1p()

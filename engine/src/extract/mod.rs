@@ -21,32 +21,33 @@
 //! ```
 
 mod assemble;
+mod compress;
 mod config;
 mod features;
+mod layout;
 mod more;
 mod pack;
+mod parts;
 mod prepare;
 mod render;
 mod score;
 mod sessions;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::Serialize;
-use tracing::{debug, instrument};
+use tracing::instrument;
 
 pub use self::config::{ScdConfig, Scorer};
 pub use self::features::{Features, LearnedScorer, FEATURES};
-use self::pack::PackTrace;
+use self::parts::Scores;
 use self::prepare::{PreparedContext, Split};
 use crate::budget::{BudgetTokenizer, CHUNK_SEPARATOR};
 use crate::cache::{CacheStats, DiskTier, EmbeddingCache};
 use crate::cancel::Cancel;
 use crate::context::{Context, ContextRequirement, Redacted, Task};
 use crate::encoder::{Encoder, InputKind};
-use crate::score::{dot, zscores};
 use crate::session::{SessionGrant, SessionLimits, SessionStore};
 use crate::{Error, Result};
 
@@ -578,7 +579,7 @@ impl Scd {
     /// With [`Scorer::Learned`], replaces the hand sum in `parts` with the
     /// learned score and its parts; then tells code siblings apart by
     /// `query` (a link lift).
-    fn rescore(&self, prepared: &PreparedContext, query: &str, parts: &mut score::Scores) {
+    fn rescore(&self, prepared: &PreparedContext, query: &str, parts: &mut Scores) {
         if self.cfg.scorer == Scorer::Learned && !prepared.chunks.is_empty() {
             features::learned(prepared, parts, LearnedScorer::shipped());
         }
@@ -633,225 +634,6 @@ impl Scd {
                 features: x,
             })
             .collect())
-    }
-
-    fn compress_once(&self, req: &CompressRequest, opts: &CompressOptions, cancel: &Cancel) -> Result<Compressed> {
-        let ctx = &req.context;
-        ctx.validate_within(&self.cfg.context_limits)?;
-        let rq = &req.requirement;
-        rq.validate(self.cfg.max_budget_tokens)?;
-        req.task.validate(self.cfg.max_task_bytes, self.cfg.max_constraints)?;
-        let split = Split::new(ctx);
-        let names: HashMap<&str, usize> = split.public.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
-        let required: HashSet<usize> =
-            rq.required_fields.iter().map(|n| split.index(&names, n, "required_fields")).collect::<Result<_>>()?;
-        let listed: HashSet<usize> =
-            rq.optional_fields.iter().map(|n| split.index(&names, n, "optional_fields")).collect::<Result<_>>()?;
-        let optional = if rq.required_fields.is_empty() && rq.optional_fields.is_empty() {
-            (0..split.public.len()).collect()
-        } else {
-            listed
-        };
-        let task_text = req.task.text();
-        let task_tokens = self.encoder.count_tokens(&task_text)?;
-        if task_tokens > self.cfg.max_task_tokens {
-            return Err(Error::invalid(
-                "task",
-                format!("{task_tokens} tokens, over the limit {}", self.cfg.max_task_tokens),
-            ));
-        }
-        let continued = match &req.session {
-            Some(sr) => self.find_session(sr)?,
-            None => None,
-        };
-        let opening = req.session.as_ref().filter(|_| continued.is_none());
-        if let Some(sr) = opening {
-            if sr.reserve_tokens >= rq.max_context_tokens {
-                return Err(Error::invalid(
-                    "reserve_tokens",
-                    format!("{} is not below the budget {}", sr.reserve_tokens, rq.max_context_tokens),
-                ));
-            }
-            if sr.max_total_tokens == Some(0) {
-                return Err(Error::invalid("max_total_tokens", "must be at least 1 (leave it out for no total)"));
-            }
-        }
-
-        let t0 = Instant::now();
-        let prepared = self.prepare(&split.public, cancel)?;
-        let chunks = &prepared.chunks;
-        // a continued session's own lock, held to the end: what it already
-        // sent is never sent again, and no concurrent request picks it too
-        let mut ledger = match &continued {
-            Some(handle) => {
-                if handle.context_key() != Some(prepared.key) {
-                    let id = req.session.as_ref().and_then(|s| s.id.clone()).unwrap_or_default();
-                    return Err(Error::SessionContextMismatch { session_id: id });
-                }
-                Some(self.ledger(handle, Some(prepared.clone()), cancel)?)
-            }
-            None => None,
-        };
-        let already: HashSet<usize> = ledger.as_ref().map(|l| l.sent.clone()).unwrap_or_default();
-        let chunk_embed_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let t1 = Instant::now();
-        let task_vec = self.embed_cached_with(&[task_text.as_str()], InputKind::Query, cancel)?.remove(0);
-        let embed_ms = t1.elapsed().as_secs_f64() * 1e3;
-        let t2 = Instant::now();
-        cancel.check("count")?;
-        let counting = self.counting(&prepared, opts.budget_tokenizer.clone())?;
-        let context_tokens = match &counting.tokenizer {
-            None => counting.tokens.iter().sum(),
-            Some(t) => split.public.iter().map(|f| t.count(&f.content)).sum::<Result<usize>>()?,
-        };
-        cancel.check("score")?;
-        let mut parts = self.score(&prepared, &task_vec, &task_text);
-        // the second hop embeds the task again (with its bridge chunks): its
-        // time is the task's embedding, not selection
-        let t3 = Instant::now();
-        self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
-        self.rescore(&prepared, &task_text, &mut parts);
-        let hop_ms = t3.elapsed().as_secs_f64() * 1e3;
-        let scores = &parts.fused;
-        // what this answer may send: the budget, less what an opening
-        // answer reserves, cut to what a continued session's total leaves
-        let budget = match (opening, &ledger) {
-            (Some(sr), _) => (rq.max_context_tokens - sr.reserve_tokens).min(sr.max_total_tokens.unwrap_or(usize::MAX)),
-            (None, Some(l)) => rq.max_context_tokens.min(l.total_left()),
-            (None, None) => rq.max_context_tokens,
-        };
-        let mut warnings = Vec::new();
-        if budget < rq.max_context_tokens && opening.is_none() {
-            warnings
-                .push(format!("the session's total leaves {budget} of the {} tokens asked for", rq.max_context_tokens));
-        }
-        // each chunk pays for one separator; n chunks need n - 1
-        let sep = counting.separator;
-        let cost: Vec<usize> = counting.tokens.iter().map(|t| t + sep).collect();
-        // a piece's header: the plain text's (an envelope frames chunks its own way)
-        let header = match opts.envelope {
-            Some(_) => vec![0; chunks.len()],
-            None => self.header_costs(&prepared, &counting)?,
-        };
-        let room = budget + sep;
-        let mut selected: Vec<usize> =
-            (0..chunks.len()).filter(|&i| required.contains(&chunks[i].field) && !already.contains(&i)).collect();
-        let needed: usize = render::pieces(&prepared, &selected).iter().map(|p| header[p[0]]).sum::<usize>()
-            + selected.iter().map(|&i| cost[i]).sum::<usize>();
-        if needed > room {
-            return Err(Error::BudgetTooSmall { needed: needed - sep, budget });
-        }
-        let mut used = needed;
-        let below_relevance =
-            |i: usize| rq.relevance_threshold.is_some_and(|t| dot(&task_vec, &chunks[i].embedding) < t);
-        let eligible = |i: usize| {
-            let c = &chunks[i];
-            optional.contains(&c.field) && !required.contains(&c.field) && !below_relevance(i) && !already.contains(&i)
-        };
-        let z = zscores(scores);
-        let mut order: Vec<usize> = (0..chunks.len()).filter(|&i| eligible(i)).collect();
-        let candidates = order.len();
-        order.retain(|&i| rq.min_relative_score.is_none_or(|t| z[i] >= t));
-        if candidates > 0 && order.is_empty() {
-            warnings.push("no chunk passed the relevance threshold".to_string());
-        }
-        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        cancel.check("pack")?;
-        let mut trace = PackTrace::default();
-        // packed against what the receiver already holds: closure brings no
-        // lead it has, nor a near-duplicate of one; those are then set aside
-        let mut held: Vec<usize> = already.iter().copied().collect();
-        held.sort_unstable();
-        let n_held = held.len();
-        held.append(&mut selected);
-        let mut selected = held;
-        let costs = pack::Costs { text: &cost, header: &header, score: scores };
-        self.pack(&prepared, &order, &costs, room, &mut selected, &mut used, &mut trace);
-        let mut selected = selected.split_off(n_held);
-        // what the receiver gets, counted whole (headers and wrapping
-        // included): drop the weakest until it fits
-        let wrap = |sel: &[usize]| -> String {
-            match &opts.envelope {
-                Some(e) => {
-                    let mut sel = sel.to_vec();
-                    sel.sort_unstable();
-                    let picked: Vec<SelectedChunk> =
-                        sel.iter().map(|&i| prepared.selected(i, scores[i], counting.tokens[i])).collect();
-                    (e.0)(&picked)
-                }
-                None => render::render(&prepared, sel),
-            }
-        };
-        let keep = |i: usize| required.contains(&chunks[i].field);
-        let sent_tokens = Some(self.fit(&counting, &mut selected, scores, keep, &wrap, budget, &mut trace)?);
-        let select_ms = t2.elapsed().as_secs_f64() * 1e3 - hop_ms;
-        let embed_ms = embed_ms + hop_ms;
-
-        let mut out = self.assemble(
-            &prepared,
-            &selected,
-            &parts,
-            &counting,
-            assemble::Sums { context_tokens, sent_tokens, budget, already: &already },
-            &task_vec,
-            warnings,
-            (chunk_embed_ms, embed_ms, select_ms),
-        );
-        out.text = wrap(&selected);
-        out.timings.hop_embed_ms = hop_ms;
-        if opts.explain {
-            let gate = |i: usize| {
-                if required.contains(&chunks[i].field) {
-                    assemble::Gate::Required
-                } else if !optional.contains(&chunks[i].field) {
-                    assemble::Gate::NotEligible
-                } else if below_relevance(i) {
-                    assemble::Gate::Below("relevance_threshold", dot(&task_vec, &chunks[i].embedding))
-                } else if rq.min_relative_score.is_some_and(|t| z[i] < t) {
-                    assemble::Gate::Below("min_relative_score", z[i])
-                } else {
-                    assemble::Gate::Candidate
-                }
-            };
-            out.explanation = Some(self.explain(&prepared, &selected, &parts, &counting, &trace, gate));
-        }
-        out.withheld = split.withheld;
-        let sent = out.totals.sent_tokens;
-        out.session = match (&req.session, ledger.as_mut()) {
-            (None, _) => None,
-            (Some(sr), Some(l)) => {
-                l.sent.extend(selected.iter().copied());
-                l.total_sent += sent;
-                l.counting = counting;
-                // a later request: an older follow-up is no longer replayed
-                l.last = None;
-                self.commit(continued.as_ref().expect("a ledger has its handle"), l)?;
-                Some(SessionGrant {
-                    id: sr.id.clone().unwrap_or_default(),
-                    token: sr.token.clone().unwrap_or_default(),
-                })
-            }
-            (Some(sr), None) => {
-                let cap = sr.max_total_tokens.or((sr.reserve_tokens > 0).then_some(rq.max_context_tokens));
-                Some(self.open_session(
-                    sr,
-                    &prepared,
-                    &split.public,
-                    Ledger {
-                        context: prepared.clone(),
-                        sent: selected.iter().copied().collect(),
-                        total_sent: sent,
-                        cap,
-                        reply_budget: rq.max_context_tokens,
-                        counting,
-                        last: None,
-                    },
-                )?)
-            }
-        };
-        drop(ledger);
-        debug!(sent = out.totals.sent_tokens, ratio = out.totals.reduction_ratio, "compressed");
-        Ok(out)
     }
 
     /// Tokens of `text` as the receiver counts it: in the budget tokenizer,

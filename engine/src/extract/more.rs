@@ -1,11 +1,13 @@
 //! Adaptive context requests (paper §6.3): the next chunks a receiver has
 //! not seen, for its specific question, under the budget it has left.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tracing::instrument;
 
-use super::{ContextRequest, LastReply, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
+use super::pack::{Costs, PackTrace};
+use super::prepare::PreparedContext;
+use super::{render, ContextRequest, Counting, LastReply, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
 use crate::cancel::Cancel;
 use crate::context::check_no_nul;
 use crate::encoder::InputKind;
@@ -26,26 +28,7 @@ impl Scd {
     }
 
     fn more_once(&self, req: &ContextRequest, cancel: &Cancel) -> Result<MoreContext> {
-        if !(0.0..=1.0).contains(&req.current_confidence) {
-            return Err(Error::invalid(
-                "current_confidence",
-                format!("must be in [0, 1], got {}", req.current_confidence),
-            ));
-        }
-        check_no_nul(|| "specific_question".into(), &req.specific_question)?;
-        check_no_nul(|| "reasoning".into(), &req.reasoning)?;
-        let query = format!("{} {}", req.specific_question, req.reasoning);
-        if query.len() > self.cfg.max_task_bytes {
-            return Err(Error::invalid(
-                "specific_question",
-                format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.max_task_bytes),
-            ));
-        }
-        if let Some(id) = &req.request_id {
-            if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(Error::invalid("request_id", "must be 1 to 64 printable ASCII characters"));
-            }
-        }
+        let query = self.more_query(req)?;
         let handle = self.session(&req.session_id, &req.session_token, req.caller.as_deref(), req.scope.as_deref())?;
         // this session's own turn, held through scoring: concurrent requests
         // on one session take turns, so none can pick a chunk another sends
@@ -92,22 +75,7 @@ impl Scd {
         }
         let context = session.context.clone();
         let counting = session.counting.clone();
-        let chunks = &context.chunks;
-        let by_id: HashMap<&str, usize> = chunks.iter().enumerate().map(|(i, c)| (c.id.as_str(), i)).collect();
-        // explicit ids first (in the order named), then by relevance
-        let mut explicit: Vec<usize> = Vec::new();
-        for (n, id) in req.chunk_ids.iter().enumerate() {
-            match by_id.get(id.as_str()).copied() {
-                Some(i) => explicit.push(i),
-                // the id is the client's text: named by its place, never quoted
-                None => {
-                    return Err(Error::invalid(
-                        format!("chunk_ids[{n}]"),
-                        "not a chunk of the session's context (ids come from the dropped list or an earlier reply)",
-                    ))
-                }
-            }
-        }
+        let explicit = explicit_ids(&context, &req.chunk_ids)?;
         if req.specific_question.trim().is_empty() && explicit.is_empty() {
             return Err(Error::invalid("specific_question", "must not be empty (or name chunk_ids)"));
         }
@@ -118,51 +86,9 @@ impl Scd {
             };
             return Ok(nothing(&session, why));
         }
-        let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
-        cancel.check("score")?;
-        // the question is scored on its own: it is the receiver's next hop,
-        // not the task again
-        let mut parts = self.score(&context, &qvec, &query);
-        self.rescore(&context, &query, &mut parts);
-        let scores = parts.fused;
-        let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
-        let header = self.header_costs(&context, &counting)?;
-        let mut ranked: Vec<usize> = (0..chunks.len())
-            .filter(|i| !session.sent.contains(i) && !explicit.contains(i))
-            // beyond explicit ids, only chunks above the context's average
-            .filter(|&i| scores[i] >= 0.0)
-            .collect();
-        ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        ranked.truncate(self.cfg.more_max_chunks);
-        let named: Vec<usize> = explicit.iter().copied().filter(|i| !session.sent.contains(i)).collect();
-        let mut order = named.clone();
-        order.extend(ranked);
-        // pack as a first answer does (a sentence brings its paragraph),
-        // against what the receiver already holds: those are neither sent
-        // again nor repeated as near-duplicates
-        let mut selected: Vec<usize> = session.sent.iter().copied().collect();
-        selected.sort_unstable();
-        let held = selected.len();
-        let mut used = 0;
-        let mut trace = super::pack::PackTrace::default();
-        let costs = super::pack::Costs { text: &cost, header: &header, score: &scores };
-        self.pack(&context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
-        let mut picked: Vec<usize> = selected.split_off(held);
-        // counted whole, as the receiver pastes it: drop the weakest until it fits
-        let text_of = |picked: &[usize]| super::render::render(&context, picked);
-        let sent_tokens = self.fit(&counting, &mut picked, &scores, |_| false, &text_of, budget, &mut trace)?;
-        let mut reason = None;
-        if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
-            reason = Some(format!("chunk {} needs {} tokens, {} left in this reply", chunks[i].id, cost[i], budget));
-        }
-        if picked.is_empty() && reason.is_none() {
-            let unseen = (0..chunks.len()).filter(|i| !session.sent.contains(i)).count();
-            reason = Some(if unseen == 0 {
-                "every chunk of the context was already sent".into()
-            } else {
-                format!("no unseen chunk above the context's average relevance fits the reply's {budget} tokens")
-            });
-        }
+        let (scores, named, order) = self.more_order(&context, &session.sent, &query, &explicit, cancel)?;
+        let (mut picked, sent_tokens) = self.pack_more(&context, &counting, &session.sent, &order, &scores, budget)?;
+        let reason = more_reason(&context, &counting, &session.sent, &named, &picked, budget);
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
         picked.sort_unstable();
@@ -175,7 +101,7 @@ impl Scd {
         });
         self.commit(&handle, &session)?;
         Ok(MoreContext {
-            text: text_of(&picked),
+            text: render::render(&context, &picked),
             chunks: picked.iter().map(|&i| context.selected(i, scores[i], counting.tokens[i])).collect(),
             sent_tokens,
             budget,
@@ -183,6 +109,92 @@ impl Scd {
             remaining_tokens: session.remaining(),
             reason,
         })
+    }
+
+    /// The request's own fields checked; the text the question is scored
+    /// by (the question and the reasoning).
+    fn more_query(&self, req: &ContextRequest) -> Result<String> {
+        if !(0.0..=1.0).contains(&req.current_confidence) {
+            return Err(Error::invalid(
+                "current_confidence",
+                format!("must be in [0, 1], got {}", req.current_confidence),
+            ));
+        }
+        check_no_nul(|| "specific_question".into(), &req.specific_question)?;
+        check_no_nul(|| "reasoning".into(), &req.reasoning)?;
+        let query = format!("{} {}", req.specific_question, req.reasoning);
+        if query.len() > self.cfg.max_task_bytes {
+            return Err(Error::invalid(
+                "specific_question",
+                format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.max_task_bytes),
+            ));
+        }
+        if let Some(id) = &req.request_id {
+            if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(Error::invalid("request_id", "must be 1 to 64 printable ASCII characters"));
+            }
+        }
+        Ok(query)
+    }
+
+    /// The question's scores, the named chunks not yet sent, and the order
+    /// packing takes: those named chunks, then unseen chunks above the
+    /// context's average, best first.
+    fn more_order(
+        &self,
+        context: &PreparedContext,
+        sent: &HashSet<usize>,
+        query: &str,
+        explicit: &[usize],
+        cancel: &Cancel,
+    ) -> Result<(Vec<f32>, Vec<usize>, Vec<usize>)> {
+        let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
+        cancel.check("score")?;
+        // the question is scored on its own: it is the receiver's next hop,
+        // not the task again
+        let mut parts = self.score(context, &qvec, query);
+        self.rescore(context, query, &mut parts);
+        let scores = parts.fused;
+        let mut ranked: Vec<usize> = (0..context.chunks.len())
+            .filter(|i| !sent.contains(i) && !explicit.contains(i))
+            // beyond explicit ids, only chunks above the context's average
+            .filter(|&i| scores[i] >= 0.0)
+            .collect();
+        ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        ranked.truncate(self.cfg.more_max_chunks);
+        let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
+        let mut order = named.clone();
+        order.extend(ranked);
+        Ok((scores, named, order))
+    }
+
+    /// `order` packed as a first answer does (a sentence brings its
+    /// paragraph), against what the receiver already holds (`sent`: those
+    /// are neither sent again nor repeated as near-duplicates), then counted
+    /// whole, as the receiver pastes it, dropping the weakest until it fits:
+    /// the chunks picked and their tokens.
+    fn pack_more(
+        &self,
+        context: &PreparedContext,
+        counting: &Counting,
+        sent: &HashSet<usize>,
+        order: &[usize],
+        scores: &[f32],
+        budget: usize,
+    ) -> Result<(Vec<usize>, usize)> {
+        let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
+        let header = self.header_costs(context, counting)?;
+        let mut selected: Vec<usize> = sent.iter().copied().collect();
+        selected.sort_unstable();
+        let held = selected.len();
+        let mut used = 0;
+        let mut trace = PackTrace::default();
+        let costs = Costs { text: &cost, header: &header, score: scores };
+        self.pack(context, order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
+        let mut picked: Vec<usize> = selected.split_off(held);
+        let text_of = |picked: &[usize]| render::render(context, picked);
+        let sent_tokens = self.fit(counting, &mut picked, scores, |_| false, &text_of, budget, &mut trace)?;
+        Ok((picked, sent_tokens))
     }
 
     /// The session's last reply again, for a retry naming its request id:
@@ -193,7 +205,7 @@ impl Scd {
             last.chunks.iter().map(|&(i, score)| context.selected(i, score, session.counting.tokens[i])).collect();
         let ids: Vec<usize> = last.chunks.iter().map(|&(i, _)| i).collect();
         MoreContext {
-            text: super::render::render(context, &ids),
+            text: render::render(context, &ids),
             chunks,
             sent_tokens: last.sent_tokens,
             budget: last.budget,
@@ -202,4 +214,50 @@ impl Scd {
             reason: last.reason.clone(),
         }
     }
+}
+
+/// The chunks `ids` name (in the order named); an unknown id is an error
+/// naming its place, never its text.
+fn explicit_ids(context: &PreparedContext, ids: &[String]) -> Result<Vec<usize>> {
+    let by_id: HashMap<&str, usize> = context.chunks.iter().enumerate().map(|(i, c)| (c.id.as_str(), i)).collect();
+    let mut explicit: Vec<usize> = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        match by_id.get(id.as_str()).copied() {
+            Some(i) => explicit.push(i),
+            // the id is the client's text: named by its place, never quoted
+            None => {
+                return Err(Error::invalid(
+                    format!("chunk_ids[{n}]"),
+                    "not a chunk of the session's context (ids come from the dropped list or an earlier reply)",
+                ))
+            }
+        }
+    }
+    Ok(explicit)
+}
+
+/// Why a reply holds less than asked: a named chunk that did not fit, or
+/// no unseen chunk that does (`sent`: before this reply).
+fn more_reason(
+    context: &PreparedContext,
+    counting: &Counting,
+    sent: &HashSet<usize>,
+    named: &[usize],
+    picked: &[usize],
+    budget: usize,
+) -> Option<String> {
+    let chunks = &context.chunks;
+    if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
+        let cost = counting.tokens[i] + counting.separator;
+        return Some(format!("chunk {} needs {} tokens, {} left in this reply", chunks[i].id, cost, budget));
+    }
+    if picked.is_empty() {
+        let unseen = (0..chunks.len()).filter(|i| !sent.contains(i)).count();
+        return Some(if unseen == 0 {
+            "every chunk of the context was already sent".into()
+        } else {
+            format!("no unseen chunk above the context's average relevance fits the reply's {budget} tokens")
+        });
+    }
+    None
 }

@@ -388,7 +388,7 @@ impl Scd {
         for (fi, f) in fields.iter().enumerate() {
             let raw = chunk_field(f, self.cfg.chunk);
             let base = out.len();
-            let mut places = super::render::layout(&f.content, &raw).into_iter();
+            let mut places = super::layout::layout(&f.content, &raw).into_iter();
             for (n, c) in raw.into_iter().enumerate() {
                 let place = places.next().expect("one place per chunk");
                 let text = f.content[c.start..c.end].to_string();

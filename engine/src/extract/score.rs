@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::features::Link;
+use super::parts::{Link, Scores};
 use super::prepare::{Prepared, PreparedContext};
 use super::Scd;
 use crate::cancel::Cancel;
@@ -29,34 +29,6 @@ fn mentions(haystack_lower: &str, key: &str) -> bool {
     false
 }
 
-/// Every chunk's score and its parts, index-aligned with the prepared
-/// chunks: `fused = dense_z + lexical_weight·lexical_z + group_lift +
-/// link_lift (+ hop_lift when the second hop is on)`, summed in that order.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Scores {
-    /// The fused, calibrated score packing ranks by.
-    pub(super) fused: Vec<f32>,
-    /// z-score of the dense (cosine) similarity to the query.
-    pub(super) dense_z: Vec<f32>,
-    /// z-score of the BM25 score (before `lexical_weight`).
-    pub(super) lexical_z: Vec<f32>,
-    /// `field_weight` × the best base score in the chunk's group.
-    pub(super) group_lift: Vec<f32>,
-    /// What links (a named document, a defined name) added.
-    pub(super) link_lift: Vec<f32>,
-    /// What the second hop added (`second_hop_weight` × its z-score; empty
-    /// when the hop is off).
-    pub(super) hop_lift: Vec<f32>,
-    /// The raw cosine similarity to the query (learned scoring's input).
-    pub(super) dense: Vec<f32>,
-    /// The best base score (dense and lexical) in the chunk's group.
-    pub(super) group_best: Vec<f32>,
-    /// Which link lifted the chunk.
-    pub(super) link: Vec<Link>,
-    /// The second hop's z-score (before its weight; empty when off).
-    pub(super) hop_z: Vec<f32>,
-}
-
 impl Scd {
     /// Fused, calibrated scores of every chunk for `query`, with links, and
     /// their parts.
@@ -65,21 +37,7 @@ impl Scd {
         if chunks.is_empty() {
             return Scores::default();
         }
-        let dense: Vec<f32> = match &ctx.index {
-            None => chunks.iter().map(|c| dot(query_vec, &c.embedding)).collect(),
-            Some(index) => {
-                // exact scores for the HNSW candidates; the rest sit just below them
-                let cand = index.search(query_vec, self.cfg.hnsw_candidates);
-                let mut d = vec![f32::NAN; chunks.len()];
-                for i in cand {
-                    d[i] = dot(query_vec, &chunks[i].embedding);
-                }
-                let floor = d.iter().copied().filter(|x| !x.is_nan()).fold(f32::INFINITY, f32::min)
-                    - self.cfg.hnsw_floor_margin;
-                d.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = floor);
-                d
-            }
-        };
+        let dense = self.dense(ctx, query_vec);
         let bm25 = ctx.bm25.scores(query);
         let (zd, zl) = (zscores(&dense), zscores(&bm25));
         let mut s: Vec<f32> = zd.iter().zip(&zl).map(|(d, l)| d + self.cfg.lexical_weight * l).collect();
@@ -95,6 +53,51 @@ impl Scd {
         for (v, g) in s.iter_mut().zip(&group_lift) {
             *v += g;
         }
+        let (link_lift, link) = self.links(ctx, &s, query);
+        for ((v, l), k) in s.iter_mut().zip(&link_lift).zip(&link) {
+            if *k != Link::None {
+                *v += *l;
+            }
+        }
+        Scores {
+            fused: s,
+            dense_z: zd,
+            lexical_z: zl,
+            group_lift,
+            link_lift,
+            hop_lift: Vec::new(),
+            dense,
+            group_best,
+            link,
+            hop_z: Vec::new(),
+        }
+    }
+
+    /// Every chunk's cosine similarity to the query: exact, or with an
+    /// HNSW index exact for its candidates and just below them for the rest.
+    fn dense(&self, ctx: &PreparedContext, query_vec: &[f32]) -> Vec<f32> {
+        let chunks = &ctx.chunks;
+        match &ctx.index {
+            None => chunks.iter().map(|c| dot(query_vec, &c.embedding)).collect(),
+            Some(index) => {
+                // exact scores for the HNSW candidates; the rest sit just below them
+                let cand = index.search(query_vec, self.cfg.hnsw_candidates);
+                let mut d = vec![f32::NAN; chunks.len()];
+                for i in cand {
+                    d[i] = dot(query_vec, &chunks[i].embedding);
+                }
+                let floor = d.iter().copied().filter(|x| !x.is_nan()).fold(f32::INFINITY, f32::min)
+                    - self.cfg.hnsw_floor_margin;
+                d.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = floor);
+                d
+            }
+        }
+    }
+
+    /// What links lift each chunk, and which link it is, given the scores
+    /// `s` so far (they pick the top chunks whose words link).
+    fn links(&self, ctx: &PreparedContext, s: &[f32], query: &str) -> (Vec<f32>, Vec<Link>) {
+        let chunks = &ctx.chunks;
         // links: documents (prose fields) named by the query or by the top
         // chunks (bridge facts), and chunks defining a name they mention (a
         // function in a log line, a table in a question)
@@ -141,7 +144,7 @@ impl Scd {
         };
         let mut link_lift = vec![0.0; chunks.len()];
         let mut link = vec![Link::None; chunks.len()];
-        for (((c, v), l), k) in chunks.iter().zip(s.iter_mut()).zip(link_lift.iter_mut()).zip(link.iter_mut()) {
+        for ((c, l), k) in chunks.iter().zip(link_lift.iter_mut()).zip(link.iter_mut()) {
             if linked_fields.contains(&c.field) {
                 *l = self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
                 *k = Link::Title;
@@ -154,23 +157,9 @@ impl Scd {
             } else if self.cfg.owner_link_weight > 0.0 && owned_by_top(c) {
                 *l = self.cfg.owner_link_weight;
                 *k = Link::Owner;
-            } else {
-                continue;
             }
-            *v += *l;
         }
-        Scores {
-            fused: s,
-            dense_z: zd,
-            lexical_z: zl,
-            group_lift,
-            link_lift,
-            hop_lift: Vec::new(),
-            dense,
-            group_best,
-            link,
-            hop_z: Vec::new(),
-        }
+        (link_lift, link)
     }
 
     /// Siblings told apart: of two code definitions whose names differ in
@@ -313,7 +302,7 @@ mod tests {
     use crate::cancel::Cancel;
     use crate::context::{Field, FieldKind};
     use crate::encoder::HashEncoder;
-    use crate::extract::features::Link;
+    use crate::extract::parts::Link;
     use crate::extract::prepare::PreparedContext;
     use crate::extract::{Scd, ScdConfig};
 

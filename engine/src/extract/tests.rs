@@ -1,5 +1,6 @@
 //! Budget tokenizers and explanations across prepare, score, pack and assemble.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;

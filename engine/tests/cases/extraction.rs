@@ -1,0 +1,273 @@
+//! Extraction (paper §6): budgets, required/optional, confidentiality,
+//! sessions, cache.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
+use scd_engine::encoder::{Encoder, HashEncoder};
+use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, SessionRequest};
+use scd_engine::session::SessionGrant;
+use scd_engine::Error;
+use serde_json::Value;
+
+use super::root;
+
+fn fixture() -> (Context, Value) {
+    let ctx =
+        serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap();
+    let gold = serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context_gold.json")).unwrap())
+        .unwrap();
+    (ctx, gold)
+}
+
+fn hash_scd() -> Scd {
+    Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig::default())
+}
+
+pub(super) fn req(task: &str, context: Context, budget: usize) -> CompressRequest {
+    CompressRequest {
+        task: Task::new(task),
+        context,
+        requirement: ContextRequirement::with_budget(budget),
+        session: None,
+    }
+}
+
+/// `r` opening a session under `id`.
+fn with_session(mut r: CompressRequest, id: &str) -> CompressRequest {
+    r.session = Some(SessionRequest { id: Some(id.into()), ..Default::default() });
+    r
+}
+
+fn more(g: &SessionGrant, question: &str, confidence: f32) -> ContextRequest {
+    ContextRequest {
+        session_id: g.id.clone(),
+        session_token: g.token.clone(),
+        specific_question: question.into(),
+        current_confidence: confidence,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn budget_is_never_exceeded_on_random_contexts() {
+    let scd = hash_scd();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let words = ["agent", "budget", "error", "pool", "charge", "user", "table", "log", "the", "retry", "timeout"];
+    let kinds = [FieldKind::Prose, FieldKind::Code, FieldKind::Log, FieldKind::Chat, FieldKind::Table, FieldKind::Json];
+    for case in 0..60 {
+        let fields = (0..rng.random_range(1..5))
+            .map(|f| {
+                let kind = kinds[rng.random_range(0..kinds.len())];
+                let lines: Vec<String> = (0..rng.random_range(1..12))
+                    .map(|_| {
+                        let n = rng.random_range(1..14);
+                        let s: Vec<&str> = (0..n).map(|_| words[rng.random_range(0..words.len())]).collect();
+                        format!("{}.", s.join(" "))
+                    })
+                    .collect();
+                Field { name: format!("f{f}"), kind, content: lines.join("\n"), confidential: rng.random_bool(0.2) }
+            })
+            .collect();
+        let budget = rng.random_range(1..120);
+        let out = scd.compress(&req("why did the charge time out", Context { fields }, budget)).unwrap();
+        assert!(out.totals.sent_tokens <= budget, "case {case}: {} > {budget}", out.totals.sent_tokens);
+        // the text is counted whole, its headers included
+        assert_eq!(out.totals.sent_tokens, scd.encoder().count_tokens(&out.text).unwrap());
+        assert!(out.totals.sent_tokens >= out.chunks.iter().map(|c| c.tokens).sum::<usize>());
+        let mut ids: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
+        ids.dedup();
+        assert_eq!(ids.len(), out.chunks.len(), "no chunk twice");
+    }
+}
+
+#[test]
+fn confidential_fields_never_leave() {
+    let (ctx, gold) = fixture();
+    let marker = gold["confidential_marker"].as_str().unwrap();
+    let scd = hash_scd();
+    let out = scd.compress(&req("what is the payment gateway key", ctx.clone(), 10_000)).unwrap();
+    let json = serde_json::to_string(&(&out.chunks, &out.dropped, &out.warnings)).unwrap();
+    assert!(!json.contains(marker) && !json.contains("api_keys"), "confidential text or field leaked");
+    let mut r = req("x", ctx.clone(), 1000);
+    r.requirement.required_fields = vec!["api_keys".into()];
+    let err = scd.compress(&r).unwrap_err().to_string();
+    assert!(!err.contains(marker), "{err}");
+    // not even through an adaptive request naming its chunk id
+    let g = scd.compress(&with_session(req("payment key", ctx, 50), "s-conf")).unwrap().session.unwrap();
+    let more_ctx = scd.request_more(&more(&g, "what is the gateway key", 0.1));
+    let text = format!("{more_ctx:?}");
+    assert!(!text.contains(marker));
+    let err = scd.request_more(&ContextRequest { chunk_ids: vec!["api_keys#0".into()], ..more(&g, "key", 0.1) });
+    assert!(matches!(err, Err(Error::InvalidArgument { .. })));
+    // an unknown id is named by its place, not quoted (it may be anything)
+    let pasted = "the gateway key is sk_live_pasted";
+    let err = scd
+        .request_more(&ContextRequest { chunk_ids: vec!["error_logs#0".into(), pasted.into()], ..more(&g, "key", 0.1) })
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("chunk_ids[1]: not a chunk of the session's context") && !err.contains("sk_live"), "{err}");
+}
+
+#[test]
+fn required_fields_come_first_and_must_fit() {
+    let (ctx, _) = fixture();
+    let scd = hash_scd();
+    let mut r = req("why do charges fail", ctx.clone(), 1000);
+    r.requirement.required_fields = vec!["db_schema".into()];
+    r.requirement.optional_fields = vec!["error_logs".into()];
+    let out = scd.compress(&r).unwrap();
+    let schema_chunks = out.chunks.iter().filter(|c| c.field == "db_schema").count();
+    assert_eq!(schema_chunks, 3, "required field sent whole");
+    assert!(out.chunks.iter().all(|c| c.field == "db_schema" || c.field == "error_logs"), "only requested fields");
+    r.requirement.max_context_tokens = 5;
+    match scd.compress(&r).unwrap_err() {
+        Error::BudgetTooSmall { needed, budget } => {
+            assert_eq!(budget, 5);
+            assert!(needed > 5);
+        }
+        other => panic!("expected BudgetTooSmall, got {other}"),
+    }
+    r.requirement.required_fields = vec!["nope".into()];
+    let err = scd.compress(&r).unwrap_err().to_string();
+    assert_eq!(err, "required_fields: unknown field \"nope\"");
+    r.requirement.required_fields = vec![];
+    r.requirement.max_context_tokens = 0;
+    assert_eq!(scd.compress(&r).unwrap_err().to_string(), "max_context_tokens: must be at least 1");
+    r.requirement.max_context_tokens = 10;
+    r.requirement.relevance_threshold = Some(f32::NAN);
+    assert!(scd.compress(&r).unwrap_err().to_string().starts_with("relevance_threshold: must be a cosine in [-1, 1]"));
+}
+
+#[test]
+fn adaptive_requests_never_resend_and_respect_confidence() {
+    let (ctx, _) = fixture();
+    let scd = hash_scd();
+    let first = scd.compress(&with_session(req("why do charges fail at checkout", ctx, 40), "task-1")).unwrap();
+    let g = first.session.clone().unwrap();
+    assert_eq!(g.id, "task-1");
+    let mut seen: std::collections::HashSet<String> = first.chunks.iter().map(|c| c.id.clone()).collect();
+    let confident = scd.request_more(&more(&g, "which table", 0.9)).unwrap();
+    assert!(confident.chunks.is_empty() && confident.reason.unwrap().contains("threshold"));
+    // each follow-up has its own budget (by default the first answer's);
+    // the session keeps the total
+    let mut total = first.totals.sent_tokens;
+    for q in ["which table stores charges", "what code acquires the connection", "what did the user report"] {
+        let more = scd.request_more(&more(&g, q, 0.3)).unwrap();
+        // counted whole, as pasted: the chunks and their headers
+        let used = scd.encoder().count_tokens(&more.text).unwrap();
+        assert!(used <= 40 && used == more.sent_tokens, "{used} {more:?}");
+        assert!(used >= more.chunks.iter().map(|c| c.tokens).sum::<usize>());
+        total += used;
+        assert_eq!((more.budget, more.session_sent_tokens, more.remaining_tokens), (40, total, 40));
+        for c in more.chunks {
+            assert!(seen.insert(c.id.clone()), "chunk {} resent", c.id);
+        }
+    }
+    let unknown = scd.request_more(&ContextRequest { session_id: "nope".into(), ..more(&g, "x", 0.1) });
+    assert!(matches!(unknown, Err(Error::UnknownSession { .. })));
+}
+
+#[test]
+fn sessions_expire() {
+    let (ctx, _) = fixture();
+    let cfg = ScdConfig { session_ttl: std::time::Duration::from_millis(50), ..ScdConfig::default() };
+    let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
+    let g = scd.compress(&with_session(req("charges", ctx, 30), "short")).unwrap().session.unwrap();
+    assert_eq!(scd.session_stats().live, 1);
+    std::thread::sleep(std::time::Duration::from_millis(80));
+    let err = scd.request_more(&more(&g, "x", 0.1));
+    assert!(matches!(err, Err(Error::UnknownSession { .. } | Error::SessionGone { .. })), "{err:?}");
+    assert_eq!(scd.session_stats().live, 0);
+}
+
+#[test]
+fn grown_context_embeds_only_new_chunks() {
+    let (mut ctx, _) = fixture();
+    let scd = hash_scd();
+    scd.compress(&req("charges failing", ctx.clone(), 50)).unwrap();
+    let before = scd.cache_stats();
+    let log = ctx.fields.iter_mut().find(|f| f.name == "error_logs").unwrap();
+    log.content.push_str("\n2026-11-30T00:14:00Z ERROR payments::db: pool exhausted again");
+    scd.compress(&req("charges failing", ctx, 50)).unwrap();
+    let after = scd.cache_stats();
+    assert_eq!(after.misses - before.misses, 1, "only the new log chunk is embedded");
+    assert!(after.hits - before.hits >= 10, "{before:?} -> {after:?}");
+}
+
+#[test]
+fn real_model_finds_the_evidence_in_the_fixture() {
+    let Some((enc, _)) = super::e5() else { return };
+    // a second encoder instance is not needed: wrap a fresh load through the same runtime
+    let dir = super::model_dir("e5-small").unwrap();
+    let mut cfg = scd_engine::encoder::OrtConfig::new(super::ort_lib());
+    cfg.intra_threads = 2;
+    let enc2 = scd_engine::encoder::OrtEncoder::load(&dir, &cfg).unwrap();
+    assert_eq!(enc2.model_id(), enc.model_id());
+    let scd = Scd::new(Arc::new(enc2), ScdConfig::default());
+    let (ctx, gold) = fixture();
+    let total: usize =
+        ctx.fields.iter().filter(|f| !f.confidential).map(|f| scd.encoder().count_tokens(&f.content).unwrap()).sum();
+    // 55 % of the context for the gold chunks, and room for the header
+    // line each piece of the text opens (five pieces, about 7 e5 tokens each)
+    let budget = total * 55 / 100 + 35;
+    let out = scd.compress(&req(gold["task"].as_str().unwrap(), ctx, budget)).unwrap();
+    let sent: String = out.chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join("\n");
+    for g in gold["gold_substrings"].as_array().unwrap() {
+        assert!(sent.contains(g.as_str().unwrap()), "missing {g} in:\n{sent}");
+    }
+    assert!(out.totals.sent_tokens <= budget);
+    assert_eq!(out.task_embedding.len(), 384);
+}
+
+fn prose(name: &str, content: &str) -> Field {
+    Field { name: name.into(), kind: FieldKind::Prose, content: content.into(), confidential: false }
+}
+
+#[test]
+fn a_second_hop_brings_the_fact_only_the_bridge_entity_connects() {
+    // names that no chunk mentions, so links cannot do the hop
+    let ctx = Context {
+        fields: vec![
+            prose("doc1", "Zorblax is a film directed by Quentin Marlowe."),
+            prose("doc2", "Quentin Marlowe was raised in Tulsa."),
+            prose("doc3", "Alice Brown was born in Paris."),
+            prose("doc4", "Bob Stone was born in Rome."),
+            prose("doc5", "Carol King was born in Oslo."),
+        ],
+    };
+    let sent = |w: f32| {
+        let cfg = ScdConfig { second_hop_weight: w, second_hop_sources: 1, ..ScdConfig::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
+        // 14 for the two sentences, and a header line for each field
+        let out = scd.compress(&req("where was the director of Zorblax born", ctx.clone(), 18)).unwrap();
+        assert!(out.totals.sent_tokens <= 18);
+        out.chunks.iter().map(|c| c.field.clone()).collect::<Vec<_>>()
+    };
+    let (off, on) = (sent(0.0), sent(3.0));
+    assert!(off.contains(&"doc1".to_string()) && !off.contains(&"doc2".to_string()), "{off:?}");
+    assert_eq!(on, ["doc1", "doc2"]);
+}
+
+#[test]
+fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
+    let ctx = Context {
+        fields: vec![prose(
+            "notes",
+            "The gateway timed out at noon. Engineers restarted it. The logs were kept.\n\nLunch was pizza. The office is cold.",
+        )],
+    };
+    let cfg = ScdConfig { group_closure_tokens: 50, ..ScdConfig::default() };
+    let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
+    let task = "why did the gateway time out";
+    // 13 words, and 2 for the header line ([notes:1])
+    let out = scd.compress(&req(task, ctx.clone(), 15)).unwrap();
+    let texts: Vec<&str> = out.chunks.iter().map(|c| c.text.as_str()).collect();
+    assert_eq!(texts, ["The gateway timed out at noon.", "Engineers restarted it.", "The logs were kept."]);
+    // when the paragraph cannot fit whole, packing goes on chunk by chunk under the budget
+    let out = scd.compress(&req(task, ctx, 11)).unwrap();
+    assert!(out.totals.sent_tokens <= 11);
+    assert_eq!(out.chunks[0].text, "The gateway timed out at noon.");
+    assert!(out.chunks.len() < 4);
+}
