@@ -77,6 +77,12 @@ pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
     serve_on(scd, cfg, shutdown_signal()).await
 }
 
+/// The HTTP listener's lines of the start-up banner: the A2A agent card and the REST API.
+fn print_http_banner(scheme: &str, addr: std::net::SocketAddr) {
+    println!("A2A agent card on {scheme}://{addr}/.well-known/agent-card.json");
+    println!("REST API on {scheme}://{addr}/v1 (OpenAPI document at /openapi.json)");
+}
+
 /// [`serve`] until `shutdown` completes instead of a signal; tests run a
 /// server in-process with this.
 pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
@@ -122,8 +128,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
                 http_scheme,
             },
         );
-        println!("A2A agent card on {http_scheme}://{}/.well-known/agent-card.json", l.local_addr()?);
-        println!("REST API on {http_scheme}://{}/v1 (OpenAPI document at /openapi.json)", l.local_addr()?);
+        print_http_banner(http_scheme, l.local_addr()?);
         tokio::spawn(serve_metrics(
             l,
             service.clone(),

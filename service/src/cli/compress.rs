@@ -334,13 +334,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         }
         Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?
     } else {
-        let files = crate::cli::context::ContextArgs {
-            paths: args.files,
-            confidential: args.confidential,
-            kind: scd_engine::context::FieldKind::Prose,
-            output: None,
-            walk: args.walk,
-        };
+        let files = crate::cli::context::ContextArgs::files(args.files, args.confidential, args.walk);
         crate::cli::context::build(&files, &scd.config().context_limits).context("--files")?
     };
     let requirement = ContextRequirement {

@@ -38,6 +38,13 @@ pub struct ContextArgs {
     pub walk: WalkArgs,
 }
 
+impl ContextArgs {
+    /// `scd compress --files`' context: prose where the extension says nothing.
+    pub fn files(paths: Vec<String>, confidential: Vec<String>, walk: WalkArgs) -> Self {
+        Self { paths, confidential, kind: FieldKind::Prose, output: None, walk }
+    }
+}
+
 /// How `scd context` and `scd compress --files` walk folders.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct WalkArgs {

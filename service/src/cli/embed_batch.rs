@@ -364,7 +364,7 @@ fn block_error(e: scd_engine::Error, block: &Block) -> anyhow::Error {
 }
 
 /// The final summary (also the --summary-json file).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub(super) struct Summary {
     pub(super) output: PathBuf,
     pub(super) model: String,

@@ -190,11 +190,8 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
         seconds,
         tokens_per_s: tokens as f64 / seconds.max(1e-9),
         texts_per_s: embedded as f64 / seconds.max(1e-9),
-        batch_tokens: 0,
-        max_batch_rows: 0,
-        io_binding: false,
         load_seconds,
-        timing: None,
+        ..Summary::default()
     }
     .report(args.summary_json.as_deref())
 }

@@ -4,7 +4,7 @@
 //! `--did-dir` at their did:wba paths, see [`super::auth`]), `/health`,
 //! `/ready`, and the A2A and REST routes merged in; served by axum over
 //! hyper's HTTP/1.1 connection driver with the caps, probe reserve and time
-//! limits of [`super::http_conn`].
+//! limits of [`conn`].
 
 use std::sync::Arc;
 
@@ -17,7 +17,9 @@ use super::auth::{http_middleware, Auth};
 use super::metrics::Scrape;
 use super::ScdService;
 
-pub use super::http_conn::HttpLimits;
+mod conn;
+
+pub use conn::HttpLimits;
 
 async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
     let stats = service.scd.cache_stats();
@@ -187,12 +189,12 @@ pub async fn serve_metrics(
             .layer(axum::middleware::from_fn_with_state(auth, http_middleware));
     }
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
-    super::http_conn::serve(listener, router, limits, tls, move |kind| service.metrics.rejected(kind)).await
+    conn::serve(listener, router, limits, tls, move |kind| service.metrics.rejected(kind)).await
 }
 
 /// Serves `router` on `listener` with `limits` until the task is dropped;
 /// `on_reject` runs with the `scd_rejected_total` kind of each refusal
-/// (see [`super::http_conn`]). Each request carries its client's address as
+/// (see [`conn`]). Each request carries its client's address as
 /// an `Extension<ConnectInfo<SocketAddr>>` (the A2A agent's audit `peer`).
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
@@ -200,5 +202,5 @@ pub async fn serve_router(
     limits: HttpLimits,
     on_reject: impl Fn(&'static str) + Send + Sync + 'static,
 ) {
-    super::http_conn::serve(listener, router, limits, None, on_reject).await
+    conn::serve(listener, router, limits, None, on_reject).await
 }

@@ -25,7 +25,6 @@ pub mod batcher;
 pub mod convert;
 pub mod handoff;
 pub mod http;
-mod http_conn;
 pub mod layer;
 pub mod metrics;
 pub mod ratelog;
@@ -168,8 +167,7 @@ fn empty_session(id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// RESOURCE_EXHAUSTED for a caller past its share of `what`, told to retry
-/// when one of its places likely frees.
+/// RESOURCE_EXHAUSTED for a caller past its share of `what`, told to retry when one of its places likely frees.
 fn past_share(what: &str, p: shares::PastShare, pace: &shares::Pace) -> Status {
     let ms = pace.retry_ms(p.held);
     let holder = if p.network { "this caller's network (its /24)" } else { "this caller" };

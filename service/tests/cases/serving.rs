@@ -96,10 +96,6 @@ fn limits() -> Limits {
     crate::inproc::limits()
 }
 
-fn http_limits() -> HttpLimits {
-    HttpLimits { max_connections: 256, header_timeout: Duration::from_secs(5), ..HttpLimits::default() }
-}
-
 async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> InProc {
     crate::inproc::start(Options { encoder, limits, http, ..Default::default() })
 }
@@ -163,7 +159,7 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_depth_gauge_stays_within_the_queue_and_returns_to_zero() {
     let enc = TestEncoder::new(5);
-    let s = start(enc, Limits { queue_size: 4, batch_texts: 1, ..limits() }, http_limits()).await;
+    let s = start(enc, Limits { queue_size: 4, batch_texts: 1, ..limits() }, HttpLimits::default()).await;
     let c = client(&s).await;
     let mut tasks = Vec::new();
     for i in 0..64 {
@@ -199,7 +195,7 @@ async fn queue_depth_gauge_stays_within_the_queue_and_returns_to_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_encoder_panic_stops_serving_and_later_requests_are_unavailable() {
-    let s = start(TestEncoder::new(0), limits(), http_limits()).await;
+    let s = start(TestEncoder::new(0), limits(), HttpLimits::default()).await;
     let mut c = client(&s).await;
     assert!(c.embed(embed(&["fine"], pb::InputKind::Query)).await.is_ok());
     assert_eq!(health(&s.grpc, "").await, SERVING);
@@ -224,7 +220,7 @@ async fn an_encoder_panic_stops_serving_and_later_requests_are_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_stay_within_the_token_budget() {
     let budget = 64;
-    let s = start(TestEncoder::new(20), Limits { max_batch_tokens: budget, ..limits() }, http_limits()).await;
+    let s = start(TestEncoder::new(20), Limits { max_batch_tokens: budget, ..limits() }, HttpLimits::default()).await;
     let c = client(&s).await;
     // 10 words + 2 specials = 12 tokens a request: at most 5 fit the budget
     let ten = |i: usize| format!("w{i} a b c d e f g h i");
@@ -249,12 +245,7 @@ async fn batches_stay_within_the_token_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_http_connections_are_closed_and_metrics_still_answer() {
     // all 200 from one address: within its share here (the share has its own test)
-    let http = HttpLimits {
-        max_connections: 256,
-        max_per_peer: 256,
-        header_timeout: Duration::from_millis(500),
-        ..HttpLimits::default()
-    };
+    let http = HttpLimits { max_per_peer: 256, header_timeout: Duration::from_millis(500), ..HttpLimits::default() };
     let s = start(TestEncoder::new(0), limits(), http).await;
     let mut c = client(&s).await;
     c.embed(embed(&["a"], pb::InputKind::Query)).await.unwrap();
@@ -285,8 +276,7 @@ async fn idle_http_connections_are_closed_and_metrics_still_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_over_the_limit_are_closed_and_counted() {
     // no probe reserve here (the reserve has its own test)
-    let http =
-        HttpLimits { max_connections: 4, reserve: 0, header_timeout: Duration::from_secs(5), ..HttpLimits::default() };
+    let http = HttpLimits { max_connections: 4, reserve: 0, ..HttpLimits::default() };
     let s = start(TestEncoder::new(0), limits(), http).await;
     let _ = client(&s).await;
     let mut held = Vec::new();
@@ -355,7 +345,7 @@ mod raw {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_oversized_and_sessionless_requests_are_invalid_argument() {
     use prost::Message;
-    let s = start(TestEncoder::new(0), Limits { max_request_bytes: 1024, ..limits() }, http_limits()).await;
+    let s = start(TestEncoder::new(0), Limits { max_request_bytes: 1024, ..limits() }, HttpLimits::default()).await;
     let mut c = client(&s).await;
     let embed_path = "/scd.v1.Scd/Embed";
     // texts[0] = bytes C3 28: not UTF-8
@@ -411,7 +401,7 @@ fn is_deadline(e: &tonic::Status) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_and_cancelled_embeds_never_reach_the_encoder() {
     let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), Limits { batch_texts: 1, ..limits() }, http_limits()).await;
+    let s = start(enc.clone(), Limits { batch_texts: 1, ..limits() }, HttpLimits::default()).await;
     let c = client(&s).await;
     let before = metric(&scrape(&s).await, "scd_encoder_texts_total", &[]);
     enc.delay_ms.store(600, Ordering::SeqCst);
@@ -476,7 +466,7 @@ fn big_compress(tag: &str) -> pb::CompressRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compress_past_its_deadline_frees_its_slot() {
     let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), Limits { max_concurrent_compress: 2, ..limits() }, http_limits()).await;
+    let s = start(enc.clone(), Limits { max_concurrent_compress: 2, ..limits() }, HttpLimits::default()).await;
     let c = client(&s).await;
     let calls = enc.calls.load(Ordering::SeqCst);
     c.clone().compress(big_compress("probe")).await.unwrap();
@@ -778,7 +768,7 @@ async fn a_listener_full_of_silent_sockets_still_serves_a_new_client_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn count_tokens_has_its_own_lane_while_compressions_hold_every_slot() {
     let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), Limits { max_concurrent_compress: 1, ..limits() }, http_limits()).await;
+    let s = start(enc.clone(), Limits { max_concurrent_compress: 1, ..limits() }, HttpLimits::default()).await;
     let c = client(&s).await;
     enc.delay_ms.store(300, Ordering::SeqCst);
     let mut busy = c.clone();
@@ -804,7 +794,7 @@ async fn count_tokens_has_its_own_lane_while_compressions_hold_every_slot() {
 async fn a_cancelled_long_embed_stops_between_pieces_and_frees_the_encoder() {
     let enc = TestEncoder::new(0);
     // a 40-text request is over the batch budget: it runs alone
-    let s = start(enc.clone(), Limits { max_batch_tokens: 64, ..limits() }, http_limits()).await;
+    let s = start(enc.clone(), Limits { max_batch_tokens: 64, ..limits() }, HttpLimits::default()).await;
     let c = client(&s).await;
     enc.piece_ms.store(100, Ordering::SeqCst);
     let texts: Vec<String> = (0..40).map(|i| format!("long windowed text number {i}")).collect();
@@ -847,7 +837,7 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
     let s = crate::inproc::start(Options {
         encoder: enc.clone(),
         limits: limits(),
-        http: http_limits(),
+        http: HttpLimits::default(),
         scd,
         ..Default::default()
     });
@@ -881,7 +871,7 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up() {
     let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), limits(), http_limits()).await;
+    let s = start(enc.clone(), limits(), HttpLimits::default()).await;
     let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
     let count = |n: usize| pb::CountTokensRequest {
         texts: (0..n).map(|i| format!("text {i}")).collect(),
@@ -920,7 +910,7 @@ async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
     let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), Limits { max_concurrent_compress: 4, ..limits() }, http_limits()).await;
+    let s = start(enc.clone(), Limits { max_concurrent_compress: 4, ..limits() }, HttpLimits::default()).await;
     let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
     // the other client has come
     other.clone().compress(big_compress("other")).await.unwrap();
@@ -959,7 +949,7 @@ async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
 async fn one_client_cannot_take_every_compress_slot_or_the_whole_embed_queue() {
     let enc = TestEncoder::new(0);
     let limits = Limits { max_concurrent_compress: 4, queue_size: 8, max_batch_tokens: 16, batch_texts: 1, ..limits() };
-    let s = start(enc.clone(), limits, http_limits()).await;
+    let s = start(enc.clone(), limits, HttpLimits::default()).await;
     client(&s).await;
     let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
     // the other client has come (a caller alone may use every place)
@@ -1023,7 +1013,7 @@ async fn one_client_cannot_take_every_compress_slot_or_the_whole_embed_queue() {
 /// from anywhere with its token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chosen_session_id_is_the_callers_own_and_reveals_nothing_to_another() {
-    let s = start(TestEncoder::new(0), limits(), http_limits()).await;
+    let s = start(TestEncoder::new(0), limits(), HttpLimits::default()).await;
     client(&s).await;
     let (mut a, mut b) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
     let open = |id: &str| pb::CompressRequest { session_id: id.into(), ..big_compress("sessions") };

@@ -47,7 +47,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 use tracing::debug;
 
-use super::ratelog::RateLimitedWarn;
+use crate::grpc::ratelog::RateLimitedWarn;
 
 /// HTTP listener settings (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
