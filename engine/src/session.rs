@@ -15,11 +15,18 @@
 //!   32 hex digits) is global; an id the client chose lives in its scope
 //!   (its identity, else its address: the service says), so a caller can
 //!   neither take another's id first nor learn whether it exists.
-//! * **A share per caller.** When the store is full and other callers hold
-//!   sessions, a scope holding more than a tenth of the sessions or of
-//!   their bytes gives up its own least recently used session for a new one (as many as
-//!   the new one needs), rather than the store evicting anyone's; a caller
-//!   alone may fill the store.
+//! * **A share per caller, and per network.** When the store is full and
+//!   other callers hold sessions, a caller (its scope; an IPv6 address
+//!   counts as its /64) holding more than a tenth of the sessions or of
+//!   their bytes gives up its own least recently used session for a new one
+//!   (as many as the new one needs), rather than the store evicting
+//!   anyone's. The addresses of one IPv4 /24 hold [`NETWORK_SHARES`] tenths
+//!   together while other networks hold sessions: past that, the network's
+//!   largest holder gives up its least recently used, never another
+//!   network's. A caller within its shares takes the room of a network
+//!   past its shares, else of the largest holder at its own share; a
+//!   caller alone may fill the store. Scopes of the
+//!   form `ip:<address>` are addresses (the service's share keys).
 //! * **Never silently gone.** An evicted, expired or closed session leaves a
 //!   tombstone; its owner's next call says which of these happened.
 //! * **One lock per session.** Concurrent requests on one session serialize
@@ -43,6 +50,7 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -148,13 +156,17 @@ struct Counters {
 }
 
 /// The tombstone codes a store writes, and what the owner is told.
-pub const GONE_CAUSES: [(&str, &str); 4] = [
+pub const GONE_CAUSES: [(&str, &str); 5] = [
     ("evicted", "evicted to keep sessions under the server's memory and count bounds"),
     ("expired", "expired after its idle time"),
     ("closed", "closed"),
     (
         "gave_way",
         "closed for a newer session of the same caller: when the server is full, a caller past a tenth of its sessions gives up its own least recently used",
+    ),
+    (
+        "network_gave_way",
+        "closed for a newer session from the same network: when the server is full, an IPv4 /24 past a fifth of the sessions gives up its own least recently used",
     ),
 ];
 
@@ -166,13 +178,98 @@ pub fn gone_cause(code: &str) -> &'static str {
 /// Each scope's share of the sessions and of their bytes: `1 / SCOPE_PARTS`.
 pub const SCOPE_PARTS: usize = 10;
 
-/// The tombstone of a session its own scope gave up for a newer one.
-fn gave_way() -> &'static str {
-    gone_cause("gave_way")
+/// The shares (of `1 / SCOPE_PARTS` each) the addresses of one IPv4 /24
+/// hold together while other networks hold sessions.
+pub const NETWORK_SHARES: usize = 2;
+
+/// Whose share a scope draws on: an IPv6 address's /64 (one host or site
+/// has a /64 of addresses), else the scope itself.
+fn unit(scope: &str) -> String {
+    match scope.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
+        Some(IpAddr::V6(v6)) => {
+            let s = v6.segments();
+            format!("ip:{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        _ => scope.to_string(),
+    }
+}
+
+/// The network a share unit belongs to: an IPv4 address's /24 (an IPv6
+/// unit is its /64 already, an identity is its own).
+fn network(unit: &str) -> Option<[u8; 3]> {
+    match unit.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
+        Some(IpAddr::V4(v4)) => {
+            let o = v4.octets();
+            Some([o[0], o[1], o[2]])
+        }
+        _ => None,
+    }
 }
 
 /// A session a scope holds: its store key, its weight and its last use.
 type Held = (String, u32, Arc<AtomicU64>);
+
+/// One caller's share of a full store, and the size of the session it opens.
+struct Share {
+    /// Sessions per caller.
+    n: u64,
+    /// Bytes per caller.
+    b: u64,
+    /// The new session's weight.
+    weight: u64,
+}
+
+impl Share {
+    /// Whether holding `q` and the new session is past `parts` shares.
+    fn past(&self, parts: u64, count: u64, bytes: u64) -> bool {
+        count + 1 > self.n * parts || bytes + self.weight > self.b * parts
+    }
+
+    /// Whose session gives way for `me`'s new one, and the tombstone's
+    /// code: `me` past its share; else the largest holder of `me`'s /24
+    /// past the network's shares, while another network holds sessions;
+    /// else the largest holder of the largest /24 past its shares; else the
+    /// largest holder at its own share, when it holds more than `me`;
+    /// else none.
+    fn victim(&self, scopes: &HashMap<String, VecDeque<Held>>, me: &str) -> Option<(String, &'static str)> {
+        let size = |q: &VecDeque<Held>| (q.len() as u64, q.iter().map(|(_, w, _)| u64::from(*w)).sum::<u64>());
+        let (count, bytes) = scopes.get(me).map_or((0, 0), size);
+        if self.past(1, count, bytes) && count > 0 {
+            return Some((me.to_string(), "gave_way"));
+        }
+        let largest = |of: &dyn Fn(&str) -> bool| {
+            scopes
+                .iter()
+                .filter(|(u, q)| of(u) && !q.is_empty())
+                .max_by_key(|(_, q)| size(q))
+                .map(|(u, q)| (u, size(q)))
+        };
+        let mut nets: HashMap<[u8; 3], (u64, u64)> = HashMap::new();
+        for (u, q) in scopes {
+            if let Some(net) = network(u) {
+                let (c, b) = size(q);
+                let e = nets.entry(net).or_default();
+                (e.0, e.1) = (e.0 + c, e.1 + b);
+            }
+        }
+        let parts = NETWORK_SHARES as u64;
+        let mine = network(me);
+        // a network at its shares, held to them while another holds sessions
+        let over = |net: [u8; 3], (c, b): (u64, u64)| {
+            let others = scopes.keys().any(|u| network(u) != Some(net));
+            others
+                && (if Some(net) == mine { self.past(parts, c, b) } else { c > self.n * parts || b > self.b * parts })
+        };
+        if let Some(net) = mine.filter(|n| over(*n, nets.get(n).copied().unwrap_or_default())) {
+            return largest(&|u: &str| network(u) == Some(net)).map(|(u, _)| (u.clone(), "network_gave_way"));
+        }
+        if let Some((&net, _)) = nets.iter().filter(|(n, t)| over(**n, **t)).max_by_key(|(_, t)| **t) {
+            return largest(&|u: &str| network(u) == Some(net)).map(|(u, _)| (u.clone(), "evicted"));
+        }
+        let (u, (c, b)) = largest(&|u: &str| u != me)?;
+        ((c >= self.n || b >= self.b) && c > count).then(|| (u.clone(), "evicted"))
+    }
+}
 
 /// Sessions holding state `S`, bounded and bound to their creators.
 pub struct SessionStore<S> {
@@ -340,16 +437,19 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         self.gone.invalidate(&k);
         if let Some(sc) = scope {
             let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
-            scopes.entry(sc.to_string()).or_default().push_back((k, weight, used));
+            scopes.entry(unit(sc)).or_default().push_back((k, weight, used));
         }
         Ok(SessionGrant { id, token })
     }
 
     /// Makes room for a session of `weight` from `scope` when the store
-    /// would otherwise evict (LRU, whoever's) to take it, another scope
-    /// holds sessions, and `scope` is past its share (a tenth of the
-    /// sessions or bytes): its own least recently used sessions give way, as
-    /// many as the new one needs.
+    /// would otherwise evict (LRU, whoever's) to take it and another caller
+    /// holds sessions: while the store stays full, the caller past its share
+    /// (a tenth of the sessions or bytes) gives up its own least recently
+    /// used session; else its /24 past [`NETWORK_SHARES`] tenths gives up
+    /// its largest holder's, never another network's; else a /24 past its
+    /// shares or the largest holder at its own share gives up one
+    /// ([`Share::victim`]). Otherwise the store evicts.
     fn give_way(&self, scope: &str, weight: u32) {
         let (max_n, max_b) = (self.limits.max_sessions as u64, self.limits.max_bytes as u64);
         self.live.run_pending_tasks();
@@ -358,26 +458,33 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         if !full(n, w) {
             return;
         }
+        let me = unit(scope);
         let mut scopes = self.scopes.lock().unwrap_or_else(|p| p.into_inner());
-        if scopes.len() as u64 > max_n {
-            scopes.retain(|_, q| {
-                q.retain(|(k, _, _)| self.live.contains_key(k));
-                !q.is_empty()
-            });
-        }
-        if !scopes.iter().any(|(other, q)| other != scope && !q.is_empty()) {
+        scopes.retain(|_, q| {
+            q.retain(|(k, _, _)| self.live.contains_key(k));
+            !q.is_empty()
+        });
+        if !scopes.keys().any(|other| *other != me) {
             return;
         }
-        let Some(q) = scopes.get_mut(scope) else { return };
-        q.retain(|(k, _, _)| self.live.contains_key(k));
-        let (share_n, share_b) = ((max_n / SCOPE_PARTS as u64).max(1), (max_b / SCOPE_PARTS as u64).max(1));
-        let mut bytes: u64 = q.iter().map(|(_, w, _)| u64::from(*w)).sum();
-        while full(n, w) && (q.len() as u64 + 1 > share_n || bytes + u64::from(weight) > share_b) {
+        let share = Share {
+            n: (max_n / SCOPE_PARTS as u64).max(1),
+            b: (max_b / SCOPE_PARTS as u64).max(1),
+            weight: u64::from(weight),
+        };
+        while full(n, w) {
+            let Some((victim, cause)) = share.victim(&scopes, &me) else { break };
+            let Some(q) = scopes.get_mut(&victim) else { break };
             let lru = q.iter().enumerate().min_by_key(|(_, (_, _, used))| used.load(Ordering::Relaxed)).map(|(i, _)| i);
             let Some((k, kw, _)) = lru.and_then(|i| q.remove(i)) else { break };
-            bytes -= u64::from(kw);
+            if q.is_empty() {
+                scopes.remove(&victim);
+            }
             (n, w) = (n.saturating_sub(1), w.saturating_sub(u64::from(kw)));
-            self.gone.insert(k.clone(), gave_way());
+            if cause == "evicted" {
+                self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+            }
+            self.gone.insert(k.clone(), gone_cause(cause));
             self.live.invalidate(&k);
         }
     }
@@ -489,6 +596,41 @@ mod tests {
             Err(Error::SessionForbidden { .. })
         ));
         assert_eq!(alone.stats().live, before, "a refused open closed a session");
+    }
+
+    #[test]
+    fn ten_addresses_of_one_network_cannot_evict_another_networks_session() {
+        let s = store(50, 1 << 20);
+        let victim = s.open(None, None, Some("ip:10.0.1.1"), [0; 32], 10, 0).unwrap();
+        let near = s.open(None, None, Some("ip:10.0.0.200"), [0; 32], 10, 0).unwrap();
+        for i in 0..300 {
+            s.open(None, None, Some(&format!("ip:10.0.0.{}", 2 + i % 10)), [0; 32], 10, 0).unwrap();
+        }
+        assert!(s.get(&victim.id, &victim.token, None, Some("ip:10.0.1.1")).is_ok(), "another /24's session went");
+        assert!(s.get(&near.id, &near.token, None, Some("ip:10.0.0.200")).is_ok(), "the /24's smallest holder lost");
+        // the other /24 takes its share from the one past its own
+        let held: Vec<_> = (0..5).map(|i| s.open(None, None, Some("ip:10.0.1.1"), [0; 32], 10, i).unwrap()).collect();
+        assert!(held.iter().all(|g| s.get(&g.id, &g.token, None, Some("ip:10.0.1.1")).is_ok()));
+        // ten networks of one address each: each at its share, none takes the victim's
+        let s = store(50, 1 << 20);
+        let victim = s.open(None, None, Some("ip:10.0.1.1"), [0; 32], 10, 0).unwrap();
+        for i in 0..300 {
+            s.open(None, None, Some(&format!("ip:10.{}.0.1", 2 + i % 10)), [0; 32], 10, 0).unwrap();
+        }
+        let e = s.get(&victim.id, &victim.token, None, Some("ip:10.0.1.1"));
+        assert!(e.is_ok(), "a caller within its share lost its session: {:?}", e.err());
+        // an IPv6 /64 is one caller
+        let s = store(50, 1 << 20);
+        let victim = s.open(None, None, Some("ip:10.0.1.1"), [0; 32], 10, 0).unwrap();
+        for i in 0..300 {
+            s.open(None, None, Some(&format!("ip:2001:db8::{:x}", i + 1)), [0; 32], 10, 0).unwrap();
+        }
+        assert!(s.get(&victim.id, &victim.token, None, Some("ip:10.0.1.1")).is_ok());
+        assert_eq!(unit("ip:2001:db8::7"), "ip:2001:db8:0:0::/64");
+        assert_eq!(
+            (network("ip:10.0.0.7"), network("ip:2001:db8:0:0::/64"), network("id:x")),
+            (Some([10, 0, 0]), None, None)
+        );
     }
 
     #[test]

@@ -216,12 +216,6 @@ impl HttpConnArgs {
         ] {
             anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
         }
-        anyhow::ensure!(
-            self.http_max_per_peer <= self.http_max_connections + self.http_reserve,
-            "--http-max-per-peer {}: must be at most --http-max-connections + --http-reserve ({})",
-            self.http_max_per_peer,
-            self.http_max_connections + self.http_reserve
-        );
         anyhow::ensure!(self.http_reserve <= 1024, "--http-reserve {}: must be at most 1024", self.http_reserve);
         let day = 86_400_000;
         for (flag, v) in [

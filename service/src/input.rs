@@ -148,14 +148,37 @@ pub fn jsonl_text(line: usize, raw: &str) -> anyhow::Result<(String, serde_json:
     Ok((text, v))
 }
 
-/// Longest field name a JSON error keeps (`unknown field `…``).
-const MAX_ECHOED_KEY_CHARS: usize = 40;
-
-/// A client's key as an error may name it: its first
-/// [`MAX_ECHOED_KEY_CHARS`] characters (a key is a name, yet a careless
-/// client may put anything there).
+/// A client's key as an error may name it: itself when a plain word of at
+/// most [`scd_engine::context::MAX_ECHOED_KEY_BYTES`] bytes, else its size
+/// (`<100-byte key>`; a key is a name, yet a careless client may put
+/// anything there, control characters included).
 pub fn echoed_key(key: &str) -> String {
-    key.chars().take(MAX_ECHOED_KEY_CHARS).collect()
+    scd_engine::context::shown_key(key).into_owned()
+}
+
+/// A path into a request (`context.fields[2].kind`) as an error may show
+/// it: each key as [`echoed_key`] shows it (an unknown key is on the path
+/// of its own error), indices as they are.
+pub fn shown_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for seg in path.iter() {
+        match seg {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(&echoed_key(key));
+            }
+            Segment::Unknown => out.push_str(if out.is_empty() { "?" } else { ".?" }),
+        }
+    }
+    if out.is_empty() {
+        ".".into()
+    } else {
+        out
+    }
 }
 
 /// A serde_json error message with every value the client sent taken out,
@@ -165,7 +188,8 @@ pub fn echoed_key(key: &str) -> String {
 /// `invalid type: a string, expected struct Context`; `unknown variant
 /// `<secret>`, expected one of …` becomes `unknown variant, expected one of
 /// …`; numbers, characters and byte strings go the same way; an unknown
-/// key is kept (it names the typo) but cut at 40 characters.
+/// key is kept when a plain word of at most 40 bytes (it names the typo),
+/// else named by its size ([`echoed_key`]).
 pub fn redact_json_error(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
@@ -196,9 +220,8 @@ pub fn redact_json_error(message: &str) -> String {
             }
         };
         if let Quote::Key = quote {
-            let key: String = after[..end.saturating_sub(1)].chars().take(MAX_ECHOED_KEY_CHARS).collect();
             out.push_str("unknown field `");
-            out.push_str(&key);
+            out.push_str(&echoed_key(&after[..end.saturating_sub(1)]));
             out.push('`');
         } else {
             out.push_str(replacement);
@@ -283,7 +306,23 @@ mod tests {
             assert_eq!(redact_json_error(&raw), want, "{raw}");
         }
         let long = format!("unknown field `{}`, expected `task`", "k".repeat(100));
-        assert_eq!(redact_json_error(&long), format!("unknown field `{}`, expected `task`", "k".repeat(40)));
+        assert_eq!(redact_json_error(&long), "unknown field `<100-byte key>`, expected `task`");
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Strict {
+            #[serde(rename = "fields")]
+            _fields: Vec<std::collections::BTreeMap<String, u32>>,
+        }
+        let key = "k".repeat(100);
+        let text = format!(r#"{{"fields": [{{"{key}": "x"}}]}}"#);
+        let e =
+            serde_path_to_error::deserialize::<_, Strict>(&mut serde_json::Deserializer::from_str(&text)).unwrap_err();
+        assert_eq!(shown_path(e.path()), "fields[0].<100-byte key>");
+        let e =
+            serde_path_to_error::deserialize::<_, Strict>(&mut serde_json::Deserializer::from_str("7")).unwrap_err();
+        assert_eq!((shown_path(e.path()), e.path().to_string()), (".".into(), ".".into()));
+        let odd = "unknown field `a\u{1b}[2Jb`, expected `task`";
+        assert_eq!(redact_json_error(odd), "unknown field `<6-byte key>`, expected `task`", "a control character");
         assert_eq!(
             redact_json_error("unknown field `budgte`, expected one of `task`"),
             "unknown field `budgte`, expected one of `task`"

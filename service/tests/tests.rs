@@ -24,6 +24,8 @@ mod auth;
 mod budget;
 #[path = "cases/cli.rs"]
 mod cli;
+#[path = "cases/fairness.rs"]
+mod fairness;
 #[path = "cases/fuzz.rs"]
 mod fuzz;
 #[path = "cases/handoff.rs"]

@@ -297,7 +297,7 @@ impl Context {
             if !seen.insert(f.name.as_str()) {
                 return Err(Error::invalid(
                     format!("context.fields[{i}].name"),
-                    format!("duplicate field name {:?}", f.name),
+                    format!("duplicate field name {}", json::shown_name(&f.name)),
                 ));
             }
         }

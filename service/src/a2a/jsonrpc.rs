@@ -40,7 +40,7 @@ pub(crate) async fn read_body(body: Body, max: usize) -> Result<bytes::Bytes, Er
 /// Parses `params` strictly; errors name the JSON path.
 pub(crate) fn params<T: DeserializeOwned>(v: Value) -> Result<T, Error> {
     serde_path_to_error::deserialize(v).map_err(|e| {
-        let path = e.path().to_string();
+        let path = crate::input::shown_path(e.path());
         let at = if path == "." { "params".to_string() } else { format!("params.{path}") };
         Error::InvalidParams(format!("{at}: {}", crate::input::redact_json_error(&e.into_inner().to_string())))
     })
@@ -160,7 +160,7 @@ pub async fn handle(
         | "DeleteTaskPushNotificationConfig" => Err(Error::PushNotSupported),
         m => Err(Error::MethodNotFound(format!(
             "{}: this agent serves SendMessage, SendStreamingMessage, GetTask, ListTasks, CancelTask, SubscribeToTask",
-            m.chars().take(64).collect::<String>()
+            scd_engine::context::shown_name(m)
         ))),
     };
     reply(&id, result)

@@ -397,7 +397,7 @@ pub(crate) fn classify(m: &Message) -> Result<Input, Error> {
                 return Err(Error::InvalidParams(format!("message.parts[{i}].data.context: {hint}")));
             }
             let input: CompressInput = serde_path_to_error::deserialize(d.clone()).map_err(|e| {
-                let path = e.path().to_string();
+                let path = crate::input::shown_path(e.path());
                 let at = if path == "." { String::new() } else { format!(".{path}") };
                 Error::InvalidParams(format!(
                     "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?, reserve?, list_dropped?}})",

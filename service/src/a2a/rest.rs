@@ -179,6 +179,7 @@ pub async fn post_task(
     let r = async {
         Agent::check_version(&headers, uri.query())?;
         let Some(id) = id.strip_suffix(":cancel") else {
+            let id = scd_engine::context::shown_name(&id);
             return Err(Error::MethodNotFound(format!("POST /tasks/{id}: did you mean /tasks/{{id}}:cancel?")));
         };
         let raw = read_body(body, agent.config().max_request_bytes).await?;

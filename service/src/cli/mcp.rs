@@ -18,7 +18,9 @@ use crate::client::Conn;
 use crate::config::ModelArgs;
 use crate::grpc::http::serve_router;
 use crate::grpc::Limits;
-use crate::mcp::http::{refuse_duplicate_keys, refuse_when_full, CappedSessions, Gate};
+use crate::mcp::http::{
+    bind_to_address, check_origin, refuse_duplicate_keys, refuse_when_full, CappedSessions, Gate, Owners,
+};
 use crate::mcp::stdio::StrictLines;
 use crate::mcp::{Backend, ScdMcp, SessionTokens};
 use crate::tls;
@@ -34,6 +36,11 @@ pub struct McpArgs {
     /// guard against DNS rebinding (comma-separated). Default: loopback only.
     #[arg(long, env = "SCD_MCP_ALLOWED_HOSTS", value_delimiter = ',', requires = "http_addr")]
     allowed_hosts: Vec<String>,
+    /// Origins (scheme://host[:port]) a browser's request may come from over
+    /// HTTP, besides loopback ones (comma-separated); a request with
+    /// another `Origin` is refused 403 (MCP 2025-06-18).
+    #[arg(long, env = "SCD_MCP_ALLOWED_ORIGINS", value_delimiter = ',', requires = "http_addr")]
+    allowed_origins: Vec<String>,
     /// Forward the tools to a running `scd serve` at this URL (http:// or
     /// https://) instead of loading the model here.
     #[arg(long, env = "SCD_MCP_SERVER")]
@@ -146,6 +153,15 @@ impl McpArgs {
     }
 }
 
+/// The line `scd mcp` prints on stderr when it serves HTTP on a
+/// non-loopback address: it has neither TLS nor authentication.
+pub fn exposed_warning(local: SocketAddr) -> String {
+    format!(
+        "warning: scd mcp serves HTTP on {local} without TLS or authentication: anyone who reaches it can call \
+         its tools; bind a loopback address, or put it behind an authenticating TLS proxy"
+    )
+}
+
 /// Runs `scd mcp` until stdin closes (stdio) or Ctrl-C / SIGTERM (HTTP).
 pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
     args.check()?;
@@ -183,12 +199,19 @@ pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
                 let stop = config.cancellation_token.clone();
                 let sessions = CappedSessions::new(args.max_http_sessions);
                 let service = StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), config);
+                let owners = Owners::new(sessions.clone());
                 let gate = Gate { sessions, max_body_bytes: args.max_request_bytes };
+                let origins = Arc::new(args.allowed_origins.clone());
                 let router = axum::Router::new()
                     .nest_service("/mcp", service)
                     .layer(axum::middleware::from_fn_with_state(gate, refuse_when_full))
-                    .layer(axum::middleware::from_fn_with_state(args.max_request_bytes, refuse_duplicate_keys));
+                    .layer(axum::middleware::from_fn_with_state(args.max_request_bytes, refuse_duplicate_keys))
+                    .layer(axum::middleware::from_fn_with_state(owners, bind_to_address))
+                    .layer(axum::middleware::from_fn_with_state(origins, check_origin));
                 let limits = args.http_conn.limits()?;
+                if !local.ip().is_loopback() {
+                    eprintln!("{}", exposed_warning(local));
+                }
                 println!("mcp on http://{local}/mcp");
                 tracing::info!(%local, "MCP over streamable HTTP at /mcp");
                 tokio::select! {

@@ -1,5 +1,6 @@
 //! Dynamic batching (after TEI's `core/src/queue.rs`): embed requests from
-//! many clients wait in one bounded queue; a dedicated thread drains it into
+//! many clients wait in one bounded queue, fair across callers
+//! ([`super::queue`]: one job of each caller in turn); a dedicated thread drains it into
 //! encoder batches bounded by a token budget (`--max-batch-tokens`, the
 //! tokens of every text plus 2 specials each; the first request always runs,
 //! alone if it is over) and a row cap (`--batch-texts`), runs them, and
@@ -21,11 +22,12 @@ use std::time::Instant;
 
 use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tonic::Status;
 use tracing::{debug, error};
 
 use super::metrics::Metrics;
+use super::queue::{Full, Queue};
 use super::ratelog::RateLimitedWarn;
 
 /// The answer to a job: embeddings or a status, and the time it spent queued (ms).
@@ -47,6 +49,9 @@ pub struct Job {
     /// batch token budget, e.g. a long windowed text) stops between the
     /// encoder's own batches instead of holding the thread to the end.
     pub cancel: Cancel,
+    /// Whose turn it waits for: the caller's share unit
+    /// ([`super::shares::unit`]).
+    pub caller: String,
 }
 
 /// Queue and batch bounds.
@@ -66,9 +71,20 @@ pub struct BatchLimits {
 /// Handle to the batching thread.
 #[derive(Clone)]
 pub struct Batcher {
-    tx: mpsc::Sender<Job>,
+    queue: Arc<Queue>,
+    /// Closes the queue when the last handle goes (the thread then ends).
+    _open: Arc<Open>,
     depth: Arc<AtomicUsize>,
     stopped: watch::Receiver<Option<String>>,
+}
+
+/// Closes the queue on drop.
+struct Open(Arc<Queue>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// What a client is told when the encoder panicked on its batch: the
@@ -93,10 +109,10 @@ pub enum Refused {
 impl Batcher {
     /// Starts the batching thread over `encoder`.
     pub fn start(encoder: Arc<dyn Encoder>, limits: BatchLimits, metrics: Arc<Metrics>) -> Self {
-        let (tx, rx) = mpsc::channel::<Job>(limits.queue_size.max(1));
         let depth = Arc::new(AtomicUsize::new(0));
+        let queue = Arc::new(Queue::new(limits.queue_size, depth.clone()));
         let (stop_tx, stopped) = watch::channel(None);
-        let mut worker = Worker { rx, encoder, limits, metrics, depth: depth.clone(), pending: None };
+        let mut worker = Worker { queue: queue.clone(), encoder, limits, metrics, pending: None };
         std::thread::Builder::new()
             .name("scd-batcher".into())
             .spawn(move || {
@@ -107,18 +123,16 @@ impl Batcher {
                 };
                 error!(cause = %cause, "encoder thread stopped; embed requests now fail UNAVAILABLE");
                 let _ = stop_tx.send(Some(cause.clone()));
-                worker.rx.close();
                 let unavailable = || Status::unavailable(ENCODER_STOPPED);
                 if let Some((j, _)) = worker.pending.take() {
                     let _ = j.reply.send((Err(unavailable()), 0.0));
                 }
-                while let Ok(j) = worker.rx.try_recv() {
-                    worker.depth.fetch_sub(1, Ordering::Relaxed);
+                for j in worker.queue.drain() {
                     let _ = j.reply.send((Err(unavailable()), 0.0));
                 }
             })
             .expect("spawn batcher thread");
-        Self { tx, depth, stopped }
+        Self { _open: Arc::new(Open(queue.clone())), queue, depth, stopped }
     }
 
     /// Queues a job.
@@ -126,24 +140,21 @@ impl Batcher {
         if let Some(cause) = self.stopped() {
             return Err(Refused::Stopped(cause));
         }
-        // counted before it can be received, so the worker's decrement never
-        // runs ahead of this increment
-        self.depth.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(job) {
+        match self.queue.push(job) {
             Ok(()) => Ok(()),
-            Err(e) => {
-                self.depth.fetch_sub(1, Ordering::Relaxed);
-                match e {
-                    mpsc::error::TrySendError::Full(_) => {
-                        QUEUE_FULL.hit("embed queue full");
-                        Err(Refused::Full)
-                    }
-                    mpsc::error::TrySendError::Closed(_) => {
-                        Err(Refused::Stopped(self.stopped().unwrap_or_else(|| "queue closed".into())))
-                    }
-                }
+            Err(Full::Full) => {
+                QUEUE_FULL.hit("embed queue full");
+                Err(Refused::Full)
             }
+            Err(Full::Closed) => Err(Refused::Stopped(self.stopped().unwrap_or_else(|| "queue closed".into()))),
         }
+    }
+
+    /// Milliseconds until a place frees: one of `caller`'s jobs ends, or
+    /// (`None`) the queue takes one more ([`Queue::wait_ms`]); `None`
+    /// before the encoder's rate was measured.
+    pub fn wait_ms(&self, caller: Option<&str>) -> Option<f64> {
+        self.queue.wait_ms(caller)
     }
 
     /// Requests waiting.
@@ -164,11 +175,10 @@ impl Batcher {
 
 /// The state of the batching thread.
 struct Worker {
-    rx: mpsc::Receiver<Job>,
+    queue: Arc<Queue>,
     encoder: Arc<dyn Encoder>,
     limits: BatchLimits,
     metrics: Arc<Metrics>,
-    depth: Arc<AtomicUsize>,
     /// A live job taken from the queue that did not fit the last batch, with its tokens.
     pending: Option<(Job, usize)>,
 }
@@ -204,8 +214,7 @@ impl Worker {
     /// The next live job from the queue, waiting when `block`.
     fn next(&mut self, block: bool) -> Option<(Job, usize)> {
         loop {
-            let j = if block { self.rx.blocking_recv()? } else { self.rx.try_recv().ok()? };
-            self.depth.fetch_sub(1, Ordering::Relaxed);
+            let j = self.queue.pop(block)?;
             if let Some(j) = self.alive(j) {
                 let n = self.tokens(&j);
                 if n > self.limits.max_request_tokens {
@@ -243,7 +252,10 @@ impl Worker {
     fn run(&mut self) -> Result<(), String> {
         loop {
             let first = match self.pending.take() {
-                Some(p) => p,
+                Some(p) => {
+                    self.queue.hold_next(None);
+                    p
+                }
                 None => match self.next(true) {
                     Some(p) => p,
                     None => return Ok(()),
@@ -257,6 +269,7 @@ impl Worker {
                     || rows + j.texts.len() > self.limits.batch_texts
                     || tokens + n > self.limits.max_batch_tokens
                 {
+                    self.queue.hold_next(Some(&j));
                     self.pending = Some((j, n));
                     break;
                 }
@@ -273,12 +286,15 @@ impl Worker {
             if jobs.len() != before {
                 tokens = jobs.iter().map(|j| self.tokens(j)).sum();
             }
-            self.batch(jobs, tokens, &opts)?;
+            self.queue.begin(&jobs);
+            let done = self.batch(jobs, tokens, &opts);
+            self.queue.end(matches!(done, Ok(true)));
+            done?;
         }
     }
 
-    /// Runs one batch and answers its jobs.
-    fn batch(&self, jobs: Vec<Job>, tokens: usize, opts: &EncodeOptions) -> Result<(), String> {
+    /// Runs one batch and answers its jobs; `Ok(true)` when it ran whole.
+    fn batch(&self, jobs: Vec<Job>, tokens: usize, opts: &EncodeOptions) -> Result<bool, String> {
         let started = Instant::now();
         let texts: Vec<&str> = jobs.iter().flat_map(|j| j.texts.iter().map(String::as_str)).collect();
         self.metrics.batch(texts.len(), tokens);
@@ -304,7 +320,7 @@ impl Worker {
                 return Err(cause);
             }
         };
-        match whole {
+        let ran = match whole {
             Ok(enc) => {
                 let mut at = 0;
                 for j in jobs {
@@ -319,6 +335,7 @@ impl Worker {
                     let q = queued(&j);
                     let _ = j.reply.send((Ok(part), q));
                 }
+                true
             }
             Err(e) if whole_cancel.check("embed").is_err() => {
                 // the caller of the only job went away: nothing to retry
@@ -328,6 +345,7 @@ impl Worker {
                     let q = queued(&j);
                     let _ = j.reply.send((Err(status.clone()), q));
                 }
+                false
             }
             Err(e) => {
                 debug!(error = %e, "batch failed; retrying its requests one by one");
@@ -348,8 +366,9 @@ impl Worker {
                         }
                     }
                 }
+                false
             }
-        }
-        Ok(())
+        };
+        Ok(ran)
     }
 }

@@ -147,7 +147,11 @@ pub fn add_report_fields(fields: &mut Vec<Field>, report: &Report) -> Result<(),
     if let Some((i, f)) = fields.iter().enumerate().find(|(_, f)| f.name.starts_with(handoff::FIELD_PREFIX)) {
         return Err(invalid(
             &format!("compress.fields[{i}].name"),
-            format!("{:?} is reserved for the forwarded report's sections ({}*)", f.name, handoff::FIELD_PREFIX),
+            format!(
+                "{} is reserved for the forwarded report's sections ({}*)",
+                scd_engine::context::shown_name(&f.name),
+                handoff::FIELD_PREFIX
+            ),
         ));
     }
     fields.extend(handoff::to_fields(report));

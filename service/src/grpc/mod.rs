@@ -27,8 +27,10 @@ pub mod handoff;
 pub mod http;
 pub mod layer;
 pub mod metrics;
+pub mod queue;
 pub mod ratelog;
 pub mod shares;
+pub mod wait;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -45,6 +47,7 @@ use self::batcher::{BatchLimits, Batcher, Job, Refused, Reply};
 use self::layer::Deadline;
 use self::metrics::Metrics;
 use self::ratelog::RateLimitedWarn;
+use self::wait::{overloaded, past_share};
 
 /// Generated protobuf and gRPC code for `scd.v1` (from the `scd-proto` crate).
 pub use scd_proto::scd::v1 as pb;
@@ -93,6 +96,9 @@ pub struct ScdService {
     compress_pace: Arc<shares::Pace>,
     count_pace: Arc<shares::Pace>,
     embed_pace: Arc<shares::Pace>,
+    /// The compress and count calls in flight, for true retry hints.
+    compress_calls: Arc<wait::InFlight>,
+    count_calls: Arc<wait::InFlight>,
     limits: Limits,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) audit: Option<Arc<scd_audit::AuditLog>>,
@@ -167,27 +173,6 @@ fn empty_session(id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// RESOURCE_EXHAUSTED for a caller past its share of `what`, told to retry when one of its places likely frees.
-fn past_share(what: &str, p: shares::PastShare, pace: &shares::Pace) -> Status {
-    let ms = pace.retry_ms(p.held);
-    let holder = if p.network { "this caller's network (its /24)" } else { "this caller" };
-    let mut s = Status::resource_exhausted(format!(
-        "{what}: {holder} holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after {ms} ms",
-        p.held, p.capacity, p.share
-    ));
-    s.metadata_mut().insert("retry-after-ms", ms.into());
-    s
-}
-
-/// RESOURCE_EXHAUSTED for a full `what` of `places`, told to retry when one
-/// likely frees.
-fn overloaded(what: &str, places: usize, pace: &shares::Pace) -> Status {
-    let ms = pace.retry_ms(places);
-    let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after {ms} ms"));
-    s.metadata_mut().insert("retry-after-ms", ms.into());
-    s
-}
-
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
@@ -211,6 +196,8 @@ impl ScdService {
             compress_pace: Arc::default(),
             count_pace: Arc::default(),
             embed_pace: Arc::default(),
+            compress_calls: Arc::default(),
+            count_calls: Arc::default(),
             scd,
             batcher,
             limits,
@@ -276,18 +263,19 @@ impl ScdService {
     fn embed_submit(&self, r: pb::EmbedRequest, deadline: Option<Instant>, who: &str) -> Result<PendingEmbed, Status> {
         let start = Instant::now();
         let (texts, opts) = convert::embed_request(r, self.limits.max_texts, self.limits.max_text_bytes)?;
+        let caller = shares::unit(who);
         let share = self.embed_shares.take(who).map_err(|p| {
             self.metrics.rejected("embed_caller_share");
-            past_share("embed queue", p, &self.embed_pace)
+            past_share("embed queue", p, self.batcher.wait_ms(Some(&caller)), &self.embed_pace)
         })?;
         let (tx, rx) = oneshot::channel();
         let cancel = deadline.map(Cancel::with_deadline).unwrap_or_default();
         let guard = cancel.guard();
-        let job = Job { texts, opts, reply: tx, queued: Instant::now(), deadline, cancel };
+        let job = Job { texts, opts, reply: tx, queued: Instant::now(), deadline, cancel, caller };
         self.batcher.submit(job).map_err(|e| match e {
             Refused::Full => {
                 self.metrics.rejected("embed_queue_full");
-                overloaded("embed", self.limits.queue_size, &self.embed_pace)
+                overloaded("embed", self.limits.queue_size, self.batcher.wait_ms(None), &self.embed_pace)
             }
             Refused::Stopped(_) => Status::unavailable(batcher::ENCODER_STOPPED),
         })?;
@@ -337,22 +325,26 @@ impl ScdService {
     /// Past `deadline` (or when this future is dropped) the work is told to
     /// stop at its next stage boundary, which frees the slot.
     /// `who` ([`shares::key`]) draws on its share of the slots.
+    /// `bytes`: the size of its work, for the retry hints ([`wait`]).
     async fn blocking<T: Send + 'static>(
         &self,
         who: &str,
+        bytes: usize,
         deadline: Option<Instant>,
         f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
     ) -> Result<(T, f64), Status> {
         let share = self.compress_shares.take(who).map_err(|p| {
             self.metrics.rejected("compress_caller_share");
-            past_share("compress slots", p, &self.compress_pace)
+            let estimate = self.compress_calls.wait_ms(wait::whose(who, p.network));
+            past_share("compress slots", p, estimate, &self.compress_pace)
         })?;
-        self.blocking_in(Lane::Compress, deadline, share, f).await
+        let call = self.compress_calls.begin(who, bytes);
+        self.blocking_in(Lane::Compress, deadline, (share, call), f).await
     }
 
     /// [`Self::blocking`] behind `lane`'s slots; `hold` (the caller's share)
     /// is kept until the work stops, past a deadline or a caller gone too.
-    async fn blocking_in<T: Send + 'static, H: Send + 'static>(
+    async fn blocking_in<T: Send + 'static, H: wait::Held>(
         &self,
         lane: Lane,
         deadline: Option<Instant>,
@@ -360,9 +352,9 @@ impl ScdService {
         f: impl FnOnce(&Scd, &Cancel) -> scd_engine::Result<T> + Send + 'static,
     ) -> Result<(T, f64), Status> {
         let queued = Instant::now();
-        let (slots, pace) = match lane {
-            Lane::Compress => (&self.compress_slots, &self.compress_pace),
-            Lane::Count => (&self.count_slots, &self.count_pace),
+        let (slots, pace, calls) = match lane {
+            Lane::Compress => (&self.compress_slots, &self.compress_pace, &self.compress_calls),
+            Lane::Count => (&self.count_slots, &self.count_pace, &self.count_calls),
         };
         let places = match lane {
             Lane::Compress => self.limits.max_concurrent_compress.max(1),
@@ -372,12 +364,12 @@ impl ScdService {
             Lane::Compress => {
                 self.metrics.rejected("compress_slots_full");
                 COMPRESS_FULL.hit("compress slots full");
-                overloaded("compress", places, pace)
+                overloaded("compress", places, calls.wait_ms(|_| true), pace)
             }
             Lane::Count => {
                 self.metrics.rejected("count_slots_full");
                 COUNT_FULL.hit("count_tokens slots full");
-                overloaded("count_tokens", places, pace)
+                overloaded("count_tokens", places, calls.wait_ms(|_| true), pace)
             }
         })?;
         let pace = pace.clone();
@@ -385,10 +377,13 @@ impl ScdService {
         let guard = cancel.guard();
         let scd = self.scd.clone();
         let task = tokio::task::spawn_blocking(move || {
-            let (_permit, _hold) = (permit, hold);
+            let (_permit, hold) = (permit, hold);
             let began = Instant::now();
             let out = f(&scd, &cancel);
             pace.record(began.elapsed());
+            if out.is_ok() {
+                hold.done();
+            }
             out
         });
         let out = until(deadline, "in the engine", queued, task)
@@ -453,8 +448,9 @@ impl ScdService {
         // a report is fitted in the budget whole, its wrapping included
         let rendered = fwd.is_some();
         opts.envelope = fwd.map(|f| scd_engine::handoff::envelope(&req, f.format, f.answer));
+        let bytes = req.context.fields.iter().map(|f| f.content.len()).sum();
         let ((out, report), total) = self
-            .blocking(who, deadline, move |scd, cancel| {
+            .blocking(who, bytes, deadline, move |scd, cancel| {
                 let out = scd.compress_opts(&req, &opts, cancel)?;
                 let report = rendered.then(|| out.text.clone());
                 Ok((out, report))
@@ -606,7 +602,7 @@ impl ScdService {
             }
         }
         let start = Instant::now();
-        let res = self.blocking(&share_key, d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(
+        let res = self.blocking(&share_key, 0, d, move |scd, cancel| scd.request_more_with(&req, cancel)).await.map(
             |(more, total)| pb::ContextResponse {
                 chunks: more.chunks.iter().map(convert::chunk).collect(),
                 remaining_tokens: u32::try_from(more.remaining_tokens).unwrap_or(u32::MAX),
@@ -809,10 +805,12 @@ impl pb::scd_server::Scd for ScdHandler {
         } else {
             let share = self.count_shares.take(&who).map_err(|p| {
                 self.metrics.rejected("count_caller_share");
-                past_share("count_tokens slots", p, &self.count_pace)
+                let estimate = self.count_calls.wait_ms(wait::whose(&who, p.network));
+                past_share("count_tokens slots", p, estimate, &self.count_pace)
             })?;
+            let call = self.count_calls.begin(&who, texts.iter().map(String::len).sum());
             // stops between texts once the caller is gone or past its deadline
-            self.blocking_in(Lane::Count, d, share, move |scd, cancel| {
+            self.blocking_in(Lane::Count, d, (share, call), move |scd, cancel| {
                 texts
                     .iter()
                     .map(|t| {

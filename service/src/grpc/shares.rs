@@ -74,7 +74,7 @@ pub const NET_SHARES: usize = 2;
 
 /// Whose share a caller key ([`key`]) draws on: an IPv6 address's /64,
 /// else the key itself.
-fn unit(caller: &str) -> String {
+pub(crate) fn unit(caller: &str) -> String {
     match caller.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
         Some(IpAddr::V6(v6)) => {
             let s = v6.segments();
@@ -85,7 +85,7 @@ fn unit(caller: &str) -> String {
 }
 
 /// The network a share unit belongs to: an IPv4 address's /24.
-fn network(unit: &str) -> Option<String> {
+pub(crate) fn network(unit: &str) -> Option<String> {
     match unit.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
         Some(IpAddr::V4(v4)) => {
             let o = v4.octets();

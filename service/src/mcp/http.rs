@@ -3,11 +3,20 @@
 //! manager with a cap), and past it a new `initialize` is answered HTTP 503
 //! with `Retry-After` and a JSON-RPC error saying so ([`refuse_when_full`]).
 //! Connections are bounded by the listener ([`crate::grpc::http::serve_router`]).
+//!
+//! A session is its opener's: [`bind_to_address`] keeps the address each
+//! `initialize` came from, and a request naming the session from another
+//! address is answered 404 as for an unknown session. [`check_origin`]
+//! refuses (403) a request whose `Origin` is neither a loopback origin nor
+//! one named by `--allowed-origins` (MCP 2025-06-18, against DNS
+//! rebinding from a browser).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -203,6 +212,104 @@ pub async fn refuse_duplicate_keys(State(max_body_bytes): State<usize>, req: Req
         .into_response()
 }
 
+/// The address each MCP session was opened from.
+#[derive(Clone)]
+pub struct Owners {
+    by_session: Arc<Mutex<HashMap<String, Option<IpAddr>>>>,
+    sessions: Arc<CappedSessions>,
+}
+
+impl Owners {
+    /// Owners of `sessions`' sessions.
+    pub fn new(sessions: Arc<CappedSessions>) -> Self {
+        Self { by_session: Arc::default(), sessions }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<IpAddr>>> {
+        self.by_session.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `id`'s owner; past twice the cap, forgets the sessions gone.
+    async fn insert(&self, id: String, owner: Option<IpAddr>) {
+        if self.map().len() >= 2 * self.sessions.max {
+            let live = self.sessions.inner.sessions.read().await;
+            self.map().retain(|k, _| live.keys().any(|l| l.as_ref() == k));
+        }
+        self.map().insert(id, owner);
+    }
+}
+
+/// The caller's IP address, as the listener put it in the request.
+fn peer_ip(req: &Request) -> Option<IpAddr> {
+    req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_canonical())
+}
+
+/// Middleware: an `Mcp-Session-Id` works only from the address that opened
+/// the session; from another one the answer is rmcp's 404 for an unknown
+/// session, so the id reveals nothing.
+pub async fn bind_to_address(State(owners): State<Owners>, req: Request, next: Next) -> Response {
+    let ip = peer_ip(&req);
+    let named = req.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+    match named {
+        Some(id) => {
+            let owner = owners.map().get(&id).copied();
+            if owner.is_some_and(|o| o != ip) {
+                return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+            }
+            let closing = req.method() == Method::DELETE;
+            let r = next.run(req).await;
+            if closing && r.status().is_success() {
+                owners.map().remove(&id);
+            }
+            r
+        }
+        None => {
+            let r = next.run(req).await;
+            if let Some(id) = r.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+                owners.insert(id.to_string(), ip).await;
+            }
+            r
+        }
+    }
+}
+
+/// Whether `origin` (`scheme://host[:port]`) is a loopback origin: http or
+/// https to `localhost`, 127.0.0.0/8 or `[::1]`.
+fn is_loopback_origin(origin: &str) -> bool {
+    let Some(rest) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else {
+        return false;
+    };
+    let host = match rest.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').map_or("", |(h, _)| h),
+        None => rest.split_once(':').map_or(rest, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether a request with `origin` may be served: a loopback origin, or one
+/// of `allowed` (`--allowed-origins`, compared without a trailing `/` and
+/// case-insensitively).
+pub fn origin_allowed(origin: &str, allowed: &[String]) -> bool {
+    is_loopback_origin(origin) || allowed.iter().any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(origin))
+}
+
+/// Middleware: a request carrying an `Origin` that [`origin_allowed`]
+/// refuses is answered 403 (the origin is not quoted). Requests without
+/// `Origin` (not from a browser) pass. The state is `--allowed-origins`.
+pub async fn check_origin(State(allowed): State<Arc<Vec<String>>>, req: Request, next: Next) -> Response {
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        if !origin.to_str().is_ok_and(|o| origin_allowed(o, &allowed)) {
+            tracing::debug!("MCP request refused: Origin neither loopback nor in --allowed-origins");
+            return (
+                StatusCode::FORBIDDEN,
+                "Forbidden: the Origin is neither a loopback origin nor one of --allowed-origins\n",
+            )
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +330,20 @@ mod tests {
         assert_eq!(s.open().await, 1);
         s.create_session().await.unwrap();
         assert_eq!(s.open().await, 2);
+    }
+
+    #[test]
+    fn origins_are_loopback_or_named() {
+        for o in
+            ["http://localhost:3000", "https://127.0.0.1", "http://127.1.2.3:8", "http://[::1]:9", "http://LOCALHOST"]
+        {
+            assert!(origin_allowed(o, &[]), "{o}");
+        }
+        for o in ["null", "http://evil.example", "http://127.0.0.1.evil.example", "http://[::2]:1", "file://x", ""] {
+            assert!(!origin_allowed(o, &[]), "{o}");
+        }
+        let named = ["https://app.example.com/".to_string()];
+        assert!(origin_allowed("https://app.example.com", &named));
+        assert!(!origin_allowed("https://other.example.com", &named));
     }
 }

@@ -105,7 +105,7 @@ impl<T: serde::de::DeserializeOwned> Args<T> {
     /// The arguments, parsed strictly; the error names the argument's path.
     pub fn parse(self) -> Result<T, String> {
         serde_path_to_error::deserialize(Value::Object(self.0)).map_err(|e| {
-            let path = e.path().to_string();
+            let path = crate::input::shown_path(e.path());
             // never echo a value: it may be a confidential field's content
             let message = crate::input::redact_json_error(&e.into_inner().to_string());
             if path == "." || path == "?" {

@@ -699,3 +699,23 @@ async fn text_only_tasks_from_ten_addresses_give_way_to_a_new_caller() {
     assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_WORKING", "{r}");
     assert!(WAITING_TTL.as_secs() <= 120);
 }
+
+/// Issue 43, error text over A2A: an unknown method, a key of the envelope
+/// and a path id are quoted only when short and plain, else named by size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a2a_errors_quote_no_long_value_of_the_request() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let long = "m".repeat(5000);
+    let r = rpc_from("127.0.0.1", s.http, &long, json!({})).await;
+    let m = r["error"]["message"].as_str().unwrap();
+    assert_eq!(r["error"]["code"], -32601, "{r}");
+    assert!(m.contains("<a 5000-byte name>") && !m.contains("mmmmm"), "{m}");
+    let mut envelope = json!({"jsonrpc": "2.0", "id": 7, "method": "GetTask", "params": {"id": "x"}});
+    envelope["k\u{7}ey"] = json!(1);
+    let (_, text) = http_from("127.0.0.1", s.http, &s.http.to_string(), "/", Some(&envelope.to_string())).await;
+    assert!(text.contains("<4-byte key>: unknown key") && !text.contains("\\u0007"), "{text}");
+    let path = format!("/tasks/{}", "t".repeat(2000));
+    let (status, text) = http_from("127.0.0.1", s.http, &s.http.to_string(), &path, Some("{}")).await;
+    assert!(status == 404 && text.contains("<a 2000-byte name>") && !text.contains("ttttt"), "{status} {text}");
+}

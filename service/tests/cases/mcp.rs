@@ -408,3 +408,116 @@ fn mcp_over_stdio_refuses_a_repeated_key_before_any_tool_runs() {
     let pong = lines.next().unwrap().unwrap();
     assert!(pong.contains(r#""id":10"#) && pong.contains("result"), "{pong}");
 }
+
+/// One HTTP/1.1 request to `scd mcp` from the loopback address `from`
+/// with `headers`: the whole response text.
+fn raw_http_from(
+    from: &str,
+    addr: &str,
+    method: &str,
+    session: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> String {
+    let session = session.map(|s| ("mcp-session-id", s));
+    let mut all = vec![("Host", addr), ("Accept", "application/json, text/event-stream")];
+    all.extend(session);
+    all.extend_from_slice(headers);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let raw = rt.block_on(crate::a2a::request_from(from, addr.parse().unwrap(), &all, method, "/mcp", body));
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+/// The body of a raw response.
+fn body_of(response: &str) -> &str {
+    response.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+}
+
+const PING: &str = r#"{"jsonrpc":"2.0","id":8,"method":"ping"}"#;
+
+/// Issue 43: an `Mcp-Session-Id` works only from the address that opened
+/// it (from another one it is unknown: the same 404), and a request whose
+/// `Origin` is neither loopback nor named by `--allowed-origins` is
+/// refused 403 without quoting it (MCP 2025-06-18).
+#[test]
+fn an_mcp_session_is_its_openers_and_foreign_origins_are_refused() {
+    let (_guard, url) = mcp_http(&[
+        "--server",
+        "http://127.0.0.1:9",
+        "--models-dir",
+        "/nonexistent",
+        "--allowed-origins",
+        "https://app.example.com",
+    ]);
+    let addr = host(&url);
+    let init = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    assert!(init.starts_with("HTTP/1.1 200"), "{init}");
+    let session = session_id(&init).to_string();
+    let stolen = raw_http_from("127.0.0.2", addr, "POST", Some(&session), &[], PING);
+    let unknown = raw_http_from("127.0.0.2", addr, "POST", Some("not-a-session"), &[], PING);
+    assert!(stolen.starts_with("HTTP/1.1 404"), "{stolen}");
+    assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
+    assert_eq!(body_of(&stolen), body_of(&unknown), "a session of another address reads as unknown");
+    let deleted = raw_http_from("127.0.0.2", addr, "DELETE", Some(&session), &[], "");
+    assert!(deleted.starts_with("HTTP/1.1 404"), "another address cannot end it: {deleted}");
+    let mine = raw_http(addr, "POST", Some(&session), PING).unwrap();
+    assert!(mine.starts_with("HTTP/1.1 200") && mine.contains(r#""id":8"#), "{mine}");
+    for (origin, allowed) in [
+        ("http://evil.example", false),
+        ("null", false),
+        ("http://127.0.0.1.evil.example:80", false),
+        ("http://localhost:5173", true),
+        ("http://127.0.0.1:8080", true),
+        ("https://app.example.com", true),
+    ] {
+        let r = raw_http_from("127.0.0.1", addr, "POST", None, &[("Origin", origin)], INITIALIZE);
+        let want = if allowed { "HTTP/1.1 200" } else { "HTTP/1.1 403" };
+        assert!(r.starts_with(want), "{origin}: {r}");
+        assert!(allowed || !body_of(&r).contains("evil"), "{r}");
+    }
+}
+
+/// Issue 43: `scd mcp` bound beyond loopback says once on stderr that it
+/// has neither TLS nor authentication; on loopback it says nothing.
+#[test]
+fn mcp_warns_once_when_bound_beyond_loopback() {
+    for (bind, warnings) in [("0.0.0.0:0", 1), ("127.0.0.1:0", 0)] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_scd"));
+        let mut child = model_env(&mut cmd)
+            .args(["--models-dir", "/nonexistent", "mcp", "--server", "http://127.0.0.1:9", "--http-addr", bind])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        while !lines.next().expect("scd mcp printed its address").unwrap().starts_with("mcp on ") {}
+        let mut stderr = child.stderr.take().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+        let n = err.lines().filter(|l| l.starts_with("warning: scd mcp serves HTTP on")).count();
+        assert_eq!(n, warnings, "{bind}: {err}");
+        assert!(warnings == 0 || err.contains("without TLS or authentication"), "{err}");
+    }
+}
+
+/// Issue 43, error text over MCP: an unknown argument key is quoted only
+/// when a plain word of at most 40 bytes, else named by its size.
+#[test]
+fn mcp_errors_quote_no_long_key_of_the_request() {
+    let (_guard, url) = mcp_http(&["--server", "http://127.0.0.1:9", "--models-dir", "/nonexistent"]);
+    let addr = host(&url);
+    let init = raw_http(addr, "POST", None, INITIALIZE).unwrap();
+    let session = session_id(&init).to_string();
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    assert!(raw_http(addr, "POST", Some(&session), note).unwrap().starts_with("HTTP/1.1 2"));
+    let long = "k".repeat(5000);
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "compress_context",
+        "arguments": {"task": "t", "budget": 200, "context": {"fields": [{"name": "notes", "content": "x"}]}, long.as_str(): 1}
+    }});
+    let r = raw_http(addr, "POST", Some(&session), &call.to_string()).unwrap();
+    assert!(r.contains("unknown field `<5000-byte key>`"), "{}", &r[..r.len().min(600)]);
+    assert!(!r.contains(&long[..41]), "the key was quoted");
+}

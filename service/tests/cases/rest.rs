@@ -386,3 +386,38 @@ async fn rest_refuses_a_repeated_key_so_a_confidential_field_is_never_public() {
     assert_eq!(out["withheld_fields"], json!(["api_keys"]), "{text}");
     assert!(!text.contains("SECRET"), "{text}");
 }
+
+/// Issue 43, error text over REST: an unknown key, a field name and a
+/// path id are quoted only when short and plain (at most 64 bytes without
+/// control characters; a key: a plain word of at most 40), else named by
+/// their size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_errors_quote_no_long_value_of_the_request() {
+    let s = crate::inproc::start(Default::default());
+    crate::inproc::wait_serving(&s).await;
+    let long = "k".repeat(5000);
+    let field = |name: &str| json!({"name": name, "kind": "prose", "content": "Checkout failed."});
+    let ctx = json!({"fields": [field("notes")]});
+    let mut unknown = json!({"task": "t", "context": ctx, "budget": 10});
+    unknown[long.as_str()] = json!(1);
+    let (status, v) = call("127.0.0.1", s.http, "POST", "/v1/compress", None, &unknown).await;
+    assert_eq!(status, 400, "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("unknown field `<5000-byte key>`") && !m.contains("kkkkk"), "{m}");
+    let mut odd = json!({"task": "t", "context": ctx, "budget": 10});
+    odd["a\u{1b}[2Jb"] = json!(1);
+    let (_, v) = call("127.0.0.1", s.http, "POST", "/v1/compress", None, &odd).await;
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("unknown field `<6-byte key>`") && !m.contains('\u{1b}'), "{m}");
+    let name = "n".repeat(100);
+    let twice = json!({"task": "t", "context": {"fields": [field(&name), field(&name)]}, "budget": 10});
+    let (status, v) = call("127.0.0.1", s.http, "POST", "/v1/compress", None, &twice).await;
+    let m = v["error"]["message"].as_str().unwrap();
+    assert_eq!(status, 400, "{v}");
+    assert!(m.contains("duplicate field name <a 100-byte name>") && !m.contains("nnnnn"), "{m}");
+    let path = format!("/v1/sessions/{}/more", "x".repeat(2000));
+    let ask = json!({"question": "q", "current_confidence": 0.5});
+    let (status, v) = call("127.0.0.1", s.http, "POST", &path, Some("t"), &ask).await;
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(status == 404 && m.contains("<a 2000-byte name>") && !m.contains("xxxxx"), "{status} {v}");
+}

@@ -24,13 +24,13 @@ use tonic::Code;
 
 /// The hash encoder, slowed by `delay_ms` per encode call, panicking on
 /// [`MAGIC`], counting its calls.
-struct TestEncoder {
+pub(crate) struct TestEncoder {
     inner: HashEncoder,
-    delay_ms: AtomicU64,
+    pub(crate) delay_ms: AtomicU64,
     calls: AtomicUsize,
     /// Milliseconds per text in `encode_cancellable`, which checks the
     /// cancel before each text (as the ONNX encoder does before each batch).
-    piece_ms: AtomicU64,
+    pub(crate) piece_ms: AtomicU64,
     /// Texts `encode_cancellable` has started.
     pieces: AtomicUsize,
     /// Milliseconds per `count_tokens`.
@@ -40,7 +40,7 @@ struct TestEncoder {
 const MAGIC: &str = "please panic now";
 
 impl TestEncoder {
-    fn new(delay_ms: u64) -> Arc<Self> {
+    pub(crate) fn new(delay_ms: u64) -> Arc<Self> {
         Arc::new(Self {
             inner: HashEncoder::new(64, 512),
             delay_ms: AtomicU64::new(delay_ms),
@@ -92,11 +92,11 @@ impl Encoder for TestEncoder {
     }
 }
 
-fn limits() -> Limits {
+pub(crate) fn limits() -> Limits {
     crate::inproc::limits()
 }
 
-async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> InProc {
+pub(crate) async fn start(encoder: Arc<TestEncoder>, limits: Limits, http: HttpLimits) -> InProc {
     crate::inproc::start(Options { encoder, limits, http, ..Default::default() })
 }
 
@@ -113,7 +113,7 @@ async fn health(addr: &str, service: &str) -> i32 {
 const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
 const NOT_SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
 
-async fn client(s: &InProc) -> ScdClient<Channel> {
+pub(crate) async fn client(s: &InProc) -> ScdClient<Channel> {
     for _ in 0..200 {
         if health(&s.grpc, "scd.v1.Scd").await == SERVING {
             let ch = Channel::from_shared(s.grpc.clone()).unwrap().connect().await.unwrap();
@@ -124,7 +124,7 @@ async fn client(s: &InProc) -> ScdClient<Channel> {
     panic!("in-process server never became SERVING");
 }
 
-fn embed(texts: &[&str], kind: pb::InputKind) -> pb::EmbedRequest {
+pub(crate) fn embed(texts: &[&str], kind: pb::InputKind) -> pb::EmbedRequest {
     pb::EmbedRequest { texts: texts.iter().map(|t| t.to_string()).collect(), kind: kind as i32, windows: true }
 }
 
@@ -445,7 +445,7 @@ async fn expired_and_cancelled_embeds_never_reach_the_encoder() {
     eprintln!("{server_side} of 4 callers saw the server's DEADLINE_EXCEEDED before their own timer");
 }
 
-fn big_compress(tag: &str) -> pb::CompressRequest {
+pub(crate) fn big_compress(tag: &str) -> pb::CompressRequest {
     // many short paragraphs: more chunks than one encoder call takes
     let field = |f: usize| pb::Field {
         name: format!("notes_{f}"),
@@ -614,7 +614,7 @@ async fn socket_from(from: &str, addr: &str) -> tokio::net::TcpStream {
 }
 
 /// An Scd client whose connections come from `from`.
-async fn client_from(from: &str, addr: &str) -> ScdClient<Channel> {
+pub(crate) async fn client_from(from: &str, addr: &str) -> ScdClient<Channel> {
     let ch = tonic::transport::Endpoint::from_shared(addr.to_string())
         .unwrap()
         .local_address(Some(from.parse().unwrap()))
