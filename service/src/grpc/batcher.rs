@@ -22,37 +22,14 @@ use std::time::Instant;
 
 use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tonic::Status;
 use tracing::{debug, error};
 
 use super::metrics::Metrics;
 use super::queue::{Full, Queue};
+pub use super::queue::{Job, Reply};
 use super::ratelog::RateLimitedWarn;
-
-/// The answer to a job: embeddings or a status, and the time it spent queued (ms).
-pub type Reply = (Result<Encoded, Status>, f64);
-
-/// One embed request in the queue.
-pub struct Job {
-    /// The texts.
-    pub texts: Vec<String>,
-    /// Prefix and long-input policy.
-    pub opts: EncodeOptions,
-    /// Where the answer goes.
-    pub reply: oneshot::Sender<Reply>,
-    /// When it was queued.
-    pub queued: Instant,
-    /// Past this the job is dropped unrun.
-    pub deadline: Option<Instant>,
-    /// Set when the caller goes away: a job that runs alone (one over the
-    /// batch token budget, e.g. a long windowed text) stops between the
-    /// encoder's own batches instead of holding the thread to the end.
-    pub cancel: Cancel,
-    /// Whose turn it waits for: the caller's share unit
-    /// ([`super::shares::unit`]).
-    pub caller: String,
-}
 
 /// Queue and batch bounds.
 #[derive(Debug, Clone, Copy)]

@@ -15,7 +15,34 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::batcher::Job;
+use scd_engine::cancel::Cancel;
+use scd_engine::encoder::{EncodeOptions, Encoded};
+use tokio::sync::oneshot;
+use tonic::Status;
+
+/// The answer to a job: embeddings or a status, and the time it spent queued (ms).
+pub type Reply = (Result<Encoded, Status>, f64);
+
+/// One embed request in the queue.
+pub struct Job {
+    /// The texts.
+    pub texts: Vec<String>,
+    /// Prefix and long-input policy.
+    pub opts: EncodeOptions,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<Reply>,
+    /// When it was queued.
+    pub queued: Instant,
+    /// Past this the job is dropped unrun.
+    pub deadline: Option<Instant>,
+    /// Set when the caller goes away: a job that runs alone (one over the
+    /// batch token budget, e.g. a long windowed text) stops between the
+    /// encoder's own batches instead of holding the thread to the end.
+    pub cancel: Cancel,
+    /// Whose turn it waits for: the caller's share unit
+    /// ([`super::shares::unit`]).
+    pub caller: String,
+}
 
 /// The rate of work of one bound, in bytes a millisecond: a moving sum of
 /// bytes over a moving sum of time (each new sample weighs an eighth), so
