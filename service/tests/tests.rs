@@ -14,8 +14,12 @@ mod a2a_shared;
 mod atp;
 #[path = "cases/atp_context.rs"]
 mod atp_context;
+#[path = "cases/atp_planner.rs"]
+mod atp_planner;
 #[path = "cases/atp_reference.rs"]
 mod atp_reference;
+#[path = "cases/atp_tools.rs"]
+mod atp_tools;
 #[path = "cases/audit.rs"]
 mod audit;
 #[path = "cases/auth.rs"]

@@ -52,21 +52,7 @@ async fn transfer_withholds_secrets_and_answers_adaptive_requests() {
         t.diff.dropped.iter().map(|d| (&d.chunk_id, d.tokens)).collect::<Vec<_>>()
     );
 
-    // the confidential field is named, never sent: not in any byte of the diff
-    assert_eq!(t.diff.withheld_fields, vec!["api_keys".to_string()]);
-    assert!(!holds(&t.diff.encode_to_vec(), SECRET), "confidential content in the diff");
-    assert!(t.diff.chunks.iter().all(|c| c.field != "api_keys" && !holds(&c.data, SECRET)));
-    assert!(t.diff.dropped.iter().all(|d| d.field != "api_keys" && !d.stub.contains(SECRET)));
-    assert!(!t.diff.chunks.is_empty() && !t.diff.dropped.is_empty());
-
-    // within the budget, smaller than the whole context
-    assert!(t.sent_tokens > 0 && t.sent_tokens <= u64::from(budget), "sent {}", t.sent_tokens);
-    // what SCD counts is the pasted text: the chunks and their header lines
-    assert!(t.sent_tokens >= t.diff.chunks.iter().map(|c| u64::from(c.tokens)).sum::<u64>());
-    assert_eq!((t.diff.original_size, t.diff.compressed_size), (t.full_tokens, t.sent_tokens));
-    assert!(t.reduction_ratio().unwrap() > 1.0, "full {} sent {}", t.full_tokens, t.sent_tokens);
-    assert_eq!(t.diff.base_hash, scd_atp::context::context_hash(&fields).to_vec());
-    assert!(t.session.id.len() >= 16 && !format!("{:?}", t.session).contains(t.session.token()));
+    assert_withheld_and_within_budget(&t, &fields, budget);
 
     // e_task: the model's dimension, the same vector as Embed of the task text
     let e = t.diff.task_embedding.clone().unwrap();
@@ -139,6 +125,26 @@ async fn transfer_withholds_secrets_and_answers_adaptive_requests() {
     );
     let err = scd.compress(&task(), &fields, &offer(0)).await.unwrap_err().to_string();
     assert!(err.starts_with("requirement.max_context_tokens: must be at least 1"), "{err}");
+}
+
+/// A transfer names the confidential field and never sends it, fits the
+/// budget, and is smaller than the whole context.
+fn assert_withheld_and_within_budget(t: &scd_atp::context::Transfer, fields: &[scd_atp::context::Field], budget: u32) {
+    // the confidential field is named, never sent: not in any byte of the diff
+    assert_eq!(t.diff.withheld_fields, vec!["api_keys".to_string()]);
+    assert!(!holds(&t.diff.encode_to_vec(), SECRET), "confidential content in the diff");
+    assert!(t.diff.chunks.iter().all(|c| c.field != "api_keys" && !holds(&c.data, SECRET)));
+    assert!(t.diff.dropped.iter().all(|d| d.field != "api_keys" && !d.stub.contains(SECRET)));
+    assert!(!t.diff.chunks.is_empty() && !t.diff.dropped.is_empty());
+
+    // within the budget, smaller than the whole context
+    assert!(t.sent_tokens > 0 && t.sent_tokens <= u64::from(budget), "sent {}", t.sent_tokens);
+    // what SCD counts is the pasted text: the chunks and their header lines
+    assert!(t.sent_tokens >= t.diff.chunks.iter().map(|c| u64::from(c.tokens)).sum::<u64>());
+    assert_eq!((t.diff.original_size, t.diff.compressed_size), (t.full_tokens, t.sent_tokens));
+    assert!(t.reduction_ratio().unwrap() > 1.0, "full {} sent {}", t.full_tokens, t.sent_tokens);
+    assert_eq!(t.diff.base_hash, scd_atp::context::context_hash(&fields).to_vec());
+    assert!(t.session.id.len() >= 16 && !format!("{:?}", t.session).contains(t.session.token()));
 }
 
 /// Tokens a piece's header line may take (`[error_logs:4-5]`).

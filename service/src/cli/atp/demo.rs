@@ -275,15 +275,8 @@ fn order(title: &str, steps: u32, needs: &[&str], fail: Option<&str>) -> WorkOrd
 /// Runs the demo, writing the story to `out`.
 pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoReport> {
     let started = Instant::now();
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |e: std::io::Error| Error::Io { path: path.clone(), source: e }
-    };
     std::fs::create_dir_all(&cfg.workdir).map_err(io(&cfg.workdir))?;
     let context = ContextFile::load(&cfg.context)?;
-    let say = |out: &mut (dyn Write + Send), line: String| {
-        let _ = writeln!(out, "{line}");
-    };
 
     let (_scd, scd_url) = match &cfg.scd_url {
         Some(url) => (None, url.clone()),
@@ -301,14 +294,82 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         say(out, format!("agent      {:<12} {} at {}  [{}]", w.name, short(&w.did), w.url, w.capability));
         workers.push(w);
     }
-    let name_of = |agent: &str, workers: &[Worker]| -> String {
-        workers
-            .iter()
-            .find(|w| short(&w.did) == agent || w.url == agent)
-            .map_or_else(|| agent.to_string(), |w| w.name.to_string())
-    };
+    let mut side = start_planner(cfg, &scd_url, &workers, out).await?;
 
-    // the planner: an agent in this process
+    let mut report = DemoReport::default();
+    // the signals sent, each timed
+    let mut disruptions: Vec<Disruption> = Vec::new();
+    for j in jobs(&context) {
+        let mut run =
+            JobRun { workers: &mut workers, disruptions: &mut disruptions, report: &mut report, out: &mut *out };
+        run.delegate(&mut side, j).await?;
+    }
+
+    // layer 1 on the wire: forged, replayed and stale envelopes to a live worker
+    say(out, "\n== security: envelopes to a live worker".to_string());
+    let alive = workers.iter_mut().position(|w| !w.frozen && w.child.try_wait().ok().flatten().is_none());
+    if let Some(target) = alive.map(|i| &workers[i]) {
+        report.rejected = attacks(&side.node.identity, target).await?;
+        say(
+            out,
+            format!(
+                "  forged refused: {}, replayed refused: {}, stale refused: {}",
+                report.rejected.forged, report.rejected.replayed, report.rejected.stale
+            ),
+        );
+    }
+
+    tally_context_and_trust(&side.node, &workers, &mut report);
+    report.seconds = started.elapsed().as_secs_f64();
+    report.failover_times = disruptions.into_iter().map(|d| d.time).collect();
+    summarize(&report, out);
+    // a frozen worker holds its connections to the planner open, which the
+    // planner's graceful shutdown would wait on
+    for w in workers.iter_mut().filter(|w| w.frozen) {
+        let _ = w.child.kill();
+        let _ = w.child.wait();
+    }
+    let _ = side.stop.send(());
+    let _ = side.server.await;
+    Ok(report)
+}
+
+/// Maps an I/O error to this crate's, naming `path`.
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |e: std::io::Error| Error::Io { path: path.clone(), source: e }
+}
+
+/// One line of the story.
+fn say(out: &mut (dyn Write + Send), line: String) {
+    let _ = writeln!(out, "{line}");
+}
+
+/// A worker's demo name for an agent shown by its short DID or URL.
+fn name_of(agent: &str, workers: &[Worker]) -> String {
+    workers
+        .iter()
+        .find(|w| short(&w.did) == agent || w.url == agent)
+        .map_or_else(|| agent.to_string(), |w| w.name.to_string())
+}
+
+/// The planner: an agent in this process, serving until `stop`, with its
+/// events subscribed.
+struct PlannerSide {
+    node: Arc<Node>,
+    planner: Arc<Planner>,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// Starts the planner over the workers' URLs.
+async fn start_planner(
+    cfg: &DemoConfig,
+    scd_url: &str,
+    workers: &[Worker],
+    out: &mut (dyn Write + Send),
+) -> Result<PlannerSide> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io(&cfg.workdir))?;
     let addr = listener.local_addr().map_err(io(&cfg.workdir))?;
     let identity = Identity::load_or_create(&cfg.workdir.join("planner.identity.json"))?;
@@ -316,116 +377,150 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
     let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
     let verifier = Verifier::new(resolver.clone(), store.clone());
     let ledger = Ledger::open(store, identity.did(), scd_atp::trust::TrustParams::default(), resolver)?;
-    let mut config = AgentConfig::new(vec![], format!("http://{addr}"), scd_url.clone());
+    let mut config = AgentConfig::new(vec![], format!("http://{addr}"), scd_url.to_string());
     config.heartbeat = cfg.heartbeat;
     let node = Node::new(identity, verifier, ledger, config);
     say(out, format!("planner    {} at http://{addr}", short(node.did())));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(scd_atp::agent::serve(node.clone(), listener, async {
         let _ = stop_rx.await;
     }));
-    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
     node.planner.subscribe(events_tx);
     let urls: Vec<String> = workers.iter().map(|w| w.url.clone()).collect();
     let planner = Arc::new(Planner::new(node.clone(), &urls)?);
+    Ok(PlannerSide { node, planner, events, stop, server })
+}
 
-    let mut report = DemoReport::default();
+/// The demo's six tasks: two fixes with their reviews, one more fix, and a
+/// task that fails everywhere (poison).
+fn jobs(context: &ContextFile) -> Vec<Job> {
     let needs = ["idempotency", "retry", "timeout"];
-    let jobs = vec![
+    vec![
         job(
             "task-1-fix",
             pb::TaskType::CodeGeneration,
             "Fix the duplicate card captures: payment retries after a gateway timeout must reuse the idempotency key",
             order("patch capture_payment", 6, &needs, None),
-            &context,
+            context,
         ),
         job(
             "task-1-review",
             pb::TaskType::Analysis,
             "Review the patch to capture_payment for duplicate charges on retry",
             order("review the patch", 3, &["idempotency"], None),
-            &context,
+            context,
         ),
         job(
             "task-2-fix",
             pb::TaskType::CodeGeneration,
             "Add a reconciliation check that flags two captures for one authorization id",
             order("reconciliation check", 4, &["authorization"], None),
-            &context,
+            context,
         ),
         job(
             "task-3-poison",
             pb::TaskType::Analysis,
             "Summarise the gateway timeout errors by order id",
             order("summarise timeouts", 4, &[], Some("the log parser crashes on this format")),
-            &context,
+            context,
         ),
         job(
             "task-4-fix",
             pb::TaskType::CodeGeneration,
             "Cap the capture retry policy at 3 attempts",
             order("cap retries", 3, &["retry", "digest"], None),
-            &context,
+            context,
         ),
         job(
             "task-4-review",
             pb::TaskType::Analysis,
             "Review the retry cap for the payments runbook",
             order("review retry cap", 3, &[], None),
-            &context,
+            context,
         ),
-    ];
-    // the signals sent, each timed
-    let mut disruptions: Vec<Disruption> = Vec::new();
-    for j in jobs {
-        say(out, format!("\n== {} ({}): {}", j.task_id, j.task_type.as_str_name(), j.task.description));
-        report.tasks_submitted += 1;
-        let p = planner.clone();
-        let jc = j.clone();
-        let mut handle = tokio::spawn(async move { p.run(&jc).await });
+    ]
+}
+
+/// What one task's delegation reads and updates.
+struct JobRun<'a> {
+    workers: &'a mut Vec<Worker>,
+    disruptions: &'a mut Vec<Disruption>,
+    report: &'a mut DemoReport,
+    out: &'a mut (dyn Write + Send),
+}
+
+impl JobRun<'_> {
+    /// Delegates `j` through the planner, telling its events as they come
+    /// and disrupting its worker where the story says so.
+    async fn delegate(&mut self, side: &mut PlannerSide, j: Job) -> Result<()> {
+        say(self.out, format!("\n== {} ({}): {}", j.task_id, j.task_type.as_str_name(), j.task.description));
+        self.report.tasks_submitted += 1;
+        let p = side.planner.clone();
+        let mut handle = tokio::spawn(async move { p.run(&j).await });
         let outcome = loop {
             tokio::select! {
                 done = &mut handle => break done.map_err(|e| Error::Transport { what: "planner task".into(), message: e.to_string() })?,
-                Some(e) = events.recv() => {
-                    count(&mut report, &e);
-                    say(out, story(&e, &|a: &str| name_of(a, &workers)));
-                    time_failovers(&mut disruptions, &e);
+                Some(e) = side.events.recv() => {
+                    self.tell(&e);
                     if let Event::Checkpoint { task, agent, step } = &e {
-                        // a death, which breaks the stream, then a freeze,
-                        // which only the missing heartbeats show
-                        let signal = match (task.as_str(), *step) {
-                            ("task-1-fix", s) if s >= 2 => "SIGKILL",
-                            ("task-2-fix", s) if s >= 1 => "SIGSTOP",
-                            _ => "",
-                        };
-                        let first = !disruptions.iter().any(|d| d.time.task == *task);
-                        if let Some(w) = workers.iter_mut().find(|w| short(&w.did) == *agent).filter(|_| first && !signal.is_empty()) {
-                            let at = Instant::now();
-                            let sent = if signal == "SIGKILL" { w.child.kill().is_ok() } else { freeze(&w.child) };
-                            if !sent {
-                                say(out, format!("  !! {signal} {} failed: this failover is not timed", w.name));
-                            } else {
-                                w.frozen = signal == "SIGSTOP";
-                                let time = FailoverTime { signal: signal.into(), task: task.clone(), ..Default::default() };
-                                disruptions.push(Disruption { at, victim: agent.clone(), next: None, time });
-                                say(out, format!("  !! {signal} {} (pid {}) mid-task, after checkpoint {step}", w.name, w.child.id()));
-                            }
-                        }
+                        self.disrupt(task, agent, *step);
                     }
                 }
             }
         };
-        while let Ok(e) = events.try_recv() {
-            count(&mut report, &e);
-            say(out, story(&e, &|a: &str| name_of(a, &workers)));
-            time_failovers(&mut disruptions, &e);
+        while let Ok(e) = side.events.try_recv() {
+            self.tell(&e);
         }
+        self.record(outcome);
+        Ok(())
+    }
+
+    /// Counts an event, tells it, and times the failovers it shows.
+    fn tell(&mut self, e: &Event) {
+        count(self.report, e);
+        let workers: &[Worker] = self.workers;
+        say(self.out, story(e, &|a: &str| name_of(a, workers)));
+        time_failovers(self.disruptions, e);
+    }
+
+    /// After a checkpoint: a death, which breaks the stream, then a freeze,
+    /// which only the missing heartbeats show (once per task).
+    fn disrupt(&mut self, task: &str, agent: &str, step: u32) {
+        let signal = match (task, step) {
+            ("task-1-fix", s) if s >= 2 => "SIGKILL",
+            ("task-2-fix", s) if s >= 1 => "SIGSTOP",
+            _ => "",
+        };
+        let first = !self.disruptions.iter().any(|d| d.time.task == task);
+        let Some(w) = self.workers.iter_mut().find(|w| short(&w.did) == agent).filter(|_| first && !signal.is_empty())
+        else {
+            return;
+        };
+        let at = Instant::now();
+        let sent = if signal == "SIGKILL" { w.child.kill().is_ok() } else { freeze(&w.child) };
+        if !sent {
+            say(self.out, format!("  !! {signal} {} failed: this failover is not timed", w.name));
+        } else {
+            w.frozen = signal == "SIGSTOP";
+            let time = FailoverTime { signal: signal.into(), task: task.to_string(), ..Default::default() };
+            self.disruptions.push(Disruption { at, victim: agent.to_string(), next: None, time });
+            say(self.out, format!("  !! {signal} {} (pid {}) mid-task, after checkpoint {step}", w.name, w.child.id()));
+        }
+    }
+
+    /// How the task ended, counted and told.
+    fn record(&mut self, outcome: Result<Outcome>) {
+        let (report, out) = (&mut *self.report, &mut *self.out);
         match outcome {
             Ok(Outcome::Completed { agent, failovers, .. }) => {
                 report.tasks_completed += 1;
                 say(
                     out,
-                    format!("  => completed by {} after {failovers} failover(s)", name_of(&short(&agent), &workers)),
+                    format!(
+                        "  => completed by {} after {failovers} failover(s)",
+                        name_of(&short(&agent), self.workers)
+                    ),
                 );
             }
             Ok(Outcome::Poison { diagnostics, .. }) => {
@@ -442,46 +537,36 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
             }
         }
     }
+}
 
-    // layer 1 on the wire: forged, replayed and stale envelopes to a live worker
-    say(out, "\n== security: envelopes to a live worker".to_string());
-    let alive = workers.iter_mut().position(|w| !w.frozen && w.child.try_wait().ok().flatten().is_none());
-    if let Some(target) = alive.map(|i| &workers[i]) {
-        report.rejected = attacks(&node.identity, target).await?;
-        say(
-            out,
-            format!(
-                "  forged refused: {}, replayed refused: {}, stale refused: {}",
-                report.rejected.forged, report.rejected.replayed, report.rejected.stale
-            ),
-        );
-    }
-
+/// The context the planner sent against the full context, its proofs, and
+/// the trust it holds in each worker for the task types it serves.
+fn tally_context_and_trust(node: &Node, workers: &[Worker], report: &mut DemoReport) {
     let hops = node.planner.hops.lock().unwrap().totals();
     report.context = ContextTotals {
         full_tokens: hops.full_tokens,
         sent_tokens: hops.sent_tokens,
         context_requests: hops.context_requests,
     };
-    {
-        let ledger = node.ledger.lock().unwrap();
-        report.proofs = ledger.len();
-        let now = scd_atp::agent::now_s();
-        for w in &workers {
-            for t in [pb::TaskType::CodeGeneration, pb::TaskType::Analysis] {
-                let score = ledger.trust(&w.did, Some(t), now);
-                if w.capability.starts_with(&t.as_str_name()["TASK_TYPE_".len()..].to_lowercase()) {
-                    report
-                        .trust
-                        .entry(w.name.to_string())
-                        .or_default()
-                        .insert(t.as_str_name().to_string(), TrustEntry { score: score.score, samples: score.samples });
-                }
+    let ledger = node.ledger.lock().unwrap();
+    report.proofs = ledger.len();
+    let now = scd_atp::agent::now_s();
+    for w in workers {
+        for t in [pb::TaskType::CodeGeneration, pb::TaskType::Analysis] {
+            let score = ledger.trust(&w.did, Some(t), now);
+            if w.capability.starts_with(&t.as_str_name()["TASK_TYPE_".len()..].to_lowercase()) {
+                report
+                    .trust
+                    .entry(w.name.to_string())
+                    .or_default()
+                    .insert(t.as_str_name().to_string(), TrustEntry { score: score.score, samples: score.samples });
             }
         }
     }
-    report.seconds = started.elapsed().as_secs_f64();
-    report.failover_times = disruptions.into_iter().map(|d| d.time).collect();
+}
+
+/// The failover times and the summary line.
+fn summarize(report: &DemoReport, out: &mut (dyn Write + Send)) {
     for f in &report.failover_times {
         let ms = |v: Option<u64>| v.map_or("never".to_string(), |v| format!("{v} ms"));
         say(out, format!(
@@ -496,15 +581,6 @@ pub async fn run(cfg: &DemoConfig, out: &mut (dyn Write + Send)) -> Result<DemoR
         report.context.full_tokens as f64 / report.context.sent_tokens.max(1) as f64,
         report.context.context_requests, report.proofs, report.seconds
     ));
-    // a frozen worker holds its connections to the planner open, which the
-    // planner's graceful shutdown would wait on
-    for w in workers.iter_mut().filter(|w| w.frozen) {
-        let _ = w.child.kill();
-        let _ = w.child.wait();
-    }
-    let _ = stop_tx.send(());
-    let _ = server.await;
-    Ok(report)
 }
 
 /// Times each signalled worker's failover: its failure verdict, then the

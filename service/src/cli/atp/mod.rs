@@ -179,31 +179,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// Runs `scd atp agent`.
 pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
-    let capabilities = args.capabilities.iter().map(|c| parse_capability(c)).collect::<anyhow::Result<Vec<_>>>()?;
-    for (i, c) in capabilities.iter().enumerate() {
-        if capabilities[..i].iter().any(|d| d.task_type == c.task_type) {
-            bail!(
-                "--capability: two capabilities for {}",
-                pb::TaskType::try_from(c.task_type).map_or("?", |t| t.as_str_name())
-            );
-        }
-    }
-    if !(args.rate_per_did.is_finite() && args.rate_per_did >= scd_net::rate::DidRateLimiter::MIN_RATE_PER_S) {
-        bail!(
-            "--rate-per-did {}: must be at least {} messages/s",
-            args.rate_per_did,
-            scd_net::rate::DidRateLimiter::MIN_RATE_PER_S
-        );
-    }
-    if args.heartbeat_ms == 0 || args.heartbeat_ms > 60_000 {
-        bail!("--heartbeat-ms {}: must be 1 to 60000", args.heartbeat_ms);
-    }
-    if args.max_running == 0 || args.max_running > 1024 || args.max_queue > 65_536 {
-        bail!("--max-running must be 1 to 1024 and --max-queue at most 65536");
-    }
-    if args.context_budget == 0 {
-        bail!("--context-budget 0: must be at least 1 token");
-    }
+    let capabilities = checked_capabilities(&args)?;
     let connections = args.grpc_conn.limits()?;
     let server_tls = crate::tls::server_config(&crate::tls::ServerTlsFiles {
         cert: args.tls_cert.clone(),
@@ -232,17 +208,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         bail!("--specialization: must be 1 to 4096 bytes of text");
     }
     runtime()?.block_on(async move {
-        let specialization = match &args.specialization {
-            Some(text) => {
-                let task = scd_atp::context::Task::new(text);
-                let scd = scd_atp::context::ScdLink::connect(&args.scd)
-                    .await
-                    .with_context(|| format!("--specialization: reaching SCD at {} to embed it", args.scd))?;
-                let e = scd.embed_task(&task).await.context("--specialization: embedding it")?;
-                Some(e)
-            }
-            None => None,
-        };
+        let specialization = embed_specialization(&args).await?;
         let listener = tokio::net::TcpListener::bind(args.addr)
             .await
             .with_context(|| format!("--addr {}: cannot listen", args.addr))?;
@@ -270,21 +236,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
             "url": node.config.public_url,
         });
         if let Some(http) = args.http_addr {
-            let listener = tokio::net::TcpListener::bind(http)
-                .await
-                .with_context(|| format!("--http-addr {http}: cannot listen"))?;
-            ready["http"] = listener.local_addr()?.to_string().into();
-            let (path, doc) = document;
-            let body = serde_json::to_string_pretty(&doc)?;
-            let router = axum::Router::new().route(
-                &path,
-                axum::routing::get(move || {
-                    let body = body.clone();
-                    async move { ([(http::header::CONTENT_TYPE, "application/did+json")], body) }
-                }),
-            );
-            let limits = crate::grpc::http::HttpLimits::default();
-            tokio::spawn(crate::grpc::http::serve_router(listener, router, limits, |_| {}));
+            ready["http"] = serve_did_document(http, document).await?.into();
         }
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{ready}")?;
@@ -294,6 +246,68 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<()> {
         scd_atp::agent::serve(node, listener, crate::server::shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// The agent's capabilities from `--capability`, one per task type, and
+/// its flags checked against their ranges.
+fn checked_capabilities(args: &AgentArgs) -> anyhow::Result<Vec<pb::Capability>> {
+    let capabilities = args.capabilities.iter().map(|c| parse_capability(c)).collect::<anyhow::Result<Vec<_>>>()?;
+    for (i, c) in capabilities.iter().enumerate() {
+        if capabilities[..i].iter().any(|d| d.task_type == c.task_type) {
+            bail!(
+                "--capability: two capabilities for {}",
+                pb::TaskType::try_from(c.task_type).map_or("?", |t| t.as_str_name())
+            );
+        }
+    }
+    if !(args.rate_per_did.is_finite() && args.rate_per_did >= scd_net::rate::DidRateLimiter::MIN_RATE_PER_S) {
+        bail!(
+            "--rate-per-did {}: must be at least {} messages/s",
+            args.rate_per_did,
+            scd_net::rate::DidRateLimiter::MIN_RATE_PER_S
+        );
+    }
+    if args.heartbeat_ms == 0 || args.heartbeat_ms > 60_000 {
+        bail!("--heartbeat-ms {}: must be 1 to 60000", args.heartbeat_ms);
+    }
+    if args.max_running == 0 || args.max_running > 1024 || args.max_queue > 65_536 {
+        bail!("--max-running must be 1 to 1024 and --max-queue at most 65536");
+    }
+    if args.context_budget == 0 {
+        bail!("--context-budget 0: must be at least 1 token");
+    }
+    Ok(capabilities)
+}
+
+/// The task embedding of `--specialization`, from SCD.
+async fn embed_specialization(args: &AgentArgs) -> anyhow::Result<Option<pb::Embedding>> {
+    let Some(text) = &args.specialization else { return Ok(None) };
+    let task = scd_atp::context::Task::new(text);
+    let scd = scd_atp::context::ScdLink::connect(&args.scd)
+        .await
+        .with_context(|| format!("--specialization: reaching SCD at {} to embed it", args.scd))?;
+    let e = scd.embed_task(&task).await.context("--specialization: embedding it")?;
+    Ok(Some(e))
+}
+
+/// Serves the agent's DID document (`document`: its path and body) over
+/// HTTP on `http` (`--http-addr`); returns the address it listens on.
+async fn serve_did_document(http: SocketAddr, document: (String, serde_json::Value)) -> anyhow::Result<String> {
+    let listener =
+        tokio::net::TcpListener::bind(http).await.with_context(|| format!("--http-addr {http}: cannot listen"))?;
+    let local = listener.local_addr()?.to_string();
+    let (path, doc) = document;
+    let body = serde_json::to_string_pretty(&doc)?;
+    let router = axum::Router::new().route(
+        &path,
+        axum::routing::get(move || {
+            let body = body.clone();
+            async move { ([(http::header::CONTENT_TYPE, "application/did+json")], body) }
+        }),
+    );
+    let limits = crate::grpc::http::HttpLimits::default();
+    tokio::spawn(crate::grpc::http::serve_router(listener, router, limits, |_| {}));
+    Ok(local)
 }
 
 /// The URL peers reach an agent listening on `addr` at: `given`
