@@ -321,7 +321,7 @@ async fn refuses_contracts_and_tasks(r: &mut Refusals) {
     let (me, stranger, v, url, did, ch) = (&r.me, &r.stranger, &r.v, &r.url, &r.did, &r.ch);
     let client = &mut r.client;
     // probe it cannot meet: no offer
-    let mut p = probe(&me, "x");
+    let mut p = probe(me, "x");
     p.task_type = pb::TaskType::Analysis as i32;
     me.stamp_and_sign(&mut p);
     let e = client.probe(p).await.unwrap_err();
@@ -329,8 +329,8 @@ async fn refuses_contracts_and_tasks(r: &mut Refusals) {
     assert!(e.message().contains("no capability for TASK_TYPE_ANALYSIS"), "{e:?}");
 
     // a contract for an offer it never made
-    let (offer, c1) = contract(&me, &v, &url, &ch, "task-a").await;
-    let mut bogus = handshake::contract_for(&me, &offer, "task-b", qos(), "http://127.0.0.1:1");
+    let (offer, c1) = contract(me, v, url, ch, "task-a").await;
+    let mut bogus = handshake::contract_for(me, &offer, "task-b", qos(), "http://127.0.0.1:1");
     bogus.offer_nonce = 12345;
     me.sign(&mut bogus);
     let ack = client.accept_contract(bogus).await.unwrap().into_inner();
@@ -338,23 +338,23 @@ async fn refuses_contracts_and_tasks(r: &mut Refusals) {
     assert!(ack.reason.contains("no open offer"), "{ack:?}");
 
     // tasks: unsigned, without a contract, for someone else, under another's contract
-    let mut unsigned = task(&me, &did, &c1, 1);
+    let mut unsigned = task(me, did, &c1, 1);
     unsigned.signature.clear();
     refused(client.submit_task(unsigned).await, Code::Unauthenticated, "unsigned");
-    let mut no_contract = task(&me, &did, &c1, 1);
+    let mut no_contract = task(me, did, &c1, 1);
     no_contract.contract_id = "ct-none".into();
     me.stamp_and_sign(&mut no_contract);
     refused(client.submit_task(no_contract).await, Code::FailedPrecondition, "no open contract");
-    refused(client.submit_task(task(&me, "did:key:z6MkOther", &c1, 1)).await, Code::InvalidArgument, "another agent");
-    refused(client.submit_task(task(&stranger, &did, &c1, 1)).await, Code::PermissionDenied, "another agent's");
-    let mut bad_order = task(&me, &did, &c1, 1);
+    refused(client.submit_task(task(me, "did:key:z6MkOther", &c1, 1)).await, Code::InvalidArgument, "another agent");
+    refused(client.submit_task(task(stranger, did, &c1, 1)).await, Code::PermissionDenied, "another agent's");
+    let mut bad_order = task(me, did, &c1, 1);
     bad_order.payload = br#"{"title":"t","stpes":2}"#.to_vec();
     me.stamp_and_sign(&mut bad_order);
     refused(client.submit_task(bad_order).await, Code::InvalidArgument, "task.payload.stpes: unknown field");
 
     // a checkpoint past the order's steps
-    let (_, c2) = contract(&me, &v, &url, &ch, "task-c").await;
-    let mut resume = task(&me, &did, &c2, 1);
+    let (_, c2) = contract(me, v, url, ch, "task-c").await;
+    let mut resume = task(me, did, &c2, 1);
     resume.resume_from = Some(pb::TaskCheckpoint { task_id: "task-c".into(), step_number: 99, ..Default::default() });
     me.stamp_and_sign(&mut resume);
     refused(client.submit_task(resume).await, Code::InvalidArgument, "task.resume_from.step_number: 99 is past");
@@ -362,15 +362,15 @@ async fn refuses_contracts_and_tasks(r: &mut Refusals) {
     // one running task fills it (queue 0): the next is RESOURCE_EXHAUSTED,
     // before its body is read (so even a malformed one), with the drain time
     // as the hint
-    assert!(client.submit_task(task(&me, &did, &c1, 3)).await.unwrap().into_inner().accepted);
-    let e = client.submit_task(task(&me, &did, &c2, 1)).await.unwrap_err();
+    assert!(client.submit_task(task(me, did, &c1, 3)).await.unwrap().into_inner().accepted);
+    let e = client.submit_task(task(me, did, &c2, 1)).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(
         e.message().starts_with("queue full: 1 tasks queued or running (--max-queue 0); retry after 3000 ms"),
         "{e:?}"
     );
     assert_eq!(e.metadata().get("retry-after-ms").and_then(|v| v.to_str().ok()), Some("3000"));
-    let mut malformed = task(&me, &did, &c2, 1);
+    let mut malformed = task(me, did, &c2, 1);
     malformed.payload = b"not json".to_vec();
     me.stamp_and_sign(&mut malformed);
     refused(client.submit_task(malformed).await, Code::ResourceExhausted, "queue full");
@@ -392,7 +392,7 @@ async fn refuses_strangers_signals(r: &mut Refusals) {
         stranger.stamp_and_sign(&mut hb);
         hb
     };
-    let e = client.send_heartbeat(beat(Some(&did))).await.unwrap_err();
+    let e = client.send_heartbeat(beat(Some(did))).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains("heartbeat.from"), "{e:?}");
     // and only those naming it: one for another requester (or none) cannot be replayed here
@@ -484,7 +484,7 @@ async fn refuses_a_foreign_envelope(r: &mut Refusals) {
     let (me, stranger, did) = (&r.me, &r.stranger, &r.did);
     let client = &mut r.client;
     // an envelope whose payload claims another sender
-    let mut inner = probe(&stranger, "env");
+    let mut inner = probe(stranger, "env");
     stranger.stamp_and_sign(&mut inner);
     let mut env = pb::AtpMessage {
         message_id: "m1".into(),

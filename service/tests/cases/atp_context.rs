@@ -143,7 +143,7 @@ fn assert_withheld_and_within_budget(t: &scd_atp::context::Transfer, fields: &[s
     assert!(t.sent_tokens >= t.diff.chunks.iter().map(|c| u64::from(c.tokens)).sum::<u64>());
     assert_eq!((t.diff.original_size, t.diff.compressed_size), (t.full_tokens, t.sent_tokens));
     assert!(t.reduction_ratio().unwrap() > 1.0, "full {} sent {}", t.full_tokens, t.sent_tokens);
-    assert_eq!(t.diff.base_hash, scd_atp::context::context_hash(&fields).to_vec());
+    assert_eq!(t.diff.base_hash, scd_atp::context::context_hash(fields).to_vec());
     assert!(t.session.id.len() >= 16 && !format!("{:?}", t.session).contains(t.session.token()));
 }
 
