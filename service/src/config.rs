@@ -179,27 +179,27 @@ impl GrpcConnArgs {
 pub struct HttpConnArgs {
     /// HTTP connections open at once, all peers together; past it (and the
     /// probe reserve) new ones are closed on accept.
-    #[arg(long, env = "SCD_HTTP_MAX_CONNECTIONS", default_value_t = 256, requires = "http_addr")]
+    #[arg(long, env = "SCD_HTTP_MAX_CONNECTIONS", default_value_t = 256)]
     pub http_max_connections: usize,
     /// HTTP connections from one IPv4 address or IPv6 /64.
-    #[arg(long, env = "SCD_HTTP_MAX_PER_PEER", default_value_t = 64, requires = "http_addr")]
+    #[arg(long, env = "SCD_HTTP_MAX_PER_PEER", default_value_t = 64)]
     pub http_max_per_peer: usize,
     /// Connections past --http-max-connections admitted for `GET /health`,
     /// `GET /ready` and `GET /metrics` only.
-    #[arg(long, env = "SCD_HTTP_RESERVE", default_value_t = 8, requires = "http_addr")]
+    #[arg(long, env = "SCD_HTTP_RESERVE", default_value_t = 8)]
     pub http_reserve: usize,
     /// Milliseconds a connection has to send a complete request head (idle
     /// keep-alive connections included) before it is closed.
-    #[arg(long, env = "SCD_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000, requires = "http_addr")]
+    #[arg(long, env = "SCD_HTTP_HEADER_TIMEOUT_MS", default_value_t = 5000)]
     pub http_header_timeout_ms: u64,
     /// Milliseconds a request's body has to arrive after its head (else 408
     /// and the connection is closed); also the longest a reply waits on a
     /// client that reads none of it.
-    #[arg(long, env = "SCD_HTTP_BODY_TIMEOUT_MS", default_value_t = 30_000, requires = "http_addr")]
+    #[arg(long, env = "SCD_HTTP_BODY_TIMEOUT_MS", default_value_t = 30_000)]
     pub http_body_timeout_ms: u64,
     /// Milliseconds a call may run before it is cancelled and answered 504
     /// (a compress of a large repository on a busy CPU takes minutes).
-    #[arg(long, env = "SCD_HTTP_REQUEST_TIMEOUT_MS", default_value_t = 600_000, requires = "http_addr")]
+    #[arg(long, env = "SCD_HTTP_REQUEST_TIMEOUT_MS", default_value_t = 600_000)]
     pub http_request_timeout_ms: u64,
 }
 

@@ -102,6 +102,8 @@ fn walk(dir: &Path, opts: &WalkArgs, out: &mut Vec<PathBuf>) -> anyhow::Result<(
             overrides.add(&format!("!{d}/")).expect("a valid glob");
         }
     }
+    // git's own files (remote URLs may carry tokens) are never context, even with --hidden
+    overrides.add("!.git/").expect("a valid glob");
     let mut walker = ignore::WalkBuilder::new(dir);
     walker
         .hidden(!opts.hidden)
@@ -164,7 +166,7 @@ fn expand(paths: &[String], opts: &WalkArgs) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// `n` bytes for a person: `9.0 MiB`, `512 KiB`, `300 bytes`.
-fn size(n: usize) -> String {
+fn size(n: u64) -> String {
     match n {
         n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
         n if n >= 1 << 10 => format!("{} KiB", n >> 10),
@@ -172,15 +174,24 @@ fn size(n: usize) -> String {
     }
 }
 
-/// A file's field, or `None` with a line on stderr saying why it is skipped.
+/// A file's field, or `None` with a line on stderr saying why it is
+/// skipped. A file over the per-field limit is not read (a log: only its
+/// tail).
 fn file_field(
     path: &Path,
     args: &ContextArgs,
     limits: &ContextLimits,
 ) -> anyhow::Result<Option<(String, FieldKind, String)>> {
     let name = path.to_string_lossy().trim_start_matches("./").to_string();
-    let raw = std::fs::read(path).with_context(|| name.clone())?;
-    let Ok(mut content) = String::from_utf8(raw) else {
+    let kind = kind_of(path).unwrap_or(args.kind);
+    let (max, len) = (limits.max_field_bytes, std::fs::metadata(path).with_context(|| name.clone())?.len());
+    if len > max as u64 && kind != FieldKind::Log {
+        eprintln!("-- {name}: {}, over the limit of {} per field; skipped", size(len), size(max as u64));
+        return Ok(None);
+    }
+    let keep = args.walk.log_tail.map_or(max as u64, |t| t.min(max as u64));
+    let (raw, first_line) = if len > max as u64 { tail(path, len, keep)? } else { (std::fs::read(path)?, 1) };
+    let Ok(content) = String::from_utf8(raw) else {
         eprintln!("-- {name}: not UTF-8 text, skipped");
         return Ok(None);
     };
@@ -188,32 +199,55 @@ fn file_field(
         eprintln!("-- {name}: binary (a NUL byte), skipped");
         return Ok(None);
     }
-    let kind = kind_of(path).unwrap_or(args.kind);
-    let max = limits.max_field_bytes;
-    if content.len() <= max {
+    if first_line == 1 {
         return Ok(Some((name, kind, content)));
     }
-    if kind != FieldKind::Log {
-        eprintln!("-- {name}: {}, over the limit of {} per field; skipped", size(content.len()), size(max));
+    if content.is_empty() {
+        eprintln!("-- {name}: {}, and no whole line in its last {}; skipped", size(len), size(keep));
         return Ok(None);
     }
-    let keep = args.walk.log_tail.map_or(max, |t| usize::try_from(t).unwrap_or(usize::MAX).min(max));
-    let mut cut = content.len() - keep;
-    while !content.is_char_boundary(cut) {
-        cut += 1;
-    }
-    // from the first whole line
-    cut = content[cut..].find('\n').map_or(content.len(), |i| cut + i + 1);
-    let first_line = content[..cut].bytes().filter(|&b| b == b'\n').count() + 1;
-    let total = content.len();
-    content.drain(..cut);
     eprintln!(
         "-- {name}: {}, over the limit of {} per field; kept its last {} (from line {first_line}; --log-tail)",
-        size(total),
-        size(max),
-        size(content.len())
+        size(len),
+        size(max as u64),
+        size(content.len() as u64)
     );
     Ok(Some((format!("{name} (from line {first_line})"), kind, content)))
+}
+
+/// The last `keep` bytes of the `len`-byte file at `path`, from the first
+/// line that starts inside them, and that line's number; nothing before
+/// the tail is held in memory.
+fn tail(path: &Path, len: u64, keep: u64) -> anyhow::Result<(Vec<u8>, usize)> {
+    use std::io::{BufRead as _, Seek as _};
+    let mut file = std::io::BufReader::new(std::fs::File::open(path)?);
+    // lines that end before the tail starts (the byte before it included)
+    let cut = len - keep;
+    let mut newlines = 0usize;
+    let mut seen = 0u64;
+    while seen < cut {
+        let buf = file.fill_buf()?;
+        let take = buf.len().min(usize::try_from(cut - seen).unwrap_or(usize::MAX));
+        anyhow::ensure!(take > 0, "{}: shorter than its size", path.display());
+        newlines += buf[..take].iter().filter(|&&b| b == b'\n').count();
+        file.consume(take);
+        seen += take as u64;
+    }
+    let at_line_start = cut == 0 || {
+        file.seek(std::io::SeekFrom::Start(cut - 1))?;
+        let mut one = [0u8; 1];
+        std::io::Read::read_exact(&mut file, &mut one)?;
+        one[0] == b'\n'
+    };
+    let mut rest = Vec::with_capacity(usize::try_from(keep).unwrap_or(0));
+    std::io::Read::read_to_end(&mut file, &mut rest)?;
+    if !at_line_start {
+        // from the first whole line (a line longer than the tail: none)
+        let skip = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1);
+        newlines += 1;
+        rest.drain(..skip);
+    }
+    Ok((rest, newlines + 1))
 }
 
 /// The context of `args.paths`, within `limits` (errors name the limit).

@@ -156,8 +156,13 @@ impl Queue {
         let mut q = self.lock();
         loop {
             if let Some(caller) = q.order.pop_front() {
-                let lane = q.lanes.get_mut(&caller)?;
-                let job = lane.pop_front()?;
+                // a caller in turn always has a lane with a job; were it not
+                // so, skip it rather than read the queue as closed
+                let Some(lane) = q.lanes.get_mut(&caller) else { continue };
+                let Some(job) = lane.pop_front() else {
+                    q.lanes.remove(&caller);
+                    continue;
+                };
                 if lane.is_empty() {
                     q.lanes.remove(&caller);
                 } else {

@@ -50,19 +50,27 @@ pub struct EmbeddingsBody {
 #[derive(Debug, Default)]
 pub struct Input(pub Vec<String>);
 
+/// Most bytes one text given as token ids may decode to (a cl100k token is
+/// up to 128 bytes, written in as few as 2: without a cap a 16 MiB body
+/// could decode to a third of a GiB). Texts over `--max-text-bytes` are
+/// refused later as any text is.
+pub const MAX_DECODED_BYTES: usize = 1 << 20;
+
 /// One text given as cl100k token ids, decoded (a multi-byte character cut
 /// at the list's ends is replaced by U+FFFD, as OpenAI's clients cut
 /// long texts at token boundaries).
 fn decode_tokens(ids: &[Value]) -> Result<String, String> {
     let bpe = tiktoken_rs::cl100k_base_singleton();
-    let mut ranks = Vec::with_capacity(ids.len());
+    let mut bytes = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let rank = id.as_u64().and_then(|n| u32::try_from(n).ok());
-        let rank = rank.filter(|r| bpe.decode_bytes(&[*r]).is_ok());
-        ranks.push(rank.ok_or_else(|| format!("token {i}: not a cl100k token id (an integer below 100277)"))?);
+        let piece = rank.and_then(|r| bpe.decode_bytes(&[r]).ok());
+        bytes.extend(piece.ok_or_else(|| format!("token {i}: not a cl100k token id"))?);
+        if bytes.len() > MAX_DECODED_BYTES {
+            return Err(format!("token {i}: the text decodes to over {MAX_DECODED_BYTES} bytes"));
+        }
     }
-    let bytes = bpe.decode_bytes(&ranks).map_err(|_| "not cl100k token ids".to_string())?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 impl<'de> Deserialize<'de> for Input {
@@ -280,4 +288,31 @@ pub(super) async fn models(State(svc): State<Arc<ScdService>>) -> Json<ModelList
 
 pub(super) fn models_docs(op: TransformOperation) -> TransformOperation {
     op.id("models").summary("The loaded embedding model (OpenAI-compatible)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(text: &str) -> Vec<Value> {
+        tiktoken_rs::cl100k_base_singleton().encode_ordinary(text).into_iter().map(Value::from).collect()
+    }
+
+    #[test]
+    fn token_ids_decode_to_their_text_and_bad_ids_are_named_by_place() {
+        let text = "naïve café — fn main() { println!(\"東京\"); }";
+        assert_eq!(decode_tokens(&ids(text)).unwrap(), text);
+        let mut bad = ids(text);
+        bad.insert(2, Value::from(4_000_000_000u64));
+        assert_eq!(decode_tokens(&bad).unwrap_err(), "token 2: not a cl100k token id");
+        assert!(decode_tokens(&[Value::from(-1)]).is_err() && decode_tokens(&[Value::from("7")]).is_err());
+    }
+
+    #[test]
+    fn token_ids_may_not_decode_past_the_cap() {
+        let one = ids(&"Several words of ordinary English prose. ".repeat(64));
+        let many: Vec<Value> = one.iter().cycle().take(one.len() * 500).cloned().collect();
+        let err = decode_tokens(&many).unwrap_err();
+        assert!(err.ends_with(&format!("the text decodes to over {MAX_DECODED_BYTES} bytes")), "{err}");
+    }
 }

@@ -638,6 +638,7 @@ fn a_repository_walks_as_ripgrep_does_and_oversized_files_do_not_stop_the_run() 
     w("notes.tmp", b"scratch\n");
     w("Cargo.lock", b"# lock\n");
     w(".github/ci.yml", b"on: push\n");
+    w(".git/config", b"[remote \"origin\"]\n\turl = https://token@example.com/r.git\n");
     // 5 MiB of JSON, over the 4 MiB per field
     let big = format!("[{}1]", "1,".repeat(5 << 19));
     w("models/tokenizer.json", big.as_bytes());
@@ -684,6 +685,7 @@ fn a_repository_walks_as_ripgrep_does_and_oversized_files_do_not_stop_the_run() 
     assert!(ok);
     let fields = names(&stdout);
     assert!(fields.contains(&".github/ci.yml".to_string()) && fields.contains(&".gitignore".to_string()), "{fields:?}");
+    assert!(!fields.iter().any(|f| f.starts_with(".git/")), "git's own files are never context: {fields:?}");
     let (ok, stdout, _) = scd(&["context", d, "--no-ignore", "--log-tail", "100"], "");
     assert!(ok);
     let fields = names(&stdout);

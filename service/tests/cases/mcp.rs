@@ -308,6 +308,9 @@ fn http_connections_are_capped() {
         "/nonexistent",
         "--http-max-connections",
         "1",
+        // no probe reserve here (the reserve has its own test)
+        "--http-reserve",
+        "0",
         "--http-header-timeout-ms",
         "600000",
     ]);

@@ -16,9 +16,12 @@
 //! - **Time limits on the client's side of a call.** A request head must
 //!   arrive within [`HttpLimits::header_timeout`] (an idle keep-alive
 //!   connection included); its body within [`HttpLimits::body_timeout`] of
-//!   the head, else 408 and the connection is closed (`http_body_timeout`);
-//!   a reply the client does not read for `body_timeout` closes the
-//!   connection (`http_write_stall`). Slow sockets cannot hold slots.
+//!   the head plus 1 s for each 64 KiB received (a body that keeps coming at
+//!   64 KiB/s never runs out), else 408 and the connection is closed
+//!   (`http_body_timeout`); a reply the client reads slower than that for
+//!   `body_timeout` closes the connection (`http_write_stall`). Slow sockets
+//!   and trickles cannot hold slots. One client holds at most a quarter of
+//!   the probe reserve, and a probe answered on a reserve connection closes it.
 //! - **No cap on the server's side short of [`HttpLimits::request_timeout`].**
 //!   A call that works (a compress of a large repository on a busy CPU) runs
 //!   to its end; past the limit it is cancelled and answered 504 saying so
@@ -111,7 +114,21 @@ struct Slots {
     normal: usize,
     reserve: usize,
     per_group: HashMap<IpAddr, usize>,
+    /// Reserve connections per peer group: one client may not hold the
+    /// whole probe reserve.
+    reserve_per_group: HashMap<IpAddr, usize>,
     conns: HashMap<u64, Arc<Conn>>,
+}
+
+impl Slots {
+    fn leave_reserve(&mut self, group: IpAddr) {
+        if let Some(n) = self.reserve_per_group.get_mut(&group) {
+            *n -= 1;
+            if *n == 0 {
+                self.reserve_per_group.remove(&group);
+            }
+        }
+    }
 }
 
 /// The listener's admission state.
@@ -151,6 +168,9 @@ impl Guard {
         let reserve = if s.normal < self.limits.max_connections.max(1) {
             false
         } else if s.reserve < self.limits.reserve {
+            if s.reserve_per_group.get(&group).copied().unwrap_or(0) >= (self.limits.reserve / 4).max(1) {
+                return Err(Refused::Peer);
+            }
             true
         } else {
             return Err(Refused::Listener);
@@ -160,6 +180,7 @@ impl Guard {
         let conn = Arc::new(Conn { id, group, reserve: AtomicBool::new(reserve), due_ms: AtomicU64::new(due) });
         if reserve {
             s.reserve += 1;
+            *s.reserve_per_group.entry(group).or_default() += 1;
         } else {
             s.normal += 1;
         }
@@ -180,6 +201,7 @@ impl Guard {
         conn.reserve.store(false, Ordering::SeqCst);
         s.reserve -= 1;
         s.normal += 1;
+        s.leave_reserve(conn.group);
         true
     }
 
@@ -190,6 +212,7 @@ impl Guard {
         }
         if conn.reserve.load(Ordering::SeqCst) {
             s.reserve = s.reserve.saturating_sub(1);
+            s.leave_reserve(conn.group);
         } else {
             s.normal = s.normal.saturating_sub(1);
         }
@@ -202,7 +225,9 @@ impl Guard {
     }
 
     /// How long until the first normal slot is due to free: the earliest
-    /// deadline of the connections holding one (at least 1 ms).
+    /// deadline still ahead of the connections holding one (a deadline
+    /// passed while the connection still works, e.g. a streamed reply, says
+    /// nothing); the header timeout when none is ahead.
     fn retry_hint(&self) -> Duration {
         let now = self.now_ms();
         let s = self.slots();
@@ -211,9 +236,9 @@ impl Guard {
             .values()
             .filter(|c| !c.reserve.load(Ordering::SeqCst))
             .map(|c| c.due_ms.load(Ordering::SeqCst))
-            .min()
-            .unwrap_or(now);
-        Duration::from_millis(soonest.saturating_sub(now).max(1))
+            .filter(|&due| due > now)
+            .min();
+        soonest.map_or(self.limits.header_timeout, |due| Duration::from_millis(due - now)).max(Duration::from_millis(1))
     }
 }
 
@@ -332,11 +357,13 @@ impl Connection {
         let (limits, guard) = (self.admitted.guard.limits, &self.admitted.guard);
         let probe =
             req.method() == axum::http::Method::GET && matches!(req.uri().path(), "/health" | "/ready" | "/metrics");
-        if !probe && !guard.promote(&self.admitted.conn) {
+        let normal = guard.promote(&self.admitted.conn);
+        if !probe && !normal {
             (self.on_event)("http_reserve_call");
             return Ok(reserve_refusal(guard.retry_hint(), limits.max_connections));
         }
-        self.admitted.due_in(limits.body_timeout);
+        let bodiless = hyper::body::Body::is_end_stream(req.body());
+        self.admitted.due_in(if bodiless { limits.request_timeout } else { limits.body_timeout });
         let late = Arc::new(AtomicBool::new(false));
         let timed = |b| TimedBody {
             inner: b,
@@ -357,6 +384,11 @@ impl Connection {
             Ok(_) if late.load(Ordering::SeqCst) => {
                 (self.on_event)("http_body_timeout");
                 body_timeout(limits.body_timeout)
+            }
+            // a probe on a reserve connection: the slot frees with the reply
+            Ok(Ok(mut r)) if !normal => {
+                r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                r
             }
             Ok(Ok(r)) => r,
             Ok(Err(never)) => match never {},
@@ -415,6 +447,11 @@ struct TimedBody {
     conn: Option<Arc<Admitted>>,
 }
 
+/// Bytes a second a body or a reply may be slower than and still not run
+/// out of time: each byte that arrives (or is read) buys `1 / MIN_RATE` s
+/// on top of [`HttpLimits::body_timeout`].
+const MIN_RATE: usize = 64 << 10;
+
 /// The error a late body ends with.
 #[derive(Debug, thiserror::Error)]
 #[error("request body not received in time")]
@@ -429,6 +466,11 @@ impl hyper::body::Body for TimedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(|f| f.data_ref().map_or(0, |d| d.len()))) {
+                // a body that keeps coming at MIN_RATE or faster never runs out of time
+                let at = self.deadline.deadline() + Duration::from_secs_f64(data as f64 / MIN_RATE as f64);
+                self.deadline.as_mut().reset(at);
+            }
             if frame.is_none() || self.inner.is_end_stream() {
                 if let Some(conn) = self.conn.take() {
                     conn.due_in(conn.guard.limits.request_timeout);
@@ -452,8 +494,11 @@ impl hyper::body::Body for TimedBody {
     }
 }
 
-/// A socket whose writes fail once one has waited `limit` on a client that
-/// reads nothing.
+/// A socket whose writes fail once a reply has waited on its client for
+/// `limit`, plus `1 / MIN_RATE` s for each byte the client did read: a
+/// client that reads nothing, or a trickle, cannot hold its slot for the
+/// length of a large reply. The clock starts when a write first has to
+/// wait, and stops when the reply is flushed.
 struct Stalled<T> {
     io: T,
     limit: Duration,
@@ -477,8 +522,16 @@ impl<T> Stalled<T> {
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Stalled<T> {
+    /// The client speaks again (its next request): the reply before it is
+    /// done, and its clock stops.
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let me = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            me.stalled = None;
+        }
+        r
     }
 }
 
@@ -487,10 +540,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Stalled<T> {
         let me = self.get_mut();
         match Pin::new(&mut me.io).poll_write(cx, buf) {
             Poll::Pending => me.pending(cx),
-            done => {
-                me.stalled = None;
-                done
+            Poll::Ready(Ok(n)) => {
+                if let Some(clock) = me.stalled.as_mut() {
+                    let at = clock.deadline() + Duration::from_secs_f64(n as f64 / MIN_RATE as f64);
+                    clock.as_mut().reset(at);
+                }
+                Poll::Ready(Ok(n))
             }
+            failed => failed,
         }
     }
 
@@ -498,10 +555,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Stalled<T> {
         let me = self.get_mut();
         match Pin::new(&mut me.io).poll_flush(cx) {
             Poll::Pending => me.pending(cx),
-            done => {
-                me.stalled = None;
-                done
-            }
+            done => done,
         }
     }
 
@@ -556,28 +610,65 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_reading_fast_is_never_cut_however_long_the_reply() {
+        use tokio::io::AsyncWriteExt;
+        let (near, mut far) = tokio::io::duplex(64 << 10);
+        let mut io = Stalled::new(near, Duration::from_millis(100));
+        // 64 KiB every 10 ms (6.4 MB/s), for 400 ms in all: four times the limit
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::io::AsyncReadExt::read_exact(&mut far, &mut buf).await.unwrap();
+            }
+        });
+        for _ in 0..40 {
+            io.write_all(&[7u8; 64 << 10]).await.expect("a client reading at 6 MB/s is not stalled");
+        }
+        reader.await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_reply_the_client_does_not_read_ends_the_connection() {
         use tokio::io::AsyncWriteExt;
-        let (near, mut far) = tokio::io::duplex(64);
+        let (near, _far) = tokio::io::duplex(64);
         let mut io = Stalled::new(near, Duration::from_millis(100));
-        // while the client reads, writes go on, however long in all
-        let reader = tokio::spawn(async move {
-            let mut buf = [0u8; 32];
-            for _ in 0..20 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let _ = tokio::io::AsyncReadExt::read(&mut far, &mut buf).await;
-            }
-            far
-        });
-        for _ in 0..10 {
-            io.write_all(&[7u8; 64]).await.expect("a slow reader is not a stalled one");
-        }
-        let _far = reader.await.unwrap();
-        // the client stops reading: the next write that cannot go out fails
         let started = std::time::Instant::now();
         let err = io.write_all(&[7u8; 256]).await.expect_err("stalled");
         assert_eq!(err.kind(), STALL);
-        assert!(started.elapsed() >= Duration::from_millis(100), "{:?}", started.elapsed());
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(100) && took < Duration::from_secs(2), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reads_a_trickle_is_cut_too() {
+        use tokio::io::AsyncWriteExt;
+        let (near, mut far) = tokio::io::duplex(1024);
+        let mut io = Stalled::new(near, Duration::from_millis(200));
+        // 64 bytes every 10 ms: 6.4 KB/s, a tenth of MIN_RATE
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if tokio::io::AsyncReadExt::read(&mut far, &mut buf).await.unwrap_or(0) == 0 {
+                    break;
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        let err = io.write_all(&vec![7u8; 1 << 20]).await.expect_err("a trickle does not hold the slot");
+        assert_eq!(err.kind(), STALL);
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn one_client_cannot_hold_the_whole_probe_reserve() {
+        let g = Guard::new(limits(1, 64, 8));
+        let _normal = g.admit(IpAddr::from([10, 0, 0, 1])).unwrap();
+        let a = IpAddr::from([10, 0, 0, 2]);
+        let _probes: Vec<_> = (0..2).map(|_| g.admit(a).unwrap()).collect();
+        assert_eq!(g.admit(a).err(), Some(Refused::Peer), "a quarter of the reserve each");
+        assert!(g.admit(IpAddr::from([10, 0, 0, 3])).is_ok(), "the load balancer still gets in");
     }
 
     #[test]
@@ -586,11 +677,16 @@ mod tests {
         l.header_timeout = Duration::from_secs(50);
         let g = Guard::new(l);
         let a = g.admit(IpAddr::from([10, 0, 0, 1])).unwrap();
-        let _b = g.admit(IpAddr::from([10, 0, 0, 2])).unwrap();
+        let b = g.admit(IpAddr::from([10, 0, 0, 2])).unwrap();
         let hint = g.retry_hint();
         assert!(hint > Duration::from_secs(45) && hint <= Duration::from_secs(50), "{hint:?}");
         a.due_in(Duration::from_secs(3));
         let hint = g.retry_hint();
         assert!(hint > Duration::from_secs(1) && hint <= Duration::from_secs(3), "{hint:?}");
+        // a deadline already past (a streamed reply still going) says nothing
+        a.due_in(Duration::ZERO);
+        b.due_in(Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(g.retry_hint(), Duration::from_secs(50), "the header timeout when none is ahead");
     }
 }
