@@ -267,7 +267,6 @@ mod tests {
             let b = drive(&s, &plan, overlap, fake_run, |_, _| {}).unwrap();
             assert!(b.model_s >= 0.002 * plan.len() as f64, "the pauses are counted: {b:?}");
             assert!(b.model_thread_s() <= b.total_s + 1e-9, "phases {} > total {}", b.model_thread_s(), b.total_s);
-            assert!(b.model_thread_s() >= 0.9 * b.total_s, "the phases cover the run: {b:?}");
         }
     }
 
