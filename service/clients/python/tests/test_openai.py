@@ -53,8 +53,9 @@ def test_openai_errors_are_openai_errors(oai):
     with pytest.raises(openai.NotFoundError):
         oai.embeddings.create(model="no-such-model", input=["x"])
     model = oai.models.list().data[0].id
+    # token ids are taken (as OpenAI takes them); one that is no cl100k token is not
     with pytest.raises(openai.BadRequestError) as e:
-        oai.embeddings.create(model=model, input=[[1, 2, 3]])
+        oai.embeddings.create(model=model, input=[[1, 2, 4000000000]])
     assert e.value.body["param"] == "input"
 
 
