@@ -3,63 +3,21 @@
 //! loopback, from several addresses in 127.0.0.0/8.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, HashEncoder};
+use scd_engine::encoder::{Encoder, HashEncoder};
 use scd_service::grpc::http::HttpLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::inproc::{InProc, Options};
-
-/// The engine's hash encoder, `delay_ms` slower per call (checking the
-/// cancel every 50 ms, as the ONNX encoder does between batches).
-struct SlowEncoder {
-    inner: HashEncoder,
-    delay_ms: AtomicU64,
-}
-
-impl Encoder for SlowEncoder {
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
-    }
-    fn dim(&self) -> usize {
-        self.inner.dim()
-    }
-    fn max_tokens(&self) -> usize {
-        self.inner.max_tokens()
-    }
-    fn count_tokens(&self, text: &str) -> scd_engine::Result<usize> {
-        self.inner.count_tokens(text)
-    }
-    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> scd_engine::Result<Encoded> {
-        std::thread::sleep(Duration::from_millis(self.delay_ms.load(Ordering::SeqCst)));
-        self.inner.encode(texts, opts)
-    }
-    fn encode_cancellable(
-        &self,
-        texts: &[&str],
-        opts: &EncodeOptions,
-        cancel: &scd_engine::cancel::Cancel,
-    ) -> scd_engine::Result<Encoded> {
-        let until = Instant::now() + Duration::from_millis(self.delay_ms.load(Ordering::SeqCst));
-        while Instant::now() < until {
-            cancel.check("embed")?;
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.inner.encode(texts, opts)
-    }
-    fn provider(&self) -> &str {
-        "test"
-    }
-}
+use crate::serving::TestEncoder;
 
 /// A server whose encoder takes `delay_ms` per call once it is ready (the
 /// warm-up call is not slowed).
 async fn start(http: HttpLimits, delay_ms: u64) -> InProc {
-    let encoder = Arc::new(SlowEncoder { inner: HashEncoder::new(64, 512), delay_ms: AtomicU64::new(0) });
+    let encoder = TestEncoder::new(0);
     let s = crate::inproc::start(Options { encoder: encoder.clone(), http, ..Default::default() });
     wait_ready(&s, 2).await;
     encoder.delay_ms.store(delay_ms, Ordering::SeqCst);
