@@ -350,7 +350,15 @@ impl Scd {
         // included): drop the weakest until it fits
         let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel);
         let keep = |i: usize| gates.required(i);
-        let sent_tokens = self.fit(counting, &mut selected, scores, keep, &text, budget, &mut trace)?;
+        let fitted = self.fit(counting, &mut selected, scores, keep, &text, budget, &mut trace)?;
+        // what the fit freed (and what packing's estimate left) is refilled
+        let held: Vec<usize> = already.iter().copied().collect();
+        let mut with_held = held.clone();
+        with_held.extend_from_slice(&selected);
+        let refill_text = |sel: &[usize]| text(&sel[held.len()..]);
+        let sent_tokens =
+            self.refill(counting, prepared, &mut with_held, &order, &cost, &refill_text, budget, fitted, &trace)?;
+        let selected = with_held.split_off(held.len());
         Ok(Picked { selected, trace, warnings, sent_tokens })
     }
 

@@ -16,6 +16,8 @@ pub(super) struct PackTrace {
     pub(super) by_closure: HashSet<usize>,
     /// Chunks skipped as near-duplicates (or copies) of a sent chunk: that chunk.
     pub(super) duplicate_of: HashMap<usize, usize>,
+    /// Chunks packed, then dropped for the whole text to fit the budget.
+    pub(super) dropped_by_fit: HashSet<usize>,
 }
 
 /// What each chunk costs: its text (with one separator) and the header of
@@ -154,6 +156,16 @@ impl Scd {
     }
 }
 
+/// Whether chunk `i` repeats one of `selected` (the packer's rule: the
+/// same or a near embedding, and [`same_text`]).
+pub(super) fn repeats(ctx: &PreparedContext, selected: &[usize], i: usize) -> bool {
+    let d = ctx.distinct[i];
+    selected.iter().any(|&j| {
+        let dj = ctx.distinct[j];
+        (dj == d || ctx.near_duplicates[d as usize].contains(&dj)) && same_text(ctx, i, j)
+    })
+}
+
 /// What closure brings: each group's lead, a container's closing line, and
 /// the members and tokens of each prose group (a paragraph).
 struct Groups {
@@ -254,7 +266,7 @@ fn bridge(bag: &mut Bag<'_>, budget: usize, selected: &mut Vec<usize>, trace: &m
 /// in code, nine in ten of the same distinct words elsewhere. Only then is
 /// one a duplicate of the other: two similar functions that differ in one
 /// word, or a heading and the sentence under it, are both kept.
-fn same_text(ctx: &PreparedContext, a: usize, b: usize) -> bool {
+pub(super) fn same_text(ctx: &PreparedContext, a: usize, b: usize) -> bool {
     let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
     if ca.chunker.starts_with("tree-sitter") || ca.chunker.ends_with("code") {
         return ca.text.split_whitespace().eq(cb.text.split_whitespace());

@@ -2,7 +2,8 @@
 //! that sit next to each other in one field form a piece; each piece opens
 //! with one header line saying where it came from, `[name:first-last]`
 //! (1-based lines of the field, the section or the JSON path after them
-//! where there is one), and keeps the field's own text between its chunks,
+//! where there is one; a field of one line, such as a paragraph, is named
+//! alone: `[name]`), and keeps the field's own text between its chunks,
 //! so code keeps its indentation. The header is counted in the budget like
 //! any other text.
 
@@ -14,6 +15,9 @@ use crate::{Error, Result};
 /// The line that stands for lines left out inside a piece.
 pub const GAP: &str = "…";
 
+/// The most candidates [`Scd::refill`] counts in the whole text.
+const REFILL_TRIES: usize = 8;
+
 /// Longest section name a header repeats, in characters.
 const MAX_HEADING_CHARS: usize = 60;
 
@@ -21,9 +25,10 @@ impl Scd {
     /// Per chunk, what the header of a piece it opens costs (with its line break).
     pub(super) fn header_costs(&self, ctx: &PreparedContext, counting: &Counting) -> Result<Vec<usize>> {
         use rayon::prelude::*;
+        let last = last_lines(ctx);
         (0..ctx.chunks.len())
             .into_par_iter()
-            .map(|i| self.count_text(counting, &format!("{}\n", header(ctx, &[i]))))
+            .map(|i| self.count_text(counting, &format!("{}\n", header(ctx, &last, &[i]))))
             .collect()
     }
 
@@ -51,24 +56,81 @@ impl Scd {
             match weakest {
                 Some(k) => {
                     trace.by_closure.remove(&selected[k]);
+                    trace.dropped_by_fit.insert(selected[k]);
                     selected.remove(k);
                 }
                 None => return Err(Error::BudgetTooSmall { needed: n, budget }),
             }
         }
     }
+
+    /// After [`Self::fit`], which left `n` tokens of `budget` used: the
+    /// best candidates of `order` not sent, not dropped by the fit, not a
+    /// container's own line and not repeating a sent chunk, each taken when
+    /// the whole text still fits (at most [`REFILL_TRIES`] counted), so the
+    /// room a dropped chunk freed is not left empty. `cost` is each
+    /// chunk's text alone, a lower bound of what it adds. The new count.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn refill(
+        &self,
+        counting: &Counting,
+        ctx: &PreparedContext,
+        selected: &mut Vec<usize>,
+        order: &[usize],
+        cost: &[usize],
+        text: &dyn Fn(&[usize]) -> String,
+        budget: usize,
+        mut n: usize,
+        trace: &PackTrace,
+    ) -> Result<usize> {
+        let mut tries = 0;
+        for &i in order {
+            if tries == REFILL_TRIES || n >= budget {
+                break;
+            }
+            let skip = cost[i] > budget - n
+                || ctx.chunks[i].rides
+                || trace.dropped_by_fit.contains(&i)
+                || trace.duplicate_of.contains_key(&i)
+                || selected.contains(&i)
+                || super::pack::repeats(ctx, selected, i);
+            if skip {
+                continue;
+            }
+            tries += 1;
+            selected.push(i);
+            match self.count_text(counting, &text(selected))? {
+                m if m <= budget => n = m,
+                _ => {
+                    selected.pop();
+                }
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// The text of `selected` (chunk indices, any order) as the receiver reads it.
 pub(super) fn render(ctx: &PreparedContext, selected: &[usize]) -> String {
     let mut out = String::new();
+    let last = last_lines(ctx);
     for piece in pieces(ctx, selected) {
         if !out.is_empty() {
             out.push('\n');
         }
-        write_piece(ctx, &piece, &mut out);
+        write_piece(ctx, &last, &piece, &mut out);
     }
     out
+}
+
+/// Per field, its last line (1-based): a field whose last line is 1 is
+/// one line, and its pieces' headers name no lines.
+fn last_lines(ctx: &PreparedContext) -> Vec<usize> {
+    let mut last = vec![0; ctx.field_names.len()];
+    for c in &ctx.chunks {
+        last[c.field] = last[c.field].max(c.lines.1);
+    }
+    last
 }
 
 /// The selection cut into pieces: runs of chunks of one field, each the
@@ -98,24 +160,29 @@ fn joins(ctx: &PreparedContext, a: usize, b: usize) -> bool {
         || (ca.group == cb.group && ca.span.1 <= cb.span.0 && ca.wrap.is_none() && cb.wrap.is_none())
 }
 
-/// One header line naming the piece's source.
-pub(super) fn header(ctx: &PreparedContext, piece: &[usize]) -> String {
+/// One header line naming the piece's source; `last` is each field's last
+/// line ([`last_lines`]).
+fn header(ctx: &PreparedContext, last: &[usize], piece: &[usize]) -> String {
     let first = &ctx.chunks[piece[0]];
-    let last = &ctx.chunks[piece[piece.len() - 1]];
+    let end = &ctx.chunks[piece[piece.len() - 1]];
     let name = &ctx.field_names[first.field];
-    let (a, b) = (first.lines.0, last.lines.1);
-    let lines = if a == b { format!("{a}") } else { format!("{a}-{b}") };
+    let (a, b) = (first.lines.0, end.lines.1);
+    let lines = match () {
+        _ if last[first.field] <= 1 => String::new(),
+        _ if a == b => format!(":{a}"),
+        _ => format!(":{a}-{b}"),
+    };
     match &first.section {
         Some(s) => {
             let s: String = s.chars().take(MAX_HEADING_CHARS).collect();
-            format!("[{name}:{lines} {s}]")
+            format!("[{name}{lines} {s}]")
         }
-        None => format!("[{name}:{lines}]"),
+        None => format!("[{name}{lines}]"),
     }
 }
 
-fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
-    out.push_str(&header(ctx, piece));
+fn write_piece(ctx: &PreparedContext, last: &[usize], piece: &[usize], out: &mut String) {
+    out.push_str(&header(ctx, last, piece));
     out.push('\n');
     let first = &ctx.chunks[piece[0]];
     if let (Some((open, close)), [_]) = (first.wrap, piece) {

@@ -271,3 +271,42 @@ fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
     assert_eq!(out.chunks[0].text, "The gateway timed out at noon.");
     assert!(out.chunks.len() < 4);
 }
+
+/// Issue 45: a field of one line (a paragraph) is named alone in its
+/// header (`[doc7]`, no line range), and the room the fit to the budget
+/// frees is refilled: after a compress, no field left out would still fit
+/// whole with its header (counted in o200k, whose merges across line
+/// breaks packing's per-chunk estimate cannot see).
+#[test]
+fn one_line_fields_have_short_headers_and_no_room_is_left_that_a_field_fits() {
+    use scd_engine::budget::builtin;
+    use scd_engine::cancel::Cancel;
+    use scd_engine::extract::CompressOptions;
+    let fields: Vec<Field> = (0..30)
+        .map(|i| {
+            let text = format!("Item {i} was made in town {} by maker {} in {}.", i * 7 % 13, i * 3 % 11, 1900 + i);
+            prose(&format!("doc{i}"), &text)
+        })
+        .collect();
+    let ctx = Context { fields };
+    let scd = hash_scd();
+    let o200k = builtin("o200k").unwrap();
+    let opts = CompressOptions { budget_tokenizer: Some(o200k.clone()), ..Default::default() };
+    let count = |t: &str| o200k.count(t).unwrap();
+    let mut spare = 0;
+    for budget in [30, 45, 60, 80, 120, 160] {
+        let out = scd.compress_opts(&req("where was item 7 made", ctx.clone(), budget), &opts, &Cancel::new()).unwrap();
+        assert_eq!(out.totals.sent_tokens, count(&out.text));
+        assert!(out.totals.sent_tokens <= budget);
+        spare += budget - out.totals.sent_tokens;
+        let headers: Vec<&str> = out.text.lines().filter(|l| l.starts_with('[')).collect();
+        assert_eq!(headers.len(), out.chunks.len(), "{}", out.text);
+        assert!(headers.iter().all(|h| h.starts_with("[doc") && !h.contains(':')), "{headers:?}");
+        let sent: std::collections::HashSet<&str> = out.chunks.iter().map(|c| c.field.as_str()).collect();
+        for f in ctx.fields.iter().filter(|f| !sent.contains(f.name.as_str())) {
+            let with = format!("{}\n[{}]\n{}", out.text, f.name, f.content);
+            assert!(count(&with) > budget, "budget {budget}: {} still fits beside\n{}", f.name, out.text);
+        }
+    }
+    println!("tokens left unused over six budgets: {spare}");
+}
