@@ -183,8 +183,10 @@ pub const SCOPE_PARTS: usize = 10;
 pub const NETWORK_SHARES: usize = 2;
 
 /// Whose share a scope draws on: an IPv6 address's /64 (one host or site
-/// has a /64 of addresses), else the scope itself.
-fn unit(scope: &str) -> String {
+/// has a /64 of addresses), else the scope itself. Scopes of the form
+/// `ip:<address>` are addresses; the service keys its other shares the
+/// same way.
+pub fn share_unit(scope: &str) -> String {
     match scope.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
         Some(IpAddr::V6(v6)) => {
             let s = v6.segments();
@@ -194,17 +196,21 @@ fn unit(scope: &str) -> String {
     }
 }
 
-/// The network a share unit belongs to: an IPv4 address's /24 (an IPv6
-/// unit is its /64 already, an identity is its own).
-fn network(unit: &str) -> Option<[u8; 3]> {
+/// The network a share unit ([`share_unit`]) belongs to: an IPv4
+/// address's /24, as `net:a.b.c.0/24` (an IPv6 unit is its /64 already,
+/// an identity is its own).
+pub fn share_network(unit: &str) -> Option<String> {
     match unit.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
         Some(IpAddr::V4(v4)) => {
             let o = v4.octets();
-            Some([o[0], o[1], o[2]])
+            Some(format!("net:{}.{}.{}.0/24", o[0], o[1], o[2]))
         }
         _ => None,
     }
 }
+
+use share_network as network;
+use share_unit as unit;
 
 /// A session a scope holds: its store key, its weight and its last use.
 type Held = (String, u32, Arc<AtomicU64>);
@@ -244,7 +250,7 @@ impl Share {
                 .max_by_key(|(_, q)| size(q))
                 .map(|(u, q)| (u, size(q)))
         };
-        let mut nets: HashMap<[u8; 3], (u64, u64)> = HashMap::new();
+        let mut nets: HashMap<String, (u64, u64)> = HashMap::new();
         for (u, q) in scopes {
             if let Some(net) = network(u) {
                 let (c, b) = size(q);
@@ -255,16 +261,21 @@ impl Share {
         let parts = NETWORK_SHARES as u64;
         let mine = network(me);
         // a network at its shares, held to them while another holds sessions
-        let over = |net: [u8; 3], (c, b): (u64, u64)| {
-            let others = scopes.keys().any(|u| network(u) != Some(net));
+        let over = |net: &str, (c, b): (u64, u64)| {
+            let others = scopes.keys().any(|u| network(u).as_deref() != Some(net));
             others
-                && (if Some(net) == mine { self.past(parts, c, b) } else { c > self.n * parts || b > self.b * parts })
+                && (if Some(net) == mine.as_deref() {
+                    self.past(parts, c, b)
+                } else {
+                    c > self.n * parts || b > self.b * parts
+                })
         };
-        if let Some(net) = mine.filter(|n| over(*n, nets.get(n).copied().unwrap_or_default())) {
-            return largest(&|u: &str| network(u) == Some(net)).map(|(u, _)| (u.clone(), "network_gave_way"));
+        if let Some(net) = mine.as_deref().filter(|n| over(n, nets.get(*n).copied().unwrap_or_default())) {
+            return largest(&|u: &str| network(u).as_deref() == Some(net))
+                .map(|(u, _)| (u.clone(), "network_gave_way"));
         }
-        if let Some((&net, _)) = nets.iter().filter(|(n, t)| over(**n, **t)).max_by_key(|(_, t)| **t) {
-            return largest(&|u: &str| network(u) == Some(net)).map(|(u, _)| (u.clone(), "evicted"));
+        if let Some((net, _)) = nets.iter().filter(|(n, t)| over(n, **t)).max_by_key(|(_, t)| **t) {
+            return largest(&|u: &str| network(u).as_deref() == Some(net)).map(|(u, _)| (u.clone(), "evicted"));
         }
         let (u, (c, b)) = largest(&|u: &str| u != me)?;
         ((c >= self.n || b >= self.b) && c > count).then(|| (u.clone(), "evicted"))
@@ -332,8 +343,8 @@ pub(crate) fn new_session_id(id: Option<String>) -> Result<String> {
 }
 
 /// Whether `id` has the form of a generated id: `s-` and 32 lower-case hex
-/// digits.
-fn is_generated(id: &str) -> bool {
+/// digits (global; any other id is the choosing caller's own).
+pub fn is_generated(id: &str) -> bool {
     id.len() == 34 && id.starts_with("s-") && id[2..].bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -629,7 +640,7 @@ mod tests {
         assert_eq!(unit("ip:2001:db8::7"), "ip:2001:db8:0:0::/64");
         assert_eq!(
             (network("ip:10.0.0.7"), network("ip:2001:db8:0:0::/64"), network("id:x")),
-            (Some([10, 0, 0]), None, None)
+            (Some("net:10.0.0.0/24".to_string()), None, None)
         );
     }
 

@@ -20,7 +20,7 @@
 //! task in the store expires. A task that is waiting for its context (a
 //! text sent alone: working, with a status message asking for the data
 //! part) holds no work and gives way first, before any terminal task, and is
-//! dropped [`WAITING_TTL`] after its last update (or `ttl`, if shorter):
+//! dropped [`WAITING_TTL`] after its last update (`waiting_ttl`, at most `ttl`):
 //! tasks sent as text alone, from any number of addresses, cannot hold the
 //! store for an hour. Contexts follow: a new context takes the
 //! place of one of the owner's contexts that holds no task (or, in a full
@@ -75,6 +75,9 @@ pub struct StoreLimits {
     pub max_tasks_per_caller: usize,
     /// Bytes one owner's tasks may hold.
     pub max_bytes_per_caller: usize,
+    /// Time a task waiting for its context is kept after its last update
+    /// (at most `ttl`); [`WAITING_TTL`] by default.
+    pub waiting_ttl: Duration,
 }
 
 impl StoreLimits {
@@ -96,6 +99,7 @@ impl Default for StoreLimits {
             max_bytes,
             max_tasks_per_caller: Self::default_share(max_tasks),
             max_bytes_per_caller: Self::default_share(max_bytes),
+            waiting_ttl: WAITING_TTL,
         }
     }
 }
@@ -233,13 +237,13 @@ struct Entry {
 }
 
 impl Entry {
-    /// How long the entry is kept after its last update: [`WAITING_TTL`]
+    /// How long the entry is kept after its last update: the waiting TTL
     /// (at most `ttl`) while its task waits for its context, else `ttl`.
-    fn life(&self, ttl: Duration) -> Duration {
+    fn life(&self, l: &StoreLimits) -> Duration {
         if self.task.waiting() {
-            ttl.min(WAITING_TTL)
+            l.ttl.min(l.waiting_ttl)
         } else {
-            ttl
+            l.ttl
         }
     }
 
@@ -349,15 +353,15 @@ impl Inner {
     }
 
     /// Seconds (rounded up, at least 1) until the first task of `owner`
-    /// (of anyone when `None`) expires by `ttl`; `ttl` when it holds none.
-    fn retry_after_s(&self, owner: Option<&Owner>, ttl: Duration, now: Instant) -> u64 {
+    /// (of anyone when `None`) expires; `ttl` when it holds none.
+    fn retry_after_s(&self, owner: Option<&Owner>, l: &StoreLimits, now: Instant) -> u64 {
         let left = self
             .tasks
             .values()
             .filter(|e| owner.is_none_or(|o| e.owner == o))
-            .map(|e| (e.touched + e.life(ttl)).saturating_duration_since(now))
+            .map(|e| (e.touched + e.life(l)).saturating_duration_since(now))
             .min()
-            .unwrap_or(ttl);
+            .unwrap_or(l.ttl);
         ceil_s(left)
     }
 
@@ -477,10 +481,10 @@ impl Store {
             return;
         }
         inner.last_purge = Some(now);
-        let ttl = self.limits.ttl;
+        let (l, ttl) = (&self.limits, self.limits.ttl);
         let mut freed = 0;
         inner.tasks.retain(|_, e| {
-            let keep = now.duration_since(e.touched) < e.life(ttl);
+            let keep = now.duration_since(e.touched) < e.life(l);
             if !keep {
                 freed += e.bytes;
             }
@@ -530,7 +534,7 @@ impl Store {
                         limit,
                         unit,
                         flag,
-                        retry_after_s: inner.retry_after_s(own.then_some(owner), l.ttl, Instant::now()),
+                        retry_after_s: inner.retry_after_s(own.then_some(owner), l, Instant::now()),
                     })
                 }
             }

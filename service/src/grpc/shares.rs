@@ -16,7 +16,7 @@
 //! place is held, spread over the places in use.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,28 +72,9 @@ pub fn key(caller: Option<&str>, peer: Option<&str>) -> String {
 /// The shares one IPv4 /24 holds together, its callers all counted.
 pub const NET_SHARES: usize = 2;
 
-/// Whose share a caller key ([`key`]) draws on: an IPv6 address's /64,
-/// else the key itself.
-pub(crate) fn unit(caller: &str) -> String {
-    match caller.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
-        Some(IpAddr::V6(v6)) => {
-            let s = v6.segments();
-            format!("ip:{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-        }
-        _ => caller.to_string(),
-    }
-}
-
-/// The network a share unit belongs to: an IPv4 address's /24.
-pub(crate) fn network(unit: &str) -> Option<String> {
-    match unit.strip_prefix("ip:").and_then(|a| a.parse::<IpAddr>().ok()) {
-        Some(IpAddr::V4(v4)) => {
-            let o = v4.octets();
-            Some(format!("net:{}.{}.{}.0/24", o[0], o[1], o[2]))
-        }
-        _ => None,
-    }
-}
+/// Whose share a caller key ([`key`]) draws on, and the network a share
+/// unit belongs to: the session store's rule, one for every share.
+pub(crate) use scd_engine::session::{share_network as network, share_unit as unit};
 
 /// A shared bound of `capacity` places and each caller's `share` of it.
 #[derive(Debug)]

@@ -25,9 +25,12 @@
 //! Another MCP client naming the id is refused (`session: "…" is not a
 //! session of this MCP client`), whether it asks for more or tries to
 //! continue it. Requests without an MCP session (the stateless HTTP mode
-//! of protocol 2026-07-28) share one binding among themselves: they can
-//! continue each other's sessions by id (128 random bits unless the client
-//! chose one), never those of an MCP session.
+//! of protocol 2026-07-28) are bound by their address: those from one
+//! address share a binding (they continue each other's sessions by id,
+//! 128 random bits unless the client chose one), never those of another
+//! address or of an MCP session. An id a client chose is its own: another
+//! client choosing the same id gets its own session (as the engine scopes
+//! chosen ids), so no client can take or block another's chosen id.
 //!
 //! **Errors:** a bad argument is a tool result with `isError: true` whose
 //! text names the argument (`budget: must be at least 1`,
@@ -415,8 +418,9 @@ pub enum Owner {
     Stdio,
     /// Over HTTP within this MCP session (`Mcp-Session-Id`).
     HttpSession(String),
-    /// Over HTTP without an MCP session (stateless mode): all such requests.
-    HttpStateless,
+    /// Over HTTP without an MCP session (stateless mode): all such requests
+    /// from one address (its text; empty when the listener gave none).
+    HttpStateless(String),
 }
 
 /// The HTTP client's address of a request with `extensions` (the HTTP
@@ -434,8 +438,23 @@ impl Owner {
             None => Owner::Stdio,
             Some(parts) => match parts.headers.get(http::SESSION_HEADER).and_then(|v| v.to_str().ok()) {
                 Some(id) => Owner::HttpSession(id.to_string()),
-                None => Owner::HttpStateless,
+                None => Owner::HttpStateless(
+                    peer_of(extensions).map(|a| a.ip().to_canonical().to_string()).unwrap_or_default(),
+                ),
             },
+        }
+    }
+
+    /// Where the tokens map holds session `id` of this owner: a generated
+    /// id as it is (global), a chosen one within its owner.
+    fn slot(&self, id: &str) -> String {
+        if scd_engine::session::is_generated(id) {
+            return id.to_string();
+        }
+        match self {
+            Owner::Stdio => format!("stdio\u{1f}{id}"),
+            Owner::HttpSession(s) => format!("mcp:{s}\u{1f}{id}"),
+            Owner::HttpStateless(a) => format!("ip:{a}\u{1f}{id}"),
         }
     }
 }
@@ -465,7 +484,7 @@ impl SessionTokens {
     /// The token of session `id` for `owner`: none when it is not held,
     /// [`NotYours`] when another MCP client opened it.
     fn get(&self, id: &str, owner: &Owner) -> Result<Option<String>, NotYours> {
-        match self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.get(id) {
+        match self.inner.lock().unwrap_or_else(|e| e.into_inner()).0.get(&owner.slot(id)) {
             None => Ok(None),
             Some((o, token)) if o == owner => Ok(Some(token.clone())),
             Some(_) => Err(NotYours),
@@ -475,12 +494,13 @@ impl SessionTokens {
     fn insert(&self, id: String, owner: Owner, token: String) {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (map, order) = &mut *g;
+        let id = owner.slot(&id);
         if map.insert(id.clone(), (owner, token)).is_none() {
             order.push_back(id);
             while order.len() > self.capacity {
                 if let Some(old) = order.pop_front() {
                     map.remove(&old);
-                    tracing::debug!(session = %old, "forgot the oldest session token (--max-sessions)");
+                    tracing::debug!("forgot the oldest session token (--max-sessions)");
                 }
             }
         }
@@ -995,10 +1015,22 @@ mod tests {
         // a client-chosen id taken by another client is refused too
         open(over_http(Some("mcp-a")), Some("mine")).await.unwrap();
         assert!(open(over_http(Some("mcp-b")), Some("mine")).await.is_err());
-        // stateless requests share one binding
+        // stateless requests share one binding per address
         let Delivered { out: s, .. } = open(over_http(None), None).await.unwrap();
         more(over_http(None), &s.session_id).await.unwrap();
         assert!(more(over_http(Some("mcp-a")), &s.session_id).await.is_err());
+        let (x, y): (std::net::SocketAddr, std::net::SocketAddr) =
+            ("127.0.0.2:4000".parse().unwrap(), "127.0.0.3:4000".parse().unwrap());
+        let Delivered { out: s, .. } = open(over_http_from(None, Some(x)), None).await.unwrap();
+        more(over_http_from(None, Some(x)), &s.session_id).await.unwrap();
+        assert_eq!(more(over_http_from(None, Some(y)), &s.session_id).await.err().unwrap(), refused);
+        // a chosen id is each stateless address's own: neither takes nor
+        // blocks the other's
+        let Delivered { out: mine, .. } = open(over_http_from(None, Some(x)), Some("deploy")).await.unwrap();
+        let Delivered { out: theirs, .. } = open(over_http_from(None, Some(y)), Some("deploy")).await.unwrap();
+        assert_eq!((mine.session_id.as_str(), theirs.session_id.as_str()), ("deploy", "deploy"));
+        more(over_http_from(None, Some(x)), "deploy").await.unwrap();
+        more(over_http_from(None, Some(y)), "deploy").await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1064,7 +1096,15 @@ mod tests {
         t.insert("c".into(), o.clone(), "tc".into());
         let get = |id| t.get(id, &o).unwrap();
         assert_eq!((get("a"), get("b").as_deref(), get("c").as_deref()), (None, Some("tb"), Some("tc")));
-        assert!(t.get("b", &Owner::HttpStateless).is_err());
+        // a generated id is global: another client's is refused; a chosen
+        // id is each client's own
+        let generated = format!("s-{}", "7".repeat(32));
+        t.insert(generated.clone(), o.clone(), "tg".into());
+        let stateless = Owner::HttpStateless("127.0.0.2".into());
+        assert!(t.get(&generated, &stateless).is_err());
+        assert_eq!(t.get("b", &stateless).unwrap(), None);
+        t.insert("b".into(), stateless.clone(), "theirs".into());
+        assert_eq!((t.get("b", &stateless).unwrap().as_deref(), get("b").as_deref()), (Some("theirs"), None));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! | `seq` | the version counter (every open and commit takes the next) |
 //! | `ctxn` | hash: sessions per context digest (a blob goes with its last session) |
 //! | `bytes` | the weights' sum |
-//! | `scope:<s>`, `scopes`, `scb` | per scope: its sessions by last use, their count and bytes |
+//! | `scope:<s>`, `scopes`, `scb` | per share unit (a caller; an IPv6 /64): its sessions by last use, their count and bytes |
+//! | `un`, `nu:<n>`, `nets`, `nbz` | each unit's IPv4 /24, each /24's units, and per /24 the sessions' count and bytes |
 //! | `gone:<k>` | a tombstone: why the session went (expires) |
 //! | `ctx:<digest>` | a context's fields and embeddings (expires with its sessions' idle time) |
 //! | `stat` | evicted and expired counts |
@@ -20,7 +21,8 @@
 //! Bounds hold in Redis as in memory: idle time (a session not used for
 //! `ttl` is expired by the next script that meets it, and its keys expire
 //! on their own a minute later), count and bytes (eviction of the least
-//! recently used, a tenth per scope first), tombstones for at least an
+//! recently used, after the shares: a tenth per caller and two tenths per
+//! IPv4 /24, as `engine/src/session.rs` words them), tombstones for at least an
 //! hour. A context blob is deleted with the last session on it (and
 //! expires with their idle time); its bytes are counted in each session's
 //! weight. The bookkeeping hashes and sets hold one small entry per live
@@ -32,7 +34,7 @@
 use std::time::Duration;
 
 use redis::{Script, Value};
-use scd_engine::session::{SessionLimits, SessionStats};
+use scd_engine::session::{share_network, share_unit, SessionLimits, SessionStats, NETWORK_SHARES};
 use scd_engine::shared::{hex, Committed, Loaded, Opened, SharedState, StoreError};
 use sha2::{Digest, Sha256};
 
@@ -63,7 +65,16 @@ local function drop(k, cause)
   if w > 0 then redis.call('DECRBY', p .. 'bytes', w) end
   if sc then
     redis.call('ZREM', p .. 'scope:' .. sc, k)
-    if redis.call('HINCRBY', p .. 'scopes', sc, -1) <= 0 then redis.call('HDEL', p .. 'scopes', sc) end
+    local net = redis.call('HGET', p .. 'un', sc)
+    if net then
+      if redis.call('HINCRBY', p .. 'nets', net, -1) <= 0 then redis.call('HDEL', p .. 'nets', net) end
+      if redis.call('HINCRBY', p .. 'nbz', net, -w) <= 0 then redis.call('HDEL', p .. 'nbz', net) end
+    end
+    if redis.call('HINCRBY', p .. 'scopes', sc, -1) <= 0 then
+      redis.call('HDEL', p .. 'scopes', sc)
+      redis.call('HDEL', p .. 'un', sc)
+      if net then redis.call('SREM', p .. 'nu:' .. net, sc) end
+    end
     if redis.call('HINCRBY', p .. 'scb', sc, -w) <= 0 then redis.call('HDEL', p .. 'scb', sc) end
   end
   redis.call('ZREM', p .. 'lru', k)
@@ -85,11 +96,13 @@ local function touch(k)
 end
 "#;
 
-/// ARGV 3..: key, scope ('' for none), weight, record, context digest,
-/// context blob ('' when the caller saw it stored), max sessions, max bytes.
+/// ARGV 3..: key, share unit ('' for none), weight, record, context
+/// digest, context blob ('' when the caller saw it stored), max sessions,
+/// max bytes, the unit's network ('' for none), a network's shares.
 const OPEN: &str = r#"
 sweep()
 local k, sc, w = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local net, net_parts = ARGV[11], tonumber(ARGV[12])
 local score = redis.call('ZSCORE', p .. 'lru', k)
 if redis.call('EXISTS', p .. 's:' .. k) == 1 and score and now - tonumber(score) <= ttl then
   -- the same open run twice (a retry after a lost reply) is that open
@@ -103,6 +116,57 @@ local max_n, max_b = tonumber(ARGV[9]), tonumber(ARGV[10])
 local n = redis.call('ZCARD', p .. 'lru')
 local b = tonumber(redis.call('GET', p .. 'bytes') or '0')
 local function full() return n + 1 > max_n or b + w > max_b end
+local share_n, share_b = 0, 0
+local function size(u)
+  return tonumber(redis.call('HGET', p .. 'scopes', u) or '0'), tonumber(redis.call('HGET', p .. 'scb', u) or '0')
+end
+local function bigger(c, bb, bc, bbb) return c > bc or (c == bc and bb > bbb) end
+local function past(parts, c, bb) return c + 1 > share_n * parts or bb + w > share_b * parts end
+-- the largest holder (sessions, then bytes) among units us, but skip
+local function largest(us, skip)
+  local best, bc, bb = nil, 0, 0
+  for _, u in ipairs(us) do
+    if u ~= skip then
+      local c, x = size(u)
+      if c > 0 and bigger(c, x, bc, bb) then best, bc, bb = u, c, x end
+    end
+  end
+  return best, bc, bb
+end
+-- a network at its shares, held to them while another network holds sessions
+local function over(m, c, bb)
+  if redis.call('HLEN', p .. 'scopes') <= redis.call('SCARD', p .. 'nu:' .. m) then return false end
+  if m == net then return past(net_parts, c, bb) end
+  return c > share_n * net_parts or bb > share_b * net_parts
+end
+-- whose session gives way, and the tombstone's code (engine/src/session.rs,
+-- Share::victim): this unit past its share; else its /24 past the
+-- network's shares; else the largest /24 past them; else the largest
+-- holder at its own share, when it holds more than this unit
+local function victim()
+  local c, x = size(sc)
+  if c > 0 and past(1, c, x) then return sc, 'gave_way' end
+  if net ~= '' then
+    local nc = tonumber(redis.call('HGET', p .. 'nets', net) or '0')
+    if over(net, nc, tonumber(redis.call('HGET', p .. 'nbz', net) or '0')) then
+      return largest(redis.call('SMEMBERS', p .. 'nu:' .. net)), 'network_gave_way'
+    end
+  end
+  local worst, wc, wb = nil, 0, 0
+  local all = redis.call('HGETALL', p .. 'nets')
+  for i = 1, #all, 2 do
+    local m, mc = all[i], tonumber(all[i + 1])
+    local mb = tonumber(redis.call('HGET', p .. 'nbz', m) or '0')
+    if over(m, mc, mb) and (not worst or bigger(mc, mb, wc, wb)) then worst, wc, wb = m, mc, mb end
+  end
+  if worst then return largest(redis.call('SMEMBERS', p .. 'nu:' .. worst)), 'evicted' end
+  local units = {}
+  local held = redis.call('HKEYS', p .. 'scopes')
+  for _, u in ipairs(held) do units[#units + 1] = u end
+  local u, uc, ub = largest(units, sc)
+  if u and (uc >= share_n or ub >= share_b) and uc > c then return u, 'evicted' end
+  return nil
+end
 local function take(z, cause)
   local lru = redis.call('ZRANGE', z, 0, 0)
   if #lru == 0 then return false end
@@ -114,16 +178,12 @@ local function take(z, cause)
 end
 if full() and sc ~= '' then
   local mine = tonumber(redis.call('HGET', p .. 'scopes', sc) or '0')
-  local others = redis.call('HLEN', p .. 'scopes') - ((mine > 0) and 1 or 0)
-  if others > 0 then
-    local share_n = math.max(math.floor(max_n / 10), 1)
-    local share_b = math.max(math.floor(max_b / 10), 1)
-    local mb = tonumber(redis.call('HGET', p .. 'scb', sc) or '0')
-    while full() and (mine + 1 > share_n or mb + w > share_b) do
-      local kw = take(p .. 'scope:' .. sc, 'gave_way')
-      if not kw then break end
-      mine = mine - 1
-      mb = mb - kw
+  if redis.call('HLEN', p .. 'scopes') - ((mine > 0) and 1 or 0) > 0 then
+    share_n = math.max(math.floor(max_n / 10), 1)
+    share_b = math.max(math.floor(max_b / 10), 1)
+    while full() do
+      local u, cause = victim()
+      if not u or not take(p .. 'scope:' .. u, cause) then break end
     end
   end
 end
@@ -142,6 +202,12 @@ if sc ~= '' then
   redis.call('HSET', p .. 'sc', k, sc)
   redis.call('HINCRBY', p .. 'scopes', sc, 1)
   redis.call('HINCRBY', p .. 'scb', sc, w)
+  if net ~= '' then
+    redis.call('HSET', p .. 'un', sc, net)
+    redis.call('SADD', p .. 'nu:' .. net, sc)
+    redis.call('HINCRBY', p .. 'nets', net, 1)
+    redis.call('HINCRBY', p .. 'nbz', net, w)
+  end
 end
 redis.call('DEL', p .. 'gone:' .. k)
 if ARGV[8] ~= '' and redis.call('EXISTS', ctx) == 0 then redis.call('SET', ctx, ARGV[8]) end
@@ -282,13 +348,20 @@ impl SharedState for RedisSessions {
         context: (&str, &[u8]),
         limits: &SessionLimits,
     ) -> Result<Opened, StoreError> {
-        let scope = scope.map(scope_key).unwrap_or_default();
-        let (weight, max_n, max_b) =
-            (weight.to_string(), limits.max_sessions.to_string(), limits.max_bytes.to_string());
+        // shares are of units (an IPv6 /64 is one) and of IPv4 /24s, as in memory
+        let unit = scope.map(share_unit);
+        let net = unit.as_deref().and_then(share_network).map(|n| scope_key(&n)).unwrap_or_default();
+        let scope = unit.as_deref().map(scope_key).unwrap_or_default();
+        let (weight, max_n, max_b, parts) = (
+            weight.to_string(),
+            limits.max_sessions.to_string(),
+            limits.max_bytes.to_string(),
+            NETWORK_SHARES.to_string(),
+        );
         // the blob only when the store lacks it: a context shared by many
         // sessions crosses the network once
         for blob in [&b""[..], context.1] {
-            let args: [&[u8]; 8] = [
+            let args: [&[u8]; 10] = [
                 key.as_bytes(),
                 scope.as_bytes(),
                 weight.as_bytes(),
@@ -297,6 +370,8 @@ impl SharedState for RedisSessions {
                 blob,
                 max_n.as_bytes(),
                 max_b.as_bytes(),
+                net.as_bytes(),
+                parts.as_bytes(),
             ];
             match text(&self.run(&self.open, limits, &args)?).as_deref() {
                 Some("fresh") => return Ok(Opened::Fresh),

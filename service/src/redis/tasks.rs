@@ -6,8 +6,9 @@
 //! statuses arrive as the JSON the A2A layer wrote and leave as it is.
 //! Each operation is one Lua script, atomic on the server, enforcing the
 //! bounds the in-memory store enforces (see `a2a::store`): a task count
-//! and a byte sum, both global and per owner, terminal tasks giving way
-//! (the owner's oldest, or in a full store the largest owner's), a refusal
+//! and a byte sum, both global and per owner, tasks waiting for their
+//! context and then terminal tasks giving way (the owner's oldest, or in a
+//! full store the largest owner's), a waiting task's shorter idle time, a refusal
 //! telling when the first task expires, and the idle time. Keys, under
 //! `scd:v1:a2a:`:
 //!
@@ -17,7 +18,7 @@
 //! | `h:<id>`, `a:<id>` | lists: the history and the artifacts, as JSON |
 //! | `exp` | sorted set: every live task by its last update (Redis `TIME`, ms) |
 //! | `to`, `tc`, `tb` | hashes: each task's owner, context and bytes |
-//! | `o:<owner>`, `ot:<owner>` | sorted sets: the owner's tasks, and its terminal ones, by order |
+//! | `o:<owner>`, `ot:<owner>`, `ow:<owner>` | sorted sets: the owner's tasks, its terminal ones and its waiting ones, by order |
 //! | `on`, `obz` | sorted sets: tasks and bytes per owner |
 //! | `c:<len>:<owner><context>` | hash: the context's SCD session id and token |
 //! | `cx`, `cs:<owner>`, `ocs` | contexts by last use, the owner's by last use, contexts per owner |
@@ -45,14 +46,16 @@ use super::Redis;
 const PREFIX: &str = "scd:v1:a2a:";
 
 /// Shared by every script: the bounds, the clock, and the bookkeeping.
-/// ARGV 1..8: prefix, idle ms, max tasks, max bytes, tasks per owner,
-/// bytes per owner, a task's and a context's fixed bytes.
+/// ARGV 1..9: prefix, idle ms, max tasks, max bytes, tasks per owner,
+/// bytes per owner, a task's and a context's fixed bytes, the idle ms of a
+/// task waiting for its context.
 const PRELUDE: &str = r#"
 local p = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local max_n, max_b = tonumber(ARGV[3]), tonumber(ARGV[4])
 local share_n, share_b = tonumber(ARGV[5]), tonumber(ARGV[6])
 local TB, CB = tonumber(ARGV[7]), tonumber(ARGV[8])
+local wttl = math.min(ttl, tonumber(ARGV[9]))
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local keep = ttl + 60000
@@ -92,6 +95,7 @@ local function drop_task(id)
   if o then
     redis.call('ZREM', p .. 'o:' .. o, id)
     redis.call('ZREM', p .. 'ot:' .. o, id)
+    redis.call('ZREM', p .. 'ow:' .. o, id)
     zdec('on', o, 1)
     zdec('obz', o, b)
     if c then
@@ -111,7 +115,24 @@ local function sweep_all()
     for _, id in ipairs(old) do drop_task(id) end
   until #old == 0
 end
-local function oldest(o) return redis.call('ZRANGE', p .. 'ot:' .. o, 0, 0)[1] end
+-- the task of o that gives way first: its oldest waiting one, else its
+-- oldest terminal one
+local function oldest(o)
+  return redis.call('ZRANGE', p .. 'ow:' .. o, 0, 0)[1] or redis.call('ZRANGE', p .. 'ot:' .. o, 0, 0)[1]
+end
+-- whether a task in state st with status message m waits for its context
+local function waits(st, m) return st == 'TASK_STATE_WORKING' and m ~= '' end
+-- a task touched now: a waiting one is stamped as if touched ttl - wttl
+-- earlier, so that every reading of 'exp' sees it idle after wttl
+local function stamp(id, o, q, w)
+  if w then
+    redis.call('ZADD', p .. 'exp', now - (ttl - wttl), id)
+    redis.call('ZADD', p .. 'ow:' .. o, q, id)
+  else
+    redis.call('ZADD', p .. 'exp', now, id)
+    redis.call('ZREM', p .. 'ow:' .. o, id)
+  end
+end
 local function largest(z)
   for _, o in ipairs(redis.call('ZREVRANGE', p .. z, 0, -1)) do
     local v = oldest(o)
@@ -200,7 +221,7 @@ local function touch_context(o, c)
   redis.call('PEXPIRE', p .. 'cs:' .. o, keep)
 end
 local function keepalive(id, o)
-  for _, k in ipairs({'t:' .. id, 'h:' .. id, 'a:' .. id, 'o:' .. o, 'ot:' .. o}) do
+  for _, k in ipairs({'t:' .. id, 'h:' .. id, 'a:' .. id, 'o:' .. o, 'ot:' .. o, 'ow:' .. o}) do
     redis.call('PEXPIRE', p .. k, keep)
   end
 end
@@ -224,7 +245,7 @@ local function set_state(id, o, st, ts, u, m, term)
   redis.call('HSET', p .. 't:' .. id, 'st', st, 'ts', ts, 'm', m, 'u', u, 'q', q)
   if m ~= '' then redis.call('RPUSH', p .. 'h:' .. id, m) end
   redis.call('ZADD', p .. 'o:' .. o, q, id)
-  redis.call('ZADD', p .. 'exp', now, id)
+  stamp(id, o, q, waits(st, m))
   if term == '1' then redis.call('ZADD', p .. 'ot:' .. o, q, id) end
   redis.call('PUBLISH', p .. 'ev:' .. id, 's' .. st .. '\n' .. ts .. '\n' .. m)
   keepalive(id, o)
@@ -246,11 +267,11 @@ end
 local function mine(id, o) return live('exp', id) and redis.call('HGET', p .. 'to', id) == o end
 "#;
 
-/// ARGV 9..: owner, context, id, first message, state, timestamp, updated
+/// ARGV 10..: owner, context, id, first message, state, timestamp, updated
 /// µs, terminal ('1').
 const CREATE: &str = r#"
 sweep()
-local o, c, id = ARGV[9], ARGV[10], ARGV[11]
+local o, c, id = ARGV[10], ARGV[11], ARGV[12]
 -- the same create run twice (its reply lost) finds its task
 if redis.call('HGET', p .. 'to', id) == o then return {'ok'} end
 local k = ck(o, c)
@@ -259,7 +280,7 @@ if redis.call('ZSCORE', p .. 'cx', k) and not live('cx', k) then drop_context(k)
 local new = not redis.call('ZSCORE', p .. 'cx', k)
 local cb = 0
 if new then cb = CB + #o + #c end
-local r = room(o, 1, TB + 2 * #id + #c + #o + #ARGV[14] + #ARGV[12] + 16 + cb)
+local r = room(o, 1, TB + 2 * #id + #c + #o + #ARGV[15] + #ARGV[13] + 16 + cb)
 if r then return r end
 if new then
   context_room(o)
@@ -269,129 +290,131 @@ touch_context(o, c)
 if new then recount_context(k) end
 redis.call('HINCRBY', p .. 'ctn', k, 1)
 local q = redis.call('INCR', p .. 'seq')
-redis.call('HSET', p .. 't:' .. id, 'c', c, 'st', ARGV[13], 'ts', ARGV[14], 'm', '', 'u', ARGV[15], 'q', q)
-redis.call('RPUSH', p .. 'h:' .. id, ARGV[12])
+redis.call('HSET', p .. 't:' .. id, 'c', c, 'st', ARGV[14], 'ts', ARGV[15], 'm', '', 'u', ARGV[16], 'q', q)
+redis.call('RPUSH', p .. 'h:' .. id, ARGV[13])
 redis.call('HSET', p .. 'to', id, o)
 redis.call('HSET', p .. 'tc', id, c)
 redis.call('ZADD', p .. 'exp', now, id)
 redis.call('ZADD', p .. 'o:' .. o, q, id)
 redis.call('ZINCRBY', p .. 'on', 1, o)
-if ARGV[16] == '1' then redis.call('ZADD', p .. 'ot:' .. o, q, id) end
+if ARGV[17] == '1' then redis.call('ZADD', p .. 'ot:' .. o, q, id) end
 recount(id, o)
 keepalive(id, o)
 return {'ok'}
 "#;
 
-/// ARGV 9..: owner, id, messages of history (-1: all), refuse a terminal
+/// ARGV 10..: owner, id, messages of history (-1: all), refuse a terminal
 /// task ('1').
 const GET: &str = r#"
-local o, id = ARGV[9], ARGV[10]
+local o, id = ARGV[10], ARGV[11]
 if not mine(id, o) then return 'nf' end
-if ARGV[12] == '1' and terminal(id, o) then
+if ARGV[13] == '1' and terminal(id, o) then
   return {'term', redis.call('HGET', p .. 't:' .. id, 'st')}
 end
-return {'ok', read(id, tonumber(ARGV[11]), true)}
+return {'ok', read(id, tonumber(ARGV[12]), true)}
 "#;
 
-/// ARGV 9..: owner, id, message, state, timestamp, updated µs, history
+/// ARGV 10..: owner, id, message, state, timestamp, updated µs, history
 /// limit, terminal ('1'), operation id.
 const CONTINUE: &str = r#"
 sweep()
-local o, id, msg = ARGV[9], ARGV[10], ARGV[11]
+local o, id, msg = ARGV[10], ARGV[11], ARGV[12]
 if not mine(id, o) then return 'nf' end
 -- the same call run twice (its reply lost) finds its own write
-if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[17] then return {'ok', read(id, -1, true)} end
+if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[18] then return {'ok', read(id, -1, true)} end
 local r = room(o, 0, #msg + 16)
 if r then return r end
 if not mine(id, o) then return 'nf' end
 if terminal(id, o) then return {'term', redis.call('HGET', p .. 't:' .. id, 'st')} end
 local n = redis.call('LLEN', p .. 'h:' .. id)
-if n + 2 > tonumber(ARGV[15]) then return {'hist', n} end
+if n + 2 > tonumber(ARGV[16]) then return {'hist', n} end
 redis.call('RPUSH', p .. 'h:' .. id, msg)
-set_state(id, o, ARGV[12], ARGV[13], ARGV[14], '', ARGV[16])
-redis.call('HSET', p .. 't:' .. id, 'op', ARGV[17])
+set_state(id, o, ARGV[13], ARGV[14], ARGV[15], '', ARGV[17])
+redis.call('HSET', p .. 't:' .. id, 'op', ARGV[18])
 local c = redis.call('HGET', p .. 'tc', id)
 if live('cx', ck(o, c)) then touch_context(o, c) end
 recount(id, o)
 return {'ok', read(id, -1, true)}
 "#;
 
-/// ARGV 9..: id, state, timestamp, updated µs, status message ('' for
+/// ARGV 10..: id, state, timestamp, updated µs, status message ('' for
 /// none), artifact ('' for none), terminal ('1'), owner ('' for any),
 /// operation id.
 const UPDATE: &str = r#"
-local id = ARGV[9]
+local id = ARGV[10]
 local o = redis.call('HGET', p .. 'to', id)
-if not o or not live('exp', id) or (ARGV[16] ~= '' and ARGV[16] ~= o) then return 'nf' end
-if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[17] then return {'ok', read(id, -1, true)} end
+if not o or not live('exp', id) or (ARGV[17] ~= '' and ARGV[17] ~= o) then return 'nf' end
+if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[18] then return {'ok', read(id, -1, true)} end
 if terminal(id, o) then return {'term', redis.call('HGET', p .. 't:' .. id, 'st')} end
-if ARGV[14] ~= '' then
-  redis.call('RPUSH', p .. 'a:' .. id, ARGV[14])
-  redis.call('PUBLISH', p .. 'ev:' .. id, 'a' .. ARGV[14])
+if ARGV[15] ~= '' then
+  redis.call('RPUSH', p .. 'a:' .. id, ARGV[15])
+  redis.call('PUBLISH', p .. 'ev:' .. id, 'a' .. ARGV[15])
 end
-set_state(id, o, ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[15])
-redis.call('HSET', p .. 't:' .. id, 'op', ARGV[17])
+set_state(id, o, ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[16])
+redis.call('HSET', p .. 't:' .. id, 'op', ARGV[18])
 recount(id, o)
 return {'ok', read(id, -1, true)}
 "#;
 
-/// ARGV 9..: id, take the task back whole ('1') or return it to the
+/// ARGV 10..: id, take the task back whole ('1') or return it to the
 /// previous status: state, timestamp, status message; operation id.
 const TAKE_BACK: &str = r#"
-local id = ARGV[9]
+local id = ARGV[10]
 local o = redis.call('HGET', p .. 'to', id)
 if not o or not live('exp', id) or terminal(id, o) then return 0 end
-if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[14] then return 0 end
-if ARGV[10] == '1' then
+if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[15] then return 0 end
+if ARGV[11] == '1' then
   drop_task(id)
   return 1
 end
 redis.call('RPOP', p .. 'h:' .. id)
 local q = redis.call('INCR', p .. 'seq')
-redis.call('HSET', p .. 't:' .. id, 'st', ARGV[11], 'ts', ARGV[12], 'm', ARGV[13], 'q', q, 'op', ARGV[14])
+redis.call('HSET', p .. 't:' .. id, 'st', ARGV[12], 'ts', ARGV[13], 'm', ARGV[14], 'q', q, 'op', ARGV[15])
 redis.call('ZADD', p .. 'o:' .. o, q, id)
-redis.call('PUBLISH', p .. 'ev:' .. id, 's' .. ARGV[11] .. '\n' .. ARGV[12] .. '\n' .. ARGV[13])
+stamp(id, o, q, waits(ARGV[12], ARGV[14]))
+keepalive(id, o)
+redis.call('PUBLISH', p .. 'ev:' .. id, 's' .. ARGV[12] .. '\n' .. ARGV[13] .. '\n' .. ARGV[14])
 recount(id, o)
 return 1
 "#;
 
-/// ARGV 9..: owner, context: the context's session id and token ('' when
+/// ARGV 10..: owner, context: the context's session id and token ('' when
 /// none), or 'none' when the context is not held.
 const SESSION: &str = r#"
-local k = ck(ARGV[9], ARGV[10])
+local k = ck(ARGV[10], ARGV[11])
 if not live('cx', k) then return 'none' end
 local s = redis.call('HMGET', p .. k, 'sid', 'tok')
 return {s[1] or '', s[2] or ''}
 "#;
 
-/// ARGV 9..: owner, context, session id, token: the session it replaces,
+/// ARGV 10..: owner, context, session id, token: the session it replaces,
 /// or 'none' when the context is not held.
 const SET_SESSION: &str = r#"
-local k = ck(ARGV[9], ARGV[10])
+local k = ck(ARGV[10], ARGV[11])
 if not live('cx', k) then return 'none' end
 local s = redis.call('HMGET', p .. k, 'sid', 'tok')
-redis.call('HSET', p .. k, 'sid', ARGV[11], 'tok', ARGV[12])
+redis.call('HSET', p .. k, 'sid', ARGV[12], 'tok', ARGV[13])
 redis.call('PEXPIRE', p .. k, keep)
 recount_context(k)
 return {s[1] or '', s[2] or ''}
 "#;
 
-/// ARGV 9..: owner, context, session id: forgets that session (not a newer one).
+/// ARGV 10..: owner, context, session id: forgets that session (not a newer one).
 const CLEAR_SESSION: &str = r#"
-local k = ck(ARGV[9], ARGV[10])
-if redis.call('HGET', p .. k, 'sid') ~= ARGV[11] then return 0 end
+local k = ck(ARGV[10], ARGV[11])
+if redis.call('HGET', p .. k, 'sid') ~= ARGV[12] then return 0 end
 redis.call('HDEL', p .. k, 'sid', 'tok')
 if live('cx', k) then recount_context(k) end
 return 1
 "#;
 
-/// ARGV 9..: owner, context ('' for any), state ('' for any), updated
+/// ARGV 10..: owner, context ('' for any), state ('' for any), updated
 /// after ms ('' for any), offset, size, history, artifacts ('1'): the
 /// count and the page, most recently updated first.
 const LIST: &str = r#"
 sweep()
-local o, cf, sf, af = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
-local off, size, hist, arts = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16] == '1'
+local o, cf, sf, af = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+local off, size, hist, arts = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), ARGV[17] == '1'
 local total, out = 0, {}
 for _, id in ipairs(redis.call('ZREVRANGE', p .. 'o:' .. o, 0, -1)) do
   if live('exp', id) then
@@ -428,6 +451,8 @@ pub struct Bounds {
     pub task_bytes: usize,
     /// What a context is counted as beside its strings.
     pub context_bytes: usize,
+    /// Idle time of a task waiting for its context (at most `ttl`).
+    pub waiting_ttl: Duration,
 }
 
 /// A task as held: its strings, the JSON as the A2A layer wrote it.
@@ -648,6 +673,7 @@ impl RedisTasks {
             b.bytes_per_owner.to_string(),
             b.task_bytes.to_string(),
             b.context_bytes.to_string(),
+            b.waiting_ttl.as_millis().max(1).to_string(),
         ];
         self.redis.with(|c| {
             let mut inv = s.prepare_invoke();

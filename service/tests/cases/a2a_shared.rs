@@ -209,6 +209,63 @@ fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
     assert_eq!(redis.cli(&["ZSCORE", "scd:v1:a2a:ocs", "o"]), "2");
 }
 
+/// A task waiting for its context: working, with the agent's request.
+fn waiting(s: &Store, owner: &str) -> Task {
+    let t = live(s, owner).unwrap();
+    let ask = serde_json::from_value(serde_json::json!({"messageId": uuid_v4(), "role": "ROLE_AGENT",
+        "parts": [{"text": "waiting for the context"}]}))
+    .unwrap();
+    s.update(&t.id, TaskState::Working, Some(ask), None).unwrap()
+}
+
+/// Issue 43, Medium 6 with `--state`: as in the in-memory store, a task
+/// waiting for its context (a text sent alone) gives way before any
+/// terminal task, and is dropped after the waiting TTL, not the hour.
+#[test]
+fn in_the_shared_store_waiting_tasks_give_way_first_and_go_after_the_waiting_ttl() {
+    if !have("redis-server") {
+        return;
+    }
+    let dir = scratch("a2a-shared-waiting");
+    let redis = RedisServer::start(&dir, false);
+    let (a, b) = replicas(&redis, limits(4, 4, Duration::from_secs(3600)));
+    let w: Vec<_> = (0..2).map(|_| waiting(&a, "a")).collect();
+    let done_a = done(&b, "a");
+    live(&a, "b").unwrap();
+    // full: a (holding the most) gives up its oldest waiting task first
+    live(&b, "c").unwrap();
+    not_found(a.get(&w[0].id, "a"));
+    assert!(b.get(&done_a.id, "a").is_ok() && b.get(&w[1].id, "a").is_ok());
+    live(&a, "c").unwrap();
+    not_found(b.get(&w[1].id, "a"));
+    assert!(a.get(&done_a.id, "a").is_ok());
+    live(&b, "c").unwrap();
+    not_found(a.get(&done_a.id, "a"));
+    // only live work: refused until the first task expires
+    assert_eq!(live(&a, "d").unwrap_err().retry_after_ms(), Some(3_600_000));
+    redis.cli(&["FLUSHDB"]);
+
+    // an owner at its share gives up its own waiting task
+    let (a, b) = replicas(&redis, limits(10, 2, Duration::from_secs(3600)));
+    let mine = waiting(&a, "a");
+    live(&b, "a").unwrap();
+    live(&a, "a").unwrap();
+    not_found(b.get(&mine.id, "a"));
+    assert!(live(&a, "a").is_err(), "two live tasks: the share is held");
+    redis.cli(&["FLUSHDB"]);
+
+    // a waiting task lives the waiting TTL, a live one the whole TTL
+    let short = StoreLimits { waiting_ttl: Duration::from_millis(1500), ..limits(10, 5, Duration::from_secs(3600)) };
+    let (a, b) = replicas(&redis, short);
+    let idle = waiting(&a, "a");
+    let busy = live(&b, "b").unwrap();
+    assert_eq!(a.count().unwrap().0, 2);
+    std::thread::sleep(Duration::from_millis(1700));
+    not_found(b.get(&idle.id, "a"));
+    assert!(a.get(&busy.id, "b").is_ok(), "a live task outlives the waiting TTL");
+    assert_eq!(a.count().unwrap().0, 1);
+}
+
 #[test]
 fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down() {
     if !have("redis-server") {
@@ -342,4 +399,64 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
         }
     }
     assert!(heard, "b's subscriber never learned that the task completed");
+}
+
+/// Issue 43, Medium 6 with `--state`: the Redis session store keeps the
+/// in-memory store's shares. Ten addresses of one /24 (300 sessions into
+/// 50) cannot evict another /24's session nor their own network's smallest
+/// holder; an IPv6 /64 is one caller; the sessions a /24 gives up are
+/// tombstoned as such.
+#[test]
+fn redis_sessions_keep_a_share_per_caller_and_per_network() {
+    use scd_engine::session::SessionLimits;
+    use scd_engine::shared::{Loaded, SharedState};
+    use scd_service::redis::sessions::RedisSessions;
+    if !have("redis-server") {
+        return;
+    }
+    let dir = scratch("redis-session-shares");
+    let redis = RedisServer::start(&dir, false);
+    let store = RedisSessions::open(&redis.url()).unwrap();
+    let limits = SessionLimits { ttl: Duration::from_secs(600), max_sessions: 50, max_bytes: 1 << 20 };
+    let mut n = 0;
+    let mut open = |scope: &str| {
+        n += 1;
+        let key = format!("s-{n:032x}");
+        store.open(&key, Some(scope), 10, b"record", ("digest", b"blob"), &limits).unwrap();
+        key
+    };
+    let victim = open("ip:10.0.1.1");
+    let near = open("ip:10.0.0.200");
+    let crowd: Vec<_> = (0..300).map(|i| open(&format!("ip:10.0.0.{}", 2 + i % 10))).collect();
+    let live = |k: &str| matches!(store.load(k, &limits).unwrap(), Loaded::Live { .. });
+    assert!(live(&victim), "another /24's session went");
+    assert!(live(&near), "the /24's smallest holder lost its session");
+    assert_eq!(store.stats(&limits).unwrap().live, 50);
+    let causes: std::collections::HashSet<_> = crowd[..100]
+        .iter()
+        .filter_map(|k| match store.load(k, &limits).unwrap() {
+            Loaded::Gone(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert!(causes.contains("network_gave_way"), "{causes:?}");
+    // the other /24 takes its share from the one past its own
+    let held: Vec<_> = (0..5).map(|_| open("ip:10.0.1.1")).collect();
+    assert!(held.iter().all(|k| live(k)));
+    redis.cli(&["FLUSHDB"]);
+
+    // ten networks of one address each: each at its share, none takes the victim's
+    let victim = open("ip:10.0.1.1");
+    for i in 0..300 {
+        open(&format!("ip:10.{}.0.1", 2 + i % 10));
+    }
+    assert!(live(&victim), "a caller within its share lost its session");
+    redis.cli(&["FLUSHDB"]);
+
+    // an IPv6 /64 is one caller: its 300 addresses give up their own
+    // sessions once the store is full, not the other caller's
+    let victim = open("ip:10.0.1.1");
+    let v6: Vec<_> = (0..300).map(|i| open(&format!("ip:2001:db8::{:x}", i + 1))).collect();
+    assert!(live(&victim));
+    assert_eq!(v6.iter().filter(|k| live(k)).count(), 49);
 }

@@ -112,6 +112,7 @@ impl Shared {
             bytes_per_owner: limits.max_bytes_per_caller,
             task_bytes: ENTRY_BYTES,
             context_bytes: CONTEXT_BYTES,
+            waiting_ttl: limits.waiting_ttl,
         };
         Self { redis, bounds, max_history: limits.max_history, subs, listening }
     }

@@ -24,6 +24,7 @@ fn store(max_tasks: usize) -> Store {
         max_bytes: 1 << 20,
         max_tasks_per_caller: max_tasks,
         max_bytes_per_caller: 1 << 20,
+        ..StoreLimits::default()
     })
 }
 
