@@ -2,8 +2,10 @@
 //! and other callers use.
 //!
 //! Every call is retried with exponential backoff and jitter on
-//! UNAVAILABLE, broken connections and RESOURCE_EXHAUSTED (waiting at least
-//! the server's `retry-after-ms`), never on INVALID_ARGUMENT and the like;
+//! UNAVAILABLE and RESOURCE_EXHAUSTED (waiting at least the server's
+//! `retry-after-ms`), an idempotent one also when it broke off (its
+//! connection broke, or a load balancer cut its reply short), never on
+//! INVALID_ARGUMENT and the like;
 //! with a [`Signer`] each try carries a freshly signed `DIDWba` header.
 //!
 //! ```
@@ -48,10 +50,12 @@ fn looks_like_tls_server(err: &Status) -> bool {
 /// Whether a failed call may be retried, and how long to wait at least.
 ///
 /// UNAVAILABLE (server down, draining, not reachable) and RESOURCE_EXHAUSTED
-/// (queue full; wait its `retry-after-ms`) always; a connection that broke
-/// under the call (a transport error, reported as UNKNOWN, INTERNAL or
-/// CANCELLED with a source) only for `idempotent` calls. A status the server
-/// answered (INVALID_ARGUMENT, NOT_FOUND, ...) never.
+/// (queue full; wait its `retry-after-ms`) always; a call that broke off
+/// only for `idempotent` calls: a connection that broke under it (a
+/// transport error, reported as UNKNOWN, INTERNAL or CANCELLED with a
+/// source), or a reply cut off after it began (UNKNOWN "missing
+/// grpc-status trailer": a load balancer whose replica died mid-reply). A
+/// status the server answered (INVALID_ARGUMENT, NOT_FOUND, ...) never.
 pub fn retryable(s: &Status, idempotent: bool) -> Option<Duration> {
     match s.code() {
         Code::Unavailable => Some(Duration::ZERO),
@@ -61,8 +65,21 @@ pub fn retryable(s: &Status, idempotent: bool) -> Option<Duration> {
         Code::Unknown | Code::Internal | Code::Cancelled if idempotent && std::error::Error::source(s).is_some() => {
             Some(Duration::ZERO)
         }
+        Code::Unknown if idempotent && cut_off(s) => Some(Duration::ZERO),
         _ => None,
     }
+}
+
+/// A reply that ended without its gRPC status: the server began answering
+/// (so it may have done the work) and its stream was ended cleanly before
+/// the trailers came. A load balancer does this when the replica it was
+/// relaying dies mid-reply (HAProxy ends the client's stream, tonic answers
+/// UNKNOWN "missing grpc-status trailer", with no source); it is a broken
+/// call, not the server's answer.
+fn cut_off(s: &Status) -> bool {
+    s.code() == Code::Unknown
+        && std::error::Error::source(s).is_none()
+        && s.message().contains("missing grpc-status trailer")
 }
 
 /// Backoff before retry `attempt` (0-based): 100 ms doubling, capped at 2 s,
@@ -200,6 +217,8 @@ fn status_error(what: &str, s: &Status, retries: u32, tls: bool) -> anyhow::Erro
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
     use super::*;
 
     #[test]
@@ -231,6 +250,56 @@ mod tests {
         assert_eq!(broken.code(), Code::Unknown);
         assert_eq!(retryable(&broken, true), Some(Duration::ZERO));
         assert_eq!(retryable(&broken, false), None);
+    }
+
+    /// A server that answers its first call with a 200 and no gRPC status
+    /// (as HAProxy ends a reply whose replica died after its headers) and
+    /// every later one with NOT_FOUND; it counts the calls.
+    #[derive(Clone, Default)]
+    struct CutsOffTheFirstReply(Arc<AtomicUsize>);
+
+    impl tonic::server::NamedService for CutsOffTheFirstReply {
+        const NAME: &'static str = "scd.v1.Scd";
+    }
+
+    impl tower::Service<http::Request<tonic::body::Body>> for CutsOffTheFirstReply {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+            let mut r = http::Response::builder().header("content-type", "application/grpc");
+            if self.0.fetch_add(1, SeqCst) > 0 {
+                r = r.header("grpc-status", "5").header("grpc-message", "gone");
+            }
+            std::future::ready(Ok(r.body(tonic::body::Body::empty()).unwrap()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reply_cut_off_mid_way_is_retried_only_when_the_call_is_idempotent() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let server = CutsOffTheFirstReply::default();
+        let calls = server.0.clone();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(tonic::transport::Server::builder().add_service(server).serve_with_incoming(incoming));
+        let info = |mut cl: Client| async move { cl.info(pb::InfoRequest {}).await };
+        let mut c = Conn::new(&addr, None, 3, Signer::new(None, "scd")).unwrap();
+
+        // not idempotent: the server may have done the work; not retried
+        let (err, retries) = c.try_call("Info", false, info).await.unwrap_err();
+        assert_eq!((err.code(), retries, calls.load(SeqCst)), (Code::Unknown, 0, 1), "{err:?}");
+        assert!(cut_off(&err), "tonic words a cut-off reply differently now: {err:?}");
+        // idempotent: retried, and the retry gets the server's own answer
+        calls.store(0, SeqCst);
+        let (err, retries) = c.try_call("Info", true, info).await.unwrap_err();
+        assert_eq!((err.code(), retries, calls.load(SeqCst)), (Code::NotFound, 1, 2), "{err:?}");
+        assert_eq!(err.message(), "gone");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Beyond one machine, against the real servers: sessions in a real
 //! `redis-server`, two `scd serve` replicas behind a real HAProxy (round
-//! robin, no stickiness), a replica killed with SIGKILL under load, Redis
-//! restarted with and without persistence, and a corpus embedded by three
-//! `scd embed-worker` processes with one killed mid-shard.
+//! robin, no stickiness; gRPC and HTTP), a replica killed with SIGKILL under
+//! a gRPC load and under a REST session, Redis restarted with and without
+//! persistence, and a corpus embedded by three `scd embed-worker` processes
+//! with one killed mid-shard.
 //!
 //! Redis and HAProxy come from Debian's packages (`service/tests/setup.sh`
 //! installs them); each test starts its own on loopback ports in a scratch
@@ -42,6 +43,17 @@ pub(crate) fn have(program: &str) -> bool {
 fn kill9(child: &Child) {
     let ok = Command::new("kill").args(["-KILL", &child.id().to_string()]).status().unwrap().success();
     assert!(ok, "kill -KILL");
+}
+
+/// SIGKILL to `r`, and wait until its ports refuse connections (it is gone,
+/// not dying with a call in its hands).
+fn kill9_and_wait(r: &Replica) {
+    kill9(&r.child);
+    let t = Instant::now();
+    while [r.grpc, r.http].iter().any(|&p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "a killed replica still accepts connections");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -203,6 +215,7 @@ impl Replica {
 struct Haproxy {
     child: Child,
     port: u16,
+    http_port: u16,
 }
 
 impl Drop for Haproxy {
@@ -213,25 +226,49 @@ impl Drop for Haproxy {
 }
 
 impl Haproxy {
-    /// docs/deploy/haproxy.cfg in front of `a` and `b`.
+    /// docs/deploy/haproxy.cfg in front of `a` and `b`: gRPC on `port`,
+    /// HTTP (REST, A2A) on `http_port`.
     fn start(dir: &Path, a: &Replica, b: &Replica) -> Haproxy {
-        let port = free_port();
+        let (port, http_port) = (free_port(), free_port());
         let child = Command::new("haproxy")
             .args(["-db", "-f", root().join("docs/deploy/haproxy.cfg").to_str().unwrap()])
             .env("SCD_LB_ADDR", format!("127.0.0.1:{port}"))
+            .env("SCD_LB_HTTP_ADDR", format!("127.0.0.1:{http_port}"))
             .env("SCD_A", format!("127.0.0.1:{}", a.grpc))
             .env("SCD_B", format!("127.0.0.1:{}", b.grpc))
-            .env("SCD_A_HTTP_PORT", a.http.to_string())
-            .env("SCD_B_HTTP_PORT", b.http.to_string())
+            .env("SCD_A_HTTP", format!("127.0.0.1:{}", a.http))
+            .env("SCD_B_HTTP", format!("127.0.0.1:{}", b.http))
             .stdout(std::fs::File::create(dir.join("haproxy.log")).unwrap())
             .stderr(std::fs::File::create(dir.join("haproxy.err")).unwrap())
             .spawn()
             .unwrap();
-        Haproxy { child, port }
+        Haproxy { child, port, http_port }
     }
 
     fn addr(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn http_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.http_port)
+    }
+
+    /// A REST `POST path` through the HTTP frontend: status and JSON body.
+    fn post(&self, path: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+        let headers: Vec<(&str, &str)> = token.map(|t| ("x-scd-session-token", t)).into_iter().collect();
+        let (status, text) = crate::a2a::http(&self.http_addr(), "POST", path, &headers, &body.to_string());
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {path}: {e}: {text:?}")))
+    }
+
+    /// Waits until a `GET /ready` through the HTTP frontend reaches a replica.
+    fn wait_http(&self) {
+        let t = Instant::now();
+        while std::net::TcpStream::connect(self.http_addr()).is_err()
+            || crate::a2a::status_and_body(&self.http_addr(), "/ready").0 != 200
+        {
+            assert!(t.elapsed() < Duration::from_secs(30), "HAProxy never passed an HTTP call");
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }
 
@@ -469,6 +506,78 @@ async fn sessions_survive_replicas_behind_haproxy_a_killed_replica_and_a_redis_r
         .await
         .unwrap();
     assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
+}
+
+/// REST and A2A through HAProxy's HTTP frontend: a session opened on one
+/// replica goes on through the other once the first is killed with
+/// SIGKILL, each follow-up with chunks not sent before and the ledger equal
+/// to what arrived; an A2A task survives too. With both replicas gone,
+/// each frontend answers in its own protocol's shape.
+#[test]
+fn a_rest_session_through_haproxy_goes_on_through_the_other_replica_after_a_kill_9() {
+    if !ready() || !have("redis-server") || !have("haproxy") {
+        return;
+    }
+    let dir = scratch("replicas-rest");
+    let redis = RedisServer::start(&dir, false);
+    let replicas = [Replica::start(&dir, "a", &redis.url(), &[]), Replica::start(&dir, "b", &redis.url(), &[])];
+    let lb = Haproxy::start(&dir, &replicas[0], &replicas[1]);
+    lb.wait_http();
+
+    let context: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("fixtures/agent_context.json")).unwrap()).unwrap();
+    let body = serde_json::json!({"task": "Why are customer charges failing at checkout?", "context": context,
+                                  "budget": 120, "budget_tokenizer": "cl100k"});
+    let (status, first) = lb.post("/v1/compress", None, &body);
+    assert_eq!(status, 200, "{first}");
+    let (session, token) = (first["session_id"].as_str().unwrap(), first["session_token"].as_str().unwrap());
+    let mut seen = chunk_ids(&first);
+    let mut received = first["totals"]["sent_tokens"].as_u64().unwrap();
+    assert!(!seen.is_empty() && received > 0, "{first}");
+    let opened: Vec<u64> = replicas.iter().map(|r| r.served("REST POST /v1/compress")).collect();
+    assert_eq!(opened.iter().sum::<u64>(), 1, "one replica opened the session: {opened:?}");
+    let (dead, alive) = if opened[0] == 1 { (&replicas[0], &replicas[1]) } else { (&replicas[1], &replicas[0]) };
+    let a2a = crate::a2a::rpc(&lb.http_addr(), "SendMessage", crate::a2a::compress_message(None));
+    let task = a2a["result"]["task"]["id"].as_str().unwrap_or_else(|| panic!("{a2a}")).to_string();
+
+    // the replica that opened it dies; the first follow-up goes out at once
+    // (HAProxy may not have seen it go: its connect is refused, it
+    // redispatches), the others after
+    kill9_and_wait(dead);
+    let more = format!("/v1/sessions/{session}/more");
+    for (i, q) in QUESTIONS.iter().enumerate() {
+        let ask = serde_json::json!({"question": q, "current_confidence": 0.2, "max_tokens": 60});
+        let (status, m) = lb.post(&more, Some(token), &ask);
+        assert_eq!(status, 200, "follow-up {i} after the kill: {m}");
+        let got = chunk_ids(&m);
+        assert!(i > 0 || !got.is_empty(), "the first follow-up after the kill sent nothing: {m}");
+        assert!(got.iter().all(|id| !seen.contains(id)), "a chunk sent again: {got:?} after {seen:?}");
+        seen.extend(got);
+        received += m["sent_tokens"].as_u64().unwrap();
+        assert_eq!(Some(received), m["session_sent_tokens"].as_u64(), "the ledger counts what arrived: {m}");
+    }
+    let followed = alive.served("REST POST /v1/sessions/{session_id}/more");
+    assert_eq!(followed, QUESTIONS.len() as u64, "the other replica served every follow-up");
+    let got = crate::a2a::rpc(&lb.http_addr(), "GetTask", serde_json::json!({"id": task}));
+    assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
+    eprintln!("replicas: a REST session through HAProxy went on after a kill -9: {} chunks, none twice", seen.len());
+
+    // no replica left: HAProxy's own errors, REST's shape and gRPC's
+    kill9_and_wait(alive);
+    let (status, e) = lb.post(&more, Some(token), &serde_json::json!({"question": "any", "current_confidence": 0.2}));
+    assert_eq!(status, 503, "{e}");
+    let shape = (e["error"]["type"].as_str(), e["error"]["code"].as_str());
+    assert_eq!(shape, (Some("service_unavailable"), Some("UNAVAILABLE")), "{e}");
+    let info = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        conn(&lb.addr(), 0).try_call("Info", true, |mut cl| async move { cl.info(pb::InfoRequest {}).await }).await
+    });
+    let status = info.unwrap_err().0;
+    assert_eq!((status.code(), status.message()), (Code::Unavailable, "no replica available"), "{status:?}");
+}
+
+fn chunk_ids(reply: &Value) -> Vec<String> {
+    let chunks = reply["chunks"].as_array().unwrap_or_else(|| panic!("no chunks: {reply}"));
+    chunks.iter().map(|c| c["id"].as_str().unwrap().to_string()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
