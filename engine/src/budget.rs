@@ -47,6 +47,36 @@ pub const E5: &str = "e5";
 /// The built-in names, besides [`E5`].
 pub const BUILTIN: [&str; 2] = ["o200k", "cl100k"];
 
+/// What a `rate` must be: LLMLingua's `rate`, the share of a context's
+/// tokens to keep. Every surface's error about it says this after the name
+/// of its own field (`rate`, `--rate`, `message.parts[0].data.rate`).
+pub const RATE_RANGE: &str = "must be a number in (0, 1], the share of the context's tokens to keep";
+
+/// `rate` checked: finite and in (0, 1] ([`RATE_RANGE`]); the error names `field`.
+///
+/// ```
+/// use scd_engine::budget::{check_rate, rate_budget};
+///
+/// assert_eq!(check_rate("rate", 0.3).unwrap(), 0.3);
+/// let e = check_rate("--rate", 1.5).unwrap_err().to_string();
+/// assert_eq!(e, "--rate: must be a number in (0, 1], the share of the context's tokens to keep");
+/// assert_eq!(rate_budget(1000, 0.3), 300);
+/// assert_eq!(rate_budget(3, 0.1), 1); // never 0
+/// ```
+pub fn check_rate(field: &str, rate: f64) -> Result<f64> {
+    if rate.is_finite() && rate > 0.0 && rate <= 1.0 {
+        Ok(rate)
+    } else {
+        Err(Error::invalid(field, RATE_RANGE))
+    }
+}
+
+/// The budget `rate` (checked by [`check_rate`]) keeps of a context of
+/// `context_tokens`: that share, rounded down, and at least 1.
+pub fn rate_budget(context_tokens: usize, rate: f64) -> usize {
+    ((context_tokens as f64) * rate).floor().max(1.0) as usize
+}
+
 /// An OpenAI BPE from `tiktoken-rs` (`o200k_base`, `cl100k_base`).
 pub struct Tiktoken {
     name: &'static str,
@@ -241,6 +271,19 @@ mod tests {
         for name in ["gpt2", "text-davinci-003", "claude-3-5-sonnet"] {
             assert!(reg.resolve(name).is_err(), "{name}");
         }
+    }
+
+    #[test]
+    fn rates_outside_zero_to_one_are_refused_naming_the_field() {
+        for bad in [0.0, -0.1, 1.000001, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = check_rate("rate", bad).unwrap_err().to_string();
+            assert_eq!(e, format!("rate: {RATE_RANGE}"), "{bad}");
+        }
+        for ok in [f64::MIN_POSITIVE, 0.25, 1.0] {
+            assert_eq!(check_rate("rate", ok).unwrap(), ok);
+        }
+        assert_eq!((rate_budget(400, 0.25), rate_budget(401, 0.25), rate_budget(7, 1.0)), (100, 100, 7));
+        assert_eq!((rate_budget(0, 0.5), rate_budget(9, 0.01)), (1, 1));
     }
 
     #[test]

@@ -111,10 +111,11 @@ pub fn grpc_convert_stage(data: &[u8]) -> Stage {
         }
         return Stage::Embed;
     }
-    let Ok(r) = pb::CompressRequest::decode(rest) else { return Stage::Undecoded };
+    let Ok(mut r) = pb::CompressRequest::decode(rest) else { return Stage::Undecoded };
     let n_fields = r.fields.len();
-    let req = match convert::compress_request(r, MAX_FIELDS, None) {
-        Ok(req) => req,
+    let checked = convert::rate(&mut r).and_then(|rate| Ok((rate, convert::compress_request(r, MAX_FIELDS, None)?)));
+    let (rate, mut req) = match checked {
+        Ok(checked) => checked,
         Err(s) => {
             assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
             return Stage::Rejected;
@@ -136,6 +137,10 @@ pub fn grpc_convert_stage(data: &[u8]) -> Stage {
         Arc::new(HashEncoder::new(32, 128)),
         ScdConfig { cache_bytes: 1 << 20, prepared_cache_bytes: 0, ..ScdConfig::default() },
     );
+    // as the server does: a rate's budget is that share of the context, at least 1
+    if let Some(rate) = rate {
+        req.requirement.max_context_tokens = scd.rate_budget(&req.context, None, rate).expect("hash tokens");
+    }
     let out = match scd.compress(&req) {
         Ok(out) => out,
         Err(e) => {

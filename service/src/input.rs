@@ -36,6 +36,7 @@ struct BatchLine {
     task: String,
     context: Context,
     budget: Option<u64>,
+    rate: Option<f64>,
     required: Option<Vec<String>>,
     optional: Option<Vec<String>>,
     threshold: Option<f32>,
@@ -47,7 +48,7 @@ struct BatchLine {
 }
 
 /// A `--batch` line's own output options; `None`: the flag's.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct LineOptions {
     /// `budget_tokenizer`: a name or a tokenizer.json path, as the flag.
     pub budget_tokenizer: Option<String>,
@@ -57,6 +58,10 @@ pub struct LineOptions {
     pub explain: Option<bool>,
     /// `list_dropped`.
     pub list_dropped: Option<bool>,
+    /// The line's `rate` (or `--rate`'s, for a line with neither budget nor
+    /// rate), checked: the request's budget is a placeholder until the
+    /// caller counts the context ([`scd_engine::extract::Scd::rate_budget`]).
+    pub rate: Option<f64>,
 }
 
 /// What `--batch` lines leave out, from the flags.
@@ -64,6 +69,8 @@ pub struct LineOptions {
 pub struct BatchDefaults {
     /// `--budget`.
     pub budget: Option<u64>,
+    /// `--rate`.
+    pub rate: Option<f64>,
     /// `--required`.
     pub required: Vec<String>,
     /// `--optional`.
@@ -97,14 +104,25 @@ pub fn parse_batch_line_with(raw: &str, defaults: &BatchDefaults) -> anyhow::Res
                 .map_err(|_| anyhow::anyhow!("render: expected freeform, semi_structured or structured_soft"))?,
         ),
     };
+    // the line's budget or rate, else the flags'
+    let (budget, rate) = match (line.budget, line.rate) {
+        (Some(_), Some(_)) => anyhow::bail!("rate: give budget or rate, not both"),
+        (None, None) => (defaults.budget, defaults.rate),
+        given => given,
+    };
+    let rate = rate.map(|r| scd_engine::budget::check_rate("rate", r)).transpose()?;
+    let budget = match (budget, rate) {
+        (_, Some(_)) => 1,
+        (b, None) => b.context("budget: missing (give budget or rate on the line, or --budget or --rate)")?,
+    };
+    anyhow::ensure!(budget >= 1, "budget: must be at least 1");
     let opts = LineOptions {
         budget_tokenizer: line.budget_tokenizer.clone(),
         render,
         explain: line.explain,
         list_dropped: line.list_dropped,
+        rate,
     };
-    let budget = line.budget.or(defaults.budget).context("budget: missing (give it on the line or with --budget)")?;
-    anyhow::ensure!(budget >= 1, "budget: must be at least 1");
     let requirement = ContextRequirement {
         required_fields: line.required.unwrap_or_else(|| defaults.required.clone()),
         optional_fields: line.optional.unwrap_or_else(|| defaults.optional.clone()),
@@ -256,6 +274,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_batch_line_gives_a_budget_or_a_rate_else_the_flags_do() {
+        let ctx = r#"{"fields": [{"name": "a", "content": "b"}]}"#;
+        let parse = |keys: &str, defaults: &BatchDefaults| {
+            parse_batch_line_with(&format!(r#"{{"task": "t", "context": {ctx}{keys}}}"#), defaults)
+                .map(|(req, o)| (req.requirement.max_context_tokens, o.rate))
+                .map_err(|e| e.to_string())
+        };
+        let none = BatchDefaults::default();
+        let by_rate = BatchDefaults { rate: Some(0.5), ..BatchDefaults::default() };
+        let by_budget = BatchDefaults { budget: Some(40), ..BatchDefaults::default() };
+        assert_eq!(parse(r#", "rate": 0.25"#, &none), Ok((1, Some(0.25))));
+        assert_eq!(parse(r#", "budget": 9"#, &by_rate), Ok((9, None)));
+        assert_eq!(parse(r#", "rate": 0.25"#, &by_budget), Ok((1, Some(0.25))));
+        assert_eq!(parse("", &by_rate), Ok((1, Some(0.5))));
+        assert_eq!(parse("", &by_budget), Ok((40, None)));
+        let range = format!("rate: {}", scd_engine::budget::RATE_RANGE);
+        for bad in ["0", "1.5", "-1"] {
+            assert_eq!(parse(&format!(r#", "rate": {bad}"#), &none), Err(range.clone()), "{bad}");
+        }
+        assert_eq!(parse(r#", "budget": 9, "rate": 0.5"#, &none), Err("rate: give budget or rate, not both".into()));
+        assert!(parse("", &none).unwrap_err().starts_with("budget: missing"));
+    }
+
+    #[test]
     fn a_batch_line_takes_every_option_the_flags_do() {
         let ctx = r#"{"fields": [{"name": "a", "content": "b"}]}"#;
         let line = format!(
@@ -270,6 +312,7 @@ mod tests {
                 render: Some(scd_engine::handoff::Format::SemiStructured),
                 explain: Some(true),
                 list_dropped: Some(false),
+                rate: None,
             }
         );
         let (_, none) = parse_batch_line_with(

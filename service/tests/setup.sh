@@ -27,7 +27,9 @@ venv() {
   fi
   [ -x "$dir/bin/python" ] || "$PY" -m venv "$dir"
   say "installing into $dir (pins: ${pins#"$ROOT"/})"
-  "$dir/bin/pip" install --quiet --disable-pip-version-check "$@"
+  # pip through the venv's python: a venv copied to another checkout keeps
+  # scripts whose #! names the original, and bin/pip would install there
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
   cp "$pins" "$dir/.installed"
 }
 

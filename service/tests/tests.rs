@@ -40,6 +40,8 @@ mod http_listener;
 mod lifecycle;
 #[path = "cases/mcp.rs"]
 mod mcp;
+#[path = "cases/rate.rs"]
+mod rate;
 #[path = "cases/replicas.rs"]
 mod replicas;
 #[path = "cases/rest.rs"]

@@ -569,6 +569,22 @@ impl Scd {
         self.compress_opts(req, &CompressOptions::default(), cancel)
     }
 
+    /// The budget LLMLingua's `rate` keeps of `context` (see
+    /// [`crate::budget::rate_budget`]; check it with
+    /// [`crate::budget::check_rate`] first): its non-confidential fields
+    /// counted in `tokenizer` (the encoder's own when `None`), times `rate`,
+    /// rounded down; at least 1 and at most `max_budget_tokens`.
+    pub fn rate_budget(&self, context: &Context, tokenizer: Option<&BudgetTokenizer>, rate: f64) -> Result<usize> {
+        let mut tokens = 0;
+        for f in context.fields.iter().filter(|f| !f.confidential) {
+            tokens += match tokenizer {
+                Some(t) => t.count(&f.content)?,
+                None => self.encoder.count_tokens(&f.content)?,
+            };
+        }
+        Ok(crate::budget::rate_budget(tokens, rate).min(self.cfg.max_budget_tokens))
+    }
+
     /// [`Scd::compress_with`] counting in a budget tokenizer and explaining
     /// the selection, as `opts` asks.
     #[instrument(skip_all, fields(fields = req.context.fields.len(), budget = req.requirement.max_context_tokens))]

@@ -51,6 +51,35 @@ fn opts(tokenizer: &str, explain: bool) -> CompressOptions {
     CompressOptions { budget_tokenizer: TokenizerRegistry::new().resolve(tokenizer).unwrap(), explain, envelope: None }
 }
 
+/// A rate's budget is that share of the shareable fields' tokens (the
+/// confidential one counts for nothing), in the tokenizer named or the
+/// encoder's own; the compression it asks for reports 1 / rate.
+#[test]
+fn a_rate_keeps_that_share_of_the_shareable_tokens() {
+    let scd = scd();
+    let shareable = |count: &dyn Fn(&str) -> usize| -> usize {
+        context().fields.iter().filter(|f| !f.confidential).map(|f| count(&f.content)).sum()
+    };
+    let cl100k = builtin("cl100k").unwrap();
+    let c = shareable(&|t| cl100k.count(t).unwrap());
+    let e5 = shareable(&|t| scd.encoder().count_tokens(t).unwrap());
+    assert!(c > 20 && e5 > 20, "{c} {e5}");
+    assert_eq!(scd.rate_budget(&context(), Some(&cl100k), 0.25).unwrap(), c / 4);
+    assert_eq!(scd.rate_budget(&context(), None, 0.5).unwrap(), e5 / 2);
+    assert_eq!(scd.rate_budget(&context(), Some(&cl100k), 1.0).unwrap(), c);
+    assert_eq!(scd.rate_budget(&context(), Some(&cl100k), 1e-9).unwrap(), 1);
+    let budget = scd.rate_budget(&context(), Some(&cl100k), 0.25).unwrap();
+    let out =
+        scd.compress_opts(&request("why did charges fail at checkout", budget), &opts("cl100k", false), &Cancel::new());
+    let out = out.unwrap();
+    assert!((out.totals.requested_ratio - c as f32 / budget as f32).abs() < 1e-4, "{:?}", out.totals);
+    assert!(out.totals.sent_tokens <= budget && out.totals.sent_tokens > 0, "{:?}", out.totals);
+    // never more than the server's largest budget
+    let small =
+        Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { max_budget_tokens: 5, ..ScdConfig::default() });
+    assert_eq!(small.rate_budget(&context(), Some(&cl100k), 1.0).unwrap(), 5);
+}
+
 #[test]
 fn the_sent_text_never_counts_more_than_the_budget_in_the_chosen_tokenizer() {
     let scd = scd();

@@ -53,6 +53,7 @@
 //!   "context":{"fields":[{"name":"logs","kind":"log","content":"..."}]},"budget":200}}]}}}'
 //! ```
 
+mod input;
 pub mod jsonrpc;
 pub mod rest;
 pub mod store;
@@ -62,11 +63,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::debug;
 
 use crate::grpc::{pb, ScdService};
+pub(crate) use input::CompressInput;
+use input::RenderFormat;
 use store::{Session, Store, StoreLimits};
 use types::{Artifact, Message, Part, Role, SendMessageRequest, Task, TaskState};
 
@@ -283,64 +285,6 @@ pub struct Agent {
     cfg: A2aConfig,
 }
 
-/// The data part of a compress message, parsed strictly.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CompressInput {
-    #[serde(default)]
-    task: Option<String>,
-    context: scd_engine::context::Context,
-    #[serde(deserialize_with = "whole_u32")]
-    budget: u32,
-    #[serde(default)]
-    required: Vec<String>,
-    #[serde(default)]
-    optional: Vec<String>,
-    #[serde(default)]
-    threshold: Option<f32>,
-    #[serde(default)]
-    min_relative_score: Option<f32>,
-    #[serde(default)]
-    render: Option<RenderFormat>,
-    /// `o200k`, `cl100k`, `e5` or a name the server registered.
-    #[serde(default)]
-    budget_tokenizer: Option<String>,
-    /// Tokens of `budget` held back for follow-ups (the session's total is `budget`).
-    #[serde(default, deserialize_with = "whole_u32_opt")]
-    reserve: Option<u32>,
-    /// List what was held back (at most 100, best first) in the data part.
-    #[serde(default)]
-    list_dropped: bool,
-}
-
-fn whole_u32_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-    whole_u32(d).map(Some)
-}
-
-/// A token count: a JSON integer, or a float with no fractional part
-/// (protobuf `Struct`, which A2A clients such as `a2a-sdk` send data parts
-/// in, has only doubles: `150` arrives as `150.0`).
-fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    use serde::de::Error as _;
-    let v = serde_json::Number::deserialize(d)?;
-    let whole = match (v.as_u64(), v.as_f64()) {
-        (Some(n), _) => Some(n),
-        (None, Some(f)) if f.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&f) => Some(f as u64),
-        _ => None,
-    };
-    whole
-        .and_then(|n| u32::try_from(n).ok())
-        .ok_or_else(|| D::Error::custom(format!("expected a whole number of tokens from 0 to {}, got {v}", u32::MAX)))
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum RenderFormat {
-    Freeform,
-    SemiStructured,
-    StructuredSoft,
-}
-
 /// What a message asks for.
 pub(crate) enum Input {
     Compress(Box<CompressInput>),
@@ -400,13 +344,11 @@ pub(crate) fn classify(m: &Message) -> Result<Input, Error> {
                 let path = crate::input::shown_path(e.path());
                 let at = if path == "." { String::new() } else { format!(".{path}") };
                 Error::InvalidParams(format!(
-                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?, reserve?, list_dropped?}})",
+                    "message.parts[{i}].data{at}: {} (expected {{task, context: {{fields}}, budget or rate, required?, optional?, threshold?, min_relative_score?, render?, budget_tokenizer?, reserve?, list_dropped?}})",
                     crate::input::redact_json_error(&e.into_inner().to_string())
                 ))
             })?;
-            if input.budget == 0 {
-                return Err(Error::InvalidParams(format!("message.parts[{i}].data.budget: must be at least 1")));
-            }
+            input.check_budget().map_err(|e| Error::InvalidParams(format!("message.parts[{i}].data.{e}")))?;
             data = Some(input);
         }
         if let Some(t) = &p.text {
@@ -545,7 +487,7 @@ impl Agent {
                 {
                     "id": "compress-context",
                     "name": "Compress context",
-                    "description": "A data part {task, context: {fields: [{name, kind, content, confidential}]}, budget, required?, optional?, threshold?, min_relative_score?, render?, reserve?, list_dropped?} yields a completed task whose artifact holds the minimal sufficient context within the budget: a text part (exactly the context to hand over, or a hand-off report in `render`: freeform, semi_structured or structured_soft; within the budget, wrapping included) and a data part (the same text, the chunk ids, totals, the count of chunks held back, withheld confidential field names; snake_case keys). reserve? holds part of the budget back for follow-ups; list_dropped? lists what was held back. It opens an SCD session for the contextId.",
+                    "description": "A data part {task, context: {fields: [{name, kind, content, confidential}]}, budget (or rate: the share of the context to keep, in (0, 1]), required?, optional?, threshold?, min_relative_score?, render?, reserve?, list_dropped?} yields a completed task whose artifact holds the minimal sufficient context within the budget: a text part (exactly the context to hand over, or a hand-off report in `render`: freeform, semi_structured or structured_soft; within the budget, wrapping included) and a data part (the same text, the chunk ids, totals, the count of chunks held back, withheld confidential field names; snake_case keys). reserve? holds part of the budget back for follow-ups; list_dropped? lists what was held back. It opens an SCD session for the contextId.",
                     "tags": ["context", "compression", "retrieval", "handoff"],
                     "examples": [
                         "{\"task\": \"Why does checkout time out?\", \"context\": {\"fields\": [{\"name\": \"error_logs\", \"kind\": \"log\", \"content\": \"ERROR payments::db: connection pool exhausted\"}]}, \"budget\": 200}"
@@ -707,13 +649,14 @@ impl Agent {
             requirement: Some(pb::ContextRequirement {
                 required_fields: input.required,
                 optional_fields: input.optional,
-                max_context_tokens: input.budget,
+                max_context_tokens: input.budget.unwrap_or(0),
                 relevance_threshold: input.threshold,
                 min_relative_score: input.min_relative_score,
             }),
             render: render as i32,
             budget_tokenizer: input.budget_tokenizer.unwrap_or_default(),
             reserve_tokens: input.reserve.unwrap_or(0),
+            rate: input.rate,
             ..Default::default()
         };
         let list_dropped = input.list_dropped;

@@ -49,9 +49,14 @@ pub enum ClientCommand {
         /// Context JSON file; `-` reads stdin.
         #[arg(long)]
         context: PathBuf,
-        /// Budget in tokens (at least 1).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-        budget: u32,
+        /// Budget in tokens (at least 1); or give --rate.
+        #[arg(long, required_unless_present = "rate", value_parser = clap::value_parser!(u32).range(1..))]
+        budget: Option<u32>,
+        /// Instead of --budget: keep this share of the context's tokens in
+        /// --budget-tokenizer, in (0, 1] (LLMLingua's rate; the server counts
+        /// them and checks it).
+        #[arg(long, conflicts_with = "budget", allow_negative_numbers = true)]
+        rate: Option<f64>,
         /// Fields sent whole, first (comma-separated).
         #[arg(long, value_delimiter = ',')]
         required: Vec<String>,
@@ -192,6 +197,11 @@ impl IdentityArgs {
     }
 }
 
+/// A `--render` format on the wire (unset: no report).
+fn render_pb(render: Option<crate::cli::handoff::ReportFormat>) -> i32 {
+    render.map_or(pb::ReportFormat::Unspecified, |f| crate::grpc::handoff::format_pb(f.into())) as i32
+}
+
 /// The fields of a context file, parsed strictly by the engine's own type
 /// (unknown keys and non-boolean `confidential` are errors).
 pub(crate) fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
@@ -277,6 +287,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
             ClientCommand::Compress {
                 task,
                 budget,
+                rate,
                 session,
                 token,
                 render,
@@ -299,7 +310,7 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     task: Some(pb::Task { description: task, ..Default::default() }),
                     fields,
                     requirement: Some(pb::ContextRequirement {
-                        max_context_tokens: budget,
+                        max_context_tokens: budget.unwrap_or(0),
                         required_fields: required,
                         optional_fields: optional,
                         relevance_threshold: threshold,
@@ -307,13 +318,12 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
                     }),
                     session_id: session,
                     session_token: token,
-                    render: render.map_or(pb::ReportFormat::Unspecified, |f| {
-                        crate::grpc::handoff::format_pb(f.into())
-                    }) as i32,
+                    render: render_pb(render),
                     budget_tokenizer,
                     explain,
                     session_max_total_tokens: session_total,
                     reserve_tokens: reserve,
+                    rate,
                 };
                 let r = c
                     .call("Compress", idempotent, |mut cl| {

@@ -45,9 +45,15 @@ pub struct CompressArgs {
     #[command(flatten)]
     walk: crate::cli::context::WalkArgs,
     /// The receiver's budget in tokens (hard limit, at least 1). With
-    /// --batch: the budget of lines that give none.
-    #[arg(long, required_unless_present = "batch", value_parser = clap::value_parser!(u64).range(1..))]
+    /// --batch: the budget of lines that give neither budget nor rate.
+    #[arg(long, required_unless_present_any = ["batch", "rate"], value_parser = clap::value_parser!(u64).range(1..))]
     budget: Option<u64>,
+    /// Instead of --budget: keep this share of the context's tokens in
+    /// --budget-tokenizer, in (0, 1] (LLMLingua's rate): the budget is the
+    /// non-confidential fields' tokens times it, rounded down, at least 1.
+    /// With --batch: the rate of lines that give neither budget nor rate.
+    #[arg(long, conflicts_with = "budget", allow_negative_numbers = true)]
+    rate: Option<f64>,
     /// Fields sent whole, first (comma-separated). With --batch: the
     /// default of lines that give no "required".
     #[arg(long, value_delimiter = ',')]
@@ -62,7 +68,7 @@ pub struct CompressArgs {
     /// Calibrated threshold in standard deviations of the context's scores.
     #[arg(long, allow_negative_numbers = true)]
     min_relative_score: Option<f32>,
-    /// JSONL of {"task", "context", "budget", "required", "optional",
+    /// JSONL of {"task", "context", "budget" or "rate", "required", "optional",
     /// "threshold", "min_relative_score", "budget_tokenizer", "render",
     /// "explain", "list_dropped"} objects (all but task and context default
     /// to the flags); one result per line, model loaded once. A bad
@@ -103,6 +109,7 @@ impl CompressArgs {
     fn batch_defaults(&self) -> BatchDefaults {
         BatchDefaults {
             budget: self.budget,
+            rate: self.rate,
             required: self.required.clone(),
             optional: self.optional.clone(),
             threshold: self.threshold,
@@ -235,6 +242,9 @@ fn print(out: &Compressed, list_dropped: bool, format: Format, w: &mut impl Writ
 
 /// Checks the flags that need no model, so a typo fails at once.
 fn check_args(args: &CompressArgs) -> anyhow::Result<()> {
+    if let Some(rate) = args.rate {
+        scd_engine::budget::check_rate("--rate", rate)?;
+    }
     if let Some(t) = args.threshold {
         anyhow::ensure!(
             t.is_finite() && (-1.0..=1.0).contains(&t),
@@ -253,8 +263,46 @@ fn check_args(args: &CompressArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The one request of `scd compress` without --batch: the context read
+/// (`--context`) or built (`--files`), the budget from --budget or, with
+/// --rate, that share of the context's tokens in `tokenizer`.
+fn single_request(
+    scd: &Scd,
+    args: &mut CompressArgs,
+    tokenizer: Option<&BudgetTokenizer>,
+) -> anyhow::Result<CompressRequest> {
+    let Some(task) = args.task.take() else { bail!("--task is required without --batch") };
+    let context = if args.files.is_empty() {
+        let Some(path) = args.context.take() else { bail!("--context (or --files) is required without --batch") };
+        let mut raw = String::new();
+        if path.as_os_str() == "-" {
+            std::io::stdin().read_to_string(&mut raw)?;
+        } else {
+            raw = std::fs::read_to_string(&path).with_context(|| format!("--context {}", path.display()))?;
+        }
+        Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?
+    } else {
+        let (files, confidential) = (std::mem::take(&mut args.files), std::mem::take(&mut args.confidential));
+        let files = crate::cli::context::ContextArgs::files(files, confidential, std::mem::take(&mut args.walk));
+        crate::cli::context::build(&files, &scd.config().context_limits).context("--files")?
+    };
+    let budget = match (args.budget, args.rate) {
+        (Some(budget), _) => usize::try_from(budget).unwrap_or(usize::MAX),
+        (None, Some(rate)) => scd.rate_budget(&context, tokenizer, rate)?,
+        (None, None) => bail!("--budget or --rate is required without --batch"),
+    };
+    let requirement = ContextRequirement {
+        required_fields: std::mem::take(&mut args.required),
+        optional_fields: std::mem::take(&mut args.optional),
+        max_context_tokens: budget,
+        relevance_threshold: args.threshold,
+        min_relative_score: args.min_relative_score,
+    };
+    Ok(CompressRequest { task: Task::new(task), context, requirement, session: None })
+}
+
 /// Runs `scd compress`.
-pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
+pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
     check_args(&args)?;
     let opts = CompressOptions {
         budget_tokenizer: budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?,
@@ -262,8 +310,9 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         envelope: None,
     };
     // with --render the report, wrapping included, is what fits the budget
+    let render = args.render;
     let with_render = |req: &CompressRequest| CompressOptions {
-        envelope: args.render.map(|f| handoff::envelope(req, f.into(), None)),
+        envelope: render.map(|f| handoff::envelope(req, f.into(), None)),
         ..opts.clone()
     };
     // the session is made on the first embedding: a call the embedding
@@ -299,6 +348,11 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
                     o.envelope = Some(handoff::envelope(&r, f, None));
                 }
                 o.explain = line_opts.explain.unwrap_or(o.explain);
+                let mut r = r;
+                if let Some(rate) = line_opts.rate {
+                    r.requirement.max_context_tokens =
+                        scd.rate_budget(&r.context, o.budget_tokenizer.as_ref(), rate)?;
+                }
                 let out = scd.compress_opts(&r, &o, &Cancel::new())?;
                 Ok((out, line_opts.list_dropped.unwrap_or(args.list_dropped)))
             });
@@ -321,30 +375,7 @@ pub fn run(model: &ModelArgs, args: CompressArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let (Some(task), Some(budget)) = (args.task, args.budget) else {
-        bail!("--task and --budget are required without --batch");
-    };
-    let context = if args.files.is_empty() {
-        let Some(path) = args.context else { bail!("--context (or --files) is required without --batch") };
-        let mut raw = String::new();
-        if path.as_os_str() == "-" {
-            std::io::stdin().read_to_string(&mut raw)?;
-        } else {
-            raw = std::fs::read_to_string(&path).with_context(|| format!("--context {}", path.display()))?;
-        }
-        Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?
-    } else {
-        let files = crate::cli::context::ContextArgs::files(args.files, args.confidential, args.walk);
-        crate::cli::context::build(&files, &scd.config().context_limits).context("--files")?
-    };
-    let requirement = ContextRequirement {
-        required_fields: args.required,
-        optional_fields: args.optional,
-        max_context_tokens: usize::try_from(budget).unwrap_or(usize::MAX),
-        relevance_threshold: args.threshold,
-        min_relative_score: args.min_relative_score,
-    };
-    let req = CompressRequest { task: Task::new(task), context, requirement, session: None };
+    let req = single_request(&scd, &mut args, opts.budget_tokenizer.as_ref())?;
     let out = scd.compress_opts(&req, &with_render(&req), &Cancel::new())?;
     print(&out, args.list_dropped, args.format, &mut stdout)?;
     if args.format == Format::Text {

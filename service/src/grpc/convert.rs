@@ -49,6 +49,19 @@ fn kind(i: usize, k: i32) -> Result<FieldKind, Status> {
     })
 }
 
+/// The request's `rate` (LLMLingua's: the share of the context's tokens to
+/// keep), checked: in (0, 1] and not beside a token budget
+/// (`requirement.max_context_tokens` is 0). With a rate, a missing
+/// `requirement` is an empty one: the rate is the budget.
+pub fn rate(r: &mut pb::CompressRequest) -> Result<Option<f64>, Status> {
+    let Some(rate) = r.rate else { return Ok(None) };
+    scd_engine::budget::check_rate("rate", rate).map_err(status)?;
+    if r.requirement.get_or_insert_with(Default::default).max_context_tokens > 0 {
+        return Err(Status::invalid_argument("rate: give requirement.max_context_tokens or rate, not both"));
+    }
+    Ok(Some(rate))
+}
+
 /// A checked engine request from the wire; `caller` is the transport's
 /// verified identity of the client (its TLS certificate), if any.
 pub fn compress_request(

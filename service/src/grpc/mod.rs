@@ -29,6 +29,7 @@ pub mod layer;
 pub mod metrics;
 pub mod queue;
 pub mod ratelog;
+mod readiness;
 pub mod shares;
 pub mod wait;
 
@@ -48,6 +49,8 @@ use self::layer::Deadline;
 use self::metrics::Metrics;
 use self::ratelog::RateLimitedWarn;
 use self::wait::{overloaded, past_share};
+
+pub use self::readiness::{Readiness, Ready};
 
 /// Generated protobuf and gRPC code for `scd.v1` (from the `scd-proto` crate).
 pub use scd_proto::scd::v1 as pb;
@@ -413,7 +416,7 @@ impl ScdService {
     /// the fields and the selection rendered as `fwd` says.
     async fn compress_run(
         &self,
-        r: pb::CompressRequest,
+        mut r: pb::CompressRequest,
         deadline: Option<Instant>,
         caller: Option<String>,
         who: &str,
@@ -425,7 +428,7 @@ impl ScdService {
             explain: r.explain,
             envelope: None,
         };
-        let (max_total, reserve) = (r.session_max_total_tokens, r.reserve_tokens);
+        let (max_total, reserve, rate) = (r.session_max_total_tokens, r.reserve_tokens, convert::rate(&mut r)?);
         let mut req = convert::compress_request(r, self.limits.max_fields, caller.clone())?;
         if let Some(s) = req.session.as_mut() {
             s.scope = Some(who.to_string());
@@ -451,6 +454,11 @@ impl ScdService {
         let bytes = req.context.fields.iter().map(|f| f.content.len()).sum();
         let ((out, report), total) = self
             .blocking(who, bytes, deadline, move |scd, cancel| {
+                // a rate's budget: the share of the context in the budget tokenizer
+                if let Some(rate) = rate {
+                    req.requirement.max_context_tokens =
+                        scd.rate_budget(&req.context, opts.budget_tokenizer.as_ref(), rate)?;
+                }
                 let out = scd.compress_opts(&req, &opts, cancel)?;
                 let report = rendered.then(|| out.text.clone());
                 Ok((out, report))
@@ -623,64 +631,6 @@ impl ScdService {
 }
 
 type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
-
-/// Whether a server takes work, as `GET /ready` answers it (gRPC health
-/// says the same as SERVING / NOT_SERVING).
-#[derive(Debug, Default)]
-pub struct Readiness(std::sync::atomic::AtomicU8);
-
-/// A server's state, for [`Readiness`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Ready {
-    /// Loading and warming the model.
-    Starting = 0,
-    /// Taking work.
-    Serving = 1,
-    /// SIGTERM: finishing the calls in flight, refusing new ones.
-    Draining = 2,
-    /// The encoder thread stopped (or the warm-up failed): it takes no work.
-    Stopped = 3,
-    /// The shared session store (`--state`) does not answer: session calls
-    /// fail, stateless ones go on.
-    StoreDown = 4,
-}
-
-impl Readiness {
-    /// Sets the state.
-    pub fn set(&self, r: Ready) {
-        self.0.store(r as u8, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Sets `to` if the state is still `from` (a warm-up that ends after a
-    /// drain began leaves it draining).
-    pub fn set_if(&self, from: Ready, to: Ready) {
-        let _ = self.0.compare_exchange(
-            from as u8,
-            to as u8,
-            std::sync::atomic::Ordering::Relaxed,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
-    /// The state.
-    pub fn get(&self) -> Ready {
-        match self.0.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => Ready::Serving,
-            2 => Ready::Draining,
-            3 => Ready::Stopped,
-            4 => Ready::StoreDown,
-            _ => Ready::Starting,
-        }
-    }
-}
-
-impl ScdService {
-    /// Its [`Readiness`], which the server sets.
-    pub fn readiness(&self) -> &Arc<Readiness> {
-        &self.readiness
-    }
-}
 
 /// The `scd.v1.Scd` handler: a shared [`ScdService`] (a local type, so the
 /// generated trait, now in `scd-proto`, can be implemented for it).

@@ -6,7 +6,7 @@
 //!
 //! | tool | arguments | structured result |
 //! | --- | --- | --- |
-//! | `compress_context` | `task`, `context`, `budget`, optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render`, `budget_tokenizer`, `explain` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`), `explanation` (with `explain`) |
+//! | `compress_context` | `task`, `context`, `budget` (or `rate`, the share of the context to keep), optional `required`, `optional`, `session`, `threshold`, `min_relative_score`, `render`, `budget_tokenizer`, `explain` | `chunks`, `totals`, `dropped`, `withheld_fields`, `warnings`, `session_id`, `report` (with `render`), `explanation` (with `explain`) |
 //! | `request_more_context` | `session`, `question`, `current_confidence` (or `report`), optional `chunk_ids`, `reasoning` | `chunks`, `remaining_tokens`, `reason` |
 //! | `count_tokens` | `text` | `tokens` |
 //! | `embed` | `texts`, optional `query` | `model`, `dim`, `embeddings` |
@@ -48,11 +48,14 @@
 //! # Ok(()) }
 //! ```
 
+mod args;
 mod backend;
 pub mod http;
 pub mod stdio;
 mod tokens;
 
+pub use args::ContextArg;
+pub(crate) use args::{compress_arguments, Budget};
 pub use backend::{Backend, Peer};
 
 use std::borrow::Cow;
@@ -64,7 +67,6 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler};
-use scd_engine::context::Context;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
@@ -121,40 +123,20 @@ impl<T: serde::de::DeserializeOwned> Args<T> {
     }
 }
 
-/// `compress_context`'s arguments, checked before any work: a context sent
-/// in a mistaken shape (a JSON string, a bare array) is named with what to
-/// send, the rest is parsed strictly, and the budget and thresholds are in
-/// range. Errors name the argument and never quote a value.
-pub(crate) fn compress_arguments(args: Args<CompressContextArgs>) -> Result<(CompressContextArgs, u32), String> {
-    if let Some(hint) = args.0.get("context").and_then(Context::mistaken_shape) {
-        return Err(format!("context: {hint}"));
-    }
-    let a = args.parse()?;
-    if a.budget < 1 {
-        return Err("budget: must be at least 1".into());
-    }
-    let budget = u32::try_from(a.budget).map_err(|_| format!("budget: {} is over the limit {}", a.budget, u32::MAX))?;
-    if let Some(t) = a.threshold {
-        if !(t.is_finite() && (-1.0..=1.0).contains(&t)) {
-            return Err(format!("threshold: must be a cosine in [-1, 1], got {t}"));
-        }
-    }
-    if a.min_relative_score.is_some_and(|t| !t.is_finite()) {
-        return Err("min_relative_score: must be finite".into());
-    }
-    Ok((a, budget))
-}
-
 /// The `scd.v1` request of checked `compress_context` arguments (see
 /// [`compress_arguments`]); an empty `session_token` opens a session (under
 /// `session_id`, or a random one when that is empty too).
 pub(crate) fn compress_request(
     a: CompressContextArgs,
-    budget: u32,
+    budget: Budget,
     session_id: String,
     session_token: String,
 ) -> pb::CompressRequest {
     let open = session_token.is_empty();
+    let (budget, rate) = match budget {
+        Budget::Tokens(n) => (n, None),
+        Budget::Rate(r) => (0, Some(r)),
+    };
     pb::CompressRequest {
         task: Some(pb::Task { description: a.task, ..Default::default() }),
         fields: a.context.0.fields.into_iter().map(pb::Field::from).collect(),
@@ -172,6 +154,7 @@ pub(crate) fn compress_request(
         explain: a.explain,
         session_max_total_tokens: 0,
         reserve_tokens: if open { a.reserve.unwrap_or(0) } else { 0 },
+        rate,
     }
 }
 
@@ -211,48 +194,6 @@ pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, Str
     })
 }
 
-/// A context argument: `{"fields": [...]}` exactly as `scd compress
-/// --context` reads it (the engine's [`Context`], strict).
-#[derive(Debug, Deserialize)]
-#[serde(transparent)]
-pub struct ContextArg(pub Context);
-
-impl JsonSchema for ContextArg {
-    fn schema_name() -> Cow<'static, str> {
-        "Context".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        schemars::json_schema!({
-            "type": "object",
-            "description": "The sender's context: named fields. Confidential fields are used for nothing and never sent back.",
-            "properties": {
-                "fields": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "name": {"type": "string", "description": "Unique, non-empty name (e.g. db_schema)."},
-                            "kind": {
-                                "type": "string",
-                                "enum": ["prose", "code", "log", "json", "chat", "table", "markdown"],
-                                "default": "prose",
-                                "description": "How the field is chunked."
-                            },
-                            "content": {"type": "string"},
-                            "confidential": {"type": "boolean", "default": false}
-                        },
-                        "required": ["name", "content"],
-                        "additionalProperties": false
-                    }
-                }
-            },
-            "required": ["fields"],
-            "additionalProperties": false
-        })
-    }
-}
-
 /// The hand-off report format of `compress_context.render`.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -284,9 +225,14 @@ pub struct CompressContextArgs {
     /// The sender's context, `{"fields": [{"name", "kind", "content", "confidential"}]}`.
     pub context: ContextArg,
     /// The receiver's budget in tokens, a hard limit (at least 1): the text
-    /// handed over counts within it, in `budget_tokenizer`.
+    /// handed over counts within it, in `budget_tokenizer`. Or give `rate`.
     #[schemars(range(min = 1))]
-    pub budget: u64,
+    pub budget: Option<u64>,
+    /// Instead of `budget`: keep this share of the shareable context's tokens
+    /// in `budget_tokenizer`, in (0, 1] (LLMLingua's `rate`; the budget is
+    /// that count times `rate`, rounded down, at least 1).
+    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 1))]
+    pub rate: Option<f64>,
     /// Fields sent whole, first.
     #[serde(default)]
     pub required: Vec<String>,
@@ -520,7 +466,8 @@ impl ScdMcp {
         title = "Compress context for a task",
         annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
         output_schema = rmcp::handler::server::tool::schema_for_output::<CompressOutput>(),
-        description = "Select the minimal sufficient context for a task under a token budget. The text result is \
+        description = "Select the minimal sufficient context for a task under a token budget (or keep a rate: a \
+                       share of the context's tokens). The text result is \
                        the context to hand the receiving agent (after a one-line header), within the budget; the \
                        structured result has the sizes, the chunk ids and the session id. If the receiver needs \
                        more, call request_more_context with the session. Confidential fields are never sent back."

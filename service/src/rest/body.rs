@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::ApiError;
 use crate::grpc::ScdService;
-use crate::mcp::{compress_arguments, Args, CompressContextArgs, RequestMoreArgs};
+use crate::mcp::{compress_arguments, Args, Budget, CompressContextArgs, RequestMoreArgs};
 
 /// A JSON object body parsed as `T` ([`RestBody::parse`]); a body not sent
 /// as `Content-Type: application/json` is 415, one over
@@ -69,36 +69,19 @@ impl<T: JsonSchema> aide::OperationInput for Body<T> {
 /// budget as tokens (`budget`) or as a share of the context (`rate`).
 #[derive(Debug)]
 pub struct CompressBody {
-    /// The arguments (with `rate`, `budget` is a placeholder).
+    /// The arguments, checked: exactly one of `budget` and `rate`, in range.
     pub args: CompressContextArgs,
-    /// The share of the shareable context's tokens (in `budget_tokenizer`)
-    /// to keep, in (0, 1]: LLMLingua's `rate`.
-    pub rate: Option<f64>,
+    /// What they ask to send.
+    pub(crate) budget: Budget,
 }
 
 impl RestBody for CompressBody {
-    fn parse(mut body: Map<String, Value>) -> Result<Self, String> {
-        let rate =
-            match body.remove("rate") {
-                None => None,
-                Some(v) => Some(v.as_f64().filter(|r| r.is_finite() && *r > 0.0 && *r <= 1.0).ok_or(
-                    "rate: must be a number in (0, 1], the share of the context's tokens to keep".to_string(),
-                )?),
-            };
-        match (body.contains_key("budget"), rate) {
-            (true, Some(_)) => return Err("rate: give budget or rate, not both".into()),
-            (false, None) => return Err("budget: required (tokens), or give rate".into()),
-            (false, Some(_)) => {
-                body.insert("budget".into(), json!(1));
-            }
-            (true, None) => {}
-        }
+    fn parse(body: Map<String, Value>) -> Result<Self, String> {
         if body.get("session").is_some_and(|s| s.as_str() == Some("")) {
             return Err("session: must not be empty (leave it out to open one under a random id)".into());
         }
-        let (mut args, budget) = compress_arguments(Args::from_map(body))?;
-        args.budget = u64::from(budget);
-        Ok(CompressBody { args, rate })
+        let (args, budget) = compress_arguments(Args::from_map(body))?;
+        Ok(CompressBody { args, budget })
     }
 }
 
@@ -108,12 +91,7 @@ impl JsonSchema for CompressBody {
     }
 
     fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        let rate = json!({
-            "type": "number", "exclusiveMinimum": 0, "maximum": 1,
-            "description": "Instead of budget: keep this share of the shareable context's tokens in \
-                            budget_tokenizer (the budget is that count times rate, at least 1)."
-        });
-        let mut schema = edited(CompressContextArgs::json_schema(generator), "budget", Some(("rate", rate)), false);
+        let mut schema = CompressContextArgs::json_schema(generator);
         if let Some(o) = schema.as_object_mut() {
             o.insert("description".into(), json!("compress_context's arguments; exactly one of budget or rate."));
         }

@@ -200,11 +200,7 @@ async fn compress(
     SessionToken(token): SessionToken,
     Body(b): Body<CompressBody>,
 ) -> Result<Json<CompressReply>, ApiError> {
-    let CompressBody { args, rate } = b;
-    let budget = match rate {
-        Some(rate) => rate_budget(&svc, &who, &args, rate).await?,
-        None => args.budget as u32,
-    };
+    let CompressBody { args, budget } = b;
     let session_id = args.session.clone().unwrap_or_default();
     if session_id.is_empty() && token.is_some() {
         return Err(ApiError::invalid(format!("{SESSION_TOKEN_HEADER}: sent without a session to continue")));
@@ -229,43 +225,6 @@ fn compress_docs(op: TransformOperation) -> TransformOperation {
          session (under `session`, or a random id) unless `x-scd-session-token` continues the one named. \
          Confidential fields are never sent back.",
     )
-}
-
-/// The budget of `rate` × the tokens of the context's shareable fields in
-/// the request's budget tokenizer, counted through CountTokens (its lane
-/// and the caller's share of it); at least 1.
-async fn rate_budget(
-    svc: &Arc<ScdService>,
-    who: &Caller,
-    args: &crate::mcp::CompressContextArgs,
-    rate: f64,
-) -> Result<u32, ApiError> {
-    let limits = svc.limits();
-    let mut pieces: Vec<String> = Vec::new();
-    for f in args.context.0.fields.iter().filter(|f| !f.confidential) {
-        let mut rest = f.content.as_str();
-        while !rest.is_empty() {
-            let mut cut = rest.len().min(limits.max_text_bytes.max(4));
-            while !rest.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            pieces.push(rest[..cut].to_string());
-            rest = &rest[cut..];
-        }
-    }
-    let handler = ScdHandler(svc.clone());
-    let tokenizer = args.budget_tokenizer.clone().unwrap_or_default();
-    let mut tokens: u64 = 0;
-    for batch in pieces.chunks(limits.max_texts.max(1)) {
-        let r = pb::CountTokensRequest { texts: batch.to_vec(), tokenizer: tokenizer.clone() };
-        let counted = handler.count_tokens(who.grpc_request(r)).await.map_err(|s| {
-            let s = tonic::Status::new(s.code(), s.message().replacen("tokenizer", "budget_tokenizer", 1));
-            ApiError::from_status(&s)
-        })?;
-        tokens += counted.into_inner().tokens.iter().map(|&t| u64::from(t)).sum::<u64>();
-    }
-    let budget = ((tokens as f64) * rate).floor().max(1.0);
-    Ok(budget.min(f64::from(u32::MAX)) as u32)
 }
 
 /// `POST /v1/sessions/{session_id}/more`.

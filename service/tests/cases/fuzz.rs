@@ -132,6 +132,7 @@ fn compress_request(rng: &mut impl Rng) -> pb::CompressRequest {
         explain: rng.random_bool(0.3),
         session_max_total_tokens: [0, 0, 1, 50, u32::MAX][rng.random_range(0..5)],
         reserve_tokens: [0, 0, 0, 10, u32::MAX][rng.random_range(0..5)],
+        rate: rng.random_bool(0.15).then(|| [0.0, 0.3, 1.0, 1.5, f64::NAN][rng.random_range(0..5)]),
     }
 }
 
@@ -179,9 +180,12 @@ fn grpc_convert_holds_on_random_and_adversarial_inputs() {
         ..compress_request(&mut rng)
     };
     assert_eq!(grpc_convert_stage(&with_tag(0, &many)), Stage::Rejected);
+    // (a request that passes the wire checks, whatever the generator drew)
     let huge = pb::CompressRequest {
+        task: Some(pb::Task { description: "why".into(), ..Default::default() }),
         fields: vec![pb::Field { name: "a".into(), kind: 6, content: "Go. ".repeat(1 << 18), confidential: false }],
-        ..compress_request(&mut rng)
+        requirement: Some(pb::ContextRequirement { max_context_tokens: 50, ..Default::default() }),
+        ..Default::default()
     };
     assert_eq!(grpc_convert_stage(&with_tag(0, &huge)), Stage::Chunked);
     let texts = pb::EmbedRequest { texts: vec!["x".into(); 100_000], kind: 1, windows: false };

@@ -58,6 +58,16 @@ fn check_summary(s: &serde_json::Value, transport: &str) {
     assert_eq!(s["embed"]["dim"], 384);
     let errors = &s["errors"];
     assert_eq!(errors["zero_budget"], "budget: must be at least 1");
+    // rate: LLMLingua's share of the context instead of a budget (checked in mcp_client.py), named when wrong
+    let range = format!("rate: {}", scd_engine::budget::RATE_RANGE);
+    assert_eq!(
+        (&errors["rate_zero"], &errors["rate_over_one"]),
+        (&serde_json::json!(range), &serde_json::json!(range))
+    );
+    assert_eq!(errors["rate_and_budget"], "rate: give budget or rate, not both");
+    assert_eq!(errors["no_budget"], "budget: required (tokens), or give rate");
+    let quarter = &s["rate"]["0.25"];
+    assert!((quarter["requested_ratio"].as_f64().unwrap() - 4.0).abs() < 0.1, "{s}");
     assert_eq!(errors["confidential"], "required: field \"api_keys\" is confidential and is never sent");
     assert!(
         errors["unknown_key"].as_str().unwrap().starts_with("context.fields[0].confidental: unknown field"),

@@ -13,7 +13,7 @@ use super::a2a::{parse_response, request_from, start};
 use crate::{ready, root, scd};
 
 /// A REST call from `from` (a 127.x.y.z address): status, headers and body.
-async fn call(
+pub(crate) async fn call(
     from: &str,
     addr: SocketAddr,
     method: &str,

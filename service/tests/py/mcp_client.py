@@ -157,6 +157,18 @@ async def suite(s, context):
         "dropped_reasons": sorted({d["reason"] for d in ex["dropped"]}),
     }
 
+    # rate (LLMLingua's: the share of the context to keep) instead of a budget
+    shares = {}
+    for rate in (0.25, 1.0):
+        kept = await ok(s, "compress_context", {"task": TASK, "context": context, "rate": rate, "budget_tokenizer": "cl100k"})
+        t = kept["totals"]
+        budget = max(1, math.floor(t["context_tokens"] * rate))
+        check(abs(t["requested_ratio"] - t["context_tokens"] / budget) < 1e-3 * t["requested_ratio"], "rate's budget", t)
+        check(0 < t["sent_tokens"] <= budget, f"within rate {rate}'s budget", t)
+        shares[str(rate)] = {"context_tokens": t["context_tokens"], "requested_ratio": t["requested_ratio"],
+                             "sent_tokens": t["sent_tokens"]}
+    summary["rate"] = shares
+
     n = await ok(s, "count_tokens", {"text": "the checkout page spins forever"})
     check(n["tokens"] > 0 and n["tokenizer"] == "e5", "count_tokens", n)
     n = await ok(s, "count_tokens", {"text": "the checkout page spins forever", "tokenizer": "cl100k"})
@@ -180,6 +192,12 @@ async def suite(s, context):
     errors["zero_budget"] = await tool_error(
         s, "compress_context", {"task": TASK, "context": context, "budget": 0}, "budget: must be at least 1"
     )
+    for key, bad in (("rate_zero", 0), ("rate_over_one", 1.5)):
+        errors[key] = await tool_error(s, "compress_context", {"task": TASK, "context": context, "rate": bad}, "rate:")
+    errors["rate_and_budget"] = await tool_error(
+        s, "compress_context", {"task": TASK, "context": context, "rate": 0.5, "budget": 50}, "rate:"
+    )
+    errors["no_budget"] = await tool_error(s, "compress_context", {"task": TASK, "context": context}, "budget:")
     typo = {"fields": [dict(context["fields"][0], confidental=True)]}
     errors["unknown_key"] = await tool_error(
         s, "compress_context", {"task": TASK, "context": typo, "budget": 50}, "context.fields[0].confidental:"
