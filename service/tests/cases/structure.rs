@@ -44,7 +44,6 @@ const TRANSPORTS: [&str; 4] = ["grpc", "rest", "mcp", "a2a"];
 const RATCHET: &[(&str, &str, usize)] = &[
     ("file", "service/src/a2a/mod.rs", 1383),
     ("file", "service/src/grpc/mod.rs", 912),
-    ("file", "service/src/mcp/mod.rs", 1098),
     ("file", "service/src/redis/tasks.rs", 930),
     ("file", "service/tests/cases/lifecycle.rs", 908),
     ("file", "service/tests/cases/serving.rs", 1055),
