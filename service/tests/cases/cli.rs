@@ -717,3 +717,72 @@ fn a_user_error_is_one_line_even_with_rust_backtrace_set() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("Error: ") && stderr.contains("/nonexistent-models"), "{stderr}");
 }
+
+/// The model flags, as `--help` lists them.
+const MODEL_FLAGS: [&str; 12] = [
+    "--model <",
+    "--models-dir <",
+    "--ort-lib <",
+    "--threads <",
+    "--ort-spinning <",
+    "--device <",
+    "--batch-tokens <",
+    "--max-batch-rows <",
+    "--io-binding <",
+    "--split-copies",
+    "--embedding-cache <",
+    "--embedding-cache-bytes <",
+];
+
+/// Issue 42: every subcommand's `--help` listed the model flags, also those
+/// of commands that load no model. Now only the commands that load one list
+/// and take them (`scd models` takes `--models-dir` alone); given before the
+/// command, as recorded commands have them, they still reach it.
+#[test]
+fn model_flags_belong_to_the_commands_that_load_a_model() {
+    let help = |args: &[&str]| {
+        let (ok, stdout, stderr) = scd(args, "");
+        assert!(ok, "{args:?}: {stderr}");
+        stdout
+    };
+    let no_model: [&[&str]; 9] = [
+        &["--help"],
+        &["context", "--help"],
+        &["client", "--help"],
+        &["audit", "--help"],
+        &["handoff", "parse", "--help"],
+        &["identity", "--help"],
+        &["openapi", "--help"],
+        &["bench-replicas", "--help"],
+        &["atp", "agent", "--help"],
+    ];
+    for args in no_model {
+        let out = help(args);
+        assert!(out.contains("Usage: scd"), "{args:?}: {out}");
+        for flag in MODEL_FLAGS {
+            assert!(!out.contains(flag), "{args:?} lists {flag}: {out}");
+        }
+    }
+    let model = ["embed", "embed-batch", "embed-worker", "demo", "compress", "eval", "tune", "serve", "mcp"];
+    for cmd in model.into_iter().chain(["bench-load", "bench-conns", "bench-encode"]) {
+        let out = help(&[cmd, "--help"]);
+        for flag in MODEL_FLAGS {
+            assert!(out.contains(flag), "{cmd} lacks {flag}: {out}");
+        }
+    }
+    let models = help(&["models", "list", "--help"]);
+    assert!(models.contains("--models-dir <") && !models.contains("--threads <"), "{models}");
+
+    // a command that loads no model refuses them, before or after its name
+    for args in
+        [&["context", "--threads", "2", "src"][..], &["--threads", "2", "context", "src"], &["--model=x", "openapi"]]
+    {
+        let (ok, _, stderr) = scd(args, "");
+        assert!(!ok && stderr.contains("unexpected argument '--"), "{args:?}: {stderr}");
+    }
+    // before a model command they are its own: this one is read (and fails on its value)
+    let (ok, _, stderr) = scd(&["--log-format", "json", "--device", "tpu", "embed"], "hello\n");
+    assert!(!ok && stderr.contains("--device: expected cpu, cuda or cuda:N, got \"tpu\""), "{stderr}");
+    let (ok, _, stderr) = scd(&["--models-dir", "/nonexistent-models", "models", "list"], "");
+    assert!(ok && stderr.contains("no models in /nonexistent-models"), "{stderr}");
+}
