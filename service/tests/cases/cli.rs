@@ -786,3 +786,66 @@ fn model_flags_belong_to_the_commands_that_load_a_model() {
     let (ok, _, stderr) = scd(&["--models-dir", "/nonexistent-models", "models", "list"], "");
     assert!(ok && stderr.contains("no models in /nonexistent-models"), "{stderr}");
 }
+
+/// `scd compress` embedding three source files (about 8k tokens: seconds
+/// of model batches), run on a pseudo-terminal by util-linux `script`; what
+/// the terminal showed, stdout and stderr together. `None`: no `script` (a
+/// failure under CI).
+fn compress_on_a_terminal(extra: &str) -> Option<String> {
+    let files = "engine/src/encoder/batch.rs engine/src/encoder/mod.rs engine/src/encoder/manifest.rs";
+    let line = format!(
+        "{} compress --task 'how are batches planned' --budget 300 --format text --files {files}{extra}",
+        env!("CARGO_BIN_EXE_scd")
+    );
+    let out = match std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .current_dir(root())
+        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
+        .env("SCD_MODELS_DIR", root().join("models/out"))
+        .env("SCD_EMBEDDING_CACHE", "off")
+        .env("SCD_THREADS", "2")
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            crate::skip(&format!("no util-linux `script` to make a terminal: {e}"));
+            return None;
+        }
+    };
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{line}: {shown}");
+    Some(shown)
+}
+
+/// Issue 42: a cold `scd compress` of 19.9k tokens ran 57 s with no output.
+/// On a terminal, once it has embedded for a second, a bar on stderr
+/// advances batch by batch with a rate; with --quiet, or on a pipe, stderr
+/// holds none of it.
+#[test]
+fn embedding_progress_shows_on_a_terminal_only_and_never_with_quiet() {
+    if !ready() {
+        return;
+    }
+    let Some(shown) = compress_on_a_terminal("") else { return };
+    assert!(shown.contains("-- embeddings: "), "the run ended: {shown}");
+    // frames: "embedding ███░░ 1,337/8,021 tokens, 968 tokens/s, 7s left"
+    let frames: Vec<(u64, u64)> = shown
+        .split(['\r', '\n'])
+        .filter(|f| f.contains("embedding ") && f.contains(" tokens/s, ") && f.contains("s left"))
+        .filter_map(|f| {
+            let counts = f.split(" tokens").next()?.rsplit(' ').next()?;
+            let (done, all) = counts.split_once('/')?;
+            Some((done.replace(',', "").parse().ok()?, all.replace(',', "").parse().ok()?))
+        })
+        .collect();
+    let total = frames.iter().map(|f| f.1).max().unwrap_or(0);
+    let partial: std::collections::BTreeSet<u64> = frames.iter().filter(|f| f.0 < f.1).map(|f| f.0).collect();
+    assert!(total > 1000 && partial.len() >= 2, "advanced batch by batch: {frames:?}\n{shown}");
+
+    let Some(quiet) = compress_on_a_terminal(" --quiet") else { return };
+    assert!(quiet.contains("-- embeddings: ") && !quiet.contains("embedding "), "{quiet}");
+    let files = ["engine/src/encoder/batch.rs", "engine/src/encoder/mod.rs", "engine/src/encoder/manifest.rs"];
+    let args = ["compress", "--task", "how are batches planned", "--budget", "300", "--format", "text", "--files"];
+    let (ok, _, stderr) = scd(&[&args[..], &files[..]].concat(), "");
+    assert!(ok && stderr.contains("-- embeddings: ") && !stderr.contains("embedding "), "{stderr}");
+}
