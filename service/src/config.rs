@@ -63,15 +63,16 @@ pub struct ModelArgs {
     pub embedding_cache_bytes: u64,
 }
 
-/// A command that loads a model: its own arguments and the model flags.
+/// A command that loads a model: its own arguments, then the model flags
+/// (under their own heading in `--help`).
 #[derive(Debug, clap::Args)]
 pub struct WithModel<A: clap::Args> {
-    /// The model flags.
-    #[command(flatten)]
-    pub model: ModelArgs,
     /// The command's own arguments.
     #[command(flatten)]
     pub args: A,
+    /// The model flags.
+    #[command(flatten, next_help_heading = "Model")]
+    pub model: ModelArgs,
 }
 
 /// `argv` with the model flags given before the subcommand moved to right
