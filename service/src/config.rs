@@ -1,5 +1,12 @@
-//! Command-line and environment configuration shared by every command.
+//! Command-line and environment configuration shared by several commands.
+//!
+//! The model flags ([`ModelArgs`]) belong to the commands that load a model
+//! ([`WithModel`]); `scd --help` and the help of the others do not list them,
+//! and those commands refuse them. Given before the subcommand, as recorded
+//! commands have them (`scd --threads 2 eval ...`), they still work:
+//! [`model_flags_after_subcommand`] moves them after it.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -9,51 +16,117 @@ use scd_engine::encoder::{resolve_model, Device, OrtConfig, OrtEncoder, ORT_LIB_
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// Model name under --models-dir, or a path to a model folder.
-    #[arg(long, env = "SCD_MODEL", default_value = "e5-small", global = true)]
+    #[arg(long, env = "SCD_MODEL", default_value = "e5-small")]
     pub model: String,
     /// Folder holding one sub-folder per model (made by models/setup.sh).
-    #[arg(long, env = "SCD_MODELS_DIR", default_value = "models/out", global = true)]
+    #[arg(long, env = "SCD_MODELS_DIR", default_value = "models/out")]
     pub models_dir: PathBuf,
     /// libonnxruntime.so from the pinned PyPI onnxruntime wheel.
-    #[arg(long, env = ORT_LIB_ENV, default_value = ".tools/ort/libonnxruntime.so", global = true)]
+    #[arg(long, env = ORT_LIB_ENV, default_value = ".tools/ort/libonnxruntime.so")]
     pub ort_lib: PathBuf,
     /// ONNX Runtime intra-op threads (0 = one per core). Tokenizing a large
     /// call runs on its own pool (one thread per core) before the model runs.
-    #[arg(long, env = "SCD_THREADS", default_value_t = 0, global = true)]
+    #[arg(long, env = "SCD_THREADS", default_value_t = 0)]
     pub threads: usize,
     /// Let idle ONNX Runtime threads spin before sleeping (`false`: they
     /// sleep at once, leaving the cores to other processes).
-    #[arg(long, env = "SCD_ORT_SPINNING", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    #[arg(long, env = "SCD_ORT_SPINNING", default_value_t = true, action = clap::ArgAction::Set)]
     pub ort_spinning: bool,
     /// Execution device: cpu, cuda or cuda:N.
-    #[arg(long, env = "SCD_DEVICE", default_value = "cpu", global = true)]
+    #[arg(long, env = "SCD_DEVICE", default_value = "cpu")]
     pub device: String,
     /// Padded tokens per encoder call (0 = the device's default: 512 on CPU, 16384 on CUDA).
-    #[arg(long, env = "SCD_BATCH_TOKENS", default_value_t = 0, global = true)]
+    #[arg(long, env = "SCD_BATCH_TOKENS", default_value_t = 0)]
     pub batch_tokens: usize,
     /// Rows per encoder call (0 = the device's default: 64 on CPU, 1024 on CUDA).
-    #[arg(long, env = "SCD_MAX_BATCH_ROWS", default_value_t = 0, global = true)]
+    #[arg(long, env = "SCD_MAX_BATCH_ROWS", default_value_t = 0)]
     pub max_batch_rows: usize,
     /// Run batches through IoBinding with the model's pooled output (`false`:
     /// plain runs, pooling on the host).
-    #[arg(long, env = "SCD_IO_BINDING", default_value_t = true, action = clap::ArgAction::Set, global = true)]
+    #[arg(long, env = "SCD_IO_BINDING", default_value_t = true, action = clap::ArgAction::Set)]
     pub io_binding: bool,
     /// With IoBinding on CUDA, leave the pooled output on the device and copy
     /// it back after the run, so the device→host copy is timed apart from
     /// the model (`scd embed-batch`'s breakdown); off, ONNX Runtime copies it
     /// to pinned host memory inside the run.
-    #[arg(long, env = "SCD_SPLIT_COPIES", global = true)]
+    #[arg(long, env = "SCD_SPLIT_COPIES")]
     pub split_copies: bool,
     /// The persistent embedding cache: a redb file shared by every scd
     /// process of the machine (a vector is keyed by model and text), or
     /// `off`. Default: $XDG_CACHE_HOME/scd/embeddings.redb (else
     /// ~/.cache/scd/embeddings.redb).
-    #[arg(long, env = "SCD_EMBEDDING_CACHE", global = true)]
+    #[arg(long, env = "SCD_EMBEDDING_CACHE")]
     pub embedding_cache: Option<String>,
     /// Bytes the persistent embedding cache holds at most (oldest written
     /// first out).
-    #[arg(long, env = "SCD_EMBEDDING_CACHE_BYTES", default_value_t = 1 << 30, global = true)]
+    #[arg(long, env = "SCD_EMBEDDING_CACHE_BYTES", default_value_t = 1 << 30)]
     pub embedding_cache_bytes: u64,
+}
+
+/// A command that loads a model: its own arguments, then the model flags
+/// (under their own heading in `--help`).
+#[derive(Debug, clap::Args)]
+pub struct WithModel<A: clap::Args> {
+    /// The command's own arguments.
+    #[command(flatten)]
+    pub args: A,
+    /// The model flags.
+    #[command(flatten, next_help_heading = "Model")]
+    pub model: ModelArgs,
+}
+
+/// `argv` with the model flags given before the subcommand moved to right
+/// after it (`scd --threads 2 eval` reads as `scd eval --threads 2`); any
+/// other argument stays where it is. A command without model flags then
+/// refuses them as clap refuses any unknown flag. `root` is the whole
+/// command line's definition (its own flags, like `--log-format VALUE`, are
+/// skipped over with their values).
+///
+/// ```
+/// use std::ffi::OsString;
+/// use clap::Args as _;
+/// use scd_service::config::{model_flags_after_subcommand, ModelArgs};
+///
+/// let root = clap::Command::new("scd")
+///     .arg(clap::Arg::new("log_format").long("log-format"))
+///     .subcommand(ModelArgs::augment_args(clap::Command::new("eval")));
+/// let argv = ["scd", "--threads", "2", "--log-format", "json", "--model=e5-base", "eval", "--limit", "5"];
+/// let out = model_flags_after_subcommand(&root, argv.map(OsString::from).to_vec());
+/// let want = ["scd", "--log-format", "json", "eval", "--threads", "2", "--model=e5-base", "--limit", "5"];
+/// assert_eq!(out, want.map(OsString::from));
+/// ```
+pub fn model_flags_after_subcommand(root: &clap::Command, argv: Vec<OsString>) -> Vec<OsString> {
+    use clap::Args as _;
+    let model = ModelArgs::augment_args(clap::Command::new("model"));
+    // Some(takes a value) for a flag of `cmd`
+    let flag = |cmd: &clap::Command, arg: &str| {
+        let long = arg.strip_prefix("--")?.split('=').next()?;
+        let takes = cmd.get_arguments().find(|a| a.get_long() == Some(long))?.get_action().takes_values();
+        Some(takes && !arg.contains('='))
+    };
+    let mut args = argv.into_iter();
+    let mut kept: Vec<OsString> = args.next().into_iter().collect();
+    let mut moved = Vec::new();
+    while let Some(a) = args.next() {
+        let text = a.to_string_lossy().into_owned();
+        if !text.starts_with('-') || text == "--" {
+            // the subcommand: the model flags follow it
+            kept.push(a);
+            kept.append(&mut moved);
+            break;
+        }
+        let (to, value) = match (flag(&model, &text), flag(root, &text)) {
+            (Some(value), _) => (&mut moved, value),
+            (None, value) => (&mut kept, value.unwrap_or(false)),
+        };
+        to.push(a);
+        if value {
+            to.extend(args.next());
+        }
+    }
+    kept.extend(moved);
+    kept.extend(args);
+    kept
 }
 
 impl ModelArgs {

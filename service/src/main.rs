@@ -3,14 +3,13 @@
 //! Thin by design: parse arguments, install telemetry, call the engine.
 
 use clap::{CommandFactory as _, Parser, Subcommand};
+use scd_service::config::WithModel;
 use scd_service::{cli, config, telemetry};
 
 /// SCD: minimal sufficient context for AI agents.
 #[derive(Debug, Parser)]
 #[command(name = "scd", version, about, propagate_version = true)]
 struct Cli {
-    #[command(flatten)]
-    model: config::ModelArgs,
     /// Log format on stderr.
     #[arg(long, env = "SCD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: telemetry::LogFormat,
@@ -21,38 +20,37 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Embed texts (one per input line) and print JSONL {text_index, tokens, windows, embedding}.
-    Embed(cli::embed::EmbedArgs),
+    Embed(WithModel<cli::embed::EmbedArgs>),
     /// Embed a JSONL corpus into .npy or .jsonl: pipelined, resumable, with progress and a summary.
-    EmbedBatch(cli::embed_batch::EmbedBatchArgs),
+    EmbedBatch(WithModel<cli::embed_batch::EmbedBatchArgs>),
     /// Embed shards of a corpus that `scd embed-batch --queue` puts on Redis; run any number, anywhere.
-    EmbedWorker(cli::embed_queue::EmbedWorkerArgs),
+    EmbedWorker(WithModel<cli::embed_queue::EmbedWorkerArgs>),
     /// Model management.
-    #[command(subcommand)]
-    Models(cli::models::ModelsCommand),
+    Models(cli::models::ModelsArgs),
     /// Rank sample context against a task: the README's first command.
-    Demo(cli::demo::DemoArgs),
+    Demo(WithModel<cli::demo::DemoArgs>),
     /// Minimal sufficient context for a task under a token budget.
-    Compress(cli::compress::CompressArgs),
+    Compress(WithModel<cli::compress::CompressArgs>),
     /// Build a context from files (name: the path, kind: the extension): `scd context src/ notes.md > ctx.json`.
     Context(cli::context::ContextArgs),
     /// Evidence recall vs reduction on a QA dataset, against baselines.
-    Eval(cli::eval::EvalArgs),
+    Eval(WithModel<cli::eval::EvalArgs>),
     /// Choose scoring settings by cross-validation over development sets; reports every fold.
-    Tune(cli::tune::TuneArgs),
+    Tune(WithModel<cli::tune::TuneArgs>),
     /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
-    Serve(Box<cli::serve::ServeArgs>),
+    Serve(Box<WithModel<cli::serve::ServeArgs>>),
     /// Serve the engine as MCP tools over stdio (or streamable HTTP with --http-addr).
-    Mcp(cli::mcp::McpArgs),
+    Mcp(WithModel<cli::mcp::McpArgs>),
     /// Call a running service.
     Client(cli::client::ClientArgs),
     /// Query the audit trail (a server's --audit-db) as JSON lines.
     Audit(cli::audit::AuditArgs),
     /// Load-test a real server over loopback against the raw encoder; prints JSON.
-    BenchLoad(cli::load::LoadArgs),
+    BenchLoad(WithModel<cli::load::LoadArgs>),
     /// Idle sockets against a real server under a file-descriptor limit, guarded and with the caps lifted; prints JSON.
-    BenchConns(cli::conns::ConnsArgs),
+    BenchConns(WithModel<cli::conns::ConnsArgs>),
     /// Measure encoder throughput (or memory over many calls); prints JSON.
-    BenchEncode(cli::bench::BenchArgs),
+    BenchEncode(WithModel<cli::bench::BenchArgs>),
     /// Session throughput of one replica vs two behind HAProxy, and the latency Redis adds (starts Redis, replicas, HAProxy); prints JSON.
     BenchReplicas(cli::bench_replicas::BenchReplicasArgs),
     /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
@@ -82,9 +80,11 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    // `scd serve --config FILE`: the file's settings as flags (those the
-    // command line or the environment gives win)
-    let argv = cli::config_file::apply(&Cli::command(), std::env::args_os().collect())?;
+    // model flags before the subcommand (`scd --threads 2 eval`) go after it,
+    // where they are defined; then `scd serve --config FILE`: the file's
+    // settings as flags (those the command line or the environment gives win)
+    let argv = config::model_flags_after_subcommand(&Cli::command(), std::env::args_os().collect());
+    let argv = cli::config_file::apply(&Cli::command(), argv)?;
     let cli = Cli::parse_from(argv);
     let level = match &cli.command {
         Command::Serve(_) | Command::EmbedWorker(_) => "info",
@@ -97,25 +97,28 @@ fn run() -> anyhow::Result<()> {
     };
     telemetry::init(cli.log_format, level);
     match cli.command {
-        Command::Embed(args) => cli::embed::run(&cli.model, args),
-        Command::EmbedBatch(args) => match args.queue_url() {
-            Some(url) => cli::embed_queue::coordinate(&cli.model, args, &url),
-            None => cli::embed_batch::run(&cli.model, args),
+        Command::Embed(w) => cli::embed::run(&w.model, w.args),
+        Command::EmbedBatch(WithModel { model, args }) => match args.queue_url() {
+            Some(url) => cli::embed_queue::coordinate(&model, args, &url),
+            None => cli::embed_batch::run(&model, args),
         },
-        Command::EmbedWorker(args) => cli::embed_queue::work(&cli.model, args),
-        Command::Models(cmd) => cli::models::run(&cli.model, cmd),
-        Command::Demo(args) => cli::demo::run(&cli.model, args),
-        Command::Compress(args) => cli::compress::run(&cli.model, args),
+        Command::EmbedWorker(w) => cli::embed_queue::work(&w.model, w.args),
+        Command::Models(args) => cli::models::run(args),
+        Command::Demo(w) => cli::demo::run(&w.model, w.args),
+        Command::Compress(w) => cli::compress::run(&w.model, w.args),
         Command::Context(args) => cli::context::run(args),
-        Command::Eval(args) => cli::eval::run(&cli.model, args),
-        Command::Tune(args) => cli::tune::run(&cli.model, args),
-        Command::Serve(args) => cli::serve::run(&cli.model, *args),
-        Command::Mcp(args) => cli::mcp::run(&cli.model, args),
+        Command::Eval(w) => cli::eval::run(&w.model, w.args),
+        Command::Tune(w) => cli::tune::run(&w.model, w.args),
+        Command::Serve(w) => {
+            let WithModel { model, args } = *w;
+            cli::serve::run(&model, args)
+        }
+        Command::Mcp(w) => cli::mcp::run(&w.model, w.args),
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),
-        Command::BenchLoad(args) => cli::load::run(&cli.model, args),
-        Command::BenchConns(args) => cli::conns::run(&cli.model, args),
-        Command::BenchEncode(args) => cli::bench::run(&cli.model, args),
+        Command::BenchLoad(w) => cli::load::run(&w.model, w.args),
+        Command::BenchConns(w) => cli::conns::run(&w.model, w.args),
+        Command::BenchEncode(w) => cli::bench::run(&w.model, w.args),
         Command::BenchReplicas(args) => cli::bench_replicas::run(args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]

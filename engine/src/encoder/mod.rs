@@ -102,6 +102,37 @@ impl Encoded {
     }
 }
 
+/// Told how an encoding call advances, model batch by model batch: a
+/// caller that shows progress implements it (the engine draws nothing).
+/// [`OrtEncoder::with_progress`] and [`LazyOrtEncoder::with_progress`] take
+/// one. Within a call, the tokens of its [`advance`](Self::advance)s add up
+/// to those of its [`begin`](Self::begin); calls on one encoder from
+/// several threads interleave.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use scd_engine::encoder::EncodeProgress;
+///
+/// #[derive(Default)]
+/// struct Tally { total: AtomicUsize, done: AtomicUsize }
+///
+/// impl EncodeProgress for Tally {
+///     fn begin(&self, _texts: usize, tokens: usize) {
+///         self.total.fetch_add(tokens, Ordering::Relaxed);
+///     }
+///     fn advance(&self, tokens: usize) {
+///         self.done.fetch_add(tokens, Ordering::Relaxed);
+///     }
+/// }
+/// ```
+pub trait EncodeProgress: Send + Sync {
+    /// A call starts: `texts` texts, `tokens` tokens for the model in all
+    /// (windows and special tokens included, padding not).
+    fn begin(&self, texts: usize, tokens: usize);
+    /// One model batch of the call is embedded: `tokens` more of them.
+    fn advance(&self, tokens: usize);
+}
+
 /// A text embedding model.
 pub trait Encoder: Send + Sync {
     /// Stable id of the model (name + content hash), used as a cache key.

@@ -22,8 +22,8 @@ use tracing::{debug, info, instrument, warn};
 
 use super::batch::{drive, BatchTimes, Breakdown, HostBatch};
 use super::{
-    l2_normalize, plan_batches, windows, EncodeOptions, Encoded, Encoder, InputKind, LongInputPolicy, Manifest,
-    Sequence,
+    l2_normalize, plan_batches, windows, EncodeOptions, EncodeProgress, Encoded, Encoder, InputKind, LongInputPolicy,
+    Manifest, Sequence,
 };
 use crate::{Error, Result};
 
@@ -247,6 +247,8 @@ pub struct OrtEncoder {
     provider: &'static str,
     batch_tokens: usize,
     max_batch: usize,
+    /// Told of each call and model batch.
+    progress: Option<Arc<dyn EncodeProgress>>,
 }
 
 impl std::fmt::Debug for OrtEncoder {
@@ -342,7 +344,14 @@ impl OrtEncoder {
             provider,
             batch_tokens: config.effective_batch_tokens(),
             max_batch: config.effective_max_batch(),
+            progress: None,
         })
+    }
+
+    /// This encoder telling `progress` of each call and model batch.
+    pub fn with_progress(mut self, progress: Arc<dyn EncodeProgress>) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     /// The model's manifest.
@@ -445,6 +454,10 @@ impl OrtEncoder {
         let lens: Vec<usize> = seqs.iter().map(|s| s.ids.len()).collect();
         let plan = plan_batches(&lens, self.batch_tokens, self.max_batch);
         debug!(sequences = seqs.len(), batches = plan.len(), overlap, "encoding");
+        let progress = self.progress.as_deref();
+        if let Some(p) = progress {
+            p.begin(n, lens.iter().sum());
+        }
         let mut acc = vec![0f32; n * dim];
         let mut weight = vec![0f32; n];
         let run = |batch: &HostBatch| {
@@ -457,6 +470,9 @@ impl OrtEncoder {
                 let out = &mut acc[s.text * dim..(s.text + 1) * dim];
                 out.iter_mut().zip(row).for_each(|(a, p)| *a += s.weight * p);
                 weight[s.text] += s.weight;
+            }
+            if let Some(p) = progress {
+                p.advance(plan[index].iter().map(|&i| lens[i]).sum());
             }
         };
         let mut breakdown = drive(seqs, &plan, overlap, run, consume)?;
@@ -688,6 +704,7 @@ pub struct LazyOrtEncoder {
     tokenizer: Tokenizer,
     tokenizer_path: PathBuf,
     loaded: Mutex<Option<Arc<OrtEncoder>>>,
+    progress: Option<Arc<dyn EncodeProgress>>,
 }
 
 impl std::fmt::Debug for LazyOrtEncoder {
@@ -718,7 +735,15 @@ impl LazyOrtEncoder {
             tokenizer,
             tokenizer_path,
             loaded: Mutex::new(None),
+            progress: None,
         })
+    }
+
+    /// The encoder, once loaded, telling `progress` of each call and model
+    /// batch ([`OrtEncoder::with_progress`]).
+    pub fn with_progress(mut self, progress: Arc<dyn EncodeProgress>) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     /// The encoder, loaded on first use.
@@ -727,7 +752,9 @@ impl LazyOrtEncoder {
         if let Some(e) = slot.as_ref() {
             return Ok(e.clone());
         }
-        let e = Arc::new(OrtEncoder::load(&self.dir, &self.config)?);
+        let mut e = OrtEncoder::load(&self.dir, &self.config)?;
+        e.progress = self.progress.clone();
+        let e = Arc::new(e);
         *slot = Some(e.clone());
         Ok(e)
     }

@@ -399,3 +399,81 @@ fn io_binding_and_host_pooling_agree() {
     let divergent = divergent_texts(bound, r);
     assert_parity_except(&plain, &t, &rows(r, "passage"), InputKind::Passage, 0.999, &divergent, 0.99);
 }
+
+/// What an [`EncodeProgress`] heard: a call's tokens, then each batch's.
+#[derive(Default)]
+struct Heard(std::sync::Mutex<Vec<Event>>);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Event {
+    Begin { texts: usize, tokens: usize },
+    Advance(usize),
+}
+
+impl scd_engine::encoder::EncodeProgress for Heard {
+    fn begin(&self, texts: usize, tokens: usize) {
+        self.0.lock().unwrap().push(Event::Begin { texts, tokens });
+    }
+
+    fn advance(&self, tokens: usize) {
+        self.0.lock().unwrap().push(Event::Advance(tokens));
+    }
+}
+
+impl Heard {
+    fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// Checks one call's events: a begin, then one advance per batch, their
+/// tokens adding up to the begin's; returns the call's tokens.
+fn one_call(events: &[Event], texts: usize) -> usize {
+    let Some((&Event::Begin { texts: n, tokens }, batches)) = events.split_first() else {
+        panic!("no begin first: {events:?}")
+    };
+    assert_eq!(n, texts, "{events:?}");
+    let steps: Vec<usize> = batches
+        .iter()
+        .map(|e| match e {
+            Event::Advance(t) if *t > 0 => *t,
+            other => panic!("{other:?} among the batches: {events:?}"),
+        })
+        .collect();
+    assert!(!steps.is_empty() && steps.iter().sum::<usize>() == tokens, "{events:?}");
+    tokens
+}
+
+/// Issue 42: progress advances per batch actually embedded, so a caller can
+/// show a true rate. Every batch is heard, with or without the overlapped
+/// producer, and through the lazy encoder that `scd compress` embeds with.
+#[test]
+fn progress_hears_each_batch_and_the_tokens_add_up() {
+    let Some(dir) = model_dir("e5-small") else { return };
+    let mut cfg = OrtConfig::new(ort_lib());
+    (cfg.intra_threads, cfg.batch_tokens) = (2, 256);
+    let heard = std::sync::Arc::new(Heard::default());
+    let enc = OrtEncoder::load(&dir, &cfg).unwrap().with_progress(heard.clone());
+    let texts: Vec<String> =
+        (0..40).map(|i| format!("passage {i} about the river and its {} bridges", i * 7)).collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let opts = EncodeOptions::new(InputKind::Passage);
+    for overlap in [false, true] {
+        let prepared = enc.prepare(&refs, &opts).unwrap();
+        let (out, breakdown) = enc.run_prepared_timed(&prepared, overlap).unwrap();
+        let events = heard.take();
+        assert_eq!(one_call(&events, texts.len()), out.tokens.iter().sum::<usize>());
+        assert_eq!(events.len() - 1, breakdown.batches, "one advance per batch (overlap {overlap})");
+        assert!(breakdown.batches > 1, "{breakdown:?}");
+    }
+    let out = enc.encode(&refs[..5], &opts).unwrap();
+    assert_eq!(one_call(&heard.take(), 5), out.tokens.iter().sum::<usize>());
+
+    let lazy = scd_engine::encoder::LazyOrtEncoder::new(&dir, &cfg).unwrap().with_progress(heard.clone());
+    let out = lazy.encode(&refs, &opts).unwrap();
+    assert_eq!(one_call(&heard.take(), texts.len()), out.tokens.iter().sum::<usize>());
+    // an encoder without one tells nobody
+    let quiet = OrtEncoder::load(&dir, &cfg).unwrap();
+    quiet.encode(&refs, &opts).unwrap();
+    assert!(heard.take().is_empty());
+}

@@ -103,6 +103,10 @@ pub struct CompressArgs {
     /// under "dropped.listed"; by default only their count and tokens.
     #[arg(long)]
     list_dropped: bool,
+    /// No embedding progress on stderr (it shows on a terminal only, once
+    /// the run has embedded for a second).
+    #[arg(long, env = "SCD_QUIET")]
+    quiet: bool,
 }
 
 impl CompressArgs {
@@ -116,6 +120,13 @@ impl CompressArgs {
             min_relative_score: self.min_relative_score,
         }
     }
+}
+
+/// The model, loaded on its first embedding, telling a bar on stderr of each
+/// batch it embeds ([`crate::cli::progress`]; none with `quiet`).
+fn embedding_with_progress(model: &ModelArgs, quiet: bool) -> anyhow::Result<scd_engine::encoder::LazyOrtEncoder> {
+    use crate::cli::progress::{stderr_target, TokenProgress, REVEAL_AFTER};
+    Ok(model.lazy_encoder()?.with_progress(TokenProgress::new(stderr_target(quiet), REVEAL_AFTER)))
 }
 
 /// The budget tokenizer a local command names (`o200k`, `cl100k`, `e5`) or
@@ -315,9 +326,9 @@ pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
         envelope: render.map(|f| handoff::envelope(req, f.into(), None)),
         ..opts.clone()
     };
-    // the session is made on the first embedding: a call the embedding
-    // cache answers whole loads no model
-    let scd = Scd::new(Arc::new(model.lazy_encoder()?), model.scd_config());
+    // the session is made on the first embedding (a call the embedding
+    // cache answers whole loads no model); batches embedded show on stderr
+    let scd = Scd::new(Arc::new(embedding_with_progress(model, args.quiet)?), model.scd_config());
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;

@@ -1,5 +1,5 @@
-//! `scd serve --config scd.toml`: every flag of `scd serve` (and the global
-//! model flags) settable in a TOML file, under its long name
+//! `scd serve --config scd.toml`: every flag of `scd serve` (its model flags
+//! among them, and the global `--log-format`) settable in a TOML file, under its long name
 //! (`http-addr = "127.0.0.1:9090"`; `http_addr` works too). A flag given on
 //! the command line, or through its `SCD_*` environment variable, wins over
 //! the file; an unknown key is an error naming it; a value is checked by the

@@ -28,10 +28,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use npyz::WriterBuilder as _;
 use scd_engine::encoder::{Breakdown, EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder, Prepared};
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,7 @@ use sha2::{Digest, Sha256};
 use super::embed_remote::Remote;
 use super::embed_timing::{Rate, Timing};
 use super::embed_workers;
+use super::progress::{stderr_target, Delayed, TextProgress, REVEAL_AFTER};
 use crate::config::ModelArgs;
 
 /// Arguments of `scd embed-batch`.
@@ -104,6 +106,10 @@ pub struct EmbedBatchArgs {
     /// (bounds what waits in Redis and in this process).
     #[arg(long, default_value_t = 8)]
     pub(super) queue_depth: usize,
+    /// No progress bar on stderr (it shows on a terminal only, once the run
+    /// has embedded for a second, advancing with each model batch).
+    #[arg(long, env = "SCD_QUIET")]
+    pub(super) quiet: bool,
 }
 
 impl EmbedBatchArgs {
@@ -434,15 +440,18 @@ pub fn run(model: &ModelArgs, args: EmbedBatchArgs) -> anyhow::Result<()> {
         ..Timing::default()
     };
 
-    let bar = ProgressBar::new(records as u64);
+    let bar = ProgressBar::with_draw_target(Some(records as u64), ProgressDrawTarget::hidden());
     bar.set_style(ProgressStyle::with_template(
-        "{bar:40} {pos}/{len} texts  {msg}  elapsed {elapsed_precise} eta {eta}",
+        "{bar:40} {pos}/{len} texts  {prefix}  {msg}  elapsed {elapsed_precise}",
     )?);
     bar.set_position(done as u64);
-    let mut progress = Progress::new(&args, records, sink, bar, timing);
+    let shown = Arc::new(Delayed::new(bar, stderr_target(args.quiet), REVEAL_AFTER));
+    // a local model advances the bar by each batch it embeds (not the warm-up's)
+    let local: Vec<OrtEncoder> = local.into_iter().map(|e| e.with_progress(TextProgress::new(shown.clone()))).collect();
+    let mut progress = Progress::new(&args, records, sink, shown, timing);
     stream(&args, &local, remote.as_mut(), &opts, done, &mut progress)?;
-    let Progress { bar, mut timing, embedded, .. } = progress;
-    bar.finish_and_clear();
+    let Progress { shown, mut timing, embedded, .. } = progress;
+    shown.bar().finish_and_clear();
     timing.finish();
 
     let (batch_tokens, max_batch_rows, io_binding) = match local.first() {
@@ -581,7 +590,9 @@ struct Progress<'a> {
     args: &'a EmbedBatchArgs,
     records: usize,
     sink: Sink,
-    bar: ProgressBar,
+    /// The bar of texts: a local model's batches advance it, a server's
+    /// blocks as they come back.
+    shown: Arc<Delayed>,
     pass_start: Instant,
     pass_tokens: usize,
     embedded: usize,
@@ -589,9 +600,9 @@ struct Progress<'a> {
 }
 
 impl<'a> Progress<'a> {
-    fn new(args: &'a EmbedBatchArgs, records: usize, sink: Sink, bar: ProgressBar, timing: Timing) -> Self {
+    fn new(args: &'a EmbedBatchArgs, records: usize, sink: Sink, shown: Arc<Delayed>, timing: Timing) -> Self {
         let pass_start = Instant::now();
-        Progress { args, records, sink, bar, pass_start, pass_tokens: 0, embedded: 0, timing }
+        Progress { args, records, sink, shown, pass_start, pass_tokens: 0, embedded: 0, timing }
     }
 
     /// Writes one embedded block, or closes a pass; true when the run is
@@ -611,7 +622,7 @@ impl<'a> Progress<'a> {
                 let t = Instant::now();
                 self.sink.rewind(self.records)?;
                 self.timing.phases.write_s += t.elapsed().as_secs_f64();
-                self.bar.set_position(0);
+                self.shown.bar().set_position(0);
                 return Ok(false);
             }
         };
@@ -627,9 +638,11 @@ impl<'a> Progress<'a> {
         if self.timing.passes.is_empty() {
             self.embedded += block.records.len();
         }
-        self.bar.inc(block.records.len() as u64);
+        if self.args.server.is_some() {
+            self.shown.advance(block.records.len() as u64, "texts");
+        }
         let secs = self.pass_start.elapsed().as_secs_f64().max(1e-9);
-        self.bar.set_message(format!(
+        self.shown.bar().set_message(format!(
             "pass {}: {:.0} tokens/s",
             self.timing.passes.len() + 1,
             self.pass_tokens as f64 / secs

@@ -140,11 +140,11 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     let texts = super::read_jsonl_texts(&args.input, "--input")?;
 
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["--model", &model.model, "--models-dir"])
+        .args(["serve", "--model", &model.model, "--models-dir"])
         .arg(&model.models_dir)
         .arg("--ort-lib")
         .arg(&model.ort_lib)
-        .args(["--threads", &model.threads.to_string(), "serve", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(["--threads", &model.threads.to_string(), "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
         .args(args.serve_args.split_whitespace())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

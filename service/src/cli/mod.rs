@@ -26,6 +26,7 @@ pub mod load;
 pub mod mcp;
 pub mod models;
 pub mod plot;
+pub mod progress;
 pub mod serve;
 pub mod tune;
 

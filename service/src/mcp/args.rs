@@ -1,53 +1,60 @@
-//! `compress_context`'s arguments checked before any work (REST's
-//! `/v1/compress` takes the same): the budget as tokens or as LLMLingua's
-//! `rate`, the thresholds in range, the context in its one shape.
+//! The tools' arguments ([`Args`]: as sent, then parsed strictly) and the
+//! results that are theirs alone (those of `compress_context` and
+//! `request_more_context` are [`crate::view`]'s). Each doc comment's first
+//! paragraph is what a model reads in `tools/list` ([`super::schema`]); the
+//! rest is for rustdoc and the REST API's OpenAPI document, which shares
+//! these types.
 
 use std::borrow::Cow;
+use std::marker::PhantomData;
 
 use scd_engine::context::Context;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
 
-use super::{Args, CompressContextArgs};
+/// Tool arguments as sent, described by `T`'s JSON schema and parsed into a
+/// `T` by [`Args::parse`], so that a bad argument is a tool error naming it
+/// rather than a protocol error.
+pub struct Args<T>(pub(super) Map<String, Value>, pub(super) PhantomData<fn() -> T>);
 
-/// What a `compress_context` may send: tokens, or a share of the context.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Budget {
-    /// At most this many tokens of `budget_tokenizer` (at least 1).
-    Tokens(u32),
-    /// This share of the shareable context's tokens, in (0, 1]: the server
-    /// counts them and keeps that many.
-    Rate(f64),
+impl<'de, T> Deserialize<'de> for Args<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Map::deserialize(d).map(|m| Args(m, PhantomData))
+    }
 }
 
-/// `compress_context`'s arguments, checked before any work: a context sent
-/// in a mistaken shape (a JSON string, a bare array) is named with what to
-/// send, the rest is parsed strictly, exactly one of `budget` and `rate` is
-/// given and in range, and so are the thresholds. Errors name the argument
-/// and never quote a value.
-pub(crate) fn compress_arguments(args: Args<CompressContextArgs>) -> Result<(CompressContextArgs, Budget), String> {
-    if let Some(hint) = args.0.get("context").and_then(Context::mistaken_shape) {
-        return Err(format!("context: {hint}"));
+impl<T: JsonSchema> JsonSchema for Args<T> {
+    fn schema_name() -> Cow<'static, str> {
+        T::schema_name()
     }
-    let a = args.parse()?;
-    let budget = match (a.budget, a.rate) {
-        (Some(_), Some(_)) => return Err("rate: give budget or rate, not both".into()),
-        (None, None) => return Err("budget: required (tokens), or give rate".into()),
-        (None, Some(rate)) => Budget::Rate(scd_engine::budget::check_rate("rate", rate).map_err(|e| e.to_string())?),
-        (Some(0), None) => return Err("budget: must be at least 1".into()),
-        (Some(n), None) => {
-            Budget::Tokens(u32::try_from(n).map_err(|_| format!("budget: {n} is over the limit {}", u32::MAX))?)
-        }
-    };
-    if let Some(t) = a.threshold {
-        if !(t.is_finite() && (-1.0..=1.0).contains(&t)) {
-            return Err(format!("threshold: must be a cosine in [-1, 1], got {t}"));
-        }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        T::json_schema(generator)
     }
-    if a.min_relative_score.is_some_and(|t| !t.is_finite()) {
-        return Err("min_relative_score: must be finite".into());
+}
+
+impl<T> Args<T> {
+    /// Arguments from a JSON object (a REST body).
+    pub(crate) fn from_map(map: Map<String, Value>) -> Self {
+        Args(map, PhantomData)
     }
-    Ok((a, budget))
+}
+
+impl<T: serde::de::DeserializeOwned> Args<T> {
+    /// The arguments, parsed strictly; the error names the argument's path.
+    pub fn parse(self) -> Result<T, String> {
+        serde_path_to_error::deserialize(Value::Object(self.0)).map_err(|e| {
+            let path = crate::input::shown_path(e.path());
+            // never echo a value: it may be a confidential field's content
+            let message = crate::input::redact_json_error(&e.into_inner().to_string());
+            if path == "." || path == "?" {
+                format!("arguments: {message}")
+            } else {
+                format!("{path}: {message}")
+            }
+        })
+    }
 }
 
 /// A context argument: `{"fields": [...]}` exactly as `scd compress
@@ -64,22 +71,22 @@ impl JsonSchema for ContextArg {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         schemars::json_schema!({
             "type": "object",
-            "description": "The sender's context: named fields. Confidential fields are used for nothing and never sent back.",
+            "description": "Named fields.\n\nConfidential fields are used for nothing and never sent back.",
             "properties": {
                 "fields": {
                     "type": "array",
                     "items": {
                         "type": "object",
                         "properties": {
-                            "name": {"type": "string", "description": "Unique, non-empty name (e.g. db_schema)."},
+                            "name": {"type": "string", "description": "Unique, non-empty."},
                             "kind": {
                                 "type": "string",
                                 "enum": ["prose", "code", "log", "json", "chat", "table", "markdown"],
                                 "default": "prose",
-                                "description": "How the field is chunked."
+                                "description": "How it is chunked."
                             },
                             "content": {"type": "string"},
-                            "confidential": {"type": "boolean", "default": false}
+                            "confidential": {"type": "boolean", "default": false, "description": "Never sent, never quoted."}
                         },
                         "required": ["name", "content"],
                         "additionalProperties": false
@@ -92,36 +99,178 @@ impl JsonSchema for ContextArg {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use serde_json::{json, Value};
+/// The hand-off report format of `compress_context.render`.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RenderFormat {
+    /// Prose with an `Answer:` line.
+    Freeform,
+    /// `[STATUS]`, `[SUMMARY]`, ... sections.
+    SemiStructured,
+    /// A `JSON_REPORT:` block.
+    StructuredSoft,
+}
 
-    use super::*;
+/// Arguments of `compress_context`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompressContextArgs {
+    /// What the receiver must do.
+    pub task: String,
+    /// Named fields.
+    ///
+    /// `{"fields": [{"name", "kind", "content", "confidential"}]}`.
+    pub context: ContextArg,
+    /// Most tokens sent, in budget_tokenizer (or give rate).
+    ///
+    /// A hard limit, at least 1: the text handed over counts within it.
+    #[schemars(range(min = 1))]
+    pub budget: Option<u64>,
+    /// Instead of budget: the share of the context to keep.
+    ///
+    /// In (0, 1], LLMLingua's `rate`: the budget is the shareable context's
+    /// tokens in `budget_tokenizer` times `rate`, rounded down, at least 1.
+    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 1))]
+    pub rate: Option<f64>,
+    /// Fields sent whole, first.
+    #[serde(default)]
+    pub required: Vec<String>,
+    /// Fields that fill the rest by relevance.
+    ///
+    /// None named and none required: all fields.
+    #[serde(default)]
+    pub optional: Vec<String>,
+    /// Continue this session, or open one under this id.
+    ///
+    /// A session opened by this server continues; unset opens one under a
+    /// random id. `request_more_context` names it.
+    pub session: Option<String>,
+    /// Cosine threshold in [-1, 1].
+    pub threshold: Option<f32>,
+    /// Threshold in standard deviations of the context's scores.
+    ///
+    /// Calibrated per context: chunks scoring less are dropped.
+    pub min_relative_score: Option<f32>,
+    /// Render as a hand-off report in this format.
+    ///
+    /// The report is `text`, within the budget.
+    pub render: Option<RenderFormat>,
+    /// o200k, cl100k, e5 (default) or a registered name.
+    ///
+    /// The receiver's tokenizer: what is sent never counts more than the
+    /// budget in it.
+    pub budget_tokenizer: Option<String>,
+    /// Say why each chunk was sent or dropped.
+    ///
+    /// Score parts, packing order and group lead of each chunk sent, the
+    /// reason of the 50 best dropped (`explanation`, in the structured
+    /// result only).
+    #[serde(default)]
+    pub explain: bool,
+    /// Tokens of budget held back for request_more_context.
+    ///
+    /// When this call opens the session, this answer sends at most `budget -
+    /// reserve`; the session's total is `budget`.
+    pub reserve: Option<u32>,
+    /// List the chunks held back.
+    ///
+    /// Id, field, stub and tokens of at most 100, best first, in the
+    /// structured result; by default only their count and tokens.
+    #[serde(default)]
+    pub list_dropped: bool,
+}
 
-    fn checked(v: Value) -> Result<Budget, String> {
-        let Value::Object(m) = v else { panic!("not an object") };
-        compress_arguments(Args::from_map(m)).map(|(_, b)| b)
-    }
+/// Arguments of `request_more_context`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestMoreArgs {
+    /// compress_context's session_id.
+    pub session: String,
+    /// What the receiver still needs to know.
+    ///
+    /// With `report` and no question: the report's next step.
+    #[serde(default)]
+    pub question: String,
+    /// Confidence in [0, 1] (or give report).
+    pub current_confidence: Option<f32>,
+    /// Chunks asked for by id.
+    ///
+    /// Ids from the `dropped` list of compress_context.
+    #[serde(default)]
+    pub chunk_ids: Vec<String>,
+    /// Why more is needed.
+    #[serde(default)]
+    pub reasoning: String,
+    /// A hand-off report, any format.
+    ///
+    /// Its confidence sets `current_confidence`, its next step the question
+    /// when none is given.
+    pub report: Option<String>,
+    /// This reply's budget in tokens.
+    ///
+    /// Default: the budget of the compress_context that opened the session.
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<u32>,
+}
 
-    #[test]
-    fn exactly_one_of_budget_and_rate_in_range() {
-        let ctx = json!({"fields": [{"name": "a", "content": "x"}]});
-        assert_eq!(checked(json!({"task": "t", "context": ctx, "budget": 7})), Ok(Budget::Tokens(7)));
-        assert_eq!(checked(json!({"task": "t", "context": ctx, "rate": 0.3})), Ok(Budget::Rate(0.3)));
-        assert_eq!(checked(json!({"task": "t", "context": ctx, "rate": 1})), Ok(Budget::Rate(1.0)));
-        let refused = [
-            (json!({"task": "t", "context": ctx, "budget": 7, "rate": 0.3}), "rate: give budget or rate, not both"),
-            (json!({"task": "t", "context": ctx}), "budget: required (tokens), or give rate"),
-            (json!({"task": "t", "context": ctx, "budget": 0}), "budget: must be at least 1"),
-        ];
-        for (args, want) in refused {
-            assert_eq!(checked(args).unwrap_err(), want);
-        }
-        let range = format!("rate: {}", scd_engine::budget::RATE_RANGE);
-        for bad in [json!(0), json!(0.0), json!(-0.5), json!(1.5), json!(1e300)] {
-            assert_eq!(checked(json!({"task": "t", "context": ctx, "rate": bad})).unwrap_err(), range, "{bad}");
-        }
-        let e = checked(json!({"task": "t", "context": ctx, "rate": "0.3"})).unwrap_err();
-        assert!(e.starts_with("rate: invalid type"), "{e}");
-    }
+/// Arguments of `count_tokens`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CountTokensArgs {
+    /// Counted as it is: no prefix, no special tokens.
+    pub text: String,
+    /// o200k, cl100k, e5 (default) or a registered name.
+    pub tokenizer: Option<String>,
+}
+
+/// Arguments of `embed`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedArgs {
+    /// Texts to embed, each non-empty.
+    pub texts: Vec<String>,
+    /// Embed as queries (questions, tasks), not passages.
+    #[serde(default)]
+    pub query: bool,
+    /// Add the vectors to the structured result.
+    ///
+    /// By default each embedding is its dimensions, tokens and a digest,
+    /// which is what fits a model's context.
+    #[serde(default)]
+    pub vectors: bool,
+}
+
+/// Result of `count_tokens`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TokensOutput {
+    /// Tokens in `tokenizer`.
+    pub tokens: u32,
+    /// The tokenizer that counted.
+    pub tokenizer: String,
+}
+
+/// One embedding.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EmbeddingOut {
+    /// With `vectors`: the L2-normalized vector of `dim` floats.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<f32>,
+    /// SHA-256 of the vector's little-endian f32 bytes, 16 hex digits: equal
+    /// digests, equal vectors.
+    pub digest: String,
+    /// Tokens fed to the model.
+    pub tokens: u32,
+    /// Windows averaged (1 unless the text was over the model's length).
+    pub windows: u32,
+}
+
+/// Result of `embed`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EmbedOutput {
+    /// The model's id.
+    pub model: String,
+    /// Vector length.
+    pub dim: u32,
+    /// One per text, in order.
+    pub embeddings: Vec<EmbeddingOut>,
 }

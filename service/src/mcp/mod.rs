@@ -50,26 +50,26 @@
 
 mod args;
 mod backend;
+mod check;
 pub mod http;
+pub mod schema;
 pub mod stdio;
 mod tokens;
 
-pub use args::ContextArg;
-pub(crate) use args::{compress_arguments, Budget};
+pub use args::{
+    Args, CompressContextArgs, ContextArg, CountTokensArgs, EmbedArgs, EmbedOutput, EmbeddingOut, RenderFormat,
+    RequestMoreArgs, TokensOutput,
+};
 pub use backend::{Backend, Peer};
+pub(crate) use check::{compress_arguments, Budget};
 
-use std::borrow::Cow;
-
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler};
-use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::{Map, Value};
+use serde::Serialize;
 use tonic::{Code, Status};
 
 use crate::grpc::pb;
@@ -78,50 +78,6 @@ pub use crate::view::{
     ChunkOut, ChunkWhyOut, CompressOutput, DropWhyOut, DroppedOut, DroppedSummary, ExplanationOut, MoreOutput,
     TotalsOut, MAX_EXPLAINED_DROPPED, MAX_LISTED_DROPPED,
 };
-
-/// Tool arguments as sent, described by `T`'s JSON schema and parsed into a
-/// `T` by [`Args::parse`], so that a bad argument is a tool error naming it
-/// rather than a protocol error.
-pub struct Args<T>(Map<String, Value>, PhantomData<fn() -> T>);
-
-impl<'de, T> Deserialize<'de> for Args<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Map::deserialize(d).map(|m| Args(m, PhantomData))
-    }
-}
-
-impl<T: JsonSchema> JsonSchema for Args<T> {
-    fn schema_name() -> Cow<'static, str> {
-        T::schema_name()
-    }
-
-    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-        T::json_schema(generator)
-    }
-}
-
-impl<T> Args<T> {
-    /// Arguments from a JSON object (a REST body).
-    pub(crate) fn from_map(map: Map<String, Value>) -> Self {
-        Args(map, PhantomData)
-    }
-}
-
-impl<T: serde::de::DeserializeOwned> Args<T> {
-    /// The arguments, parsed strictly; the error names the argument's path.
-    pub fn parse(self) -> Result<T, String> {
-        serde_path_to_error::deserialize(Value::Object(self.0)).map_err(|e| {
-            let path = crate::input::shown_path(e.path());
-            // never echo a value: it may be a confidential field's content
-            let message = crate::input::redact_json_error(&e.into_inner().to_string());
-            if path == "." || path == "?" {
-                format!("arguments: {message}")
-            } else {
-                format!("{path}: {message}")
-            }
-        })
-    }
-}
 
 /// The `scd.v1` request of checked `compress_context` arguments (see
 /// [`compress_arguments`]); an empty `session_token` opens a session (under
@@ -149,12 +105,21 @@ pub(crate) fn compress_request(
         }),
         session_id,
         session_token,
-        render: a.render.map_or(pb::ReportFormat::Unspecified, RenderFormat::pb) as i32,
+        render: a.render.map_or(pb::ReportFormat::Unspecified, render_pb) as i32,
         budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
         explain: a.explain,
         session_max_total_tokens: 0,
         reserve_tokens: if open { a.reserve.unwrap_or(0) } else { 0 },
         rate,
+    }
+}
+
+/// The `scd.v1` report format of a `render` argument.
+fn render_pb(format: RenderFormat) -> pb::ReportFormat {
+    match format {
+        RenderFormat::Freeform => pb::ReportFormat::Freeform,
+        RenderFormat::SemiStructured => pb::ReportFormat::SemiStructured,
+        RenderFormat::StructuredSoft => pb::ReportFormat::StructuredSoft,
     }
 }
 
@@ -192,169 +157,6 @@ pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, Str
         report: a.report.unwrap_or_default(),
         max_tokens: a.max_tokens.unwrap_or(0),
     })
-}
-
-/// The hand-off report format of `compress_context.render`.
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RenderFormat {
-    /// Prose with an `Answer:` line.
-    Freeform,
-    /// `[STATUS]`, `[SUMMARY]`, ... sections.
-    SemiStructured,
-    /// A `JSON_REPORT:` block.
-    StructuredSoft,
-}
-
-impl RenderFormat {
-    fn pb(self) -> pb::ReportFormat {
-        match self {
-            RenderFormat::Freeform => pb::ReportFormat::Freeform,
-            RenderFormat::SemiStructured => pb::ReportFormat::SemiStructured,
-            RenderFormat::StructuredSoft => pb::ReportFormat::StructuredSoft,
-        }
-    }
-}
-
-/// Arguments of `compress_context`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CompressContextArgs {
-    /// What the receiving agent must do.
-    pub task: String,
-    /// The sender's context, `{"fields": [{"name", "kind", "content", "confidential"}]}`.
-    pub context: ContextArg,
-    /// The receiver's budget in tokens, a hard limit (at least 1): the text
-    /// handed over counts within it, in `budget_tokenizer`. Or give `rate`.
-    #[schemars(range(min = 1))]
-    pub budget: Option<u64>,
-    /// Instead of `budget`: keep this share of the shareable context's tokens
-    /// in `budget_tokenizer`, in (0, 1] (LLMLingua's `rate`; the budget is
-    /// that count times `rate`, rounded down, at least 1).
-    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 1))]
-    pub rate: Option<f64>,
-    /// Fields sent whole, first.
-    #[serde(default)]
-    pub required: Vec<String>,
-    /// Fields that fill the rest by relevance (none named, no required: all fields).
-    #[serde(default)]
-    pub optional: Vec<String>,
-    /// Continue this session (one opened by this server), or open one under
-    /// this id; unset opens one under a random id. `request_more_context`
-    /// names it.
-    pub session: Option<String>,
-    /// Absolute cosine threshold in [-1, 1].
-    pub threshold: Option<f32>,
-    /// Calibrated threshold in standard deviations of the context's scores.
-    pub min_relative_score: Option<f32>,
-    /// Also write the selection as a hand-off report in this format (`report`).
-    pub render: Option<RenderFormat>,
-    /// The receiving LLM's tokenizer the budget is counted in: `o200k`,
-    /// `cl100k`, `e5` (the default) or a name the server registered. What
-    /// is sent never counts more than the budget in it.
-    pub budget_tokenizer: Option<String>,
-    /// Say why each chunk was sent (score parts, packing order, group lead)
-    /// or dropped (`explanation`, in the structured result only; the
-    /// dropped part lists the 50 best).
-    #[serde(default)]
-    pub explain: bool,
-    /// When this call opens the session: tokens of `budget` held back for
-    /// `request_more_context` (this answer sends at most `budget - reserve`;
-    /// the session's total is `budget`).
-    #[schemars(range(min = 0))]
-    pub reserve: Option<u32>,
-    /// List the chunks held back (id, field, stub, tokens; at most 100, best
-    /// first) in the structured result; by default only their count and tokens.
-    #[serde(default)]
-    pub list_dropped: bool,
-}
-
-/// Arguments of `request_more_context`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RequestMoreArgs {
-    /// The session id `compress_context` answered.
-    pub session: String,
-    /// The specific question the receiver still has (with `report`: default its next step).
-    #[serde(default)]
-    pub question: String,
-    /// The receiver's confidence in [0, 1]; required unless `report` is given.
-    pub current_confidence: Option<f32>,
-    /// Chunks asked for by id (from the `dropped` manifest).
-    #[serde(default)]
-    pub chunk_ids: Vec<String>,
-    /// Why more is needed.
-    #[serde(default)]
-    pub reasoning: String,
-    /// The receiver's own hand-off report (any format): its confidence sets
-    /// `current_confidence`, its next step the question when none is given.
-    pub report: Option<String>,
-    /// This reply's own budget in tokens (default: the budget of the
-    /// `compress_context` that opened the session).
-    #[schemars(range(min = 1))]
-    pub max_tokens: Option<u32>,
-}
-
-/// Arguments of `count_tokens`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CountTokensArgs {
-    /// The text to count (no prefix, no special tokens).
-    pub text: String,
-    /// The tokenizer: `o200k`, `cl100k`, `e5` (the default, the model's own)
-    /// or a name the server registered.
-    pub tokenizer: Option<String>,
-}
-
-/// Arguments of `embed`.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct EmbedArgs {
-    /// Texts to embed, each non-empty.
-    pub texts: Vec<String>,
-    /// Embed as queries (questions, tasks) rather than passages.
-    #[serde(default)]
-    pub query: bool,
-    /// Return the vectors themselves (`values`, in the structured result).
-    /// By default each embedding is its dimensions, tokens and a digest,
-    /// which is what fits a model's context.
-    #[serde(default)]
-    pub vectors: bool,
-}
-
-/// Result of `count_tokens`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct TokensOutput {
-    /// Tokens in `tokenizer`.
-    pub tokens: u32,
-    /// The tokenizer that counted.
-    pub tokenizer: String,
-}
-
-/// One embedding.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct EmbeddingOut {
-    /// With `vectors`: the L2-normalized vector of `dim` floats.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub values: Vec<f32>,
-    /// SHA-256 of the vector's little-endian f32 bytes, 16 hex digits: equal
-    /// digests, equal vectors.
-    pub digest: String,
-    /// Tokens fed to the model.
-    pub tokens: u32,
-    /// Windows averaged (1 unless the text was over the model's length).
-    pub windows: u32,
-}
-
-/// Result of `embed`.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct EmbedOutput {
-    /// The model's id.
-    pub model: String,
-    /// Vector length.
-    pub dim: u32,
-    /// One per text, in order.
-    pub embeddings: Vec<EmbeddingOut>,
 }
 
 use tokens::NotYours;
@@ -463,14 +265,12 @@ impl ScdMcp {
 
     #[tool(
         name = "compress_context",
-        title = "Compress context for a task",
-        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
-        output_schema = rmcp::handler::server::tool::schema_for_output::<CompressOutput>(),
-        description = "Select the minimal sufficient context for a task under a token budget (or keep a rate: a \
-                       share of the context's tokens). The text result is \
-                       the context to hand the receiving agent (after a one-line header), within the budget; the \
-                       structured result has the sizes, the chunk ids and the session id. If the receiver needs \
-                       more, call request_more_context with the session. Confidential fields are never sent back."
+        title = "Compress context",
+        annotations(read_only_hint = true, open_world_hint = false),
+        input_schema = schema::input::<CompressContextArgs>(),
+        output_schema = schema::output::<CompressOutput>(),
+        description = "Select the minimal context for a task within a token budget; hand the text result to the \
+                       receiver. For more, call request_more_context with the session_id."
     )]
     async fn compress_context(
         &self,
@@ -505,13 +305,11 @@ impl ScdMcp {
 
     #[tool(
         name = "request_more_context",
-        title = "Ask for more context",
-        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
-        output_schema = rmcp::handler::server::tool::schema_for_output::<MoreOutput>(),
-        description = "Ask for more of a session's context: the next chunks the receiver has not seen, for its \
-                       specific question (its next step, scored on its own) or the chunk_ids named, within this \
-                       reply's budget (max_tokens, default the first answer's budget). Give current_confidence, \
-                       or your own hand-off report whose confidence sets it."
+        title = "More context",
+        annotations(read_only_hint = true, open_world_hint = false),
+        input_schema = schema::input::<RequestMoreArgs>(),
+        output_schema = schema::output::<MoreOutput>(),
+        description = "More of a session's context: unsent chunks for the question or chunk_ids, within max_tokens."
     )]
     async fn request_more_context(
         &self,
@@ -535,9 +333,10 @@ impl ScdMcp {
     #[tool(
         name = "count_tokens",
         title = "Count tokens",
-        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
-        description = "Count the tokens of a text in a tokenizer: o200k, cl100k, e5 (the default, the model's own) \
-                       or a name the server registered."
+        annotations(read_only_hint = true, open_world_hint = false),
+        input_schema = schema::input::<CountTokensArgs>(),
+        output_schema = schema::output::<TokensOutput>(),
+        description = "Count a text's tokens."
     )]
     async fn count_tokens(
         &self,
@@ -562,11 +361,10 @@ impl ScdMcp {
     #[tool(
         name = "embed",
         title = "Embed texts",
-        annotations(read_only_hint = true, destructive_hint = false, open_world_hint = false),
-        output_schema = rmcp::handler::server::tool::schema_for_output::<EmbedOutput>(),
-        description = "Embed texts with the model (L2-normalized vectors); query: true for questions and tasks, \
-                       false (default) for passages. The result gives each embedding's dimensions, tokens and a \
-                       digest; vectors: true adds the vectors to the structured result."
+        annotations(read_only_hint = true, open_world_hint = false),
+        input_schema = schema::input::<EmbedArgs>(),
+        output_schema = schema::output::<EmbedOutput>(),
+        description = "Embed texts (L2-normalized): each embedding's dimensions, tokens and digest."
     )]
     async fn embed(
         &self,
@@ -633,6 +431,10 @@ impl ServerHandler for ScdMcp {
 
 #[cfg(test)]
 mod tests {
+    use std::marker::PhantomData;
+
+    use serde_json::Value;
+
     use super::*;
     use crate::grpc::Limits;
 
@@ -953,8 +755,11 @@ mod tests {
         assert_eq!(context["properties"]["fields"]["items"]["additionalProperties"], Value::Bool(false), "{schema}");
         assert_eq!(schema["additionalProperties"], Value::Bool(false), "{schema}");
         assert_eq!(schema["properties"]["explain"]["type"], "boolean", "{schema}");
-        assert_eq!(schema["properties"]["budget_tokenizer"]["type"], serde_json::json!(["string", "null"]), "{schema}");
+        // optional arguments are typed without null (null still parses: see mcp::schema's tests)
+        assert_eq!(schema["properties"]["budget_tokenizer"]["type"], "string", "{schema}");
+        // the output schema names the keys every result has (types and the optional
+        // `explanation` are the docs'): see mcp::schema
         let out = Value::Object((*compress.output_schema.clone().unwrap()).clone());
-        assert!(out["properties"].get("explanation").is_some(), "{out}");
+        assert!(out["required"].as_array().unwrap().contains(&Value::from("session_id")), "{out}");
     }
 }

@@ -98,6 +98,31 @@ fn mcp_over_stdio_with_the_python_client() {
     check_summary(&s, "stdio");
 }
 
+/// What an MCP client pays before its first call: the `tools/list` result
+/// as the official Python client receives it (fields the server left out
+/// stay out), serialized compactly, counted in cl100k here. At most 1,000
+/// tokens (docs/protocols.md keeps the figure).
+#[test]
+fn listing_the_tools_costs_a_model_at_most_1000_cl100k_tokens() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let bin = env!("CARGO_BIN_EXE_scd");
+    let s = client(&python, &["tools", &context(), "--", bin, "mcp"]);
+    assert_eq!(s["tools"], serde_json::json!(["compress_context", "count_tokens", "embed", "request_more_context"]));
+    let listed = s["tools_json"].as_str().expect("the listing as JSON text");
+    let parsed: serde_json::Value = serde_json::from_str(listed).unwrap();
+    for tool in parsed["tools"].as_array().unwrap() {
+        assert!(tool["description"].as_str().is_some_and(|d| !d.is_empty()), "{tool}");
+        assert_eq!(tool["inputSchema"]["type"], "object", "{tool}");
+        assert_eq!(tool["outputSchema"]["type"], "object", "{tool}");
+    }
+    let tokens = scd_engine::budget::builtin("cl100k").unwrap().count(listed).unwrap();
+    eprintln!("tools/list as the Python MCP client receives it: {tokens} cl100k tokens, {} bytes", listed.len());
+    assert!(tokens <= 1000, "tools/list costs {tokens} cl100k tokens (at most 1,000): {listed}");
+}
+
 /// A dev-set file under `../shared/evaldata` (or `SCD_SHARED_DIR`), or a
 /// skip (a failure under CI).
 fn evaldata(rel: &str) -> Option<String> {

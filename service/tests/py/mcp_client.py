@@ -8,6 +8,9 @@
         # what a model sees: every text block of real results counted with tiktoken's cl100k
     mcp_client.py show CONTEXT_JSON TASK BUDGET -- SCD_BINARY [ARGS...]
         # prints the text block of one compress_context (budget in cl100k), as a model gets it
+    mcp_client.py tools CONTEXT_JSON -- SCD_BINARY [ARGS...]
+        # what listing the tools costs a model: the tools/list result as this client
+        # receives it, serialized compactly (printed as {"tools_json": ...}; the caller counts it)
 
 Lists the tools (4 names, each with an input and an output schema), calls
 each one, checks the structured results (the client itself validates them
@@ -411,6 +414,18 @@ async def main():
                 r = await s.call_tool("compress_context", args)
                 for c in r.content:
                     print(c.text)
+        return
+    if mode == "tools":
+        rest = sys.argv[sys.argv.index("--") + 1 :]
+        params = StdioServerParameters(command=rest[0], args=rest[1:], env=None)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                listed = await s.list_tools()
+        # what the server sent, as the client parsed it: fields it left out stay out
+        shown = listed.model_dump(mode="json", by_alias=True, exclude_none=True)
+        tools_json = json.dumps(shown, separators=(",", ":"), ensure_ascii=False)
+        print(json.dumps({"tools": sorted(t.name for t in listed.tools), "tools_json": tools_json}))
         return
     if mode == "window":
         rest = sys.argv[sys.argv.index("--") + 1 :]
