@@ -79,7 +79,7 @@ pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
     serve_on(scd, cfg, shutdown_signal()).await
 }
 
-/// The HTTP listener's lines of the start-up banner: the A2A agent card and the REST API.
+/// The HTTP listener's lines of the start-up banner: the A2A agent card, the REST API and the page.
 fn print_http_banner(scheme: &str, addr: std::net::SocketAddr, ui: bool) {
     println!("A2A agent card on {scheme}://{addr}/.well-known/agent-card.json");
     println!("REST API on {scheme}://{addr}/v1 (OpenAPI document at /openapi.json)");

