@@ -69,6 +69,8 @@ pub struct ServeConfig {
     pub tokenizers: scd_engine::budget::TokenizerRegistry,
     /// What a hand-off report's confidence level stands for (`--confidence-map`).
     pub confidence_map: scd_engine::handoff::ConfidenceMap,
+    /// Serve the page at `/ui` on the HTTP listener (`--no-ui` turns it off).
+    pub ui: bool,
 }
 
 /// Runs the server until Ctrl-C / SIGTERM, then drains in-flight requests
@@ -77,10 +79,13 @@ pub async fn serve(scd: Arc<Scd>, cfg: ServeConfig) -> anyhow::Result<()> {
     serve_on(scd, cfg, shutdown_signal()).await
 }
 
-/// The HTTP listener's lines of the start-up banner: the A2A agent card and the REST API.
-fn print_http_banner(scheme: &str, addr: std::net::SocketAddr) {
+/// The HTTP listener's lines of the start-up banner: the A2A agent card, the REST API and the page.
+fn print_http_banner(scheme: &str, addr: std::net::SocketAddr, ui: bool) {
     println!("A2A agent card on {scheme}://{addr}/.well-known/agent-card.json");
     println!("REST API on {scheme}://{addr}/v1 (OpenAPI document at /openapi.json)");
+    if ui {
+        println!("page on {scheme}://{addr}/ui");
+    }
 }
 
 /// [`serve`] until `shutdown` completes instead of a signal; tests run a
@@ -128,17 +133,17 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
                 http_scheme,
             },
         );
-        print_http_banner(http_scheme, l.local_addr()?);
+        print_http_banner(http_scheme, l.local_addr()?, cfg.ui);
+        let mut routes = crate::a2a::router(Arc::new(agent)).merge(crate::rest::router(service.clone()));
+        if cfg.ui {
+            routes = routes.merge(crate::rest::ui::router(&service.tokenizers.names()));
+        }
         tokio::spawn(serve_metrics(
             l,
             service.clone(),
             cfg.http,
             auth.clone(),
-            Some(
-                crate::a2a::router(Arc::new(agent))
-                    .merge(crate::rest::router(service.clone()))
-                    .layer(axum::middleware::from_fn_with_state(drain.clone(), http_drain)),
-            ),
+            Some(routes.layer(axum::middleware::from_fn_with_state(drain.clone(), http_drain))),
             cfg.http_tls.clone(),
         ));
     }

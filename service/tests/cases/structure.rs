@@ -50,7 +50,6 @@ const RATCHET: &[(&str, &str, usize)] = &[
     ("fn", "service/src/cli/embed_queue.rs::coordinate", 128),
     ("fn", "service/src/cli/eval.rs::run", 235),
     ("fn", "service/src/cli/load.rs::run", 118),
-    ("fn", "service/src/cli/serve.rs::run", 107),
     ("fn", "service/src/cli/tune.rs::run", 175),
     ("fn", "service/src/server.rs::serve_on", 175),
     ("fn", "service/tests/cases/a2a.rs::a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest", 109),
