@@ -324,17 +324,21 @@ impl Inner {
     }
 
     /// The task of `owner` that gives way first: its oldest waiting one
-    /// (see [`Held::waiting`]), else its oldest terminal one.
-    fn first_to_go(&self, owner: &Owner) -> Option<String> {
+    /// (see [`Held::waiting`]), else its oldest terminal one; never `keep`
+    /// (the task being continued).
+    fn first_to_go(&self, owner: &Owner, keep: Option<&str>) -> Option<String> {
         let first = |pick: fn(&Held) -> bool| {
-            self.tasks.values().filter(|e| e.owner == owner && pick(&e.task)).min_by_key(|e| e.seq)
+            self.tasks
+                .values()
+                .filter(|e| e.owner == owner && pick(&e.task) && keep != Some(e.task.id.as_str()))
+                .min_by_key(|e| e.seq)
         };
         first(Held::waiting).or_else(|| first(|t| t.state.is_terminal())).map(|e| e.task.id.clone())
     }
 
     /// The task that gives way first of the owner holding the most (by
     /// `weigh`) among those holding one that may.
-    fn first_to_go_of_largest(&self, weigh: impl Fn(Usage) -> usize) -> Option<String> {
+    fn first_to_go_of_largest(&self, weigh: impl Fn(Usage) -> usize, keep: Option<&str>) -> Option<String> {
         let mut usage: HashMap<&str, Usage> = HashMap::new();
         for e in self.tasks.values() {
             let u = usage.entry(e.owner.as_str()).or_default();
@@ -343,7 +347,7 @@ impl Inner {
         }
         let mut owners: Vec<(&str, Usage)> = usage.into_iter().collect();
         owners.sort_unstable_by_key(|(o, u)| (std::cmp::Reverse(weigh(*u)), *o));
-        owners.into_iter().find_map(|(o, _)| self.first_to_go(o))
+        owners.into_iter().find_map(|(o, _)| self.first_to_go(o, keep))
     }
 
     fn remove(&mut self, id: &str) {
@@ -503,19 +507,26 @@ impl Store {
     /// Makes room for `tasks` (0 or 1) more tasks and `bytes` more bytes of
     /// `owner` (see the module docs): terminal tasks give way, or the
     /// message is refused with the time until a task expires.
-    fn room(&self, inner: &mut Inner, owner: &Owner, tasks: usize, bytes: usize) -> Result<(), Error> {
+    fn room(
+        &self,
+        inner: &mut Inner,
+        owner: &Owner,
+        tasks: usize,
+        bytes: usize,
+        keep: Option<&str>,
+    ) -> Result<(), Error> {
         let l = &self.limits;
         let mut purged = false;
         loop {
             let mine = inner.usage(owner);
             let (victim, refusal) = if mine.tasks + tasks > l.max_tasks_per_caller {
-                (inner.first_to_go(owner), (true, l.max_tasks_per_caller, "tasks", "--a2a-max-tasks-per-caller"))
+                (inner.first_to_go(owner, keep), (true, l.max_tasks_per_caller, "tasks", "--a2a-max-tasks-per-caller"))
             } else if mine.bytes + bytes > l.max_bytes_per_caller {
-                (inner.first_to_go(owner), (true, l.max_bytes_per_caller, "bytes", "--a2a-max-bytes-per-caller"))
+                (inner.first_to_go(owner, keep), (true, l.max_bytes_per_caller, "bytes", "--a2a-max-bytes-per-caller"))
             } else if inner.tasks.len() + tasks > l.max_tasks {
-                (inner.first_to_go_of_largest(|u| u.tasks), (false, l.max_tasks, "tasks", "--a2a-max-tasks"))
+                (inner.first_to_go_of_largest(|u| u.tasks, keep), (false, l.max_tasks, "tasks", "--a2a-max-tasks"))
             } else if inner.bytes + bytes > l.max_bytes {
-                (inner.first_to_go_of_largest(|u| u.bytes), (false, l.max_bytes, "bytes", "--a2a-max-bytes"))
+                (inner.first_to_go_of_largest(|u| u.bytes, keep), (false, l.max_bytes, "bytes", "--a2a-max-bytes"))
             } else {
                 return Ok(());
             };
@@ -561,7 +572,7 @@ impl Store {
         self.purge(&mut inner, false);
         let k = key(owner, &task.context_id);
         let context = if inner.contexts.contains_key(&k) { 0 } else { CONTEXT_BYTES + k.0.len() + k.1.len() };
-        self.room(&mut inner, owner, 1, held.bytes(owner) + context)?;
+        self.room(&mut inner, owner, 1, held.bytes(owner) + context, None)?;
         if context > 0 {
             inner.context_room(owner, self.limits.max_tasks_per_caller, self.limits.max_tasks);
         }
@@ -604,7 +615,7 @@ impl Store {
         let inner = &mut *guard;
         let max = self.limits.max_history;
         Self::entry(&mut inner.tasks, id, owner)?;
-        self.room(inner, owner, 0, message_bytes(&msg))?;
+        self.room(inner, owner, 0, message_bytes(&msg), Some(id))?;
         let e = Self::entry(&mut inner.tasks, id, owner)?;
         if e.task.state.is_terminal() {
             return Err(Error::Terminal { id: id.to_string(), state: e.task.state });

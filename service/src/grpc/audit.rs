@@ -152,6 +152,15 @@ pub fn fill_from_compress(rec: &mut AuditRecord, r: &pb::CompressResponse) {
     fill_timing(rec, r.timing.as_ref());
 }
 
+/// A call that gave `rate` instead of a budget records the budget the rate
+/// came to: that share of the context's tokens (the engine's rule).
+pub fn fill_rate_budget(rec: &mut AuditRecord, rate: Option<f64>, r: &pb::CompressResponse) {
+    if let (Some(rate), Some(t)) = (rate, &r.totals) {
+        let budget = scd_engine::budget::rate_budget(t.context_tokens as usize, rate);
+        rec.budget_tokens = Some(u32::try_from(budget).unwrap_or(u32::MAX));
+    }
+}
+
 /// Fills a record's chunk list and count, and the tokens sent.
 pub fn fill_chunks(rec: &mut AuditRecord, chunks: &[pb::Chunk]) {
     rec.chunks = chunks
@@ -454,5 +463,19 @@ mod tests {
         r.budget_tokens = Some(100);
         r.timings.total_ms = 2.5;
         assert_eq!(from_pb(to_pb(r.clone())), r);
+    }
+
+    #[test]
+    fn a_rate_call_records_the_budget_it_came_to() {
+        let reply = pb::CompressResponse {
+            totals: Some(pb::Totals { context_tokens: 334, ..Default::default() }),
+            ..Default::default()
+        };
+        let mut r = AuditRecord::new("Compress");
+        r.budget_tokens = Some(0);
+        fill_rate_budget(&mut r, None, &reply);
+        assert_eq!(r.budget_tokens, Some(0), "a budget call keeps its own");
+        fill_rate_budget(&mut r, Some(0.3), &reply);
+        assert_eq!(r.budget_tokens, Some(100), "334 x 0.3, rounded down");
     }
 }

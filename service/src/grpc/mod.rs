@@ -559,9 +559,11 @@ impl ScdService {
             rec.budget_tokens = r.requirement.as_ref().map(|q| q.max_context_tokens);
             rec.session_id = audit::recorded_id(&r.session_id);
         }
+        let rate = r.rate;
         let res = self.compress_inner(r, deadline, caller, &who, open).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
             audit::fill_from_compress(rec, reply);
+            audit::fill_rate_budget(rec, rate, reply);
         }
         self.record_audit(rec, res).await
     }
@@ -793,10 +795,15 @@ impl pb::scd_server::Scd for ScdHandler {
                 rec.session_id = audit::recorded_id(&c.session_id);
             }
         }
+        let rate = match &r.op {
+            Some(pb::handoff_request::Op::Forward(f)) => f.compress.as_ref().and_then(|c| c.rate),
+            _ => None,
+        };
         let res = self.handoff_inner(r, d, who, &share_key).await;
         if let (Some(rec), Ok(reply)) = (rec.as_mut(), &res) {
             if let Some(c) = &reply.compressed {
                 audit::fill_from_compress(rec, c);
+                audit::fill_rate_budget(rec, rate, c);
             }
         }
         self.record_audit(rec, res).await.map(Response::new)

@@ -264,6 +264,16 @@ fn in_the_shared_store_waiting_tasks_give_way_first_and_go_after_the_waiting_ttl
     not_found(b.get(&idle.id, "a"));
     assert!(a.get(&busy.id, "b").is_ok(), "a live task outlives the waiting TTL");
     assert_eq!(a.count().unwrap().0, 1);
+    redis.cli(&["FLUSHDB"]);
+
+    // at its byte share, the data a waiting task asked for never drops that
+    // task (it would answer "not found"): the owner is told to retry
+    let tight = StoreLimits { max_bytes_per_caller: 3000, ..limits(10, 5, Duration::from_secs(3600)) };
+    let (a, b) = replicas(&redis, tight);
+    let w = waiting(&a, "a");
+    let e = b.continue_task(&w.id, "a", msg(&"x".repeat(4000)), TaskState::Working).unwrap_err();
+    assert!(e.retry_after_ms().is_some(), "{e}");
+    assert!(a.get(&w.id, "a").is_ok(), "the waiting task was dropped for its own continuation");
 }
 
 #[test]

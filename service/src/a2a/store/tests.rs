@@ -368,3 +368,21 @@ fn waiting_tasks_give_way_first() {
     assert!(s.get(&mine.id, "a").is_err());
     assert!(live(&s, "a").is_err(), "two live tasks: the share is held");
 }
+
+#[test]
+fn a_waiting_task_is_never_dropped_for_its_own_continuation() {
+    // an owner at its byte share sends the data part its waiting task asked
+    // for: the task is not given up for its own message (that would answer
+    // "not found"); the owner is told to retry
+    let s = Store::new(StoreLimits { max_bytes_per_caller: 3000, ..StoreLimits::default() });
+    let w = waiting(&s, "a").unwrap();
+    let e = s.continue_task(&w.id, "a", msg(&"x".repeat(4000)), TaskState::Working).unwrap_err();
+    assert!(matches!(e, Error::Exhausted { .. }), "{e:?}");
+    assert!(s.get(&w.id, "a").is_ok(), "the waiting task was dropped for its own continuation");
+    // another waiting task of the owner still gives way for it
+    let s = Store::new(StoreLimits { max_bytes_per_caller: 5000, ..StoreLimits::default() });
+    let old = waiting(&s, "a").unwrap();
+    let w = waiting(&s, "a").unwrap();
+    s.continue_task(&w.id, "a", msg(&"x".repeat(3000)), TaskState::Working).unwrap();
+    assert!(s.get(&old.id, "a").is_err() && s.get(&w.id, "a").is_ok());
+}

@@ -74,9 +74,14 @@ local function sweep_all()
   until #old == 0
 end
 -- the task of o that gives way first: its oldest waiting one, else its
--- oldest terminal one
-local function oldest(o)
-  return redis.call('ZRANGE', p .. 'ow:' .. o, 0, 0)[1] or redis.call('ZRANGE', p .. 'ot:' .. o, 0, 0)[1]
+-- oldest terminal one; never keep (the task being continued)
+local function oldest(o, keep)
+  for _, z in ipairs({'ow:', 'ot:'}) do
+    for _, id in ipairs(redis.call('ZRANGE', p .. z .. o, 0, 1)) do
+      if id ~= keep then return id end
+    end
+  end
+  return nil
 end
 -- whether a task in state st with status message m waits for its context
 local function waits(st, m) return st == 'TASK_STATE_WORKING' and m ~= '' end
@@ -91,9 +96,9 @@ local function stamp(id, o, q, w)
     redis.call('ZREM', p .. 'ow:' .. o, id)
   end
 end
-local function largest(z)
+local function largest(z, keep)
   for _, o in ipairs(redis.call('ZREVRANGE', p .. z, 0, -1)) do
-    local v = oldest(o)
+    local v = oldest(o, keep)
     if v then return v end
   end
   return nil
@@ -110,22 +115,23 @@ local function first_expiry(o)
   local r = redis.call('ZRANGE', p .. 'exp', 0, 0, 'WITHSCORES')
   return r[2] and tonumber(r[2])
 end
--- room for n more tasks and b more bytes of owner o: terminal tasks give
--- way, or the refusal {'full', own, unit, ms until a task expires}
-local function room(o, n, b)
+-- room for n more tasks and b more bytes of owner o: waiting and terminal
+-- tasks (never keep) give way, or the refusal {'full', own, unit, ms until
+-- a task expires}
+local function room(o, n, b, keep)
   local swept = false
   while true do
     local mn = tonumber(redis.call('ZSCORE', p .. 'on', o) or '0')
     local mb = tonumber(redis.call('ZSCORE', p .. 'obz', o) or '0')
     local victim, own, unit
     if mn + n > share_n then
-      own, unit, victim = 1, 'tasks', oldest(o)
+      own, unit, victim = 1, 'tasks', oldest(o, keep)
     elseif mb + b > share_b then
-      own, unit, victim = 1, 'bytes', oldest(o)
+      own, unit, victim = 1, 'bytes', oldest(o, keep)
     elseif redis.call('ZCARD', p .. 'exp') + n > max_n then
-      own, unit, victim = 0, 'tasks', largest('on')
+      own, unit, victim = 0, 'tasks', largest('on', keep)
     elseif tonumber(redis.call('GET', p .. 'bytes') or '0') + b > max_b then
-      own, unit, victim = 0, 'bytes', largest('obz')
+      own, unit, victim = 0, 'bytes', largest('obz', keep)
     else
       return nil
     end
@@ -280,7 +286,7 @@ local o, id, msg = ARGV[10], ARGV[11], ARGV[12]
 if not mine(id, o) then return 'nf' end
 -- the same call run twice (its reply lost) finds its own write
 if redis.call('HGET', p .. 't:' .. id, 'op') == ARGV[18] then return {'ok', read(id, -1, true)} end
-local r = room(o, 0, #msg + 16)
+local r = room(o, 0, #msg + 16, id)
 if r then return r end
 if not mine(id, o) then return 'nf' end
 if terminal(id, o) then return {'term', redis.call('HGET', p .. 't:' .. id, 'st')} end

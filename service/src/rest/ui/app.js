@@ -80,8 +80,9 @@
       let v;
       try {
         v = JSON.parse(text);
-      } catch (e) {
-        throw new Error(`the context is not JSON (${e.message}); plain text must not start with { or [`);
+      } catch {
+        // the parser's message quotes the text, which may be confidential
+        throw new Error("the context is not valid JSON; plain text must not start with { or [");
       }
       pasted = fieldsOf(v);
       if (!pasted) throw new Error('a JSON context is {"fields": [...]} or a list of fields');
@@ -277,7 +278,9 @@
       state.more.push(...m.chunks);
       renderFields();
       renderHeld();
-      const texts = new Map(state.fields.map((f) => [f.name, encoder.encode(f.content || "")]));
+      // never a confidential field's content, even under a shared name
+      const shown = state.fields.filter((f) => !f.confidential);
+      const texts = new Map(shown.map((f) => [f.name, encoder.encode(f.content || "")]));
       $("more-chunks").replaceChildren(...m.chunks.map((c) => {
         const bytes = texts.get(c.field);
         const text = bytes ? decoder.decode(bytes.subarray(c.span[0], c.span[1])) : "";
