@@ -33,10 +33,6 @@ enum Command {
     Compress(WithModel<cli::compress::CompressArgs>),
     /// Build a context from files (name: the path, kind: the extension): `scd context src/ notes.md > ctx.json`.
     Context(cli::context::ContextArgs),
-    /// Evidence recall vs reduction on a QA dataset, against baselines.
-    Eval(WithModel<cli::eval::EvalArgs>),
-    /// Choose scoring settings by cross-validation over development sets; reports every fold.
-    Tune(WithModel<cli::tune::TuneArgs>),
     /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
     Serve(Box<WithModel<cli::serve::ServeArgs>>),
     /// Serve the engine as MCP tools over stdio (or streamable HTTP with --http-addr).
@@ -107,8 +103,6 @@ fn run() -> anyhow::Result<()> {
         Command::Demo(w) => cli::demo::run(&w.model, w.args),
         Command::Compress(w) => cli::compress::run(&w.model, w.args),
         Command::Context(args) => cli::context::run(args),
-        Command::Eval(w) => cli::eval::run(&w.model, w.args),
-        Command::Tune(w) => cli::tune::run(&w.model, w.args),
         Command::Serve(w) => {
             let WithModel { model, args } = *w;
             cli::serve::run(&model, args)

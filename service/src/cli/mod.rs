@@ -17,18 +17,13 @@ pub mod embed_queue;
 mod embed_remote;
 pub mod embed_timing;
 pub mod embed_workers;
-pub mod eval;
-mod eval_adaptive;
-mod eval_agent;
 pub mod handoff;
 pub mod identity;
 pub mod load;
 pub mod mcp;
 pub mod models;
-pub mod plot;
 pub mod progress;
 pub mod serve;
-pub mod tune;
 
 use std::path::Path;
 

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use crate::root;
 
 /// Every crate's `src/`, relative to the workspace root.
-const CRATES: [&str; 9] = [
+const CRATES: [&str; 10] = [
     "engine/src",
     "engine/context/src",
     "proto/src",
@@ -25,6 +25,7 @@ const CRATES: [&str; 9] = [
     "service/audit/src",
     "service/atp/src",
     "service/net/src",
+    "service/dev/src",
     "benches/src",
 ];
 
@@ -45,12 +46,12 @@ const RATCHET: &[(&str, &str, usize)] = &[
     ("file", "service/src/a2a/mod.rs", 1326),
     ("file", "service/tests/cases/lifecycle.rs", 908),
     ("file", "service/tests/cases/serving.rs", 1055),
+    ("fn", "service/dev/src/eval.rs::run", 235),
+    ("fn", "service/dev/src/tune.rs::run", 175),
     ("fn", "service/src/a2a/jsonrpc.rs::handle", 109),
     ("fn", "service/src/cli/client.rs::run", 147),
     ("fn", "service/src/cli/embed_queue.rs::coordinate", 128),
-    ("fn", "service/src/cli/eval.rs::run", 235),
     ("fn", "service/src/cli/load.rs::run", 118),
-    ("fn", "service/src/cli/tune.rs::run", 175),
     ("fn", "service/src/server.rs::serve_on", 175),
     ("fn", "service/tests/cases/a2a.rs::a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest", 109),
     ("fn", "service/tests/cases/a2a_shared.rs::a2a_tasks_and_contexts_on_one_replica_are_served_by_another", 128),
@@ -805,6 +806,18 @@ fn only_the_atp_subcommand_imports_the_atp_stack() {
     }
     let net: Vec<String> = dependencies("service/net").into_iter().filter(|d| d.starts_with("scd-")).collect();
     assert!(net.is_empty(), "the listener guard holds no protocol logic, yet depends on {net:?}");
+}
+
+/// The developer tools (`scd-dev`) sit on top: they use `scd-service`'s
+/// library, and no crate depends on them, so the product binary links none.
+#[test]
+fn no_crate_depends_on_the_developer_tools() {
+    assert!(dependencies("service/dev").contains("scd-service"), "the parser lost scd-dev's dependencies");
+    for src in CRATES.iter().filter(|s| **s != "service/dev/src") {
+        let dir = src.trim_end_matches("/src");
+        assert!(!dependencies(dir).contains("scd-dev"), "{dir} depends on scd-dev");
+    }
+    assert!(files_naming("service/src", "scd_dev").is_empty(), "scd-service names scd_dev");
 }
 
 #[test]

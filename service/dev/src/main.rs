@@ -1,0 +1,54 @@
+//! `scd-dev`: SCD's developer tools (eval, tune, the bench commands, the
+//! ATP simulator), apart from the product binary `scd`.
+//!
+//! Thin by design: parse arguments, install telemetry, call the library.
+
+use clap::{CommandFactory as _, Parser, Subcommand};
+use scd_dev::{eval, tune};
+use scd_service::config::{self, WithModel};
+use scd_service::telemetry;
+
+/// SCD's developer tools: evaluation, tuning and benchmarks (users run `scd`).
+#[derive(Debug, Parser)]
+#[command(name = "scd-dev", version, about, propagate_version = true)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, env = "SCD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    log_format: telemetry::LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Evidence recall vs reduction on a QA dataset, against baselines.
+    Eval(Box<WithModel<eval::EvalArgs>>),
+    /// Choose scoring settings by cross-validation over development sets; reports every fold.
+    Tune(Box<WithModel<tune::TuneArgs>>),
+}
+
+/// Runs the command; an error is one line on stderr (`Error: what: why`,
+/// its causes joined) and exit status 1, as `scd` does.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", format!("{e:#}").replace('\n', " "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    // model flags before the subcommand (`scd-dev --threads 2 eval`) go after it
+    let argv = config::model_flags_after_subcommand(&Cli::command(), std::env::args_os().collect());
+    let cli = Cli::parse_from(argv);
+    telemetry::init(cli.log_format, "warn");
+    match cli.command {
+        Command::Eval(w) => {
+            let WithModel { model, args } = *w;
+            eval::run(&model, args)
+        }
+        Command::Tune(w) => tune::run(&w.model, w.args),
+    }
+}

@@ -1,0 +1,55 @@
+//! What `scd-dev --help` lists, and the model flags of its commands.
+
+use crate::{commands, scd_dev};
+
+/// The developer tools, as `scd-dev --help` lists them (`scd --help` lists
+/// none of them: scd-service's `cli` tests check that side).
+const DEV_COMMANDS: [&str; 2] = ["eval", "tune"];
+
+/// The model flags, as `--help` lists them.
+const MODEL_FLAGS: [&str; 12] = [
+    "--model <",
+    "--models-dir <",
+    "--ort-lib <",
+    "--threads <",
+    "--ort-spinning <",
+    "--device <",
+    "--batch-tokens <",
+    "--max-batch-rows <",
+    "--io-binding <",
+    "--split-copies",
+    "--embedding-cache <",
+    "--embedding-cache-bytes <",
+];
+
+fn help(args: &[&str]) -> String {
+    let (ok, stdout, stderr) = scd_dev(args, "");
+    assert!(ok, "{args:?}: {stderr}");
+    stdout
+}
+
+/// Issue 41: the developer tools left the product binary for `scd-dev`.
+#[test]
+fn scd_dev_help_lists_the_developer_tools() {
+    let out = help(&["--help"]);
+    assert!(out.contains("Usage: scd-dev"), "{out}");
+    let want: Vec<&str> = DEV_COMMANDS.into_iter().chain(["help"]).collect();
+    assert_eq!(commands(&out), want, "{out}");
+}
+
+/// Issue 42, for the tools that moved here: the commands that load a model
+/// list the model flags; `scd-dev --help` lists none.
+#[test]
+fn model_flags_belong_to_the_commands_that_load_a_model() {
+    let out = help(&["--help"]);
+    for flag in MODEL_FLAGS {
+        assert!(!out.contains(flag), "--help lists {flag}: {out}");
+    }
+    for cmd in ["eval", "tune"] {
+        let out = help(&[cmd, "--help"]);
+        assert!(out.contains("Usage: scd-dev"), "{cmd}: {out}");
+        for flag in MODEL_FLAGS {
+            assert!(out.contains(flag), "{cmd} lacks {flag}: {out}");
+        }
+    }
+}
