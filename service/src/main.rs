@@ -41,14 +41,6 @@ enum Command {
     Client(cli::client::ClientArgs),
     /// Query the audit trail (a server's --audit-db) as JSON lines.
     Audit(cli::audit::AuditArgs),
-    /// Load-test a real server over loopback against the raw encoder; prints JSON.
-    BenchLoad(WithModel<cli::load::LoadArgs>),
-    /// Idle sockets against a real server under a file-descriptor limit, guarded and with the caps lifted; prints JSON.
-    BenchConns(WithModel<cli::conns::ConnsArgs>),
-    /// Measure encoder throughput (or memory over many calls); prints JSON.
-    BenchEncode(WithModel<cli::bench::BenchArgs>),
-    /// Session throughput of one replica vs two behind HAProxy, and the latency Redis adds (starts Redis, replicas, HAProxy); prints JSON.
-    BenchReplicas(cli::bench_replicas::BenchReplicasArgs),
     /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
     #[command(subcommand)]
     Handoff(cli::handoff::HandoffCommand),
@@ -110,10 +102,6 @@ fn run() -> anyhow::Result<()> {
         Command::Mcp(w) => cli::mcp::run(&w.model, w.args),
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),
-        Command::BenchLoad(w) => cli::load::run(&w.model, w.args),
-        Command::BenchConns(w) => cli::conns::run(&w.model, w.args),
-        Command::BenchEncode(w) => cli::bench::run(&w.model, w.args),
-        Command::BenchReplicas(args) => cli::bench_replicas::run(args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(*args),

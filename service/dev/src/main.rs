@@ -1,10 +1,10 @@
-//! `scd-dev`: SCD's developer tools (eval, tune, the bench commands, the
-//! ATP simulator), apart from the product binary `scd`.
+//! `scd-dev`: SCD's developer tools (eval, tune, the bench commands), apart
+//! from the product binary `scd`.
 //!
 //! Thin by design: parse arguments, install telemetry, call the library.
 
 use clap::{CommandFactory as _, Parser, Subcommand};
-use scd_dev::{eval, tune};
+use scd_dev::{bench, bench_replicas, conns, eval, load, tune};
 use scd_service::config::{self, WithModel};
 use scd_service::telemetry;
 
@@ -25,6 +25,14 @@ enum Command {
     Eval(Box<WithModel<eval::EvalArgs>>),
     /// Choose scoring settings by cross-validation over development sets; reports every fold.
     Tune(Box<WithModel<tune::TuneArgs>>),
+    /// Load-test a real server over loopback against the raw encoder; prints JSON.
+    BenchLoad(WithModel<load::LoadArgs>),
+    /// Idle sockets against a real server under a file-descriptor limit, guarded and with the caps lifted; prints JSON.
+    BenchConns(WithModel<conns::ConnsArgs>),
+    /// Measure encoder throughput (or memory over many calls); prints JSON.
+    BenchEncode(WithModel<bench::BenchArgs>),
+    /// Session throughput of one replica vs two behind HAProxy, and the latency Redis adds (starts Redis, replicas, HAProxy); prints JSON.
+    BenchReplicas(bench_replicas::BenchReplicasArgs),
 }
 
 /// Runs the command; an error is one line on stderr (`Error: what: why`,
@@ -50,5 +58,9 @@ fn run() -> anyhow::Result<()> {
             eval::run(&model, args)
         }
         Command::Tune(w) => tune::run(&w.model, w.args),
+        Command::BenchLoad(w) => load::run(&w.model, w.args),
+        Command::BenchConns(w) => conns::run(&w.model, w.args),
+        Command::BenchEncode(w) => bench::run(&w.model, w.args),
+        Command::BenchReplicas(args) => bench_replicas::run(args),
     }
 }

@@ -685,7 +685,7 @@ fn commands(help: &str) -> Vec<String> {
 }
 
 /// The developer tools, which live in `scd-dev` (service/dev).
-const DEV_TOOLS: [&str; 3] = ["eval", "tune", "plot"];
+const DEV_TOOLS: [&str; 7] = ["eval", "tune", "plot", "bench-load", "bench-conns", "bench-encode", "bench-replicas"];
 
 /// Issue 41: `scd --help` lists the user commands and none of the developer
 /// tools (`scd-dev --help` lists those: service/dev's tests).
@@ -706,10 +706,6 @@ fn scd_help_lists_the_user_commands_and_no_developer_tool() {
         "mcp",
         "client",
         "audit",
-        "bench-load",
-        "bench-conns",
-        "bench-encode",
-        "bench-replicas",
         "handoff",
         "atp",
         "identity",
@@ -751,7 +747,7 @@ fn model_flags_belong_to_the_commands_that_load_a_model() {
         assert!(ok, "{args:?}: {stderr}");
         stdout
     };
-    let no_model: [&[&str]; 9] = [
+    let no_model: [&[&str]; 8] = [
         &["--help"],
         &["context", "--help"],
         &["client", "--help"],
@@ -759,7 +755,6 @@ fn model_flags_belong_to_the_commands_that_load_a_model() {
         &["handoff", "parse", "--help"],
         &["identity", "--help"],
         &["openapi", "--help"],
-        &["bench-replicas", "--help"],
         &["atp", "agent", "--help"],
     ];
     for args in no_model {

@@ -4,7 +4,7 @@ use crate::{commands, scd_dev};
 
 /// The developer tools, as `scd-dev --help` lists them (`scd --help` lists
 /// none of them: scd-service's `cli` tests check that side).
-const DEV_COMMANDS: [&str; 2] = ["eval", "tune"];
+const DEV_COMMANDS: [&str; 6] = ["eval", "tune", "bench-load", "bench-conns", "bench-encode", "bench-replicas"];
 
 /// The model flags, as `--help` lists them.
 const MODEL_FLAGS: [&str; 12] = [
@@ -38,14 +38,17 @@ fn scd_dev_help_lists_the_developer_tools() {
 }
 
 /// Issue 42, for the tools that moved here: the commands that load a model
-/// list the model flags; `scd-dev --help` lists none.
+/// list the model flags; the others (and `scd-dev --help`) list none.
 #[test]
 fn model_flags_belong_to_the_commands_that_load_a_model() {
-    let out = help(&["--help"]);
-    for flag in MODEL_FLAGS {
-        assert!(!out.contains(flag), "--help lists {flag}: {out}");
+    for args in [&["--help"][..], &["bench-replicas", "--help"]] {
+        let out = help(args);
+        assert!(out.contains("Usage: scd-dev"), "{args:?}: {out}");
+        for flag in MODEL_FLAGS {
+            assert!(!out.contains(flag), "{args:?} lists {flag}: {out}");
+        }
     }
-    for cmd in ["eval", "tune"] {
+    for cmd in ["eval", "tune", "bench-load", "bench-conns", "bench-encode"] {
         let out = help(&[cmd, "--help"]);
         assert!(out.contains("Usage: scd-dev"), "{cmd}: {out}");
         for flag in MODEL_FLAGS {
