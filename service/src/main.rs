@@ -44,7 +44,7 @@ enum Command {
     /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
     #[command(subcommand)]
     Handoff(cli::handoff::HandoffCommand),
-    /// The ATP stack: run an agent, the live demo, or the simulation bench.
+    /// The ATP stack: run an agent (its demo, flood and simulator: `scd-dev atp`).
     #[cfg(feature = "atp")]
     #[command(subcommand)]
     Atp(cli::atp::AtpCommand),
@@ -78,9 +78,6 @@ fn run() -> anyhow::Result<()> {
         Command::Serve(_) | Command::EmbedWorker(_) => "info",
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
-        // the simulated agents' circuits open by design: their WARNs are noise
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Bench(_)) => "error",
         _ => "warn",
     };
     telemetry::init(cli.log_format, level);
@@ -105,12 +102,6 @@ fn run() -> anyhow::Result<()> {
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(*args),
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Flood(args)) => cli::atp::flood(args),
         Command::Identity(cmd) => cli::identity::run(cmd),
         Command::Openapi => {
             println!("{}", scd_service::rest::openapi_document());

@@ -14,6 +14,7 @@
 //! | [`conns`] | `bench-conns`: idle sockets against a guarded `scd serve` |
 //! | [`bench`] | `bench-encode`: encoder throughput and memory |
 //! | [`bench_replicas`] | `bench-replicas`: one replica against two behind HAProxy |
+//! | [`atp`] | `atp demo`, `atp flood`, `atp bench`: the ATP stack's live demo, flood and simulator |
 //!
 //! The tools that start servers run the product binary: `scd` beside
 //! `scd-dev` in the same target folder, or `SCD_BIN` ([`scd_exe`]).
@@ -29,6 +30,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod atp;
 pub mod bench;
 pub mod bench_replicas;
 pub mod conns;

@@ -1,10 +1,10 @@
-//! `scd-dev`: SCD's developer tools (eval, tune, the bench commands), apart
-//! from the product binary `scd`.
+//! `scd-dev`: SCD's developer tools (eval, tune, the bench commands, the
+//! ATP demo, flood and simulator), apart from the product binary `scd`.
 //!
 //! Thin by design: parse arguments, install telemetry, call the library.
 
 use clap::{CommandFactory as _, Parser, Subcommand};
-use scd_dev::{bench, bench_replicas, conns, eval, load, tune};
+use scd_dev::{atp, bench, bench_replicas, conns, eval, load, tune};
 use scd_service::config::{self, WithModel};
 use scd_service::telemetry;
 
@@ -33,6 +33,9 @@ enum Command {
     BenchEncode(WithModel<bench::BenchArgs>),
     /// Session throughput of one replica vs two behind HAProxy, and the latency Redis adds (starts Redis, replicas, HAProxy); prints JSON.
     BenchReplicas(bench_replicas::BenchReplicasArgs),
+    /// The ATP stack's tools: the live demo, a flood against one worker, the simulation bench.
+    #[command(subcommand)]
+    Atp(atp::AtpCommand),
 }
 
 /// Runs the command; an error is one line on stderr (`Error: what: why`,
@@ -51,7 +54,12 @@ fn run() -> anyhow::Result<()> {
     // model flags before the subcommand (`scd-dev --threads 2 eval`) go after it
     let argv = config::model_flags_after_subcommand(&Cli::command(), std::env::args_os().collect());
     let cli = Cli::parse_from(argv);
-    telemetry::init(cli.log_format, "warn");
+    let level = match &cli.command {
+        // the simulated agents' circuits open by design: their WARNs are noise
+        Command::Atp(atp::AtpCommand::Bench(_)) => "error",
+        _ => "warn",
+    };
+    telemetry::init(cli.log_format, level);
     match cli.command {
         Command::Eval(w) => {
             let WithModel { model, args } = *w;
@@ -62,5 +70,8 @@ fn run() -> anyhow::Result<()> {
         Command::BenchConns(w) => conns::run(&w.model, w.args),
         Command::BenchEncode(w) => bench::run(&w.model, w.args),
         Command::BenchReplicas(args) => bench_replicas::run(args),
+        Command::Atp(atp::AtpCommand::Demo(args)) => atp::demo(args),
+        Command::Atp(atp::AtpCommand::Bench(args)) => atp::bench(args),
+        Command::Atp(atp::AtpCommand::Flood(args)) => atp::flood(args),
     }
 }

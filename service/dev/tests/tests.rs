@@ -2,11 +2,14 @@
 //! real default model where a tool needs one. Without the models they print
 //! a skip message, unless SCD_REQUIRE_MODELS=1.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
+#[path = "cases/atp.rs"]
+mod atp;
 #[path = "cases/eval.rs"]
 mod eval;
 #[path = "cases/help.rs"]
@@ -45,7 +48,7 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
 
 /// Runs `exe args` in the workspace root with the test environment, `stdin`
 /// on its standard input: (success, stdout, stderr).
-fn run(exe: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+fn run(exe: &Path, args: &[&str], stdin: &str) -> (bool, String, String) {
     let mut child = Command::new(exe)
         .current_dir(root())
         .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
@@ -53,6 +56,7 @@ fn run(exe: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, Stri
         // the persistent embedding cache is tested on its own (in scd-service)
         .env("SCD_EMBEDDING_CACHE", "off")
         .env("SCD_THREADS", "2")
+        .env("SCD_BIN", scd_bin())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -69,9 +73,40 @@ fn run(exe: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, Stri
     )
 }
 
-/// Runs `scd-dev args`.
+/// The `scd` binary the tools start: `SCD_BIN` when set, else the one
+/// beside `scd-dev` (cargo builds only this package's binaries for its
+/// tests: `cargo test --workspace` and `make test` build `scd` too), built
+/// here with `cargo build -p scd-service --bin scd` when it is missing.
+/// After changing scd-service, `cargo test -p scd-dev` alone runs the `scd`
+/// already there: build it first, or run the workspace's tests.
+pub(crate) fn scd_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("SCD_BIN") {
+            return PathBuf::from(bin);
+        }
+        let dev = Path::new(env!("CARGO_BIN_EXE_scd-dev"));
+        let bin = dev.with_file_name(format!("scd{}", std::env::consts::EXE_SUFFIX));
+        if !bin.is_file() {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let built = Command::new(cargo)
+                .current_dir(root())
+                .args(["build", "-p", "scd-service", "--bin", "scd"])
+                .status()
+                .unwrap_or_else(|e| panic!("building scd: {e}"));
+            assert!(
+                built.success() && bin.is_file(),
+                "cargo build -p scd-service --bin scd: {built}; no {}",
+                bin.display()
+            );
+        }
+        bin
+    })
+}
+
+/// Runs `scd-dev args`; the tools that start servers run [`scd_bin`].
 pub(crate) fn scd_dev(args: &[&str], stdin: &str) -> (bool, String, String) {
-    run(std::path::Path::new(env!("CARGO_BIN_EXE_scd-dev")), args, stdin)
+    run(Path::new(env!("CARGO_BIN_EXE_scd-dev")), args, stdin)
 }
 
 /// The subcommands a `--help` lists under `Commands:`, in order (a wrapped

@@ -718,6 +718,14 @@ fn scd_help_lists_the_user_commands_and_no_developer_tool() {
         let (ok, _, stderr) = scd(&[tool, "--help"], "");
         assert!(!ok && stderr.contains(&format!("unrecognized subcommand '{tool}'")), "{tool}: {stderr}");
     }
+    // `scd atp` runs an agent; its demo, flood and simulator are `scd-dev atp`'s
+    let (ok, out, stderr) = scd(&["atp", "--help"], "");
+    assert!(ok, "{stderr}");
+    assert_eq!(commands(&out), ["agent", "help"], "{out}");
+    for tool in ["demo", "bench", "flood"] {
+        let (ok, _, stderr) = scd(&["atp", tool, "--help"], "");
+        assert!(!ok && stderr.contains(&format!("unrecognized subcommand '{tool}'")), "atp {tool}: {stderr}");
+    }
 }
 
 /// The model flags, as `--help` lists them.
