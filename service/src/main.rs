@@ -68,7 +68,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    // model flags before the subcommand (`scd --threads 2 eval`) go after it,
+    // model flags before the subcommand (`scd --threads 2 compress`) go after it,
     // where they are defined; then `scd serve --config FILE`: the file's
     // settings as flags (those the command line or the environment gives win)
     let argv = config::model_flags_after_subcommand(&Cli::command(), std::env::args_os().collect());
