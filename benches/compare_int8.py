@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """int8 vs fp32 e5-small through SCD's own encoder, in one run.
 
-Both models run as `scd bench-encode` (release build) on the same texts with
+Both models run as `scd-dev bench-encode` (release build) on the same texts with
 the same threads, interleaved (fp32, int8, fp32, int8, ...) so that drift on a
 shared machine hits both; each figure is the median of `--repeats` passes.
 `--batch` is texts per encoder call: 1 is a task or a one-text Embed, 8 and

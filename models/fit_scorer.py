@@ -1,5 +1,5 @@
 """Fits the learned scorer: a linear scorer over the per-chunk features
-`scd eval --dump-features` writes (one JSON line per chunk: set, id, label,
+`scd-dev eval --dump-features` writes (one JSON line per chunk: set, id, label,
 tokens, x, and the chunk's group, lead and prose flags), on the datasets'
 train samples.
 
@@ -7,7 +7,7 @@ What is fitted is what packing does with the scores. For each example the
 script packs its chunks as the engine does (greedy by score under a budget
 of a third and a quarter of the example's tokens, a small prose group
 brought whole, else its lead) and counts the evidence that lands, as
-`scd eval` does: evidence chunks, and for MuSiQue paragraphs of which 90 %
+`scd-dev eval` does: evidence chunks, and for MuSiQue paragraphs of which 90 %
 of the tokens land.
 The weights start at the hand-weighted sum's and move by coordinate ascent
 on that packed recall, averaged over the sets so that no set outweighs
@@ -153,7 +153,7 @@ def load(paths):
                 r = json.loads(line)
                 missing = [k for k in ("set", "id", "label", "tokens", "x", "group", "lead", "prose") if k not in r]
                 if missing:
-                    sys.exit(f"{p}:{n}: no {', '.join(missing)} (dumped by an older scd eval --dump-features)")
+                    sys.exit(f"{p}:{n}: no {', '.join(missing)} (dumped by an older scd-dev eval --dump-features)")
                 if len(r["x"]) != len(FEATURES):
                     sys.exit(f"{p}:{n}: {len(r['x'])} features; this script knows {len(FEATURES)}")
                 rows[(r["set"], r["id"])].append(r)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cross-validation by crate over `scd eval --per-example` output.
+"""Cross-validation by crate over `scd-dev eval --per-example` output.
 
 Usage: cv_folds.py PER_EXAMPLE.jsonl [--folds 5] [--prefix scd]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SCD on agent material (issue 45) beside the grep-like, BM25 and first-N
-# baselines in the same `scd eval --dataset agent` run, per kind, at 5x and
+# baselines in the same `scd-dev eval --dataset agent` run, per kind, at 5x and
 # 10x in cl100k. Sets: `shared` (the 42 cases of ../shared/evaldata/agent)
 # `registry` (logs, docs, json and chat from registry packages, built by
 # benches/data/agent/build_data.py into benches/data/agent/out) and `code`
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
-SCD=${SCD_BIN:-target/release/scd}
+SCD=${SCD_DEV_BIN:-target/release/scd-dev}
 run() {
   local set=$1; shift
   local out=benches/results/eval_agent_$set

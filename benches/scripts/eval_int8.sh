@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scd eval on the five dev sets with e5-small (fp32) and, in the same run,
+# scd-dev eval on the five dev sets with e5-small (fp32) and, in the same run,
 # e5-small-int8 (`--also-model`): raw outputs, reports and plots under
 # benches/results/eval_int8_<set>.{txt,json,svg}; then the recall difference
 # at every budget (benches/scripts/int8_recall_diff.py).
@@ -11,7 +11,7 @@ R=benches/results
 export SCD_ORT_LIB="${SCD_ORT_LIB:-$PWD/.tools/ort/libonnxruntime.so}" SCD_MODELS_DIR="${SCD_MODELS_DIR:-$PWD/models/out}"
 run() {
   local set=$1; shift
-  local cmd=(./target/release/scd --threads 2 eval --also-model e5-small-int8 "$@"
+  local cmd=(./target/release/scd-dev --threads 2 eval --also-model e5-small-int8 "$@"
              --report "$R/eval_int8_$set.json" --plot "$R/eval_int8_$set.svg")
   {
     echo "# release build of $(git rev-parse --short HEAD), 2 cores; $(date -u +%FT%TZ)"

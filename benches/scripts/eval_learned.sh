@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default (the learned scorer, issue #27's second round) against the
-# previous default in the same `scd eval` run per set: `scd` is the
+# previous default in the same `scd-dev eval` run per set: `scd` is the
 # default, `scd[scorer=0]` the hand-weighted sum; on code also the rare-name
 # gate (`common_name_chunks`) and the sibling lift (`sibling_weight`), off
 # and on, so `scd[scorer=0 common_name_chunks=0 sibling_weight=0]` is the
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
-SCD=${SCD_BIN:-target/release/scd}
+SCD=${SCD_DEV_BIN:-target/release/scd-dev}
 run() {
   local set=$1; shift
   local out=benches/results/eval_learned_$set

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Recall of `scd@e5-small-int8` against `scd` (fp32) at every budget, from
-`scd eval --also-model e5-small-int8` reports (one run each). The issue's bar:
+`scd-dev eval --also-model e5-small-int8` reports (one run each). The issue's bar:
 within 0.005 at every budget."""
 import json
 import sys

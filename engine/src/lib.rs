@@ -14,7 +14,7 @@
 //! * [`score`] — SIMD cosine, BM25, calibration.
 //! * [`cache`] — the content-addressed embedding cache.
 //! * [`cancel`] — cooperative cancellation and deadlines between stages.
-//! * [`eval`] — dataset loaders and evidence coverage for `scd eval`.
+//! * [`eval`] — dataset loaders and evidence coverage for `scd-dev eval`.
 //! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
 //! * [`session`] — bounded, unguessable sessions bound to their creators.
 //! * [`shared`] — sessions kept in a store shared by replicas (the service's Redis).

@@ -3,7 +3,7 @@
 //! The model flags ([`ModelArgs`]) belong to the commands that load a model
 //! ([`WithModel`]); `scd --help` and the help of the others do not list them,
 //! and those commands refuse them. Given before the subcommand, as recorded
-//! commands have them (`scd --threads 2 eval ...`), they still work:
+//! commands have them (`scd --threads 2 compress ...`), they still work:
 //! [`model_flags_after_subcommand`] moves them after it.
 
 use std::ffi::OsString;
@@ -76,7 +76,7 @@ pub struct WithModel<A: clap::Args> {
 }
 
 /// `argv` with the model flags given before the subcommand moved to right
-/// after it (`scd --threads 2 eval` reads as `scd eval --threads 2`); any
+/// after it (`scd --threads 2 compress` reads as `scd compress --threads 2`); any
 /// other argument stays where it is. A command without model flags then
 /// refuses them as clap refuses any unknown flag. `root` is the whole
 /// command line's definition (its own flags, like `--log-format VALUE`, are

@@ -133,7 +133,7 @@ pub fn parse_batch_line_with(raw: &str, defaults: &BatchDefaults) -> anyhow::Res
     Ok((CompressRequest { task: Task::new(line.task), context: line.context, requirement, session: None }, opts))
 }
 
-/// Texts of JSONL `raw`, read from option `flag` (`scd bench-encode` and `scd bench-load` read their `--input` through it; `scd embed` reads line by line with [`jsonl_text`]).
+/// Texts of JSONL `raw`, read from option `flag` (`scd-dev bench-encode` and `scd-dev bench-load` read their `--input` through it; `scd embed` reads line by line with [`jsonl_text`]).
 pub fn parse_jsonl_texts(raw: &str, flag: &str) -> anyhow::Result<Vec<String>> {
     let texts: Vec<String> = raw
         .lines()

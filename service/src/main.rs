@@ -33,10 +33,6 @@ enum Command {
     Compress(WithModel<cli::compress::CompressArgs>),
     /// Build a context from files (name: the path, kind: the extension): `scd context src/ notes.md > ctx.json`.
     Context(cli::context::ContextArgs),
-    /// Evidence recall vs reduction on a QA dataset, against baselines.
-    Eval(WithModel<cli::eval::EvalArgs>),
-    /// Choose scoring settings by cross-validation over development sets; reports every fold.
-    Tune(WithModel<cli::tune::TuneArgs>),
     /// Run the gRPC service (scd.v1.Scd, health, reflection, metrics).
     Serve(Box<WithModel<cli::serve::ServeArgs>>),
     /// Serve the engine as MCP tools over stdio (or streamable HTTP with --http-addr).
@@ -45,18 +41,10 @@ enum Command {
     Client(cli::client::ClientArgs),
     /// Query the audit trail (a server's --audit-db) as JSON lines.
     Audit(cli::audit::AuditArgs),
-    /// Load-test a real server over loopback against the raw encoder; prints JSON.
-    BenchLoad(WithModel<cli::load::LoadArgs>),
-    /// Idle sockets against a real server under a file-descriptor limit, guarded and with the caps lifted; prints JSON.
-    BenchConns(WithModel<cli::conns::ConnsArgs>),
-    /// Measure encoder throughput (or memory over many calls); prints JSON.
-    BenchEncode(WithModel<cli::bench::BenchArgs>),
-    /// Session throughput of one replica vs two behind HAProxy, and the latency Redis adds (starts Redis, replicas, HAProxy); prints JSON.
-    BenchReplicas(cli::bench_replicas::BenchReplicasArgs),
     /// Hand-off reports (freeform, semi_structured, structured_soft): parse and render.
     #[command(subcommand)]
     Handoff(cli::handoff::HandoffCommand),
-    /// The ATP stack: run an agent, the live demo, or the simulation bench.
+    /// The ATP stack: run an agent (its demo, flood and simulator: `scd-dev atp`).
     #[cfg(feature = "atp")]
     #[command(subcommand)]
     Atp(cli::atp::AtpCommand),
@@ -80,7 +68,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    // model flags before the subcommand (`scd --threads 2 eval`) go after it,
+    // model flags before the subcommand (`scd --threads 2 compress`) go after it,
     // where they are defined; then `scd serve --config FILE`: the file's
     // settings as flags (those the command line or the environment gives win)
     let argv = config::model_flags_after_subcommand(&Cli::command(), std::env::args_os().collect());
@@ -90,9 +78,6 @@ fn run() -> anyhow::Result<()> {
         Command::Serve(_) | Command::EmbedWorker(_) => "info",
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(_)) => "info",
-        // the simulated agents' circuits open by design: their WARNs are noise
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Bench(_)) => "error",
         _ => "warn",
     };
     telemetry::init(cli.log_format, level);
@@ -107,8 +92,6 @@ fn run() -> anyhow::Result<()> {
         Command::Demo(w) => cli::demo::run(&w.model, w.args),
         Command::Compress(w) => cli::compress::run(&w.model, w.args),
         Command::Context(args) => cli::context::run(args),
-        Command::Eval(w) => cli::eval::run(&w.model, w.args),
-        Command::Tune(w) => cli::tune::run(&w.model, w.args),
         Command::Serve(w) => {
             let WithModel { model, args } = *w;
             cli::serve::run(&model, args)
@@ -116,19 +99,9 @@ fn run() -> anyhow::Result<()> {
         Command::Mcp(w) => cli::mcp::run(&w.model, w.args),
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),
-        Command::BenchLoad(w) => cli::load::run(&w.model, w.args),
-        Command::BenchConns(w) => cli::conns::run(&w.model, w.args),
-        Command::BenchEncode(w) => cli::bench::run(&w.model, w.args),
-        Command::BenchReplicas(args) => cli::bench_replicas::run(args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),
         #[cfg(feature = "atp")]
         Command::Atp(cli::atp::AtpCommand::Agent(args)) => cli::atp::agent(*args),
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Demo(args)) => cli::atp::demo(args),
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Bench(args)) => cli::atp::bench(args),
-        #[cfg(feature = "atp")]
-        Command::Atp(cli::atp::AtpCommand::Flood(args)) => cli::atp::flood(args),
         Command::Identity(cmd) => cli::identity::run(cmd),
         Command::Openapi => {
             println!("{}", scd_service::rest::openapi_document());

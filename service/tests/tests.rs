@@ -18,8 +18,6 @@ mod atp_context;
 mod atp_planner;
 #[path = "cases/atp_reference.rs"]
 mod atp_reference;
-#[path = "cases/atp_tools.rs"]
-mod atp_tools;
 #[path = "cases/audit.rs"]
 mod audit;
 #[path = "cases/auth.rs"]

@@ -74,7 +74,7 @@ pub struct ScdConfig {
     /// different groups (the bridge facts of a multi-hop question), and each
     /// chunk gains this times its dense z-score against that query. Prose
     /// fields only (documents; a bridge entity links paragraphs, not
-    /// functions). Chosen by `scd tune` (BENCHMARKS.md).
+    /// functions). Chosen by `scd-dev tune` (BENCHMARKS.md).
     pub second_hop_weight: f32,
     /// Chunks (count, each from a different group) whose text joins the
     /// task in the second hop's query.
@@ -93,7 +93,7 @@ pub struct ScdConfig {
     /// sentences) with it when the whole group has at most this many tokens
     /// and all of it fits (0: only the group's lead comes along). Prose
     /// fields only: a paragraph comes whole, but a method does not bring its
-    /// whole `impl`. Chosen by `scd tune`.
+    /// whole `impl`. Chosen by `scd-dev tune`.
     pub group_closure_tokens: usize,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions

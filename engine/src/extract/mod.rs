@@ -624,7 +624,7 @@ impl Scd {
     /// Every chunk of `req`'s context (its public fields, as compression
     /// sees them) with its features for the task: field index (among the
     /// public fields), byte span, tokens, and [`FEATURES`] values. What a
-    /// learned scorer is fitted on (`scd eval --dump-features`).
+    /// learned scorer is fitted on (`scd-dev eval --dump-features`).
     pub fn chunk_features(&self, req: &CompressRequest, cancel: &Cancel) -> Result<Vec<ChunkFeatures>> {
         req.context.validate_within(&self.cfg.context_limits)?;
         let split = Split::new(&req.context);

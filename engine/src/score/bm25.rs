@@ -13,7 +13,7 @@ const STOP: &[&str] = &[
 /// endings stripped (`charges`, `charged`, `charging` → `charg`).
 ///
 /// Kept over `rust-stemmers` (English Snowball) + `stop-words` (NLTK's 198
-/// English words) after measuring both (`scd eval --scd-only`, HotpotQA 200,
+/// English words) after measuring both (`scd-dev eval --scd-only`, HotpotQA 200,
 /// budgets 0.2/0.25/0.33/0.5): this suffix stemmer and list give recall
 /// 0.879/0.933/0.951/0.984, the crates 0.881/0.931/0.954/0.981 — lower at
 /// 0.25 and 0.5, higher at 0.2 and 0.33, all within one example in 200.

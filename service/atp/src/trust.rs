@@ -260,7 +260,7 @@ impl TrustBook {
         self.add_checked(proof)
     }
 
-    /// Adds a simulated proof (`scd atp bench`) without the signature
+    /// Adds a simulated proof (`scd-dev atp bench`) without the signature
     /// checks: the simulator's agents have no keys. Only with the
     /// `simulation` feature, which no agent needs; a peer's proof always
     /// goes through [`TrustBook::add`].

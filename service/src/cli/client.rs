@@ -204,7 +204,7 @@ fn render_pb(render: Option<crate::cli::handoff::ReportFormat>) -> i32 {
 
 /// The fields of a context file, parsed strictly by the engine's own type
 /// (unknown keys and non-boolean `confidential` are errors).
-pub(crate) fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
+pub fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
     let raw = if path.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("--context -: reading stdin")?
     } else {

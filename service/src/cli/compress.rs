@@ -131,7 +131,7 @@ fn embedding_with_progress(model: &ModelArgs, quiet: bool) -> anyhow::Result<scd
 
 /// The budget tokenizer a local command names (`o200k`, `cl100k`, `e5`) or
 /// points at (a tokenizer.json path); errors name `flag`.
-pub(crate) fn budget_tokenizer(flag: &str, value: Option<&str>) -> anyhow::Result<Option<BudgetTokenizer>> {
+pub fn budget_tokenizer(flag: &str, value: Option<&str>) -> anyhow::Result<Option<BudgetTokenizer>> {
     let Some(v) = value else { return Ok(None) };
     TokenizerRegistry::new().resolve_or_load(v).map_err(|e| match e {
         scd_engine::Error::InvalidArgument { message, .. } => {

@@ -13,10 +13,10 @@ use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, Sessi
 use crate::config::ModelArgs;
 
 /// The demo's receiver budget, as a share of the context's tokens (also
-/// used by `scd eval`'s agent-fixture check).
-pub(crate) const DEMO_SHARE: f32 = 0.8;
+/// used by `scd-dev eval`'s agent-fixture check).
+pub const DEMO_SHARE: f32 = 0.8;
 /// The demo's relevance floor (z-score) for the first answer.
-pub(crate) const DEMO_MIN_RELATIVE_SCORE: f32 = 0.5;
+pub const DEMO_MIN_RELATIVE_SCORE: f32 = 0.5;
 
 /// Arguments of `scd demo`.
 #[derive(Debug, clap::Args)]

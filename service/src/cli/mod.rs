@@ -3,12 +3,9 @@
 #[cfg(feature = "atp")]
 pub mod atp;
 pub mod audit;
-pub mod bench;
-pub mod bench_replicas;
 pub mod client;
 pub mod compress;
 pub mod config_file;
-pub mod conns;
 pub mod context;
 pub mod demo;
 pub mod embed;
@@ -17,83 +14,18 @@ pub mod embed_queue;
 mod embed_remote;
 pub mod embed_timing;
 pub mod embed_workers;
-pub mod eval;
-mod eval_adaptive;
-mod eval_agent;
 pub mod handoff;
 pub mod identity;
-pub mod load;
 pub mod mcp;
 pub mod models;
-pub mod plot;
 pub mod progress;
 pub mod serve;
-pub mod tune;
 
 use std::path::Path;
 
 use anyhow::Context as _;
 
-pub(crate) use crate::input::{json_path_error, jsonl_text, parse_jsonl_texts};
-
-/// Texts from a JSONL file of `{"text": ...}` objects (`flag` names the option in errors).
-pub(crate) fn read_jsonl_texts(path: &Path, flag: &str) -> anyhow::Result<Vec<String>> {
-    let raw = std::fs::read_to_string(path).with_context(|| format!("{flag} {}", path.display()))?;
-    parse_jsonl_texts(&raw, flag)
-}
-
-/// A process the benches sample: this one or a child (`scd bench-load`'s server).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Proc {
-    /// This process.
-    This,
-    /// Another process by id.
-    Pid(u32),
-}
-
-#[cfg(target_os = "linux")]
-fn process(p: Proc) -> Option<procfs::process::Process> {
-    match p {
-        Proc::This => procfs::process::Process::myself(),
-        Proc::Pid(pid) => procfs::process::Process::new(i32::try_from(pid).ok()?),
-    }
-    .ok()
-}
-
-/// Resident memory of a process in KiB (`VmRSS`; 0 when unknown or not on Linux).
-pub(crate) fn rss_kib(p: Proc) -> u64 {
-    #[cfg(target_os = "linux")]
-    return process(p).and_then(|p| p.status().ok()?.vmrss).unwrap_or(0);
-    #[cfg(not(target_os = "linux"))]
-    return {
-        let _ = p;
-        0
-    };
-}
-
-/// CPU seconds (user + system) a process has used so far (0 when unknown or
-/// not on Linux), in the kernel's clock ticks per second.
-pub(crate) fn cpu_seconds(p: Proc) -> f64 {
-    #[cfg(target_os = "linux")]
-    return process(p)
-        .and_then(|p| p.stat().ok())
-        .map(|s| (s.utime + s.stime) as f64 / procfs::ticks_per_second() as f64)
-        .unwrap_or(0.0);
-    #[cfg(not(target_os = "linux"))]
-    return {
-        let _ = p;
-        0.0
-    };
-}
-
-/// The `p` quantile (0..=1) of `xs` by nearest rank; sorts `xs`; 0 when empty.
-pub(crate) fn percentile(xs: &mut [f64], p: f64) -> f64 {
-    if xs.is_empty() {
-        return 0.0;
-    }
-    xs.sort_by(f64::total_cmp);
-    xs[((xs.len() - 1) as f64 * p).round() as usize]
-}
+pub(crate) use crate::input::{json_path_error, jsonl_text};
 
 /// `--audit-max-bytes` when it is not given: 1 GiB of records (their summed
 /// JSON size), so that a client sending many calls cannot fill the disk.
@@ -184,22 +116,4 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, h or d), e.g. 7d")),
     };
     n.checked_mul(secs).map(std::time::Duration::from_secs).ok_or_else(|| format!("{s:?}: too long"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn this_process_has_memory_and_cpu_time_and_a_missing_one_has_none() {
-        let spin: u64 = (0..20_000_000u64).fold(0, |a, x| a.wrapping_add(x * x));
-        assert!(spin > 0);
-        assert!(rss_kib(Proc::This) > 1024, "{}", rss_kib(Proc::This));
-        assert!(cpu_seconds(Proc::This) > 0.0);
-        let me = rss_kib(Proc::Pid(std::process::id()));
-        assert!(me > 1024, "{me}");
-        assert_eq!(rss_kib(Proc::Pid(u32::MAX)), 0);
-        assert_eq!(cpu_seconds(Proc::Pid(u32::MAX)), 0.0);
-    }
 }

@@ -119,7 +119,7 @@ pub(crate) async fn counted(
 }
 
 /// The gRPC code an HTTP status stands for.
-pub(crate) fn code_of(status: axum::http::StatusCode) -> tonic::Code {
+pub fn code_of(status: axum::http::StatusCode) -> tonic::Code {
     use tonic::Code;
     match status.as_u16() {
         200..=299 => Code::Ok,

@@ -423,49 +423,6 @@ fn demo_first_answer_has_the_pool_exhausted_log_line() {
     assert!(!stdout.contains("sk_live_SECRET_4242"));
 }
 
-/// `scd eval` reports the agent fixture's recall as the demo sees it.
-#[test]
-fn eval_reports_the_agent_fixture_recall() {
-    if !ready() {
-        return;
-    }
-    let dir = scratch("eval-fixture");
-    let data = dir.join("code.jsonl");
-    let content = "use std::fmt;\n\n/// Adds.\npub fn add(a: u8, b: u8) -> u8 {\n    a + b\n}\n\npub fn sub(a: u8, b: u8) -> u8 {\n    a - b\n}\n";
-    let rec = serde_json::json!({
-        "id": "c-1/src/lib.rs::sub", "crate": "c-1", "task": "Subtracts two bytes",
-        "context": {"fields": [{"name": "c-1/src/lib.rs", "kind": "code", "content": content, "confidential": false}]},
-        "gold": "pub fn sub(a: u8, b: u8) -> u8 {\n    a - b\n}",
-    });
-    std::fs::write(&data, format!("{rec}\n")).unwrap();
-    let report = dir.join("r.json");
-    let (ok, stdout, stderr) = scd(
-        &[
-            "eval",
-            "--dataset",
-            "code",
-            "--path",
-            data.to_str().unwrap(),
-            "--budgets",
-            "0.5",
-            "--report",
-            report.to_str().unwrap(),
-            "--plot",
-            dir.join("p.svg").to_str().unwrap(),
-        ],
-        "",
-    );
-    assert!(ok, "{stderr}");
-    assert!(stdout.contains("agent fixture"), "{stdout}");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    let f = &r["agent_fixture"];
-    assert_eq!(f["gold"], 4);
-    assert_eq!(f["found"], 4, "{f}");
-    assert_eq!(f["confidential_leaked"], false);
-    let methods: Vec<&str> = r["results"].as_array().unwrap().iter().map(|x| x["method"].as_str().unwrap()).collect();
-    assert_eq!(methods, vec!["scd", "dense", "bm25", "lead", "random"]);
-}
-
 /// `scd compress` in a new process finds the embeddings an earlier one
 /// stored in the persistent cache: the same call computes none and prints
 /// the same text; a context with one more field computes only its chunks.
@@ -718,6 +675,59 @@ fn a_user_error_is_one_line_even_with_rust_backtrace_set() {
     assert!(stderr.starts_with("Error: ") && stderr.contains("/nonexistent-models"), "{stderr}");
 }
 
+/// The subcommands a `--help` lists under `Commands:`, in order (a wrapped
+/// description's further lines, indented deeper, name none).
+fn commands(help: &str) -> Vec<String> {
+    let listed = help.split_once("Commands:\n").map_or("", |(_, rest)| rest);
+    let lines = listed.lines().take_while(|l| l.starts_with("  "));
+    let named = lines.filter(|l| !l[2..].starts_with(' '));
+    named.filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
+}
+
+/// The developer tools, which live in `scd-dev` (service/dev).
+const DEV_TOOLS: [&str; 7] = ["eval", "tune", "plot", "bench-load", "bench-conns", "bench-encode", "bench-replicas"];
+
+/// Issue 41: `scd --help` lists the user commands and none of the developer
+/// tools (`scd-dev --help` lists those: service/dev's tests).
+#[test]
+fn scd_help_lists_the_user_commands_and_no_developer_tool() {
+    let (ok, out, stderr) = scd(&["--help"], "");
+    assert!(ok, "{stderr}");
+    let listed = commands(&out);
+    let user = [
+        "embed",
+        "embed-batch",
+        "embed-worker",
+        "models",
+        "demo",
+        "compress",
+        "context",
+        "serve",
+        "mcp",
+        "client",
+        "audit",
+        "handoff",
+        "atp",
+        "identity",
+        "openapi",
+        "help",
+    ];
+    assert_eq!(listed, user, "{out}");
+    for tool in DEV_TOOLS {
+        assert!(!listed.iter().any(|c| c == tool), "scd lists {tool}: {out}");
+        let (ok, _, stderr) = scd(&[tool, "--help"], "");
+        assert!(!ok && stderr.contains(&format!("unrecognized subcommand '{tool}'")), "{tool}: {stderr}");
+    }
+    // `scd atp` runs an agent; its demo, flood and simulator are `scd-dev atp`'s
+    let (ok, out, stderr) = scd(&["atp", "--help"], "");
+    assert!(ok, "{stderr}");
+    assert_eq!(commands(&out), ["agent", "help"], "{out}");
+    for tool in ["demo", "bench", "flood"] {
+        let (ok, _, stderr) = scd(&["atp", tool, "--help"], "");
+        assert!(!ok && stderr.contains(&format!("unrecognized subcommand '{tool}'")), "atp {tool}: {stderr}");
+    }
+}
+
 /// The model flags, as `--help` lists them.
 const MODEL_FLAGS: [&str; 12] = [
     "--model <",
@@ -745,7 +755,7 @@ fn model_flags_belong_to_the_commands_that_load_a_model() {
         assert!(ok, "{args:?}: {stderr}");
         stdout
     };
-    let no_model: [&[&str]; 9] = [
+    let no_model: [&[&str]; 8] = [
         &["--help"],
         &["context", "--help"],
         &["client", "--help"],
@@ -753,7 +763,6 @@ fn model_flags_belong_to_the_commands_that_load_a_model() {
         &["handoff", "parse", "--help"],
         &["identity", "--help"],
         &["openapi", "--help"],
-        &["bench-replicas", "--help"],
         &["atp", "agent", "--help"],
     ];
     for args in no_model {
@@ -763,8 +772,9 @@ fn model_flags_belong_to_the_commands_that_load_a_model() {
             assert!(!out.contains(flag), "{args:?} lists {flag}: {out}");
         }
     }
-    let model = ["embed", "embed-batch", "embed-worker", "demo", "compress", "eval", "tune", "serve", "mcp"];
-    for cmd in model.into_iter().chain(["bench-load", "bench-conns", "bench-encode"]) {
+    // (`scd-dev`'s eval, tune and bench commands: its own tests)
+    let model = ["embed", "embed-batch", "embed-worker", "demo", "compress", "serve", "mcp"];
+    for cmd in model {
         let out = help(&[cmd, "--help"]);
         for flag in MODEL_FLAGS {
             assert!(out.contains(flag), "{cmd} lacks {flag}: {out}");

@@ -494,7 +494,7 @@ pub(super) fn sender(id: &Option<pb::AgentId>) -> &str {
 /// `malloc_trim`, off the async threads, one at a time). A task's context
 /// is up to 16 MiB in a thousand allocations; glibc keeps such freed memory
 /// in its per-thread arenas, so without this a worker's RSS after a flood
-/// of large tasks stays near its peak (measured by `scd atp flood`).
+/// of large tasks stays near its peak (measured by `scd-dev atp flood`).
 struct TrimHeap;
 
 impl Drop for TrimHeap {

@@ -1,4 +1,4 @@
-//! `scd bench-replicas`: served session throughput of one replica against
+//! `scd-dev bench-replicas`: served session throughput of one replica against
 //! two replicas behind HAProxy (both on Redis state), and the latency
 //! Redis adds to a session call against in-process sessions, in one run.
 //!
@@ -21,9 +21,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use super::percentile;
-use crate::grpc::pb;
+use scd_service::grpc::pb;
 
-/// Arguments of `scd bench-replicas`.
+/// Arguments of `scd-dev bench-replicas`.
 #[derive(Debug, clap::Args)]
 pub struct BenchReplicasArgs {
     /// The context every session is opened on (the CLI's context JSON).
@@ -71,7 +71,7 @@ struct Replica {
 
 fn replica(dir: &Path, name: &str, threads: usize, state: Option<&str>) -> anyhow::Result<Replica> {
     let (grpc, http) = (free_port()?, free_port()?);
-    let mut cmd = Command::new(std::env::current_exe()?);
+    let mut cmd = Command::new(crate::scd_exe()?);
     cmd.env("SCD_THREADS", threads.to_string()).env("SCD_EMBEDDING_CACHE", "off").args([
         "serve",
         "--addr",
@@ -318,11 +318,11 @@ fn p50(v: &serde_json::Value, method: &str, q: &str) -> f64 {
     v["methods"][method][q].as_f64().unwrap_or(f64::NAN)
 }
 
-/// Runs `scd bench-replicas`.
+/// Runs `scd-dev bench-replicas`.
 pub fn run(args: BenchReplicasArgs) -> anyhow::Result<()> {
     let open = pb::CompressRequest {
         task: Some(pb::Task { description: "why did the payment service time out".into(), ..Default::default() }),
-        fields: super::client::read_context(&args.context)?,
+        fields: scd_service::cli::client::read_context(&args.context)?,
         requirement: Some(pb::ContextRequirement { max_context_tokens: 160, ..Default::default() }),
         ..Default::default()
     };

@@ -1,4 +1,4 @@
-//! `scd bench-encode`: encoder throughput and memory, for the comparison
+//! `scd-dev bench-encode`: encoder throughput and memory, for the comparison
 //! scripts in `benches/` (which run their baselines in the same run).
 
 use std::path::PathBuf;
@@ -7,9 +7,9 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
 
-use crate::config::ModelArgs;
+use scd_service::config::ModelArgs;
 
-/// Arguments of `scd bench-encode`.
+/// Arguments of `scd-dev bench-encode`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// JSONL file, one {"text": ...} per line.
@@ -24,7 +24,7 @@ pub struct BenchArgs {
     calls: Option<usize>,
 }
 
-/// Runs `scd bench-encode`; prints one JSON summary on stdout.
+/// Runs `scd-dev bench-encode`; prints one JSON summary on stdout.
 pub fn run(model: &ModelArgs, args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch > 0, "--batch: must be at least 1");
     let texts = super::read_jsonl_texts(&args.input, "--input")?;

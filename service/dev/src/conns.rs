@@ -1,4 +1,4 @@
-//! `scd bench-conns`: idle sockets against a real `scd serve` over
+//! `scd-dev bench-conns`: idle sockets against a real `scd serve` over
 //! loopback, and whether a new client is still served. The server runs
 //! under a file-descriptor limit (`ulimit -n`, 1,024 by default, a common
 //! default), once with its connection guard as configured and once, in the
@@ -19,10 +19,10 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::config::ModelArgs;
-use crate::grpc::pb;
+use scd_service::config::ModelArgs;
+use scd_service::grpc::pb;
 
-/// Arguments of `scd bench-conns`.
+/// Arguments of `scd-dev bench-conns`.
 #[derive(Debug, clap::Args)]
 pub struct ConnsArgs {
     /// Idle sockets to open (they connect and never send a byte).
@@ -47,7 +47,7 @@ pub struct ConnsArgs {
 /// The baseline's flags: caps and timeouts out of reach.
 const UNGUARDED: &str = "--grpc-max-connections 1000000 --grpc-max-per-peer 1000000 --grpc-idle-timeout-ms 86400000 --grpc-first-call-timeout-ms 86400000";
 
-/// Runs `scd bench-conns`.
+/// Runs `scd-dev bench-conns`.
 pub fn run(model: &ModelArgs, args: ConnsArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let guarded = rt.block_on(one_run(model, &args, "guarded", &args.serve_args))?;
@@ -80,7 +80,7 @@ async fn one_run(
         .arg("-c")
         .arg(format!("ulimit -n {} && exec \"$@\"", args.fd_limit))
         .arg("sh")
-        .arg(std::env::current_exe()?)
+        .arg(crate::scd_exe()?)
         .args(["serve", "--model", &model.model, "--models-dir"])
         .arg(&model.models_dir)
         .arg("--ort-lib")

@@ -1,4 +1,4 @@
-//! `scd tune`: chooses SCD's scoring settings by cross-validation over
+//! `scd-dev tune`: chooses SCD's scoring settings by cross-validation over
 //! development sets and reports every fold, so a setting is kept for how it
 //! does on examples it was not chosen on.
 //!
@@ -25,12 +25,12 @@ use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::ModelArgs;
+use scd_service::config::ModelArgs;
 
 /// Variants one grid may hold.
 pub const MAX_VARIANTS: usize = 512;
 
-/// Arguments of `scd tune`.
+/// Arguments of `scd-dev tune`.
 #[derive(Debug, clap::Args)]
 pub struct TuneArgs {
     /// A development set as DATASET=PATH[,PATH...] (hotpotqa, squad,
@@ -100,7 +100,7 @@ pub(crate) fn weights_need_the_hand_sum<'k>(
     Ok(())
 }
 
-/// Sets one scoring setting by name (shared with `scd eval --sweep`).
+/// Sets one scoring setting by name (shared with `scd-dev eval --sweep`).
 pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<()> {
     let as_count = || -> anyhow::Result<usize> {
         if v < 0.0 || v.fract() != 0.0 || v > 1e6 {
@@ -223,7 +223,7 @@ fn best(recalls: &Recalls, sets: &[usize], keep: &dyn Fn(usize, usize) -> bool) 
     })
 }
 
-/// Runs `scd tune`.
+/// Runs `scd-dev tune`.
 pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.folds >= 2, "--folds: at least 2, got {}", args.folds);
     for (flag, bs) in [("--budgets", &args.budgets), ("--code-budgets", &args.code_budgets)] {
@@ -400,7 +400,7 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An example's context tokens as `scd eval` counts them: its sentences.
+/// An example's context tokens as `scd-dev eval` counts them: its sentences.
 fn scd_total_tokens(enc: &dyn Encoder, ex: &Example) -> anyhow::Result<usize> {
     let mut total = 0;
     for (f, spans) in ex.sentences.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! `scd atp demo`: a live network on loopback.
+//! `scd-dev atp demo`: a live network on loopback.
 //!
 //! Starts SCD (`scd serve`) and six worker agents as separate processes
 //! (`scd atp agent`: three coders and three reviewers with different

@@ -1,5 +1,5 @@
 //! An AgentNet-Bench-style simulation (paper §10): ATP against three
-//! baselines on a seeded network of agents, behind `scd atp bench`.
+//! baselines on a seeded network of agents, behind `scd-dev atp bench`.
 //!
 //! **The world.** `agents` agents (default 50). Agent *i*'s main task type is
 //! *i* mod 4; it also serves each other type with probability 0.35. Three

@@ -1,4 +1,4 @@
-//! SVG line plots for the CLI's reports (`scd eval --plot`), drawn with
+//! SVG line plots for the CLI's reports (`scd-dev eval --plot`), drawn with
 //! `plotters`' SVG backend only: no bitmap backend, no system fonts (text is
 //! emitted as SVG `<text>` and laid out by the viewer).
 
@@ -16,7 +16,7 @@ pub struct Series {
     pub points: Vec<(f32, f32)>,
 }
 
-/// Colours of the series, in order (red for the first, SCD in `scd eval`).
+/// Colours of the series, in order (red for the first, SCD in `scd-dev eval`).
 const COLORS: [RGBColor; 5] = [
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x1f, 0x77, 0xb4),

@@ -1,4 +1,4 @@
-//! `scd eval`: evidence recall vs token reduction on real QA data, for SCD
+//! `scd-dev eval`: evidence recall vs token reduction on real QA data, for SCD
 //! and baselines (random, lead, BM25, plain dense sentence ranking) in the
 //! same run. Writes a table, a JSON report and an SVG plot.
 
@@ -21,9 +21,9 @@ use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
 
 use super::plot;
-use crate::config::ModelArgs;
+use scd_service::config::ModelArgs;
 
-/// Arguments of `scd eval`.
+/// Arguments of `scd-dev eval`.
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
     /// hotpotqa, squad, musique, 2wiki, code (for code the baselines rank
@@ -83,7 +83,7 @@ pub struct EvalArgs {
     code_chunker: String,
     /// Also run SCD with other settings, for tuning: a grid
     /// `key=v1,v2 key2=v3,v4` (every combination); repeat the flag for
-    /// several grids. Keys: the settings `scd tune --grid` knows
+    /// several grids. Keys: the settings `scd-dev tune --grid` knows
     /// (lexical_weight, field_weight, link_weight, link_sources,
     /// lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources,
     /// group_closure_tokens, embed_neighbour), code_names (0 or 1), before
@@ -321,7 +321,7 @@ fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfi
                     "code_names" => c.code_names = x != 0.0,
                     "before" if x != 0.0 => before_parser(&mut c),
                     "before" => {}
-                    // and the scoring settings `scd tune` knows
+                    // and the scoring settings `scd-dev tune` knows
                     other => super::tune::apply_one(&mut c, other, f64::from(x))
                         .map_err(|e| anyhow::anyhow!("--sweep: {e} (or code_names, before)"))?,
                 }
@@ -358,12 +358,12 @@ fn fixture_recall(scd: &Scd, context: &std::path::Path, gold: &std::path::Path) 
         .filter(|f| !f.confidential)
         .map(|f| scd.encoder().count_tokens(&f.content))
         .sum::<Result<_, _>>()?;
-    let budget = ((total as f32 * super::demo::DEMO_SHARE) as usize).max(1);
+    let budget = ((total as f32 * scd_service::cli::demo::DEMO_SHARE) as usize).max(1);
     let out = scd.compress(&CompressRequest {
         task: Task::new(task),
         context: ctx,
         requirement: ContextRequirement {
-            min_relative_score: Some(super::demo::DEMO_MIN_RELATIVE_SCORE),
+            min_relative_score: Some(scd_service::cli::demo::DEMO_MIN_RELATIVE_SCORE),
             ..ContextRequirement::with_budget(budget)
         },
         session: None,
@@ -467,9 +467,9 @@ fn agent_eval(args: &EvalArgs, tok: Option<BudgetTokenizer>) -> anyhow::Result<s
     })
 }
 
-/// Runs `scd eval`.
+/// Runs `scd-dev eval`.
 pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
-    let tok = crate::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
+    let tok = scd_service::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
     for b in &args.budgets {
         anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
     }

@@ -1,4 +1,4 @@
-//! `scd eval --dataset agent`: SCD on what agents actually hand over (CI
+//! `scd-dev eval --dataset agent`: SCD on what agents actually hand over (CI
 //! logs, docs folders, JSON payloads, meeting notes, source files), per
 //! kind, beside the line baselines a user without SCD has (grep-like, BM25
 //! over lines, first-N lines), at the same budgets in the same tokenizer.
@@ -27,12 +27,12 @@ use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use serde::Serialize;
 
 use super::plot;
-use crate::config::ModelArgs;
+use scd_service::config::ModelArgs;
 
 /// The methods, in table order.
 const METHODS: [&str; 4] = ["scd", "grep", "bm25", "first-n"];
 
-/// What `scd eval --dataset agent` runs, checked by `scd eval`.
+/// What `scd-dev eval --dataset agent` runs, checked by `scd-dev eval`.
 #[derive(Debug)]
 pub struct AgentEval {
     /// JSONL files or folders of them.
@@ -232,7 +232,7 @@ fn write_outputs(a: &AgentEval, report: serde_json::Value, rows: &[Row], outcome
     Ok(())
 }
 
-/// Runs `scd eval --dataset agent`.
+/// Runs `scd-dev eval --dataset agent`.
 pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
     let shown: Vec<String> = a.paths.iter().map(|p| p.display().to_string()).collect();
     let cases = load_all(&a.paths, a.limit).with_context(|| format!("--data {}", shown.join(" ")))?;

@@ -1,4 +1,4 @@
-//! `scd bench-load`: N concurrent gRPC clients for a fixed time against a
+//! `scd-dev bench-load`: N concurrent gRPC clients for a fixed time against a
 //! real `scd serve` over loopback; throughput, latency percentiles, errors by
 //! code and the server's peak RSS; then the raw encoder on the same texts in
 //! the same run, and the ratio. The spawned server also gets a metrics
@@ -19,10 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
 
 use super::{cpu_seconds, rss_kib, Proc};
-use crate::config::ModelArgs;
-use crate::grpc::pb;
+use scd_service::config::ModelArgs;
+use scd_service::grpc::pb;
 
-/// Arguments of `scd bench-load`.
+/// Arguments of `scd-dev bench-load`.
 #[derive(Debug, clap::Args)]
 pub struct LoadArgs {
     /// JSONL file, one {"text": ...} per line.
@@ -48,7 +48,7 @@ pub struct LoadArgs {
     protocol: Protocol,
 }
 
-/// Which API `scd bench-load` loads.
+/// Which API `scd-dev bench-load` loads.
 #[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum)]
 enum Protocol {
     Grpc,
@@ -122,7 +122,7 @@ impl RestClient {
                 .await
                 .map_err(|_| "Transport".to_string())?;
             if status != http::StatusCode::OK {
-                return Err(format!("{:?}", crate::grpc::http::code_of(status)));
+                return Err(format!("{:?}", scd_service::grpc::http::code_of(status)));
             }
             let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| "Internal".to_string())?;
             return v["usage"]["prompt_tokens"].as_u64().ok_or_else(|| "Internal".to_string());
@@ -131,7 +131,7 @@ impl RestClient {
     }
 }
 
-/// Runs `scd bench-load`.
+/// Runs `scd-dev bench-load`.
 pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.clients > 0 && args.texts_per_request > 0,
@@ -139,7 +139,7 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     );
     let texts = super::read_jsonl_texts(&args.input, "--input")?;
 
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut child = Command::new(crate::scd_exe()?)
         .args(["serve", "--model", &model.model, "--models-dir"])
         .arg(&model.models_dir)
         .arg("--ort-lib")

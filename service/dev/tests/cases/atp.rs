@@ -1,6 +1,7 @@
-//! `scd atp flood` and `scd atp demo` run end to end.
+//! `scd-dev atp flood` and `scd-dev atp demo` run end to end, with the
+//! `scd` binary they start ([`crate::scd_bin`]).
 
-/// `scd atp flood` drives a real worker with maximal tasks (the most chunks,
+/// `scd-dev atp flood` drives a real worker with maximal tasks (the most chunks,
 /// steps and needs) from several peers, each with its own DID: every task it
 /// accepted completes, and the report samples the worker's memory and draws
 /// it. The figures themselves are BENCHMARKS.md's, from a full-size run.
@@ -9,7 +10,7 @@ fn the_flood_tool_measures_a_worker_under_maximal_tasks() {
     let dir = crate::scratch("atp-flood");
     let (json, svg) = (dir.join("flood.json"), dir.join("flood.svg"));
     let (net, json_s, svg_s) = (dir.join("net"), json.to_str().unwrap(), svg.to_str().unwrap());
-    let (ok, stdout, stderr) = crate::scd(
+    let (ok, stdout, stderr) = crate::scd_dev(
         &[
             "atp",
             "flood",
@@ -45,7 +46,7 @@ fn the_flood_tool_measures_a_worker_under_maximal_tasks() {
     let drawn = std::fs::read_to_string(&svg).unwrap();
     assert!(drawn.starts_with("<svg") && drawn.contains("worker RSS"));
     // bad input names the flag and the limit
-    let (ok, _, stderr) = crate::scd(&["atp", "flood", "--context-bytes", "99999999"], "");
+    let (ok, _, stderr) = crate::scd_dev(&["atp", "flood", "--context-bytes", "99999999"], "");
     assert!(!ok && stderr.contains("--context-bytes 99999999: must be 1 to"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -57,7 +58,7 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     }
     let dir = crate::scratch("atp-demo");
     let json = dir.join("demo.json");
-    let (ok, stdout, stderr) = crate::scd(
+    let (ok, stdout, stderr) = crate::scd_dev(
         &["atp", "demo", "--json", json.to_str().unwrap(), "--workdir", dir.join("net").to_str().unwrap()],
         "",
     );

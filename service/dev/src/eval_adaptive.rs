@@ -1,4 +1,4 @@
-//! `scd eval --adaptive`: the adaptive loop of paper §6.3 on MuSiQue,
+//! `scd-dev eval --adaptive`: the adaptive loop of paper §6.3 on MuSiQue,
 //! beside one-shot at the same total tokens, in the same run.
 //!
 //! Per example and first-answer budget `b` (a fraction of the context's

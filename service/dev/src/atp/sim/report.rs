@@ -48,7 +48,7 @@ pub struct StrategyReport {
     pub reprices: usize,
 }
 
-/// What `scd atp bench` prints and saves.
+/// What `scd-dev atp bench` prints and saves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// The configuration.

@@ -1,4 +1,4 @@
-//! `scd atp flood`: one worker (`scd atp agent`, a separate process) under a
+//! `scd-dev atp flood`: one worker (`scd atp agent`, a separate process) under a
 //! flood of maximal tasks, and its resident memory sampled from
 //! `/proc/PID/status` while it lasts.
 //!

@@ -1,0 +1,125 @@
+//! End-to-end tests of the `scd-dev` binary (the developer tools), with the
+//! real default model where a tool needs one. Without the models they print
+//! a skip message, unless SCD_REQUIRE_MODELS=1.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+// Feature areas in their own files (under cases/, so cargo does not build
+// each as a separate test binary); they share the helpers below.
+#[path = "cases/atp.rs"]
+mod atp;
+#[path = "cases/eval.rs"]
+mod eval;
+#[path = "cases/help.rs"]
+mod help;
+
+pub(crate) fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A test's input is missing: under CI (`CI=true`) or `SCD_REQUIRE_MODELS=1`
+/// that fails the test; elsewhere it prints why it skips.
+pub(crate) fn skip(msg: &str) {
+    let required = |var: &str, on: &str| std::env::var(var).is_ok_and(|v| v == on);
+    if required("CI", "true") || required("SCD_REQUIRE_MODELS", "1") {
+        panic!("{msg} (required: CI=true or SCD_REQUIRE_MODELS=1)");
+    }
+    eprintln!("SKIP: {msg}");
+}
+
+pub(crate) fn ready() -> bool {
+    let ok = root().join("models/out/e5-small/reference.json").is_file()
+        && root().join(".tools/ort/libonnxruntime.so").is_file();
+    if !ok {
+        skip("models or ONNX Runtime missing; run models/setup.sh");
+    }
+    ok
+}
+
+/// A fresh, empty directory for one test.
+pub(crate) fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("scd-dev-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `exe args` in the workspace root with the test environment, `stdin`
+/// on its standard input: (success, stdout, stderr).
+fn run(exe: &Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = Command::new(exe)
+        .current_dir(root())
+        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
+        .env("SCD_MODELS_DIR", root().join("models/out"))
+        // the persistent embedding cache is tested on its own (in scd-service)
+        .env("SCD_EMBEDDING_CACHE", "off")
+        .env("SCD_THREADS", "2")
+        .env("SCD_BIN", scd_bin())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `scd` binary the tools start: `SCD_BIN` when set, else the one
+/// beside `scd-dev` (cargo builds only this package's binaries for its
+/// tests: `cargo test --workspace` and `make test` build `scd` too), built
+/// here with `cargo build -p scd-service --bin scd` when it is missing.
+/// After changing scd-service, `cargo test -p scd-dev` alone runs the `scd`
+/// already there: build it first, or run the workspace's tests.
+pub(crate) fn scd_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("SCD_BIN") {
+            return PathBuf::from(bin);
+        }
+        let dev = Path::new(env!("CARGO_BIN_EXE_scd-dev"));
+        let bin = dev.with_file_name(format!("scd{}", std::env::consts::EXE_SUFFIX));
+        if !bin.is_file() {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let built = Command::new(cargo)
+                .current_dir(root())
+                .args(["build", "-p", "scd-service", "--bin", "scd"])
+                .status()
+                .unwrap_or_else(|e| panic!("building scd: {e}"));
+            assert!(
+                built.success() && bin.is_file(),
+                "cargo build -p scd-service --bin scd: {built}; no {}",
+                bin.display()
+            );
+        }
+        bin
+    })
+}
+
+/// Runs `scd-dev args`; the tools that start servers run [`scd_bin`].
+pub(crate) fn scd_dev(args: &[&str], stdin: &str) -> (bool, String, String) {
+    run(Path::new(env!("CARGO_BIN_EXE_scd-dev")), args, stdin)
+}
+
+/// The subcommands a `--help` lists under `Commands:`, in order (a wrapped
+/// description's further lines, indented deeper, name none).
+pub(crate) fn commands(help: &str) -> Vec<String> {
+    let listed = help.split_once("Commands:\n").map_or("", |(_, rest)| rest);
+    let lines = listed.lines().take_while(|l| l.starts_with("  "));
+    let named = lines.filter(|l| !l[2..].starts_with(' '));
+    named.filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
+}
+
+#[test]
+fn commands_are_read_off_a_help_text() {
+    let help = "About\n\nUsage: x <COMMAND>\n\nCommands:\n  eval   Evidence\n  tune   Choose\n          wrapped\n  help   Print\n\nOptions:\n  -h\n";
+    assert_eq!(commands(help), ["eval", "tune", "help"]);
+}
