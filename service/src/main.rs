@@ -55,16 +55,10 @@ enum Command {
     Openapi,
 }
 
-/// Runs the command; an error is one line on stderr (`Error: what: why`,
-/// its causes joined), whatever `RUST_BACKTRACE` says, and exit status 1.
+/// Runs the command; an error is one line on stderr and exit status 1
+/// ([`scd_service::cli::exit`]).
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {}", format!("{e:#}").replace('\n', " "));
-            std::process::ExitCode::FAILURE
-        }
-    }
+    scd_service::cli::exit(run())
 }
 
 fn run() -> anyhow::Result<()> {

@@ -25,6 +25,19 @@ use std::path::Path;
 
 use anyhow::Context as _;
 
+/// The exit of a binary (`scd`, `scd-dev`) that ran `result`: an error is
+/// one line on stderr (`Error: what: why`, its causes joined), whatever
+/// `RUST_BACKTRACE` says, and exit status 1.
+pub fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", format!("{e:#}").replace('\n', " "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 pub(crate) use crate::input::{json_path_error, jsonl_text};
 
 /// `--audit-max-bytes` when it is not given: 1 GiB of records (their summed
