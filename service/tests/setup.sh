@@ -13,6 +13,8 @@
 #      embed-queue tests start their own, on loopback, and stop them)
 #   5. chromium and chromium-driver from Debian's packages (the /ui page's
 #      test drives a headless Chromium through chromedriver, and stops both)
+#   6. jq from Debian's packages (the README's gRPC example reads the session
+#      token with it; service/clients/python/tests/test_readme.py runs it)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 TOOLS="$ROOT/.tools"
@@ -69,6 +71,8 @@ command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v haproxy >/dev/null || missing+=(haproxy)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
+# the README's gRPC example reads the session token with jq
+command -v jq >/dev/null || missing+=(jq)
 if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"

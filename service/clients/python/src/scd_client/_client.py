@@ -213,6 +213,11 @@ def _vector(v: Any) -> list[float]:
     return [float(x) for x in v]
 
 
+# Seconds a request may take: more than the server's default limit (600 s,
+# `scd serve --http-request-timeout-ms`), so the server's 504 arrives first.
+DEFAULT_TIMEOUT_S = 610.0
+
+
 class Client:
     """A client of one SCD server's REST API.
 
@@ -222,8 +227,11 @@ class Client:
     ``client_cert``/``client_key`` (PEM) are presented for mTLS. With ``did``
     and ``signing_key`` (a 32-byte Ed25519 seed or a ``nacl.signing.SigningKey``;
     the ``did`` extra) every request is signed for ``scd serve --auth did-wba``
-    with audience ``aud``. ``timeout`` bounds each HTTP request in seconds;
-    429 and 503 answers are retried up to ``retries`` times.
+    with audience ``aud``. ``timeout`` bounds each HTTP request in seconds:
+    by default 610, just over the server's own limit (``scd serve
+    --http-request-timeout-ms``, 600 s by default), so a long call ends with
+    the server's explicit 504 rather than a cut; 429 and 503 answers are
+    retried up to ``retries`` times.
     """
 
     def __init__(
@@ -236,7 +244,7 @@ class Client:
         did: str | None = None,
         signing_key: Any = None,
         aud: str = "scd",
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         retries: int = 3,
     ) -> None:
         url = urllib.parse.urlsplit(base_url)
