@@ -1,8 +1,10 @@
 //! Markdown: a heading leads its section (it is sent only with a chunk of
 //! the section, never alone), a fenced code block is one chunk from fence
 //! to fence, a list item and its continuation lines are one chunk, a
-//! table is one chunk with its header (longer ones are cut between rows),
-//! and paragraphs go by sentences as prose does. Prose that is clearly
+//! table up to `max_bytes` is one chunk with its header, a longer one is a
+//! group of its own whose header (the first row and the separator) rides
+//! with each row, one row a chunk, and paragraphs go by sentences as prose
+//! does. Prose that is clearly
 //! markdown ([`looks_like_markdown`]) is chunked this way too, under the
 //! chunker name `markdown:detected`.
 
@@ -35,6 +37,12 @@ fn is_fence(line: &str) -> Option<&str> {
     })
 }
 
+/// Whether a chunk starts with a code fence (a fenced block, kept whole up
+/// to the code bound).
+pub(super) fn opens_fence(chunk: &str) -> bool {
+    is_fence(chunk).is_some()
+}
+
 fn is_heading(line: &str) -> bool {
     let hashes = line.bytes().take_while(|&b| b == b'#').count();
     (1..=6).contains(&hashes) && line[hashes..].starts_with([' ', '\t'])
@@ -53,11 +61,19 @@ fn is_row(line: &str) -> bool {
     line.trim_start().starts_with('|')
 }
 
-/// Chunks `text` as markdown; `chunker` names it (`markdown` or `markdown:detected`).
-pub fn chunk(text: &str, chunker: &'static str) -> Vec<RawChunk> {
+/// A table's header separator row (`|---|:---:|`).
+fn is_separator(line: &str) -> bool {
+    let t = line.trim();
+    t.starts_with('|') && t.contains('-') && t.chars().all(|c| matches!(c, '|' | '-' | ':' | ' ' | '\t'))
+}
+
+/// Chunks `text` as markdown; `chunker` names it (`markdown` or
+/// `markdown:detected`); a table over `max_bytes` is cut into rows.
+pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize) -> Vec<RawChunk> {
     let lines = lines(text);
     let mut out: Vec<RawChunk> = Vec::new();
-    let mut group = 0usize;
+    // the section in force, and the last group id handed out (sections and long tables)
+    let (mut group, mut last_group) = (0usize, 0usize);
     let mut heading: Option<String> = None;
     // whether the current section has a heading chunk leading it
     let mut led = false;
@@ -82,7 +98,8 @@ pub fn chunk(text: &str, chunker: &'static str) -> Vec<RawChunk> {
         }
         if is_heading(t) {
             // a new section: the heading leads it and rides with its chunks
-            group += 1;
+            last_group += 1;
+            group = last_group;
             heading = Some(heading_text(t));
             out.push(piece(s, e, group, &heading, true, true));
             led = true;
@@ -127,7 +144,17 @@ pub fn chunk(text: &str, chunker: &'static str) -> Vec<RawChunk> {
             while j < lines.len() && is_row(text[lines[j].0..lines[j].1].trim()) {
                 j += 1;
             }
-            out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
+            let head = if j > i + 1 && is_separator(&text[lines[i + 1].0..lines[i + 1].1]) { i + 2 } else { i + 1 };
+            if lines[j - 1].1 - s <= max_bytes || head >= j {
+                out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
+            } else {
+                // a long table: a group of its own, its header riding with each row
+                last_group += 1;
+                out.push(piece(s, lines[head - 1].1, last_group, &heading, true, true));
+                for &(a, b) in &lines[head..j] {
+                    out.push(piece(a, b, last_group, &heading, false, false));
+                }
+            }
             led = true;
             i = j;
             continue;
@@ -206,5 +233,32 @@ mod tests {
         let c = chunks(FieldKind::Markdown, "Intro line.\n\n```\ncode\nmore");
         assert_eq!(c.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(), ["Intro line.", "```\ncode\nmore"]);
         assert!(c[0].2 && !c[1].2 && c[0].1 == c[1].1);
+    }
+
+    #[test]
+    fn a_long_table_is_cut_into_rows_its_header_riding_with_each_and_only_fences_stay_long() {
+        let rows: String =
+            (0..80).map(|i| format!("| `--flag-{i}` | `SCD_FLAG_{i}` | what flag {i} does |\n")).collect();
+        let doc =
+            format!("## Flags\n\nEvery flag:\n\n| flag | env | what |\n|---|---|---|\n{rows}\nAfter the table.\n");
+        let c = chunks(FieldKind::Markdown, &doc);
+        let table: Vec<_> = c.iter().filter(|x| x.0.starts_with('|')).collect();
+        assert_eq!(table.len(), 81, "the header and one chunk a row: {c:?}");
+        assert_eq!(table[0].0, "| flag | env | what |\n|---|---|---|");
+        // the header leads the table's own group and rides: sent only with a row
+        assert!(table[0].2 && table[0].3);
+        assert!(table[1..].iter().all(|x| x.1 == table[0].1 && !x.2 && !x.3));
+        assert_eq!(table[5].0, "| `--flag-4` | `SCD_FLAG_4` | what flag 4 does |");
+        // the section goes on after the table, under its heading's group
+        let (heading, after) = (&c[0], c.iter().find(|x| x.0 == "After the table.").unwrap());
+        assert!(heading.2 && heading.3 && after.1 == heading.1 && table[0].1 != heading.1);
+        // a long list item is cut to the chunk bound; a long fenced block stays whole
+        let item = format!("- {}\n", "a long item line\n  ".repeat(300));
+        let fence = format!("```sh\n{}```\n", "echo a long script line\n".repeat(300));
+        let c = chunks(FieldKind::Markdown, &format!("# Doc\n\n{item}\n{fence}"));
+        assert!(c.iter().filter(|x| x.0.starts_with("a long") || x.0.starts_with("- ")).count() > 1, "{c:?}");
+        assert!(c.iter().all(|x| x.0.len() <= 2048 || x.0.starts_with("```")));
+        assert_eq!(c.iter().filter(|x| x.0.starts_with("```")).count(), 1);
+        assert!(c.iter().any(|x| x.0.len() > 2048 && x.0.starts_with("```sh")));
     }
 }

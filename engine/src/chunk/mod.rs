@@ -90,9 +90,11 @@ impl Default for ChunkConfig {
 pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     let text = field.content.as_str();
     let mut out = match field.kind {
-        FieldKind::Prose if markdown::looks_like_markdown(text) => markdown::chunk(text, "markdown:detected"),
+        FieldKind::Prose if markdown::looks_like_markdown(text) => {
+            markdown::chunk(text, "markdown:detected", cfg.max_chunk_bytes)
+        }
         FieldKind::Prose => prose(text, cfg),
-        FieldKind::Markdown => markdown::chunk(text, "markdown"),
+        FieldKind::Markdown => markdown::chunk(text, "markdown", cfg.max_chunk_bytes),
         FieldKind::Code if cfg.code_parser => code_field(field),
         FieldKind::Code => code(text),
         FieldKind::Log => log(text),
@@ -104,11 +106,21 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     for c in &mut out {
         trim_span(text, &mut c.start, &mut c.end);
     }
-    // code, and markdown's fenced blocks, stay whole up to the code bound
-    let whole = field.kind == FieldKind::Code || out.iter().any(|c| c.chunker.starts_with("markdown"));
-    let max = if whole { cfg.max_code_chunk_bytes } else { cfg.max_chunk_bytes }.max(1);
-    if out.iter().any(|c| c.end - c.start > max) {
-        out = out.into_iter().flat_map(|c| split_long(text, c, max)).collect();
+    // code, and markdown's fenced blocks, stay whole up to the code bound;
+    // every other chunk (a markdown list item or paragraph included) to the
+    // chunk bound
+    let max = |c: &RawChunk| {
+        let fence = c.chunker.starts_with("markdown") && markdown::opens_fence(&text[c.start..c.end]);
+        if field.kind == FieldKind::Code || fence { cfg.max_code_chunk_bytes } else { cfg.max_chunk_bytes }.max(1)
+    };
+    if out.iter().any(|c| c.end - c.start > max(c)) {
+        out = out
+            .into_iter()
+            .flat_map(|c| {
+                let m = max(&c);
+                split_long(text, c, m)
+            })
+            .collect();
     }
     out
 }
