@@ -26,6 +26,8 @@ mod auth;
 mod budget;
 #[path = "cases/cli.rs"]
 mod cli;
+#[path = "cases/connections.rs"]
+mod connections;
 #[path = "cases/fairness.rs"]
 mod fairness;
 #[path = "cases/fuzz.rs"]
@@ -46,8 +48,12 @@ mod replicas;
 mod rest;
 #[path = "cases/serving.rs"]
 mod serving;
+#[path = "cases/shares.rs"]
+mod shares;
 #[path = "cases/structure.rs"]
 mod structure;
+#[path = "cases/tls.rs"]
+mod tls;
 #[path = "cases/ui.rs"]
 mod ui;
 

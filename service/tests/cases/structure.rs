@@ -45,8 +45,6 @@ const TRANSPORTS: [&str; 4] = ["grpc", "rest", "mcp", "a2a"];
 /// read now. `engine/`, `proto/` and `benches/` have no entry.
 const RATCHET: &[(&str, &str, usize)] = &[
     ("file", "service/src/a2a/mod.rs", 1326),
-    ("file", "service/tests/cases/lifecycle.rs", 908),
-    ("file", "service/tests/cases/serving.rs", 1055),
     ("fn", "service/dev/src/eval.rs::run", 235),
     ("fn", "service/dev/src/load.rs::run", 118),
     ("fn", "service/dev/src/tune.rs::run", 175),
