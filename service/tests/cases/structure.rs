@@ -49,8 +49,6 @@ const RATCHET: &[(&str, &str, usize)] = &[
     ("fn", "service/dev/src/load.rs::run", 118),
     ("fn", "service/dev/src/tune.rs::run", 175),
     ("fn", "service/src/a2a/jsonrpc.rs::handle", 109),
-    ("fn", "service/src/cli/client.rs::run", 147),
-    ("fn", "service/src/cli/embed_queue.rs::coordinate", 128),
     ("fn", "service/src/server.rs::serve_on", 175),
     ("transport", "a2a -> grpc", 3),
     ("transport", "mcp -> grpc", 2),
