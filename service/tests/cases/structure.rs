@@ -45,9 +45,6 @@ const TRANSPORTS: [&str; 4] = ["grpc", "rest", "mcp", "a2a"];
 /// read now. `engine/`, `proto/` and `benches/` have no entry.
 const RATCHET: &[(&str, &str, usize)] = &[
     ("file", "service/src/a2a/mod.rs", 1326),
-    ("fn", "service/dev/src/eval.rs::run", 235),
-    ("fn", "service/dev/src/load.rs::run", 118),
-    ("fn", "service/dev/src/tune.rs::run", 175),
     ("fn", "service/src/a2a/jsonrpc.rs::handle", 109),
     ("fn", "service/src/server.rs::serve_on", 175),
     ("transport", "a2a -> grpc", 3),
