@@ -1,8 +1,11 @@
 //! End-to-end tests of the `scd` binary with the real default model.
 //! Without the models they print a skip message, unless SCD_REQUIRE_MODELS=1.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+
+// The helpers the scd-dev tests share.
+mod support;
+pub(crate) use support::{ready, root, skip};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
@@ -74,51 +77,9 @@ pub(crate) async fn closed_within(s: &mut tokio::net::TcpStream, wait: std::time
     }
 }
 
-pub(crate) fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// A test's input is missing: under CI (`CI=true`) or `SCD_REQUIRE_MODELS=1`
-/// that fails the test; elsewhere it prints why it skips.
-pub(crate) fn skip(msg: &str) {
-    let required = |var: &str, on: &str| std::env::var(var).is_ok_and(|v| v == on);
-    if required("CI", "true") || required("SCD_REQUIRE_MODELS", "1") {
-        panic!("{msg} (required: CI=true or SCD_REQUIRE_MODELS=1)");
-    }
-    eprintln!("SKIP: {msg}");
-}
-
-pub(crate) fn ready() -> bool {
-    let ok = root().join("models/out/e5-small/reference.json").is_file()
-        && root().join(".tools/ort/libonnxruntime.so").is_file();
-    if !ok {
-        skip("models or ONNX Runtime missing; run models/setup.sh");
-    }
-    ok
-}
-
+/// Runs `scd args` with `stdin` on its standard input: (success, stdout, stderr).
 pub(crate) fn scd(args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_scd"))
-        .current_dir(root())
-        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
-        .env("SCD_MODELS_DIR", root().join("models/out"))
-        // the persistent embedding cache is tested on its own
-        .env("SCD_EMBEDDING_CACHE", "off")
-        .env("SCD_THREADS", "2")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    support::output(support::command(Path::new(env!("CARGO_BIN_EXE_scd"))).args(args), stdin)
 }
 
 fn cosine(a: &[f64], b: &[f64]) -> f64 {
