@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use scd_engine::budget::BudgetTokenizer;
+use scd_engine::cache::CacheStats;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder};
 use scd_engine::eval::{among_others, evidence_recall, load_with, selection, Dataset, Example, Join};
@@ -467,17 +468,9 @@ fn agent_eval(args: &EvalArgs, tok: Option<BudgetTokenizer>) -> anyhow::Result<s
     })
 }
 
-/// Runs `scd-dev eval`.
-pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
-    let tok = scd_service::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
-    for b in &args.budgets {
-        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
-    }
-    if args.dataset == "agent" {
-        return super::eval_agent::run(model, agent_eval(&args, tok)?);
-    }
-    let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
-    let opts = CompressOptions { budget_tokenizer: tok.clone(), ..Default::default() };
+/// The examples of `--path`, at most `--limit` per file; with `--among`,
+/// each among the others' paragraphs.
+fn load_examples(args: &EvalArgs, dataset: Dataset) -> anyhow::Result<Vec<Example>> {
     let mut examples = Vec::new();
     let join = if args.join == "as-given" { Join::AsGiven } else { Join::Natural };
     for p in &args.path {
@@ -488,6 +481,277 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         anyhow::ensure!(n >= 2, "--among: {n} fields; at least 2");
         examples = among_others(&examples, n, args.among_seed);
     }
+    Ok(examples)
+}
+
+/// The other SCDs compared with `scd`: the `--sweep` settings `variants`
+/// (on the shared memo encoder), then each `--also-model` at `scd`'s
+/// settings, which must share `encoder`'s tokenizer.
+fn other_scds(
+    model: &ModelArgs,
+    args: &EvalArgs,
+    variants: Vec<(String, ScdConfig)>,
+    memo: &Arc<dyn Encoder>,
+    (encoder, scd): (&OrtEncoder, &Scd),
+) -> anyhow::Result<Vec<(String, Scd)>> {
+    let mut others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
+    for name in &args.also_model {
+        let other = ModelArgs { model: name.clone(), ..model.clone() }.load_encoder()?;
+        let tokenizer = |e: &OrtEncoder| e.manifest().files.get("tokenizer.json").cloned();
+        anyhow::ensure!(
+            tokenizer(&other).is_some() && tokenizer(&other) == tokenizer(encoder),
+            "--also-model {name}: its tokenizer.json differs from {}'s, so the budgets would differ",
+            encoder.model_id()
+        );
+        others.push((format!("scd@{name}"), Scd::new(Arc::new(other), scd.config().clone())));
+    }
+    Ok(others)
+}
+
+impl Acc {
+    /// One example's result at one budget: its recall (and whether all
+    /// evidence was kept), reduction, R and milliseconds.
+    fn push(&mut self, (recall, all): (f32, bool), ratio: f32, r1: f32, ms: f64) {
+        self.recall.push(recall);
+        self.all.push(f32::from(u8::from(all)));
+        self.ratio.push(ratio);
+        self.r1.push(r1);
+        self.ms.push(ms);
+    }
+}
+
+/// What the methods scored: per method and budget, per example (for
+/// `--per-example`), and SCD's embedding-cache hits and misses per budget.
+struct Tally {
+    acc: Vec<Vec<Acc>>,
+    per_example: Vec<serde_json::Value>,
+    scd_hits: Vec<(u64, u64)>,
+    hits_before: CacheStats,
+}
+
+/// The methods of one run, compared on each example at each budget: SCD,
+/// the baselines (unless `scd_only`) and the other SCDs, named in `names`
+/// in that order.
+struct Methods<'a> {
+    names: Vec<&'a str>,
+    scd: &'a Scd,
+    others: &'a [(String, Scd)],
+    encoder: &'a OrtEncoder,
+    opts: &'a CompressOptions,
+    dataset: Dataset,
+    budgets: &'a [f32],
+    scd_only: bool,
+}
+
+impl Methods<'_> {
+    /// An empty tally for these methods and budgets.
+    fn tally(&self) -> Tally {
+        Tally {
+            acc: self.names.iter().map(|_| self.budgets.iter().map(|_| Acc::default()).collect()).collect(),
+            per_example: Vec::new(),
+            scd_hits: vec![(0u64, 0u64); self.budgets.len()],
+            hits_before: self.scd.cache_stats(),
+        }
+    }
+
+    /// Every method on `ex` at every budget, into `tally` (`rng` orders the
+    /// random baseline).
+    fn run_example(&self, ex: &Example, rng: &mut StdRng, tally: &mut Tally) -> anyhow::Result<()> {
+        let tok = self.opts.budget_tokenizer.as_ref();
+        let t = Instant::now();
+        let base =
+            if self.scd_only { sentence_units(self.encoder, ex, tok)? } else { baselines(self.encoder, ex, tok)? };
+        let base_ms = t.elapsed().as_secs_f64() * 1e3;
+        let dense_order = ranked(&base.dense);
+        let bm25_order = ranked(&base.bm25);
+        // lead: first sentences of every paragraph, then second ones, ...
+        let mut lead_order: Vec<usize> = (0..base.units.len()).collect();
+        let pos_in_field = |i: usize| base.units[..i].iter().filter(|u| u.0 == base.units[i].0).count();
+        lead_order.sort_by_key(|&i| (pos_in_field(i), i));
+        let mut random_order: Vec<usize> = (0..base.units.len()).collect();
+        random_order.shuffle(rng);
+        for (bi, &frac) in self.budgets.iter().enumerate() {
+            let budget = ((base.total as f32 * frac).floor() as usize).max(1);
+            self.scd_at(ex, (bi, frac), budget, tally)?;
+            for (mi, order) in [(1, &dense_order), (2, &bm25_order), (3, &lead_order), (4, &random_order)] {
+                if self.scd_only {
+                    break;
+                }
+                let (sel, used) = fill(order, &base.units, budget);
+                let (r, all) = evidence_recall(ex, &sel, self.dataset);
+                tally.per_example.push(
+                    serde_json::json!({"id": ex.id, "method": self.names[mi], "budget": frac, "recall": r, "all_kept": all}),
+                );
+                let ratio = if used == 0 { 0.0 } else { base.total as f32 / used as f32 };
+                let r1 = base.total as f32 / (used + self.encoder.dim()) as f32;
+                tally.acc[mi][bi].push((r, all), ratio, r1, if mi == 1 { base_ms } else { 0.0 });
+            }
+            self.others_at(ex, (bi, frac), budget, tally)?;
+        }
+        Ok(())
+    }
+
+    /// SCD on `ex` at budget `bi` (`frac` of the context, `budget` tokens).
+    fn scd_at(&self, ex: &Example, (bi, frac): (usize, f32), budget: usize, tally: &mut Tally) -> anyhow::Result<()> {
+        let t = Instant::now();
+        let req = CompressRequest {
+            task: Task::new(ex.question.clone()),
+            context: ex.context.clone(),
+            requirement: ContextRequirement::with_budget(budget),
+            session: None,
+        };
+        let out = self.scd.compress_opts(&req, self.opts, &scd_engine::cancel::Cancel::new())?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let stats = self.scd.cache_stats();
+        tally.scd_hits[bi].0 += stats.hits - tally.hits_before.hits;
+        tally.scd_hits[bi].1 += stats.misses - tally.hits_before.misses;
+        tally.hits_before = stats;
+        let sel = selection(ex, &out.chunks);
+        let (r, all) = evidence_recall(ex, &sel, self.dataset);
+        tally
+            .per_example
+            .push(serde_json::json!({"id": ex.id, "method": "scd", "budget": frac, "recall": r, "all_kept": all}));
+        tally.acc[0][bi].push((r, all), out.totals.reduction_ratio, out.totals.r_theorem1, ms);
+        Ok(())
+    }
+
+    /// The other SCDs on `ex` at budget `bi`.
+    fn others_at(
+        &self,
+        ex: &Example,
+        (bi, frac): (usize, f32),
+        budget: usize,
+        tally: &mut Tally,
+    ) -> anyhow::Result<()> {
+        for (vi, (vname, v)) in self.others.iter().enumerate() {
+            let mi = self.names.len() - self.others.len() + vi;
+            let t = Instant::now();
+            let out = v.compress(&CompressRequest {
+                task: Task::new(ex.question.clone()),
+                context: ex.context.clone(),
+                requirement: ContextRequirement::with_budget(budget),
+                session: None,
+            })?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let sel = selection(ex, &out.chunks);
+            let (r, all) = evidence_recall(ex, &sel, self.dataset);
+            tally
+                .per_example
+                .push(serde_json::json!({"id": ex.id, "method": vname, "budget": frac, "recall": r, "all_kept": all}));
+            tally.acc[mi][bi].push((r, all), out.totals.reduction_ratio, out.totals.r_theorem1, ms);
+        }
+        Ok(())
+    }
+
+    /// The table's rows: each method at each budget.
+    fn rows(&self, tally: &mut Tally) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (mi, m) in self.names.iter().enumerate() {
+            for (bi, &b) in self.budgets.iter().enumerate() {
+                let a = &mut tally.acc[mi][bi];
+                let (h, mi_) = tally.scd_hits[bi];
+                rows.push(Row {
+                    method: m.to_string(),
+                    budget: b,
+                    evidence_recall: mean(&a.recall),
+                    all_evidence_kept: mean(&a.all),
+                    reduction_ratio: mean(&a.ratio),
+                    r_theorem1: mean(&a.r1),
+                    p50_ms: super::percentile(&mut a.ms, 0.5),
+                    p95_ms: super::percentile(&mut a.ms, 0.95),
+                    cache_hit_rate: (*m == "scd").then(|| h as f64 / (h + mi_).max(1) as f64),
+                });
+            }
+        }
+        rows
+    }
+}
+
+/// Prints the table of `rows`.
+fn print_rows(rows: &[Row]) {
+    println!(
+        "{:<8} {:>6} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6}",
+        "method", "budget", "recall", "all_kept", "reduction", "R", "p50_ms", "p95_ms", "cache"
+    );
+    for r in rows {
+        println!(
+            "{:<8} {:>6.2} {:>8.3} {:>8.3} {:>9.2} {:>7.2} {:>8.1} {:>8.1} {:>6}",
+            r.method,
+            r.budget,
+            r.evidence_recall,
+            r.all_evidence_kept,
+            r.reduction_ratio,
+            r.r_theorem1,
+            r.p50_ms,
+            r.p95_ms,
+            r.cache_hit_rate.map(|h| format!("{h:.2}")).unwrap_or_default()
+        );
+    }
+}
+
+/// `--fixture`'s recall, printed and for the report (null when it or its
+/// gold labels are absent).
+fn fixture_result(scd: &Scd, args: &EvalArgs) -> anyhow::Result<serde_json::Value> {
+    if !(args.fixture.is_file() && args.fixture_gold.is_file()) {
+        eprintln!("agent fixture: {} not found, skipped", args.fixture.display());
+        return Ok(serde_json::Value::Null);
+    }
+    let f = fixture_recall(scd, &args.fixture, &args.fixture_gold)?;
+    println!(
+        "agent fixture ({}, as scd demo): {} of {} gold substrings in the first answer{}; confidential leaked: {}",
+        args.fixture.display(),
+        f["found"],
+        f["gold"],
+        if f["missing"].as_array().is_some_and(|m| !m.is_empty()) {
+            format!(" (missing {})", f["missing"])
+        } else {
+            String::new()
+        },
+        f["confidential_leaked"]
+    );
+    Ok(f)
+}
+
+/// Writes `--report`, `--plot` (recall vs reduction per method) and, when
+/// asked, `--per-example`.
+fn write_outputs(
+    args: &EvalArgs,
+    report: &serde_json::Value,
+    rows: &[Row],
+    per_example: &[serde_json::Value],
+) -> anyhow::Result<()> {
+    std::fs::write(&args.report, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("--report {}", args.report.display()))?;
+    let mut series: Vec<plot::Series> = Vec::new();
+    for r in rows {
+        match series.iter_mut().find(|s| s.label == r.method) {
+            Some(s) => s.points.push((r.reduction_ratio, r.evidence_recall)),
+            None => series
+                .push(plot::Series { label: r.method.clone(), points: vec![(r.reduction_ratio, r.evidence_recall)] }),
+        }
+    }
+    let title = format!("{}: evidence recall vs token reduction", args.dataset);
+    plot::write_recall_vs_reduction(&args.plot, &title, &series)?;
+    eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
+    if let Some(p) = &args.per_example {
+        let lines: String = per_example.iter().map(|v| format!("{v}\n")).collect();
+        std::fs::write(p, lines).with_context(|| format!("--per-example {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs `scd-dev eval`.
+pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
+    let tok = scd_service::cli::compress::budget_tokenizer("--budget-tokenizer", args.budget_tokenizer.as_deref())?;
+    for b in &args.budgets {
+        anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
+    }
+    if args.dataset == "agent" {
+        return super::eval_agent::run(model, agent_eval(&args, tok)?);
+    }
+    let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
+    let opts = CompressOptions { budget_tokenizer: tok, ..Default::default() };
+    let examples = load_examples(&args, dataset)?;
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();
     let cfg = scd_config(&args)?;
@@ -518,188 +782,38 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             &args.plot,
         );
     }
-    let mut others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
-    for name in &args.also_model {
-        let other = ModelArgs { model: name.clone(), ..model.clone() }.load_encoder()?;
-        let tokenizer = |e: &OrtEncoder| e.manifest().files.get("tokenizer.json").cloned();
-        anyhow::ensure!(
-            tokenizer(&other).is_some() && tokenizer(&other) == tokenizer(&encoder),
-            "--also-model {name}: its tokenizer.json differs from {model_id}'s, so the budgets would differ"
-        );
-        others.push((format!("scd@{name}"), Scd::new(Arc::new(other), scd.config().clone())));
-    }
-    let mut methods: Vec<&str> = vec!["scd"];
+    let others = other_scds(model, &args, variants, &memo, (&encoder, &scd))?;
+    let mut names: Vec<&str> = vec!["scd"];
     if !args.scd_only {
-        methods.extend(["dense", "bm25", "lead", "random"]);
+        names.extend(["dense", "bm25", "lead", "random"]);
     }
-    methods.extend(others.iter().map(|(n, _)| n.as_str()));
-    let mut acc: Vec<Vec<Acc>> =
-        methods.iter().map(|_| args.budgets.iter().map(|_| Acc::default()).collect()).collect();
+    names.extend(others.iter().map(|(n, _)| n.as_str()));
+    let methods = Methods {
+        names,
+        scd: &scd,
+        others: &others,
+        encoder: &encoder,
+        opts: &opts,
+        dataset,
+        budgets: &args.budgets,
+        scd_only: args.scd_only,
+    };
+    let mut tally = methods.tally();
     let bar = ProgressBar::new(examples.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} examples {per_sec} eta {eta} {msg}")?);
     // Seeded: the random baseline is the same on every run.
     let mut rng = StdRng::seed_from_u64(0x9E37_79B9_7F4A_7C15);
-    let mut hits_before = scd.cache_stats();
-    let mut scd_hits = vec![(0u64, 0u64); args.budgets.len()];
-    let mut per_example = Vec::new();
     for ex in &examples {
-        let t = Instant::now();
-        let base = if args.scd_only {
-            sentence_units(&encoder, ex, tok.as_ref())?
-        } else {
-            baselines(&encoder, ex, tok.as_ref())?
-        };
-        let base_ms = t.elapsed().as_secs_f64() * 1e3;
-        let dense_order = ranked(&base.dense);
-        let bm25_order = ranked(&base.bm25);
-        // lead: first sentences of every paragraph, then second ones, ...
-        let mut lead_order: Vec<usize> = (0..base.units.len()).collect();
-        let pos_in_field = |i: usize| base.units[..i].iter().filter(|u| u.0 == base.units[i].0).count();
-        lead_order.sort_by_key(|&i| (pos_in_field(i), i));
-        let mut random_order: Vec<usize> = (0..base.units.len()).collect();
-        random_order.shuffle(&mut rng);
-        for (bi, &frac) in args.budgets.iter().enumerate() {
-            let budget = ((base.total as f32 * frac).floor() as usize).max(1);
-            let t = Instant::now();
-            let req = CompressRequest {
-                task: Task::new(ex.question.clone()),
-                context: ex.context.clone(),
-                requirement: ContextRequirement::with_budget(budget),
-                session: None,
-            };
-            let out = scd.compress_opts(&req, &opts, &scd_engine::cancel::Cancel::new())?;
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            let stats = scd.cache_stats();
-            scd_hits[bi].0 += stats.hits - hits_before.hits;
-            scd_hits[bi].1 += stats.misses - hits_before.misses;
-            hits_before = stats;
-            let sel = selection(ex, &out.chunks);
-            let (r, all) = evidence_recall(ex, &sel, dataset);
-            per_example
-                .push(serde_json::json!({"id": ex.id, "method": "scd", "budget": frac, "recall": r, "all_kept": all}));
-            let a = &mut acc[0][bi];
-            a.recall.push(r);
-            a.all.push(f32::from(u8::from(all)));
-            a.ratio.push(out.totals.reduction_ratio);
-            a.r1.push(out.totals.r_theorem1);
-            a.ms.push(ms);
-            for (mi, order) in [(1, &dense_order), (2, &bm25_order), (3, &lead_order), (4, &random_order)] {
-                if args.scd_only {
-                    break;
-                }
-                let (sel, used) = fill(order, &base.units, budget);
-                let (r, all) = evidence_recall(ex, &sel, dataset);
-                per_example.push(
-                    serde_json::json!({"id": ex.id, "method": methods[mi], "budget": frac, "recall": r, "all_kept": all}),
-                );
-                let a = &mut acc[mi][bi];
-                a.recall.push(r);
-                a.all.push(f32::from(u8::from(all)));
-                a.ratio.push(if used == 0 { 0.0 } else { base.total as f32 / used as f32 });
-                a.r1.push(base.total as f32 / (used + encoder.dim()) as f32);
-                a.ms.push(if mi == 1 { base_ms } else { 0.0 });
-            }
-            for (vi, (vname, v)) in others.iter().enumerate() {
-                let mi = methods.len() - others.len() + vi;
-                let t = Instant::now();
-                let out = v.compress(&CompressRequest {
-                    task: Task::new(ex.question.clone()),
-                    context: ex.context.clone(),
-                    requirement: ContextRequirement::with_budget(budget),
-                    session: None,
-                })?;
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                let sel = selection(ex, &out.chunks);
-                let (r, all) = evidence_recall(ex, &sel, dataset);
-                per_example.push(
-                    serde_json::json!({"id": ex.id, "method": vname, "budget": frac, "recall": r, "all_kept": all}),
-                );
-                let a = &mut acc[mi][bi];
-                a.recall.push(r);
-                a.all.push(f32::from(u8::from(all)));
-                a.ratio.push(out.totals.reduction_ratio);
-                a.r1.push(out.totals.r_theorem1);
-                a.ms.push(ms);
-            }
-        }
+        methods.run_example(ex, &mut rng, &mut tally)?;
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let mut rows = Vec::new();
-    for (mi, m) in methods.iter().enumerate() {
-        for (bi, &b) in args.budgets.iter().enumerate() {
-            let a = &mut acc[mi][bi];
-            let (h, mi_) = scd_hits[bi];
-            rows.push(Row {
-                method: m.to_string(),
-                budget: b,
-                evidence_recall: mean(&a.recall),
-                all_evidence_kept: mean(&a.all),
-                reduction_ratio: mean(&a.ratio),
-                r_theorem1: mean(&a.r1),
-                p50_ms: super::percentile(&mut a.ms, 0.5),
-                p95_ms: super::percentile(&mut a.ms, 0.95),
-                cache_hit_rate: (*m == "scd").then(|| h as f64 / (h + mi_).max(1) as f64),
-            });
-        }
-    }
+    let rows = methods.rows(&mut tally);
     println!("{} examples of {} with {model_id}", examples.len(), args.dataset);
-    println!(
-        "{:<8} {:>6} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6}",
-        "method", "budget", "recall", "all_kept", "reduction", "R", "p50_ms", "p95_ms", "cache"
-    );
-    for r in &rows {
-        println!(
-            "{:<8} {:>6.2} {:>8.3} {:>8.3} {:>9.2} {:>7.2} {:>8.1} {:>8.1} {:>6}",
-            r.method,
-            r.budget,
-            r.evidence_recall,
-            r.all_evidence_kept,
-            r.reduction_ratio,
-            r.r_theorem1,
-            r.p50_ms,
-            r.p95_ms,
-            r.cache_hit_rate.map(|h| format!("{h:.2}")).unwrap_or_default()
-        );
-    }
-    let fixture = if args.fixture.is_file() && args.fixture_gold.is_file() {
-        let f = fixture_recall(&scd, &args.fixture, &args.fixture_gold)?;
-        println!(
-            "agent fixture ({}, as scd demo): {} of {} gold substrings in the first answer{}; confidential leaked: {}",
-            args.fixture.display(),
-            f["found"],
-            f["gold"],
-            if f["missing"].as_array().is_some_and(|m| !m.is_empty()) {
-                format!(" (missing {})", f["missing"])
-            } else {
-                String::new()
-            },
-            f["confidential_leaked"]
-        );
-        f
-    } else {
-        eprintln!("agent fixture: {} not found, skipped", args.fixture.display());
-        serde_json::Value::Null
-    };
+    print_rows(&rows);
+    let fixture = fixture_result(&scd, &args)?;
     let report = serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(),
         "join": args.join, "among": args.among, "among_seed": args.among.map(|_| args.among_seed),
         "results": rows, "agent_fixture": fixture});
-    std::fs::write(&args.report, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("--report {}", args.report.display()))?;
-    let mut series: Vec<plot::Series> = Vec::new();
-    for r in &rows {
-        match series.iter_mut().find(|s| s.label == r.method) {
-            Some(s) => s.points.push((r.reduction_ratio, r.evidence_recall)),
-            None => series
-                .push(plot::Series { label: r.method.clone(), points: vec![(r.reduction_ratio, r.evidence_recall)] }),
-        }
-    }
-    let title = format!("{}: evidence recall vs token reduction", args.dataset);
-    plot::write_recall_vs_reduction(&args.plot, &title, &series)?;
-    eprintln!("wrote {} and {}", args.report.display(), args.plot.display());
-    if let Some(p) = &args.per_example {
-        let lines: String = per_example.iter().map(|v| format!("{v}\n")).collect();
-        std::fs::write(p, lines).with_context(|| format!("--per-example {}", p.display()))?;
-    }
-    Ok(())
+    write_outputs(&args, &report, &rows, &tally.per_example)
 }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -139,29 +139,8 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     );
     let texts = super::read_jsonl_texts(&args.input, "--input")?;
 
-    let mut child = Command::new(crate::scd_exe()?)
-        .args(["serve", "--model", &model.model, "--models-dir"])
-        .arg(&model.models_dir)
-        .arg("--ort-lib")
-        .arg(&model.ort_lib)
-        .args(["--threads", &model.threads.to_string(), "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-        .args(args.serve_args.split_whitespace())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let Server { mut child, _stdout, addr, metrics_addr } = start_server(model, &args)?;
     let pid = child.id();
-    let mut lines = BufReader::new(child.stdout.take().context("server stdout")?).lines();
-    let mut metrics_addr = None;
-    let addr = loop {
-        let line = lines.next().context("server exited before listening")??;
-        if let Some(a) = line.strip_prefix("metrics on http://") {
-            metrics_addr = a.strip_suffix("/metrics").map(str::to_string);
-        }
-        if let Some(a) = line.strip_prefix("listening on ") {
-            break format!("http://{a}");
-        }
-    };
-    let metrics_addr = metrics_addr.context("server printed no \"metrics on http://ADDR/metrics\" line")?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let texts = Arc::new(texts);
     // the model REST clients name (GET /v1/models answers before the warm-up)
@@ -223,20 +202,7 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
         Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
     };
     // raw encoder on the same texts, same process settings, after the server is gone
-    let encoder = model.load_encoder()?;
-    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-    let opts = EncodeOptions::new(InputKind::Passage).with_windows();
-    encoder.encode(&refs[..refs.len().min(8)], &opts)?;
-    let start = Instant::now();
-    let mut tokens = 0usize;
-    let budget = Duration::from_secs(args.seconds.clamp(5, 30));
-    let mut i = 0;
-    while start.elapsed() < budget {
-        let chunk: Vec<&str> = (0..32).map(|j| refs[(i + j) % refs.len()]).collect();
-        i += 32;
-        tokens += encoder.encode(&chunk, &opts)?.tokens.iter().sum::<usize>();
-    }
-    let raw_tps = tokens as f64 / start.elapsed().as_secs_f64();
+    let raw_tps = raw_encoder_tokens_per_s(model, &texts, args.seconds)?;
     summary["raw_encoder_tokens_per_s"] = serde_json::json!(raw_tps);
     match summary["tokens_per_s"].as_f64() {
         Some(served) => summary["served_over_raw"] = serde_json::json!(served / raw_tps),
@@ -249,6 +215,66 @@ pub fn run(model: &ModelArgs, args: LoadArgs) -> anyhow::Result<()> {
     }
     println!("{summary}");
     Ok(())
+}
+
+/// The `scd serve` under load.
+struct Server {
+    child: Child,
+    /// Its stdout, held open (never read again) so that what it prints
+    /// later does not meet a closed pipe.
+    _stdout: std::io::Lines<BufReader<ChildStdout>>,
+    /// The gRPC address, `http://…`.
+    addr: String,
+    /// The HTTP listener's `host:port`.
+    metrics_addr: String,
+}
+
+/// `scd serve` with the model flags and `--serve-args`, on free ports,
+/// once it listens.
+fn start_server(model: &ModelArgs, args: &LoadArgs) -> anyhow::Result<Server> {
+    let mut child = Command::new(crate::scd_exe()?)
+        .args(["serve", "--model", &model.model, "--models-dir"])
+        .arg(&model.models_dir)
+        .arg("--ort-lib")
+        .arg(&model.ort_lib)
+        .args(["--threads", &model.threads.to_string(), "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .args(args.serve_args.split_whitespace())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().context("server stdout")?).lines();
+    let mut metrics_addr = None;
+    let addr = loop {
+        let line = lines.next().context("server exited before listening")??;
+        if let Some(a) = line.strip_prefix("metrics on http://") {
+            metrics_addr = a.strip_suffix("/metrics").map(str::to_string);
+        }
+        if let Some(a) = line.strip_prefix("listening on ") {
+            break format!("http://{a}");
+        }
+    };
+    let metrics_addr = metrics_addr.context("server printed no \"metrics on http://ADDR/metrics\" line")?;
+    Ok(Server { child, _stdout: lines, addr, metrics_addr })
+}
+
+/// The encoder alone on `texts` (32 a call, for `seconds` clamped to 5..30
+/// after a warm-up): its tokens per second.
+fn raw_encoder_tokens_per_s(model: &ModelArgs, texts: &[String], seconds: u64) -> anyhow::Result<f64> {
+    let encoder = model.load_encoder()?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let opts = EncodeOptions::new(InputKind::Passage).with_windows();
+    encoder.encode(&refs[..refs.len().min(8)], &opts)?;
+    let start = Instant::now();
+    let mut tokens = 0usize;
+    let budget = Duration::from_secs(seconds.clamp(5, 30));
+    let mut i = 0;
+    while start.elapsed() < budget {
+        let chunk: Vec<&str> = (0..32).map(|j| refs[(i + j) % refs.len()]).collect();
+        i += 32;
+        tokens += encoder.encode(&chunk, &opts)?.tokens.iter().sum::<usize>();
+    }
+    let raw_tps = tokens as f64 / start.elapsed().as_secs_f64();
+    Ok(raw_tps)
 }
 
 /// What one load phase needs.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::context::{ContextRequirement, Task};
-use scd_engine::encoder::Encoder;
+use scd_engine::encoder::{Encoder, OrtEncoder};
 use scd_engine::eval::{evidence_recall, load, selection, Dataset, Example};
 use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
 use serde::Serialize;
@@ -223,19 +223,12 @@ fn best(recalls: &Recalls, sets: &[usize], keep: &dyn Fn(usize, usize) -> bool) 
     })
 }
 
-/// Runs `scd-dev tune`.
-pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.folds >= 2, "--folds: at least 2, got {}", args.folds);
-    for (flag, bs) in [("--budgets", &args.budgets), ("--code-budgets", &args.code_budgets)] {
-        for b in bs {
-            anyhow::ensure!(*b > 0.0 && *b <= 1.0, "{flag}: each must be in (0, 1], got {b}");
-        }
-    }
-    let text = std::fs::read_to_string(&args.grid).with_context(|| format!("--grid {}", args.grid.display()))?;
-    let grid: Value =
-        serde_json::from_str(&text).with_context(|| format!("--grid {}: not JSON", args.grid.display()))?;
-    let variants = variants(&grid)?;
-    let mut sets: Vec<(String, Dataset, Vec<Example>)> = Vec::new();
+/// A development set: its name, dataset and examples.
+type Set = (String, Dataset, Vec<Example>);
+
+/// The sets of `--set`, at most `--limit` examples per file.
+fn load_sets(args: &TuneArgs) -> anyhow::Result<Vec<Set>> {
+    let mut sets: Vec<Set> = Vec::new();
     for s in &args.sets {
         let (name, path) = s.split_once('=').with_context(|| format!("--set {s:?}: expected DATASET=PATH"))?;
         let dataset: Dataset = name.parse().with_context(|| format!("--set {s:?}"))?;
@@ -245,7 +238,12 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         }
         sets.push((name.to_string(), dataset, examples));
     }
-    let encoder = Arc::new(model.load_encoder()?);
+    Ok(sets)
+}
+
+/// Every variant on every example of `sets` at every budget (the code
+/// set's own budgets for code), on one engine over `encoder`.
+fn measure(encoder: &Arc<OrtEncoder>, variants: &[Settings], sets: &[Set], args: &TuneArgs) -> anyhow::Result<Recalls> {
     let base = ScdConfig { cache_bytes: 2 << 30, prepared_cache_bytes: 4 << 30, ..ScdConfig::default() };
     let mut scd = Scd::new(encoder.clone(), base.clone());
     let n: usize = sets.iter().map(|s| s.2.len()).sum();
@@ -258,11 +256,11 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         scd.reconfigure(cfg);
         bar.set_message(format!("variant {}/{}", vi + 1, variants.len()));
         let mut per_set = Vec::new();
-        for (_, dataset, examples) in &sets {
+        for (_, dataset, examples) in sets {
             let budgets = if *dataset == Dataset::Code { &args.code_budgets } else { &args.budgets };
             let mut per_ex = Vec::new();
             for ex in examples {
-                let total: usize = scd_total_tokens(&*encoder, ex)?;
+                let total: usize = scd_total_tokens(&**encoder, ex)?;
                 let mut sum = 0.0;
                 for &frac in budgets {
                     let budget = ((total as f32 * frac).floor() as usize).max(1);
@@ -283,14 +281,17 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         recalls.push(per_set);
     }
     bar.finish_and_clear();
+    Ok(recalls)
+}
 
+/// The `k` folds: for each, the variant best on the other folds, scored on it.
+fn k_folds(recalls: &Recalls, variants: &[Settings], sets: &[Set], k: usize) -> Vec<Fold> {
     let all_sets: Vec<usize> = (0..sets.len()).collect();
-    let k = args.folds;
     let mut folds = Vec::new();
     for f in 0..k {
         let train = |_: usize, e: usize| e % k != f;
         let test = |_: usize, e: usize| e % k == f;
-        let (v, train_score) = best(&recalls, &all_sets, &train);
+        let (v, train_score) = best(recalls, &all_sets, &train);
         folds.push(Fold {
             fold: f,
             chosen: variants[v].clone(),
@@ -304,21 +305,33 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
                 .collect(),
         });
     }
+    folds
+}
+
+/// Leave one set out (with several sets): for each, the variant best on
+/// the others, scored on it.
+fn leave_one_set_out(recalls: &Recalls, variants: &[Settings], sets: &[Set]) -> Vec<LeaveOut> {
     let mut leave_out = Vec::new();
     if sets.len() > 1 {
         for s in 0..sets.len() {
             let others: Vec<usize> = (0..sets.len()).filter(|&o| o != s).collect();
             let everything = |_: usize, _: usize| true;
-            let (v, _) = best(&recalls, &others, &everything);
+            let (v, _) = best(recalls, &others, &everything);
             leave_out.push(LeaveOut {
                 held_out: sets[s].0.clone(),
                 chosen: variants[v].clone(),
                 test: objective(&recalls[v], &[s], &everything),
                 default_test: objective(&recalls[0], &[s], &everything),
-                best_in_set: best(&recalls, &[s], &everything).1,
+                best_in_set: best(recalls, &[s], &everything).1,
             });
         }
     }
+    leave_out
+}
+
+/// Every variant on all examples, per set and overall, best first.
+fn variant_rows(recalls: &Recalls, variants: &[Settings], sets: &[Set]) -> Vec<VariantRow> {
+    let all_sets: Vec<usize> = (0..sets.len()).collect();
     let mut rows: Vec<VariantRow> = variants
         .iter()
         .enumerate()
@@ -333,37 +346,29 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         })
         .collect();
     rows.sort_by(|a, b| b.mean.total_cmp(&a.mean));
+    rows
+}
 
-    let show = |s: &Settings| {
-        if s.is_empty() {
-            "defaults".to_string()
-        } else {
-            s.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
-        }
-    };
-    println!(
-        "{} variants × {} examples ({}) × budgets {:?}{}, {}-fold",
-        variants.len(),
-        n,
-        sets.iter().map(|s| format!("{} {}", s.0, s.2.len())).collect::<Vec<_>>().join(", "),
-        args.budgets,
-        if sets.iter().any(|s| s.1 == Dataset::Code) {
-            format!(" (code {:?})", args.code_budgets)
-        } else {
-            String::new()
-        },
-        k
-    );
+/// A variant's settings as one line.
+fn show(s: &Settings) -> String {
+    if s.is_empty() {
+        "defaults".to_string()
+    } else {
+        s.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Prints the folds (with the cross-validated scores `cv`), the held-out
+/// sets, the defaults and the top variants.
+fn print_results(folds: &[Fold], cv: (f64, f64), leave_out: &[LeaveOut], rows: &[VariantRow]) {
     println!("fold  train   test  default  chosen");
-    for f in &folds {
+    for f in folds {
         println!("{:>4} {:>6.3} {:>6.3} {:>8.3}  {}", f.fold, f.train, f.test, f.default_test, show(&f.chosen));
     }
-    let cv = folds.iter().map(|f| f.test).sum::<f64>() / k as f64;
-    let cv_default = folds.iter().map(|f| f.default_test).sum::<f64>() / k as f64;
-    println!("cross-validated {cv:.3} (defaults {cv_default:.3})");
+    println!("cross-validated {:.3} (defaults {:.3})", cv.0, cv.1);
     if !leave_out.is_empty() {
         println!("held-out set  test  default  best-in-set  chosen on the others");
-        for l in &leave_out {
+        for l in leave_out {
             println!(
                 "{:<12} {:>5.3} {:>8.3} {:>12.3}  {}",
                 l.held_out,
@@ -383,6 +388,45 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         let by: Vec<String> = r.by_set.iter().map(|(s, x)| format!("{s} {x:.3}")).collect();
         println!("  {:.3}  [{}]  {}", r.mean, by.join(", "), show(&r.settings));
     }
+}
+
+/// Runs `scd-dev tune`.
+pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.folds >= 2, "--folds: at least 2, got {}", args.folds);
+    for (flag, bs) in [("--budgets", &args.budgets), ("--code-budgets", &args.code_budgets)] {
+        for b in bs {
+            anyhow::ensure!(*b > 0.0 && *b <= 1.0, "{flag}: each must be in (0, 1], got {b}");
+        }
+    }
+    let text = std::fs::read_to_string(&args.grid).with_context(|| format!("--grid {}", args.grid.display()))?;
+    let grid: Value =
+        serde_json::from_str(&text).with_context(|| format!("--grid {}: not JSON", args.grid.display()))?;
+    let variants = variants(&grid)?;
+    let sets = load_sets(&args)?;
+    let encoder = Arc::new(model.load_encoder()?);
+    let recalls = measure(&encoder, &variants, &sets, &args)?;
+
+    let k = args.folds;
+    let folds = k_folds(&recalls, &variants, &sets, k);
+    let leave_out = leave_one_set_out(&recalls, &variants, &sets);
+    let rows = variant_rows(&recalls, &variants, &sets);
+    let n: usize = sets.iter().map(|s| s.2.len()).sum();
+    println!(
+        "{} variants × {} examples ({}) × budgets {:?}{}, {}-fold",
+        variants.len(),
+        n,
+        sets.iter().map(|s| format!("{} {}", s.0, s.2.len())).collect::<Vec<_>>().join(", "),
+        args.budgets,
+        if sets.iter().any(|s| s.1 == Dataset::Code) {
+            format!(" (code {:?})", args.code_budgets)
+        } else {
+            String::new()
+        },
+        k
+    );
+    let cv = folds.iter().map(|f| f.test).sum::<f64>() / k as f64;
+    let cv_default = folds.iter().map(|f| f.default_test).sum::<f64>() / k as f64;
+    print_results(&folds, (cv, cv_default), &leave_out, &rows);
     let report = serde_json::json!({
         "model": encoder.model_id(),
         "sets": sets.iter().map(|s| serde_json::json!({"dataset": s.0, "examples": s.2.len()})).collect::<Vec<_>>(),

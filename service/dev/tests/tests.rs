@@ -3,8 +3,13 @@
 //! a skip message, unless SCD_REQUIRE_MODELS=1.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
+
+// The helpers shared with the scd tests (`service/tests`).
+#[path = "../../tests/support/mod.rs"]
+mod support;
+pub(crate) use support::{ready, root};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
@@ -15,62 +20,12 @@ mod eval;
 #[path = "cases/help.rs"]
 mod help;
 
-pub(crate) fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A test's input is missing: under CI (`CI=true`) or `SCD_REQUIRE_MODELS=1`
-/// that fails the test; elsewhere it prints why it skips.
-pub(crate) fn skip(msg: &str) {
-    let required = |var: &str, on: &str| std::env::var(var).is_ok_and(|v| v == on);
-    if required("CI", "true") || required("SCD_REQUIRE_MODELS", "1") {
-        panic!("{msg} (required: CI=true or SCD_REQUIRE_MODELS=1)");
-    }
-    eprintln!("SKIP: {msg}");
-}
-
-pub(crate) fn ready() -> bool {
-    let ok = root().join("models/out/e5-small/reference.json").is_file()
-        && root().join(".tools/ort/libonnxruntime.so").is_file();
-    if !ok {
-        skip("models or ONNX Runtime missing; run models/setup.sh");
-    }
-    ok
-}
-
 /// A fresh, empty directory for one test.
 pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("scd-dev-test-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Runs `exe args` in the workspace root with the test environment, `stdin`
-/// on its standard input: (success, stdout, stderr).
-fn run(exe: &Path, args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut child = Command::new(exe)
-        .current_dir(root())
-        .env("SCD_ORT_LIB", root().join(".tools/ort/libonnxruntime.so"))
-        .env("SCD_MODELS_DIR", root().join("models/out"))
-        // the persistent embedding cache is tested on its own (in scd-service)
-        .env("SCD_EMBEDDING_CACHE", "off")
-        .env("SCD_THREADS", "2")
-        .env("SCD_BIN", scd_bin())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The `scd` binary the tools start: `SCD_BIN` when set, else the one
@@ -104,9 +59,11 @@ pub(crate) fn scd_bin() -> &'static Path {
     })
 }
 
-/// Runs `scd-dev args`; the tools that start servers run [`scd_bin`].
+/// Runs `scd-dev args` with `stdin` on its standard input: (success,
+/// stdout, stderr); the tools that start servers run [`scd_bin`].
 pub(crate) fn scd_dev(args: &[&str], stdin: &str) -> (bool, String, String) {
-    run(Path::new(env!("CARGO_BIN_EXE_scd-dev")), args, stdin)
+    let mut cmd = support::command(Path::new(env!("CARGO_BIN_EXE_scd-dev")));
+    support::output(cmd.env("SCD_BIN", scd_bin()).args(args), stdin)
 }
 
 /// The subcommands a `--help` lists under `Commands:`, in order (a wrapped

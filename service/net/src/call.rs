@@ -1,13 +1,13 @@
 //! The call layer: a reserve connection carries only a health check, and
 //! each call keeps its connection busy until its response body ends.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::admit::{Admission, Admit, AdmitLayer, AdmitService, Response};
 use crate::event::Event;
 use crate::table::Conn;
 use crate::table::Shared;
@@ -17,25 +17,18 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 // The call layer
 // ---------------------------------------------------------------------------
 
-/// See [`ConnGuard::layer`].
+/// See [`ConnGuard::layer`](crate::ConnGuard::layer).
+pub type CallLayer = AdmitLayer<Calls>;
+
+/// See [`ConnGuard::layer`](crate::ConnGuard::layer).
+pub type CallService<S> = AdmitService<S, Calls>;
+
+/// The calls each guarded connection may carry: on a reserve connection
+/// only a health check (unless a normal slot has freed), on the others any,
+/// each keeping its connection busy until its response body ends.
 #[derive(Clone)]
-pub struct CallLayer {
+pub struct Calls {
     pub(super) shared: Arc<Shared>,
-}
-
-impl<S> tower_layer::Layer<S> for CallLayer {
-    type Service = CallService<S>;
-
-    fn layer(&self, inner: S) -> CallService<S> {
-        CallService { inner, shared: self.shared.clone() }
-    }
-}
-
-/// See [`ConnGuard::layer`].
-#[derive(Clone)]
-pub struct CallService<S> {
-    inner: S,
-    shared: Arc<Shared>,
 }
 
 /// The remote address tonic recorded for the request's connection.
@@ -52,27 +45,14 @@ pub(super) fn is_health(path: &str) -> bool {
     path == "/grpc.health.v1.Health/Check"
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+impl Admission for Calls {
+    type Guard = CallGuard;
 
-impl<S, B> tonic::codegen::Service<http::Request<B>> for CallService<S>
-where
-    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<std::result::Result<Self::Response, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let conn = remote_addr(&req).and_then(|a| self.shared.lock().by_addr.get(&a).cloned());
+    fn admit<B>(&self, req: &http::Request<B>) -> Admit<CallGuard> {
+        let conn = remote_addr(req).and_then(|a| self.shared.lock().by_addr.get(&a).cloned());
         let Some(conn) = conn else {
             // not one of ours (an in-process test transport): pass through
-            return Box::pin(self.inner.call(req));
+            return Admit::Pass;
         };
         if conn.reserve.load(Ordering::SeqCst) && !is_health(req.uri().path()) && !self.shared.promote(&conn) {
             self.shared.event(Event::ReserveCall);
@@ -85,19 +65,18 @@ where
             if let Ok(v) = ms.to_string().parse() {
                 refused.metadata_mut().insert("retry-after-ms", v);
             }
-            return Box::pin(std::future::ready(Ok(refused.into_http())));
+            return Admit::Refuse(refused.into_http());
         }
-        let guard = CallGuard::enter(conn, self.shared.clone());
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let resp = fut.await?;
-            Ok(resp.map(|body| tonic::body::Body::new(HeldUntilEnd::new(body, guard))))
-        })
+        Admit::Hold(CallGuard::enter(conn, self.shared.clone()))
+    }
+
+    fn respond(resp: Response, guard: CallGuard) -> Response {
+        resp.map(|body| tonic::body::Body::new(HeldUntilEnd::new(body, guard)))
     }
 }
 
 /// One call in flight on a connection, until its response body ends.
-struct CallGuard {
+pub struct CallGuard {
     conn: Arc<Conn>,
     shared: Arc<Shared>,
 }

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::call::CallLayer;
+use crate::admit::AdmitLayer;
+use crate::call::{CallLayer, Calls};
 use crate::event::ConnStats;
 use crate::event::Event;
 use crate::event::OnEvent;
@@ -117,7 +118,7 @@ impl ConnGuard {
     /// The tower layer that tracks calls per connection and holds reserve
     /// connections to health checks; put it outermost.
     pub fn layer(&self) -> CallLayer {
-        CallLayer { shared: self.shared.clone() }
+        AdmitLayer::new(Calls { shared: self.shared.clone() })
     }
 }
 

@@ -50,6 +50,7 @@
 
 pub mod rate;
 
+mod admit;
 mod call;
 mod error;
 mod event;
@@ -59,7 +60,8 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-pub use call::{CallLayer, CallService, HeldUntilEnd};
+pub use admit::{Admission, Admit, AdmitLayer, AdmitService};
+pub use call::{CallGuard, CallLayer, CallService, Calls, HeldUntilEnd};
 pub use error::{Error, Result};
 pub use event::{ConnStats, Event, OnEvent};
 pub use guard::{ConnGuard, GuardedStream};

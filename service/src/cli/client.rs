@@ -42,90 +42,98 @@ pub enum ClientCommand {
         query: bool,
     },
     /// Compress a context file for a task.
-    Compress {
-        /// The task.
-        #[arg(long)]
-        task: String,
-        /// Context JSON file; `-` reads stdin.
-        #[arg(long)]
-        context: PathBuf,
-        /// Budget in tokens (at least 1); or give --rate.
-        #[arg(long, required_unless_present = "rate", value_parser = clap::value_parser!(u32).range(1..))]
-        budget: Option<u32>,
-        /// Instead of --budget: keep this share of the context's tokens in
-        /// --budget-tokenizer, in (0, 1] (LLMLingua's rate; the server counts
-        /// them and checks it).
-        #[arg(long, conflicts_with = "budget", allow_negative_numbers = true)]
-        rate: Option<f64>,
-        /// Fields sent whole, first (comma-separated).
-        #[arg(long, value_delimiter = ',')]
-        required: Vec<String>,
-        /// Fields that fill the rest by relevance (comma-separated).
-        #[arg(long, value_delimiter = ',')]
-        optional: Vec<String>,
-        /// Absolute cosine threshold in [-1, 1].
-        #[arg(long, allow_negative_numbers = true)]
-        threshold: Option<f32>,
-        /// Calibrated threshold in standard deviations of the context's scores.
-        #[arg(long, allow_negative_numbers = true)]
-        min_relative_score: Option<f32>,
-        /// When opening a session: tokens of --budget held back for follow-ups
-        /// (the session's total is then --budget).
-        #[arg(long, default_value_t = 0)]
-        reserve: u32,
-        /// When opening a session: its total over every reply (0: none).
-        #[arg(long, default_value_t = 0)]
-        session_total: u32,
-        /// List the chunks held back (at most 100) under "dropped.listed".
-        #[arg(long)]
-        list_dropped: bool,
-        /// Open (or, with --token, continue) a session under this id.
-        #[arg(long, default_value = "")]
-        session: String,
-        /// The session's secret, printed when it was opened.
-        #[arg(long, env = "SCD_SESSION_TOKEN", default_value = "")]
-        token: String,
-        /// Also write the selection as a hand-off report in this format ("report").
-        #[arg(long, value_enum)]
-        render: Option<crate::cli::handoff::ReportFormat>,
-        /// The receiving LLM's tokenizer the budget is counted in: `o200k`,
-        /// `cl100k`, `e5` (default) or a name the server registered (never a path).
-        #[arg(long, env = "SCD_BUDGET_TOKENIZER", default_value = "")]
-        budget_tokenizer: String,
-        /// Say why each chunk was sent or dropped ("explanation").
-        #[arg(long)]
-        explain: bool,
-        /// Output: json (one object) or text (the chunks, totals and, with
-        /// --explain, the table).
-        #[arg(long, value_enum, default_value = "json")]
-        format: crate::cli::compress::Format,
-    },
+    Compress(CompressArgs),
     /// Adaptive request on a session.
-    More {
-        /// Session id.
-        #[arg(long)]
-        session: String,
-        /// The session's secret, printed by the compress that opened it.
-        #[arg(long, env = "SCD_SESSION_TOKEN")]
-        token: String,
-        /// The question (default with --report: the report's next step).
-        #[arg(long, required_unless_present = "report", default_value = "")]
-        question: String,
-        /// Current confidence (default 0.5; with --report: the report's).
-        #[arg(long, conflicts_with = "report")]
-        confidence: Option<f32>,
-        /// The receiver's own hand-off report (any format): its confidence
-        /// sets the current confidence through the server's confidence map.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        /// This reply's own budget (default: the opening answer's budget,
-        /// cut to what the session's total leaves).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-        max_tokens: Option<u32>,
-        /// Output: json, or text (exactly the new chunks; sizes on stderr).
-        #[arg(long, value_enum, default_value = "json")]
-        format: crate::cli::compress::Format,
-    },
+    More(MoreArgs),
+}
+
+/// The flags of `scd client compress`.
+#[derive(Debug, clap::Args)]
+pub struct CompressArgs {
+    /// The task.
+    #[arg(long)]
+    task: String,
+    /// Context JSON file; `-` reads stdin.
+    #[arg(long)]
+    context: PathBuf,
+    /// Budget in tokens (at least 1); or give --rate.
+    #[arg(long, required_unless_present = "rate", value_parser = clap::value_parser!(u32).range(1..))]
+    budget: Option<u32>,
+    /// Instead of --budget: keep this share of the context's tokens in
+    /// --budget-tokenizer, in (0, 1] (LLMLingua's rate; the server counts
+    /// them and checks it).
+    #[arg(long, conflicts_with = "budget", allow_negative_numbers = true)]
+    rate: Option<f64>,
+    /// Fields sent whole, first (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    required: Vec<String>,
+    /// Fields that fill the rest by relevance (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    optional: Vec<String>,
+    /// Absolute cosine threshold in [-1, 1].
+    #[arg(long, allow_negative_numbers = true)]
+    threshold: Option<f32>,
+    /// Calibrated threshold in standard deviations of the context's scores.
+    #[arg(long, allow_negative_numbers = true)]
+    min_relative_score: Option<f32>,
+    /// When opening a session: tokens of --budget held back for follow-ups
+    /// (the session's total is then --budget).
+    #[arg(long, default_value_t = 0)]
+    reserve: u32,
+    /// When opening a session: its total over every reply (0: none).
+    #[arg(long, default_value_t = 0)]
+    session_total: u32,
+    /// List the chunks held back (at most 100) under "dropped.listed".
+    #[arg(long)]
+    list_dropped: bool,
+    /// Open (or, with --token, continue) a session under this id.
+    #[arg(long, default_value = "")]
+    session: String,
+    /// The session's secret, printed when it was opened.
+    #[arg(long, env = "SCD_SESSION_TOKEN", default_value = "")]
+    token: String,
+    /// Also write the selection as a hand-off report in this format ("report").
+    #[arg(long, value_enum)]
+    render: Option<crate::cli::handoff::ReportFormat>,
+    /// The receiving LLM's tokenizer the budget is counted in: `o200k`,
+    /// `cl100k`, `e5` (default) or a name the server registered (never a path).
+    #[arg(long, env = "SCD_BUDGET_TOKENIZER", default_value = "")]
+    budget_tokenizer: String,
+    /// Say why each chunk was sent or dropped ("explanation").
+    #[arg(long)]
+    explain: bool,
+    /// Output: json (one object) or text (the chunks, totals and, with
+    /// --explain, the table).
+    #[arg(long, value_enum, default_value = "json")]
+    format: crate::cli::compress::Format,
+}
+
+/// The flags of `scd client more`.
+#[derive(Debug, clap::Args)]
+pub struct MoreArgs {
+    /// Session id.
+    #[arg(long)]
+    session: String,
+    /// The session's secret, printed by the compress that opened it.
+    #[arg(long, env = "SCD_SESSION_TOKEN")]
+    token: String,
+    /// The question (default with --report: the report's next step).
+    #[arg(long, required_unless_present = "report", default_value = "")]
+    question: String,
+    /// Current confidence (default 0.5; with --report: the report's).
+    #[arg(long, conflicts_with = "report")]
+    confidence: Option<f32>,
+    /// The receiver's own hand-off report (any format): its confidence
+    /// sets the current confidence through the server's confidence map.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// This reply's own budget (default: the opening answer's budget,
+    /// cut to what the session's total leaves).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens: Option<u32>,
+    /// Output: json, or text (exactly the new chunks; sizes on stderr).
+    #[arg(long, value_enum, default_value = "json")]
+    format: crate::cli::compress::Format,
 }
 
 /// Arguments of `scd client`.
@@ -259,138 +267,141 @@ pub fn run(args: ClientArgs) -> anyhow::Result<()> {
     )?;
     let signer = args.sign.signer()?;
     let fields = match &args.command {
-        ClientCommand::Compress { context, .. } => read_context(context)?,
+        ClientCommand::Compress(a) => read_context(&a.context)?,
         _ => Vec::new(),
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let mut c = Conn::new(&args.addr, tls, args.retries, signer)?;
-        let out = match args.command {
-            ClientCommand::Info => {
-                let r = c.call("Info", true, |mut cl| async move { cl.info(pb::InfoRequest {}).await }).await?;
-                serde_json::json!({"model": r.model, "dim": r.dim, "max_tokens": r.max_tokens, "provider": r.provider, "version": r.version})
-            }
-            ClientCommand::Embed { input: Some(path), query, .. } => {
-                let kind = if query { pb::InputKind::Query } else { pb::InputKind::Passage } as i32;
-                return embed_file(&mut c, &path, kind).await;
-            }
-            ClientCommand::Embed { texts, query, input: None } => {
-                let kind = if query { pb::InputKind::Query } else { pb::InputKind::Passage } as i32;
-                let r = c
-                    .call("Embed", true, |mut cl| {
-                        let texts = texts.clone();
-                        async move { cl.embed(pb::EmbedRequest { texts, kind, windows: true }).await }
-                    })
-                    .await?;
-                serde_json::json!({"model": r.model, "embeddings": r.embeddings.iter().map(|e| serde_json::json!({"tokens": e.tokens, "embedding": e.values})).collect::<Vec<_>>()})
-            }
-            ClientCommand::Compress {
-                task,
-                budget,
-                rate,
-                session,
-                token,
-                render,
-                budget_tokenizer,
-                explain,
-                format,
-                required,
-                optional,
-                threshold,
-                min_relative_score,
-                reserve,
-                session_total,
-                list_dropped,
-                ..
-            } => {
-                // a retry after the server opened the session would find it
-                // taken: only session-less or continuing calls are idempotent
-                let idempotent = session.is_empty() || !token.is_empty();
-                let req = pb::CompressRequest {
-                    task: Some(pb::Task { description: task, ..Default::default() }),
-                    fields,
-                    requirement: Some(pb::ContextRequirement {
-                        max_context_tokens: budget.unwrap_or(0),
-                        required_fields: required,
-                        optional_fields: optional,
-                        relevance_threshold: threshold,
-                        min_relative_score,
-                    }),
-                    session_id: session,
-                    session_token: token,
-                    render: render_pb(render),
-                    budget_tokenizer,
-                    explain,
-                    session_max_total_tokens: session_total,
-                    reserve_tokens: reserve,
-                    rate,
-                };
-                let r = c
-                    .call("Compress", idempotent, |mut cl| {
-                        let req = req.clone();
-                        async move { cl.compress(req).await }
-                    })
-                    .await?;
-                let t = r.totals.clone().unwrap_or_default();
-                let explanation = r.explanation.clone().map(crate::grpc::convert::explanation_from_wire);
-                if format == crate::cli::compress::Format::Text {
-                    // stdout: exactly what the receiver pastes; the sizes on stderr
-                    writeln!(std::io::stdout().lock(), "{}", r.text)?;
-                    let mut e = std::io::stderr().lock();
-                    writeln!(
-                        e,
-                        "-- {} of {} {} tokens sent ({:.1}x reduction, {:.1}x asked); {} chunks held back",
-                        t.sent_tokens, t.context_tokens, t.tokenizer, t.reduction_ratio, t.requested_ratio, r.dropped.len()
-                    )?;
-                    if let Some(ex) = &explanation {
-                        crate::cli::compress::explain_table(ex, &t.tokenizer, 20, &mut e)?;
-                    }
-                    return Ok(());
-                }
-                // the one output view, and the session's secret (this client holds it)
-                let token = r.session_token.clone();
-                let mut out = serde_json::to_value(crate::view::compress_view(r, list_dropped))?;
-                out["session_token"] = token.into();
-                out
-            }
-            ClientCommand::More { session, token, question, confidence, report, max_tokens, format } => {
-                let report = match &report {
-                    Some(p) => std::fs::read_to_string(p).with_context(|| format!("--report {}", p.display()))?,
-                    None => String::new(),
-                };
-                let req = pb::ContextRequest {
-                    session_id: session,
-                    session_token: token,
-                    specific_question: question,
-                    current_confidence: confidence.unwrap_or(if report.is_empty() { 0.5 } else { 0.0 }),
-                    report,
-                    max_tokens: max_tokens.unwrap_or(0),
-                    // every try names it: a retry after a broken connection
-                    // gets the reply that may have been lost, not new chunks
-                    request_id: format!("r-{:032x}", rand::random::<u128>()),
-                    ..Default::default()
-                };
-                let r = c
-                    .call("RequestContext", true, |mut cl| {
-                        let req = req.clone();
-                        async move { cl.request_context(req).await }
-                    })
-                    .await?;
-                if format == crate::cli::compress::Format::Text {
-                    writeln!(std::io::stdout().lock(), "{}", r.text)?;
-                    eprintln!(
-                        "-- {} of {} tokens sent ({} in the session); {}",
-                        r.sent_tokens,
-                        r.budget,
-                        r.session_sent_tokens,
-                        if r.reason.is_empty() { "more may be asked for" } else { &r.reason }
-                    );
-                    return Ok(());
-                }
-                serde_json::to_value(crate::view::more_view(r))?
-            }
-        };
-        println!("{out}");
-        Ok(())
+        let kind = |query: bool| if query { pb::InputKind::Query } else { pb::InputKind::Passage } as i32;
+        match args.command {
+            ClientCommand::Info => info(&mut c).await,
+            ClientCommand::Embed { input: Some(path), query, .. } => embed_file(&mut c, &path, kind(query)).await,
+            ClientCommand::Embed { texts, query, input: None } => embed(&mut c, texts, kind(query)).await,
+            ClientCommand::Compress(a) => compress(&mut c, a, fields).await,
+            ClientCommand::More(a) => more(&mut c, a).await,
+        }
     })
+}
+
+/// `info`: the server's model, as one JSON object.
+async fn info(c: &mut Conn) -> anyhow::Result<()> {
+    let r = c.call("Info", true, |mut cl| async move { cl.info(pb::InfoRequest {}).await }).await?;
+    let out = serde_json::json!({"model": r.model, "dim": r.dim, "max_tokens": r.max_tokens, "provider": r.provider, "version": r.version});
+    println!("{out}");
+    Ok(())
+}
+
+/// `embed TEXT…`: one request, one JSON object.
+async fn embed(c: &mut Conn, texts: Vec<String>, kind: i32) -> anyhow::Result<()> {
+    let r = c
+        .call("Embed", true, |mut cl| {
+            let texts = texts.clone();
+            async move { cl.embed(pb::EmbedRequest { texts, kind, windows: true }).await }
+        })
+        .await?;
+    let out = serde_json::json!({"model": r.model, "embeddings": r.embeddings.iter().map(|e| serde_json::json!({"tokens": e.tokens, "embedding": e.values})).collect::<Vec<_>>()});
+    println!("{out}");
+    Ok(())
+}
+
+/// `compress`: the request from the flags and the context's `fields`;
+/// prints the one output view (with the session's secret, which this
+/// client holds), or with `--format text` the text, sizes on stderr.
+async fn compress(c: &mut Conn, a: CompressArgs, fields: Vec<pb::Field>) -> anyhow::Result<()> {
+    // a retry after the server opened the session would find it
+    // taken: only session-less or continuing calls are idempotent
+    let idempotent = a.session.is_empty() || !a.token.is_empty();
+    let req = pb::CompressRequest {
+        task: Some(pb::Task { description: a.task, ..Default::default() }),
+        fields,
+        requirement: Some(pb::ContextRequirement {
+            max_context_tokens: a.budget.unwrap_or(0),
+            required_fields: a.required,
+            optional_fields: a.optional,
+            relevance_threshold: a.threshold,
+            min_relative_score: a.min_relative_score,
+        }),
+        session_id: a.session,
+        session_token: a.token,
+        render: render_pb(a.render),
+        budget_tokenizer: a.budget_tokenizer,
+        explain: a.explain,
+        session_max_total_tokens: a.session_total,
+        reserve_tokens: a.reserve,
+        rate: a.rate,
+    };
+    let r = c
+        .call("Compress", idempotent, |mut cl| {
+            let req = req.clone();
+            async move { cl.compress(req).await }
+        })
+        .await?;
+    let t = r.totals.clone().unwrap_or_default();
+    let explanation = r.explanation.clone().map(crate::grpc::convert::explanation_from_wire);
+    if a.format == crate::cli::compress::Format::Text {
+        // stdout: exactly what the receiver pastes; the sizes on stderr
+        writeln!(std::io::stdout().lock(), "{}", r.text)?;
+        let mut e = std::io::stderr().lock();
+        writeln!(
+            e,
+            "-- {} of {} {} tokens sent ({:.1}x reduction, {:.1}x asked); {} chunks held back",
+            t.sent_tokens,
+            t.context_tokens,
+            t.tokenizer,
+            t.reduction_ratio,
+            t.requested_ratio,
+            r.dropped.len()
+        )?;
+        if let Some(ex) = &explanation {
+            crate::cli::compress::explain_table(ex, &t.tokenizer, 20, &mut e)?;
+        }
+        return Ok(());
+    }
+    // the one output view, and the session's secret (this client holds it)
+    let token = r.session_token.clone();
+    let mut out = serde_json::to_value(crate::view::compress_view(r, a.list_dropped))?;
+    out["session_token"] = token.into();
+    println!("{out}");
+    Ok(())
+}
+
+/// `more`: an adaptive request on a session; prints its view, or with
+/// `--format text` exactly the new chunks, sizes on stderr.
+async fn more(c: &mut Conn, a: MoreArgs) -> anyhow::Result<()> {
+    let report = match &a.report {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("--report {}", p.display()))?,
+        None => String::new(),
+    };
+    let req = pb::ContextRequest {
+        session_id: a.session,
+        session_token: a.token,
+        specific_question: a.question,
+        current_confidence: a.confidence.unwrap_or(if report.is_empty() { 0.5 } else { 0.0 }),
+        report,
+        max_tokens: a.max_tokens.unwrap_or(0),
+        // every try names it: a retry after a broken connection
+        // gets the reply that may have been lost, not new chunks
+        request_id: format!("r-{:032x}", rand::random::<u128>()),
+        ..Default::default()
+    };
+    let r = c
+        .call("RequestContext", true, |mut cl| {
+            let req = req.clone();
+            async move { cl.request_context(req).await }
+        })
+        .await?;
+    if a.format == crate::cli::compress::Format::Text {
+        writeln!(std::io::stdout().lock(), "{}", r.text)?;
+        eprintln!(
+            "-- {} of {} tokens sent ({} in the session); {}",
+            r.sent_tokens,
+            r.budget,
+            r.session_sent_tokens,
+            if r.reason.is_empty() { "more may be asked for" } else { &r.reason }
+        );
+        return Ok(());
+    }
+    println!("{}", serde_json::to_value(crate::view::more_view(r))?);
+    Ok(())
 }

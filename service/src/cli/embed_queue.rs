@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, Manifest};
 use tracing::{info, warn};
 
-use super::embed_batch::{open_output, parse, record_lines, scan, EmbedBatchArgs, Record, Summary};
+use super::embed_batch::{open_output, parse, record_lines, scan, EmbedBatchArgs, Record, Sink, Summary};
 use crate::config::ModelArgs;
 use crate::redis::queue::{Queue, Shard, ShardRows, Taken};
 
@@ -66,6 +66,118 @@ fn encoded(rows: &ShardRows) -> Encoded {
     Encoded { dim: rows.dim, data: rows.data.clone(), tokens: rows.tokens.clone(), windows: rows.windows.clone() }
 }
 
+/// `--queue`'s errors, naming it.
+fn queue_error(queue: &Queue) -> impl Fn(scd_engine::shared::StoreError) -> anyhow::Error + '_ {
+    move |e| anyhow::anyhow!("--queue {}: {e}", queue.name())
+}
+
+/// The shards of one run between the queue and the sink: those sent and
+/// not yet written (with their records, for the sink), and what the
+/// written ones held.
+struct InFlight {
+    /// What every shard of the run shares (run, model, options); each
+    /// shard's place and texts are its own.
+    template: Shard,
+    /// The run's shards, all told.
+    shards: usize,
+    waiting: HashMap<usize, (Shard, Vec<Record>)>,
+    sent: usize,
+    written: usize,
+    /// The row of the next shard's first record.
+    first: usize,
+    tokens: usize,
+    embedded: usize,
+    workers: BTreeSet<String>,
+}
+
+impl InFlight {
+    /// `shards` to send, none sent yet; the first starts at row `first`.
+    fn new(template: Shard, shards: usize, first: usize) -> Self {
+        let (waiting, workers) = (HashMap::new(), BTreeSet::new());
+        Self { template, shards, waiting, sent: 0, written: 0, first, tokens: 0, embedded: 0, workers }
+    }
+
+    /// Whether every shard's rows are written.
+    fn done(&self) -> bool {
+        self.written >= self.shards
+    }
+
+    /// Sends shards of `block_texts` records from `lines` until `depth` are
+    /// in flight or all are sent.
+    fn send(
+        &mut self,
+        queue: &Queue,
+        lines: &mut impl Iterator<Item = anyhow::Result<(usize, String)>>,
+        block_texts: usize,
+        depth: usize,
+    ) -> anyhow::Result<()> {
+        while self.sent < self.shards && self.sent < self.written + depth {
+            let mut block = Vec::with_capacity(block_texts);
+            for item in lines.by_ref().take(block_texts) {
+                let (n, raw) = item?;
+                block.push(parse(n, &raw)?);
+            }
+            let shard = Shard {
+                index: self.sent,
+                first: self.first,
+                texts: block.iter().map(|r| r.text.clone()).collect(),
+                lines: block.iter().map(|r| r.line).collect(),
+                ..self.template.clone()
+            };
+            queue.push(&shard).map_err(queue_error(queue))?;
+            self.first += block.len();
+            self.waiting.insert(self.sent, (shard, block));
+            self.sent += 1;
+        }
+        Ok(())
+    }
+
+    /// Writes the next shard's `rows` (`dim` wide) to `sink`, in order.
+    fn write(&mut self, rows: &ShardRows, sink: &mut Sink, dim: usize) -> anyhow::Result<()> {
+        if let Some(e) = &rows.error {
+            bail!("{e}");
+        }
+        let written = self.written;
+        let (shard, block) = self.waiting.remove(&written).expect("a written shard was sent");
+        ensure!(
+            rows.tokens.len() == block.len() && rows.dim == dim,
+            "shard {written}: worker {} sent {} rows of {}, not {} of {}",
+            rows.worker,
+            rows.tokens.len(),
+            rows.dim,
+            block.len(),
+            dim
+        );
+        sink.write(shard.first, &block, &encoded(rows))?;
+        self.tokens += rows.tokens.iter().sum::<usize>();
+        self.embedded += block.len();
+        self.workers.insert(rows.worker.clone());
+        self.written += 1;
+        Ok(())
+    }
+
+    /// The progress bar's message after `secs` of the run.
+    fn message(&self, secs: f64) -> String {
+        format!(
+            "{} texts, {:.0} tokens/s, {} worker{}",
+            self.embedded,
+            self.tokens as f64 / secs.max(1e-9),
+            self.workers.len(),
+            if self.workers.len() == 1 { "" } else { "s" }
+        )
+    }
+
+    /// Sends the shards still owed again, in order.
+    fn resend(&self, queue: &Queue) -> anyhow::Result<()> {
+        let mut owed: Vec<&Shard> = self.waiting.values().map(|(s, _)| s).collect();
+        owed.sort_by_key(|s| s.index);
+        for s in owed {
+            queue.push(s).map_err(queue_error(queue))?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs `scd embed-batch --queue`: shards out, rows in, in order.
 pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow::Result<()> {
     ensure!(args.queue_depth > 0, "--queue-depth: must be at least 1");
@@ -78,10 +190,10 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
     let (meta, mut sink, done) = open_output(&args, manifest.model_id(), manifest.dim, input_sha256, records)?;
 
     let queue = Queue::open("--queue", url)?;
-    let fail = |e: scd_engine::shared::StoreError| anyhow::anyhow!("--queue {}: {e}", queue.name());
-    queue.ensure_group().map_err(fail)?;
+    let fail = queue_error(&queue);
+    queue.ensure_group().map_err(&fail)?;
     let run = format!("{:016x}", rand::random::<u64>());
-    queue.keep_alive(&run, LIVE_TTL).map_err(fail)?;
+    queue.keep_alive(&run, LIVE_TTL).map_err(&fail)?;
     let _guard = RunGuard { queue: &queue, run: run.clone() };
     let load_seconds = started.elapsed().as_secs_f64();
 
@@ -93,92 +205,52 @@ pub fn coordinate(model: &ModelArgs, args: EmbedBatchArgs, url: &str) -> anyhow:
     )?);
     let run_start = Instant::now();
     let mut lines = record_lines(&args.input)?.skip(done);
-    // shards sent and not yet written, with their records for the sink
-    let mut waiting: HashMap<usize, (Shard, Vec<Record>)> = HashMap::new();
-    let (mut sent, mut written, mut first) = (0usize, 0usize, done);
-    let (mut tokens, mut embedded) = (0usize, 0usize);
-    let mut workers: BTreeSet<String> = BTreeSet::new();
+    let template = Shard {
+        run: run.clone(),
+        index: 0,
+        first: done,
+        model: meta.model.clone(),
+        query: args.query,
+        windows: args.windows,
+        texts: Vec::new(),
+        lines: Vec::new(),
+    };
+    let mut flight = InFlight::new(template, shards, done);
     let mut last_progress = Instant::now();
     let mut refreshed = Instant::now();
-    while written < shards {
-        while sent < shards && sent < written + args.queue_depth {
-            let mut block = Vec::with_capacity(args.block_texts);
-            for item in lines.by_ref().take(args.block_texts) {
-                let (n, raw) = item?;
-                block.push(parse(n, &raw)?);
-            }
-            let shard = Shard {
-                run: run.clone(),
-                index: sent,
-                first,
-                model: meta.model.clone(),
-                query: args.query,
-                windows: args.windows,
-                texts: block.iter().map(|r| r.text.clone()).collect(),
-                lines: block.iter().map(|r| r.line).collect(),
-            };
-            queue.push(&shard).map_err(fail)?;
-            first += block.len();
-            waiting.insert(sent, (shard, block));
-            sent += 1;
-        }
+    while !flight.done() {
+        flight.send(&queue, &mut lines, args.block_texts, args.queue_depth)?;
         if refreshed.elapsed() > LIVE_TTL / 6 {
-            queue.keep_alive(&run, LIVE_TTL).map_err(fail)?;
+            queue.keep_alive(&run, LIVE_TTL).map_err(&fail)?;
             refreshed = Instant::now();
         }
-        match queue.rows(&run, written).map_err(fail)? {
+        match queue.rows(&run, flight.written).map_err(&fail)? {
             Some(rows) => {
-                if let Some(e) = &rows.error {
-                    bail!("{e}");
-                }
-                let (shard, block) = waiting.remove(&written).expect("a written shard was sent");
-                let at = shard.first;
-                ensure!(
-                    rows.tokens.len() == block.len() && rows.dim == meta.dim,
-                    "shard {written}: worker {} sent {} rows of {}, not {} of {}",
-                    rows.worker,
-                    rows.tokens.len(),
-                    rows.dim,
-                    block.len(),
-                    meta.dim
-                );
-                sink.write(at, &block, &encoded(&rows))?;
-                tokens += rows.tokens.iter().sum::<usize>();
-                embedded += block.len();
-                workers.insert(rows.worker.clone());
-                written += 1;
+                flight.write(&rows, &mut sink, meta.dim)?;
                 last_progress = Instant::now();
                 bar.inc(1);
-                let secs = run_start.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!(
-                    "{embedded} texts, {:.0} tokens/s, {} worker{}",
-                    tokens as f64 / secs,
-                    workers.len(),
-                    if workers.len() == 1 { "" } else { "s" }
-                ));
+                bar.set_message(flight.message(run_start.elapsed().as_secs_f64()));
             }
             None => {
-                if last_progress.elapsed() > RESEND_AFTER && queue.backlog().map_err(fail)? == 0 {
-                    warn!(run = %run, shards = waiting.len(), "no rows and nothing on the queue: sending the owed shards again");
-                    let mut owed: Vec<&Shard> = waiting.values().map(|(s, _)| s).collect();
-                    owed.sort_by_key(|s| s.index);
-                    for s in owed {
-                        queue.push(s).map_err(fail)?;
-                    }
+                if last_progress.elapsed() > RESEND_AFTER && queue.backlog().map_err(&fail)? == 0 {
+                    warn!(run = %run, shards = flight.waiting.len(), "no rows and nothing on the queue: sending the owed shards again");
+                    flight.resend(&queue)?;
                     last_progress = Instant::now();
                 }
                 if last_progress.elapsed() > Duration::from_secs(10) {
                     bar.set_message(format!(
-                        "waiting for shard {written}: is an `scd embed-worker --queue {}` running?",
+                        "waiting for shard {}: is an `scd embed-worker --queue {}` running?",
+                        flight.written,
                         queue.name()
                     ));
                 }
-                queue.wait_done(&run, Duration::from_secs(1)).map_err(fail)?;
+                queue.wait_done(&run, Duration::from_secs(1)).map_err(&fail)?;
             }
         }
     }
     bar.finish_and_clear();
     let seconds = run_start.elapsed().as_secs_f64();
+    let (tokens, embedded, workers) = (flight.tokens, flight.embedded, flight.workers);
     Summary {
         output: args.output.clone(),
         model: meta.model.clone(),

@@ -135,6 +135,16 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
         return;
     }
     let s = start(&[]);
+    card_names_the_skills_and_bindings(&s);
+    let (id, ctx) = compress_completes_within_the_budget(&s);
+    let t2 = more_in_the_same_context(&s, &id, &ctx);
+    let before = bad_input_leaves_held_tasks_as_they_were(&s, &id, &ctx, &t2);
+    rest_serves_the_same_task(&s, &id, &ctx, &before);
+    stream_ends_in_the_terminal_status(&s);
+}
+
+/// The agent card names the two skills and the three bindings.
+fn card_names_the_skills_and_bindings(s: &Server) {
     let (status, card) = http(&s.http, "GET", "/.well-known/agent-card.json", &[], "");
     assert_eq!(status, 200);
     let card: Value = serde_json::from_str(&card).unwrap();
@@ -147,8 +157,11 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
         .map(|i| i["protocolBinding"].as_str().unwrap())
         .collect();
     assert_eq!(bindings, ["JSONRPC", "HTTP+JSON", "scd.v1.Scd"]);
+}
 
-    // a data part: compress, completed, artifact within the budget, secret withheld
+/// A compress in a new context: completed, its artifact the one output view
+/// within the budget, the secret withheld. The task's id and context.
+fn compress_completes_within_the_budget(s: &Server) -> (String, String) {
     let r = rpc(&s.http, "SendMessage", compress_message(None));
     let text = r.to_string();
     assert!(!text.contains("sk_live_SECRET_4242"), "confidential content leaked");
@@ -163,9 +176,12 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     let pasted = task["artifacts"][0]["parts"][1]["text"].as_str().unwrap();
     assert_eq!(pasted, data["text"].as_str().unwrap());
     assert!(!pasted.is_empty() && !pasted.starts_with('{'), "the context, not JSON: {pasted}");
-    let (id, ctx) = (task["id"].as_str().unwrap().to_string(), task["contextId"].as_str().unwrap().to_string());
+    (task["id"].as_str().unwrap().to_string(), task["contextId"].as_str().unwrap().to_string())
+}
 
-    // a text part in the same context: an adaptive request on its session
+/// A text part in context `ctx` (whose first task is `id`): an adaptive
+/// request on its session, with its own budget. The new task.
+fn more_in_the_same_context(s: &Server, id: &str, ctx: &str) -> Value {
     let q = json!({"message": {"messageId": "m-2", "role": "ROLE_USER", "contextId": ctx,
         "parts": [{"text": "Which function acquires the database connection?"}], "metadata": {"currentConfidence": 0.2}}});
     let r2 = rpc(&s.http, "SendMessage", q);
@@ -178,8 +194,12 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     let more = &t2["artifacts"][0]["parts"][0]["data"];
     assert!(more["sent_tokens"].as_u64().unwrap() > 0, "{more}");
     assert_eq!(t2["artifacts"][0]["parts"][1]["text"], more["text"]);
+    t2.clone()
+}
 
-    // bad input: spec-shaped errors, nothing held changes
+/// Spec-shaped errors for bad input; task `id` is unchanged, and the
+/// context lists `t2` first. Task `id` as `GetTask` answered before.
+fn bad_input_leaves_held_tasks_as_they_were(s: &Server, id: &str, ctx: &str, t2: &Value) -> Value {
     let before = rpc(&s.http, "GetTask", json!({"id": id}));
     let (_, parse) = http(&s.http, "POST", "/", &[], "{not json");
     assert_eq!(serde_json::from_str::<Value>(&parse).unwrap()["error"]["code"], -32700);
@@ -218,18 +238,24 @@ fn a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest() {
     let listed = rpc(&s.http, "ListTasks", json!({"contextId": ctx}));
     assert_eq!(listed["result"]["totalSize"], 2, "{listed}");
     assert_eq!(listed["result"]["tasks"][0]["id"], t2["id"], "most recent first");
+    before
+}
 
-    // REST: the same task, and a message over the HTTP+JSON binding
+/// Over REST: task `id` as `GetTask` answered (`before`), a 404 for an
+/// unknown one, and a message in context `ctx` over the HTTP+JSON binding.
+fn rest_serves_the_same_task(s: &Server, id: &str, ctx: &str, before: &Value) {
     let (status, got) = http(&s.http, "GET", &format!("/tasks/{id}"), &[("A2A-Version", "1.0")], "");
     assert_eq!(status, 200);
     assert_eq!(serde_json::from_str::<Value>(&got).unwrap(), before["result"]);
     let (status, missing) = http(&s.http, "GET", "/tasks/nope", &[], "");
     assert_eq!(status, 404, "{missing}");
-    let (status, sent) = http(&s.http, "POST", "/message:send", &[], &compress_message(Some(&ctx)).to_string());
+    let (status, sent) = http(&s.http, "POST", "/message:send", &[], &compress_message(Some(ctx)).to_string());
     assert_eq!(status, 200, "{sent}");
     assert_eq!(serde_json::from_str::<Value>(&sent).unwrap()["task"]["status"]["state"], "TASK_STATE_COMPLETED");
+}
 
-    // streaming: task, then updates up to the terminal status
+/// `message:stream`: the task, then updates up to the terminal status.
+fn stream_ends_in_the_terminal_status(s: &Server) {
     let (status, sse) = http(&s.http, "POST", "/message:stream", &[], &compress_message(None).to_string());
     assert_eq!(status, 200);
     let events: Vec<Value> =

@@ -117,7 +117,45 @@ fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
     b.clear_session("did:wba:x", "ctx-1", "s-2");
     assert_eq!(a.session("did:wba:x", "ctx-1").unwrap(), None);
 
-    // a subscriber on b hears a's updates, in order, until the task ends
+    a_subscriber_on_one_replica_hears_the_other_until_the_end(&a, &b, &t);
+
+    // the history limit and the context check
+    let h = b.create(None, "did:wba:x", msg("h1"), TaskState::InputRequired).unwrap();
+    let mut other = msg("elsewhere");
+    other.context_id = Some("elsewhere".into());
+    let e = a.continue_task(&h.id, "did:wba:x", other, TaskState::InputRequired).unwrap_err();
+    assert!(e.to_string().contains("belongs to context"), "{e}");
+    a.continue_task(&h.id, "did:wba:x", msg("h2"), TaskState::InputRequired).unwrap();
+    b.continue_task(&h.id, "did:wba:x", msg("h3"), TaskState::InputRequired).unwrap();
+    let e = b.continue_task(&h.id, "did:wba:x", msg("h4"), TaskState::InputRequired).unwrap_err();
+    assert!(e.to_string().contains("history limit is 4"), "{e}");
+
+    // taken back: a continued task returns to its status without the message, a new one goes
+    let before = a.get(&h.id, "did:wba:x").unwrap();
+    let grown = a.continue_task(&h.id, "did:wba:x", msg("k"), TaskState::Working);
+    assert!(grown.is_err(), "at its history limit");
+    let k = a.create(None, "did:wba:x", msg("k1"), TaskState::InputRequired).unwrap();
+    let k2 = b.continue_task(&k.id, "did:wba:x", msg("k2"), TaskState::Working).unwrap();
+    assert_eq!(k2.history.len(), 2);
+    b.take_back(&k.id, Some(k.status.clone()));
+    let back = a.get(&k.id, "did:wba:x").unwrap();
+    assert_eq!((back.status, back.history.len()), (k.status, 1));
+    assert_eq!(before, a.get(&h.id, "did:wba:x").unwrap());
+    b.take_back(&y.id, None);
+    not_found(a.get(&y.id, "did:wba:y"));
+
+    listing_is_recent_first_filtered_and_paged(&a, &b, &t);
+
+    // a subscription refused leaves no channel behind: nothing to hear, nothing held
+    assert!(matches!(a.subscribe("no-such-task", "did:wba:x"), Err(Error::TaskNotFound(_))));
+
+    contexts_give_way_at_the_owners_share(&redis);
+}
+
+/// A subscriber on `b` hears `a`'s updates of `t`, in order, until the task
+/// ends; a terminal task is immutable on either replica; a task canceled on
+/// `b` is heard by `a`'s subscriber.
+fn a_subscriber_on_one_replica_hears_the_other_until_the_end(a: &Store, b: &Store, t: &Task) {
     let (seen, mut rx) = b.subscribe(&t.id, "did:wba:x").unwrap();
     assert_eq!(seen.status.state, TaskState::Working);
     let art =
@@ -146,33 +184,12 @@ fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
     let (_, mut rx) = a.subscribe(&c.id, "did:wba:x").unwrap();
     assert_eq!(b.cancel(&c.id, "did:wba:x").unwrap().status.state, TaskState::Canceled);
     assert!(matches!(next(&mut rx), Some(Event::Status(s)) if s.state == TaskState::Canceled));
+}
 
-    // the history limit and the context check
-    let h = b.create(None, "did:wba:x", msg("h1"), TaskState::InputRequired).unwrap();
-    let mut other = msg("elsewhere");
-    other.context_id = Some("elsewhere".into());
-    let e = a.continue_task(&h.id, "did:wba:x", other, TaskState::InputRequired).unwrap_err();
-    assert!(e.to_string().contains("belongs to context"), "{e}");
-    a.continue_task(&h.id, "did:wba:x", msg("h2"), TaskState::InputRequired).unwrap();
-    b.continue_task(&h.id, "did:wba:x", msg("h3"), TaskState::InputRequired).unwrap();
-    let e = b.continue_task(&h.id, "did:wba:x", msg("h4"), TaskState::InputRequired).unwrap_err();
-    assert!(e.to_string().contains("history limit is 4"), "{e}");
-
-    // taken back: a continued task returns to its status without the message, a new one goes
-    let before = a.get(&h.id, "did:wba:x").unwrap();
-    let grown = a.continue_task(&h.id, "did:wba:x", msg("k"), TaskState::Working);
-    assert!(grown.is_err(), "at its history limit");
-    let k = a.create(None, "did:wba:x", msg("k1"), TaskState::InputRequired).unwrap();
-    let k2 = b.continue_task(&k.id, "did:wba:x", msg("k2"), TaskState::Working).unwrap();
-    assert_eq!(k2.history.len(), 2);
-    b.take_back(&k.id, Some(k.status.clone()));
-    let back = a.get(&k.id, "did:wba:x").unwrap();
-    assert_eq!((back.status, back.history.len()), (k.status, 1));
-    assert_eq!(before, a.get(&h.id, "did:wba:x").unwrap());
-    b.take_back(&y.id, None);
-    not_found(a.get(&y.id, "did:wba:y"));
-
-    // listing: most recently updated first, filtered, paged, with history trimmed
+/// Listing: most recently updated first, filtered, paged, with history
+/// trimmed; `t` is the one completed task (with an artifact).
+fn listing_is_recent_first_filtered_and_paged(a: &Store, b: &Store, t: &Task) {
+    let all = Page { offset: 0, size: 10, history: 0, artifacts: false };
     let after = SystemTime::now();
     std::thread::sleep(Duration::from_millis(5));
     let newest = a.create(Some("ctx-1".into()), "did:wba:x", msg("n"), TaskState::Working).unwrap();
@@ -191,13 +208,13 @@ fn a2a_tasks_and_contexts_on_one_replica_are_served_by_another() {
     let in_ctx = ListFilter { context_id: Some("ctx-1".into()), ..Default::default() };
     assert_eq!(b.list(&in_ctx, "did:wba:x", all).unwrap().0, 2);
     assert_eq!(a.list(&ListFilter::default(), "did:wba:x", Page { offset: 9, ..all }).unwrap().1, vec![]);
+}
 
-    // a subscription refused leaves no channel behind: nothing to hear, nothing held
-    assert!(matches!(a.subscribe("no-such-task", "did:wba:x"), Err(Error::TaskNotFound(_))));
-
-    // an owner's contexts are bounded by its share: an idle one gives way, with its session
+/// An owner's contexts are bounded by its share: an idle one gives way,
+/// with its session.
+fn contexts_give_way_at_the_owners_share(redis: &RedisServer) {
     redis.cli(&["FLUSHDB"]);
-    let (a, b) = replicas(&redis, limits(100, 2, Duration::from_secs(3600)));
+    let (a, b) = replicas(redis, limits(100, 2, Duration::from_secs(3600)));
     let t1 = a.create(Some("c1".into()), "o", msg("1"), TaskState::Working).unwrap();
     a.set_session("o", "c1", Session { id: "s-c1".into(), token: "tok-c1".into() }).unwrap();
     b.take_back(&t1.id, None);
@@ -326,27 +343,7 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
     assert!(full.to_string().contains("task store holds 4 tasks (the limit, --a2a-max-tasks)"), "{full}");
     redis.cli(&["FLUSHDB"]);
 
-    // the retry hint is the time until the first task expires, and expired tasks go
-    let (a, b) = replicas(&redis, limits(2, 1, Duration::from_millis(3000)));
-    let first = live(&a, "a").unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
-    let e = live(&b, "a").unwrap_err();
-    assert_eq!(e.retry_after_ms(), Some(2000), "{e}");
-    live(&b, "b").unwrap();
-    let e = live(&a, "c").unwrap_err();
-    assert!(e.to_string().contains("task store holds 2 tasks (the limit, --a2a-max-tasks)"), "{e}");
-    assert_eq!(e.retry_after_ms(), Some(2000), "{e}");
-    std::thread::sleep(Duration::from_millis(1900));
-    not_found(b.get(&first.id, "a"));
-    live(&a, "c").unwrap();
-    // once everything expired, nothing is left but the byte sum (0) and the order counter
-    std::thread::sleep(Duration::from_millis(3100));
-    assert_eq!(a.count().unwrap(), (0, 0));
-    let mut keys: Vec<String> =
-        redis.cli(&["--scan", "--pattern", "scd:v1:a2a:*"]).lines().map(str::to_string).collect();
-    keys.sort();
-    assert_eq!(keys, ["scd:v1:a2a:bytes", "scd:v1:a2a:seq"], "bookkeeping left behind");
-    redis.cli(&["FLUSHDB"]);
+    the_retry_hint_is_the_first_expiry_and_expired_tasks_go(&redis);
 
     // many expired tasks are all swept before a refusal: an owner whose tasks all expired is served
     let (a, b) = replicas(&redis, limits(200, 70, Duration::from_millis(1500)));
@@ -377,7 +374,37 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
     b.take_back(&t.id, None);
     assert!(a.count().unwrap().1 < two - 1500, "a removed task's bytes are freed");
 
-    // Redis down: an error naming the store, 503, a retry hint; nothing echoed
+    redis_down_is_named_and_served_again_when_back(&mut redis, &a, &b, &t);
+}
+
+/// The retry hint is the time until the first task expires, and expired
+/// tasks go, leaving only the byte sum and the order counter.
+fn the_retry_hint_is_the_first_expiry_and_expired_tasks_go(redis: &RedisServer) {
+    let (a, b) = replicas(redis, limits(2, 1, Duration::from_millis(3000)));
+    let first = live(&a, "a").unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let e = live(&b, "a").unwrap_err();
+    assert_eq!(e.retry_after_ms(), Some(2000), "{e}");
+    live(&b, "b").unwrap();
+    let e = live(&a, "c").unwrap_err();
+    assert!(e.to_string().contains("task store holds 2 tasks (the limit, --a2a-max-tasks)"), "{e}");
+    assert_eq!(e.retry_after_ms(), Some(2000), "{e}");
+    std::thread::sleep(Duration::from_millis(1900));
+    not_found(b.get(&first.id, "a"));
+    live(&a, "c").unwrap();
+    // once everything expired, nothing is left but the byte sum (0) and the order counter
+    std::thread::sleep(Duration::from_millis(3100));
+    assert_eq!(a.count().unwrap(), (0, 0));
+    let mut keys: Vec<String> =
+        redis.cli(&["--scan", "--pattern", "scd:v1:a2a:*"]).lines().map(str::to_string).collect();
+    keys.sort();
+    assert_eq!(keys, ["scd:v1:a2a:bytes", "scd:v1:a2a:seq"], "bookkeeping left behind");
+    redis.cli(&["FLUSHDB"]);
+}
+
+/// Redis down: an error naming the store, 503, a retry hint, nothing
+/// echoed. Back: served again, and the subscriptions are made again.
+fn redis_down_is_named_and_served_again_when_back(redis: &mut RedisServer, a: &Store, b: &Store, t: &Task) {
     let url = redis.url();
     redis.stop();
     let e = a.create(None, "a", msg("secret-content-123"), TaskState::Working).unwrap_err();

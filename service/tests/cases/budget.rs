@@ -3,6 +3,8 @@
 //! counted again here with `tiktoken-rs` itself, not with the engine's code.
 
 use scd_service::grpc::pb;
+use scd_service::grpc::pb::scd_client::ScdClient;
+use tonic::transport::Channel;
 use tonic::Code;
 
 use crate::{grpc, ready, root, scd};
@@ -44,7 +46,28 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
     let out = c.compress(grpc::compress_req(150, "")).await.unwrap().into_inner();
     assert_eq!(out.totals.unwrap().tokenizer, "e5");
 
-    // o200k: named in the totals, the sent text within the budget counted by tiktoken itself
+    o200k_is_named_and_never_overflowed(&mut c).await;
+
+    // cl100k and a registered tokenizer.json are accepted and named
+    let out = c.compress(with_tokenizer(100, "cl100k")).await.unwrap().into_inner();
+    let sent = tiktoken_rs::cl100k_base_singleton().encode_ordinary(&out.text.clone()).len();
+    assert!(sent <= 100, "{sent} cl100k tokens sent");
+    assert_eq!(out.totals.unwrap().tokenizer, "cl100k");
+    let out = c.compress(with_tokenizer(100, "llama")).await.unwrap().into_inner();
+    assert_eq!(out.totals.clone().unwrap().tokenizer, "llama");
+    let hf = scd_engine::budget::HfTokenizer::load("llama", e5_tokenizer_json()).unwrap();
+    use scd_engine::budget::TokenCounter as _;
+    let sent = hf.count(&out.text.clone()).unwrap();
+    assert!(sent <= 100 && out.totals.unwrap().sent_tokens > 0, "{sent} llama tokens sent");
+
+    scd_client_compress_names_its_tokenizer(&server.addr);
+
+    a_session_counts_its_follow_ups_in_the_same_tokenizer(&mut c).await;
+}
+
+/// o200k: named in the totals, the sent text within each budget counted by
+/// tiktoken itself, the ratios true.
+async fn o200k_is_named_and_never_overflowed(c: &mut ScdClient<Channel>) {
     for budget in [30u32, 60, 150, 400] {
         let out = c.compress(with_tokenizer(budget, "o200k")).await.unwrap().into_inner();
         let t = out.totals.clone().unwrap();
@@ -67,22 +90,13 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
         assert!(t.reduction_ratio >= t.requested_ratio * 0.999, "asked {t:?}");
         assert!(!format!("{out:?}").contains("sk_live_SECRET_4242"), "confidential content leaked");
     }
+}
 
-    // cl100k and a registered tokenizer.json are accepted and named
-    let out = c.compress(with_tokenizer(100, "cl100k")).await.unwrap().into_inner();
-    let sent = tiktoken_rs::cl100k_base_singleton().encode_ordinary(&out.text.clone()).len();
-    assert!(sent <= 100, "{sent} cl100k tokens sent");
-    assert_eq!(out.totals.unwrap().tokenizer, "cl100k");
-    let out = c.compress(with_tokenizer(100, "llama")).await.unwrap().into_inner();
-    assert_eq!(out.totals.clone().unwrap().tokenizer, "llama");
-    let hf = scd_engine::budget::HfTokenizer::load("llama", e5_tokenizer_json()).unwrap();
-    use scd_engine::budget::TokenCounter as _;
-    let sent = hf.count(&out.text.clone()).unwrap();
-    assert!(sent <= 100 && out.totals.unwrap().sent_tokens > 0, "{sent} llama tokens sent");
-
-    // `scd client compress`: the registered name, the table, and an unknown name failing with the server's message
+/// `scd client compress` against `addr`: the registered name, the table,
+/// and an unknown name failing with the server's message.
+fn scd_client_compress_names_its_tokenizer(addr: &str) {
     let client = |extra: &[&str]| {
-        let mut args = vec!["client", "--addr", server.addr.as_str(), "compress", "--task"];
+        let mut args = vec!["client", "--addr", addr, "compress", "--task"];
         args.extend(["Why are customer charges failing at checkout?", "--context", "fixtures/agent_context.json"]);
         args.extend(["--budget", "150"]);
         args.extend(extra);
@@ -102,8 +116,11 @@ async fn grpc_budget_tokenizer_is_checked_reported_and_never_overflowed() {
     assert!(v.get("explanation").is_none(), "{v}");
     let (ok, _, stderr) = client(&["--budget-tokenizer", "nope"]);
     assert!(!ok && stderr.contains("budget_tokenizer: unknown tokenizer \"nope\""), "{stderr}");
+}
 
-    // a session counts its follow-ups in the same tokenizer
+/// A session counts its follow-ups in the same tokenizer (o200k), within
+/// the session total, and a follow-up's own budget bounds it too.
+async fn a_session_counts_its_follow_ups_in_the_same_tokenizer(c: &mut ScdClient<Channel>) {
     let budget = 120;
     let mut open = with_tokenizer(budget, "o200k");
     open.session_id = "budget-o200k".into();

@@ -203,9 +203,13 @@ mod rpc {
     use scd_service::grpc::pb;
     use tonic::Code;
 
+    use std::path::Path;
+
     use super::{fixture, seeds};
     use crate::grpc::{client, compress_req, start};
     use crate::ready;
+
+    type Client = pb::scd_client::ScdClient<tonic::transport::Channel>;
 
     fn parse_req(text: &str, format: pb::ReportFormat) -> pb::HandoffRequest {
         pb::HandoffRequest {
@@ -251,7 +255,49 @@ mod rpc {
         let map = c.info(pb::InfoRequest {}).await.unwrap().into_inner().confidence_map.unwrap();
         assert_eq!((map.low, map.medium, map.high), (0.3, 0.55, 0.9), "serve's --confidence-* reach Info");
 
-        // parse: the seed examples, as named and detected
+        the_seeds_parse_and_render_back_in_every_format(&mut c).await;
+
+        // a broken structured report degrades to freeform and says why
+        let broken = fixture("structured_soft.txt").replace("END_JSON_REPORT", "");
+        let p = c.handoff(parse_req(&broken, pb::ReportFormat::StructuredSoft)).await.unwrap().into_inner();
+        let p = p.parsed.unwrap();
+        assert_eq!((p.format, p.parsed, p.why_not.as_str()), (1, false, "missing END_JSON_REPORT"));
+        assert_eq!(p.answer.as_deref(), Some("Arthur's Magazine"), "the answer line survives degradation");
+
+        // rejections name the field
+        let rejects: [(pb::HandoffRequest, &str); 6] = [
+            (pb::HandoffRequest { op: None }, "op: required"),
+            (render_req(Default::default(), 0, None), "render.format: required"),
+            (render_req(Default::default(), 9, None), "render.format: unknown value 9"),
+            (
+                render_req(pb::HandoffReport { payload_json: "\"x\"".into(), ..Default::default() }, 2, None),
+                "render.report.payload_json: must be a JSON object, found a string",
+            ),
+            (render_req(Default::default(), 2, Some("a\nb")), "render.answer: must be one line"),
+            (parse_req("x", pb::ReportFormat::Freeform).tap_format(5), "parse.format: unknown value 5"),
+        ];
+        for (req, want) in rejects {
+            let e = c.handoff(req).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{want}");
+            assert!(e.message().starts_with(want), "{} vs {want}", e.message());
+        }
+
+        forward_sends_a_report_of_the_selection(&mut c).await;
+
+        // Compress with render: the gRPC form of `scd compress --render`
+        let mut plain = compress_req(200, "");
+        plain.render = pb::ReportFormat::SemiStructured as i32;
+        let out = c.compress(plain).await.unwrap().into_inner();
+        assert!(handoff::parse(&out.report, Format::SemiStructured).parsed, "{}", out.report);
+        assert!(!out.report.contains("sk_live_SECRET_4242"));
+        let mut none = compress_req(200, "");
+        none.render = 0;
+        assert!(c.compress(none).await.unwrap().into_inner().report.is_empty());
+    }
+
+    /// Parse: the seed examples, as named and detected; each rendered back
+    /// in every format parses to the same report.
+    async fn the_seeds_parse_and_render_back_in_every_format(c: &mut Client) {
         let formats = [pb::ReportFormat::Freeform, pb::ReportFormat::SemiStructured, pb::ReportFormat::StructuredSoft];
         for ((name, text), format) in seeds().into_iter().zip(formats) {
             for asked in [format, pb::ReportFormat::Unspecified] {
@@ -291,34 +337,13 @@ mod rpc {
                 }
             }
         }
-        // a broken structured report degrades to freeform and says why
-        let broken = fixture("structured_soft.txt").replace("END_JSON_REPORT", "");
-        let p = c.handoff(parse_req(&broken, pb::ReportFormat::StructuredSoft)).await.unwrap().into_inner();
-        let p = p.parsed.unwrap();
-        assert_eq!((p.format, p.parsed, p.why_not.as_str()), (1, false, "missing END_JSON_REPORT"));
-        assert_eq!(p.answer.as_deref(), Some("Arthur's Magazine"), "the answer line survives degradation");
+    }
 
-        // rejections name the field
-        let rejects: [(pb::HandoffRequest, &str); 6] = [
-            (pb::HandoffRequest { op: None }, "op: required"),
-            (render_req(Default::default(), 0, None), "render.format: required"),
-            (render_req(Default::default(), 9, None), "render.format: unknown value 9"),
-            (
-                render_req(pb::HandoffReport { payload_json: "\"x\"".into(), ..Default::default() }, 2, None),
-                "render.report.payload_json: must be a JSON object, found a string",
-            ),
-            (render_req(Default::default(), 2, Some("a\nb")), "render.answer: must be one line"),
-            (parse_req("x", pb::ReportFormat::Freeform).tap_format(5), "parse.format: unknown value 5"),
-        ];
-        for (req, want) in rejects {
-            let e = c.handoff(req).await.unwrap_err();
-            assert_eq!(e.code(), Code::InvalidArgument, "{want}");
-            assert!(e.message().starts_with(want), "{} vs {want}", e.message());
-        }
-
-        // forward: the sender's report joins its context, the receiver gets a
-        // structured report of the selection that keeps its required field
-        // and the sender's answer line, and no confidential content
+    /// Forward: the sender's report joins its context, the receiver gets a
+    /// structured report of the selection that keeps its required field and
+    /// the sender's answer line, and no confidential content; and the
+    /// forward rejections.
+    async fn forward_sends_a_report_of_the_selection(c: &mut Client) {
         let sender = semi("low", "Check why charge_card times out against the payments database.");
         let mut compress = compress_req(120, "");
         compress.requirement.as_mut().unwrap().required_fields = vec!["report.next".into()];
@@ -354,16 +379,6 @@ mod rpc {
         twice.render = pb::ReportFormat::Freeform as i32;
         let e = c.handoff(forward_req(&sender, twice, pb::ReportFormat::Freeform)).await.unwrap_err();
         assert!(e.message().starts_with("forward.compress.render: must be unset"), "{}", e.message());
-
-        // Compress with render: the gRPC form of `scd compress --render`
-        let mut plain = compress_req(200, "");
-        plain.render = pb::ReportFormat::SemiStructured as i32;
-        let out = c.compress(plain).await.unwrap().into_inner();
-        assert!(handoff::parse(&out.report, Format::SemiStructured).parsed, "{}", out.report);
-        assert!(!out.report.contains("sk_live_SECRET_4242"));
-        let mut none = compress_req(200, "");
-        none.render = 0;
-        assert!(c.compress(none).await.unwrap().into_inner().report.is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -414,73 +429,80 @@ mod rpc {
         let addr = server.addr.clone();
         let report = crate::scratch("handoff-client").join("receiver.txt");
         std::fs::write(&report, semi("low", "Which error do the payment logs show?")).unwrap();
-        let (out, more_out) = tokio::task::block_in_place(|| {
-            let (ok, out, err) = crate::scd(
-                &[
-                    "client",
-                    "--addr",
-                    &addr,
-                    "compress",
-                    "--task",
-                    "Why do charges fail?",
-                    "--context",
-                    "fixtures/agent_context.json",
-                    "--budget",
-                    "300",
-                    "--session",
-                    "cli-handoff",
-                    "--render",
-                    "semi_structured",
-                ],
-                "",
-            );
-            assert!(ok, "{err}");
-            let out: serde_json::Value = serde_json::from_str(&out).unwrap();
-            let token = out["session_token"].as_str().unwrap().to_string();
-            let (ok, more_out, err) = crate::scd(
-                &[
-                    "client",
-                    "--addr",
-                    &addr,
-                    "more",
-                    "--session",
-                    "cli-handoff",
-                    "--token",
-                    &token,
-                    "--report",
-                    report.to_str().unwrap(),
-                ],
-                "",
-            );
-            assert!(ok, "{err}");
-            (out, more_out)
-        });
+        let (out, more_out) = tokio::task::block_in_place(|| client_compress_render_then_more_report(&addr, &report));
         let text = out["text"].as_str().unwrap();
         assert!(handoff::parse(text, Format::SemiStructured).parsed, "{text}");
         assert!(!text.contains("sk_live_SECRET_4242"));
         let more_out: serde_json::Value = serde_json::from_str(&more_out).unwrap();
         assert!(more_out.get("remaining_tokens").is_some(), "{more_out}");
         // --confidence and --report together are refused by the CLI
-        let (ok, _, err) = tokio::task::block_in_place(|| {
-            crate::scd(
-                &[
-                    "client",
-                    "--addr",
-                    &addr,
-                    "more",
-                    "--session",
-                    "x",
-                    "--token",
-                    "t",
-                    "--report",
-                    report.to_str().unwrap(),
-                    "--confidence",
-                    "0.2",
-                ],
-                "",
-            )
-        });
+        let (ok, _, err) = tokio::task::block_in_place(|| client_more_with_confidence_and_report(&addr, &report));
         assert!(!ok && err.contains("--confidence"), "{err}");
+    }
+
+    /// `scd client compress --render` opening a session, then `scd client
+    /// more --report` on it: the compress output and the more output.
+    fn client_compress_render_then_more_report(addr: &str, report: &Path) -> (serde_json::Value, String) {
+        let (ok, out, err) = crate::scd(
+            &[
+                "client",
+                "--addr",
+                addr,
+                "compress",
+                "--task",
+                "Why do charges fail?",
+                "--context",
+                "fixtures/agent_context.json",
+                "--budget",
+                "300",
+                "--session",
+                "cli-handoff",
+                "--render",
+                "semi_structured",
+            ],
+            "",
+        );
+        assert!(ok, "{err}");
+        let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let token = out["session_token"].as_str().unwrap().to_string();
+        let (ok, more_out, err) = crate::scd(
+            &[
+                "client",
+                "--addr",
+                addr,
+                "more",
+                "--session",
+                "cli-handoff",
+                "--token",
+                &token,
+                "--report",
+                report.to_str().unwrap(),
+            ],
+            "",
+        );
+        assert!(ok, "{err}");
+        (out, more_out)
+    }
+
+    /// `scd client more` given both `--confidence` and `--report`.
+    fn client_more_with_confidence_and_report(addr: &str, report: &Path) -> (bool, String, String) {
+        crate::scd(
+            &[
+                "client",
+                "--addr",
+                addr,
+                "more",
+                "--session",
+                "x",
+                "--token",
+                "t",
+                "--report",
+                report.to_str().unwrap(),
+                "--confidence",
+                "0.2",
+            ],
+            "",
+        )
     }
 
     trait TapFormat {

@@ -406,31 +406,55 @@ async fn sessions_survive_replicas_behind_haproxy_a_killed_replica_and_a_redis_r
 
     // A2A: a context compressed through a, its follow-up asked through b
     let (ha, hb) = (format!("127.0.0.1:{}", a.http), format!("127.0.0.1:{}", b.http));
-    let a2a_task = tokio::task::spawn_blocking(move || {
-        let first = crate::a2a::rpc(&ha, "SendMessage", crate::a2a::compress_message(None));
-        let task = &first["result"]["task"];
-        assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
-        let (id, ctx) = (task["id"].as_str().unwrap().to_string(), task["contextId"].as_str().unwrap().to_string());
-        let got = crate::a2a::rpc(&hb, "GetTask", serde_json::json!({"id": id}));
-        assert_eq!(got["result"]["id"], task["id"], "b serves a's task: {got}");
-        let q = serde_json::json!({"message": {"messageId": "q-1", "role": "ROLE_USER", "contextId": ctx,
-            "parts": [{"text": "Which function acquires the database connection?"}], "metadata": {"currentConfidence": 0.2}}});
-        let second = crate::a2a::rpc(&hb, "SendMessage", q);
-        let t2 = &second["result"]["task"];
-        assert_eq!(t2["status"]["state"], "TASK_STATE_COMPLETED", "b continues a's context: {second}");
-        assert_eq!(t2["artifacts"][0]["name"], "more-context");
-        let sent: Vec<Value> = [task, t2]
-            .iter()
-            .flat_map(|t| t["artifacts"][0]["parts"][0]["data"]["chunks"].as_array().cloned().unwrap_or_default())
-            .map(|c| c["id"].clone())
-            .collect();
-        assert!(sent.len() > 1 && sent.iter().collect::<HashSet<_>>().len() == sent.len(), "resent: {sent:?}");
-        id
-    })
-    .await
-    .unwrap();
+    let a2a_task =
+        tokio::task::spawn_blocking(move || a2a_context_on_one_replica_continued_on_the_other(&ha, &hb)).await.unwrap();
 
-    // a load of sessions through HAProxy; replica a killed in the middle
+    load_through_haproxy_survives_a_replica_killed(&lb, &a, &b).await;
+
+    // Redis restarted with its append-only file: the session is still there
+    redis.stop();
+    let down = more(&mut cb, "direct", &token, QUESTIONS[2], &mut seen).await.unwrap_err().0;
+    assert_eq!(down.code(), Code::Unavailable, "{down:?}");
+    assert!(down.message().contains(&redis.url()), "the error names the store: {}", down.message());
+    redis.spawn();
+    more(&mut cb, "direct", &token, QUESTIONS[3], &mut seen).await.unwrap();
+    assert_eq!(seen.received, seen.server_total);
+    // and so is the A2A task, on the replica that never ran it
+    let hb = format!("127.0.0.1:{}", b.http);
+    let got = tokio::task::spawn_blocking(move || crate::a2a::rpc(&hb, "GetTask", serde_json::json!({"id": a2a_task})))
+        .await
+        .unwrap();
+    assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
+}
+
+/// A2A: a context compressed through `ha`, its follow-up asked through
+/// `hb`, no chunk sent twice. The first task's id.
+fn a2a_context_on_one_replica_continued_on_the_other(ha: &str, hb: &str) -> String {
+    let first = crate::a2a::rpc(ha, "SendMessage", crate::a2a::compress_message(None));
+    let task = &first["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{first}");
+    let (id, ctx) = (task["id"].as_str().unwrap().to_string(), task["contextId"].as_str().unwrap().to_string());
+    let got = crate::a2a::rpc(hb, "GetTask", serde_json::json!({"id": id}));
+    assert_eq!(got["result"]["id"], task["id"], "b serves a's task: {got}");
+    let q = serde_json::json!({"message": {"messageId": "q-1", "role": "ROLE_USER", "contextId": ctx,
+        "parts": [{"text": "Which function acquires the database connection?"}], "metadata": {"currentConfidence": 0.2}}});
+    let second = crate::a2a::rpc(hb, "SendMessage", q);
+    let t2 = &second["result"]["task"];
+    assert_eq!(t2["status"]["state"], "TASK_STATE_COMPLETED", "b continues a's context: {second}");
+    assert_eq!(t2["artifacts"][0]["name"], "more-context");
+    let sent: Vec<Value> = [task, t2]
+        .iter()
+        .flat_map(|t| t["artifacts"][0]["parts"][0]["data"]["chunks"].as_array().cloned().unwrap_or_default())
+        .map(|c| c["id"].clone())
+        .collect();
+    assert!(sent.len() > 1 && sent.iter().collect::<HashSet<_>>().len() == sent.len(), "resent: {sent:?}");
+    id
+}
+
+/// A load of sessions through HAProxy, replica `a` killed with SIGKILL in
+/// the middle: every session opened and continued on both replicas
+/// survives, with no chunk resent and no reply lost.
+async fn load_through_haproxy_survives_a_replica_killed(lb: &Haproxy, a: &Replica, b: &Replica) {
     let wait = Instant::now();
     let mut probe = conn(&lb.addr(), 10);
     while probe.try_call("Info", true, |mut cl| async move { cl.info(pb::InfoRequest {}).await }).await.is_err() {
@@ -491,21 +515,6 @@ async fn sessions_survive_replicas_behind_haproxy_a_killed_replica_and_a_redis_r
         lost.len()
     );
     assert!(lost.is_empty(), "sessions lost: {lost:?}");
-
-    // Redis restarted with its append-only file: the session is still there
-    redis.stop();
-    let down = more(&mut cb, "direct", &token, QUESTIONS[2], &mut seen).await.unwrap_err().0;
-    assert_eq!(down.code(), Code::Unavailable, "{down:?}");
-    assert!(down.message().contains(&redis.url()), "the error names the store: {}", down.message());
-    redis.spawn();
-    more(&mut cb, "direct", &token, QUESTIONS[3], &mut seen).await.unwrap();
-    assert_eq!(seen.received, seen.server_total);
-    // and so is the A2A task, on the replica that never ran it
-    let hb = format!("127.0.0.1:{}", b.http);
-    let got = tokio::task::spawn_blocking(move || crate::a2a::rpc(&hb, "GetTask", serde_json::json!({"id": a2a_task})))
-        .await
-        .unwrap();
-    assert_eq!(got["result"]["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
 }
 
 /// REST and A2A through HAProxy's HTTP frontend: a session opened on one

@@ -1,6 +1,9 @@
 //! The serving path of `scd serve`: queue depth, fail-stop batcher, token
-//! budget batching, the metrics HTTP listener, status codes of undecodable
-//! input, deadlines and cancellation, reflection v1alpha and rejection logs.
+//! budget batching, status codes of undecodable input, deadlines and
+//! cancellation, the encoder-token bound, reflection v1alpha and rejection
+//! logs. The listeners against idle and silent sockets are in
+//! [`crate::connections`], per-caller shares in [`crate::shares`]; both use
+//! the helpers here.
 //!
 //! Most run a server in-process (`serve_on`) over a test encoder (the
 //! engine's hash encoder, optionally slowed or made to panic), so they need
@@ -34,7 +37,7 @@ pub(crate) struct TestEncoder {
     /// Texts `encode_cancellable` has started.
     pieces: AtomicUsize,
     /// Milliseconds per `count_tokens`.
-    count_ms: AtomicU64,
+    pub(crate) count_ms: AtomicU64,
 }
 
 const MAGIC: &str = "please panic now";
@@ -110,7 +113,7 @@ async fn health(addr: &str, service: &str) -> i32 {
         .status
 }
 
-const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+pub(crate) const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
 const NOT_SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
 
 pub(crate) async fn client(s: &InProc) -> ScdClient<Channel> {
@@ -137,14 +140,14 @@ async fn http_get(addr: SocketAddr, path: &str) -> String {
     out
 }
 
-async fn scrape(s: &InProc) -> String {
+pub(crate) async fn scrape(s: &InProc) -> String {
     let r = http_get(s.http, "/metrics").await;
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     r
 }
 
 /// Sum of the samples of `name` whose labels include every `labels` pair.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
@@ -240,58 +243,6 @@ async fn batches_stay_within_the_token_budget() {
     assert!(batches - within <= 1.0, "{} batches over {budget} tokens:\n{m}", batches - within);
     let texts = metric(&m, "scd_batch_texts_sum", &[]) - 1.0; // less the warm-up
     assert!(texts / (batches - 1.0) > 1.5, "requests were batched: {texts} texts in {batches} batches");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn idle_http_connections_are_closed_and_metrics_still_answer() {
-    // all 200 from one address: within its share here (the share has its own test)
-    let http = HttpLimits { max_per_peer: 256, header_timeout: Duration::from_millis(500), ..HttpLimits::default() };
-    let s = start(TestEncoder::new(0), limits(), http).await;
-    let mut c = client(&s).await;
-    c.embed(embed(&["a"], pb::InputKind::Query)).await.unwrap();
-    let mut idle = Vec::new();
-    for _ in 0..200 {
-        idle.push(tokio::net::TcpStream::connect(s.http).await.unwrap());
-    }
-    let t = Instant::now();
-    let m = scrape(&s).await;
-    let answered = t.elapsed();
-    assert!(m.contains("scd_requests_total"), "{m}");
-    assert!(t.elapsed() < Duration::from_secs(1), "/metrics took {:?} beside 200 idle connections", t.elapsed());
-    // gRPC is unaffected
-    c.embed(embed(&["b"], pb::InputKind::Query)).await.unwrap();
-    // every idle connection is closed by the server after the header timeout
-    for mut sock in idle {
-        let mut buf = [0u8; 64];
-        let n = tokio::time::timeout(Duration::from_secs(3), sock.read(&mut buf))
-            .await
-            .expect("server closed the idle connection")
-            .unwrap_or(0);
-        assert!(n == 0 || String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"), "{n} bytes");
-    }
-    assert!(t.elapsed() < Duration::from_secs(4));
-    eprintln!("/metrics answered in {answered:?} beside 200 idle connections; all 200 closed {:?} after", t.elapsed());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_connections_over_the_limit_are_closed_and_counted() {
-    // no probe reserve here (the reserve has its own test)
-    let http = HttpLimits { max_connections: 4, reserve: 0, ..HttpLimits::default() };
-    let s = start(TestEncoder::new(0), limits(), http).await;
-    let _ = client(&s).await;
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(tokio::net::TcpStream::connect(s.http).await.unwrap());
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut extra = tokio::net::TcpStream::connect(s.http).await.unwrap();
-    let mut buf = [0u8; 16];
-    let n = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf)).await.expect("closed at once");
-    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
-    drop(held);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let m = scrape(&s).await;
-    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "http_connections")]), 1.0, "{m}");
 }
 
 /// gRPC over raw bytes: lets a test send what no generated client would.
@@ -394,7 +345,7 @@ async fn undecodable_oversized_and_sessionless_requests_are_invalid_argument() {
 /// A deadline's outcome as a caller sees it: the server answers
 /// DEADLINE_EXCEEDED just before the caller's own timer fires; tonic's
 /// client reports its own expiry as CANCELLED "Timeout expired".
-fn is_deadline(e: &tonic::Status) -> bool {
+pub(crate) fn is_deadline(e: &tonic::Status) -> bool {
     e.code() == Code::DeadlineExceeded || (e.code() == Code::Cancelled && e.message().contains("Timeout expired"))
 }
 
@@ -606,7 +557,7 @@ fn python_grpcio_reflection_v1alpha_resolves_the_service() {
 
 /// A raw socket to `addr` from the loopback address `from` (any 127.x.y.z
 /// is local on Linux): another peer, as far as per-peer caps go.
-async fn socket_from(from: &str, addr: &str) -> tokio::net::TcpStream {
+pub(crate) async fn socket_from(from: &str, addr: &str) -> tokio::net::TcpStream {
     let to: SocketAddr = addr.trim_start_matches("http://").parse().unwrap();
     let s = tokio::net::TcpSocket::new_v4().unwrap();
     s.bind(format!("{from}:0").parse().unwrap()).unwrap();
@@ -622,172 +573,6 @@ pub(crate) async fn client_from(from: &str, addr: &str) -> ScdClient<Channel> {
         .await
         .unwrap();
     ScdClient::new(ch)
-}
-
-use crate::closed_within;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn idle_grpc_sockets_are_capped_per_peer_closed_and_new_clients_still_served() {
-    let connections = scd_net::ConnLimits {
-        max_connections: 64,
-        max_per_peer: 8,
-        reserve: 2,
-        idle_timeout: Duration::from_millis(800),
-        first_call_timeout: Duration::from_millis(400),
-        ..scd_net::ConnLimits::default()
-    };
-    let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
-    let mut c = client(&s).await;
-    c.embed(embed(&["a"], pb::InputKind::Query)).await.unwrap();
-    // one peer opens 40 sockets and never speaks: 7 fit beside its client
-    let mut idle = Vec::new();
-    for _ in 0..40 {
-        idle.push(socket_from("127.0.0.1", &s.grpc).await);
-    }
-    let mut shut_at_once = 0;
-    for sock in &mut idle {
-        if closed_within(sock, Duration::from_millis(150)).await {
-            shut_at_once += 1;
-        }
-    }
-    assert!(shut_at_once >= 32, "{shut_at_once} of 40 closed at the per-peer cap");
-    // another peer is served meanwhile
-    let mut other = client_from("127.0.0.2", &s.grpc).await;
-    other.embed(embed(&["b"], pb::InputKind::Query)).await.unwrap();
-    // the silent ones are closed after the first-call timeout
-    for sock in &mut idle {
-        assert!(closed_within(sock, Duration::from_secs(3)).await, "a silent socket was kept");
-    }
-    // and the first peer is served again, by its old channel too
-    c.embed(embed(&["c"], pb::InputKind::Query)).await.unwrap();
-    let mut again = client_from("127.0.0.1", &s.grpc).await;
-    again.embed(embed(&["d"], pb::InputKind::Query)).await.unwrap();
-    let m = scrape(&s).await;
-    let per_peer = metric(&m, "scd_rejected_total", &[("kind", "grpc_connections_per_peer")]);
-    let silent = metric(&m, "scd_rejected_total", &[("kind", "grpc_silent_closed")]);
-    assert!(per_peer >= 32.0 && silent >= 7.0, "per-peer {per_peer}, silent {silent}\n{m}");
-}
-
-/// A health `Watch` on a connection of its own: a call in flight that
-/// holds the connection (it cannot give way to a newcomer).
-async fn watching(addr: &str) -> (Channel, tonic::Streaming<tonic_health::pb::HealthCheckResponse>) {
-    let ch = Channel::from_shared(addr.to_string()).unwrap().connect().await.unwrap();
-    let mut stream = tonic_health::pb::health_client::HealthClient::new(ch.clone())
-        .watch(tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() })
-        .await
-        .unwrap()
-        .into_inner();
-    let first = stream.message().await.unwrap().unwrap();
-    assert_eq!(first.status, SERVING);
-    (ch, stream)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_full_grpc_listener_keeps_a_reserve_for_health_checks_and_closes_past_it() {
-    let connections = scd_net::ConnLimits {
-        max_connections: 4,
-        max_per_peer: 100,
-        reserve: 1,
-        idle_timeout: Duration::from_secs(30),
-        first_call_timeout: Duration::from_secs(30),
-        // nothing is idle long enough to give way in this test
-        evict_min_idle: Duration::from_secs(30),
-    };
-    let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
-    crate::inproc::wait_serving(&s).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // four clients hold every normal slot with calls in flight
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(watching(&s.grpc).await);
-    }
-    // the reserve connection checks health, but may neither watch it (a
-    // stream would hold the slot) nor compute
-    let ch = Channel::from_shared(s.grpc.clone()).unwrap().connect().await.unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
-    let check = tonic_health::pb::HealthCheckRequest { service: "scd.v1.Scd".into() };
-    assert_eq!(health.check(check.clone()).await.unwrap().into_inner().status, SERVING);
-    let refused = health.watch(check).await.unwrap_err();
-    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
-    let e = ScdClient::new(ch.clone()).embed(embed(&["x"], pb::InputKind::Query)).await.unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().contains("kept for health checks") && e.message().contains("retry after"), "{}", e.message());
-    let hint: u64 = e.metadata().get("retry-after-ms").unwrap().to_str().unwrap().parse().unwrap();
-    assert!((1..=30_000).contains(&hint), "retry-after-ms {hint}");
-    // past the reserve, with no connection idle long enough to give way:
-    // closed at once
-    let mut extra = socket_from("127.0.0.1", &s.grpc).await;
-    assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
-    // a slot freed serves calls again: the reserve connection moves into it
-    // (a client keeps its connection, so it must not stay refused)
-    held.pop();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    ScdClient::new(ch).embed(embed(&["y"], pb::InputKind::Query)).await.unwrap();
-    let m = scrape(&s).await;
-    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_connections")]), 1.0, "{m}");
-    assert_eq!(metric(&m, "scd_rejected_total", &[("kind", "grpc_reserve_call")]), 2.0, "{m}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_listener_full_of_silent_sockets_still_serves_a_new_client_at_once() {
-    let connections = scd_net::ConnLimits {
-        max_connections: 16,
-        max_per_peer: 16,
-        reserve: 2,
-        idle_timeout: Duration::from_secs(30),
-        first_call_timeout: Duration::from_secs(30),
-        ..scd_net::ConnLimits::default()
-    };
-    let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), connections, ..Default::default() });
-    crate::inproc::wait_serving(&s).await;
-    // 18 peers' worth of silent sockets fill the listener and its reserve
-    let mut silent = Vec::new();
-    for i in 0..18 {
-        silent.push(socket_from(&format!("127.0.1.{}", i + 1), &s.grpc).await);
-    }
-    tokio::time::sleep(scd_net::EVICT_MIN_IDLE + Duration::from_millis(50)).await;
-    // a real client takes the place of one of them, without waiting 30 s
-    let t = Instant::now();
-    let mut c = client_from("127.0.0.2", &s.grpc).await;
-    c.embed(embed(&["served"], pb::InputKind::Query)).await.unwrap();
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    let mut closed = 0;
-    for sock in &mut silent {
-        closed += usize::from(closed_within(sock, Duration::from_millis(50)).await);
-    }
-    assert!(closed >= 1, "no silent socket gave way");
-    // a silent one gave way to the client, or (when the accept loop ran
-    // late under load and the client came first) the last silent one was
-    // refused: either way one socket fewer, and the client was served
-    let m = scrape(&s).await;
-    let gave_way = metric(&m, "scd_rejected_total", &[("kind", "grpc_idle_evicted")])
-        + metric(&m, "scd_rejected_total", &[("kind", "grpc_connections")]);
-    assert!(gave_way >= 1.0, "{m}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn count_tokens_has_its_own_lane_while_compressions_hold_every_slot() {
-    let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), Limits { max_concurrent_compress: 1, ..limits() }, HttpLimits::default()).await;
-    let c = client(&s).await;
-    enc.delay_ms.store(300, Ordering::SeqCst);
-    let mut busy = c.clone();
-    let busy = tokio::spawn(async move { busy.compress(big_compress("busy")).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // the only compress slot is taken: another compress is refused ...
-    let e = c.clone().compress(big_compress("refused")).await.unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    // ... but counting is served, every time
-    for i in 0..20 {
-        let r = c
-            .clone()
-            .count_tokens(pb::CountTokensRequest { texts: vec![format!("count me {i}")], ..Default::default() })
-            .await
-            .unwrap();
-        assert_eq!(r.into_inner().tokens.len(), 1);
-    }
-    enc.delay_ms.store(0, Ordering::SeqCst);
-    busy.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -864,192 +649,4 @@ async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
     assert_eq!(enc.calls.load(Ordering::SeqCst), before, "the encoder ran for a refused request");
     let ok = c.embed(embed(&[long.as_str()], pb::InputKind::Passage)).await.unwrap().into_inner();
     assert_eq!(ok.embeddings.len(), 1);
-}
-
-/// CountTokens' own lane has per-caller shares too, and a caller that gives
-/// up stops its work at the next text, freeing its places.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn count_tokens_has_per_caller_shares_and_stops_when_its_caller_gives_up() {
-    let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), limits(), HttpLimits::default()).await;
-    let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
-    let count = |n: usize| pb::CountTokensRequest {
-        texts: (0..n).map(|i| format!("text {i}")).collect(),
-        ..Default::default()
-    };
-    other.clone().count_tokens(count(1)).await.unwrap();
-    enc.count_ms.store(300, Ordering::SeqCst);
-    // three calls of 8 texts (2.4 s each) give up after 50 ms
-    let gave_up: Vec<_> = (0..3)
-        .map(|_| {
-            let (mut c, r) = (hog.clone(), count(8));
-            tokio::spawn(async move {
-                let mut r = tonic::Request::new(r);
-                r.set_timeout(Duration::from_millis(50));
-                c.count_tokens(r).await
-            })
-        })
-        .collect();
-    for g in gave_up {
-        let e = g.await.unwrap().unwrap_err();
-        assert!(is_deadline(&e), "{e:?}");
-    }
-    // their work stops at the next text (300 ms), not after all eight, and
-    // the hog is past its share until then
-    let e = hog.clone().count_tokens(count(1)).await.unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().starts_with("count_tokens slots: this caller holds 3 of 4, past its share of 1"), "{e:?}");
-    other.clone().count_tokens(count(1)).await.expect("the other caller keeps its slot");
-    enc.count_ms.store(0, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    hog.clone().count_tokens(count(1)).await.expect("the abandoned work stopped between texts");
-}
-
-/// Work whose caller gave up still holds the caller's share until it stops:
-/// the caller cannot start more meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_caller_keeps_its_share_until_its_abandoned_work_stops() {
-    let enc = TestEncoder::new(0);
-    let s = start(enc.clone(), Limits { max_concurrent_compress: 4, ..limits() }, HttpLimits::default()).await;
-    let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
-    // the other client has come
-    other.clone().compress(big_compress("other")).await.unwrap();
-    enc.delay_ms.store(1500, Ordering::SeqCst);
-    // three calls give up after 300 ms (their work has started on a loaded
-    // machine too); it runs on to the encoder's next stop, 1.5 s in
-    let gave_up: Vec<_> = (0..3)
-        .map(|i| {
-            let mut c = hog.clone();
-            tokio::spawn(async move {
-                let mut r = tonic::Request::new(big_compress(&format!("hog {i}")));
-                r.set_timeout(Duration::from_millis(300));
-                c.compress(r).await
-            })
-        })
-        .collect();
-    for g in gave_up {
-        let e = g.await.unwrap().unwrap_err();
-        assert!(is_deadline(&e), "{e:?}");
-    }
-    // that work still holds the hog's share: it may not take the last slot
-    let e = hog.clone().compress(big_compress("hog 4")).await.unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().starts_with("compress slots: this caller holds 3 of 4"), "{}", e.message());
-    // once it has stopped, the hog is served again
-    enc.delay_ms.store(0, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    hog.clone().compress(big_compress("hog 5")).await.unwrap();
-}
-
-/// The finding: one client filled the shared bounds and everyone else was
-/// refused. A caller (its identity, else its address) may use free room
-/// past its share, but not the last places: another client from another
-/// address is still served while the first is refused past its share.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_client_cannot_take_every_compress_slot_or_the_whole_embed_queue() {
-    let enc = TestEncoder::new(0);
-    let limits = Limits { max_concurrent_compress: 4, queue_size: 8, max_batch_tokens: 16, batch_texts: 1, ..limits() };
-    let s = start(enc.clone(), limits, HttpLimits::default()).await;
-    client(&s).await;
-    let (hog, other) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
-    // the other client has come (a caller alone may use every place)
-    other
-        .clone()
-        .count_tokens(pb::CountTokensRequest { texts: vec!["hi".into()], ..Default::default() })
-        .await
-        .unwrap();
-    other.clone().embed(embed(&["hello"], pb::InputKind::Passage)).await.unwrap();
-    other.clone().compress(big_compress("hello")).await.unwrap();
-    enc.delay_ms.store(400, Ordering::SeqCst);
-    // compress: 4 slots, a share of 1; the hog gets 3, the last is kept
-    let held: Vec<_> = (0..3)
-        .map(|i| {
-            let mut c = hog.clone();
-            tokio::spawn(async move { c.compress(big_compress(&format!("hog {i}"))).await })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let e = hog.clone().compress(big_compress("hog 4")).await.unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(
-        e.message().starts_with("compress slots: this caller holds 3 of 4, past its share of 1"),
-        "{}",
-        e.message()
-    );
-    // the hint is the measured hold time over the places held, and the
-    // message says the same
-    let hint = e.metadata().get("retry-after-ms").and_then(|v| v.to_str().ok()?.parse::<u64>().ok()).unwrap();
-    assert!((1..=30_000).contains(&hint) && e.message().ends_with(&format!("retry after {hint} ms")), "{e:?}");
-    let served = other.clone().compress(big_compress("other")).await;
-    assert!(served.is_ok(), "the other client was refused: {served:?}");
-    for h in held {
-        h.await.unwrap().unwrap();
-    }
-    // the embed queue: 8 places, a share of 1
-    let word = |i: usize| format!("text {i}");
-    let queued: Vec<_> = (0..7)
-        .map(|i| {
-            let mut c = hog.clone();
-            let t = word(i);
-            tokio::spawn(async move { c.embed(embed(&[t.as_str()], pb::InputKind::Passage)).await })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let e = hog.clone().embed(embed(&["one more"], pb::InputKind::Passage)).await.unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    assert!(e.message().starts_with("embed queue: this caller holds 7 of 8, past its share of 1"), "{}", e.message());
-    enc.delay_ms.store(0, Ordering::SeqCst);
-    let mut other = other;
-    assert!(other.embed(embed(&["the other client"], pb::InputKind::Passage)).await.is_ok());
-    for q in queued {
-        q.await.unwrap().unwrap();
-    }
-}
-
-/// The finding: a client-chosen session id showed whether it existed and
-/// could be taken first. A chosen id lives in its caller's scope (identity,
-/// else address): a second client choosing the same id opens its own
-/// session under it, and neither reaches the other's; a generated id works
-/// from anywhere with its token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chosen_session_id_is_the_callers_own_and_reveals_nothing_to_another() {
-    let s = start(TestEncoder::new(0), limits(), HttpLimits::default()).await;
-    client(&s).await;
-    let (mut a, mut b) = (client_from("127.0.0.2", &s.grpc).await, client_from("127.0.0.3", &s.grpc).await);
-    let open = |id: &str| pb::CompressRequest { session_id: id.into(), ..big_compress("sessions") };
-    let ra = a.compress(open("deploy-42")).await.unwrap().into_inner();
-    // b takes the same id: not refused, not told it exists; its own session
-    let rb = b.compress(open("deploy-42")).await.unwrap().into_inner();
-    assert_eq!((ra.session_id.as_str(), rb.session_id.as_str()), ("deploy-42", "deploy-42"));
-    assert!(!ra.session_token.is_empty() && !rb.session_token.is_empty() && ra.session_token != rb.session_token);
-    let more = |token: &str| pb::ContextRequest {
-        session_id: "deploy-42".into(),
-        session_token: token.into(),
-        specific_question: "what else failed".into(),
-        current_confidence: 0.2,
-        ..Default::default()
-    };
-    assert!(a.request_context(more(&ra.session_token)).await.is_ok());
-    assert!(b.request_context(more(&rb.session_token)).await.is_ok());
-    // a's token from b's address reaches b's session, which it does not open
-    let e = b.request_context(more(&ra.session_token)).await.unwrap_err();
-    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
-    let closed = b
-        .close_session(pb::CloseSessionRequest {
-            session_id: "deploy-42".into(),
-            session_token: rb.session_token.clone(),
-        })
-        .await
-        .unwrap();
-    assert!(closed.into_inner().closed);
-    assert!(a.request_context(more(&ra.session_token)).await.is_ok(), "b's close reached a's session");
-    // a generated id is global: its token works from another address
-    let g = a
-        .open_session(pb::OpenSessionRequest { compress: Some(big_compress("generated")) })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut more_g = more(&g.session_token);
-    more_g.session_id = g.session_id.clone();
-    assert!(b.request_context(more_g).await.is_ok(), "a generated id is reachable with its token");
 }

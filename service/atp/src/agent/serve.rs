@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::node::Node;
 use super::service::AgentService;
@@ -27,52 +27,22 @@ struct SubmitGate {
     decoding: Arc<Semaphore>,
 }
 
-impl<S> tower_layer::Layer<S> for SubmitGate {
-    type Service = Gated<S>;
-
-    fn layer(&self, inner: S) -> Gated<S> {
-        Gated { inner, gate: self.clone() }
-    }
-}
-
-/// See [`SubmitGate`].
-#[derive(Clone)]
-struct Gated<S> {
-    inner: S,
-    gate: SubmitGate,
-}
-
 const SUBMIT_TASK: &str = "/atp.v1.AtpService/SubmitTask";
 
-impl<S, B> tonic::codegen::Service<http::Request<B>> for Gated<S>
-where
-    S: tonic::codegen::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = S::Error;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
+impl scd_net::Admission for SubmitGate {
+    /// One decoding slot, until the call's response is ready.
+    type Guard = OwnedSemaphorePermit;
 
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn admit<B>(&self, req: &http::Request<B>) -> scd_net::Admit<OwnedSemaphorePermit> {
         if req.uri().path() != SUBMIT_TASK {
-            return Box::pin(self.inner.call(req));
+            return scd_net::Admit::Pass;
         }
-        let node = &self.gate.node;
-        let permit = self.gate.decoding.clone().try_acquire_owned().ok().filter(|_| node.queue.available_permits() > 0);
-        let Some(permit) = permit else {
-            return Box::pin(std::future::ready(Ok(node.queue_full().into_http())));
-        };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let resp = fut.await;
-            drop(permit);
-            resp
-        })
+        let node = &self.node;
+        let permit = self.decoding.clone().try_acquire_owned().ok().filter(|_| node.queue.available_permits() > 0);
+        match permit {
+            Some(permit) => scd_net::Admit::Hold(permit),
+            None => scd_net::Admit::Refuse(node.queue_full().into_http()),
+        }
     }
 }
 
@@ -111,7 +81,7 @@ pub async fn serve(
     }
     builder
         .layer(guard.layer())
-        .layer(gate)
+        .layer(scd_net::AdmitLayer::new(gate))
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .concurrency_limit_per_connection(MAX_CONCURRENT_STREAMS as usize)
         .add_service(health)
