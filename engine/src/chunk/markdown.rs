@@ -61,6 +61,27 @@ fn is_row(line: &str) -> bool {
     line.trim_start().starts_with('|')
 }
 
+/// The line after list item `i` and its continuation lines (indented, not a
+/// new item, a heading, a fence or a table row).
+fn item_end(text: &str, lines: &[(usize, usize)], i: usize) -> usize {
+    let line = &text[lines[i].0..lines[i].1];
+    let indent = line.len() - line.trim_start().len();
+    let mut j = i + 1;
+    while j < lines.len() {
+        let next = &text[lines[j].0..lines[j].1];
+        let nt = next.trim();
+        let deeper = next.len() - next.trim_start().len() > indent;
+        if nt.is_empty() || (is_item(nt) && !deeper) || is_heading(nt) || is_fence(nt).is_some() {
+            break;
+        }
+        if !deeper && is_row(nt) {
+            break;
+        }
+        j += 1;
+    }
+    j
+}
+
 /// A table's header separator row (`|---|:---:|`).
 fn is_separator(line: &str) -> bool {
     let t = line.trim();
@@ -119,21 +140,7 @@ pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize) -> Vec<RawChun
             continue;
         }
         if is_item(t) {
-            // the item and its continuation lines (indented, not a new item)
-            let indent = line.len() - line.trim_start().len();
-            let mut j = i + 1;
-            while j < lines.len() {
-                let next = &text[lines[j].0..lines[j].1];
-                let nt = next.trim();
-                let deeper = next.len() - next.trim_start().len() > indent;
-                if nt.is_empty() || (is_item(nt) && !deeper) || is_heading(nt) || is_fence(nt).is_some() {
-                    break;
-                }
-                if !deeper && is_row(nt) {
-                    break;
-                }
-                j += 1;
-            }
+            let j = item_end(text, &lines, i);
             out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
             led = true;
             i = j;
