@@ -18,11 +18,12 @@ use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
-use crate::grpc::auth::{Auth, AuthConfig, AuthLayer};
-use crate::grpc::http::{serve_metrics, HttpLimits};
+use crate::app::metrics::Metrics;
+use crate::app::{Core, Limits, Ready};
+use crate::auth::{Auth, AuthConfig, AuthLayer};
 use crate::grpc::layer::ObserveLayer;
-use crate::grpc::metrics::Metrics;
-use crate::grpc::{pb, Limits, Ready, ScdHandler, ScdService, DESCRIPTOR};
+use crate::grpc::{pb, ScdHandler, DESCRIPTOR};
+use crate::http::{serve_metrics, HttpLimits};
 
 /// How often the server pings a connection's peer over HTTP/2.
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -97,7 +98,7 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     health.set_service_status("", ServingStatus::NotServing).await;
     let auth = cfg.auth.map(|a| Arc::new(Auth::new(a, metrics.clone())));
     let service = Arc::new(
-        ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone())
+        Core::new(scd.clone(), cfg.limits.clone(), metrics.clone())
             .with_audit(cfg.audit)
             .with_audit_access(cfg.audit_access)
             .with_tokenizers(cfg.tokenizers)
@@ -428,7 +429,7 @@ const STORE_PING: Duration = Duration::from_secs(1);
 /// drain or a stopped encoder is left as it is.
 async fn watch_store(
     store: Arc<dyn scd_engine::shared::SharedState>,
-    ready: Arc<crate::grpc::Readiness>,
+    ready: Arc<crate::app::Readiness>,
     health: tonic_health::server::HealthReporter,
 ) {
     let mut tick = tokio::time::interval(STORE_PING);

@@ -66,7 +66,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
 use tracing::debug;
 
-use crate::grpc::{pb, ScdService};
+use crate::{app::Core, grpc::pb};
 pub(crate) use input::CompressInput;
 use input::RenderFormat;
 use store::{Session, Store, StoreLimits};
@@ -276,11 +276,11 @@ impl A2aConfig {
     }
 }
 
-pub use crate::grpc::http::Caller;
+pub use crate::http::Caller;
 
-/// The agent: the task store over the in-process [`ScdService`].
+/// The agent: the task store over the in-process [`Core`].
 pub struct Agent {
-    svc: Arc<ScdService>,
+    svc: Arc<Core>,
     store: Store,
     cfg: A2aConfig,
 }
@@ -439,7 +439,7 @@ impl Outcome {
 
 impl Agent {
     /// An agent over `svc`.
-    pub fn new(svc: Arc<ScdService>, cfg: A2aConfig) -> Self {
+    pub fn new(svc: Arc<Core>, cfg: A2aConfig) -> Self {
         let store = match &cfg.state {
             Some(redis) => Store::shared(cfg.store, redis.clone()),
             None => Store::new(cfg.store),
@@ -676,7 +676,7 @@ impl Agent {
                     }
                 };
                 if let Some(old) = old {
-                    let scope = crate::grpc::shares::key(caller.as_deref(), who.peer().as_deref());
+                    let scope = crate::app::shares::key(caller.as_deref(), who.peer().as_deref());
                     let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref(), Some(&scope));
                 }
                 let view = crate::view::compress_view(resp, list_dropped);
@@ -1008,8 +1008,8 @@ pub fn router(agent: Arc<Agent>) -> axum::Router {
         // counted as `A2A <verb> <route>` (a JSON-RPC call is `A2A POST /`;
         // its errors ride a 200)
         .route_layer(axum::middleware::from_fn_with_state(
-            crate::grpc::http::Counted { metrics: agent.svc.metrics.clone(), prefix: "A2A", route_of },
-            crate::grpc::http::counted,
+            crate::http::Counted { metrics: agent.svc.metrics.clone(), prefix: "A2A", route_of },
+            crate::http::counted,
         ))
         .with_state(agent)
 }
@@ -1025,10 +1025,10 @@ mod tests {
 
     /// An agent over the engine's hash encoder (no model), two compress
     /// slots.
-    fn agent_with(scd: ScdConfig, store: StoreLimits) -> (Arc<Agent>, Arc<ScdService>) {
+    fn agent_with(scd: ScdConfig, store: StoreLimits) -> (Arc<Agent>, Arc<Core>) {
         let scd =
             Arc::new(scd_engine::extract::Scd::new(Arc::new(scd_engine::encoder::HashEncoder::new(64, 512)), scd));
-        let limits = crate::grpc::Limits {
+        let limits = crate::app::Limits {
             max_texts: 256,
             max_text_bytes: 1 << 20,
             max_fields: 256,
@@ -1038,8 +1038,8 @@ mod tests {
             max_batch_tokens: 8192,
             max_concurrent_compress: 2,
         };
-        let metrics = Arc::new(crate::grpc::metrics::Metrics::new(limits.max_batch_tokens));
-        let svc = Arc::new(ScdService::new(scd, limits, metrics));
+        let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
+        let svc = Arc::new(Core::new(scd, limits, metrics));
         let cfg = A2aConfig {
             store,
             state: None,

@@ -10,7 +10,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{json, Map, Value};
 
 use super::ApiError;
-use crate::grpc::ScdService;
+use crate::app::Core;
 use crate::mcp::{compress_arguments, Args, Budget, CompressContextArgs, RequestMoreArgs};
 
 /// A JSON object body parsed as `T` ([`RestBody::parse`]); a body not sent
@@ -25,10 +25,10 @@ pub trait RestBody: Sized {
     fn parse(body: Map<String, Value>) -> Result<Self, String>;
 }
 
-impl<T: RestBody> FromRequest<Arc<ScdService>> for Body<T> {
+impl<T: RestBody> FromRequest<Arc<Core>> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, svc: &Arc<ScdService>) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, svc: &Arc<Core>) -> Result<Self, Self::Rejection> {
         // JSON only: a web page may POST text/plain or a form to a server on
         // this host without asking first (no CORS preflight); never JSON
         let json = req

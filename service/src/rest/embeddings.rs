@@ -16,9 +16,10 @@ use serde_json::{Map, Value};
 
 use super::body::{Body, RestBody};
 use super::ApiError;
-use crate::grpc::http::Caller;
+use crate::app::Core;
 use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, ScdHandler, ScdService};
+use crate::grpc::{pb, ScdHandler};
+use crate::http::Caller;
 
 /// `POST /v1/embeddings`'s body (OpenAI's, strict).
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -195,7 +196,7 @@ pub struct Usage {
 
 /// `POST /v1/embeddings`.
 pub(super) async fn embeddings(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     Body(b): Body<EmbeddingsBody>,
 ) -> Result<Json<EmbeddingsReply>, ApiError> {
@@ -281,7 +282,7 @@ pub struct Model {
 }
 
 /// `GET /v1/models`.
-pub(super) async fn models(State(svc): State<Arc<ScdService>>) -> Json<ModelList> {
+pub(super) async fn models(State(svc): State<Arc<Core>>) -> Json<ModelList> {
     let id = svc.scd.encoder().model_id().to_string();
     Json(ModelList { object: "list", data: vec![Model { id, object: "model", created: 0, owned_by: "scd" }] })
 }

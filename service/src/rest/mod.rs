@@ -14,7 +14,7 @@
 //! | `GET /openapi.json` | — | the OpenAPI 3.1 document, generated (by `aide`) from these handlers and the types they parse and answer |
 //! | `GET /ui` | — | a page that calls these routes to show what a selection kept and why ([`ui`]; off with `--no-ui`) |
 //!
-//! Every handler calls the same [`ScdService`] methods as gRPC, A2A and
+//! Every handler calls the same [`Core`] methods as gRPC, A2A and
 //! MCP, so limits, per-caller shares, sessions (bound to the caller: its
 //! DID under `--auth did-wba`, else its IP address), audit and metrics are
 //! the same. Bodies are read within `--max-request-bytes` and parsed
@@ -25,7 +25,7 @@
 //! up) and `retry-after-ms`.
 //!
 //! ```no_run
-//! # fn run(svc: std::sync::Arc<scd_service::grpc::ScdService>) {
+//! # fn run(svc: std::sync::Arc<scd_service::app::Core>) {
 //! // merged into the HTTP listener's router by `server::serve`
 //! let routes: axum::Router = scd_service::rest::router(svc);
 //! # }
@@ -55,9 +55,10 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::grpc::http::{Caller, Counted};
+use crate::app::Core;
 use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, ScdHandler, ScdService};
+use crate::grpc::{pb, ScdHandler};
+use crate::http::{Caller, Counted};
 use crate::view::{self, CompressOutput, MoreOutput};
 
 /// The header that carries a session's token (never a URL: URLs are logged).
@@ -65,7 +66,7 @@ pub const SESSION_TOKEN_HEADER: &str = "x-scd-session-token";
 
 /// The REST routes over `svc` (and `GET /openapi.json`), to merge into the
 /// HTTP listener's router.
-pub fn router(svc: Arc<ScdService>) -> axum::Router {
+pub fn router(svc: Arc<Core>) -> axum::Router {
     let mut api = api_info();
     let routes = api_routes().finish_api(&mut api);
     let document: Arc<str> = serde_json::to_string_pretty(&api).expect("an OpenAPI document serializes").into();
@@ -79,7 +80,7 @@ pub fn router(svc: Arc<ScdService>) -> axum::Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(
             Counted { metrics: svc.metrics.clone(), prefix: "REST", route_of },
-            crate::grpc::http::counted,
+            crate::http::counted,
         ))
         .with_state(svc)
 }
@@ -110,7 +111,7 @@ fn api_info() -> OpenApi {
 }
 
 /// The documented routes (their handlers and the types they parse and answer).
-fn api_routes() -> ApiRouter<Arc<ScdService>> {
+fn api_routes() -> ApiRouter<Arc<Core>> {
     ApiRouter::new()
         .api_route("/v1/compress", post_with(compress, compress_docs))
         .api_route("/v1/sessions/{session_id}/more", post_with(more, more_docs))
@@ -197,7 +198,7 @@ pub struct CompressReply {
 
 /// `POST /v1/compress`.
 async fn compress(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     SessionToken(token): SessionToken,
     Body(b): Body<CompressBody>,
@@ -231,7 +232,7 @@ fn compress_docs(op: TransformOperation) -> TransformOperation {
 
 /// `POST /v1/sessions/{session_id}/more`.
 async fn more(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     Path(session_id): Path<String>,
     SessionToken(token): SessionToken,
@@ -257,7 +258,7 @@ fn more_docs(op: TransformOperation) -> TransformOperation {
 
 /// `DELETE /v1/sessions/{session_id}`.
 async fn close(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     Path(session_id): Path<String>,
     SessionToken(token): SessionToken,

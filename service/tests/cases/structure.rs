@@ -62,9 +62,9 @@ const RATCHET: &[(&str, &str, usize)] = &[
     ("fn", "service/tests/cases/handoff.rs::request_context_takes_the_receivers_report_for_its_confidence", 115),
     ("fn", "service/tests/cases/replicas.rs::sessions_survive_replicas_behind_haproxy_a_killed_replica_and_a_redis_restart", 125),
     ("fn", "service/tests/tests.rs::every_rpc_health_and_reflection", 148),
-    ("transport", "a2a -> grpc", 3),
+    ("transport", "a2a -> grpc", 1),
     ("transport", "mcp -> grpc", 2),
-    ("transport", "rest -> grpc", 3),
+    ("transport", "rest -> grpc", 2),
     ("transport", "rest -> mcp", 4),
 ];
 
