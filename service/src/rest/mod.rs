@@ -55,9 +55,7 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::app::Core;
-use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, ScdHandler};
+use crate::app::{json, AppError, Call, Core};
 use crate::http::{Caller, Counted};
 use crate::view::{self, CompressOutput, MoreOutput};
 
@@ -209,16 +207,19 @@ async fn compress(
         return Err(ApiError::invalid(format!("{SESSION_TOKEN_HEADER}: sent without a session to continue")));
     }
     let token = token.unwrap_or_default();
-    let open = token.is_empty();
+    let method = if token.is_empty() { "OpenSession" } else { "Compress" };
+    let call = rest_call(method, &who);
     let list_dropped = args.list_dropped;
-    let req = crate::mcp::compress_request(args, budget, session_id, token);
-    let method = if open { "REST OpenSession" } else { "REST Compress" };
-    let mut r = svc
-        .compress_audited(method, req, None, who.did.clone(), who.peer(), open)
-        .await
-        .map_err(|s| ApiError::from_status(&s))?;
-    let session_token = std::mem::take(&mut r.session_token);
-    Ok(Json(CompressReply { output: view::compress_view(r, list_dropped), session_token }))
+    let seed = json::audit_seed(&args, budget, &session_id);
+    let input = json::compress_input(&svc, args, budget, session_id, token);
+    let mut out = svc.compress_seeded(&call, seed, input).await?;
+    let session_token = out.compressed.session.as_mut().map(|g| std::mem::take(&mut g.token)).unwrap_or_default();
+    Ok(Json(CompressReply { output: view::compressed_view(out.compressed, list_dropped), session_token }))
+}
+
+/// The core's call of a REST method (`REST Compress` in the audit trail).
+fn rest_call(method: &str, who: &Caller) -> Call {
+    Call::new("REST", method).from(who.did.clone(), who.peer())
 }
 
 fn compress_docs(op: TransformOperation) -> TransformOperation {
@@ -239,13 +240,12 @@ async fn more(
     Body(MoreBody(mut args)): Body<MoreBody>,
 ) -> Result<Json<MoreOutput>, ApiError> {
     args.session = session_id;
-    let mut req = crate::mcp::more_request(args).map_err(ApiError::invalid)?;
-    req.session_token = token.ok_or_else(ApiError::session_token_missing)?;
-    let r = svc
-        .request_context_audited("REST RequestContext", req, None, who.did.clone(), who.peer())
-        .await
-        .map_err(|s| ApiError::from_status(&s))?;
-    Ok(Json(view::more_view(r)))
+    json::more_confidence(&args)?;
+    let token = token.ok_or_else(ApiError::session_token_missing)?;
+    let call = rest_call("RequestContext", &who);
+    let seed = crate::app::more::MoreSeed { question: args.question.clone(), session_id: args.session.clone() };
+    let out = svc.request_more(&call, seed, json::more_input(&svc, args, token)).await?;
+    Ok(Json(view::more_context_view(out.more)))
 }
 
 fn more_docs(op: TransformOperation) -> TransformOperation {
@@ -264,17 +264,10 @@ async fn close(
     SessionToken(token): SessionToken,
 ) -> Result<StatusCode, ApiError> {
     let token = token.ok_or_else(ApiError::session_token_missing)?;
-    let r = pb::CloseSessionRequest { session_id, session_token: token };
-    let closed = ScdHandler(svc)
-        .close_session(who.grpc_request(r))
-        .await
-        .map_err(|s| ApiError::from_status(&s))?
-        .into_inner()
-        .closed;
-    if closed {
+    if svc.close_session(&rest_call("CloseSession", &who), &session_id, &token)? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::from_status(&tonic::Status::not_found("session_id: no such session (expired or closed)")))
+        Err(AppError::NotFound { message: "session_id: no such session (expired or closed)".into() }.into())
     }
 }
 

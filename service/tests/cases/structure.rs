@@ -64,8 +64,6 @@ const RATCHET: &[(&str, &str, usize)] = &[
     ("fn", "service/tests/tests.rs::every_rpc_health_and_reflection", 148),
     ("transport", "a2a -> grpc", 1),
     ("transport", "mcp -> grpc", 2),
-    ("transport", "rest -> grpc", 2),
-    ("transport", "rest -> mcp", 4),
 ];
 
 /// Every `.rs` file under `dir`, sorted; build output (`target/`, the

@@ -22,7 +22,7 @@ use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::extract::{CompressRequest, ContextRequest, SessionRequest};
 use scd_engine::handoff::Format;
 
-use super::compress::CompressInput;
+use super::compress::{AuditSeed, CompressInput};
 use super::{AppError, Core};
 
 /// The engine's names of request fields in its errors, and the JSON API's
@@ -69,6 +69,19 @@ impl From<RenderFormat> for Format {
             RenderFormat::SemiStructured => Format::SemiStructured,
             RenderFormat::StructuredSoft => Format::StructuredSoft,
         }
+    }
+}
+
+/// What the audit trail records of checked `compress_context` arguments
+/// before they are converted (a refused conversion is recorded with it).
+pub fn audit_seed(a: &CompressContextArgs, budget: Budget, session_id: &str) -> AuditSeed {
+    AuditSeed {
+        task: Some(a.task.clone()),
+        budget_tokens: Some(match budget {
+            Budget::Tokens(n) => n,
+            Budget::Rate(_) => 0,
+        }),
+        session_id: session_id.to_string(),
     }
 }
 
