@@ -44,16 +44,13 @@ const TRANSPORTS: [&str; 4] = ["grpc", "rest", "mcp", "a2a"];
 /// table, and nothing may join it. A failure prints the table as it should
 /// read now. `engine/`, `proto/` and `benches/` have no entry.
 const RATCHET: &[(&str, &str, usize)] = &[
-    ("file", "service/src/a2a/mod.rs", 1326),
     ("file", "service/tests/cases/lifecycle.rs", 908),
     ("file", "service/tests/cases/serving.rs", 1055),
     ("fn", "service/dev/src/eval.rs::run", 235),
     ("fn", "service/dev/src/load.rs::run", 118),
     ("fn", "service/dev/src/tune.rs::run", 175),
-    ("fn", "service/src/a2a/jsonrpc.rs::handle", 109),
     ("fn", "service/src/cli/client.rs::run", 147),
     ("fn", "service/src/cli/embed_queue.rs::coordinate", 128),
-    ("fn", "service/src/server.rs::serve_on", 175),
     ("fn", "service/tests/cases/a2a.rs::a2a_compress_then_ask_more_in_one_context_over_jsonrpc_and_rest", 109),
     ("fn", "service/tests/cases/a2a_shared.rs::a2a_tasks_and_contexts_on_one_replica_are_served_by_another", 128),
     ("fn", "service/tests/cases/a2a_shared.rs::the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down", 133),
