@@ -247,7 +247,7 @@ impl GrpcConnArgs {
 }
 
 /// The HTTP listener's caps and time limits (`scd serve --http-addr`, `scd
-/// mcp --http-addr`): see [`crate::grpc::http::HttpLimits`].
+/// mcp --http-addr`): see [`crate::http::HttpLimits`].
 #[derive(Debug, Clone, clap::Args)]
 pub struct HttpConnArgs {
     /// HTTP connections open at once, all peers together; past it (and the
@@ -278,7 +278,7 @@ pub struct HttpConnArgs {
 
 impl HttpConnArgs {
     /// The checked limits; an error names the flag.
-    pub fn limits(&self) -> anyhow::Result<crate::grpc::http::HttpLimits> {
+    pub fn limits(&self) -> anyhow::Result<crate::http::HttpLimits> {
         use std::time::Duration;
         for (flag, v) in [
             ("--http-max-connections", self.http_max_connections as u64),
@@ -298,7 +298,7 @@ impl HttpConnArgs {
         ] {
             anyhow::ensure!(v <= day, "{flag} {v}: must be at most {day} (a day)");
         }
-        Ok(crate::grpc::http::HttpLimits {
+        Ok(crate::http::HttpLimits {
             max_connections: self.http_max_connections,
             max_per_peer: self.http_max_per_peer,
             reserve: self.http_reserve,

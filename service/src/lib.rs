@@ -4,7 +4,9 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`grpc`] | the `scd.v1` service every surface calls, its conversions, auth, audit, batcher and metrics |
+//! | [`app`] | the application core every surface calls: limits, shares, batcher, metrics, audit, cancellation, one [`app::AppError`] |
+//! | [`grpc`] | the `scd.v1` service over the core: pb conversion, the Audit stream, reflection |
+//! | [`http`], [`auth`] | the shared HTTP listener (caps, probe reserve, time limits) and DID-WBA auth of every listener |
 //! | [`server`] | the composition of gRPC, the HTTP listener and A2A, with health, reflection, TLS and drain |
 //! | [`a2a`] | SCD as an A2A v1.0 agent on the HTTP listener |
 //! | [`mcp`] | the MCP tool server |
@@ -16,12 +18,15 @@
 #![warn(missing_docs)]
 
 pub mod a2a;
+pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod grpc;
+pub mod http;
 pub mod input;
 pub mod mcp;
 pub mod redis;

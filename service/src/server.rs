@@ -18,11 +18,12 @@ use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tracing::{error, info, warn};
 
-use crate::grpc::auth::{Auth, AuthConfig, AuthLayer};
-use crate::grpc::http::{serve_metrics, HttpLimits};
+use crate::app::metrics::Metrics;
+use crate::app::{Core, Limits, Ready};
+use crate::auth::{Auth, AuthConfig, AuthLayer};
 use crate::grpc::layer::ObserveLayer;
-use crate::grpc::metrics::Metrics;
-use crate::grpc::{pb, Limits, Ready, ScdHandler, ScdService, DESCRIPTOR};
+use crate::grpc::{pb, ScdHandler, DESCRIPTOR};
+use crate::http::{serve_metrics, HttpLimits};
 
 /// How often the server pings a connection's peer over HTTP/2.
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -90,17 +91,17 @@ fn print_http_banner(scheme: &str, addr: std::net::SocketAddr, ui: bool) {
 
 /// [`serve`] until `shutdown` completes instead of a signal; tests run a
 /// server in-process with this.
-pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn serve_on(scd: Arc<Scd>, mut cfg: ServeConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new(cfg.limits.max_batch_tokens));
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
     health.set_service_status("", ServingStatus::NotServing).await;
-    let auth = cfg.auth.map(|a| Arc::new(Auth::new(a, metrics.clone())));
+    let auth = cfg.auth.take().map(|a| Arc::new(Auth::new(a, metrics.clone())));
     let service = Arc::new(
-        ScdService::new(scd.clone(), cfg.limits.clone(), metrics.clone())
-            .with_audit(cfg.audit)
-            .with_audit_access(cfg.audit_access)
-            .with_tokenizers(cfg.tokenizers)
+        Core::new(scd.clone(), cfg.limits.clone(), metrics.clone())
+            .with_audit(cfg.audit.take())
+            .with_audit_access(std::mem::take(&mut cfg.audit_access))
+            .with_tokenizers(std::mem::take(&mut cfg.tokenizers))
             .with_confidence_map(cfg.confidence_map),
     );
     // v1 and v1alpha: Python's grpcio-reflection client speaks only v1alpha
@@ -111,82 +112,15 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let listener = tokio_listener(cfg.listener)?;
-    let local = listener.local_addr()?;
+    let local = cfg.listener.local_addr()?;
     let drain = Drain::default();
-    if let Some(http) = cfg.http_listener {
-        let l = tokio_listener(http)?;
-        let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-        let http_scheme = if cfg.http_tls.is_some() { "https" } else { "http" };
-        println!("metrics on {http_scheme}://{}/metrics", l.local_addr()?);
-        let agent = crate::a2a::Agent::new(
-            service.clone(),
-            crate::a2a::A2aConfig {
-                store: cfg.a2a,
-                state: cfg.a2a_state.clone(),
-                max_request_bytes: cfg.limits.max_request_bytes,
-                grpc_addr: local,
-                grpc_scheme: scheme,
-                did_wba: auth.is_some(),
-                public_url: cfg.a2a_public_url.clone(),
-                http_addr: l.local_addr()?,
-                http_scheme,
-            },
-        );
-        print_http_banner(http_scheme, l.local_addr()?, cfg.ui);
-        let mut routes = crate::a2a::router(Arc::new(agent)).merge(crate::rest::router(service.clone()));
-        if cfg.ui {
-            routes = routes.merge(crate::rest::ui::router(&service.tokenizers.names()));
-        }
-        tokio::spawn(serve_metrics(
-            l,
-            service.clone(),
-            cfg.http,
-            auth.clone(),
-            Some(routes.layer(axum::middleware::from_fn_with_state(drain.clone(), http_drain))),
-            cfg.http_tls.clone(),
-        ));
+    if let Some(http) = cfg.http_listener.take() {
+        spawn_http(http, &cfg, local, &service, &auth, &drain)?;
     }
+    let listener = tokio_listener(cfg.listener)?;
     println!("listening on {local}");
     info!(addr = %local, tls = cfg.tls.is_some(), auth = auth.is_some(), "gRPC listener");
-    // fail-stop: a dead encoder thread makes the whole server NOT_SERVING
-    let mut stopped = service.batcher().stopped_signal();
-    let stop_health = health.clone();
-    let stop_ready = service.readiness().clone();
-    tokio::spawn(async move {
-        let cause = stopped.wait_for(|c| c.is_some()).await.ok().and_then(|c| c.clone());
-        if let Some(cause) = cause {
-            error!(cause = %cause, "encoder thread stopped; health NOT_SERVING");
-            stop_ready.set(Ready::Stopped);
-            stop_health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
-            stop_health.set_service_status("", ServingStatus::NotServing).await;
-        }
-    });
-    // warm the model before reporting SERVING
-    let warm = scd.clone();
-    let batcher_alive = service.clone();
-    let health_setter = health.clone();
-    let warm_drain = drain.clone();
-    let warm_ready = service.readiness().clone();
-    tokio::spawn(async move {
-        let ok = tokio::task::spawn_blocking(move || {
-            warm.encoder().encode(&["warm up"], &EncodeOptions::new(InputKind::Query))
-        })
-        .await
-        .map(|r| r.is_ok())
-        .unwrap_or(false);
-        if !ok || batcher_alive.batcher().stopped().is_some() {
-            warn!("warm-up failed; staying NOT_SERVING");
-            warm_ready.set(Ready::Stopped);
-        } else if warm_drain.is_draining() {
-            info!("model warm, but draining; staying NOT_SERVING");
-        } else {
-            health_setter.set_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
-            health_setter.set_service_status("", ServingStatus::Serving).await;
-            warm_ready.set_if(Ready::Starting, Ready::Serving);
-            info!("model warm; SERVING");
-        }
-    });
+    spawn_readiness(&scd, &service, &health, &drain);
     if let Some(store) = scd.shared_state().cloned() {
         tokio::spawn(watch_store(store, service.readiness().clone(), health.clone()));
     }
@@ -232,6 +166,22 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
         r = &mut server => return r.map_err(Into::into),
         () = shutdown => {}
     }
+    drain_then_stop(server, stop_tx, &drain, &ready, &health, cfg.drain_timeout).await
+}
+
+/// The drain: refuses new calls, reports NOT_SERVING, lets the calls in
+/// flight finish within `timeout`, then stops `server`.
+async fn drain_then_stop<F>(
+    mut server: std::pin::Pin<&mut F>,
+    stop_tx: tokio::sync::oneshot::Sender<()>,
+    drain: &Drain,
+    ready: &crate::app::Readiness,
+    health: &tonic_health::server::HealthReporter,
+    timeout: Duration,
+) -> anyhow::Result<()>
+where
+    F: Future<Output = Result<(), tonic::transport::Error>>,
+{
     // drain: refuse new calls, report NOT_SERVING, let calls in flight finish
     drain.start();
     ready.set(Ready::Draining);
@@ -239,16 +189,16 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
     health.set_service_status("", ServingStatus::NotServing).await;
     info!(
         in_flight = drain.in_flight(),
-        timeout_s = cfg.drain_timeout.as_secs_f64(),
+        timeout_s = timeout.as_secs_f64(),
         "draining: NOT_SERVING, refusing new calls"
     );
-    let drained = tokio::time::timeout(cfg.drain_timeout, async {
+    let drained = tokio::time::timeout(timeout, async {
         tokio::select! {
-            r = &mut server => return r,
+            r = server.as_mut() => return r,
             () = drain.idle() => {}
         }
         let _ = stop_tx.send(());
-        (&mut server).await
+        server.as_mut().await
     })
     .await;
     match drained {
@@ -258,12 +208,99 @@ pub async fn serve_on(scd: Arc<Scd>, cfg: ServeConfig, shutdown: impl Future<Out
         }
         Err(_) => warn!(
             cut = drain.in_flight(),
-            timeout_s = cfg.drain_timeout.as_secs_f64(),
+            timeout_s = timeout.as_secs_f64(),
             "drain timeout: exiting with {} call(s) still in flight",
             drain.in_flight()
         ),
     }
     Ok(())
+}
+
+/// Serves the HTTP listener `http`: metrics, health, and the A2A and REST
+/// routes (and the page) over `service`, with `cfg`'s limits and TLS.
+fn spawn_http(
+    http: std::net::TcpListener,
+    cfg: &ServeConfig,
+    local: std::net::SocketAddr,
+    service: &Arc<Core>,
+    auth: &Option<Arc<Auth>>,
+    drain: &Drain,
+) -> anyhow::Result<()> {
+    let l = tokio_listener(http)?;
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let http_scheme = if cfg.http_tls.is_some() { "https" } else { "http" };
+    println!("metrics on {http_scheme}://{}/metrics", l.local_addr()?);
+    let agent = crate::a2a::Agent::new(
+        service.clone(),
+        crate::a2a::A2aConfig {
+            store: cfg.a2a,
+            state: cfg.a2a_state.clone(),
+            max_request_bytes: cfg.limits.max_request_bytes,
+            grpc_addr: local,
+            grpc_scheme: scheme,
+            did_wba: auth.is_some(),
+            public_url: cfg.a2a_public_url.clone(),
+            http_addr: l.local_addr()?,
+            http_scheme,
+        },
+    );
+    print_http_banner(http_scheme, l.local_addr()?, cfg.ui);
+    let mut routes = crate::a2a::router(Arc::new(agent)).merge(crate::rest::router(service.clone()));
+    if cfg.ui {
+        routes = routes.merge(crate::rest::ui::router(&service.tokenizers.names()));
+    }
+    tokio::spawn(serve_metrics(
+        l,
+        service.clone(),
+        cfg.http,
+        auth.clone(),
+        Some(routes.layer(axum::middleware::from_fn_with_state(drain.clone(), http_drain))),
+        cfg.http_tls.clone(),
+    ));
+    Ok(())
+}
+
+/// Reports SERVING once the model is warm, and NOT_SERVING for good when
+/// the encoder thread stops (fail-stop) or the warm-up fails.
+fn spawn_readiness(scd: &Arc<Scd>, service: &Arc<Core>, health: &tonic_health::server::HealthReporter, drain: &Drain) {
+    // fail-stop: a dead encoder thread makes the whole server NOT_SERVING
+    let mut stopped = service.batcher().stopped_signal();
+    let stop_health = health.clone();
+    let stop_ready = service.readiness().clone();
+    tokio::spawn(async move {
+        let cause = stopped.wait_for(|c| c.is_some()).await.ok().and_then(|c| c.clone());
+        if let Some(cause) = cause {
+            error!(cause = %cause, "encoder thread stopped; health NOT_SERVING");
+            stop_ready.set(Ready::Stopped);
+            stop_health.set_not_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
+            stop_health.set_service_status("", ServingStatus::NotServing).await;
+        }
+    });
+    // warm the model before reporting SERVING
+    let warm = scd.clone();
+    let batcher_alive = service.clone();
+    let health_setter = health.clone();
+    let warm_drain = drain.clone();
+    let warm_ready = service.readiness().clone();
+    tokio::spawn(async move {
+        let ok = tokio::task::spawn_blocking(move || {
+            warm.encoder().encode(&["warm up"], &EncodeOptions::new(InputKind::Query))
+        })
+        .await
+        .map(|r| r.is_ok())
+        .unwrap_or(false);
+        if !ok || batcher_alive.batcher().stopped().is_some() {
+            warn!("warm-up failed; staying NOT_SERVING");
+            warm_ready.set(Ready::Stopped);
+        } else if warm_drain.is_draining() {
+            info!("model warm, but draining; staying NOT_SERVING");
+        } else {
+            health_setter.set_serving::<pb::scd_server::ScdServer<ScdHandler>>().await;
+            health_setter.set_service_status("", ServingStatus::Serving).await;
+            warm_ready.set_if(Ready::Starting, Ready::Serving);
+            info!("model warm; SERVING");
+        }
+    });
 }
 
 /// A bound std listener as a tokio one.
@@ -428,7 +465,7 @@ const STORE_PING: Duration = Duration::from_secs(1);
 /// drain or a stopped encoder is left as it is.
 async fn watch_store(
     store: Arc<dyn scd_engine::shared::SharedState>,
-    ready: Arc<crate::grpc::Readiness>,
+    ready: Arc<crate::app::Readiness>,
     health: tonic_health::server::HealthReporter,
 ) {
     let mut tick = tokio::time::interval(STORE_PING);

@@ -14,6 +14,8 @@ use std::collections::HashMap;
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use scd_engine::extract::{Compressed, Explanation, MoreContext};
+
 use crate::grpc::pb;
 
 /// A selected chunk (its text is in `text`, in reading order).
@@ -163,7 +165,8 @@ pub struct DropWhyOut {
     pub of: Option<String>,
 }
 
-fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
+fn explanation_out(ex: Explanation) -> ExplanationOut {
+    use scd_engine::extract::DropReason as R;
     ExplanationOut {
         lexical_weight: ex.lexical_weight,
         selected: ex
@@ -171,7 +174,7 @@ fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
             .into_iter()
             .map(|c| ChunkWhyOut {
                 id: c.id,
-                order: c.order,
+                order: c.order as u32,
                 score: c.score,
                 dense_z: c.dense_z,
                 lexical_z: c.lexical_z,
@@ -181,8 +184,8 @@ fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
                 lead: c.lead,
                 by_closure: c.by_closure,
                 required: c.required,
-                tokens: c.tokens,
-                chunker: (!c.chunker.is_empty()).then_some(c.chunker),
+                tokens: c.tokens as u32,
+                chunker: c.chunker.filter(|c| !c.is_empty()),
             })
             .collect(),
         dropped: ex
@@ -190,24 +193,23 @@ fn explanation_out(ex: pb::Explanation) -> ExplanationOut {
             .into_iter()
             .take(MAX_EXPLAINED_DROPPED)
             .map(|d| {
-                let reason = pb::DropReason::try_from(d.reason).unwrap_or_default();
-                let below = reason == pb::DropReason::BelowThreshold;
-                let dup = reason == pb::DropReason::NearDuplicate;
-                DropWhyOut {
-                    reason: match reason {
-                        pb::DropReason::BelowThreshold => "below_threshold",
-                        pb::DropReason::NearDuplicate => "near_duplicate",
-                        pb::DropReason::NotEligible => "not_eligible",
-                        pb::DropReason::StructureOnly => "structure_only",
-                        pb::DropReason::OutOfBudget | pb::DropReason::Unspecified => "out_of_budget",
+                let (reason, threshold, value, of) = match d.reason {
+                    R::BelowThreshold { threshold, value } => {
+                        ("below_threshold", Some(threshold.to_string()), Some(value), None)
                     }
-                    .into(),
-                    threshold: below.then_some(d.threshold),
-                    value: below.then_some(d.value),
-                    of: dup.then_some(d.duplicate_of),
+                    R::NearDuplicate { of } => ("near_duplicate", None, None, Some(of)),
+                    R::NotEligible => ("not_eligible", None, None, None),
+                    R::StructureOnly => ("structure_only", None, None, None),
+                    R::OutOfBudget => ("out_of_budget", None, None, None),
+                };
+                DropWhyOut {
+                    reason: reason.into(),
+                    threshold,
+                    value,
+                    of,
                     id: d.id,
                     score: d.score,
-                    tokens: d.tokens,
+                    tokens: d.tokens as u32,
                 }
             })
             .collect(),
@@ -243,27 +245,72 @@ pub const MAX_LISTED_DROPPED: usize = 100;
 /// Dropped chunks an explanation lists at most (the best).
 pub const MAX_EXPLAINED_DROPPED: usize = 50;
 
-/// The view of a compression: what was held back is listed (best first,
-/// bounded) only with `list_dropped`; an explanation's dropped part keeps
-/// the [`MAX_EXPLAINED_DROPPED`] best.
+/// The view of a compression (the core's or the engine's result): what
+/// was held back is listed (best first, bounded) only with `list_dropped`;
+/// an explanation's dropped part keeps the [`MAX_EXPLAINED_DROPPED`] best.
+pub fn compressed_view(c: Compressed, list_dropped: bool) -> CompressOutput {
+    let dropped: Vec<DroppedOut> = c
+        .dropped
+        .into_iter()
+        .map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens as u32 })
+        .collect();
+    let scores = c.explanation.as_ref().map(|ex| ex.dropped.iter().map(|w| (w.id.clone(), w.score)).collect());
+    CompressOutput {
+        text: c.text,
+        chunks: c
+            .chunks
+            .into_iter()
+            .map(|k| ChunkOut {
+                field: k.field,
+                id: k.id,
+                score: k.score,
+                tokens: k.tokens as u32,
+                span: [k.span.0 as u32, k.span.1 as u32],
+            })
+            .collect(),
+        totals: TotalsOut {
+            context_tokens: c.totals.context_tokens as u32,
+            sent_tokens: c.totals.sent_tokens as u32,
+            reduction_ratio: c.totals.reduction_ratio,
+            tokenizer: c.totals.tokenizer,
+            requested_ratio: c.totals.requested_ratio,
+        },
+        dropped: held_back(dropped, scores, list_dropped),
+        withheld_fields: c.withheld,
+        warnings: c.warnings,
+        session_id: c.session.map(|g| g.id).unwrap_or_default(),
+        explanation: c.explanation.map(explanation_out),
+    }
+}
+
+/// What was held back: its count and tokens, and with `list_dropped` the
+/// list, best first by the explanation's `scores` when there is one (the
+/// manifest is in reading order), at most [`MAX_LISTED_DROPPED`].
+fn held_back(mut d: Vec<DroppedOut>, scores: Option<HashMap<String, f32>>, list_dropped: bool) -> DroppedSummary {
+    let tokens: u64 = d.iter().map(|d| u64::from(d.tokens)).sum();
+    let count = d.len() as u32;
+    if !list_dropped {
+        return DroppedSummary { count, tokens, listed: Vec::new() };
+    }
+    if let Some(score) = scores {
+        let s = |c: &DroppedOut| score.get(c.id.as_str()).copied().unwrap_or(f32::MIN);
+        d.sort_by(|x, y| s(y).total_cmp(&s(x)));
+    }
+    d.truncate(MAX_LISTED_DROPPED);
+    DroppedSummary { count, tokens, listed: d }
+}
+
+/// The view of a compression on the wire (a gRPC client's: `scd client`,
+/// `scd mcp --server`); as [`compressed_view`].
 pub fn compress_view(r: pb::CompressResponse, list_dropped: bool) -> CompressOutput {
     let t = r.totals.unwrap_or_default();
-    let held_tokens: u64 = r.dropped.iter().map(|d| u64::from(d.tokens)).sum();
-    let held = r.dropped.len();
-    let listed = if list_dropped {
-        // best first: the manifest is in reading order; an explanation,
-        // when asked for, knows the scores
-        let mut d: Vec<pb::DroppedChunk> = r.dropped;
-        if let Some(ex) = &r.explanation {
-            let score: HashMap<&str, f32> = ex.dropped.iter().map(|w| (w.id.as_str(), w.score)).collect();
-            let s = |c: &pb::DroppedChunk| score.get(c.id.as_str()).copied().unwrap_or(f32::MIN);
-            d.sort_by(|x, y| s(y).total_cmp(&s(x)));
-        }
-        d.truncate(MAX_LISTED_DROPPED);
-        d.into_iter().map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens }).collect()
-    } else {
-        Vec::new()
-    };
+    let dropped: Vec<DroppedOut> = r
+        .dropped
+        .into_iter()
+        .map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens })
+        .collect();
+    let explanation = r.explanation.map(crate::grpc::convert::explanation_from_wire);
+    let scores = explanation.as_ref().map(|ex| ex.dropped.iter().map(|w| (w.id.clone(), w.score)).collect());
     CompressOutput {
         text: r.text,
         chunks: r.chunks.into_iter().map(chunk_out).collect(),
@@ -274,15 +321,38 @@ pub fn compress_view(r: pb::CompressResponse, list_dropped: bool) -> CompressOut
             tokenizer: t.tokenizer,
             requested_ratio: t.requested_ratio,
         },
-        dropped: DroppedSummary { count: held as u32, tokens: held_tokens, listed },
+        dropped: held_back(dropped, scores, list_dropped),
         withheld_fields: r.withheld_fields,
         warnings: r.warnings,
         session_id: r.session_id,
-        explanation: r.explanation.map(explanation_out),
+        explanation: explanation.map(explanation_out),
     }
 }
 
-/// The view of a follow-up.
+/// The view of a follow-up (the core's or the engine's result).
+pub fn more_context_view(m: MoreContext) -> MoreOutput {
+    MoreOutput {
+        chunks: m
+            .chunks
+            .into_iter()
+            .map(|k| ChunkOut {
+                field: k.field,
+                id: k.id,
+                score: k.score,
+                tokens: k.tokens as u32,
+                span: [k.span.0 as u32, k.span.1 as u32],
+            })
+            .collect(),
+        sent_tokens: m.sent_tokens as u32,
+        budget: u32::try_from(m.budget).unwrap_or(u32::MAX),
+        session_sent_tokens: m.session_sent_tokens as u32,
+        remaining_tokens: u32::try_from(m.remaining_tokens).unwrap_or(u32::MAX),
+        reason: m.reason.unwrap_or_default(),
+        text: m.text,
+    }
+}
+
+/// The view of a follow-up on the wire.
 pub fn more_view(r: pb::ContextResponse) -> MoreOutput {
     MoreOutput {
         chunks: r.chunks.into_iter().map(chunk_out).collect(),

@@ -55,6 +55,71 @@ pub(crate) fn sse(
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
 }
 
+/// The request's id, method and params, checked in this order; the error
+/// reply otherwise.
+fn parse_request(raw: &[u8]) -> Result<(Value, String, Value), Box<Response>> {
+    let v: Value = match serde_json::from_slice(raw) {
+        Ok(v) => v,
+        Err(e) => return Err(Box::new(reply(&Value::Null, Err(Error::Parse(e.to_string()))))),
+    };
+    let Value::Object(mut req) = v else {
+        let why = if v.is_array() {
+            "batch requests are not supported; send one request per body"
+        } else {
+            "the body must be a JSON object"
+        };
+        return Err(Box::new(reply(&Value::Null, Err(Error::InvalidRequest(why.into())))));
+    };
+    let id = match req.get("id") {
+        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id.clone(),
+        Some(_) => {
+            return Err(Box::new(reply(
+                &Value::Null,
+                Err(Error::InvalidRequest("id: must be a string, a number or null".into())),
+            )))
+        }
+        None => {
+            return Err(Box::new(reply(
+                &Value::Null,
+                Err(Error::InvalidRequest("id: required (every A2A method answers)".into())),
+            )))
+        }
+    };
+    // a repeated key would leave only its last value in the map
+    // (`"confidential": true, "confidential": false` a public field)
+    if let Err(e) = scd_engine::context::check_unique_keys(raw) {
+        let e = e.to_string();
+        return Err(Box::new(reply(
+            &id,
+            Err(if e.starts_with("params") { Error::InvalidParams(e) } else { Error::InvalidRequest(e) }),
+        )));
+    }
+    if let Some(k) = req.keys().find(|k| !["jsonrpc", "method", "params", "id"].contains(&k.as_str())) {
+        return Err(Box::new(reply(
+            &id,
+            Err(Error::InvalidRequest(format!(
+                "{}: unknown key (a request has jsonrpc, method, params, id)",
+                crate::input::echoed_key(k)
+            ))),
+        )));
+    }
+    if req.get("jsonrpc") != Some(&json!("2.0")) {
+        return Err(Box::new(reply(&id, Err(Error::InvalidRequest("jsonrpc: must be \"2.0\"".into())))));
+    }
+    let method = match req.remove("method") {
+        Some(Value::String(m)) if !m.is_empty() => m,
+        _ => {
+            return Err(Box::new(reply(&id, Err(Error::InvalidRequest("method: required, a non-empty string".into())))))
+        }
+    };
+    let p = match req.remove("params") {
+        None => json!({}),
+        Some(p @ Value::Object(_)) => p,
+        Some(_) => return Err(Box::new(reply(&id, Err(Error::InvalidParams("params: must be an object".into()))))),
+    };
+    Ok((id, method, p))
+}
+
 /// `POST /`.
 pub async fn handle(
     State(agent): State<Arc<Agent>>,
@@ -67,56 +132,9 @@ pub async fn handle(
         Ok(b) => b,
         Err(e) => return reply(&Value::Null, Err(e)),
     };
-    let v: Value = match serde_json::from_slice(&raw) {
-        Ok(v) => v,
-        Err(e) => return reply(&Value::Null, Err(Error::Parse(e.to_string()))),
-    };
-    let Value::Object(mut req) = v else {
-        let why = if v.is_array() {
-            "batch requests are not supported; send one request per body"
-        } else {
-            "the body must be a JSON object"
-        };
-        return reply(&Value::Null, Err(Error::InvalidRequest(why.into())));
-    };
-    let id = match req.get("id") {
-        Some(id @ (Value::String(_) | Value::Number(_) | Value::Null)) => id.clone(),
-        Some(_) => {
-            return reply(&Value::Null, Err(Error::InvalidRequest("id: must be a string, a number or null".into())))
-        }
-        None => {
-            return reply(&Value::Null, Err(Error::InvalidRequest("id: required (every A2A method answers)".into())))
-        }
-    };
-    // a repeated key would leave only its last value in the map
-    // (`"confidential": true, "confidential": false` a public field)
-    if let Err(e) = scd_engine::context::check_unique_keys(&raw) {
-        let e = e.to_string();
-        return reply(
-            &id,
-            Err(if e.starts_with("params") { Error::InvalidParams(e) } else { Error::InvalidRequest(e) }),
-        );
-    }
-    if let Some(k) = req.keys().find(|k| !["jsonrpc", "method", "params", "id"].contains(&k.as_str())) {
-        return reply(
-            &id,
-            Err(Error::InvalidRequest(format!(
-                "{}: unknown key (a request has jsonrpc, method, params, id)",
-                crate::input::echoed_key(k)
-            ))),
-        );
-    }
-    if req.get("jsonrpc") != Some(&json!("2.0")) {
-        return reply(&id, Err(Error::InvalidRequest("jsonrpc: must be \"2.0\"".into())));
-    }
-    let method = match req.remove("method") {
-        Some(Value::String(m)) if !m.is_empty() => m,
-        _ => return reply(&id, Err(Error::InvalidRequest("method: required, a non-empty string".into()))),
-    };
-    let p = match req.remove("params") {
-        None => json!({}),
-        Some(p @ Value::Object(_)) => p,
-        Some(_) => return reply(&id, Err(Error::InvalidParams("params: must be an object".into()))),
+    let (id, method, p) = match parse_request(&raw) {
+        Ok(r) => r,
+        Err(r) => return *r,
     };
     if let Err(e) = Agent::check_version(&headers, uri.query()) {
         return reply(&id, Err(e));

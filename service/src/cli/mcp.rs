@@ -13,11 +13,11 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::ServiceExt as _;
 use scd_engine::extract::Scd;
 
+use crate::app::Limits;
 use crate::cli::client::IdentityArgs;
 use crate::client::Conn;
 use crate::config::ModelArgs;
-use crate::grpc::http::serve_router;
-use crate::grpc::Limits;
+use crate::http::serve_router;
 use crate::mcp::http::{
     bind_to_address, check_origin, refuse_duplicate_keys, refuse_when_full, CappedSessions, Gate, Owners,
 };

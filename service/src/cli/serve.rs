@@ -13,10 +13,10 @@ use anyhow::Context as _;
 use scd_audit::{AuditLevel, AuditLog};
 use scd_did::wba::{list_documents, WbaAuthenticator};
 
+use crate::app::audit::AuditAccess;
+use crate::app::Limits;
+use crate::auth::{AuthConfig, DidRateLimiter};
 use crate::config::ModelArgs;
-use crate::grpc::audit::AuditAccess;
-use crate::grpc::auth::{AuthConfig, DidRateLimiter};
-use crate::grpc::Limits;
 use crate::server::{serve, ServeConfig};
 use crate::tls;
 

@@ -19,121 +19,40 @@
 //! instead of answering unrecorded (a failed call keeps its own status; the
 //! audit error is logged).
 //!
-//! Who reads what ([`AuditAccess`]): a caller presenting the operator's
-//! token (`x-scd-audit-token`, the contents of `--audit-token-file`) reads
-//! every record and may filter by any caller; a wrong token is
-//! UNAUTHENTICATED. Without a token, a caller with a verified identity sees
-//! only its own records (naming another caller is PERMISSION_DENIED), and an
-//! anonymous caller (no TLS client certificate, no DID auth) is
-//! PERMISSION_DENIED.
+//! Who reads what is the core's [`AuditAccess`] (re-exported here).
 
 use std::pin::Pin;
-use std::sync::Arc;
 
-use scd_audit::{AuditChunk, AuditFilter, AuditLog, AuditRecord, AuditTimings};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
+use scd_audit::{AuditChunk, AuditFilter, AuditRecord, AuditTimings};
 use tokio_stream::Stream;
 use tonic::{Code, Status};
 
 use super::{pb, ScdService};
+use crate::app::audit::audit_error;
+pub use crate::app::audit::{
+    recorded_id, AuditAccess, AuditReader, Outcome, AUDIT_TOKEN_HEADER, MAX_AUDIT_STREAMS, MAX_RECORDED_ID_BYTES,
+    MIN_AUDIT_TOKEN_BYTES,
+};
 
 /// Records per page read from the database while streaming.
 const PAGE: usize = 256;
 
-/// Audit streams reading the log at once; more are RESOURCE_EXHAUSTED. A
-/// stream holds its place until it has handed its last page to the channel
-/// (a client that stops reading keeps it).
-pub const MAX_AUDIT_STREAMS: usize = 4;
-
 /// The server-streamed Audit reply.
 pub type AuditStream = Pin<Box<dyn Stream<Item = Result<pb::AuditRecordMsg, Status>> + Send>>;
-
-/// The gRPC metadata key carrying the operator's audit token.
-pub const AUDIT_TOKEN_HEADER: &str = "x-scd-audit-token";
-
-/// The shortest operator token accepted, in bytes.
-pub const MIN_AUDIT_TOKEN_BYTES: usize = 16;
-
-/// Who may read the audit trail (see the module docs): the operator, who
-/// holds the token of `--audit-token-file`, reads every record; a verified
-/// caller reads its own; an anonymous one reads nothing.
-#[derive(Clone, Default)]
-pub struct AuditAccess {
-    /// SHA-256 of the operator's token; `None`: no operator token.
-    token_sha256: Option<[u8; 32]>,
-}
-
-impl std::fmt::Debug for AuditAccess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuditAccess").field("operator_token", &self.token_sha256.is_some()).finish()
-    }
-}
-
-/// Which records an Audit call may read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuditReader {
-    /// The operator: every record, any caller filter.
-    Operator,
-    /// A verified caller: its own records only.
-    Caller(String),
-}
-
-impl AuditAccess {
-    /// Access with the operator's `token` (already trimmed and checked, see
-    /// `scd serve --audit-token-file`); only its digest is kept.
-    pub fn with_operator_token(token: &str) -> Self {
-        Self { token_sha256: Some(Sha256::digest(token.as_bytes()).into()) }
-    }
-
-    /// Whether an operator token is configured.
-    pub fn has_operator_token(&self) -> bool {
-        self.token_sha256.is_some()
-    }
-
-    /// Who is reading: `token` is the `x-scd-audit-token` value, if the
-    /// call carried one, `who` the caller's verified identity. The token is
-    /// compared by digest in constant time and never echoed.
-    pub fn reader(&self, token: Option<&[u8]>, who: Option<&str>) -> Result<AuditReader, Status> {
-        if let Some(token) = token {
-            let Some(want) = &self.token_sha256 else {
-                return Err(Status::unauthenticated(format!(
-                    "{AUDIT_TOKEN_HEADER}: this server has no operator token (it runs without --audit-token-file)"
-                )));
-            };
-            let got: [u8; 32] = Sha256::digest(token.trim_ascii()).into();
-            if !bool::from(got.ct_eq(want)) {
-                return Err(Status::unauthenticated(format!("{AUDIT_TOKEN_HEADER}: does not match")));
-            }
-            return Ok(AuditReader::Operator);
-        }
-        match who {
-            Some(who) => Ok(AuditReader::Caller(who.to_string())),
-            None => Err(Status::permission_denied(format!(
-                "audit: an anonymous caller may not read the audit trail: present {AUDIT_TOKEN_HEADER} \
-                 (the operator's token, from --audit-token-file), or call with a verified identity \
-                 (a TLS client certificate, or a DID under --auth did-wba) to read your own records"
-            ))),
-        }
-    }
-}
-
-/// The most bytes of a client-chosen session id a record keeps as sent.
-pub const MAX_RECORDED_ID_BYTES: usize = scd_audit::MAX_ID_BYTES;
-
-/// A client-chosen session id as the trail records it (and a query names
-/// it): `None` when empty, else [`scd_audit::bounded_id`] (itself when at
-/// most [`MAX_RECORDED_ID_BYTES`] with no control character, else `sha256:`
-/// and its hex digest), so that calls naming a megabyte "id" (refused ones
-/// included) cannot make the trail hold and flush it whole. The log bounds
-/// every other string of a record the same way.
-pub fn recorded_id(id: &str) -> Option<String> {
-    (!id.is_empty()).then(|| scd_audit::bounded_id(id))
-}
 
 /// The name of a status code as recorded in `outcome` (`InvalidArgument`).
 pub fn code_name(code: Code) -> String {
     format!("{code:?}")
+}
+
+impl Outcome for Status {
+    fn outcome(&self) -> String {
+        code_name(self.code())
+    }
+
+    fn shed(&self) -> bool {
+        self.code() == Code::ResourceExhausted
+    }
 }
 
 /// Fills a record from a Compress reply: chunks, withheld names, totals,
@@ -287,53 +206,10 @@ pub fn filter(r: pb::AuditRequest, who: Option<&str>) -> Result<AuditFilter, Sta
 }
 
 fn audit_status(e: scd_audit::Error) -> Status {
-    Status::internal(format!("audit: {e}"))
+    audit_error(e).into()
 }
 
 impl ScdService {
-    /// The audit log, when the server was started with `--audit-db`.
-    pub fn audit_log(&self) -> Option<&Arc<AuditLog>> {
-        self.audit.as_ref()
-    }
-
-    /// A record of `method` with the caller, peer and model filled in, or
-    /// `None` when the server keeps no audit trail (or at level `off`).
-    pub fn audit_record(&self, method: &str, caller: Option<String>, peer: Option<String>) -> Option<AuditRecord> {
-        let log = self.audit.as_ref()?;
-        if log.level() == scd_audit::AuditLevel::Off {
-            return None;
-        }
-        let mut rec = AuditRecord::new(method);
-        rec.caller = caller;
-        rec.peer = peer;
-        rec.model = Some(self.scd.encoder().model_id().to_string());
-        Some(rec)
-    }
-
-    /// Records the outcome of a call and passes the call's result on (see
-    /// the module docs for failures). The hook for every audited RPC: build
-    /// the record with [`ScdService::audit_record`], fill it from the reply,
-    /// then `return self.record_audit(rec, result).await`.
-    pub async fn record_audit<T>(&self, rec: Option<AuditRecord>, result: Result<T, Status>) -> Result<T, Status> {
-        let (Some(log), Some(mut rec)) = (self.audit.as_ref(), rec) else { return result };
-        let appended = match &result {
-            Err(s) if s.code() == Code::ResourceExhausted => return result,
-            Err(s) => {
-                rec.outcome = code_name(s.code());
-                log.append_deferred(vec![rec]).await
-            }
-            Ok(_) => log.append_async(vec![rec]).await,
-        };
-        match (appended, result) {
-            (Ok(_), result) => result,
-            (Err(e), Ok(_)) => Err(audit_status(e)),
-            (Err(e), Err(s)) => {
-                tracing::error!(error = %e, code = ?s.code(), "audit: a failed call went unrecorded");
-                Err(s)
-            }
-        }
-    }
-
     /// The Audit RPC: pages of records from the database, streamed through
     /// a bounded channel. `who` is the caller's verified identity, `token`
     /// the `x-scd-audit-token` it presented ([`AuditAccess::reader`]).
@@ -347,7 +223,7 @@ impl ScdService {
             .audit
             .clone()
             .ok_or_else(|| Status::failed_precondition("audit: the server runs without --audit-db"))?;
-        let reader = self.audit_access.reader(token, who.as_deref())?;
+        let reader = self.audit_access.reader(token, who.as_deref()).map_err(Status::from)?;
         let own = match &reader {
             AuditReader::Operator => None,
             AuditReader::Caller(who) => Some(who.as_str()),
@@ -440,14 +316,14 @@ mod tests {
         assert_eq!(access.reader(Some(token.as_bytes()), None).unwrap(), AuditReader::Operator);
         assert_eq!(access.reader(Some(token.as_bytes()), Some("did:key:me")).unwrap(), AuditReader::Operator);
         assert_eq!(access.reader(None, Some("did:key:me")).unwrap(), AuditReader::Caller("did:key:me".into()));
-        let err = access.reader(Some(b"0123456789abcdef-guess"), Some("did:key:me")).unwrap_err();
+        let err = Status::from(access.reader(Some(b"0123456789abcdef-guess"), Some("did:key:me")).unwrap_err());
         assert_eq!((err.code(), err.message()), (Code::Unauthenticated, "x-scd-audit-token: does not match"));
-        let err = access.reader(None, None).unwrap_err();
+        let err = Status::from(access.reader(None, None).unwrap_err());
         assert_eq!(err.code(), Code::PermissionDenied);
         assert!(err.message().contains("present x-scd-audit-token"), "{}", err.message());
         let none = AuditAccess::default();
-        assert_eq!(none.reader(Some(token.as_bytes()), None).unwrap_err().code(), Code::Unauthenticated);
-        assert_eq!(none.reader(None, None).unwrap_err().code(), Code::PermissionDenied);
+        assert_eq!(Status::from(none.reader(Some(token.as_bytes()), None).unwrap_err()).code(), Code::Unauthenticated);
+        assert_eq!(Status::from(none.reader(None, None).unwrap_err()).code(), Code::PermissionDenied);
     }
 
     #[test]

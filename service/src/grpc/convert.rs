@@ -7,36 +7,40 @@ use scd_engine::extract::{Compressed, SelectedChunk, SessionRequest};
 use tonic::{Code, Status};
 
 use super::pb;
+use crate::app::AppError;
 
-/// validation → INVALID_ARGUMENT, unknown session → NOT_FOUND, cancelled →
-/// CANCELLED, deadline → DEADLINE_EXCEEDED, model problems → UNAVAILABLE,
-/// everything else → INTERNAL.
+/// An engine error as a status: [`AppError`]'s mapping (validation →
+/// INVALID_ARGUMENT, unknown session → NOT_FOUND, cancelled → CANCELLED,
+/// deadline → DEADLINE_EXCEEDED, model problems → UNAVAILABLE, everything
+/// else → INTERNAL), the message unchanged.
 pub fn status(err: scd_engine::Error) -> Status {
-    use scd_engine::Error as E;
-    let code = match &err {
-        E::InvalidArgument { .. } | E::InputTooLong { .. } | E::BudgetTooSmall { .. } => Code::InvalidArgument,
-        E::UnknownSession { .. } | E::SessionGone { .. } => Code::NotFound,
-        E::SessionForbidden { .. } => Code::PermissionDenied,
-        E::SessionContextMismatch { .. } => Code::FailedPrecondition,
-        E::SessionContended { .. } => Code::Aborted,
-        E::StateUnavailable { .. } => Code::Unavailable,
-        E::Cancelled { .. } => Code::Cancelled,
-        E::DeadlineExceeded { .. } => Code::DeadlineExceeded,
-        E::OrtLibraryMissing { .. }
-        | E::OrtLibraryLoad { .. }
-        | E::ProviderUnavailable { .. }
-        | E::ModelNotFound { .. }
-        | E::ModelShape { .. } => Code::Unavailable,
-        _ => Code::Internal,
-    };
-    Status::new(code, err.to_string())
+    AppError::from(err).into()
 }
 
-/// A worker that failed (a panic in the engine, whose text may quote a
-/// request's content): a fixed INTERNAL for the client, the cause logged.
-pub(crate) fn worker_failed(e: tokio::task::JoinError) -> Status {
-    tracing::error!(error = %e, "an engine worker failed");
-    Status::internal("the engine failed on this request; the server's log has the cause")
+/// The core's error on the wire: one code per kind, the message unchanged,
+/// and a refusal for load's retry hint as `retry-after-ms`.
+impl From<AppError> for Status {
+    fn from(e: AppError) -> Status {
+        let code = match &e {
+            AppError::InvalidArgument { .. } => Code::InvalidArgument,
+            AppError::Unauthenticated { .. } => Code::Unauthenticated,
+            AppError::PermissionDenied { .. } => Code::PermissionDenied,
+            AppError::NotFound { .. } => Code::NotFound,
+            AppError::FailedPrecondition { .. } => Code::FailedPrecondition,
+            AppError::Aborted { .. } => Code::Aborted,
+            AppError::ResourceExhausted { .. } => Code::ResourceExhausted,
+            AppError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+            AppError::Cancelled { .. } => Code::Cancelled,
+            AppError::Unavailable { .. } => Code::Unavailable,
+            AppError::Internal { .. } => Code::Internal,
+        };
+        let retry = e.retry_after_ms();
+        let mut s = Status::new(code, e.to_string());
+        if let Some(ms) = retry {
+            s.metadata_mut().insert("retry-after-ms", ms.into());
+        }
+        s
+    }
 }
 
 fn kind(i: usize, k: i32) -> Result<FieldKind, Status> {
@@ -111,21 +115,9 @@ pub fn compress_request(
 }
 
 /// Count, size and NUL checks of the texts of an Embed or CountTokens
-/// request: the work and memory of one request stay bounded.
+/// request (the core's [`crate::app::check_texts`]).
 pub fn check_texts(texts: &[String], max_texts: usize, max_text_bytes: usize) -> Result<(), Status> {
-    if texts.len() > max_texts {
-        return Err(Status::invalid_argument(format!("texts: {} texts, over the limit {max_texts}", texts.len())));
-    }
-    for (i, t) in texts.iter().enumerate() {
-        if t.len() > max_text_bytes {
-            return Err(Status::invalid_argument(format!(
-                "texts[{i}]: {} bytes, over the limit {max_text_bytes} (--max-text-bytes)",
-                t.len()
-            )));
-        }
-        scd_engine::context::check_no_nul(|| format!("texts[{i}]"), t).map_err(|e| status(e.into()))?;
-    }
-    Ok(())
+    Ok(crate::app::check_texts(texts, max_texts, max_text_bytes)?)
 }
 
 /// The checked texts and options of an embed request from the wire.
@@ -134,13 +126,7 @@ pub fn embed_request(
     max_texts: usize,
     max_text_bytes: usize,
 ) -> Result<(Vec<String>, EncodeOptions), Status> {
-    if r.texts.is_empty() {
-        return Err(Status::invalid_argument("texts: must hold at least one text"));
-    }
-    check_texts(&r.texts, max_texts, max_text_bytes)?;
-    if let Some(i) = r.texts.iter().position(|t| t.trim().is_empty()) {
-        return Err(Status::invalid_argument(format!("texts[{i}]: must not be empty")));
-    }
+    crate::app::check_embed_texts(&r.texts, max_texts, max_text_bytes)?;
     let kind = match pb::InputKind::try_from(r.kind) {
         Ok(pb::InputKind::Query) => InputKind::Query,
         Ok(pb::InputKind::Passage) => InputKind::Passage,

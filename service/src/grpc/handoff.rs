@@ -158,44 +158,10 @@ pub fn add_report_fields(fields: &mut Vec<Field>, report: &Report) -> Result<(),
     Ok(())
 }
 
-/// Fills an adaptive request from the receiver's own report: its confidence
-/// becomes `current_confidence` (which must then be 0), its next step the
-/// question and its summary the reasoning when those are empty.
+/// Fills an adaptive request from the receiver's own report (the core's
+/// [`crate::app::more::apply_report`]).
 pub fn apply_report(req: &mut ContextRequest, text: &str, map: &ConfidenceMap) -> Result<(), tonic::Status> {
-    if req.current_confidence != 0.0 {
-        return Err(invalid(
-            "current_confidence",
-            format!(
-                "{} given with a report; the report's confidence sets it (give one or the other)",
-                req.current_confidence
-            ),
-        ));
-    }
-    let p = handoff::parse_auto(text);
-    let Some(level) = p.report.confidence else {
-        let why = match &p.why_not {
-            Some(w) => format!("read as {} ({w})", p.format),
-            None => format!("read as {}", p.format),
-        };
-        return Err(invalid(
-            "report",
-            format!(
-                "states no confidence ({why}); send a semi_structured or structured_soft report, or current_confidence"
-            ),
-        ));
-    };
-    req.current_confidence = confidence_value(level, map);
-    if req.specific_question.trim().is_empty() {
-        if let Some(next) = p.report.next.filter(|n| !n.trim().is_empty()) {
-            req.specific_question = next;
-        }
-    }
-    if req.reasoning.trim().is_empty() {
-        if let Some(summary) = p.report.summary {
-            req.reasoning = summary;
-        }
-    }
-    Ok(())
+    Ok(crate::app::more::apply_report(req, text, map)?)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use http::HeaderMap;
 use http_body::Frame;
 use tonic::{Code, Status};
 
-use super::metrics::Metrics;
+use crate::app::metrics::Metrics;
 
 /// Handlers stop this much before the caller's deadline (see the module docs).
 pub const MARGIN: Duration = Duration::from_millis(5);

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use scd_engine::extract::Scd;
 use tonic::{Code, Request, Status};
 
+use crate::app::metrics::Metrics;
+use crate::app::{Core, Limits};
 use crate::client::Conn;
-use crate::grpc::metrics::Metrics;
 use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, Limits, ScdHandler, ScdService};
+use crate::grpc::{pb, ScdHandler};
 
 /// Where a tool call comes from: the HTTP client's address, `None` over
 /// stdio. In process it is the call's peer, so that each client draws on its
@@ -22,7 +23,7 @@ pub type Peer = Option<SocketAddr>;
 
 /// `msg` as a call from `peer`.
 fn from<T>(msg: T, peer: Peer) -> Request<T> {
-    crate::grpc::http::Caller { did: None, addr: peer }.grpc_request(msg)
+    crate::http::Caller { did: None, addr: peer }.grpc_request(msg)
 }
 
 /// The engine behind the tools.
@@ -39,7 +40,7 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// The engine in this process under `limits` (see [`ScdService::new`]).
+    /// The engine in this process under `limits` (see [`Core::new`]).
     pub fn in_process(scd: Arc<Scd>, limits: Limits) -> Self {
         Self::in_process_with(scd, limits, ConfidenceMap::default())
     }
@@ -47,7 +48,7 @@ impl Backend {
     /// [`Backend::in_process`] reading hand-off confidence levels through `map`.
     pub fn in_process_with(scd: Arc<Scd>, limits: Limits, map: ConfidenceMap) -> Self {
         let metrics = Arc::new(Metrics::new(limits.max_batch_tokens));
-        Backend::InProcess(ScdHandler(Arc::new(ScdService::new(scd, limits, metrics).with_confidence_map(map))))
+        Backend::InProcess(ScdHandler(Arc::new(Core::new(scd, limits, metrics).with_confidence_map(map))))
     }
 
     /// `Compress`; `open_session` is OpenSession (the server draws the id

@@ -2,7 +2,7 @@
 //! MCP sessions at once ([`CappedSessions`], rmcp's in-memory session
 //! manager with a cap), and past it a new `initialize` is answered HTTP 503
 //! with `Retry-After` and a JSON-RPC error saying so ([`refuse_when_full`]).
-//! Connections are bounded by the listener ([`crate::grpc::http::serve_router`]).
+//! Connections are bounded by the listener ([`crate::http::serve_router`]).
 //!
 //! A session is its opener's: [`bind_to_address`] keeps the address each
 //! `initialize` came from, and a request naming the session from another

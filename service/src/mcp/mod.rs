@@ -50,18 +50,15 @@
 
 mod args;
 mod backend;
-mod check;
 pub mod http;
 pub mod schema;
 pub mod stdio;
 mod tokens;
 
-pub use args::{
-    Args, CompressContextArgs, ContextArg, CountTokensArgs, EmbedArgs, EmbedOutput, EmbeddingOut, RenderFormat,
-    RequestMoreArgs, TokensOutput,
-};
+pub(crate) use crate::app::json::{compress_arguments, Budget};
+pub use crate::app::json::{Args, CompressContextArgs, ContextArg, RenderFormat, RequestMoreArgs};
+pub use args::{CountTokensArgs, EmbedArgs, EmbedOutput, EmbeddingOut, TokensOutput};
 pub use backend::{Backend, Peer};
-pub(crate) use check::{compress_arguments, Budget};
 
 use std::sync::Arc;
 
@@ -128,24 +125,7 @@ fn render_pb(format: RenderFormat) -> pb::ReportFormat {
 /// named, a reply budget of at least 1, and exactly one of a confidence in
 /// [0, 1] or a report. Errors name the argument.
 pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, String> {
-    if a.session.is_empty() {
-        return Err("session: must not be empty".into());
-    }
-    if a.max_tokens == Some(0) {
-        return Err("max_tokens: must be at least 1 (leave it out for the session's default)".into());
-    }
-    let confidence = match (a.current_confidence, &a.report) {
-        (Some(_), Some(_)) => {
-            return Err("current_confidence: given with a report; the report's confidence sets it (give one \
-                        or the other)"
-                .into())
-        }
-        (None, None) => return Err("current_confidence: required without a report (a number in [0, 1])".into()),
-        (Some(c), None) if !(c.is_finite() && (0.0..=1.0).contains(&c)) => {
-            return Err(format!("current_confidence: must be in [0, 1], got {c}"))
-        }
-        (c, _) => c.unwrap_or(0.0),
-    };
+    let confidence = crate::app::json::more_confidence(&a).map_err(|e| e.to_string())?;
     Ok(pb::ContextRequest {
         request_id: String::new(),
         session_id: a.session,
@@ -162,35 +142,10 @@ pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, Str
 use tokens::NotYours;
 pub use tokens::{peer_of, Owner, SessionTokens};
 
-/// The wire names of arguments in engine and server errors, and the MCP
-/// argument each stands for.
-const RENAMES: &[(&str, &str)] = &[
-    ("requirement.max_context_tokens", "budget"),
-    ("max_context_tokens", "budget"),
-    ("requirement.required_fields", "required"),
-    ("required_fields", "required"),
-    ("requirement.optional_fields", "optional"),
-    ("optional_fields", "optional"),
-    ("requirement.relevance_threshold", "threshold"),
-    ("relevance_threshold", "threshold"),
-    ("requirement.min_relative_score", "min_relative_score"),
-    ("task.description", "task"),
-    ("specific_question", "question"),
-    ("session_id", "session"),
-    ("fields", "context.fields"),
-    ("context.fields", "context.fields"),
-];
-
-/// A server message with the wire's argument name replaced by the MCP one.
+/// A server message with the wire's argument name replaced by the MCP one
+/// (the JSON API's, [`crate::app::json::argument_named`]).
 pub(crate) fn rename_argument(msg: &str) -> String {
-    for (wire, arg) in RENAMES {
-        if let Some(rest) = msg.strip_prefix(wire) {
-            if rest.starts_with([':', '[', '.', ' ']) {
-                return format!("{arg}{rest}");
-            }
-        }
-    }
-    msg.to_string()
+    crate::app::json::argument_named(msg)
 }
 
 /// The text of a failed call's tool error: an argument problem as the
@@ -436,7 +391,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::grpc::Limits;
+    use crate::app::Limits;
 
     fn args<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
         let Value::Object(m) = v else { panic!("not an object") };
@@ -549,8 +504,8 @@ mod tests {
             AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
         );
         let (scd, limits) = engine();
-        let metrics = Arc::new(crate::grpc::metrics::Metrics::new(limits.max_batch_tokens));
-        let service = crate::grpc::ScdService::new(scd, limits, metrics).with_audit(Some(log.clone()));
+        let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
+        let service = crate::app::Core::new(scd, limits, metrics).with_audit(Some(log.clone()));
         let mcp = ScdMcp::new(Backend::InProcess(crate::grpc::ScdHandler(Arc::new(service))), SessionTokens::new(8));
         let (a, b): (std::net::SocketAddr, std::net::SocketAddr) =
             ("10.0.0.7:5000".parse().unwrap(), "[2001:db8::9]:41000".parse().unwrap());

@@ -1,6 +1,7 @@
 //! Request bodies: read within `--max-request-bytes`, parsed strictly into
-//! the types MCP's tools parse (one definition of each argument), and
-//! documented in the OpenAPI document by those types' own schemas.
+//! the JSON API's arguments ([`crate::app::json`], which MCP's tools parse
+//! too: one definition of each argument), and documented in the OpenAPI
+//! document by those types' own schemas.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{json, Map, Value};
 
 use super::ApiError;
-use crate::grpc::ScdService;
-use crate::mcp::{compress_arguments, Args, Budget, CompressContextArgs, RequestMoreArgs};
+use crate::app::json::{compress_arguments, Args, Budget, CompressContextArgs, RequestMoreArgs};
+use crate::app::Core;
 
 /// A JSON object body parsed as `T` ([`RestBody::parse`]); a body not sent
 /// as `Content-Type: application/json` is 415, one over
@@ -25,10 +26,10 @@ pub trait RestBody: Sized {
     fn parse(body: Map<String, Value>) -> Result<Self, String>;
 }
 
-impl<T: RestBody> FromRequest<Arc<ScdService>> for Body<T> {
+impl<T: RestBody> FromRequest<Arc<Core>> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, svc: &Arc<ScdService>) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, svc: &Arc<Core>) -> Result<Self, Self::Rejection> {
         // JSON only: a web page may POST text/plain or a form to a server on
         // this host without asking first (no CORS preflight); never JSON
         let json = req
@@ -72,7 +73,7 @@ pub struct CompressBody {
     /// The arguments, checked: exactly one of `budget` and `rate`, in range.
     pub args: CompressContextArgs,
     /// What they ask to send.
-    pub(crate) budget: Budget,
+    pub budget: Budget,
 }
 
 impl RestBody for CompressBody {

@@ -10,15 +10,15 @@ use aide::transform::TransformOperation;
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
+use scd_engine::encoder::{EncodeOptions, InputKind};
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::body::{Body, RestBody};
 use super::ApiError;
-use crate::grpc::http::Caller;
-use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, ScdHandler, ScdService};
+use crate::app::{AppError, Call, Core};
+use crate::http::Caller;
 
 /// `POST /v1/embeddings`'s body (OpenAI's, strict).
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -142,7 +142,7 @@ pub enum InputType {
 
 impl RestBody for EmbeddingsBody {
     fn parse(body: Map<String, Value>) -> Result<Self, String> {
-        let b: EmbeddingsBody = crate::mcp::Args::from_map(body).parse()?;
+        let b: EmbeddingsBody = crate::app::json::Args::from_map(body).parse()?;
         if b.input.0.is_empty() {
             return Err("input: must hold at least one text".into());
         }
@@ -195,7 +195,7 @@ pub struct Usage {
 
 /// `POST /v1/embeddings`.
 pub(super) async fn embeddings(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     Body(b): Body<EmbeddingsBody>,
 ) -> Result<Json<EmbeddingsReply>, ApiError> {
@@ -205,41 +205,42 @@ pub(super) async fn embeddings(
     };
     // the id `GET /v1/models` lists (`e5-small@<digest>`), or its name alone
     if b.model != model && model.split_once('@').is_none_or(|(name, _)| b.model != name) {
-        return Err(ApiError::from_status(&tonic::Status::not_found(
-            "model: not a model this server has loaded (GET /v1/models lists it)",
-        )));
+        return Err(AppError::NotFound {
+            message: "model: not a model this server has loaded (GET /v1/models lists it)".into(),
+        }
+        .into());
     }
     if b.dimensions.is_some_and(|d| d as usize != dim) {
         return Err(ApiError::invalid(format!("dimensions: this model's vectors have {dim} dimensions")));
     }
     let kind = match b.input_type {
-        InputType::Passage => pb::InputKind::Passage,
-        InputType::Query => pb::InputKind::Query,
+        InputType::Passage => InputKind::Passage,
+        InputType::Query => InputKind::Query,
     };
-    let r = pb::EmbedRequest { texts: b.input.0, kind: kind as i32, windows: true };
-    let r = ScdHandler(svc.clone()).embed(who.grpc_request(r)).await.map_err(|s| {
-        let message = match s.message().strip_prefix("texts") {
-            Some(rest) => format!("input{rest}"),
-            None => s.message().to_string(),
-        };
-        ApiError::from_status(&tonic::Status::with_metadata(s.code(), message, s.metadata().clone()))
-    })?;
-    let r = r.into_inner();
-    let tokens: u64 = r.embeddings.iter().map(|e| u64::from(e.tokens)).sum();
-    let data = r
-        .embeddings
-        .into_iter()
-        .enumerate()
-        .map(|(index, e)| EmbeddingData {
-            object: "embedding",
-            index: index as u32,
-            embedding: match b.encoding_format {
-                EncodingFormat::Float => Vector::Float(e.values),
-                EncodingFormat::Base64 => {
-                    let bytes: Vec<u8> = e.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                    Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
-                }
-            },
+    let texts = b.input.0;
+    let limits = svc.limits();
+    // the core names the texts `texts`; here they are `input`
+    let input_named =
+        |e: AppError| e.map_message(|m| m.strip_prefix("texts").map_or(m.clone(), |r| format!("input{r}")));
+    crate::app::check_embed_texts(&texts, limits.max_texts, limits.max_text_bytes).map_err(input_named)?;
+    let call = Call::new("REST", "Embed").from(who.did.clone(), who.peer());
+    let r = svc.embed(&call, texts, EncodeOptions::new(kind).with_windows()).await.map_err(input_named)?;
+    let enc = r.encoded;
+    let tokens: u64 = enc.tokens.iter().map(|&t| u64::from(t as u32)).sum();
+    let data = (0..enc.len())
+        .map(|index| {
+            let values = enc.row(index);
+            EmbeddingData {
+                object: "embedding",
+                index: index as u32,
+                embedding: match b.encoding_format {
+                    EncodingFormat::Float => Vector::Float(values.to_vec()),
+                    EncodingFormat::Base64 => {
+                        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                        Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    }
+                },
+            }
         })
         .collect();
     Ok(Json(EmbeddingsReply {
@@ -281,7 +282,7 @@ pub struct Model {
 }
 
 /// `GET /v1/models`.
-pub(super) async fn models(State(svc): State<Arc<ScdService>>) -> Json<ModelList> {
+pub(super) async fn models(State(svc): State<Arc<Core>>) -> Json<ModelList> {
     let id = svc.scd.encoder().model_id().to_string();
     Json(ModelList { object: "list", data: vec![Model { id, object: "model", created: 0, owned_by: "scd" }] })
 }

@@ -1,5 +1,5 @@
 //! Errors in OpenAI's shape, `{"error": {"message", "type", "param",
-//! "code"}}`, with the HTTP status of the engine's gRPC code.
+//! "code"}}`, with the HTTP status of the core's error kind.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::SESSION_TOKEN_HEADER;
+use crate::app::AppError;
 
 /// A REST error: the status, the body, and for 429 the retry hint.
 #[derive(Debug)]
@@ -76,32 +77,6 @@ impl ApiError {
         )
     }
 
-    /// The engine's answer: its code as an HTTP status, its message (which
-    /// names the field in the request's terms) and, for
-    /// RESOURCE_EXHAUSTED, its `retry-after-ms`.
-    pub fn from_status(s: &tonic::Status) -> ApiError {
-        use tonic::Code::*;
-        let (status, kind) = match s.code() {
-            InvalidArgument | OutOfRange => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-            Unauthenticated => (StatusCode::UNAUTHORIZED, "authentication_error"),
-            PermissionDenied => (StatusCode::FORBIDDEN, "permission_error"),
-            NotFound => (StatusCode::NOT_FOUND, "not_found_error"),
-            AlreadyExists | FailedPrecondition | Aborted => (StatusCode::CONFLICT, "conflict_error"),
-            ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
-            DeadlineExceeded | Cancelled => (StatusCode::GATEWAY_TIMEOUT, "timeout_error"),
-            Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
-            _ => (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
-        };
-        let code = format!("{:?}", s.code());
-        let mut e = ApiError::new(status, kind, crate::mcp::rename_argument(s.message()), None);
-        e.detail.code = Some(screaming(&code));
-        e.retry_after_ms = s.metadata().get("retry-after-ms").and_then(|v| v.to_str().ok()?.parse().ok());
-        if status == StatusCode::TOO_MANY_REQUESTS && e.retry_after_ms.is_none() {
-            e.retry_after_ms = Some(1000);
-        }
-        e
-    }
-
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -110,6 +85,37 @@ impl ApiError {
     /// The message.
     pub fn message(&self) -> &str {
         &self.detail.message
+    }
+}
+
+/// The core's answer: its kind as an HTTP status, its message with the
+/// field named as the JSON API names it (`budget`, `context.fields`, …;
+/// [`crate::app::json::named`]) and, for a refusal for load, its retry hint
+/// (1000 ms when it has none).
+impl From<AppError> for ApiError {
+    fn from(e: AppError) -> ApiError {
+        let (status, kind) = match &e {
+            AppError::InvalidArgument { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            AppError::Unauthenticated { .. } => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            AppError::PermissionDenied { .. } => (StatusCode::FORBIDDEN, "permission_error"),
+            AppError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found_error"),
+            AppError::FailedPrecondition { .. } | AppError::Aborted { .. } => (StatusCode::CONFLICT, "conflict_error"),
+            AppError::ResourceExhausted { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+            AppError::DeadlineExceeded { .. } | AppError::Cancelled { .. } => {
+                (StatusCode::GATEWAY_TIMEOUT, "timeout_error")
+            }
+            AppError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
+            AppError::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
+        };
+        let code = screaming(e.kind_name());
+        let retry = e.retry_after_ms();
+        let mut out = ApiError::new(status, kind, crate::app::json::named(e).to_string(), None);
+        out.detail.code = Some(code);
+        out.retry_after_ms = retry;
+        if status == StatusCode::TOO_MANY_REQUESTS && out.retry_after_ms.is_none() {
+            out.retry_after_ms = Some(1000);
+        }
+        out
     }
 }
 
@@ -187,15 +193,14 @@ mod tests {
         assert_eq!(param_of("context.fields[2].kind: unknown variant").as_deref(), Some("context.fields[2].kind"));
         assert_eq!(param_of("budget: must be at least 1").as_deref(), Some("budget"));
         assert_eq!(param_of("the encoder thread stopped: x"), None);
-        let mut s = tonic::Status::resource_exhausted("compress slots: all 8 busy");
-        s.metadata_mut().insert("retry-after-ms", "1500".parse().unwrap());
-        let r = ApiError::from_status(&s).into_response();
+        let r = ApiError::from(AppError::exhausted("compress slots: all 8 busy", 1500)).into_response();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         assert_eq!(r.headers()["retry-after-ms"], "1500");
-        let e = ApiError::from_status(&tonic::Status::invalid_argument("requirement.max_context_tokens: too big"));
+        let e = ApiError::from(AppError::invalid("requirement.max_context_tokens: too big"));
         assert_eq!((e.status(), e.detail.param.as_deref()), (StatusCode::BAD_REQUEST, Some("budget")));
         assert_eq!(e.detail.code.as_deref(), Some("INVALID_ARGUMENT"));
-        assert_eq!(ApiError::from_status(&tonic::Status::not_found("x")).status(), StatusCode::NOT_FOUND);
+        let gone = AppError::NotFound { message: "x".into() };
+        assert_eq!(ApiError::from(gone).status(), StatusCode::NOT_FOUND);
     }
 }

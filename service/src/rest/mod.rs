@@ -14,7 +14,7 @@
 //! | `GET /openapi.json` | — | the OpenAPI 3.1 document, generated (by `aide`) from these handlers and the types they parse and answer |
 //! | `GET /ui` | — | a page that calls these routes to show what a selection kept and why ([`ui`]; off with `--no-ui`) |
 //!
-//! Every handler calls the same [`ScdService`] methods as gRPC, A2A and
+//! Every handler calls the same [`Core`] methods as gRPC, A2A and
 //! MCP, so limits, per-caller shares, sessions (bound to the caller: its
 //! DID under `--auth did-wba`, else its IP address), audit and metrics are
 //! the same. Bodies are read within `--max-request-bytes` and parsed
@@ -25,7 +25,7 @@
 //! up) and `retry-after-ms`.
 //!
 //! ```no_run
-//! # fn run(svc: std::sync::Arc<scd_service::grpc::ScdService>) {
+//! # fn run(svc: std::sync::Arc<scd_service::app::Core>) {
 //! // merged into the HTTP listener's router by `server::serve`
 //! let routes: axum::Router = scd_service::rest::router(svc);
 //! # }
@@ -55,9 +55,8 @@ use axum::Json;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::grpc::http::{Caller, Counted};
-use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, ScdHandler, ScdService};
+use crate::app::{json, AppError, Call, Core};
+use crate::http::{Caller, Counted};
 use crate::view::{self, CompressOutput, MoreOutput};
 
 /// The header that carries a session's token (never a URL: URLs are logged).
@@ -65,7 +64,7 @@ pub const SESSION_TOKEN_HEADER: &str = "x-scd-session-token";
 
 /// The REST routes over `svc` (and `GET /openapi.json`), to merge into the
 /// HTTP listener's router.
-pub fn router(svc: Arc<ScdService>) -> axum::Router {
+pub fn router(svc: Arc<Core>) -> axum::Router {
     let mut api = api_info();
     let routes = api_routes().finish_api(&mut api);
     let document: Arc<str> = serde_json::to_string_pretty(&api).expect("an OpenAPI document serializes").into();
@@ -79,7 +78,7 @@ pub fn router(svc: Arc<ScdService>) -> axum::Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(
             Counted { metrics: svc.metrics.clone(), prefix: "REST", route_of },
-            crate::grpc::http::counted,
+            crate::http::counted,
         ))
         .with_state(svc)
 }
@@ -110,7 +109,7 @@ fn api_info() -> OpenApi {
 }
 
 /// The documented routes (their handlers and the types they parse and answer).
-fn api_routes() -> ApiRouter<Arc<ScdService>> {
+fn api_routes() -> ApiRouter<Arc<Core>> {
     ApiRouter::new()
         .api_route("/v1/compress", post_with(compress, compress_docs))
         .api_route("/v1/sessions/{session_id}/more", post_with(more, more_docs))
@@ -197,7 +196,7 @@ pub struct CompressReply {
 
 /// `POST /v1/compress`.
 async fn compress(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     SessionToken(token): SessionToken,
     Body(b): Body<CompressBody>,
@@ -208,16 +207,19 @@ async fn compress(
         return Err(ApiError::invalid(format!("{SESSION_TOKEN_HEADER}: sent without a session to continue")));
     }
     let token = token.unwrap_or_default();
-    let open = token.is_empty();
+    let method = if token.is_empty() { "OpenSession" } else { "Compress" };
+    let call = rest_call(method, &who);
     let list_dropped = args.list_dropped;
-    let req = crate::mcp::compress_request(args, budget, session_id, token);
-    let method = if open { "REST OpenSession" } else { "REST Compress" };
-    let mut r = svc
-        .compress_audited(method, req, None, who.did.clone(), who.peer(), open)
-        .await
-        .map_err(|s| ApiError::from_status(&s))?;
-    let session_token = std::mem::take(&mut r.session_token);
-    Ok(Json(CompressReply { output: view::compress_view(r, list_dropped), session_token }))
+    let seed = json::audit_seed(&args, budget, &session_id);
+    let input = json::compress_input(&svc, args, budget, session_id, token);
+    let mut out = svc.compress_seeded(&call, seed, input).await?;
+    let session_token = out.compressed.session.as_mut().map(|g| std::mem::take(&mut g.token)).unwrap_or_default();
+    Ok(Json(CompressReply { output: view::compressed_view(out.compressed, list_dropped), session_token }))
+}
+
+/// The core's call of a REST method (`REST Compress` in the audit trail).
+fn rest_call(method: &str, who: &Caller) -> Call {
+    Call::new("REST", method).from(who.did.clone(), who.peer())
 }
 
 fn compress_docs(op: TransformOperation) -> TransformOperation {
@@ -231,20 +233,19 @@ fn compress_docs(op: TransformOperation) -> TransformOperation {
 
 /// `POST /v1/sessions/{session_id}/more`.
 async fn more(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     Path(session_id): Path<String>,
     SessionToken(token): SessionToken,
     Body(MoreBody(mut args)): Body<MoreBody>,
 ) -> Result<Json<MoreOutput>, ApiError> {
     args.session = session_id;
-    let mut req = crate::mcp::more_request(args).map_err(ApiError::invalid)?;
-    req.session_token = token.ok_or_else(ApiError::session_token_missing)?;
-    let r = svc
-        .request_context_audited("REST RequestContext", req, None, who.did.clone(), who.peer())
-        .await
-        .map_err(|s| ApiError::from_status(&s))?;
-    Ok(Json(view::more_view(r)))
+    json::more_confidence(&args)?;
+    let token = token.ok_or_else(ApiError::session_token_missing)?;
+    let call = rest_call("RequestContext", &who);
+    let seed = crate::app::more::MoreSeed { question: args.question.clone(), session_id: args.session.clone() };
+    let out = svc.request_more(&call, seed, json::more_input(&svc, args, token)).await?;
+    Ok(Json(view::more_context_view(out.more)))
 }
 
 fn more_docs(op: TransformOperation) -> TransformOperation {
@@ -257,23 +258,16 @@ fn more_docs(op: TransformOperation) -> TransformOperation {
 
 /// `DELETE /v1/sessions/{session_id}`.
 async fn close(
-    State(svc): State<Arc<ScdService>>,
+    State(svc): State<Arc<Core>>,
     who: Caller,
     Path(session_id): Path<String>,
     SessionToken(token): SessionToken,
 ) -> Result<StatusCode, ApiError> {
     let token = token.ok_or_else(ApiError::session_token_missing)?;
-    let r = pb::CloseSessionRequest { session_id, session_token: token };
-    let closed = ScdHandler(svc)
-        .close_session(who.grpc_request(r))
-        .await
-        .map_err(|s| ApiError::from_status(&s))?
-        .into_inner()
-        .closed;
-    if closed {
+    if svc.close_session(&rest_call("CloseSession", &who), &session_id, &token)? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::from_status(&tonic::Status::not_found("session_id: no such session (expired or closed)")))
+        Err(AppError::NotFound { message: "session_id: no such session (expired or closed)".into() }.into())
     }
 }
 

@@ -295,8 +295,8 @@ async fn serve_did_document(http: SocketAddr, document: (String, serde_json::Val
             async move { ([(http::header::CONTENT_TYPE, "application/did+json")], body) }
         }),
     );
-    let limits = crate::grpc::http::HttpLimits::default();
-    tokio::spawn(crate::grpc::http::serve_router(listener, router, limits, |_| {}));
+    let limits = crate::http::HttpLimits::default();
+    tokio::spawn(crate::http::serve_router(listener, router, limits, |_| {}));
     Ok(local)
 }
 

@@ -33,8 +33,8 @@ use http::{header, HeaderMap, StatusCode};
 use scd_did::wba::{did_for_served_path, Reason, WbaAuthenticator};
 use tonic::Status;
 
-use super::metrics::Metrics;
-use super::ratelog::RateLimitedWarn;
+use crate::app::metrics::Metrics;
+use crate::app::ratelog::RateLimitedWarn;
 
 /// The DID that signed a call's `Authorization` header, in its extensions.
 #[derive(Debug, Clone, PartialEq, Eq)]

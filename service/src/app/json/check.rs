@@ -4,11 +4,11 @@
 
 use scd_engine::context::Context;
 
-use super::{Args, CompressContextArgs};
+use super::args::{Args, CompressContextArgs};
 
 /// What a `compress_context` may send: tokens, or a share of the context.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Budget {
+pub enum Budget {
     /// At most this many tokens of `budget_tokenizer` (at least 1).
     Tokens(u32),
     /// This share of the shareable context's tokens, in (0, 1]: the server
@@ -21,7 +21,7 @@ pub(crate) enum Budget {
 /// send, the rest is parsed strictly, exactly one of `budget` and `rate` is
 /// given and in range, and so are the thresholds. Errors name the argument
 /// and never quote a value.
-pub(crate) fn compress_arguments(args: Args<CompressContextArgs>) -> Result<(CompressContextArgs, Budget), String> {
+pub fn compress_arguments(args: Args<CompressContextArgs>) -> Result<(CompressContextArgs, Budget), String> {
     if let Some(hint) = args.0.get("context").and_then(Context::mistaken_shape) {
         return Err(format!("context: {hint}"));
     }

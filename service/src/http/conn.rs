@@ -50,7 +50,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 use tracing::debug;
 
-use crate::grpc::ratelog::RateLimitedWarn;
+use crate::app::ratelog::RateLimitedWarn;
 
 /// HTTP listener settings (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::ScdService;
+use super::Core;
 
 /// Whether a server takes work, as `GET /ready` answers it (gRPC health
 /// says the same as SERVING / NOT_SERVING).
@@ -56,7 +56,7 @@ impl Readiness {
     }
 }
 
-impl ScdService {
+impl Core {
     /// Its [`Readiness`], which the server sets.
     pub fn readiness(&self) -> &Arc<Readiness> {
         &self.readiness

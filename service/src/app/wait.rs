@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tonic::Status;
-
+use super::error::AppError;
 use super::queue::{hint_ms, remaining_ms, Rate};
 use super::shares::{self, Pace, PastShare};
 
@@ -92,24 +91,23 @@ fn hint(estimate: Option<f64>, pace: &Pace, busy: usize) -> u64 {
 /// RESOURCE_EXHAUSTED for a caller past its share of `what`, told to retry
 /// when one of its places (its network's, past the network's share) likely
 /// frees: `estimate` ms, or `pace`'s guess before anything was measured.
-pub fn past_share(what: &str, p: PastShare, estimate: Option<f64>, pace: &Pace) -> Status {
+pub fn past_share(what: &str, p: PastShare, estimate: Option<f64>, pace: &Pace) -> AppError {
     let ms = hint(estimate, pace, p.held);
     let holder = if p.network { "this caller's network (its /24)" } else { "this caller" };
-    let mut s = Status::resource_exhausted(format!(
-        "{what}: {holder} holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after {ms} ms",
-        p.held, p.capacity, p.share
-    ));
-    s.metadata_mut().insert("retry-after-ms", ms.into());
-    s
+    AppError::exhausted(
+        format!(
+            "{what}: {holder} holds {} of {}, past its share of {}, and the rest are kept for other callers; retry after {ms} ms",
+            p.held, p.capacity, p.share
+        ),
+        ms,
+    )
 }
 
 /// RESOURCE_EXHAUSTED for a full `what` of `places`, told to retry when one
 /// likely frees (as [`past_share`]).
-pub fn overloaded(what: &str, places: usize, estimate: Option<f64>, pace: &Pace) -> Status {
+pub fn overloaded(what: &str, places: usize, estimate: Option<f64>, pace: &Pace) -> AppError {
     let ms = hint(estimate, pace, places);
-    let mut s = Status::resource_exhausted(format!("{what} queue is full; retry after {ms} ms"));
-    s.metadata_mut().insert("retry-after-ms", ms.into());
-    s
+    AppError::exhausted(format!("{what} queue is full; retry after {ms} ms"), ms)
 }
 
 /// Whether share unit `u` is `caller`'s place to wait for: its own, or past

@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, Encoded};
 use tokio::sync::oneshot;
-use tonic::Status;
 
-/// The answer to a job: embeddings or a status, and the time it spent queued (ms).
-pub type Reply = (Result<Encoded, Status>, f64);
+/// The answer to a job: embeddings or an error, and the time it spent queued (ms).
+pub type Reply = (Result<Encoded, super::error::AppError>, f64);
 
 /// One embed request in the queue.
 pub struct Job {

@@ -23,9 +23,9 @@ use std::time::Instant;
 use scd_engine::cancel::Cancel;
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder};
 use tokio::sync::watch;
-use tonic::Status;
 use tracing::{debug, error};
 
+use super::error::AppError;
 use super::metrics::Metrics;
 use super::queue::{Full, Queue};
 pub use super::queue::{Job, Reply};
@@ -100,7 +100,7 @@ impl Batcher {
                 };
                 error!(cause = %cause, "encoder thread stopped; embed requests now fail UNAVAILABLE");
                 let _ = stop_tx.send(Some(cause.clone()));
-                let unavailable = || Status::unavailable(ENCODER_STOPPED);
+                let unavailable = || AppError::unavailable(ENCODER_STOPPED);
                 if let Some((j, _)) = worker.pending.take() {
                     let _ = j.reply.send((Err(unavailable()), 0.0));
                 }
@@ -172,7 +172,7 @@ impl Worker {
     fn alive(&self, j: Job) -> Option<Job> {
         if j.deadline.is_some_and(|d| Instant::now() >= d) {
             self.metrics.job_dropped("deadline");
-            let _ = j.reply.send((Err(Status::deadline_exceeded("deadline passed while queued for the encoder")), 0.0));
+            let _ = j.reply.send((Err(AppError::deadline("deadline passed while queued for the encoder")), 0.0));
             return None;
         }
         if j.reply.is_closed() {
@@ -200,7 +200,7 @@ impl Worker {
                     let msg = format!(
                         "texts: {n} encoder tokens, over the limit of {limit} per request (--max-request-encoder-tokens); send fewer or shorter texts"
                     );
-                    let _ = j.reply.send((Err(Status::invalid_argument(msg)), 0.0));
+                    let _ = j.reply.send((Err(AppError::invalid(msg)), 0.0));
                     continue;
                 }
                 return Some((j, n));
@@ -292,7 +292,7 @@ impl Worker {
             Err(cause) => {
                 for j in jobs {
                     let q = queued(&j);
-                    let _ = j.reply.send((Err(Status::internal(ENCODER_FAILED)), q));
+                    let _ = j.reply.send((Err(AppError::internal(ENCODER_FAILED)), q));
                 }
                 return Err(cause);
             }
@@ -317,7 +317,7 @@ impl Worker {
             Err(e) if whole_cancel.check("embed").is_err() => {
                 // the caller of the only job went away: nothing to retry
                 self.metrics.job_dropped("cancelled");
-                let status = super::convert::status(e);
+                let status = AppError::from(e);
                 for j in jobs {
                     let q = queued(&j);
                     let _ = j.reply.send((Err(status.clone()), q));
@@ -332,12 +332,12 @@ impl Worker {
                     let q = queued(&j);
                     match self.encode(&refs, &j.opts, &j.cancel) {
                         Ok(r) => {
-                            let _ = j.reply.send((r.map_err(super::convert::status), q));
+                            let _ = j.reply.send((r.map_err(AppError::from), q));
                         }
                         Err(cause) => {
                             for j in std::iter::once(j).chain(jobs) {
                                 let q = queued(&j);
-                                let _ = j.reply.send((Err(Status::internal(ENCODER_FAILED)), q));
+                                let _ = j.reply.send((Err(AppError::internal(ENCODER_FAILED)), q));
                             }
                             return Err(cause);
                         }

@@ -1,7 +1,7 @@
 //! The HTTP listener (`--http-addr`; over TLS with `--tls-cert`, mTLS with
 //! `--client-ca`): Prometheus metrics at `GET /metrics`
 //! (with `--auth did-wba`: signed requests only, and the DID documents of
-//! `--did-dir` at their did:wba paths, see [`super::auth`]), `/health`,
+//! `--did-dir` at their did:wba paths, see [`crate::auth`]), `/health`,
 //! `/ready`, and the A2A and REST routes merged in; served by axum over
 //! hyper's HTTP/1.1 connection driver with the caps, probe reserve and time
 //! limits of [`conn`].
@@ -13,15 +13,15 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use super::auth::{http_middleware, Auth};
-use super::metrics::Scrape;
-use super::ScdService;
+use crate::app::metrics::Scrape;
+use crate::app::Core;
+use crate::auth::{http_middleware, Auth};
 
 mod conn;
 
 pub use conn::HttpLimits;
 
-async fn metrics(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
+async fn metrics(State(service): State<Arc<Core>>) -> impl IntoResponse {
     let stats = service.scd.cache_stats();
     let sessions = service.scd.session_stats();
     let gauges = [
@@ -56,10 +56,10 @@ pub struct Caller {
 
 impl Caller {
     /// Whom its A2A tasks and contexts belong to: the key of its share over
-    /// gRPC ([`super::shares::key`]): `id:` the DID, else `ip:` the IP
+    /// gRPC ([`crate::app::shares::key`]): `id:` the DID, else `ip:` the IP
     /// address without the port, else `local` (an in-process call).
     pub fn owner(&self) -> String {
-        super::shares::key(self.did.as_deref(), self.peer().as_deref())
+        crate::app::shares::key(self.did.as_deref(), self.peer().as_deref())
     }
 
     /// The address as the audit trail records it (`ip:port`).
@@ -76,7 +76,7 @@ impl Caller {
                 .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(addr) });
         }
         if let Some(did) = &self.did {
-            r.extensions_mut().insert(super::auth::AuthenticatedDid(did.clone()));
+            r.extensions_mut().insert(crate::auth::AuthenticatedDid(did.clone()));
         }
         r
     }
@@ -87,7 +87,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
         Ok(Caller {
-            did: parts.extensions.get::<super::auth::AuthenticatedDid>().map(|d| d.0.clone()),
+            did: parts.extensions.get::<crate::auth::AuthenticatedDid>().map(|d| d.0.clone()),
             addr: parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0),
         })
     }
@@ -99,7 +99,7 @@ impl aide::OperationInput for Caller {}
 /// `A2A`) and the route of a path (ids are not labels).
 #[derive(Clone)]
 pub(crate) struct Counted {
-    pub(crate) metrics: Arc<super::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::app::metrics::Metrics>,
     pub(crate) prefix: &'static str,
     pub(crate) route_of: fn(&str) -> &'static str,
 }
@@ -144,8 +144,8 @@ async fn health() -> impl IntoResponse {
 /// a load balancer's check; gRPC health says the same, except that it is
 /// NOT_SERVING while the session store is down and `/ready` says 200,
 /// degraded, so that stateless calls still reach the replica).
-async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
-    use super::Ready;
+async fn ready(State(service): State<Arc<Core>>) -> impl IntoResponse {
+    use crate::app::Ready;
     match service.readiness().get() {
         Ready::Serving => (axum::http::StatusCode::OK, "serving\n"),
         Ready::Starting => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "starting: the model is warming up\n"),
@@ -168,7 +168,7 @@ async fn ready(State(service): State<Arc<ScdService>>) -> impl IntoResponse {
 /// `/ready` excepted).
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
-    service: Arc<ScdService>,
+    service: Arc<Core>,
     limits: HttpLimits,
     auth: Option<Arc<Auth>>,
     routes: Option<axum::Router>,
