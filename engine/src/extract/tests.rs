@@ -563,3 +563,29 @@ fn a_compress_goes_on_over_a_corrupted_cache_file_and_a_held_one() {
         }
     }
 }
+
+/// Each field's last line is found once, when the context is prepared, and
+/// the headers rendered from it name a one-line field alone and give a
+/// longer field's lines.
+#[test]
+fn headers_name_lines_from_each_fields_last_line_found_at_prepare_time() {
+    let s = scd();
+    let log = "INFO service started\nWARN disk at 91%\nERROR write failed: no space left on device\n";
+    let fields =
+        [prose("note", "The disk filled up overnight."), Field { kind: FieldKind::Log, ..prose("app.log", log) }];
+    let refs: Vec<&Field> = fields.iter().collect();
+    let ctx = s.prepare(&refs, &crate::cancel::Cancel::new()).unwrap();
+    for f in 0..fields.len() {
+        let max = ctx.chunks.iter().filter(|c| c.field == f).map(|c| c.lines.1).max().unwrap();
+        assert_eq!(ctx.last_lines[f], max, "field {f}");
+    }
+    assert_eq!(ctx.last_lines, [1, 3]);
+    let all: Vec<usize> = (0..ctx.chunks.len()).collect();
+    let text = render::render(&ctx, &all);
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(headers.first(), Some(&"[note]"), "{text}");
+    assert!(headers[1..].iter().all(|h| h.starts_with("[app.log:")), "{text}");
+    let last = ctx.chunks.iter().rposition(|c| c.field == 1).unwrap();
+    let text = render::render(&ctx, &[last]);
+    assert_eq!(text.lines().next(), Some("[app.log:3]"), "{text}");
+}
