@@ -4,7 +4,8 @@
 # 10x in cl100k. Sets: `shared` (the 42 cases of ../shared/evaldata/agent)
 # `registry` (logs, docs, json and chat from registry packages, built by
 # benches/data/agent/build_data.py into benches/data/agent/out) and `code`
-# (benches/data/agent/code/build.py).
+# (benches/data/agent/code/build.py); `sweep` runs shared and registry
+# together with SWEEP's settings chosen by FOLDS-fold cross-validation.
 # Raw outputs: benches/results/eval_agent_<set>.{txt,json,svg}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,7 @@ run() {
     --report "$out.json" --plot "$out.svg")
   {
     echo "# $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes'), release build, 2 cores; $(date -u +%FT%TZ)"
-    echo "# command: ${cmd[*]}"
+    echo "# command: $(printf "%q " "${cmd[@]}")"
     "${cmd[@]}" 2>&1 | grep -v '^\s*$'
   } > "$out.txt"
   tail -n 24 "$out.txt"
@@ -30,6 +31,12 @@ for s in "${sets[@]}"; do
     registry) O=benches/data/agent/out
       run registry --data "$O/logs.jsonl" --data "$O/docs.jsonl" --data "$O/json.jsonl" --data "$O/chat.jsonl" ;;
     code) run code --data benches/data/agent/out/code.jsonl ;;
-    *) echo "unknown set $s (shared, registry, code)" >&2; exit 2 ;;
+    # settings chosen by cross-validation over shared + registry: SWEEP is the
+    # grid (`key=v1,v2 key2=...`), KINDS the kinds run, NAME the output's name
+    sweep) O=benches/data/agent/out
+      run "${NAME:-sweep}" --data "$E/agent/agent_dev.jsonl" --data "$O/logs.jsonl" --data "$O/docs.jsonl" \
+        --data "$O/json.jsonl" --data "$O/chat.jsonl" --kinds "${KINDS:-logs,docs,json,chat}" \
+        --sweep "${SWEEP:?SWEEP=\"key=v1,v2 ...\", the settings to cross-validate}" --folds "${FOLDS:-5}" ;;
+    *) echo "unknown set $s (shared, registry, code, sweep)" >&2; exit 2 ;;
   esac
 done

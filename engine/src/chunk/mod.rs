@@ -72,6 +72,10 @@ pub struct ChunkConfig {
     /// A JSON value up to this many bytes stays one chunk; a larger object
     /// or array is cut into runs of members of about this size ([`json`]).
     pub json_unit_bytes: usize,
+    /// A log's ordinary entries (neither an error nor a frame) are grouped
+    /// into chunks of up to this many lines (1: each entry a chunk of its
+    /// own, as an error line is).
+    pub log_run_lines: usize,
 }
 
 impl Default for ChunkConfig {
@@ -82,6 +86,7 @@ impl Default for ChunkConfig {
             max_code_chunk_bytes: 16 << 10,
             code_parser: true,
             json_unit_bytes: 768,
+            log_run_lines: 4,
         }
     }
 }
@@ -97,7 +102,7 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
         FieldKind::Markdown => markdown::chunk(text, "markdown", cfg.max_chunk_bytes),
         FieldKind::Code if cfg.code_parser => code_field(field),
         FieldKind::Code => code(text),
-        FieldKind::Log => log(text),
+        FieldKind::Log => log(text, cfg.log_run_lines),
         FieldKind::Json => json::chunk(text, cfg.json_unit_bytes).unwrap_or_else(|| json_lines(text)),
         FieldKind::Chat => chat(text),
         FieldKind::Table => table(text),
@@ -449,11 +454,11 @@ fn is_frame(line: &str) -> bool {
         || t.starts_with("...")
 }
 
-fn log(text: &str) -> Vec<RawChunk> {
+fn log(text: &str, run_lines: usize) -> Vec<RawChunk> {
     // each entry is a line plus its continuation frames; an error entry is
     // its own group, its line the lead and its frames a second chunk (so
     // the line can go without them); runs of ordinary entries are grouped
-    // (up to 4 lines)
+    // (up to `run_lines` lines)
     let mut out: Vec<RawChunk> = Vec::new();
     let mut group = 0;
     let mut ordinary = 0;
@@ -488,7 +493,7 @@ fn log(text: &str) -> Vec<RawChunk> {
         }
         let error = is_error_line(line);
         match out.last_mut() {
-            Some(last) if !error && ordinary > 0 && ordinary < 4 => {
+            Some(last) if !error && ordinary > 0 && ordinary < run_lines => {
                 last.end = e;
                 ordinary += 1;
             }
@@ -727,6 +732,31 @@ mod tests {
         assert_eq!(c[1].group, c[2].group);
         assert_ne!(c[0].group, c[1].group);
         assert_ne!(c[3].group, c[1].group);
+    }
+
+    #[test]
+    fn log_runs_of_ordinary_entries_are_bounded_by_log_run_lines() {
+        let log = "INFO a\nINFO b\nINFO c\nINFO d\nINFO e\nERROR f failed\n    at g\nINFO h\nINFO i";
+        let f = field(FieldKind::Log, log);
+        let texts_at = |run: usize| -> Vec<String> {
+            let cfg = ChunkConfig { log_run_lines: run, ..ChunkConfig::default() };
+            chunk_field(&f, cfg).iter().map(|c| log[c.start..c.end].to_string()).collect()
+        };
+        assert_eq!(
+            texts_at(4),
+            ["INFO a\nINFO b\nINFO c\nINFO d", "INFO e", "ERROR f failed", "at g", "INFO h\nINFO i"]
+        );
+        assert_eq!(
+            texts_at(2),
+            ["INFO a\nINFO b", "INFO c\nINFO d", "INFO e", "ERROR f failed", "at g", "INFO h\nINFO i"]
+        );
+        // one entry per chunk, each its own group; an error keeps its frames apart
+        let one = chunk_field(&f, ChunkConfig { log_run_lines: 1, ..ChunkConfig::default() });
+        let t: Vec<&str> = one.iter().map(|c| &log[c.start..c.end]).collect();
+        assert_eq!(t, ["INFO a", "INFO b", "INFO c", "INFO d", "INFO e", "ERROR f failed", "at g", "INFO h", "INFO i"]);
+        assert!(one.iter().filter(|c| c.start != log.find("at g").unwrap()).all(|c| c.lead));
+        assert_eq!(one[5].group, one[6].group);
+        assert_eq!(ChunkConfig::default().log_run_lines, 4);
     }
 
     #[test]

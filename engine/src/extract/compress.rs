@@ -338,27 +338,25 @@ impl Scd {
         let mut trace = PackTrace::default();
         // packed against what the receiver already holds: closure brings no
         // lead it has, nor a near-duplicate of one; those are then set aside
-        let mut held: Vec<usize> = already.iter().copied().collect();
-        held.sort_unstable();
-        let n_held = held.len();
-        held.append(&mut selected);
-        let mut selected = held;
+        // (built once: packing and the refill both see it ahead of the selection)
+        let mut with_held: Vec<usize> = already.iter().copied().collect();
+        with_held.sort_unstable();
+        let n_held = with_held.len();
+        with_held.append(&mut selected);
         let costs = Costs { text: &cost, header: &header, score: scores };
-        self.pack(prepared, &order, &costs, room, &mut selected, &mut used, &mut trace);
-        let mut selected = selected.split_off(n_held);
+        self.pack(prepared, &order, &costs, room, &mut with_held, &mut used, &mut trace);
+        let mut selected = with_held.split_off(n_held);
         // what the receiver gets, counted whole (headers and wrapping
         // included): drop the weakest until it fits
         let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel);
         let keep = |i: usize| gates.required(i);
         let fitted = self.fit(counting, &mut selected, scores, keep, &text, budget, &mut trace)?;
         // what the fit freed (and what packing's estimate left) is refilled
-        let held: Vec<usize> = already.iter().copied().collect();
-        let mut with_held = held.clone();
-        with_held.extend_from_slice(&selected);
-        let refill_text = |sel: &[usize]| text(&sel[held.len()..]);
+        with_held.append(&mut selected);
+        let refill_text = |sel: &[usize]| text(&sel[n_held..]);
         let sent_tokens =
             self.refill(counting, prepared, &mut with_held, &order, &cost, &refill_text, budget, fitted, &trace)?;
-        let selected = with_held.split_off(held.len());
+        let selected = with_held.split_off(n_held);
         Ok(Picked { selected, trace, warnings, sent_tokens })
     }
 

@@ -69,6 +69,11 @@ pub struct ScdConfig {
     /// it): what an on-call reader looks at first. Shown in `group_lift`
     /// (the lift a chunk has for what its group is). 0 turns it off.
     pub severity_weight: f32,
+    /// Extra weight of the lexical (BM25) z-score for chunks of log and
+    /// chat fields, whose lines carry the words a reader greps for: added
+    /// after scoring (either scorer), shown in `group_lift` (what the
+    /// chunk's kind adds). 0 turns it off.
+    pub line_lexical_weight: f32,
     /// Weight of a second hop (0 turns it off): the task is embedded again
     /// together with the texts of its best chunks from `second_hop_sources`
     /// different groups (the bridge facts of a multi-hop question), and each
@@ -168,6 +173,7 @@ impl Default for ScdConfig {
             common_name_chunks: 3,
             sibling_weight: 1.0,
             severity_weight: 1.5,
+            line_lexical_weight: 0.0,
             second_hop_weight: 0.5,
             second_hop_sources: 1,
             second_hop_max_tokens: 256,

@@ -603,6 +603,14 @@ impl Scd {
             parts.fused[i] += lift;
             parts.link_lift[i] += lift;
         }
+        if self.cfg.line_lexical_weight != 0.0 {
+            let lines = prepared.chunks.iter().enumerate().filter(|(_, c)| matches!(c.chunker, "log" | "chat"));
+            for (i, _) in lines {
+                let lift = self.cfg.line_lexical_weight * parts.lexical_z[i];
+                parts.fused[i] += lift;
+                parts.group_lift[i] += lift;
+            }
+        }
         if self.cfg.severity_weight != 0.0 {
             for (i, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| c.severity > 0) {
                 let lift = self.cfg.severity_weight * if c.severity >= 2 { 1.0 } else { 0.4 };

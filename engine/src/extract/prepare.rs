@@ -66,6 +66,11 @@ pub(super) struct PreparedContext {
     pub(super) field_names: Vec<String>,
     /// Per field: its title's mention key when it is a titled document.
     pub(super) field_keys: Vec<Option<String>>,
+    /// Per field, its last line (1-based), found once here so rendering
+    /// (done once per chunk the fit drops and per refill candidate) does
+    /// not walk every chunk again: a field of one line gets headers that
+    /// name no lines.
+    pub(super) last_lines: Vec<usize>,
     pub(super) bm25: Bm25,
     pub(super) index: Option<HnswIndex>,
     /// Per chunk, its distinct embedding (bit-identical chunks, such as a
@@ -323,8 +328,11 @@ impl Scd {
                 .sum::<usize>()
             + near_duplicates.iter().map(|l| 24 + l.len() * 4).sum::<usize>()
             + distinct.len() * 4
+            + fields.len() * 8
             + index.as_ref().map_or(0, |i| i.len() * (dim * 4 + 24 * 8 * 2));
+        let last_lines = super::render::last_lines(&chunks, fields.len());
         let prepared = Arc::new(PreparedContext {
+            last_lines,
             distinct,
             near_duplicates,
             chunks,

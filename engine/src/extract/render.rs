@@ -25,10 +25,9 @@ impl Scd {
     /// Per chunk, what the header of a piece it opens costs (with its line break).
     pub(super) fn header_costs(&self, ctx: &PreparedContext, counting: &Counting) -> Result<Vec<usize>> {
         use rayon::prelude::*;
-        let last = last_lines(ctx);
         (0..ctx.chunks.len())
             .into_par_iter()
-            .map(|i| self.count_text(counting, &format!("{}\n", header(ctx, &last, &[i]))))
+            .map(|i| self.count_text(counting, &format!("{}\n", header(ctx, &[i]))))
             .collect()
     }
 
@@ -113,21 +112,21 @@ impl Scd {
 /// The text of `selected` (chunk indices, any order) as the receiver reads it.
 pub(super) fn render(ctx: &PreparedContext, selected: &[usize]) -> String {
     let mut out = String::new();
-    let last = last_lines(ctx);
     for piece in pieces(ctx, selected) {
         if !out.is_empty() {
             out.push('\n');
         }
-        write_piece(ctx, &last, &piece, &mut out);
+        write_piece(ctx, &piece, &mut out);
     }
     out
 }
 
 /// Per field, its last line (1-based): a field whose last line is 1 is
-/// one line, and its pieces' headers name no lines.
-fn last_lines(ctx: &PreparedContext) -> Vec<usize> {
-    let mut last = vec![0; ctx.field_names.len()];
-    for c in &ctx.chunks {
+/// one line, and its pieces' headers name no lines. Computed once, when
+/// the context is prepared ([`PreparedContext::last_lines`]).
+pub(super) fn last_lines(chunks: &[super::prepare::Prepared], fields: usize) -> Vec<usize> {
+    let mut last = vec![0; fields];
+    for c in chunks {
         last[c.field] = last[c.field].max(c.lines.1);
     }
     last
@@ -160,15 +159,14 @@ fn joins(ctx: &PreparedContext, a: usize, b: usize) -> bool {
         || (ca.group == cb.group && ca.span.1 <= cb.span.0 && ca.wrap.is_none() && cb.wrap.is_none())
 }
 
-/// One header line naming the piece's source; `last` is each field's last
-/// line ([`last_lines`]).
-fn header(ctx: &PreparedContext, last: &[usize], piece: &[usize]) -> String {
+/// One header line naming the piece's source.
+fn header(ctx: &PreparedContext, piece: &[usize]) -> String {
     let first = &ctx.chunks[piece[0]];
     let end = &ctx.chunks[piece[piece.len() - 1]];
     let name = &ctx.field_names[first.field];
     let (a, b) = (first.lines.0, end.lines.1);
     let lines = match () {
-        _ if last[first.field] <= 1 => String::new(),
+        _ if ctx.last_lines[first.field] <= 1 => String::new(),
         _ if a == b => format!(":{a}"),
         _ => format!(":{a}-{b}"),
     };
@@ -181,8 +179,8 @@ fn header(ctx: &PreparedContext, last: &[usize], piece: &[usize]) -> String {
     }
 }
 
-fn write_piece(ctx: &PreparedContext, last: &[usize], piece: &[usize], out: &mut String) {
-    out.push_str(&header(ctx, last, piece));
+fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
+    out.push_str(&header(ctx, piece));
     out.push('\n');
     let first = &ctx.chunks[piece[0]];
     if let (Some((open, close)), [_]) = (first.wrap, piece) {

@@ -563,3 +563,68 @@ fn a_compress_goes_on_over_a_corrupted_cache_file_and_a_held_one() {
         }
     }
 }
+
+/// Each field's last line is found once, when the context is prepared, and
+/// the headers rendered from it name a one-line field alone and give a
+/// longer field's lines.
+#[test]
+fn headers_name_lines_from_each_fields_last_line_found_at_prepare_time() {
+    let s = scd();
+    let log = "INFO service started\nWARN disk at 91%\nERROR write failed: no space left on device\n";
+    let fields =
+        [prose("note", "The disk filled up overnight."), Field { kind: FieldKind::Log, ..prose("app.log", log) }];
+    let refs: Vec<&Field> = fields.iter().collect();
+    let ctx = s.prepare(&refs, &crate::cancel::Cancel::new()).unwrap();
+    for f in 0..fields.len() {
+        let max = ctx.chunks.iter().filter(|c| c.field == f).map(|c| c.lines.1).max().unwrap();
+        assert_eq!(ctx.last_lines[f], max, "field {f}");
+    }
+    assert_eq!(ctx.last_lines, [1, 3]);
+    let all: Vec<usize> = (0..ctx.chunks.len()).collect();
+    let text = render::render(&ctx, &all);
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(headers.first(), Some(&"[note]"), "{text}");
+    assert!(headers[1..].iter().all(|h| h.starts_with("[app.log:")), "{text}");
+    let last = ctx.chunks.iter().rposition(|c| c.field == 1).unwrap();
+    let text = render::render(&ctx, &[last]);
+    assert_eq!(text.lines().next(), Some("[app.log:3]"), "{text}");
+}
+
+/// `line_lexical_weight` adds its share of the BM25 z-score to log and chat
+/// chunks only, shown in `group_lift` so the explanation still adds up, and
+/// lifts the log line that holds the task's words.
+#[test]
+fn line_lexical_weight_lifts_log_and_chat_lines_by_their_bm25_score() {
+    let log = "INFO service started\nINFO cache warmed\nINFO disk quota for volume data reached\nINFO health ok\n";
+    let fields = vec![
+        Field { kind: FieldKind::Log, ..prose("app.log", log) },
+        Field { kind: FieldKind::Chat, ..prose("chat", "ana: the volume data quota is full\nbo: ok\n") },
+        prose("notes", "The data volume has a quota. The quota was raised last year."),
+    ];
+    let run = |w: f32| {
+        let cfg = ScdConfig {
+            line_lexical_weight: w,
+            chunk: crate::chunk::ChunkConfig { log_run_lines: 1, ..Default::default() },
+            ..ScdConfig::default()
+        };
+        let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
+        let req = CompressRequest {
+            task: Task::new("which volume reached its disk quota"),
+            context: Context { fields: fields.clone() },
+            requirement: ContextRequirement::with_budget(10_000),
+            session: None,
+        };
+        scd.compress_opts(&req, &opts("", true), &Cancel::new()).unwrap().explanation.unwrap()
+    };
+    let (off, on) = (run(0.0), run(1.0));
+    assert_eq!(off.selected.len(), on.selected.len());
+    for (a, b) in off.selected.iter().zip(&on.selected) {
+        assert_eq!(a.id, b.id);
+        let sum = b.dense_z + on.lexical_weight * b.lexical_z + b.group_lift + b.link_lift + b.hop_lift;
+        assert!((sum - b.score).abs() < 1e-5, "{}: the explanation adds up", b.id);
+        let lift = if b.id.starts_with("notes") { 0.0 } else { b.lexical_z };
+        assert!((b.score - a.score - lift).abs() < 1e-5, "{}: {} → {}", b.id, a.score, b.score);
+    }
+    let quota = on.selected.iter().find(|w| w.id == "app.log#2").unwrap();
+    assert!(quota.lexical_z > 0.0, "the line with the task's words has the best BM25");
+}

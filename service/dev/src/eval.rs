@@ -90,7 +90,10 @@ pub struct EvalArgs {
     /// group_closure_tokens, embed_neighbour), code_names (0 or 1), before
     /// (1: the code chunker and scoring before the parser, as
     /// `--code-chunker heuristic`). Each setting is a method
-    /// named `scd[key=v ...]`; each distinct text is embedded once.
+    /// named `scd[key=v ...]`; each distinct text is embedded once. With
+    /// `--dataset agent`, the settings (today's defaults among them) are
+    /// also chosen by `--folds`-fold cross-validation, and `scd-cv` reports
+    /// each case as the setting chosen on the other folds did.
     #[arg(long)]
     sweep: Vec<String>,
     /// Also run SCD at the same settings with this model, as the method
@@ -110,6 +113,10 @@ pub struct EvalArgs {
     /// Only SCD, no baselines (faster while developing).
     #[arg(long)]
     scd_only: bool,
+    /// With --dataset agent: only the cases of these kinds (logs, docs,
+    /// json, chat, code); all when left out.
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<String>,
     /// Override ScdConfig::lexical_weight (a weight of the hand-weighted
     /// sum: any of these three scores with it instead of the learned scorer).
     #[arg(long)]
@@ -135,7 +142,9 @@ pub struct EvalArgs {
     /// With --adaptive: each follow-up's budget, a fraction of the context.
     #[arg(long, default_value_t = 0.1)]
     hop_budget: f32,
-    /// With --adaptive: folds the report splits the examples into.
+    /// With --adaptive: folds the report splits the examples into. With
+    /// --dataset agent and --sweep: folds of the cross-validation (each
+    /// kind's cases dealt into them in turn; at least 2).
     #[arg(long, default_value_t = 5)]
     folds: usize,
 }
@@ -240,9 +249,15 @@ fn ranked(scores: &[f32]) -> Vec<usize> {
 /// An encoder that embeds each distinct (kind, text) once, so a sweep's
 /// settings share their embeddings (memory grows with the dataset: for
 /// `--sweep` only).
-struct Memo {
+pub(crate) struct Memo {
     inner: Arc<OrtEncoder>,
     seen: Mutex<MemoMap>,
+}
+
+impl Memo {
+    pub(crate) fn new(inner: Arc<OrtEncoder>) -> Self {
+        Self { inner, seen: Mutex::new(HashMap::new()) }
+    }
 }
 
 /// (is a query, text) → embedding.
@@ -447,24 +462,39 @@ fn agent_eval(args: &EvalArgs, tok: Option<BudgetTokenizer>) -> anyhow::Result<s
     let unused = [
         ("--among", args.among.is_some()),
         ("--adaptive", args.adaptive),
-        ("--sweep", !args.sweep.is_empty()),
         ("--also-model", !args.also_model.is_empty()),
         ("--dump-features", args.dump_features.is_some()),
         ("--join", args.join != "natural"),
     ];
+    for k in &args.kinds {
+        anyhow::ensure!(
+            scd_engine::eval::agent::KINDS.contains(&k.as_str()),
+            "--kinds: unknown kind {k:?} (logs, docs, json, chat, code)"
+        );
+    }
     if let Some((flag, _)) = unused.iter().find(|(_, set)| *set) {
         anyhow::bail!("{flag}: not for --dataset agent");
     }
+    let cfg = scd_config(args)?;
+    let variants = sweep(&cfg, &args.sweep)?;
+    anyhow::ensure!(
+        variants.is_empty() || args.folds >= 2,
+        "--folds: at least 2 to cross-validate --sweep, got {}",
+        args.folds
+    );
     Ok(super::eval_agent::AgentEval {
         paths: args.path.clone(),
         limit: args.limit,
         budgets: args.budgets.clone(),
         tokenizer: tok,
-        cfg: scd_config(args)?,
+        cfg,
         scd_only: args.scd_only,
         report: args.report.clone(),
         plot: args.plot.clone(),
         per_example: args.per_example.clone(),
+        variants,
+        folds: args.folds,
+        kinds: args.kinds.clone(),
     })
 }
 
@@ -756,11 +786,8 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let model_id = encoder.model_id().to_string();
     let cfg = scd_config(&args)?;
     let variants = sweep(&cfg, &args.sweep)?;
-    let memo: Arc<dyn Encoder> = if variants.is_empty() {
-        encoder.clone()
-    } else {
-        Arc::new(Memo { inner: encoder.clone(), seen: Mutex::new(HashMap::new()) })
-    };
+    let memo: Arc<dyn Encoder> =
+        if variants.is_empty() { encoder.clone() } else { Arc::new(Memo::new(encoder.clone())) };
     let scd = Scd::new(memo.clone(), cfg);
     if let Some(path) = &args.dump_features {
         return dump_features(&scd, &args.dataset, &examples, path);

@@ -9,6 +9,13 @@
 //! spans; each baseline pastes its lines joined by newlines, counted whole
 //! ([`scd_engine::eval::line_baselines`]). Scored by gold lines: the share
 //! kept and whether all were ([`scd_engine::eval::agent::gold_lines_kept`]).
+//!
+//! With `--sweep`, each setting is a method of its own (`scd[key=v]`) and
+//! the settings are chosen by k-fold cross-validation ([`cross_validate`]):
+//! the cases of each kind are dealt into `--folds` folds; for each fold the
+//! setting (today's defaults among them) best on the other folds is scored
+//! on it, and `scd-cv` is each case as the setting chosen without it did,
+//! so a figure reported for a choice is never one it was chosen on.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,8 +36,11 @@ use serde::Serialize;
 use super::plot;
 use scd_service::config::ModelArgs;
 
-/// The methods, in table order.
+/// The methods, in table order (the sweep's settings and `scd-cv` follow).
 const METHODS: [&str; 4] = ["scd", "grep", "bm25", "first-n"];
+
+/// The method holding each case as the setting chosen on the other folds did.
+const CV_METHOD: &str = "scd-cv";
 
 /// What `scd-dev eval --dataset agent` runs, checked by `scd-dev eval`.
 #[derive(Debug)]
@@ -53,14 +63,23 @@ pub struct AgentEval {
     pub plot: PathBuf,
     /// Per-case results as JSON lines.
     pub per_example: Option<PathBuf>,
+    /// `--sweep`'s settings: (method name, config), run beside `cfg`.
+    pub variants: Vec<(String, ScdConfig)>,
+    /// Folds of the cross-validation over `variants` (at least 2).
+    pub folds: usize,
+    /// Only the cases of these kinds (all when empty).
+    pub kinds: Vec<String>,
 }
 
 /// One method's result on one case at one budget.
 #[derive(Debug, Clone, Serialize)]
 struct Outcome {
+    /// The case's place in the loaded order.
+    #[serde(skip)]
+    case: usize,
     id: String,
     kind: String,
-    method: &'static str,
+    method: String,
     budget: f32,
     budget_tokens: usize,
     context_tokens: usize,
@@ -82,15 +101,19 @@ struct Row {
     reduction_ratio: f32,
 }
 
-/// Runs SCD and the baselines on one case at every budget.
-fn run_case(
-    scd: &Scd,
-    opts: &CompressOptions,
-    case: &AgentCase,
-    budgets: &[f32],
-    count: &dyn Fn(&str) -> scd_engine::Result<usize>,
+/// What one case runs: SCD's default and the sweep's settings (method
+/// name, engine), the options, the budgets and the counting tokenizer.
+struct Runner<'a> {
+    scds: Vec<(String, Scd)>,
+    opts: CompressOptions,
+    budgets: &'a [f32],
+    count: &'a dyn Fn(&str) -> scd_engine::Result<usize>,
     scd_only: bool,
-) -> anyhow::Result<Vec<Outcome>> {
+}
+
+/// Runs SCD (each setting) and the baselines on case `ci` at every budget.
+fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<Outcome>> {
+    let (budgets, count, scd_only) = (r.budgets, r.count, r.scd_only);
     let ex = &case.example;
     let mut total = 0;
     for f in &ex.context.fields {
@@ -107,9 +130,14 @@ fn run_case(
             requirement: ContextRequirement::with_budget(budget),
             session: None,
         };
-        let sent = scd.compress_opts(&req, opts, &Cancel::new()).with_context(|| format!("case {}", ex.id))?;
-        let scd_pasted = Pasted { selected: selection(ex, &sent.chunks), tokens: sent.totals.sent_tokens };
-        let mut results = vec![("scd", scd_pasted)];
+        let mut results = Vec::new();
+        for (method, scd) in &r.scds {
+            let sent = scd.compress_opts(&req, &r.opts, &Cancel::new()).with_context(|| format!("case {}", ex.id))?;
+            results.push((
+                method.as_str(),
+                Pasted { selected: selection(ex, &sent.chunks), tokens: sent.totals.sent_tokens },
+            ));
+        }
         if !scd_only {
             results.push(("grep", paste(ex, &lines, &grep, budget, count)?));
             results.push(("bm25", paste(ex, &lines, &bm25, budget, count)?));
@@ -124,9 +152,10 @@ fn run_case(
             );
             let (kept, all) = gold_lines_kept(case, &p.selected);
             out.push(Outcome {
+                case: ci,
                 id: ex.id.clone(),
                 kind: case.kind.clone(),
-                method,
+                method: method.to_string(),
                 budget: frac,
                 budget_tokens: budget,
                 context_tokens: total,
@@ -140,8 +169,8 @@ fn run_case(
 }
 
 /// The rows: for every kind present (in order of first appearance) and
-/// then `all`, every budget, every method that ran.
-fn rows(outcomes: &[Outcome], budgets: &[f32]) -> Vec<Row> {
+/// then `all`, every budget, every method of `methods` that ran.
+fn rows(outcomes: &[Outcome], budgets: &[f32], methods: &[String]) -> Vec<Row> {
     let mut kinds: Vec<&str> = Vec::new();
     for o in outcomes {
         if !kinds.contains(&o.kind.as_str()) {
@@ -152,10 +181,10 @@ fn rows(outcomes: &[Outcome], budgets: &[f32]) -> Vec<Row> {
     let mut out = Vec::new();
     for kind in kinds {
         for &budget in budgets {
-            for method in METHODS {
+            for method in methods {
                 let xs: Vec<&Outcome> = outcomes
                     .iter()
-                    .filter(|o| (kind == "all" || o.kind == kind) && o.budget == budget && o.method == method)
+                    .filter(|o| (kind == "all" || o.kind == kind) && o.budget == budget && &o.method == method)
                     .collect();
                 if xs.is_empty() {
                     continue;
@@ -235,25 +264,39 @@ fn write_outputs(a: &AgentEval, report: serde_json::Value, rows: &[Row], outcome
 /// Runs `scd-dev eval --dataset agent`.
 pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
     let shown: Vec<String> = a.paths.iter().map(|p| p.display().to_string()).collect();
-    let cases = load_all(&a.paths, a.limit).with_context(|| format!("--data {}", shown.join(" ")))?;
+    let mut cases = load_all(&a.paths, a.limit).with_context(|| format!("--data {}", shown.join(" ")))?;
+    cases.retain(|c| a.kinds.is_empty() || a.kinds.contains(&c.kind));
+    anyhow::ensure!(!cases.is_empty(), "--kinds {}: no case of these kinds", a.kinds.join(","));
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();
-    let scd = Scd::new(encoder.clone(), a.cfg.clone());
-    let opts = CompressOptions { budget_tokenizer: a.tokenizer.clone(), ..Default::default() };
+    // a sweep's settings share their embeddings
+    let shared: Arc<dyn Encoder> =
+        if a.variants.is_empty() { encoder.clone() } else { Arc::new(super::eval::Memo::new(encoder.clone())) };
+    let mut scds = vec![("scd".to_string(), Scd::new(shared.clone(), a.cfg.clone()))];
+    scds.extend(a.variants.iter().map(|(n, c)| (n.clone(), Scd::new(shared.clone(), c.clone()))));
     let tok_name = a.tokenizer.as_ref().map_or("e5 (the encoder's)".to_string(), |t| t.name().to_string());
     let count = |t: &str| match &a.tokenizer {
         Some(tok) => tok.count(t),
         None => encoder.count_tokens(t),
     };
+    let opts = CompressOptions { budget_tokenizer: a.tokenizer.clone(), ..Default::default() };
+    let runner = Runner { scds, opts, budgets: &a.budgets, count: &count, scd_only: a.scd_only };
     let bar = ProgressBar::new(cases.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} cases {per_sec} eta {eta}")?);
     let mut outcomes = Vec::new();
-    for case in &cases {
-        outcomes.extend(run_case(&scd, &opts, case, &a.budgets, &count, a.scd_only)?);
+    for (ci, case) in cases.iter().enumerate() {
+        outcomes.extend(run_case(&runner, ci, case)?);
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let rows = rows(&outcomes, &a.budgets);
+    let scd_names: Vec<String> = runner.scds.iter().map(|(n, _)| n.clone()).collect();
+    let case_kinds: Vec<&str> = cases.iter().map(|c| c.kind.as_str()).collect();
+    let cv = (!a.variants.is_empty()).then(|| cross_validate(&case_kinds, &outcomes, &scd_names, a.folds));
+    if let Some(cv) = &cv {
+        outcomes.extend(cv.outcomes.iter().cloned());
+    }
+    let methods = methods(&scd_names, a.scd_only, cv.is_some());
+    let rows = rows(&outcomes, &a.budgets, &methods);
     let kinds = kind_counts(&cases);
     let per_kind: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!(
@@ -262,14 +305,177 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
         per_kind.join(", ")
     );
     print!("{}", table(&rows));
-    let methods = if a.scd_only { &METHODS[..1] } else { &METHODS[..] };
+    if let Some(cv) = &cv {
+        print!("{}", cv.table());
+    }
     let kinds: BTreeMap<String, usize> = kinds.into_iter().collect();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let report = serde_json::json!({
+    let mut report = serde_json::json!({
         "command": command, "dataset": "agent", "model": model_id, "budget_tokenizer": tok_name, "files": shown,
         "examples": cases.len(), "kinds": kinds, "methods": methods, "results": rows,
     });
+    if let Some(cv) = &cv {
+        report["cross_validation"] = serde_json::to_value(cv)?;
+    }
     write_outputs(&a, report, &rows, &outcomes)
+}
+
+/// The methods in table order: SCD, the baselines that ran, the sweep's
+/// settings, then `scd-cv` when the settings were cross-validated.
+fn methods(scd_names: &[String], scd_only: bool, cv: bool) -> Vec<String> {
+    let mut out = vec![METHODS[0].to_string()];
+    if !scd_only {
+        out.extend(METHODS[1..].iter().map(|m| m.to_string()));
+    }
+    out.extend(scd_names[1..].iter().cloned());
+    if cv {
+        out.push(CV_METHOD.to_string());
+    }
+    out
+}
+
+/// One fold of the cross-validation: the setting chosen on the other
+/// folds, its score there and on this fold, and the defaults' on this fold.
+#[derive(Debug, Clone, Serialize)]
+struct Fold {
+    fold: usize,
+    cases: usize,
+    chosen: String,
+    train: f64,
+    test: f64,
+    default_test: f64,
+}
+
+/// The sweep's settings chosen by k-fold cross-validation.
+#[derive(Debug, Clone, Serialize)]
+struct CrossValidation {
+    folds: Vec<Fold>,
+    /// Mean over folds of the chosen setting's score on its held-out fold.
+    cross_validated: f64,
+    /// The same for SCD's defaults.
+    cross_validated_defaults: f64,
+    /// Per kind: the held-out score of each case's chosen setting, and the defaults'.
+    by_kind: BTreeMap<String, (f64, f64)>,
+    /// Each setting's score on every case (not a held-out figure).
+    settings: Vec<(String, f64)>,
+    /// `scd-cv`: each case as the setting chosen without its fold did.
+    #[serde(skip)]
+    outcomes: Vec<Outcome>,
+}
+
+impl CrossValidation {
+    /// What is printed after the table.
+    fn table(&self) -> String {
+        let k = self.folds.len();
+        let mut s = format!(
+            "{k}-fold cross-validation of the settings (score: gold lines kept, mean over the budgets, mean over \
+             kinds of each kind's mean; chosen on the other folds)\nfold cases  train   test  default  chosen\n"
+        );
+        for f in &self.folds {
+            s.push_str(&format!(
+                "{:>4} {:>5} {:>6.3} {:>6.3} {:>8.3}  {}\n",
+                f.fold, f.cases, f.train, f.test, f.default_test, f.chosen
+            ));
+        }
+        s.push_str(&format!(
+            "cross-validated {:.3} (defaults {:.3})\n",
+            self.cross_validated, self.cross_validated_defaults
+        ));
+        let by: Vec<String> =
+            self.by_kind.iter().map(|(k, (cv, d))| format!("{k} {cv:.3} (defaults {d:.3})")).collect();
+        s.push_str(&format!("held out, per kind: {}\n", by.join(", ")));
+        let all: Vec<String> = self.settings.iter().map(|(n, x)| format!("{n} {x:.3}")).collect();
+        s.push_str(&format!("each setting on every case (not held out): {}\n", all.join(", ")));
+        s
+    }
+}
+
+/// Per case and method, the mean of gold lines kept over the budgets.
+fn case_scores(outcomes: &[Outcome], n_cases: usize, methods: &[String]) -> Vec<Vec<f64>> {
+    let mut sums = vec![vec![(0.0, 0usize); n_cases]; methods.len()];
+    for o in outcomes {
+        if let Some(m) = methods.iter().position(|m| *m == o.method) {
+            let e = &mut sums[m][o.case];
+            e.0 += f64::from(o.gold_lines_kept);
+            e.1 += 1;
+        }
+    }
+    sums.into_iter().map(|v| v.into_iter().map(|(s, n)| s / n.max(1) as f64).collect()).collect()
+}
+
+/// The score over the cases `keep` selects: the mean over kinds of each
+/// kind's mean (so a kind with more cases does not outweigh the others).
+fn objective(scores: &[f64], kind_of: &[usize], keep: &dyn Fn(usize) -> bool) -> f64 {
+    let n_kinds = kind_of.iter().max().map_or(0, |k| k + 1);
+    let mut sums = vec![(0.0, 0usize); n_kinds];
+    for (c, &x) in scores.iter().enumerate().filter(|(c, _)| keep(*c)) {
+        sums[kind_of[c]].0 += x;
+        sums[kind_of[c]].1 += 1;
+    }
+    let means: Vec<f64> = sums.iter().filter(|(_, n)| *n > 0).map(|(s, n)| s / *n as f64).collect();
+    means.iter().sum::<f64>() / means.len().max(1) as f64
+}
+
+/// Chooses among `names` (SCD's defaults first, then the sweep's settings)
+/// by k-fold cross-validation: a case's fold is its place among the cases
+/// of its kind (`cases`: each case's kind, in load order), modulo `k`.
+fn cross_validate(cases: &[&str], outcomes: &[Outcome], names: &[String], k: usize) -> CrossValidation {
+    let mut kinds: Vec<&str> = Vec::new();
+    let mut seen: Vec<usize> = Vec::new();
+    let (mut kind_of, mut fold_of) = (Vec::new(), Vec::new());
+    for &c in cases {
+        let kk = kinds.iter().position(|x| *x == c).unwrap_or_else(|| {
+            kinds.push(c);
+            seen.push(0);
+            kinds.len() - 1
+        });
+        kind_of.push(kk);
+        fold_of.push(seen[kk] % k);
+        seen[kk] += 1;
+    }
+    let scores = case_scores(outcomes, cases.len(), names);
+    let mut folds = Vec::new();
+    let mut chosen_of = vec![0; cases.len()];
+    for f in 0..k {
+        let train = |c: usize| fold_of[c] != f;
+        let test = |c: usize| fold_of[c] == f;
+        // the first best wins a tie, so the defaults are kept unless beaten
+        let (v, train_score) = (0..names.len())
+            .map(|v| (v, objective(&scores[v], &kind_of, &train)))
+            .fold((0, f64::MIN), |a, b| if b.1 > a.1 { b } else { a });
+        (0..cases.len()).filter(|&c| test(c)).for_each(|c| chosen_of[c] = v);
+        folds.push(Fold {
+            fold: f,
+            cases: (0..cases.len()).filter(|&c| test(c)).count(),
+            chosen: names[v].clone(),
+            train: train_score,
+            test: objective(&scores[v], &kind_of, &test),
+            default_test: objective(&scores[0], &kind_of, &test),
+        });
+    }
+    let cv_scores: Vec<f64> = (0..cases.len()).map(|c| scores[chosen_of[c]][c]).collect();
+    let by_kind = kinds
+        .iter()
+        .enumerate()
+        .map(|(kk, name)| {
+            let of = |xs: &[f64]| objective(xs, &kind_of, &|c| kind_of[c] == kk);
+            (name.to_string(), (of(&cv_scores), of(&scores[0])))
+        })
+        .collect();
+    let outcomes = outcomes
+        .iter()
+        .filter(|o| names.get(chosen_of[o.case]) == Some(&o.method))
+        .map(|o| Outcome { method: CV_METHOD.to_string(), ..o.clone() })
+        .collect();
+    let mean = |f: &dyn Fn(&Fold) -> f64| folds.iter().map(f).sum::<f64>() / k as f64;
+    CrossValidation {
+        cross_validated: mean(&|f| f.test),
+        cross_validated_defaults: mean(&|f| f.default_test),
+        by_kind,
+        settings: names.iter().zip(&scores).map(|(n, s)| (n.clone(), objective(s, &kind_of, &|_| true))).collect(),
+        folds,
+        outcomes,
+    }
 }
 
 #[cfg(test)]
@@ -278,9 +484,10 @@ mod tests {
 
     fn outcome(id: &str, kind: &str, method: &'static str, kept: f32, sent: usize) -> Outcome {
         Outcome {
+            case: 0,
             id: id.into(),
             kind: kind.into(),
-            method,
+            method: method.into(),
             budget: 0.1,
             budget_tokens: 100,
             context_tokens: 1000,
@@ -300,7 +507,7 @@ mod tests {
             outcome("c", "json", "scd", 1.0, 100),
             outcome("c", "json", "grep", 1.0, 100),
         ];
-        let rows = rows(&outcomes, &[0.1]);
+        let rows = rows(&outcomes, &[0.1], &methods(&["scd".into()], false, false));
         let key: Vec<(&str, &str, usize)> = rows.iter().map(|r| (r.kind.as_str(), r.method.as_str(), r.n)).collect();
         assert_eq!(
             key,
@@ -320,5 +527,53 @@ mod tests {
         let t = table(&rows);
         assert!(t.starts_with("kind   budget method      n lines_kept all_kept   tokens reduction\n"), "{t}");
         assert!(t.contains("logs     0.10 scd         2      0.750    0.500       75     15.00\n"), "{t}");
+    }
+
+    /// Case `c` of `kind` kept `kept` gold lines with `method` (at budget 0.1).
+    fn scored(c: usize, kind: &str, method: &'static str, kept: f32) -> Outcome {
+        Outcome { case: c, ..outcome(&format!("c{c}"), kind, method, kept, 100) }
+    }
+
+    #[test]
+    fn a_setting_is_chosen_on_the_other_folds_and_scored_on_its_own() {
+        // 4 logs cases and 2 json cases; with 2 folds, logs 0 and 2 and
+        // json 4 are fold 0 (each kind dealt in turn), the rest fold 1
+        let kinds = ["logs", "logs", "logs", "logs", "json", "json"];
+        let names: Vec<String> = ["scd", "scd[a=1]"].map(String::from).to_vec();
+        // the setting wins on fold 1's cases and loses on fold 0's
+        let setting = [0.0, 1.0, 0.0, 1.0, 0.0, 1.0];
+        let mut outcomes = Vec::new();
+        for (c, k) in kinds.iter().enumerate() {
+            outcomes.push(scored(c, k, "scd", 0.5));
+            outcomes.push(scored(c, k, "scd[a=1]", setting[c]));
+            outcomes.push(scored(c, k, "grep", 0.9));
+        }
+        let cv = cross_validate(&kinds, &outcomes, &names, 2);
+        let picked: Vec<(&str, usize)> = cv.folds.iter().map(|f| (f.chosen.as_str(), f.cases)).collect();
+        // fold 0 is chosen on fold 1, where the setting scores 1; fold 1 on fold 0, where it scores 0
+        assert_eq!(picked, [("scd[a=1]", 3), ("scd", 3)]);
+        assert_eq!((cv.folds[0].train, cv.folds[0].test, cv.folds[0].default_test), (1.0, 0.0, 0.5));
+        assert_eq!((cv.folds[1].train, cv.folds[1].test), (0.5, 0.5));
+        assert_eq!((cv.cross_validated, cv.cross_validated_defaults), (0.25, 0.5));
+        // scd-cv: each case as its fold's choice did (never the baselines)
+        let cv_kept: Vec<(usize, f32)> = cv.outcomes.iter().map(|o| (o.case, o.gold_lines_kept)).collect();
+        assert_eq!(cv_kept, [(0, 0.0), (1, 0.5), (2, 0.0), (3, 0.5), (4, 0.0), (5, 0.5)]);
+        assert!(cv.outcomes.iter().all(|o| o.method == CV_METHOD));
+        assert_eq!(cv.by_kind["logs"], (0.25, 0.5));
+        assert_eq!(cv.settings, [("scd".to_string(), 0.5), ("scd[a=1]".to_string(), 0.5)]);
+        let t = cv.table();
+        assert!(t.starts_with("2-fold cross-validation of the settings"), "{t}");
+        assert!(t.contains("\n   0     3  1.000  0.000    0.500  scd[a=1]\n"), "{t}");
+        assert!(t.contains("cross-validated 0.250 (defaults 0.500)\n"), "{t}");
+    }
+
+    #[test]
+    fn the_objective_weighs_each_kind_alike() {
+        // three logs cases at 1.0 and one json case at 0.0: 0.5, not 0.75
+        let kind_of = [0, 0, 0, 1];
+        assert_eq!(objective(&[1.0, 1.0, 1.0, 0.0], &kind_of, &|_| true), 0.5);
+        assert_eq!(objective(&[1.0, 1.0, 1.0, 0.0], &kind_of, &|c| c < 3), 1.0);
+        let scores = case_scores(&[scored(0, "logs", "scd", 1.0), scored(0, "logs", "scd", 0.0)], 1, &["scd".into()]);
+        assert_eq!(scores, [[0.5]], "a case's budgets are averaged");
     }
 }

@@ -121,6 +121,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "severity_weight" => cfg.severity_weight = v as f32,
         "max_code_chunk_bytes" => cfg.chunk.max_code_chunk_bytes = as_count()?.max(1),
         "json_unit_bytes" => cfg.chunk.json_unit_bytes = as_count()?.max(1),
+        "log_run_lines" => cfg.chunk.log_run_lines = as_count()?.max(1),
+        "line_lexical_weight" => cfg.line_lexical_weight = v as f32,
         "second_hop_sources" => cfg.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
         "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
@@ -135,7 +137,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight, \
-             severity_weight, max_code_chunk_bytes, json_unit_bytes)"
+             severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, line_lexical_weight)"
         ),
     }
     Ok(())
