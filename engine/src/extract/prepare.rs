@@ -330,7 +330,7 @@ impl Scd {
             + distinct.len() * 4
             + fields.len() * 8
             + index.as_ref().map_or(0, |i| i.len() * (dim * 4 + 24 * 8 * 2));
-        let last_lines = super::render::last_lines(&chunks, fields.len());
+        let last_lines = last_lines(&chunks, fields.len());
         let prepared = Arc::new(PreparedContext {
             last_lines,
             distinct,
@@ -531,6 +531,17 @@ fn camel_words(text: &str) -> String {
         }
     }
     out
+}
+
+/// Per field, its last line (1-based): a field whose last line is 1 is
+/// one line, and its pieces' headers name no lines. Computed once, when
+/// the context is prepared ([`PreparedContext::last_lines`]).
+fn last_lines(chunks: &[Prepared], fields: usize) -> Vec<usize> {
+    let mut last = vec![0; fields];
+    for c in chunks {
+        last[c.field] = last[c.field].max(c.lines.1);
+    }
+    last
 }
 
 #[cfg(test)]

@@ -121,17 +121,6 @@ pub(super) fn render(ctx: &PreparedContext, selected: &[usize]) -> String {
     out
 }
 
-/// Per field, its last line (1-based): a field whose last line is 1 is
-/// one line, and its pieces' headers name no lines. Computed once, when
-/// the context is prepared ([`PreparedContext::last_lines`]).
-pub(super) fn last_lines(chunks: &[super::prepare::Prepared], fields: usize) -> Vec<usize> {
-    let mut last = vec![0; fields];
-    for c in chunks {
-        last[c.field] = last[c.field].max(c.lines.1);
-    }
-    last
-}
-
 /// The selection cut into pieces: runs of chunks of one field, each the
 /// next in that field's reading order with only whitespace between.
 pub(super) fn pieces(ctx: &PreparedContext, selected: &[usize]) -> Vec<Vec<usize>> {

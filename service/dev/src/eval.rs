@@ -2,9 +2,8 @@
 //! and baselines (random, lead, BM25, plain dense sentence ranking) in the
 //! same run. Writes a table, a JSON report and an SVG plot.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -15,7 +14,7 @@ use rand::SeedableRng;
 use scd_engine::budget::BudgetTokenizer;
 use scd_engine::cache::CacheStats;
 use scd_engine::context::{Context, ContextRequirement, Task};
-use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, InputKind, OrtEncoder};
+use scd_engine::encoder::{EncodeOptions, Encoder, InputKind, OrtEncoder};
 use scd_engine::eval::{among_others, evidence_recall, load_with, selection, Dataset, Example, Join};
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
@@ -244,63 +243,6 @@ fn ranked(scores: &[f32]) -> Vec<usize> {
     let mut o: Vec<usize> = (0..scores.len()).collect();
     o.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
     o
-}
-
-/// An encoder that embeds each distinct (kind, text) once, so a sweep's
-/// settings share their embeddings (memory grows with the dataset: for
-/// `--sweep` only).
-pub(crate) struct Memo {
-    inner: Arc<OrtEncoder>,
-    seen: Mutex<MemoMap>,
-}
-
-impl Memo {
-    pub(crate) fn new(inner: Arc<OrtEncoder>) -> Self {
-        Self { inner, seen: Mutex::new(HashMap::new()) }
-    }
-}
-
-/// (is a query, text) → embedding.
-type MemoMap = HashMap<(bool, String), Arc<[f32]>>;
-
-impl Encoder for Memo {
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
-    }
-    fn dim(&self) -> usize {
-        self.inner.dim()
-    }
-    fn max_tokens(&self) -> usize {
-        self.inner.max_tokens()
-    }
-    fn count_tokens(&self, text: &str) -> scd_engine::Result<usize> {
-        self.inner.count_tokens(text)
-    }
-    fn encode(&self, texts: &[&str], opts: &EncodeOptions) -> scd_engine::Result<Encoded> {
-        let q = opts.kind == InputKind::Query;
-        let mut missing: Vec<&str> = {
-            let seen = self.seen.lock().expect("memo lock");
-            texts.iter().copied().filter(|t| !seen.contains_key(&(q, (*t).to_string()))).collect()
-        };
-        missing.sort_unstable();
-        missing.dedup();
-        if !missing.is_empty() {
-            let e = self.inner.encode(&missing, opts)?;
-            let mut seen = self.seen.lock().expect("memo lock");
-            for (i, t) in missing.iter().enumerate() {
-                seen.insert((q, (*t).to_string()), Arc::from(e.row(i)));
-            }
-        }
-        let seen = self.seen.lock().expect("memo lock");
-        let mut data = Vec::with_capacity(texts.len() * self.dim());
-        for t in texts {
-            data.extend_from_slice(&seen[&(q, (*t).to_string())]);
-        }
-        Ok(Encoded { dim: self.dim(), data, tokens: vec![0; texts.len()], windows: vec![1; texts.len()] })
-    }
-    fn provider(&self) -> &str {
-        self.inner.provider()
-    }
 }
 
 /// The code chunking and scoring before the parser: the line heuristic,
@@ -787,7 +729,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let cfg = scd_config(&args)?;
     let variants = sweep(&cfg, &args.sweep)?;
     let memo: Arc<dyn Encoder> =
-        if variants.is_empty() { encoder.clone() } else { Arc::new(Memo::new(encoder.clone())) };
+        if variants.is_empty() { encoder.clone() } else { Arc::new(crate::memo::Memo::new(encoder.clone())) };
     let scd = Scd::new(memo.clone(), cfg);
     if let Some(path) = &args.dump_features {
         return dump_features(&scd, &args.dataset, &examples, path);

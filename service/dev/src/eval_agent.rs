@@ -271,7 +271,7 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
     let model_id = encoder.model_id().to_string();
     // a sweep's settings share their embeddings
     let shared: Arc<dyn Encoder> =
-        if a.variants.is_empty() { encoder.clone() } else { Arc::new(super::eval::Memo::new(encoder.clone())) };
+        if a.variants.is_empty() { encoder.clone() } else { Arc::new(crate::memo::Memo::new(encoder.clone())) };
     let mut scds = vec![("scd".to_string(), Scd::new(shared.clone(), a.cfg.clone()))];
     scds.extend(a.variants.iter().map(|(n, c)| (n.clone(), Scd::new(shared.clone(), c.clone()))));
     let tok_name = a.tokenizer.as_ref().map_or("e5 (the encoder's)".to_string(), |t| t.name().to_string());

@@ -38,6 +38,7 @@ pub mod eval;
 mod eval_adaptive;
 mod eval_agent;
 pub mod load;
+mod memo;
 pub mod plot;
 pub mod tune;
 
