@@ -201,7 +201,7 @@ impl ScdService {
     /// Compress from the wire: converted once into the core's input (a
     /// refusal recorded as the request was sent), run and recorded as
     /// `call`'s method, converted once back.
-    pub(crate) async fn compress_pb(
+    async fn compress_pb(
         &self,
         call: &Call,
         r: pb::CompressRequest,
@@ -216,21 +216,6 @@ impl ScdService {
             handoff::format("render", r.render).map(|f| f.map(|format| Forward { report: None, format, answer: None }));
         let input = render.and_then(|render| self.compress_input(r, open, render));
         self.compress_seeded(call, seed, input).await.map(compress_pb)
-    }
-
-    /// [`Self::compress_pb`] for a surface that still speaks the wire's
-    /// types, recorded as `method`.
-    pub(crate) async fn compress_audited(
-        &self,
-        method: &str,
-        r: pb::CompressRequest,
-        deadline: Option<Instant>,
-        caller: Option<String>,
-        peer: Option<String>,
-        open: bool,
-    ) -> Result<pb::CompressResponse, Status> {
-        let call = Call { method: method.to_string(), caller, peer, deadline };
-        self.compress_pb(&call, r, open).await
     }
 }
 
@@ -259,11 +244,7 @@ impl ScdService {
 
     /// RequestContext from the wire through the core, recorded as `call`'s
     /// method.
-    pub(crate) async fn request_context_pb(
-        &self,
-        call: &Call,
-        r: pb::ContextRequest,
-    ) -> Result<pb::ContextResponse, Status> {
+    async fn request_context_pb(&self, call: &Call, r: pb::ContextRequest) -> Result<pb::ContextResponse, Status> {
         let seed = MoreSeed { question: r.specific_question.clone(), session_id: r.session_id.clone() };
         let out = self.request_more(call, seed, self.more_input(r)).await?;
         let more = out.more;
@@ -277,20 +258,6 @@ impl ScdService {
             text: more.text,
             timing: Some(timing_pb(out.timing)),
         })
-    }
-
-    /// [`Self::request_context_pb`] for a surface that still speaks the
-    /// wire's types, recorded as `method`.
-    pub(crate) async fn request_context_audited(
-        &self,
-        method: &str,
-        r: pb::ContextRequest,
-        deadline: Option<Instant>,
-        caller: Option<String>,
-        peer: Option<String>,
-    ) -> Result<pb::ContextResponse, Status> {
-        let call = Call { method: method.to_string(), caller, peer, deadline };
-        self.request_context_pb(&call, r).await
     }
 }
 
