@@ -264,10 +264,11 @@ fn failed_state(e: &AppError) -> TaskState {
     }
 }
 
-/// The core's call of an A2A message from `who` (`A2A SendMessage` in the
-/// audit trail).
-fn a2a_call(who: &Caller) -> Call {
-    Call::new("A2A", "SendMessage").from(who.did.clone(), who.peer())
+/// The core's call of `method` for an A2A message from `who`: a compress
+/// message opens a session (`A2A OpenSession` in the audit trail), a
+/// question asks it for more (`A2A RequestContext`).
+fn a2a_call(method: &str, who: &Caller) -> Call {
+    Call::new("A2A", method).from(who.did.clone(), who.peer())
 }
 
 /// What one run of the engine produced.
@@ -495,7 +496,7 @@ impl Agent {
 
     async fn compress(&self, context_id: &str, input: CompressInput, who: &Caller) -> Outcome {
         let caller = who.did.clone();
-        let call = a2a_call(who);
+        let call = a2a_call("OpenSession", who);
         let (args, budget) = input.into_arguments();
         let list_dropped = args.list_dropped;
         let seed = json::audit_seed(&args, budget, "");
@@ -581,7 +582,7 @@ impl Agent {
             Some(r) => apply_report(&mut req, &r, &self.svc.confidence_map).map(|()| req),
             None => Ok(req),
         };
-        match self.svc.request_more(&a2a_call(who), seed, input).await.map_err(json::named) {
+        match self.svc.request_more(&a2a_call("RequestContext", who), seed, input).await.map_err(json::named) {
             Ok(out) => {
                 let view = crate::view::more_context_view(out.more);
                 let note = if view.chunks.is_empty() {

@@ -54,9 +54,10 @@ fn deadline<T>(r: &Request<T>) -> Option<Instant> {
     r.extensions().get::<Deadline>().map(|d| d.0)
 }
 
-/// The core's [`Call`] of `method` for a gRPC request.
+/// The core's [`Call`] of `method` for a gRPC request (`gRPC Compress` in
+/// the audit trail).
 fn call_of<T>(method: &str, r: &Request<T>) -> Call {
-    Call::new("", method).from(caller(r), peer(r)).until(deadline(r))
+    Call::new("gRPC", method).from(caller(r), peer(r)).until(deadline(r))
 }
 
 /// Embeddings on the wire.

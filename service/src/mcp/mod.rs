@@ -423,8 +423,10 @@ mod tests {
             let args = serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12});
             mcp.compress_context(ext, compress_args(args)).await.unwrap();
         }
-        let peers: Vec<Option<String>> =
-            log.query(&AuditFilter::default()).unwrap().into_iter().map(|r| r.peer).collect();
+        let records = log.query(&AuditFilter::default()).unwrap();
+        // named by the surface and the core's method
+        assert!(records.iter().all(|r| r.method == "MCP OpenSession"), "{records:?}");
+        let peers: Vec<Option<String>> = records.into_iter().map(|r| r.peer).collect();
         // each HTTP client is its own peer (its own share and session scope); stdio has none
         assert_eq!(peers, [Some(a.to_string()), Some(b.to_string()), None]);
         assert_eq!(peer_of(&over_http_from(None, Some(a))), Some(a));
