@@ -30,12 +30,6 @@ use crate::app::compress::{AuditSeed, CompressInput, CompressOutput, Timing};
 use crate::app::more::MoreSeed;
 use crate::app::{empty_session, Call, Core, Embedded, PendingEmbed};
 
-pub use crate::app::{Limits, Readiness, Ready, COUNT_SLOTS};
-/// The listener's auth, kept at its old path (`grpc::auth`).
-pub use crate::auth;
-/// The HTTP listener, kept at its old path (`grpc::http`).
-pub use crate::http;
-
 /// Generated protobuf and gRPC code for `scd.v1` (from the `scd-proto` crate).
 pub use scd_proto::scd::v1 as pb;
 
@@ -443,10 +437,10 @@ impl pb::scd_server::Scd for ScdHandler {
 }
 
 /// The caller's verified identity: the DID that signed the request under
-/// `--auth did-wba` ([`auth::AuthenticatedDid`]), else the transport's (a
+/// `--auth did-wba` ([`crate::auth::AuthenticatedDid`]), else the transport's (a
 /// TLS client certificate); sessions opened with one are bound to it.
 fn caller<T>(request: &Request<T>) -> Option<String> {
-    if let Some(did) = request.extensions().get::<auth::AuthenticatedDid>() {
+    if let Some(did) = request.extensions().get::<crate::auth::AuthenticatedDid>() {
         return Some(did.0.clone());
     }
     crate::tls::caller_identity(request)

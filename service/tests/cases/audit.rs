@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scd_audit::{AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_service::app::Limits;
 use scd_service::grpc::audit::{AuditAccess, AUDIT_TOKEN_HEADER};
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
-use scd_service::grpc::Limits;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::Code;
