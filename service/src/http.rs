@@ -66,20 +66,6 @@ impl Caller {
     pub(crate) fn peer(&self) -> Option<String> {
         self.addr.map(|a| a.to_string())
     }
-
-    /// `msg` as a tonic request from this caller, as the gRPC handlers see
-    /// one arriving over the network (its address, its verified DID).
-    pub(crate) fn grpc_request<T>(&self, msg: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(msg);
-        if let Some(addr) = self.addr {
-            r.extensions_mut()
-                .insert(tonic::transport::server::TcpConnectInfo { local_addr: None, remote_addr: Some(addr) });
-        }
-        if let Some(did) = &self.did {
-            r.extensions_mut().insert(crate::auth::AuthenticatedDid(did.clone()));
-        }
-        r
-    }
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {

@@ -122,7 +122,7 @@ impl RestClient {
                 .await
                 .map_err(|_| "Transport".to_string())?;
             if status != http::StatusCode::OK {
-                return Err(format!("{:?}", scd_service::grpc::http::code_of(status)));
+                return Err(format!("{:?}", scd_service::http::code_of(status)));
             }
             let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|_| "Internal".to_string())?;
             return v["usage"]["prompt_tokens"].as_u64().ok_or_else(|| "Internal".to_string());

@@ -148,14 +148,9 @@ impl Error {
 
     /// The engine's RESOURCE_EXHAUSTED, with its `retry-after-ms` hint
     /// (100 ms when it gives none).
-    pub(super) fn overloaded(s: &tonic::Status) -> Self {
-        let retry_after_ms = s
-            .metadata()
-            .get("retry-after-ms")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(100);
-        let msg = s.message();
+    pub(super) fn overloaded(e: &crate::app::AppError) -> Self {
+        let retry_after_ms = e.retry_after_ms().unwrap_or(100);
+        let msg = e.message();
         let what = msg.split_once("; retry after").map_or(msg, |(w, _)| w).to_string();
         Self::Overloaded { what, retry_after_ms }
     }

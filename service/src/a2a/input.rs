@@ -4,6 +4,8 @@
 
 use serde::Deserialize;
 
+use crate::app::json::{Budget, CompressContextArgs, ContextArg, RenderFormat};
+
 /// The data part of a compress message, parsed strictly.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,14 +61,6 @@ fn whole_u32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
         .ok_or_else(|| D::Error::custom(format!("expected a whole number of tokens from 0 to {}, got {v}", u32::MAX)))
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(super) enum RenderFormat {
-    Freeform,
-    SemiStructured,
-    StructuredSoft,
-}
-
 impl CompressInput {
     /// Exactly one of `budget` (at least 1) and `rate` (in (0, 1]); the
     /// error starts with the key it is about.
@@ -78,5 +72,31 @@ impl CompressInput {
             (Some(_), None) => Ok(()),
             (None, Some(r)) => scd_engine::budget::check_rate("rate", r).map(|_| ()).map_err(|e| e.to_string()),
         }
+    }
+
+    /// The JSON API's arguments of the core (the same keys, and a task
+    /// that may be empty) and the budget, after [`Self::check_budget`].
+    pub(super) fn into_arguments(self) -> (CompressContextArgs, Budget) {
+        let budget = match self.rate {
+            Some(rate) => Budget::Rate(rate),
+            None => Budget::Tokens(self.budget.unwrap_or(0)),
+        };
+        let args = CompressContextArgs {
+            task: self.task.unwrap_or_default(),
+            context: ContextArg(self.context),
+            budget: self.budget.map(u64::from),
+            rate: self.rate,
+            required: self.required,
+            optional: self.optional,
+            session: None,
+            threshold: self.threshold,
+            min_relative_score: self.min_relative_score,
+            render: self.render,
+            budget_tokenizer: self.budget_tokenizer,
+            explain: false,
+            reserve: self.reserve,
+            list_dropped: self.list_dropped,
+        };
+        (args, budget)
     }
 }

@@ -67,9 +67,12 @@ use axum::http::HeaderMap;
 use serde_json::{json, Value};
 use tracing::debug;
 
-use crate::{app::Core, grpc::pb};
+use scd_engine::extract::ContextRequest;
+
+use crate::app::json;
+use crate::app::more::{apply_report, MoreSeed};
+use crate::app::{AppError, Call, Core};
 pub(crate) use input::CompressInput;
-use input::RenderFormat;
 use store::{Session, Store, StoreLimits};
 use types::{Artifact, Message, Part, Role, SendMessageRequest, Task, TaskState};
 
@@ -251,14 +254,21 @@ fn summarized(m: &Message) -> Message {
 
 /// How an engine error ends a task: bad input rejects it, overload and the
 /// rest fail it.
-fn failed_state(s: &tonic::Status) -> TaskState {
-    use tonic::Code;
-    match s.code() {
-        Code::InvalidArgument | Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied => {
-            TaskState::Rejected
-        }
+fn failed_state(e: &AppError) -> TaskState {
+    match e {
+        AppError::InvalidArgument { .. }
+        | AppError::FailedPrecondition { .. }
+        | AppError::NotFound { .. }
+        | AppError::PermissionDenied { .. } => TaskState::Rejected,
         _ => TaskState::Failed,
     }
+}
+
+/// The core's call of `method` for an A2A message from `who`: a compress
+/// message opens a session (`A2A OpenSession` in the audit trail), a
+/// question asks it for more (`A2A RequestContext`).
+fn a2a_call(method: &str, who: &Caller) -> Call {
+    Call::new("A2A", method).from(who.did.clone(), who.peer())
 }
 
 /// What one run of the engine produced.
@@ -277,12 +287,12 @@ impl Outcome {
     }
 
     /// An engine error: overload is answered as such, the rest ends the task.
-    fn engine_error(s: &tonic::Status) -> Self {
-        if s.code() == tonic::Code::ResourceExhausted {
-            let e = Error::overloaded(s);
-            return Self { state: TaskState::Failed, note: e.to_string(), artifact: None, busy: Some(e) };
+    fn engine_error(e: &AppError) -> Self {
+        if let AppError::ResourceExhausted { .. } = e {
+            let busy = Error::overloaded(e);
+            return Self { state: TaskState::Failed, note: busy.to_string(), artifact: None, busy: Some(busy) };
         }
-        Self::done(failed_state(s), s.message().to_string(), None)
+        Self::done(failed_state(e), e.message().to_string(), None)
     }
 }
 
@@ -486,36 +496,16 @@ impl Agent {
 
     async fn compress(&self, context_id: &str, input: CompressInput, who: &Caller) -> Outcome {
         let caller = who.did.clone();
-        let render = match input.render {
-            None => pb::ReportFormat::Unspecified,
-            Some(RenderFormat::Freeform) => pb::ReportFormat::Freeform,
-            Some(RenderFormat::SemiStructured) => pb::ReportFormat::SemiStructured,
-            Some(RenderFormat::StructuredSoft) => pb::ReportFormat::StructuredSoft,
-        };
-        let r = pb::CompressRequest {
-            task: Some(pb::Task { description: input.task.unwrap_or_default(), ..Default::default() }),
-            fields: input.context.fields.into_iter().map(pb::Field::from).collect(),
-            requirement: Some(pb::ContextRequirement {
-                required_fields: input.required,
-                optional_fields: input.optional,
-                max_context_tokens: input.budget.unwrap_or(0),
-                relevance_threshold: input.threshold,
-                min_relative_score: input.min_relative_score,
-            }),
-            render: render as i32,
-            budget_tokenizer: input.budget_tokenizer.unwrap_or_default(),
-            reserve_tokens: input.reserve.unwrap_or(0),
-            rate: input.rate,
-            ..Default::default()
-        };
-        let list_dropped = input.list_dropped;
-        match self.svc.compress_audited("A2A SendMessage", r, None, caller.clone(), who.peer(), true).await {
-            Ok(resp) => {
-                let old = self.store.set_session(
-                    &who.owner(),
-                    context_id,
-                    Session { id: resp.session_id.clone(), token: resp.session_token.clone() },
-                );
+        let call = a2a_call("OpenSession", who);
+        let (args, budget) = input.into_arguments();
+        let list_dropped = args.list_dropped;
+        let seed = json::audit_seed(&args, budget, "");
+        let input = json::compress_input(&self.svc, args, budget, String::new(), String::new());
+        match self.svc.compress_seeded(&call, seed, input).await.map_err(json::named) {
+            Ok(mut out) => {
+                let session = out.compressed.session.as_mut();
+                let (id, token) = session.map(|g| (g.id.clone(), std::mem::take(&mut g.token))).unwrap_or_default();
+                let old = self.store.set_session(&who.owner(), context_id, Session { id, token });
                 let old = match old {
                     Ok(old) => old,
                     Err(e) => {
@@ -528,7 +518,7 @@ impl Agent {
                     let scope = crate::app::shares::key(caller.as_deref(), who.peer().as_deref());
                     let _ = self.svc.scd.close_session(&old.id, &old.token, caller.as_deref(), Some(&scope));
                 }
-                let view = crate::view::compress_view(resp, list_dropped);
+                let view = crate::view::compressed_view(out.compressed, list_dropped);
                 let note = format!(
                     "sent {} chunks, {} of {} {} tokens ({} held back, {} withheld); ask for more with a text message in contextId {context_id}",
                     view.chunks.len(),
@@ -554,7 +544,7 @@ impl Agent {
                     }),
                 )
             }
-            Err(s) => Outcome::engine_error(&s),
+            Err(e) => Outcome::engine_error(&e),
         }
     }
 
@@ -576,19 +566,25 @@ impl Agent {
                 None,
             );
         };
-        let mut r = pb::ContextRequest { session_id: session.id, session_token: session.token, ..Default::default() };
+        let mut req = ContextRequest { session_id: session.id, session_token: session.token, ..Default::default() };
+        let mut report = None;
         match confidence {
             Some(c) => {
-                r.specific_question = text;
-                r.current_confidence = c;
+                req.specific_question = text;
+                req.current_confidence = c;
             }
-            None if scd_engine::handoff::parse_auto(&text).report.confidence.is_some() => r.report = text,
-            None => r.specific_question = text,
+            None if scd_engine::handoff::parse_auto(&text).report.confidence.is_some() => report = Some(text),
+            None => req.specific_question = text,
         }
-        let session_id = r.session_id.clone();
-        match self.svc.request_context_audited("A2A SendMessage", r, None, who.did.clone(), who.peer()).await {
-            Ok(resp) => {
-                let view = crate::view::more_view(resp);
+        let session_id = req.session_id.clone();
+        let seed = MoreSeed { question: req.specific_question.clone(), session_id: session_id.clone() };
+        let input = match report {
+            Some(r) => apply_report(&mut req, &r, &self.svc.confidence_map).map(|()| req),
+            None => Ok(req),
+        };
+        match self.svc.request_more(&a2a_call("RequestContext", who), seed, input).await.map_err(json::named) {
+            Ok(out) => {
+                let view = crate::view::more_context_view(out.more);
                 let note = if view.chunks.is_empty() {
                     format!(
                         "nothing more to send: {}",
@@ -619,20 +615,20 @@ impl Agent {
                     }),
                 )
             }
-            Err(s) if s.code() == tonic::Code::NotFound => {
+            Err(e @ AppError::NotFound { .. }) => {
                 // the session expired or was evicted: the context is needed again
                 self.store.clear_session(&owner, context_id, &session_id);
-                debug!(context = %context_id, error = %s.message(), "A2A context's session is gone");
+                debug!(context = %context_id, error = %e.message(), "A2A context's session is gone");
                 Outcome::done(
                     TaskState::InputRequired,
                     format!(
                         "the context's session expired; send the context again (a data part {{context: {{fields}}, budget}} in this taskId; the question is its task): {}",
-                        s.message()
+                        e.message()
                     ),
                     None,
                 )
             }
-            Err(s) => Outcome::engine_error(&s),
+            Err(e) => Outcome::engine_error(&e),
         }
     }
 

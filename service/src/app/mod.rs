@@ -80,8 +80,9 @@ pub struct Limits {
 /// client certificate's), its transport address and its deadline.
 #[derive(Debug, Clone, Default)]
 pub struct Call {
-    /// The surface and the method, as the audit trail names the call
-    /// (`Compress` over gRPC, `REST Compress`, `A2A SendMessage`).
+    /// The surface and the core's method, as the audit trail names the
+    /// call: `gRPC Compress`, `REST OpenSession`, `MCP RequestContext`,
+    /// `A2A OpenSession` (see [`Call::new`]).
     pub method: String,
     /// The verified identity; sessions opened with one are bound to it.
     pub caller: Option<String>,
@@ -92,11 +93,13 @@ pub struct Call {
 }
 
 impl Call {
-    /// A call of `method` through `surface` (empty for gRPC, whose methods
-    /// keep their bare names in the audit trail).
+    /// A call of the core's `method` (`Compress`, `OpenSession`,
+    /// `RequestContext`, `CloseSession`, `Handoff`, `CountTokens`, `Embed`)
+    /// through `surface` (`gRPC`, `REST`, `MCP`, `A2A`): the audit trail's
+    /// one scheme names it `{surface} {method}`, whatever the surface's own
+    /// name for the call (an MCP tool, an A2A `SendMessage`, a REST route).
     pub fn new(surface: &str, method: &str) -> Call {
-        let method = if surface.is_empty() { method.to_string() } else { format!("{surface} {method}") };
-        Call { method, ..Call::default() }
+        Call { method: format!("{surface} {method}"), ..Call::default() }
     }
 
     /// The call from `caller` at `peer`.

@@ -30,12 +30,6 @@ use crate::app::compress::{AuditSeed, CompressInput, CompressOutput, Timing};
 use crate::app::more::MoreSeed;
 use crate::app::{empty_session, Call, Core, Embedded, PendingEmbed};
 
-pub use crate::app::{Limits, Readiness, Ready, COUNT_SLOTS};
-/// The listener's auth, kept at its old path (`grpc::auth`).
-pub use crate::auth;
-/// The HTTP listener, kept at its old path (`grpc::http`).
-pub use crate::http;
-
 /// Generated protobuf and gRPC code for `scd.v1` (from the `scd-proto` crate).
 pub use scd_proto::scd::v1 as pb;
 
@@ -54,9 +48,10 @@ fn deadline<T>(r: &Request<T>) -> Option<Instant> {
     r.extensions().get::<Deadline>().map(|d| d.0)
 }
 
-/// The core's [`Call`] of `method` for a gRPC request.
+/// The core's [`Call`] of `method` for a gRPC request (`gRPC Compress` in
+/// the audit trail).
 fn call_of<T>(method: &str, r: &Request<T>) -> Call {
-    Call::new("", method).from(caller(r), peer(r)).until(deadline(r))
+    Call::new("gRPC", method).from(caller(r), peer(r)).until(deadline(r))
 }
 
 /// Embeddings on the wire.
@@ -201,7 +196,7 @@ impl ScdService {
     /// Compress from the wire: converted once into the core's input (a
     /// refusal recorded as the request was sent), run and recorded as
     /// `call`'s method, converted once back.
-    pub(crate) async fn compress_pb(
+    async fn compress_pb(
         &self,
         call: &Call,
         r: pb::CompressRequest,
@@ -216,21 +211,6 @@ impl ScdService {
             handoff::format("render", r.render).map(|f| f.map(|format| Forward { report: None, format, answer: None }));
         let input = render.and_then(|render| self.compress_input(r, open, render));
         self.compress_seeded(call, seed, input).await.map(compress_pb)
-    }
-
-    /// [`Self::compress_pb`] for a surface that still speaks the wire's
-    /// types, recorded as `method`.
-    pub(crate) async fn compress_audited(
-        &self,
-        method: &str,
-        r: pb::CompressRequest,
-        deadline: Option<Instant>,
-        caller: Option<String>,
-        peer: Option<String>,
-        open: bool,
-    ) -> Result<pb::CompressResponse, Status> {
-        let call = Call { method: method.to_string(), caller, peer, deadline };
-        self.compress_pb(&call, r, open).await
     }
 }
 
@@ -259,11 +239,7 @@ impl ScdService {
 
     /// RequestContext from the wire through the core, recorded as `call`'s
     /// method.
-    pub(crate) async fn request_context_pb(
-        &self,
-        call: &Call,
-        r: pb::ContextRequest,
-    ) -> Result<pb::ContextResponse, Status> {
+    async fn request_context_pb(&self, call: &Call, r: pb::ContextRequest) -> Result<pb::ContextResponse, Status> {
         let seed = MoreSeed { question: r.specific_question.clone(), session_id: r.session_id.clone() };
         let out = self.request_more(call, seed, self.more_input(r)).await?;
         let more = out.more;
@@ -277,20 +253,6 @@ impl ScdService {
             text: more.text,
             timing: Some(timing_pb(out.timing)),
         })
-    }
-
-    /// [`Self::request_context_pb`] for a surface that still speaks the
-    /// wire's types, recorded as `method`.
-    pub(crate) async fn request_context_audited(
-        &self,
-        method: &str,
-        r: pb::ContextRequest,
-        deadline: Option<Instant>,
-        caller: Option<String>,
-        peer: Option<String>,
-    ) -> Result<pb::ContextResponse, Status> {
-        let call = Call { method: method.to_string(), caller, peer, deadline };
-        self.request_context_pb(&call, r).await
     }
 }
 
@@ -475,10 +437,10 @@ impl pb::scd_server::Scd for ScdHandler {
 }
 
 /// The caller's verified identity: the DID that signed the request under
-/// `--auth did-wba` ([`auth::AuthenticatedDid`]), else the transport's (a
+/// `--auth did-wba` ([`crate::auth::AuthenticatedDid`]), else the transport's (a
 /// TLS client certificate); sessions opened with one are bound to it.
 fn caller<T>(request: &Request<T>) -> Option<String> {
-    if let Some(did) = request.extensions().get::<auth::AuthenticatedDid>() {
+    if let Some(did) = request.extensions().get::<crate::auth::AuthenticatedDid>() {
         return Some(did.0.clone());
     }
     crate::tls::caller_identity(request)

@@ -1,18 +1,22 @@
-//! Where the tools' work runs: the engine in this process, or a running
-//! `scd serve`. Both speak `scd.v1` messages, so the two answer alike.
+//! Where the tools' work runs: the core in this process, or a running
+//! `scd serve` ([`remote`](super::remote)). Both take the tools' checked
+//! arguments and answer the one view, so the two answer alike.
 
+use scd_engine::encoder::{EncodeOptions, InputKind};
 use scd_engine::handoff::ConfidenceMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use scd_engine::extract::Scd;
-use tonic::{Code, Request, Status};
 
+use crate::app::json::{self, Budget, CompressContextArgs, RequestMoreArgs};
 use crate::app::metrics::Metrics;
-use crate::app::{Core, Limits};
+use crate::app::more::MoreSeed;
+use crate::app::{AppError, Call, Core, Limits};
 use crate::client::Conn;
-use crate::grpc::pb::scd_server::Scd as _;
-use crate::grpc::{pb, ScdHandler};
+use crate::view::{self, CompressOutput, MoreOutput};
+
+use super::reply::{tool_error_text, Embeddings};
 
 /// Where a tool call comes from: the HTTP client's address, `None` over
 /// stdio. In process it is the call's peer, so that each client draws on its
@@ -21,22 +25,23 @@ use crate::grpc::{pb, ScdHandler};
 /// server's address instead.
 pub type Peer = Option<SocketAddr>;
 
-/// `msg` as a call from `peer`.
-fn from<T>(msg: T, peer: Peer) -> Request<T> {
-    crate::http::Caller { did: None, addr: peer }.grpc_request(msg)
-}
-
 /// The engine behind the tools.
 #[derive(Clone)]
 pub enum Backend {
-    /// The `scd.v1.Scd` handler of `scd serve`, called without a network:
-    /// the same validation and limits, compression on `spawn_blocking`
-    /// behind its semaphore (full: "resource exhausted, retry"), embeddings
-    /// through its batcher thread.
-    InProcess(ScdHandler),
+    /// The core of `scd serve`, called without a network: the same
+    /// validation and limits, compression on `spawn_blocking` behind its
+    /// semaphore (full: "resource exhausted, retry"), embeddings through its
+    /// batcher thread; each call audited as `MCP` and its method.
+    InProcess(Arc<Core>),
     /// A running `scd serve` (`scd mcp --server URL`), with the retries of
     /// `scd client`.
     Remote(Box<Conn>),
+}
+
+/// The core's call of an MCP method from `peer` (`MCP Compress` in the
+/// audit trail).
+fn mcp_call(method: &str, peer: Peer) -> Call {
+    Call::new("MCP", method).from(None, peer.map(|a| a.to_string()))
 }
 
 impl Backend {
@@ -48,101 +53,89 @@ impl Backend {
     /// [`Backend::in_process`] reading hand-off confidence levels through `map`.
     pub fn in_process_with(scd: Arc<Scd>, limits: Limits, map: ConfidenceMap) -> Self {
         let metrics = Arc::new(Metrics::new(limits.max_batch_tokens));
-        Backend::InProcess(ScdHandler(Arc::new(Core::new(scd, limits, metrics).with_confidence_map(map))))
+        Backend::InProcess(Arc::new(Core::new(scd, limits, metrics).with_confidence_map(map)))
     }
 
-    /// `Compress`; `open_session` is OpenSession (the server draws the id
-    /// unless the request names one).
+    /// `compress_context` of checked arguments: the view and the session's
+    /// token (empty when the call continued a session). An empty
+    /// `session_token` opens a session (under `session_id`, or a random one
+    /// when that is empty too). The error is the tool error's text.
     pub async fn compress(
         &self,
-        r: pb::CompressRequest,
-        open_session: bool,
+        a: CompressContextArgs,
+        budget: Budget,
+        session_id: String,
+        session_token: String,
         peer: Peer,
-    ) -> Result<pb::CompressResponse, Status> {
-        match (self, open_session) {
-            (Backend::InProcess(h), false) => h.compress(from(r, peer)).await.map(|r| r.into_inner()),
-            (Backend::InProcess(h), true) => {
-                let r = h.open_session(from(pb::OpenSessionRequest { compress: Some(r) }, peer)).await?;
-                r.into_inner().result.ok_or_else(|| Status::internal("OpenSession answered no result"))
-            }
-            (Backend::Remote(c), false) => {
-                // continuing a session (a token) or none at all: safe to retry
-                let idempotent = r.session_id.is_empty() || !r.session_token.is_empty();
-                remote(c, "Compress", idempotent, move |mut cl| {
-                    let r = r.clone();
-                    async move { cl.compress(r).await }
-                })
-                .await
-            }
-            (Backend::Remote(c), true) => {
-                // a retry after the server opened it would find the id taken
-                let out = remote(c, "OpenSession", false, move |mut cl| {
-                    let compress = Some(r.clone());
-                    async move { cl.open_session(pb::OpenSessionRequest { compress }).await }
-                })
-                .await?;
-                out.result.ok_or_else(|| Status::internal("OpenSession answered no result"))
-            }
-        }
+    ) -> Result<(CompressOutput, String), String> {
+        let core = match self {
+            Backend::InProcess(core) => core,
+            Backend::Remote(c) => return super::remote::compress(c, a, budget, session_id, session_token).await,
+        };
+        let call = mcp_call(if session_token.is_empty() { "OpenSession" } else { "Compress" }, peer);
+        let list_dropped = a.list_dropped;
+        let seed = json::audit_seed(&a, budget, &session_id);
+        let input = json::compress_input(core, a, budget, session_id, session_token);
+        let mut out = core.compress_seeded(&call, seed, input).await.map_err(app_tool_error)?;
+        let token = out.compressed.session.as_mut().map(|g| std::mem::take(&mut g.token)).unwrap_or_default();
+        Ok((view::compressed_view(out.compressed, list_dropped), token))
     }
 
-    /// `RequestContext` (advances the session: not retried on a broken connection).
-    pub async fn request_context(&self, r: pb::ContextRequest, peer: Peer) -> Result<pb::ContextResponse, Status> {
-        match self {
-            Backend::InProcess(h) => h.request_context(from(r, peer)).await.map(|r| r.into_inner()),
-            Backend::Remote(c) => {
-                remote(c, "RequestContext", false, move |mut cl| {
-                    let r = r.clone();
-                    async move { cl.request_context(r).await }
-                })
-                .await
-            }
-        }
+    /// `request_more_context` of checked arguments (see
+    /// [`json::more_confidence`]) in the session `session_token` continues.
+    pub async fn request_context(
+        &self,
+        a: RequestMoreArgs,
+        session_token: String,
+        peer: Peer,
+    ) -> Result<MoreOutput, String> {
+        let core = match self {
+            Backend::InProcess(core) => core,
+            Backend::Remote(c) => return super::remote::request_context(c, a, session_token).await,
+        };
+        let call = mcp_call("RequestContext", peer);
+        let seed = MoreSeed { question: a.question.clone(), session_id: a.session.clone() };
+        let out = core.request_more(&call, seed, json::more_input(core, a, session_token)).await;
+        Ok(view::more_context_view(out.map_err(app_tool_error)?.more))
     }
 
-    /// `CountTokens`.
-    pub async fn count_tokens(&self, r: pb::CountTokensRequest, peer: Peer) -> Result<pb::CountTokensResponse, Status> {
-        match self {
-            Backend::InProcess(h) => h.count_tokens(from(r, peer)).await.map(|r| r.into_inner()),
-            Backend::Remote(c) => {
-                remote(c, "CountTokens", true, move |mut cl| {
-                    let r = r.clone();
-                    async move { cl.count_tokens(r).await }
-                })
-                .await
-            }
-        }
+    /// `count_tokens`: `text`'s tokens in `tokenizer` (empty: the encoder's).
+    pub async fn count_tokens(&self, text: String, tokenizer: &str, peer: Peer) -> Result<Vec<u32>, String> {
+        let core = match self {
+            Backend::InProcess(core) => core,
+            Backend::Remote(c) => return super::remote::count_tokens(c, text, tokenizer).await,
+        };
+        let texts = vec![text];
+        let counted = async {
+            let tokenizer = core
+                .tokenizers
+                .resolve(tokenizer)
+                .map_err(|e| AppError::invalid(e.to_string().replacen("budget_tokenizer", "tokenizer", 1)))?;
+            crate::app::check_texts(&texts, core.limits.max_texts, core.limits.max_text_bytes)?;
+            core.count_tokens(&mcp_call("CountTokens", peer), texts, tokenizer).await
+        };
+        counted.await.map_err(app_tool_error)
     }
 
-    /// `Embed`.
-    pub async fn embed(&self, r: pb::EmbedRequest, peer: Peer) -> Result<pb::EmbedResponse, Status> {
-        match self {
-            Backend::InProcess(h) => h.embed(from(r, peer)).await.map(|r| r.into_inner()),
-            Backend::Remote(c) => {
-                remote(c, "Embed", true, move |mut cl| {
-                    let r = r.clone();
-                    async move { cl.embed(r).await }
-                })
-                .await
-            }
-        }
+    /// `embed`: `texts` as queries or passages, long ones in windows.
+    pub async fn embed(&self, texts: Vec<String>, query: bool, peer: Peer) -> Result<Embeddings, String> {
+        let core = match self {
+            Backend::InProcess(core) => core,
+            Backend::Remote(c) => return super::remote::embed(c, texts, query).await,
+        };
+        let embedded = async {
+            crate::app::check_embed_texts(&texts, core.limits.max_texts, core.limits.max_text_bytes)?;
+            let opts = EncodeOptions::new(if query { InputKind::Query } else { InputKind::Passage }).with_windows();
+            core.embed(&mcp_call("Embed", peer), texts, opts).await
+        };
+        let e = embedded.await.map_err(app_tool_error)?;
+        let enc = e.encoded;
+        let rows = (0..enc.len()).map(|i| (enc.row(i).to_vec(), enc.tokens[i] as u32, enc.windows[i] as u32)).collect();
+        Ok(Embeddings { model: e.model, rows })
     }
 }
 
-/// One call on a clone of `conn` (clones share the channel), with its retries.
-async fn remote<T, F, Fut>(conn: &Conn, what: &str, idempotent: bool, call: F) -> Result<T, Status>
-where
-    F: FnMut(crate::client::Client) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
-{
-    let mut c = conn.clone();
-    c.try_call(what, idempotent, call).await.map_err(|(s, retries)| {
-        if retries > 0 {
-            Status::new(s.code(), format!("{} (after {retries} retries)", s.message()))
-        } else if s.code() == Code::Unavailable && s.message().is_empty() {
-            Status::unavailable("the scd server (--server) is not reachable")
-        } else {
-            s
-        }
-    })
+/// The tool error of the core's error.
+fn app_tool_error(e: AppError) -> String {
+    tool_error_text(e.kind_name(), e.message())
 }

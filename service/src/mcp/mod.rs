@@ -11,9 +11,10 @@
 //! | `count_tokens` | `text` | `tokens` |
 //! | `embed` | `texts`, optional `query` | `model`, `dim`, `embeddings` |
 //!
-//! The work runs in this process ([`Backend::InProcess`], the gRPC
-//! service's own handler called without a network) or on a running
-//! `scd serve` ([`Backend::Remote`]).
+//! The work runs in this process ([`Backend::InProcess`]: the application
+//! core `scd serve` runs, called without a network, with each call audited
+//! as `MCP` and its method) or on a running `scd serve`
+//! ([`Backend::Remote`], a gRPC client).
 //!
 //! **Sessions:** every `compress_context` opens one (under the given
 //! `session` id, or a random one) or continues the one named. The session's
@@ -39,7 +40,7 @@
 //! Confidential field content appears in no result and no error.
 //!
 //! ```no_run
-//! # async fn run(scd: std::sync::Arc<scd_engine::extract::Scd>, limits: scd_service::grpc::Limits) -> anyhow::Result<()> {
+//! # async fn run(scd: std::sync::Arc<scd_engine::extract::Scd>, limits: scd_service::app::Limits) -> anyhow::Result<()> {
 //! use rmcp::ServiceExt as _;
 //! use scd_service::mcp::{Backend, ScdMcp, SessionTokens};
 //!
@@ -51,14 +52,17 @@
 mod args;
 mod backend;
 pub mod http;
+mod remote;
+mod reply;
 pub mod schema;
 pub mod stdio;
 mod tokens;
 
-pub(crate) use crate::app::json::{compress_arguments, Budget};
+pub(crate) use crate::app::json::compress_arguments;
 pub use crate::app::json::{Args, CompressContextArgs, ContextArg, RenderFormat, RequestMoreArgs};
 pub use args::{CountTokensArgs, EmbedArgs, EmbedOutput, EmbeddingOut, TokensOutput};
 pub use backend::{Backend, Peer};
+pub use reply::Embeddings;
 
 use std::sync::Arc;
 
@@ -67,100 +71,15 @@ use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler};
 use serde::Serialize;
-use tonic::{Code, Status};
 
-use crate::grpc::pb;
 use crate::view;
 pub use crate::view::{
     ChunkOut, ChunkWhyOut, CompressOutput, DropWhyOut, DroppedOut, DroppedSummary, ExplanationOut, MoreOutput,
     TotalsOut, MAX_EXPLAINED_DROPPED, MAX_LISTED_DROPPED,
 };
 
-/// The `scd.v1` request of checked `compress_context` arguments (see
-/// [`compress_arguments`]); an empty `session_token` opens a session (under
-/// `session_id`, or a random one when that is empty too).
-pub(crate) fn compress_request(
-    a: CompressContextArgs,
-    budget: Budget,
-    session_id: String,
-    session_token: String,
-) -> pb::CompressRequest {
-    let open = session_token.is_empty();
-    let (budget, rate) = match budget {
-        Budget::Tokens(n) => (n, None),
-        Budget::Rate(r) => (0, Some(r)),
-    };
-    pb::CompressRequest {
-        task: Some(pb::Task { description: a.task, ..Default::default() }),
-        fields: a.context.0.fields.into_iter().map(pb::Field::from).collect(),
-        requirement: Some(pb::ContextRequirement {
-            required_fields: a.required,
-            optional_fields: a.optional,
-            max_context_tokens: budget,
-            relevance_threshold: a.threshold,
-            min_relative_score: a.min_relative_score,
-        }),
-        session_id,
-        session_token,
-        render: a.render.map_or(pb::ReportFormat::Unspecified, render_pb) as i32,
-        budget_tokenizer: a.budget_tokenizer.unwrap_or_default(),
-        explain: a.explain,
-        session_max_total_tokens: 0,
-        reserve_tokens: if open { a.reserve.unwrap_or(0) } else { 0 },
-        rate,
-    }
-}
-
-/// The `scd.v1` report format of a `render` argument.
-fn render_pb(format: RenderFormat) -> pb::ReportFormat {
-    match format {
-        RenderFormat::Freeform => pb::ReportFormat::Freeform,
-        RenderFormat::SemiStructured => pb::ReportFormat::SemiStructured,
-        RenderFormat::StructuredSoft => pb::ReportFormat::StructuredSoft,
-    }
-}
-
-/// `request_more_context`'s arguments checked and made the `scd.v1`
-/// request, without its session token (the caller's to fill): the session
-/// named, a reply budget of at least 1, and exactly one of a confidence in
-/// [0, 1] or a report. Errors name the argument.
-pub(crate) fn more_request(a: RequestMoreArgs) -> Result<pb::ContextRequest, String> {
-    let confidence = crate::app::json::more_confidence(&a).map_err(|e| e.to_string())?;
-    Ok(pb::ContextRequest {
-        request_id: String::new(),
-        session_id: a.session,
-        session_token: String::new(),
-        specific_question: a.question,
-        current_confidence: confidence,
-        reasoning: a.reasoning,
-        chunk_ids: a.chunk_ids,
-        report: a.report.unwrap_or_default(),
-        max_tokens: a.max_tokens.unwrap_or(0),
-    })
-}
-
 use tokens::NotYours;
 pub use tokens::{peer_of, Owner, SessionTokens};
-
-/// A server message with the wire's argument name replaced by the MCP one
-/// (the JSON API's, [`crate::app::json::argument_named`]).
-pub(crate) fn rename_argument(msg: &str) -> String {
-    crate::app::json::argument_named(msg)
-}
-
-/// The text of a failed call's tool error: an argument problem as the
-/// server said it (naming the MCP argument), overload as "busy", the rest
-/// with its code.
-fn tool_error(s: Status) -> String {
-    let msg = rename_argument(s.message());
-    match s.code() {
-        Code::InvalidArgument => msg,
-        Code::ResourceExhausted => format!("busy: {msg}"),
-        Code::NotFound => format!("not found: {msg}"),
-        Code::Unavailable => format!("unavailable: {msg}; retry later"),
-        c => format!("{c:?}: {msg}"),
-    }
-}
 
 /// The error for a session held for another MCP client.
 /// The refusal of a session another MCP client opened (the id, which the
@@ -242,18 +161,14 @@ impl ScdMcp {
             }
             None => (String::new(), String::new()),
         };
-        let open = session_token.is_empty();
-        let list_dropped = a.list_dropped;
-        let req = compress_request(a, budget, session_id, session_token);
-        let mut r = self
+        let (out, token) = self
             .backend
-            .compress(req, open, peer_of(&extensions))
+            .compress(a, budget, session_id, session_token, peer_of(&extensions))
             .await
-            .map_err(|s| tool_error(s).replacen("reserve_tokens", "reserve", 1))?;
-        if !r.session_token.is_empty() {
-            self.tokens.insert(r.session_id.clone(), owner, std::mem::take(&mut r.session_token));
+            .map_err(|e| e.replacen("reserve_tokens", "reserve", 1))?;
+        if !token.is_empty() {
+            self.tokens.insert(out.session_id.clone(), owner, token);
         }
-        let out = view::compress_view(r, list_dropped);
         let header = view::compress_header(&out, &format!("request_more_context session {:?}", out.session_id));
         Ok(Delivered { text: with_header(header, &out.text), out })
     }
@@ -272,15 +187,14 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<RequestMoreArgs>>,
     ) -> Result<Delivered<MoreOutput>, String> {
         let owner = Owner::of(&extensions);
-        let mut req = more_request(args.parse()?)?;
-        let Some(token) = self.tokens.get(&req.session_id, &owner).map_err(|NotYours| NOT_YOURS.to_string())? else {
+        let a: RequestMoreArgs = args.parse()?;
+        crate::app::json::more_confidence(&a).map_err(|e| e.to_string())?;
+        let Some(token) = self.tokens.get(&a.session, &owner).map_err(|NotYours| NOT_YOURS.to_string())? else {
             return Err(
                 "session: not opened by this MCP server (or long forgotten); open one with compress_context".into()
             );
         };
-        req.session_token = token;
-        let r = self.backend.request_context(req, peer_of(&extensions)).await.map_err(tool_error)?;
-        let out = view::more_view(r);
+        let out = self.backend.request_context(a, token, peer_of(&extensions)).await?;
         let header = view::more_header(&out);
         Ok(Delivered { text: with_header(header, &out.text), out })
     }
@@ -300,15 +214,12 @@ impl ScdMcp {
     ) -> Result<Json<TokensOutput>, String> {
         let a = args.parse()?;
         let tokenizer = a.tokenizer.unwrap_or_default();
-        let r = self
+        let counted = self
             .backend
-            .count_tokens(
-                pb::CountTokensRequest { texts: vec![a.text], tokenizer: tokenizer.clone() },
-                peer_of(&extensions),
-            )
+            .count_tokens(a.text, &tokenizer, peer_of(&extensions))
             .await
-            .map_err(|s| tool_error(s).replacen("texts[0]", "text", 1))?;
-        let tokens = r.tokens.first().copied().ok_or("the server counted no text")?;
+            .map_err(|e| e.replacen("texts[0]", "text", 1))?;
+        let tokens = counted.first().copied().ok_or("the server counted no text")?;
         let tokenizer = if tokenizer.trim().is_empty() { scd_engine::budget::E5.to_string() } else { tokenizer };
         Ok(Json(TokensOutput { tokens, tokenizer }))
     }
@@ -327,24 +238,19 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<EmbedArgs>>,
     ) -> Result<Delivered<EmbedOutput>, String> {
         let a = args.parse()?;
-        let kind = if a.query { pb::InputKind::Query } else { pb::InputKind::Passage };
-        let r = self
-            .backend
-            .embed(pb::EmbedRequest { texts: a.texts, kind: kind as i32, windows: true }, peer_of(&extensions))
-            .await
-            .map_err(tool_error)?;
-        let dim = r.embeddings.first().map_or(0, |e| e.values.len() as u32);
+        let r = self.backend.embed(a.texts, a.query, peer_of(&extensions)).await?;
+        let dim = r.rows.first().map_or(0, |(values, _, _)| values.len() as u32);
         let out = EmbedOutput {
             model: r.model,
             dim,
             embeddings: r
-                .embeddings
+                .rows
                 .into_iter()
-                .map(|e| EmbeddingOut {
-                    digest: vector_digest(&e.values),
-                    values: if a.vectors { e.values } else { Vec::new() },
-                    tokens: e.tokens,
-                    windows: e.windows,
+                .map(|(values, tokens, windows)| EmbeddingOut {
+                    digest: vector_digest(&values),
+                    values: if a.vectors { values } else { Vec::new() },
+                    tokens,
+                    windows,
                 })
                 .collect(),
         };
@@ -390,6 +296,10 @@ mod tests {
 
     use serde_json::Value;
 
+    use tonic::Status;
+
+    use super::remote::tool_error;
+    use super::reply::rename_argument;
     use super::*;
     use crate::app::Limits;
 
@@ -506,15 +416,17 @@ mod tests {
         let (scd, limits) = engine();
         let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
         let service = crate::app::Core::new(scd, limits, metrics).with_audit(Some(log.clone()));
-        let mcp = ScdMcp::new(Backend::InProcess(crate::grpc::ScdHandler(Arc::new(service))), SessionTokens::new(8));
+        let mcp = ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8));
         let (a, b): (std::net::SocketAddr, std::net::SocketAddr) =
             ("10.0.0.7:5000".parse().unwrap(), "[2001:db8::9]:41000".parse().unwrap());
         for ext in [over_http_from(Some("mcp-a"), Some(a)), over_http_from(None, Some(b)), stdio()] {
             let args = serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12});
             mcp.compress_context(ext, compress_args(args)).await.unwrap();
         }
-        let peers: Vec<Option<String>> =
-            log.query(&AuditFilter::default()).unwrap().into_iter().map(|r| r.peer).collect();
+        let records = log.query(&AuditFilter::default()).unwrap();
+        // named by the surface and the core's method
+        assert!(records.iter().all(|r| r.method == "MCP OpenSession"), "{records:?}");
+        let peers: Vec<Option<String>> = records.into_iter().map(|r| r.peer).collect();
         // each HTTP client is its own peer (its own share and session scope); stdio has none
         assert_eq!(peers, [Some(a.to_string()), Some(b.to_string()), None]);
         assert_eq!(peer_of(&over_http_from(None, Some(a))), Some(a));

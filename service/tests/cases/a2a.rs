@@ -403,7 +403,7 @@ async fn a2a_audit_records_carry_the_clients_address() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("TASK_STATE_COMPLETED"), "{body}");
     let records = log.query(&Default::default()).unwrap();
-    let r = records.iter().find(|r| r.method == "A2A SendMessage").unwrap_or_else(|| panic!("{records:?}"));
+    let r = records.iter().find(|r| r.method == "A2A OpenSession").unwrap_or_else(|| panic!("{records:?}"));
     assert!(r.peer.as_deref().is_some_and(|p| p.starts_with("127.0.0.1:")), "{r:?}");
 }
 

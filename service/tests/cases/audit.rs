@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scd_audit::{AuditLevel, AuditLog, AuditRecord, Retention};
+use scd_service::app::Limits;
 use scd_service::grpc::audit::{AuditAccess, AUDIT_TOKEN_HEADER};
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
-use scd_service::grpc::Limits;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -174,7 +174,7 @@ fn a_record_survives_kill_9_and_scd_audit_db_refuses_a_held_file() {
     let r = &records[0];
     assert_eq!(
         (r["method"].as_str(), r["outcome"].as_str(), r["level"].as_str()),
-        (Some("Compress"), Some("ok"), Some("chunks"))
+        (Some("gRPC Compress"), Some("ok"), Some("chunks"))
     );
     let ids: Vec<&str> = r["chunks"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
     let sent: Vec<&str> = reply.chunks.iter().map(|c| c.id.as_str()).collect();
@@ -323,11 +323,11 @@ async fn audit_rpc_filters_refuses_and_records_every_call() {
     seqs.dedup();
     assert_eq!(seqs, (0..43).collect::<Vec<_>>());
     assert!(all.iter().all(|r| r.level == "summary" && r.chunks.is_empty()), "summary keeps no chunk list");
-    let compresses: Vec<_> = all.iter().filter(|r| r.method == "Compress").collect();
+    let compresses: Vec<_> = all.iter().filter(|r| r.method == "gRPC Compress").collect();
     assert_eq!(compresses.len(), 41);
     assert!(compresses.iter().all(|r| r.chunk_count > 0 && r.withheld == ["api_keys"] && r.outcome == "ok"));
     let last = &all[42];
-    assert_eq!((last.method.as_str(), last.outcome.clone()), ("RequestContext", format!("{:?}", refused.code())));
+    assert_eq!((last.method.as_str(), last.outcome.clone()), ("gRPC RequestContext", format!("{:?}", refused.code())));
 
     let by_session =
         audit(&mut s.client, pb::AuditRequest { session_id: "s1".into(), ..Default::default() }).await.unwrap();
@@ -336,7 +336,7 @@ async fn audit_rpc_filters_refuses_and_records_every_call() {
     let more = audit(&mut s.client, pb::AuditRequest { session_id: "more".into(), limit: 2, ..Default::default() })
         .await
         .unwrap();
-    assert_eq!(more.iter().map(|r| r.method.as_str()).collect::<Vec<_>>(), ["Compress", "RequestContext"]);
+    assert_eq!(more.iter().map(|r| r.method.as_str()).collect::<Vec<_>>(), ["gRPC Compress", "gRPC RequestContext"]);
     let t = all[0].at_ms;
     let late = audit(&mut s.client, pb::AuditRequest { since_ms: all[42].at_ms, ..Default::default() }).await.unwrap();
     assert!(late.iter().all(|r| r.at_ms >= all[42].at_ms) && !late.is_empty());

@@ -14,10 +14,10 @@ use scd_atp::identity::{now_s, Identity};
 use scd_audit::{AuditLevel, AuditLog, Retention};
 use scd_did::time::format_rfc3339_utc;
 use scd_did::wba::{sign_header, sign_header_with, WbaAuthenticator};
-use scd_service::grpc::auth::AuthConfig;
-use scd_service::grpc::http::HttpLimits;
+use scd_service::auth::AuthConfig;
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
+use scd_service::http::HttpLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -281,7 +281,7 @@ async fn the_audit_trail_records_the_did_and_each_did_reads_only_its_own() {
     let mine = audit_of(&mut c, pb::AuditRequest::default(), &alice).await.unwrap();
     assert_eq!(mine.len(), 1, "alice sees her one record: {mine:?}");
     let r = &mine[0];
-    assert_eq!((r.method.as_str(), r.caller.as_str(), r.outcome.as_str()), ("Compress", ALICE, "ok"));
+    assert_eq!((r.method.as_str(), r.caller.as_str(), r.outcome.as_str()), ("gRPC Compress", ALICE, "ok"));
     assert!(r.peer.starts_with("127.0.0.1:"), "{}", r.peer);
     let ids: Vec<&str> = r.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, sent.chunks.iter().map(|c| c.id.as_str()).collect::<Vec<_>>());
@@ -290,7 +290,7 @@ async fn the_audit_trail_records_the_did_and_each_did_reads_only_its_own() {
     let theirs = audit_of(&mut c, pb::AuditRequest::default(), &bob).await.unwrap();
     assert_eq!(theirs.len(), 1, "{theirs:?}");
     let r = &theirs[0];
-    assert_eq!((r.method.as_str(), r.caller.as_str(), r.budget_tokens), ("Handoff", BOB, 80));
+    assert_eq!((r.method.as_str(), r.caller.as_str(), r.budget_tokens), ("gRPC Handoff", BOB, 80));
     assert_eq!(r.chunk_count as usize, fwd.chunks.len());
     assert!(r.chunks.iter().any(|c| c.field.starts_with("report.")), "the report's sections were scored");
     assert_eq!(r.withheld, vec!["api_keys".to_string()]);
@@ -326,7 +326,7 @@ async fn the_audit_trail_records_the_did_and_each_did_reads_only_its_own() {
     assert_eq!(all.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>(), [ALICE, BOB]);
     let bobs =
         read(operator(pb::AuditRequest { caller: BOB.into(), ..Default::default() }, AUDIT_TOKEN)).await.unwrap();
-    assert_eq!(bobs.iter().map(|r| r.method.as_str()).collect::<Vec<_>>(), ["Handoff"]);
+    assert_eq!(bobs.iter().map(|r| r.method.as_str()).collect::<Vec<_>>(), ["gRPC Handoff"]);
     // a wrong token does not fall back to the DID's own records
     let e = read(operator(pb::AuditRequest::default(), "op-token-auth-guess")).await.unwrap_err();
     assert_eq!((e.code(), e.message()), (Code::Unauthenticated, "x-scd-audit-token: does not match"));
@@ -598,7 +598,7 @@ fn scd_client_with_an_identity_is_accepted_by_a_real_server() {
     assert!(ok, "{stderr}");
     let records: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(records.len(), 1, "{stdout}");
-    assert_eq!((records[0]["method"].as_str(), records[0]["caller"].as_str()), (Some("Compress"), Some(ALICE)));
+    assert_eq!((records[0]["method"].as_str(), records[0]["caller"].as_str()), (Some("gRPC Compress"), Some(ALICE)));
     let (ok, _, stderr) = crate::scd(&["audit", "--server", &server.addr], "");
     assert!(!ok && stderr.contains("Unauthenticated: missing Authorization header"), "{stderr}");
 }

@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use scd_service::grpc::http::HttpLimits;
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
+use scd_service::http::HttpLimits;
 use tokio::io::AsyncReadExt;
 use tonic::transport::Channel;
 use tonic::Code;

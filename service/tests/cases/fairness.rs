@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use scd_engine::extract::ScdConfig;
-use scd_service::grpc::http::HttpLimits;
+use scd_service::app::Limits;
 use scd_service::grpc::pb;
-use scd_service::grpc::Limits;
+use scd_service::http::HttpLimits;
 use tonic::Code;
 
 use crate::inproc::Options;

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use scd_engine::encoder::{Encoder, HashEncoder};
-use scd_service::grpc::http::HttpLimits;
+use scd_service::http::HttpLimits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use scd_audit::AuditLog;
 use scd_engine::encoder::{Encoder, HashEncoder};
 use scd_engine::extract::{Scd, ScdConfig};
-use scd_service::grpc::auth::AuthConfig;
-use scd_service::grpc::http::HttpLimits;
-use scd_service::grpc::Limits;
+use scd_service::app::Limits;
+use scd_service::auth::AuthConfig;
+use scd_service::http::HttpLimits;
 use scd_service::server::{serve_on, ServeConfig};
 
 /// `scd serve`'s defaults.

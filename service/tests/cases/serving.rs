@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, HashEncoder};
-use scd_service::grpc::http::HttpLimits;
+use scd_service::app::Limits;
 use scd_service::grpc::pb;
 use scd_service::grpc::pb::scd_client::ScdClient;
-use scd_service::grpc::Limits;
+use scd_service::http::HttpLimits;
 
 use crate::inproc::{InProc, Options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

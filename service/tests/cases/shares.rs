@@ -7,9 +7,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use scd_service::grpc::http::HttpLimits;
+use scd_service::app::Limits;
 use scd_service::grpc::pb;
-use scd_service::grpc::Limits;
+use scd_service::http::HttpLimits;
 use tonic::Code;
 
 use crate::serving::{big_compress, client, client_from, embed, is_deadline, limits, start, TestEncoder};
