@@ -349,6 +349,35 @@ pub(crate) fn budget_tokenizers(flags: &[String]) -> anyhow::Result<TokenizerReg
     Ok(reg)
 }
 
+/// The engine's settings: `base` (the model's, with its persistent
+/// embedding cache) with the cache, scoring, limit and session flags.
+fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
+    ScdConfig {
+        prepare: PrepareConfig { cache_bytes: args.cache_bytes, ..base.prepare },
+        scoring: ScoringConfig {
+            second_hop_weight: args.second_hop_weight,
+            group_closure_tokens: args.group_closure_tokens,
+            ..base.scoring
+        },
+        limits: RequestLimits {
+            max_context_tokens: args.max_context_tokens,
+            max_encoder_tokens: args.max_request_encoder_tokens,
+            context_limits: ContextLimits {
+                max_fields: args.max_fields,
+                max_field_bytes: args.max_field_bytes,
+                max_context_bytes: args.max_request_bytes,
+            },
+            ..base.limits
+        },
+        sessions: SessionConfig {
+            session_ttl: Duration::from_secs(args.session_ttl_s),
+            max_sessions: args.max_sessions,
+            session_bytes: args.session_bytes,
+            ..base.sessions
+        },
+    }
+}
+
 /// The service's limits (`--max-texts`, `--queue-size`, …).
 fn limits(args: &ServeArgs) -> Limits {
     Limits {
@@ -403,31 +432,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let encoder = Arc::new(model.load_encoder()?);
-    let base = model.scd_config();
-    let cfg = ScdConfig {
-        prepare: PrepareConfig { cache_bytes: args.cache_bytes, ..base.prepare },
-        scoring: ScoringConfig {
-            second_hop_weight: args.second_hop_weight,
-            group_closure_tokens: args.group_closure_tokens,
-            ..base.scoring
-        },
-        limits: RequestLimits {
-            max_context_tokens: args.max_context_tokens,
-            max_encoder_tokens: args.max_request_encoder_tokens,
-            context_limits: ContextLimits {
-                max_fields: args.max_fields,
-                max_field_bytes: args.max_field_bytes,
-                max_context_bytes: args.max_request_bytes,
-            },
-            ..base.limits
-        },
-        sessions: SessionConfig {
-            session_ttl: Duration::from_secs(args.session_ttl_s),
-            max_sessions: args.max_sessions,
-            session_bytes: args.session_bytes,
-            ..base.sessions
-        },
-    };
+    let cfg = scd_config(&args, model.scd_config());
     let mut scd = Scd::new(encoder, cfg);
     let mut a2a_state = None;
     if let Some(url) = &args.state {
