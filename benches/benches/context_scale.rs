@@ -17,7 +17,7 @@
 //! task_embed_ms + select_ms`, median of 3 tasks). Cold is the median of 3
 //! runs below 200k tokens and a single run above (multi-second runs; criterion
 //! adds nothing there). Every size runs with the default config (HNSW from
-//! 200,000 chunks, `ScdConfig::hnsw_min_chunks`) and, from 16k chunks up, also with HNSW off so the LSH
+//! 200,000 chunks, `PrepareConfig::hnsw_min_chunks`) and, from 16k chunks up, also with HNSW off so the LSH
 //! near-duplicate path shows. A stage split (same chunks, outside `Scd`):
 //! chunk, encode (hash), BM25 build, near-duplicates (brute force up to
 //! 2,048 chunks, LSH above); the HNSW build is the difference between the
@@ -41,7 +41,7 @@ use scd_benches::{hotpot_paragraphs, root};
 use scd_engine::chunk::{chunk_field, ChunkConfig};
 use scd_engine::context::{Context, ContextLimits, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::{EncodeOptions, Encoder, HashEncoder, InputKind};
-use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::extract::{CompressRequest, PrepareConfig, RequestLimits, Scd, ScdConfig};
 use scd_engine::score::{dedup, Bm25};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -51,16 +51,22 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn config(hnsw: bool) -> ScdConfig {
     ScdConfig {
-        max_context_tokens: usize::MAX,
-        max_budget_tokens: usize::MAX,
-        context_limits: ContextLimits {
-            max_fields: usize::MAX,
-            max_field_bytes: usize::MAX,
-            max_context_bytes: usize::MAX,
+        limits: RequestLimits {
+            max_context_tokens: usize::MAX,
+            max_budget_tokens: usize::MAX,
+            context_limits: ContextLimits {
+                max_fields: usize::MAX,
+                max_field_bytes: usize::MAX,
+                max_context_bytes: usize::MAX,
+            },
+            ..Default::default()
         },
-        prepared_cache_bytes: 4 << 30,
-        cache_bytes: 4 << 30,
-        hnsw_min_chunks: if hnsw { ScdConfig::default().hnsw_min_chunks } else { usize::MAX },
+        prepare: PrepareConfig {
+            prepared_cache_bytes: 4 << 30,
+            cache_bytes: 4 << 30,
+            hnsw_min_chunks: if hnsw { ScdConfig::default().prepare.hnsw_min_chunks } else { usize::MAX },
+            ..Default::default()
+        },
         ..ScdConfig::default()
     }
 }
@@ -211,7 +217,7 @@ fn stages(ctx: &Context) -> (Vec<(&'static str, f64)>, usize) {
     let bm25_ms = t.elapsed().as_secs_f64() * 1e3;
     std::hint::black_box(&bm25);
     let t = Instant::now();
-    let nd = dedup::near_duplicates(&vectors, ScdConfig::default().redundancy_cosine);
+    let nd = dedup::near_duplicates(&vectors, ScdConfig::default().scoring.redundancy_cosine);
     let dedup_ms = t.elapsed().as_secs_f64() * 1e3;
     std::hint::black_box(&nd);
     (vec![("chunk", chunk_ms), ("encode(hash)", encode_ms), ("bm25", bm25_ms), ("near-dup", dedup_ms)], texts.len())
@@ -329,7 +335,7 @@ fn main() {
         };
         let (stage_ms, chunks) = stages(&ctx);
         let stage_ms_off = stage_ms.clone();
-        if chunks < hnsw_max_chunks || chunks < ScdConfig::default().hnsw_min_chunks {
+        if chunks < hnsw_max_chunks || chunks < ScdConfig::default().prepare.hnsw_min_chunks {
             let mut row = measure(part, &ctx, tokens, true, &questions);
             row.stages = stage_ms;
             emit(row, &mut rows);

@@ -21,7 +21,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use scd_benches::{hotpot_paragraphs, load_model};
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind};
-use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::extract::{CompressRequest, PrepareConfig, Scd, ScdConfig};
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -130,8 +130,13 @@ fn cold(encoder: &Arc<dyn Encoder>, req: &CompressRequest, tokens: usize) -> Scd
     let cold_s = t.elapsed().as_secs_f64();
     // baseline in the same run: encode exactly the chunk texts SCD embedded
     let chunk_texts: Vec<String> = {
-        let probe =
-            Scd::new(encoder.clone(), ScdConfig { cache_bytes: 0, prepared_cache_bytes: 0, ..ScdConfig::default() });
+        let probe = Scd::new(
+            encoder.clone(),
+            ScdConfig {
+                prepare: PrepareConfig { cache_bytes: 0, prepared_cache_bytes: 0, ..Default::default() },
+                ..ScdConfig::default()
+            },
+        );
         let all = probe
             .compress(&CompressRequest {
                 task: Task::new("x"),

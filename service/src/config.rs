@@ -148,8 +148,11 @@ impl ModelArgs {
     /// The engine's default settings with this persistent embedding cache.
     pub fn scd_config(&self) -> scd_engine::extract::ScdConfig {
         scd_engine::extract::ScdConfig {
-            embedding_store: self.embedding_cache_path(),
-            embedding_store_bytes: self.embedding_cache_bytes,
+            prepare: scd_engine::extract::PrepareConfig {
+                embedding_store: self.embedding_cache_path(),
+                embedding_store_bytes: self.embedding_cache_bytes,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

@@ -15,7 +15,7 @@ use prost::Message;
 use scd_engine::chunk::ChunkConfig;
 use scd_engine::context::ContextLimits;
 use scd_engine::encoder::{HashEncoder, InputKind};
-use scd_engine::extract::{Scd, ScdConfig};
+use scd_engine::extract::{PrepareConfig, Scd, ScdConfig};
 use tonic::Code;
 
 use crate::grpc::{convert, pb};
@@ -135,7 +135,10 @@ pub fn grpc_convert_stage(data: &[u8]) -> Stage {
     }
     let scd = Scd::new(
         Arc::new(HashEncoder::new(32, 128)),
-        ScdConfig { cache_bytes: 1 << 20, prepared_cache_bytes: 0, ..ScdConfig::default() },
+        ScdConfig {
+            prepare: PrepareConfig { cache_bytes: 1 << 20, prepared_cache_bytes: 0, ..Default::default() },
+            ..ScdConfig::default()
+        },
     );
     // as the server does: a rate's budget is that share of the context, at least 1
     if let Some(rate) = rate {

@@ -208,10 +208,10 @@ impl Scd {
     /// any work.
     fn check<'r>(&self, req: &'r CompressRequest) -> Result<Checked<'r>> {
         let ctx = &req.context;
-        ctx.validate_within(&self.cfg.context_limits)?;
+        ctx.validate_within(&self.cfg.limits.context_limits)?;
         let rq = &req.requirement;
-        rq.validate(self.cfg.max_budget_tokens)?;
-        req.task.validate(self.cfg.max_task_bytes, self.cfg.max_constraints)?;
+        rq.validate(self.cfg.limits.max_budget_tokens)?;
+        req.task.validate(self.cfg.limits.max_task_bytes, self.cfg.limits.max_constraints)?;
         let split = Split::new(ctx);
         let names: HashMap<&str, usize> = split.public.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
         let required: HashSet<usize> =
@@ -225,10 +225,10 @@ impl Scd {
         };
         let task_text = req.task.text();
         let task_tokens = self.encoder.count_tokens(&task_text)?;
-        if task_tokens > self.cfg.max_task_tokens {
+        if task_tokens > self.cfg.limits.max_task_tokens {
             return Err(Error::invalid(
                 "task",
-                format!("{task_tokens} tokens, over the limit {}", self.cfg.max_task_tokens),
+                format!("{task_tokens} tokens, over the limit {}", self.cfg.limits.max_task_tokens),
             ));
         }
         let continued = match &req.session {

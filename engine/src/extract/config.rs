@@ -1,4 +1,7 @@
-//! The extractor's tuning and limits.
+//! The extractor's tuning and limits, nested by concern: [`PrepareConfig`]
+//! (how a context is chunked, embedded, cached and indexed), [`ScoringConfig`]
+//! (how chunks are scored and packed), [`RequestLimits`] (what one request
+//! may ask for) and [`SessionConfig`] (sessions and adaptive requests).
 
 use std::time::Duration;
 
@@ -21,13 +24,38 @@ pub enum Scorer {
     Learned,
 }
 
-/// Tuning and limits of the extractor.
-#[derive(Debug, Clone)]
+/// Tuning and limits of the extractor, nested by concern.
+#[derive(Debug, Clone, Default)]
 pub struct ScdConfig {
-    /// How chunks are scored for packing.
-    pub scorer: Scorer,
+    /// How a context is prepared: chunking, embedding caches, neighbours, the
+    /// HNSW index and its near-duplicate search.
+    pub prepare: PrepareConfig,
+    /// How chunks are scored and packed: the scorer, its weights, links, the
+    /// second hop, group closure and redundancy.
+    pub scoring: ScoringConfig,
+    /// Bounds on one request, checked before the work they bound: budget,
+    /// context, task and embedding.
+    pub limits: RequestLimits,
+    /// Sessions and adaptive requests: lifetime, counts, bytes, follow-up size,
+    /// the confidence threshold and stubs.
+    pub sessions: SessionConfig,
+}
+
+/// How a context is prepared: chunking, embedding caches, neighbours, the
+/// HNSW index and its near-duplicate search.
+#[derive(Debug, Clone)]
+pub struct PrepareConfig {
     /// How fields are chunked.
     pub chunk: ChunkConfig,
+    /// Code chunks are embedded and indexed with the names they define
+    /// split into words (`parse_header`, `ParseHeader` → `parse header`)
+    /// beside the file path and owner, and BM25 also sees their
+    /// camel-case identifiers split (off: the code scoring before #13).
+    pub code_names: bool,
+    /// Embed each chunk after the previous chunk of its group (a sentence
+    /// with the one before it in its paragraph), so a sentence that says
+    /// "he" or "the film" is embedded with what it refers to.
+    pub embed_neighbour: bool,
     /// Embedding cache bound in bytes.
     pub cache_bytes: usize,
     /// The persistent embedding cache's file ([`crate::cache::DiskTier`]),
@@ -35,17 +63,56 @@ pub struct ScdConfig {
     pub embedding_store: Option<std::path::PathBuf>,
     /// Bytes the persistent cache holds at most.
     pub embedding_store_bytes: u64,
-    /// Largest budget a request may ask for.
-    pub max_budget_tokens: usize,
+    /// Bytes of prepared contexts (chunks, embeddings, BM25, HNSW) kept for reuse.
+    pub prepared_cache_bytes: usize,
+    /// Nearest neighbours (count) searched per distinct chunk for
+    /// near-duplicates when the context has an HNSW index.
+    pub near_duplicate_neighbours: usize,
+    /// Contexts with at least this many chunks get an HNSW index; dense
+    /// scores are then computed exactly for its candidates only. Building
+    /// the index is not cancellable and costs far more than it saves inside
+    /// one request (measured: 90–140 s at 44k–61k chunks on 2 cores, warm
+    /// selection no faster), so the default keeps it for very large
+    /// contexts that the caller means to query many times.
+    pub hnsw_min_chunks: usize,
+    /// Candidates taken from HNSW per query.
+    pub hnsw_candidates: usize,
+    /// Chunks that are not HNSW candidates score this much (cosine units)
+    /// below the lowest candidate, so they rank after every candidate.
+    pub hnsw_floor_margin: f32,
+    /// HNSW parameters.
+    pub hnsw: HnswParams,
+}
+
+impl Default for PrepareConfig {
+    fn default() -> Self {
+        Self {
+            chunk: ChunkConfig::default(),
+            code_names: true,
+            embed_neighbour: false,
+            cache_bytes: 256 << 20,
+            embedding_store: None,
+            embedding_store_bytes: 1 << 30,
+            prepared_cache_bytes: 512 << 20,
+            near_duplicate_neighbours: 16,
+            hnsw_min_chunks: 200_000,
+            hnsw_candidates: 1024,
+            hnsw_floor_margin: 0.05,
+            hnsw: HnswParams::default(),
+        }
+    }
+}
+
+/// How chunks are scored and packed: the scorer, its weights, links, the
+/// second hop, group closure and redundancy.
+#[derive(Debug, Clone)]
+pub struct ScoringConfig {
+    /// How chunks are scored for packing.
+    pub scorer: Scorer,
     /// Weight of the lexical (BM25) z-score beside the dense one.
     pub lexical_weight: f32,
     /// Weight of a field's best chunk score added to each of its chunks.
     pub field_weight: f32,
-    /// Code chunks are embedded and indexed with the names they define
-    /// split into words (`parse_header`, `ParseHeader` → `parse header`)
-    /// beside the file path and owner, and BM25 also sees their
-    /// camel-case identifiers split (off: the code scoring before #13).
-    pub code_names: bool,
     /// Bonus for chunks of a field that the task or a top chunk names.
     pub link_weight: f32,
     /// Bonus for a method of a type that a top chunk defines (code: a
@@ -90,10 +157,6 @@ pub struct ScdConfig {
     /// long the best chunk is. The task is never cut; when it alone fills the
     /// cap there is no hop.
     pub second_hop_max_tokens: usize,
-    /// Embed each chunk after the previous chunk of its group (a sentence
-    /// with the one before it in its paragraph), so a sentence that says
-    /// "he" or "the film" is embedded with what it refers to.
-    pub embed_neighbour: bool,
     /// Packing takes the rest of a chunk's group (a paragraph's other
     /// sentences) with it when the whole group has at most this many tokens
     /// and all of it fits (0: only the group's lead comes along). Prose
@@ -106,24 +169,37 @@ pub struct ScdConfig {
     pub lead_link_bonus: f32,
     /// Chunks this similar (cosine) to a selected one are skipped as redundant.
     pub redundancy_cosine: f32,
-    /// Nearest neighbours (count) searched per distinct chunk for
-    /// near-duplicates when the context has an HNSW index.
-    pub near_duplicate_neighbours: usize,
-    /// Chunks an adaptive request returns by relevance at most (count),
-    /// beyond the ids it names.
-    pub more_max_chunks: usize,
-    /// Words of a dropped chunk's stub in the manifest (count).
-    pub stub_words: usize,
-    /// Receiver confidence at or above which adaptive requests get nothing (θ_conf).
-    pub confidence_threshold: f32,
-    /// Session lifetime since last use.
-    pub session_ttl: Duration,
-    /// Sessions held at once (least recently used evicted, never silently).
-    pub max_sessions: usize,
-    /// Bytes all sessions may hold together (each counts its whole context).
-    pub session_bytes: usize,
-    /// Bytes of prepared contexts (chunks, embeddings, BM25, HNSW) kept for reuse.
-    pub prepared_cache_bytes: usize,
+}
+
+impl Default for ScoringConfig {
+    fn default() -> Self {
+        Self {
+            scorer: Scorer::default(),
+            lexical_weight: 0.3,
+            field_weight: 0.5,
+            link_weight: 2.0,
+            owner_link_weight: 1.0,
+            link_sources: 3,
+            common_name_chunks: 3,
+            sibling_weight: 1.0,
+            severity_weight: 1.5,
+            line_lexical_weight: 0.0,
+            second_hop_weight: 0.5,
+            second_hop_sources: 1,
+            second_hop_max_tokens: 256,
+            group_closure_tokens: 400,
+            lead_link_bonus: 1.5,
+            redundancy_cosine: 0.985,
+        }
+    }
+}
+
+/// Bounds on one request, checked before the work they bound: budget,
+/// context, task and embedding.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    /// Largest budget a request may ask for.
+    pub max_budget_tokens: usize,
     /// Limits on a context's size, checked before any work.
     pub context_limits: ContextLimits,
     /// Tokens of a context's non-confidential content, checked after
@@ -140,66 +216,95 @@ pub struct ScdConfig {
     pub max_task_tokens: usize,
     /// Constraints on a task.
     pub max_constraints: usize,
-    /// Contexts with at least this many chunks get an HNSW index; dense
-    /// scores are then computed exactly for its candidates only. Building
-    /// the index is not cancellable and costs far more than it saves inside
-    /// one request (measured: 90–140 s at 44k–61k chunks on 2 cores, warm
-    /// selection no faster), so the default keeps it for very large
-    /// contexts that the caller means to query many times.
-    pub hnsw_min_chunks: usize,
-    /// Candidates taken from HNSW per query.
-    pub hnsw_candidates: usize,
-    /// Chunks that are not HNSW candidates score this much (cosine units)
-    /// below the lowest candidate, so they rank after every candidate.
-    pub hnsw_floor_margin: f32,
-    /// HNSW parameters.
-    pub hnsw: HnswParams,
 }
 
-impl Default for ScdConfig {
+impl Default for RequestLimits {
     fn default() -> Self {
         Self {
-            chunk: ChunkConfig::default(),
-            cache_bytes: 256 << 20,
-            embedding_store: None,
-            embedding_store_bytes: 1 << 30,
             max_budget_tokens: 1 << 20,
-            lexical_weight: 0.3,
-            field_weight: 0.5,
-            code_names: true,
-            link_weight: 2.0,
-            owner_link_weight: 1.0,
-            link_sources: 3,
-            common_name_chunks: 3,
-            sibling_weight: 1.0,
-            severity_weight: 1.5,
-            line_lexical_weight: 0.0,
-            second_hop_weight: 0.5,
-            second_hop_sources: 1,
-            second_hop_max_tokens: 256,
-            scorer: Scorer::default(),
-            group_closure_tokens: 400,
-            embed_neighbour: false,
-            lead_link_bonus: 1.5,
-            redundancy_cosine: 0.985,
-            near_duplicate_neighbours: 16,
-            more_max_chunks: 8,
-            stub_words: 8,
-            confidence_threshold: 0.7,
-            session_ttl: Duration::from_secs(1800),
-            max_sessions: 10_000,
-            session_bytes: 1 << 30,
-            prepared_cache_bytes: 512 << 20,
             context_limits: ContextLimits::default(),
             max_context_tokens: 1 << 20,
             max_encoder_tokens: 1 << 21,
             max_task_bytes: 64 << 10,
             max_task_tokens: 4096,
             max_constraints: 256,
-            hnsw_min_chunks: 200_000,
-            hnsw_candidates: 1024,
-            hnsw_floor_margin: 0.05,
-            hnsw: HnswParams::default(),
         }
+    }
+}
+
+/// Sessions and adaptive requests: lifetime, counts, bytes, follow-up size,
+/// the confidence threshold and stubs.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Session lifetime since last use.
+    pub session_ttl: Duration,
+    /// Sessions held at once (least recently used evicted, never silently).
+    pub max_sessions: usize,
+    /// Bytes all sessions may hold together (each counts its whole context).
+    pub session_bytes: usize,
+    /// Chunks an adaptive request returns by relevance at most (count),
+    /// beyond the ids it names.
+    pub more_max_chunks: usize,
+    /// Receiver confidence at or above which adaptive requests get nothing (θ_conf).
+    pub confidence_threshold: f32,
+    /// Words of a dropped chunk's stub in the manifest (count).
+    pub stub_words: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            session_ttl: Duration::from_secs(1800),
+            max_sessions: 10_000,
+            session_bytes: 1 << 30,
+            more_max_chunks: 8,
+            confidence_threshold: 0.7,
+            stub_words: 8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nested defaults are the values the flat `ScdConfig` had: a
+    /// regrouping must not move a tuned constant.
+    #[test]
+    fn nested_defaults_keep_the_flat_values() {
+        let c = ScdConfig::default();
+        assert_eq!(c.prepare.cache_bytes, 256 << 20);
+        assert_eq!(c.prepare.embedding_store, None);
+        assert_eq!(c.prepare.embedding_store_bytes, 1 << 30);
+        assert_eq!(c.prepare.prepared_cache_bytes, 512 << 20);
+        assert!(c.prepare.code_names);
+        assert!(!c.prepare.embed_neighbour);
+        assert_eq!(c.prepare.near_duplicate_neighbours, 16);
+        assert_eq!(c.prepare.hnsw_min_chunks, 200_000);
+        assert_eq!(c.prepare.hnsw_candidates, 1024);
+        assert_eq!(c.scoring.scorer, Scorer::Learned);
+        assert_eq!(c.scoring.lexical_weight, 0.3);
+        assert_eq!(c.scoring.field_weight, 0.5);
+        assert_eq!(c.scoring.link_weight, 2.0);
+        assert_eq!(c.scoring.link_sources, 3);
+        assert_eq!(c.scoring.severity_weight, 1.5);
+        assert_eq!(c.scoring.line_lexical_weight, 0.0);
+        assert_eq!(c.scoring.second_hop_weight, 0.5);
+        assert_eq!(c.scoring.second_hop_max_tokens, 256);
+        assert_eq!(c.scoring.group_closure_tokens, 400);
+        assert_eq!(c.scoring.lead_link_bonus, 1.5);
+        assert_eq!(c.scoring.redundancy_cosine, 0.985);
+        assert_eq!(c.limits.max_budget_tokens, 1 << 20);
+        assert_eq!(c.limits.max_context_tokens, 1 << 20);
+        assert_eq!(c.limits.max_encoder_tokens, 1 << 21);
+        assert_eq!(c.limits.max_task_bytes, 64 << 10);
+        assert_eq!(c.limits.max_task_tokens, 4096);
+        assert_eq!(c.limits.max_constraints, 256);
+        assert_eq!(c.sessions.session_ttl, Duration::from_secs(1800));
+        assert_eq!(c.sessions.max_sessions, 10_000);
+        assert_eq!(c.sessions.session_bytes, 1 << 30);
+        assert_eq!(c.sessions.more_max_chunks, 8);
+        assert_eq!(c.sessions.confidence_threshold, 0.7);
+        assert_eq!(c.sessions.stub_words, 8);
     }
 }

@@ -121,7 +121,7 @@ pub(super) fn features(ctx: &PreparedContext, parts: &Scores) -> Vec<Features> {
 /// features for fitting (`models/fit_scorer.py` tries them), not for
 /// shipping: by leave-one-set-out they did not carry to a set they were not
 /// fitted on. The second hop keeps its setting's weight
-/// (`ScdConfig::second_hop_weight`, which `scd serve` exposes), so `hop_z`
+/// (`ScoringConfig::second_hop_weight`, which `scd serve` exposes), so `hop_z`
 /// is not weighed here either.
 const WEIGHABLE: [&str; 8] = [
     "lexical_z",
@@ -254,7 +254,7 @@ mod tests {
         use crate::cancel::Cancel;
         use crate::context::{Context, ContextRequirement, Field, FieldKind, Task};
         use crate::encoder::HashEncoder;
-        use crate::extract::{CompressRequest, Scd, ScdConfig, Scorer};
+        use crate::extract::{CompressRequest, Scd, ScdConfig, Scorer, ScoringConfig};
 
         let field = |name: &str, content: &str| Field {
             name: name.into(),
@@ -293,7 +293,10 @@ mod tests {
 
         let learned = Scd::new(
             Arc::new(HashEncoder::new(64, 512)),
-            ScdConfig { scorer: Scorer::Learned, ..ScdConfig::default() },
+            ScdConfig {
+                scoring: ScoringConfig { scorer: Scorer::Learned, ..Default::default() },
+                ..ScdConfig::default()
+            },
         );
         let out = learned.compress(&req).unwrap();
         assert!(out.totals.sent_tokens <= 12 && !out.chunks.is_empty());

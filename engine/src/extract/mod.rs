@@ -39,7 +39,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use tracing::instrument;
 
-pub use self::config::{ScdConfig, Scorer};
+pub use self::config::{PrepareConfig, RequestLimits, ScdConfig, Scorer, ScoringConfig, SessionConfig};
 pub use self::features::{Features, LearnedScorer, FEATURES};
 use self::parts::Scores;
 use self::prepare::{PreparedContext, Split};
@@ -504,16 +504,16 @@ impl Scd {
     /// An engine over `encoder`.
     pub fn new(encoder: Arc<dyn Encoder>, cfg: ScdConfig) -> Self {
         let sessions = sessions::Sessions::Local(SessionStore::new(SessionLimits {
-            ttl: cfg.session_ttl,
-            max_sessions: cfg.max_sessions,
-            max_bytes: cfg.session_bytes,
+            ttl: cfg.sessions.session_ttl,
+            max_sessions: cfg.sessions.max_sessions,
+            max_bytes: cfg.sessions.session_bytes,
         }));
         let prepared = moka::sync::Cache::builder()
-            .max_capacity(cfg.prepared_cache_bytes as u64)
+            .max_capacity(cfg.prepare.prepared_cache_bytes as u64)
             .weigher(|_, p: &Arc<PreparedContext>| u32::try_from(p.bytes).unwrap_or(u32::MAX))
             .build();
-        let disk = cfg.embedding_store.as_ref().map(|p| DiskTier::new(p, cfg.embedding_store_bytes));
-        let cache = EmbeddingCache::new(cfg.cache_bytes).with_disk(disk);
+        let disk = cfg.prepare.embedding_store.as_ref().map(|p| DiskTier::new(p, cfg.prepare.embedding_store_bytes));
+        let cache = EmbeddingCache::new(cfg.prepare.cache_bytes).with_disk(disk);
         Self { cache, encoder, encoded: Default::default(), sessions, prepared, cfg }
     }
 
@@ -545,13 +545,13 @@ impl Scd {
     /// shapes them (chunking, the HNSW index, near-duplicates) changed.
     pub fn reconfigure(&mut self, cfg: ScdConfig) {
         let (a, b) = (&self.cfg, &cfg);
-        if a.chunk != b.chunk
-            || a.hnsw != b.hnsw
-            || a.hnsw_min_chunks != b.hnsw_min_chunks
-            || a.redundancy_cosine != b.redundancy_cosine
-            || a.near_duplicate_neighbours != b.near_duplicate_neighbours
-            || a.stub_words != b.stub_words
-            || a.embed_neighbour != b.embed_neighbour
+        if a.prepare.chunk != b.prepare.chunk
+            || a.prepare.hnsw != b.prepare.hnsw
+            || a.prepare.hnsw_min_chunks != b.prepare.hnsw_min_chunks
+            || a.scoring.redundancy_cosine != b.scoring.redundancy_cosine
+            || a.prepare.near_duplicate_neighbours != b.prepare.near_duplicate_neighbours
+            || a.sessions.stub_words != b.sessions.stub_words
+            || a.prepare.embed_neighbour != b.prepare.embed_neighbour
         {
             self.prepared.invalidate_all();
         }
@@ -582,7 +582,7 @@ impl Scd {
                 None => self.encoder.count_tokens(&f.content)?,
             };
         }
-        Ok(crate::budget::rate_budget(tokens, rate).min(self.cfg.max_budget_tokens))
+        Ok(crate::budget::rate_budget(tokens, rate).min(self.cfg.limits.max_budget_tokens))
     }
 
     /// [`Scd::compress_with`] counting in a budget tokenizer and explaining
@@ -596,24 +596,24 @@ impl Scd {
     /// learned score and its parts; then tells code siblings apart by
     /// `query` (a link lift).
     fn rescore(&self, prepared: &PreparedContext, query: &str, parts: &mut Scores) {
-        if self.cfg.scorer == Scorer::Learned && !prepared.chunks.is_empty() {
+        if self.cfg.scoring.scorer == Scorer::Learned && !prepared.chunks.is_empty() {
             features::learned(prepared, parts, LearnedScorer::shipped());
         }
         for (i, lift) in self.sibling_lift(prepared, query).into_iter().enumerate().filter(|(_, l)| *l != 0.0) {
             parts.fused[i] += lift;
             parts.link_lift[i] += lift;
         }
-        if self.cfg.line_lexical_weight != 0.0 {
+        if self.cfg.scoring.line_lexical_weight != 0.0 {
             let lines = prepared.chunks.iter().enumerate().filter(|(_, c)| matches!(c.chunker, "log" | "chat"));
             for (i, _) in lines {
-                let lift = self.cfg.line_lexical_weight * parts.lexical_z[i];
+                let lift = self.cfg.scoring.line_lexical_weight * parts.lexical_z[i];
                 parts.fused[i] += lift;
                 parts.group_lift[i] += lift;
             }
         }
-        if self.cfg.severity_weight != 0.0 {
+        if self.cfg.scoring.severity_weight != 0.0 {
             for (i, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| c.severity > 0) {
-                let lift = self.cfg.severity_weight * if c.severity >= 2 { 1.0 } else { 0.4 };
+                let lift = self.cfg.scoring.severity_weight * if c.severity >= 2 { 1.0 } else { 0.4 };
                 parts.fused[i] += lift;
                 parts.group_lift[i] += lift;
             }
@@ -623,8 +623,8 @@ impl Scd {
     /// The weight of the lexical z-score in the fused score (the learned
     /// scorer's when it scores).
     fn lexical_weight(&self) -> f32 {
-        match self.cfg.scorer {
-            Scorer::Hand => self.cfg.lexical_weight,
+        match self.cfg.scoring.scorer {
+            Scorer::Hand => self.cfg.scoring.lexical_weight,
             Scorer::Learned => LearnedScorer::shipped().weight("lexical_z"),
         }
     }
@@ -634,7 +634,7 @@ impl Scd {
     /// public fields), byte span, tokens, and [`FEATURES`] values. What a
     /// learned scorer is fitted on (`scd-dev eval --dump-features`).
     pub fn chunk_features(&self, req: &CompressRequest, cancel: &Cancel) -> Result<Vec<ChunkFeatures>> {
-        req.context.validate_within(&self.cfg.context_limits)?;
+        req.context.validate_within(&self.cfg.limits.context_limits)?;
         let split = Split::new(&req.context);
         let task_text = req.task.text();
         let prepared = self.prepare(&split.public, cancel)?;

@@ -38,10 +38,10 @@ impl Scd {
             Some(0) => {
                 return Err(Error::invalid("max_tokens", "must be at least 1 (leave it out for the session's default)"))
             }
-            Some(n) if n > self.cfg.max_budget_tokens => {
+            Some(n) if n > self.cfg.limits.max_budget_tokens => {
                 return Err(Error::invalid(
                     "max_tokens",
-                    format!("{n} is over the limit {} of one budget", self.cfg.max_budget_tokens),
+                    format!("{n} is over the limit {} of one budget", self.cfg.limits.max_budget_tokens),
                 ))
             }
             _ => {}
@@ -60,10 +60,10 @@ impl Scd {
             remaining_tokens: session.remaining(),
             reason: Some(reason),
         };
-        if req.current_confidence >= self.cfg.confidence_threshold {
+        if req.current_confidence >= self.cfg.sessions.confidence_threshold {
             let why = format!(
                 "confidence {} is at or above the threshold {}; no context sent",
-                req.current_confidence, self.cfg.confidence_threshold
+                req.current_confidence, self.cfg.sessions.confidence_threshold
             );
             return Ok(nothing(&session, why));
         }
@@ -123,10 +123,10 @@ impl Scd {
         check_no_nul(|| "specific_question".into(), &req.specific_question)?;
         check_no_nul(|| "reasoning".into(), &req.reasoning)?;
         let query = format!("{} {}", req.specific_question, req.reasoning);
-        if query.len() > self.cfg.max_task_bytes {
+        if query.len() > self.cfg.limits.max_task_bytes {
             return Err(Error::invalid(
                 "specific_question",
-                format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.max_task_bytes),
+                format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.limits.max_task_bytes),
             ));
         }
         if let Some(id) = &req.request_id {
@@ -161,7 +161,7 @@ impl Scd {
             .filter(|&i| scores[i] >= 0.0)
             .collect();
         ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        ranked.truncate(self.cfg.more_max_chunks);
+        ranked.truncate(self.cfg.sessions.more_max_chunks);
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
         let mut order = named.clone();
         order.extend(ranked);

@@ -112,7 +112,7 @@ impl Scd {
         // the distinct embeddings already sent (with the chunk that sent
         // each): a chunk identical or near to one is redundant
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
-        let groups = Groups::new(ctx, costs, self.cfg.group_closure_tokens > 0);
+        let groups = Groups::new(ctx, costs, self.cfg.scoring.group_closure_tokens > 0);
         // a chat question's answers (the rest of its group)
         let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
@@ -143,7 +143,7 @@ impl Scd {
             // closure: a chunk brings the rest of a small group (a short
             // paragraph) when all of it fits, else its group's lead (a
             // paragraph's first sentence, a chat answer's question)
-            let closure = groups.closure(chunks[i].group, &bag, budget, self.cfg.group_closure_tokens);
+            let closure = groups.closure(chunks[i].group, &bag, budget, self.cfg.scoring.group_closure_tokens);
             for j in closure {
                 sent.entry(ctx.distinct[j]).or_insert(j);
                 bag.take(j);

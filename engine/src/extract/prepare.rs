@@ -229,15 +229,15 @@ impl Scd {
     }
 
     /// Refuses a context whose embedding would cost more than
-    /// [`ScdConfig::max_encoder_tokens`]: the tokens of the texts not yet in
-    /// the cache (a chunk's embedded text carries its label and, for prose,
-    /// its neighbour, so it can cost twice the context's own tokens), two
-    /// specials per window of the encoder (a text longer than its window is
+    /// [`RequestLimits::max_encoder_tokens`](super::RequestLimits::max_encoder_tokens):
+    /// the tokens of the texts not yet in the cache (a chunk's embedded text
+    /// carries its label and, for prose, its neighbour, so it can cost twice
+    /// the context's own tokens), two specials per window of the encoder (a text longer than its window is
     /// encoded as several). A text has at most as many tokens as bytes, so
     /// the count is skipped when the bytes are within the limit.
     fn check_encoder_spend(&self, texts: &[&str], missing: &[usize]) -> Result<()> {
         use rayon::prelude::*;
-        let limit = self.cfg.max_encoder_tokens;
+        let limit = self.cfg.limits.max_encoder_tokens;
         let spend_of = crate::encoder::encoder_spend(self.encoder.max_tokens());
         let bytes: usize = missing.iter().map(|&i| spend_of(texts[i].len())).sum();
         if bytes <= limit {
@@ -287,7 +287,7 @@ impl Scd {
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         h.update(self.encoder.model_id().as_bytes());
-        h.update([u8::from(self.cfg.embed_neighbour)]);
+        h.update([u8::from(self.cfg.prepare.embed_neighbour)]);
         for f in fields {
             h.update((f.name.len() as u64).to_le_bytes());
             h.update(f.name.as_bytes());
@@ -307,7 +307,7 @@ impl Scd {
         let lexical: Vec<std::borrow::Cow<'_, str>> = chunks
             .iter()
             .map(|c| {
-                if self.cfg.code_names && fields[c.field].kind == FieldKind::Code {
+                if self.cfg.prepare.code_names && fields[c.field].kind == FieldKind::Code {
                     std::borrow::Cow::Owned(format!("{} {}", c.embed_text, camel_words(&c.text)))
                 } else {
                     std::borrow::Cow::Borrowed(c.embed_text.as_str())
@@ -317,7 +317,8 @@ impl Scd {
         let bm25 = Bm25::new(&lexical);
         drop(lexical);
         let vectors: Vec<&[f32]> = chunks.iter().map(|c| &*c.embedding).collect();
-        let index = (chunks.len() >= self.cfg.hnsw_min_chunks).then(|| HnswIndex::build(&vectors, self.cfg.hnsw));
+        let index = (chunks.len() >= self.cfg.prepare.hnsw_min_chunks)
+            .then(|| HnswIndex::build(&vectors, self.cfg.prepare.hnsw));
         let (distinct, unique) = distinct_vectors(&vectors);
         let near_duplicates = self.near_duplicates(&vectors, &distinct, &unique, index.as_ref());
         let dim = self.encoder.dim();
@@ -349,7 +350,7 @@ impl Scd {
             key,
             bytes,
         });
-        if self.cfg.prepared_cache_bytes > 0 {
+        if self.cfg.prepare.prepared_cache_bytes > 0 {
             self.prepared.insert(key, prepared.clone());
         }
         Ok(prepared)
@@ -367,14 +368,14 @@ impl Scd {
         index: Option<&HnswIndex>,
     ) -> Vec<Vec<u32>> {
         use rayon::prelude::*;
-        let t = self.cfg.redundancy_cosine;
+        let t = self.cfg.scoring.redundancy_cosine;
         match index {
             Some(idx) => (0..unique.len())
                 .into_par_iter()
                 .map(|u| {
                     let v = vectors[unique[u]];
                     let mut near: Vec<u32> = idx
-                        .search(v, self.cfg.near_duplicate_neighbours)
+                        .search(v, self.cfg.prepare.near_duplicate_neighbours)
                         .into_iter()
                         .map(|j| distinct[j])
                         .filter(|&d| d as usize != u && dot(v, vectors[unique[d as usize]]) >= t)
@@ -394,7 +395,7 @@ impl Scd {
         // previous chunk of its group when `embed_neighbour` is on
         let mut vector_texts = Vec::new();
         for (fi, f) in fields.iter().enumerate() {
-            let raw = chunk_field(f, self.cfg.chunk);
+            let raw = chunk_field(f, self.cfg.prepare.chunk);
             let base = out.len();
             let mut places = super::layout::layout(&f.content, &raw).into_iter();
             for (n, c) in raw.into_iter().enumerate() {
@@ -406,13 +407,13 @@ impl Scd {
                     _ => f.name.clone(),
                 };
                 let names: Vec<String> = c.defines.iter().map(|d| identifier_words(d)).collect();
-                let embed_text = if f.kind == FieldKind::Code && self.cfg.code_names && !names.is_empty() {
+                let embed_text = if f.kind == FieldKind::Code && self.cfg.prepare.code_names && !names.is_empty() {
                     format!("{label} ({}): {text}", names.join(", "))
                 } else {
                     format!("{label}: {text}")
                 };
                 match out.last() {
-                    Some(prev) if self.cfg.embed_neighbour && prev.group == (fi, c.group) => {
+                    Some(prev) if self.cfg.prepare.embed_neighbour && prev.group == (fi, c.group) => {
                         vector_texts.push(format!("{label}: {} {text}", prev.text));
                     }
                     _ => vector_texts.push(embed_text.clone()),
@@ -430,7 +431,7 @@ impl Scd {
                     embedding: Arc::from(Vec::new()),
                     defines: c.defines.iter().map(|d| mention_key(d)).collect(),
                     lower: f.content[c.start..c.end].to_lowercase(),
-                    stub: stub(&f.content[c.start..c.end], self.cfg.stub_words),
+                    stub: stub(&f.content[c.start..c.end], self.cfg.sessions.stub_words),
                     chunker: c.chunker,
                     lines: place.lines,
                     indent: place.indent,
@@ -443,10 +444,13 @@ impl Scd {
             }
         }
         let total: usize = out.iter().map(|p| p.tokens).sum();
-        if total > self.cfg.max_context_tokens {
+        if total > self.cfg.limits.max_context_tokens {
             return Err(Error::invalid(
                 "context",
-                format!("{total} tokens of non-confidential content, over the limit {}", self.cfg.max_context_tokens),
+                format!(
+                    "{total} tokens of non-confidential content, over the limit {}",
+                    self.cfg.limits.max_context_tokens
+                ),
             ));
         }
         let texts: Vec<&str> = vector_texts.iter().map(String::as_str).collect();

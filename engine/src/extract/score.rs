@@ -40,7 +40,7 @@ impl Scd {
         let dense = self.dense(ctx, query_vec);
         let bm25 = ctx.bm25.scores(query);
         let (zd, zl) = (zscores(&dense), zscores(&bm25));
-        let mut s: Vec<f32> = zd.iter().zip(&zl).map(|(d, l)| d + self.cfg.lexical_weight * l).collect();
+        let mut s: Vec<f32> = zd.iter().zip(&zl).map(|(d, l)| d + self.cfg.scoring.lexical_weight * l).collect();
         // a group's best chunk lifts the rest of its group (a paragraph's
         // pronoun sentences, a question's answer, a table's columns)
         let mut best: HashMap<(usize, usize), f32> = HashMap::new();
@@ -49,7 +49,7 @@ impl Scd {
             *e = e.max(v);
         }
         let group_best: Vec<f32> = chunks.iter().map(|c| best[&c.group]).collect();
-        let group_lift: Vec<f32> = group_best.iter().map(|b| self.cfg.field_weight * b).collect();
+        let group_lift: Vec<f32> = group_best.iter().map(|b| self.cfg.scoring.field_weight * b).collect();
         for (v, g) in s.iter_mut().zip(&group_lift) {
             *v += g;
         }
@@ -81,13 +81,13 @@ impl Scd {
             None => chunks.iter().map(|c| dot(query_vec, &c.embedding)).collect(),
             Some(index) => {
                 // exact scores for the HNSW candidates; the rest sit just below them
-                let cand = index.search(query_vec, self.cfg.hnsw_candidates);
+                let cand = index.search(query_vec, self.cfg.prepare.hnsw_candidates);
                 let mut d = vec![f32::NAN; chunks.len()];
                 for i in cand {
                     d[i] = dot(query_vec, &chunks[i].embedding);
                 }
                 let floor = d.iter().copied().filter(|x| !x.is_nan()).fold(f32::INFINITY, f32::min)
-                    - self.cfg.hnsw_floor_margin;
+                    - self.cfg.prepare.hnsw_floor_margin;
                 d.iter_mut().filter(|x| x.is_nan()).for_each(|x| *x = floor);
                 d
             }
@@ -103,7 +103,7 @@ impl Scd {
         // function in a log line, a table in a question)
         let mut order: Vec<usize> = (0..chunks.len()).collect();
         order.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
-        let top: Vec<usize> = order.iter().take(self.cfg.link_sources).copied().collect();
+        let top: Vec<usize> = order.iter().take(self.cfg.scoring.link_sources).copied().collect();
         let query_lower = query.to_lowercase();
         let top_text: Vec<(usize, &str)> = top.iter().map(|&i| (chunks[i].field, chunks[i].lower.as_str())).collect();
         let named_by = |key: &str, own_field: usize| {
@@ -133,7 +133,7 @@ impl Scd {
         // a defined name that is a plain word many chunks of its field use
         // (`left`, `both`, `name`) is no evidence that the task means it
         let mut common: HashMap<(usize, String), bool> = HashMap::new();
-        let limit = self.cfg.common_name_chunks;
+        let limit = self.cfg.scoring.common_name_chunks;
         let mut distinctive = |field: usize, key: &str| {
             limit == 0
                 || !key.chars().all(char::is_alphabetic)
@@ -146,16 +146,16 @@ impl Scd {
         let mut link = vec![Link::None; chunks.len()];
         for ((c, l), k) in chunks.iter().zip(link_lift.iter_mut()).zip(link.iter_mut()) {
             if linked_fields.contains(&c.field) {
-                *l = self.cfg.link_weight * if c.lead { self.cfg.lead_link_bonus } else { 1.0 };
+                *l = self.cfg.scoring.link_weight * if c.lead { self.cfg.scoring.lead_link_bonus } else { 1.0 };
                 *k = Link::Title;
             } else if c.defines.iter().any(|d| named_by(d, c.field) && distinctive(c.field, d)) {
-                *l = self.cfg.link_weight * self.cfg.lead_link_bonus;
+                *l = self.cfg.scoring.link_weight * self.cfg.scoring.lead_link_bonus;
                 *k = Link::Defined;
             } else if top_defines.iter().any(|&(f, d)| f != c.field && mentions(&c.lower, d) && distinctive(f, d)) {
-                *l = self.cfg.link_weight;
+                *l = self.cfg.scoring.link_weight;
                 *k = Link::Mention;
-            } else if self.cfg.owner_link_weight > 0.0 && owned_by_top(c) {
-                *l = self.cfg.owner_link_weight;
+            } else if self.cfg.scoring.owner_link_weight > 0.0 && owned_by_top(c) {
+                *l = self.cfg.scoring.owner_link_weight;
                 *k = Link::Owner;
             }
         }
@@ -170,7 +170,7 @@ impl Scd {
     /// `sibling_weight` when the other's word is not named. Their docs
     /// are often near copies, so the dense score alone picks at random.
     pub(super) fn sibling_lift(&self, ctx: &PreparedContext, query: &str) -> Vec<f32> {
-        let w = self.cfg.sibling_weight;
+        let w = self.cfg.scoring.sibling_weight;
         let mut lift = vec![0.0; ctx.chunks.len()];
         if w == 0.0 {
             return lift;
@@ -221,7 +221,7 @@ impl Scd {
     /// boundary that fits (found by bisection over the boundaries after the
     /// task); None when not one word of chunk text fits.
     fn capped_hop_query<'q>(&self, task: &str, query: &'q str) -> Result<Option<&'q str>> {
-        let cap = self.cfg.second_hop_max_tokens;
+        let cap = self.cfg.scoring.second_hop_max_tokens;
         if self.encoder.count_tokens(query)? <= cap {
             return Ok(Some(query));
         }
@@ -257,7 +257,7 @@ impl Scd {
         parts: &mut Scores,
         cancel: &Cancel,
     ) -> Result<()> {
-        let (w, sources) = (self.cfg.second_hop_weight, self.cfg.second_hop_sources);
+        let (w, sources) = (self.cfg.scoring.second_hop_weight, self.cfg.scoring.second_hop_sources);
         let chunks = &ctx.chunks;
         // documents only: a bridge entity links paragraphs, not functions
         let prose = |i: &usize| ctx.is_prose(chunks[*i].field);
@@ -304,7 +304,7 @@ mod tests {
     use crate::encoder::HashEncoder;
     use crate::extract::parts::Link;
     use crate::extract::prepare::PreparedContext;
-    use crate::extract::{Scd, ScdConfig};
+    use crate::extract::{Scd, ScdConfig, ScoringConfig};
 
     #[test]
     fn the_parts_add_up_to_the_fused_score() {
@@ -329,7 +329,7 @@ mod tests {
         let qv = scd.embed_cached(&[query], crate::encoder::InputKind::Query).unwrap().remove(0);
         let s = scd.score(&ctx, &qv, query);
         assert_eq!(s.fused.len(), ctx.chunks.len());
-        let w = scd.config().lexical_weight;
+        let w = scd.config().scoring.lexical_weight;
         for i in 0..s.fused.len() {
             let sum = s.dense_z[i] + w * s.lexical_z[i] + s.group_lift[i] + s.link_lift[i];
             assert_eq!(sum, s.fused[i], "chunk {i}");
@@ -341,7 +341,8 @@ mod tests {
 
     #[test]
     fn the_methods_of_a_type_a_top_chunk_defines_get_the_owner_link() {
-        let cfg = ScdConfig { link_sources: 1, ..ScdConfig::default() };
+        let cfg =
+            ScdConfig { scoring: ScoringConfig { link_sources: 1, ..Default::default() }, ..ScdConfig::default() };
         let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
         let strukt = "/// A ring buffer of bytes.\nstruct Ring {\n    bytes: Vec<u8>,\n}";
         let code = format!(
@@ -353,7 +354,7 @@ mod tests {
         let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
         let qv = scd.embed_cached(&[strukt], crate::encoder::InputKind::Query).unwrap().remove(0);
         let at = |prefix: &str| ctx.chunks.iter().position(|c| c.text.starts_with(prefix)).unwrap();
-        let owner = scd.config().owner_link_weight;
+        let owner = scd.config().scoring.owner_link_weight;
         assert!(owner > 0.0);
         let s = scd.score(&ctx, &qv, strukt);
         // the struct is the top chunk; its impl's methods gain the owner link, the other impl's do not
@@ -365,7 +366,10 @@ mod tests {
         // off: nothing
         let scd = Scd::new(
             Arc::new(HashEncoder::new(64, 512)),
-            ScdConfig { link_sources: 1, owner_link_weight: 0.0, ..ScdConfig::default() },
+            ScdConfig {
+                scoring: ScoringConfig { link_sources: 1, owner_link_weight: 0.0, ..Default::default() },
+                ..ScdConfig::default()
+            },
         );
         let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
         let s = scd.score(&ctx, &qv, strukt);
@@ -392,15 +396,20 @@ mod tests {
         let at =
             |ctx: &PreparedContext, prefix: &str| ctx.chunks.iter().position(|c| c.text.starts_with(prefix)).unwrap();
         let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig::default());
-        assert_eq!(scd.config().common_name_chunks, 3);
+        assert_eq!(scd.config().scoring.common_name_chunks, 3);
         let ctx = code_context(&scd, code);
         let qv = scd.embed_cached(&[query], crate::encoder::InputKind::Query).unwrap().remove(0);
         let s = scd.score(&ctx, &qv, query);
         assert_eq!(s.link[at(&ctx, "fn left")], Link::None, "five chunks of the file say `left`");
         assert_eq!(s.link[at(&ctx, "fn rotate_left")], Link::Defined, "not a plain word: it links");
         // off: the plain word links too
-        let scd =
-            Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig { common_name_chunks: 0, ..ScdConfig::default() });
+        let scd = Scd::new(
+            Arc::new(HashEncoder::new(64, 512)),
+            ScdConfig {
+                scoring: ScoringConfig { common_name_chunks: 0, ..Default::default() },
+                ..ScdConfig::default()
+            },
+        );
         let ctx = code_context(&scd, code);
         let s = scd.score(&ctx, &qv, query);
         assert_eq!(s.link[at(&ctx, "fn left")], Link::Defined);
@@ -415,7 +424,7 @@ mod tests {
         let ctx = code_context(&scd, code);
         let at = |prefix: &str| ctx.chunks.iter().position(|c| c.text.contains(prefix)).unwrap();
         let (millis, seconds, other) = (at("fn timestamp_millis"), at("fn timestamp_seconds"), at("fn other_thing"));
-        let w = scd.config().sibling_weight;
+        let w = scd.config().scoring.sibling_weight;
         assert!(w > 0.0);
         let lifted = |query: &str| scd.sibling_lift(&ctx, query);
         // "milliseconds" starts with `millis`; nothing says `seconds` alone
@@ -427,8 +436,10 @@ mod tests {
         assert!(lifted("millis or seconds since the epoch").iter().all(|x| *x == 0.0));
         assert!(lifted("the time since the epoch").iter().all(|x| *x == 0.0));
         // off
-        let scd =
-            Scd::new(Arc::new(HashEncoder::new(64, 512)), ScdConfig { sibling_weight: 0.0, ..ScdConfig::default() });
+        let scd = Scd::new(
+            Arc::new(HashEncoder::new(64, 512)),
+            ScdConfig { scoring: ScoringConfig { sibling_weight: 0.0, ..Default::default() }, ..ScdConfig::default() },
+        );
         assert!(scd.sibling_lift(&ctx, "in milliseconds").iter().all(|x| *x == 0.0));
     }
 }

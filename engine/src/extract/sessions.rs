@@ -149,9 +149,9 @@ impl Scd {
 
     fn sessions_limits(&self) -> SessionLimits {
         SessionLimits {
-            ttl: self.cfg.session_ttl,
-            max_sessions: self.cfg.max_sessions,
-            max_bytes: self.cfg.session_bytes,
+            ttl: self.cfg.sessions.session_ttl,
+            max_sessions: self.cfg.sessions.max_sessions,
+            max_bytes: self.cfg.sessions.session_bytes,
         }
     }
 

@@ -75,8 +75,10 @@ fn a_rate_keeps_that_share_of_the_shareable_tokens() {
     assert!((out.totals.requested_ratio - c as f32 / budget as f32).abs() < 1e-4, "{:?}", out.totals);
     assert!(out.totals.sent_tokens <= budget && out.totals.sent_tokens > 0, "{:?}", out.totals);
     // never more than the server's largest budget
-    let small =
-        Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { max_budget_tokens: 5, ..ScdConfig::default() });
+    let small = Scd::new(
+        Arc::new(HashEncoder::new(128, 512)),
+        ScdConfig { limits: RequestLimits { max_budget_tokens: 5, ..Default::default() }, ..ScdConfig::default() },
+    );
     assert_eq!(small.rate_budget(&context(), Some(&cl100k), 1.0).unwrap(), 5);
 }
 
@@ -213,7 +215,7 @@ fn a_follow_up_has_its_own_budget_and_is_scored_on_its_own_question() {
     assert!(again.chunks.iter().all(|c| !before.contains(&c.id.as_str())), "resent: {again:?}");
     let e = scd.request_more(&follow_up(&grant, "x", Some(0))).unwrap_err().to_string();
     assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
-    let over = scd.config().max_budget_tokens + 1;
+    let over = scd.config().limits.max_budget_tokens + 1;
     let e = scd.request_more(&follow_up(&grant, "x", Some(over))).unwrap_err().to_string();
     assert_eq!(e, format!("max_tokens: {over} is over the limit {} of one budget", over - 1));
 }
@@ -250,7 +252,10 @@ fn a_later_compress_in_the_session_never_resends_and_a_reserve_holds_headroom() 
 fn the_explanation_adds_up_and_follows_the_packing() {
     // closure of whole paragraphs and the second hop off: closure brings only
     // leads, and the copy ranks after the sentence it copies
-    let cfg = ScdConfig { group_closure_tokens: 0, second_hop_weight: 0.0, ..ScdConfig::default() };
+    let cfg = ScdConfig {
+        scoring: ScoringConfig { group_closure_tokens: 0, second_hop_weight: 0.0, ..Default::default() },
+        ..ScdConfig::default()
+    };
     let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
     let mut req = request("why did the payment service time out at checkout", 30);
     req.requirement.optional_fields = vec!["payments".into(), "copy".into()];
@@ -475,7 +480,10 @@ fn a_hostile_context_blob_puts_nothing_in_any_cache_of_the_replica_that_restores
     let path = dir.path().join("cache/embeddings.redb");
     let store = Arc::new(MemStore::default());
     let a = scd().with_shared_state(store.clone(), TokenizerRegistry::new());
-    let cfg = ScdConfig { embedding_store: Some(path.clone()), ..ScdConfig::default() };
+    let cfg = ScdConfig {
+        prepare: PrepareConfig { embedding_store: Some(path.clone()), ..Default::default() },
+        ..ScdConfig::default()
+    };
     let b =
         Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg).with_shared_state(store.clone(), TokenizerRegistry::new());
     let mut req = request("why did charges fail at checkout", 12);
@@ -540,7 +548,10 @@ fn a_compress_goes_on_over_a_corrupted_cache_file_and_a_held_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("embeddings.redb");
     let engine = || {
-        let cfg = ScdConfig { embedding_store: Some(path.clone()), ..ScdConfig::default() };
+        let cfg = ScdConfig {
+            prepare: PrepareConfig { embedding_store: Some(path.clone()), ..Default::default() },
+            ..ScdConfig::default()
+        };
         Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
     };
     let req = request("why did charges fail at checkout", 40);
@@ -603,8 +614,11 @@ fn line_lexical_weight_lifts_log_and_chat_lines_by_their_bm25_score() {
     ];
     let run = |w: f32| {
         let cfg = ScdConfig {
-            line_lexical_weight: w,
-            chunk: crate::chunk::ChunkConfig { log_run_lines: 1, ..Default::default() },
+            scoring: ScoringConfig { line_lexical_weight: w, ..Default::default() },
+            prepare: PrepareConfig {
+                chunk: crate::chunk::ChunkConfig { log_run_lines: 1, ..Default::default() },
+                ..Default::default()
+            },
             ..ScdConfig::default()
         };
         let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use rand::{Rng, SeedableRng};
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::{Encoder, HashEncoder};
-use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, SessionRequest};
+use scd_engine::extract::{
+    CompressRequest, ContextRequest, Scd, ScdConfig, ScoringConfig, SessionConfig, SessionRequest,
+};
 use scd_engine::session::SessionGrant;
 use scd_engine::Error;
 use serde_json::Value;
@@ -172,7 +174,10 @@ fn adaptive_requests_never_resend_and_respect_confidence() {
 #[test]
 fn sessions_expire() {
     let (ctx, _) = fixture();
-    let cfg = ScdConfig { session_ttl: std::time::Duration::from_millis(50), ..ScdConfig::default() };
+    let cfg = ScdConfig {
+        sessions: SessionConfig { session_ttl: std::time::Duration::from_millis(50), ..Default::default() },
+        ..ScdConfig::default()
+    };
     let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
     let g = scd.compress(&with_session(req("charges", ctx, 30), "short")).unwrap().session.unwrap();
     assert_eq!(scd.session_stats().live, 1);
@@ -238,7 +243,10 @@ fn a_second_hop_brings_the_fact_only_the_bridge_entity_connects() {
         ],
     };
     let sent = |w: f32| {
-        let cfg = ScdConfig { second_hop_weight: w, second_hop_sources: 1, ..ScdConfig::default() };
+        let cfg = ScdConfig {
+            scoring: ScoringConfig { second_hop_weight: w, second_hop_sources: 1, ..Default::default() },
+            ..ScdConfig::default()
+        };
         let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
         // 14 for the two sentences, and a header line for each field
         let out = scd.compress(&req("where was the director of Zorblax born", ctx.clone(), 18)).unwrap();
@@ -258,7 +266,8 @@ fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
             "The gateway timed out at noon. Engineers restarted it. The logs were kept.\n\nLunch was pizza. The office is cold.",
         )],
     };
-    let cfg = ScdConfig { group_closure_tokens: 50, ..ScdConfig::default() };
+    let cfg =
+        ScdConfig { scoring: ScoringConfig { group_closure_tokens: 50, ..Default::default() }, ..ScdConfig::default() };
     let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
     let task = "why did the gateway time out";
     // 13 words, and 2 for the header line ([notes:1])

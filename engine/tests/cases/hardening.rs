@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use rand::{Rng, SeedableRng};
 use scd_engine::context::{Context, Field, FieldKind};
 use scd_engine::encoder::{EncodeOptions, Encoded, Encoder, HashEncoder};
-use scd_engine::extract::{CompressRequest, ContextRequest, Scd, ScdConfig, SessionRequest};
+use scd_engine::extract::{
+    CompressRequest, ContextRequest, RequestLimits, Scd, ScdConfig, ScoringConfig, SessionConfig, SessionRequest,
+};
 use scd_engine::Error;
 
 use super::extraction::req;
@@ -65,7 +67,10 @@ fn the_second_hop_query_is_cut_at_its_token_cap() {
     let hop_queries = |cap: usize| {
         let spy = Arc::new(Spy::new(HashEncoder::new(128, 4096)));
         // both chunks join the hop query, the long one among them
-        let cfg = ScdConfig { second_hop_max_tokens: cap, second_hop_sources: 2, ..ScdConfig::default() };
+        let cfg = ScdConfig {
+            scoring: ScoringConfig { second_hop_max_tokens: cap, second_hop_sources: 2, ..Default::default() },
+            ..ScdConfig::default()
+        };
         Scd::new(spy.clone(), cfg).compress(&req(task, ctx.clone(), 400)).unwrap();
         let hops: Vec<String> =
             spy.embedded.lock().unwrap().iter().filter(|t| t.starts_with(&format!("{task} "))).cloned().collect();
@@ -315,7 +320,8 @@ fn sessions_are_bound_to_their_token_caller_and_context() {
 #[test]
 fn session_memory_is_bounded_and_eviction_is_reported() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(6);
-    let cfg = ScdConfig { session_bytes: 64 << 10, ..ScdConfig::default() };
+    let cfg =
+        ScdConfig { sessions: SessionConfig { session_bytes: 64 << 10, ..Default::default() }, ..ScdConfig::default() };
     let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
     let mut grants = Vec::new();
     for i in 0..40 {
@@ -380,7 +386,10 @@ fn a_context_whose_embedding_would_spend_too_many_encoder_tokens_is_refused_unru
     assert!(long.is_some_and(|n| n > 510), "no chunk spans two windows: {long:?}");
     let limit = full - full / 4;
     let spy = Arc::new(Spy::new(HashEncoder::new(64, 512)));
-    let cfg = ScdConfig { max_context_tokens: tokens + 10, max_encoder_tokens: limit, ..ScdConfig::default() };
+    let cfg = ScdConfig {
+        limits: RequestLimits { max_context_tokens: tokens + 10, max_encoder_tokens: limit, ..Default::default() },
+        ..ScdConfig::default()
+    };
     let err = Scd::new(spy.clone(), cfg).compress(&req("what happened", ctx.clone(), 50)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
     let msg = err.to_string();
@@ -395,7 +404,8 @@ fn a_context_whose_embedding_would_spend_too_many_encoder_tokens_is_refused_unru
         "the encoder ran for a refused request"
     );
     // at the limit it runs
-    let cfg = ScdConfig { max_encoder_tokens: full, ..ScdConfig::default() };
+    let cfg =
+        ScdConfig { limits: RequestLimits { max_encoder_tokens: full, ..Default::default() }, ..ScdConfig::default() };
     Scd::new(spy.clone(), cfg).compress(&req("what happened", ctx, 50)).unwrap();
     assert_eq!(spent(&spy), full);
 }
@@ -405,15 +415,18 @@ fn oversized_and_binary_input_is_refused_with_field_and_limit() {
     let scd = Scd::new(
         Arc::new(HashEncoder::new(64, 512)),
         ScdConfig {
-            context_limits: scd_engine::context::ContextLimits {
-                max_fields: 3,
-                max_field_bytes: 100,
-                max_context_bytes: 150,
+            limits: RequestLimits {
+                context_limits: scd_engine::context::ContextLimits {
+                    max_fields: 3,
+                    max_field_bytes: 100,
+                    max_context_bytes: 150,
+                },
+                max_context_tokens: 40,
+                max_constraints: 2,
+                max_task_bytes: 200,
+                max_task_tokens: 20,
+                ..Default::default()
             },
-            max_context_tokens: 40,
-            max_constraints: 2,
-            max_task_bytes: 200,
-            max_task_tokens: 20,
             ..ScdConfig::default()
         },
     );

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::HashEncoder;
-use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::extract::{CompressRequest, PrepareConfig, Scd, ScdConfig};
 
 #[test]
 fn large_contexts_use_hnsw_and_select_like_brute_force() {
@@ -16,7 +16,10 @@ fn large_contexts_use_hnsw_and_select_like_brute_force() {
     let ctx =
         Context { fields: vec![Field { name: "notes".into(), kind: FieldKind::Log, content, confidential: false }] };
     let run = |hnsw_min_chunks: usize| {
-        let cfg = ScdConfig { hnsw_min_chunks, hnsw_candidates: 64, ..ScdConfig::default() };
+        let cfg = ScdConfig {
+            prepare: PrepareConfig { hnsw_min_chunks, hnsw_candidates: 64, ..Default::default() },
+            ..ScdConfig::default()
+        };
         let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
         let out = scd
             .compress(&CompressRequest {

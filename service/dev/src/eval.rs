@@ -116,17 +116,17 @@ pub struct EvalArgs {
     /// json, chat, code); all when left out.
     #[arg(long, value_delimiter = ',')]
     kinds: Vec<String>,
-    /// Override ScdConfig::lexical_weight (a weight of the hand-weighted
+    /// Override ScoringConfig::lexical_weight (a weight of the hand-weighted
     /// sum: any of these three scores with it instead of the learned scorer).
     #[arg(long)]
     lexical_weight: Option<f32>,
-    /// Override ScdConfig::field_weight (selects the hand-weighted sum).
+    /// Override ScoringConfig::field_weight (selects the hand-weighted sum).
     #[arg(long)]
     field_weight: Option<f32>,
-    /// Override ScdConfig::link_weight (selects the hand-weighted sum).
+    /// Override ScoringConfig::link_weight (selects the hand-weighted sum).
     #[arg(long)]
     link_weight: Option<f32>,
-    /// Override ScdConfig::link_sources.
+    /// Override ScoringConfig::link_sources.
     #[arg(long)]
     link_sources: Option<usize>,
     /// Count budgets, totals and ratios in this tokenizer (o200k, cl100k,
@@ -248,9 +248,9 @@ fn ranked(scores: &[f32]) -> Vec<usize> {
 /// The code chunking and scoring before the parser: the line heuristic,
 /// code cut at the prose bound, no code names.
 fn before_parser(cfg: &mut ScdConfig) {
-    cfg.chunk.code_parser = false;
-    cfg.chunk.max_code_chunk_bytes = cfg.chunk.max_chunk_bytes;
-    cfg.code_names = false;
+    cfg.prepare.chunk.code_parser = false;
+    cfg.prepare.chunk.max_code_chunk_bytes = cfg.prepare.chunk.max_chunk_bytes;
+    cfg.prepare.code_names = false;
 }
 
 /// The settings of `--sweep`: (method name, config) for each combination.
@@ -276,7 +276,7 @@ fn grid_of(base: &ScdConfig, grid: &str) -> anyhow::Result<Vec<(String, ScdConfi
                 let mut c = cfg.clone();
                 match key {
                     // these change how chunks are cut or embedded
-                    "code_names" => c.code_names = x != 0.0,
+                    "code_names" => c.prepare.code_names = x != 0.0,
                     "before" if x != 0.0 => before_parser(&mut c),
                     "before" => {}
                     // and the scoring settings `scd-dev tune` knows
@@ -385,12 +385,12 @@ fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::P
 fn scd_config(args: &EvalArgs) -> anyhow::Result<ScdConfig> {
     let mut cfg = ScdConfig::default();
     if args.lexical_weight.is_some() || args.field_weight.is_some() || args.link_weight.is_some() {
-        cfg.scorer = scd_engine::extract::Scorer::Hand;
+        cfg.scoring.scorer = scd_engine::extract::Scorer::Hand;
     }
-    cfg.lexical_weight = args.lexical_weight.unwrap_or(cfg.lexical_weight);
-    cfg.field_weight = args.field_weight.unwrap_or(cfg.field_weight);
-    cfg.link_weight = args.link_weight.unwrap_or(cfg.link_weight);
-    cfg.link_sources = args.link_sources.unwrap_or(cfg.link_sources);
+    cfg.scoring.lexical_weight = args.lexical_weight.unwrap_or(cfg.scoring.lexical_weight);
+    cfg.scoring.field_weight = args.field_weight.unwrap_or(cfg.scoring.field_weight);
+    cfg.scoring.link_weight = args.link_weight.unwrap_or(cfg.scoring.link_weight);
+    cfg.scoring.link_sources = args.link_sources.unwrap_or(cfg.scoring.link_sources);
     match args.code_chunker.as_str() {
         "parser" => {}
         "heuristic" => before_parser(&mut cfg),

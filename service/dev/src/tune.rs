@@ -21,7 +21,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::encoder::{Encoder, OrtEncoder};
 use scd_engine::eval::{evidence_recall, load, selection, Dataset, Example};
-use scd_engine::extract::{CompressRequest, Scd, ScdConfig};
+use scd_engine::extract::{CompressRequest, PrepareConfig, Scd, ScdConfig};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -86,7 +86,7 @@ pub(crate) fn weights_need_the_hand_sum<'k>(
     cfg: &ScdConfig,
     keys: impl IntoIterator<Item = &'k str>,
 ) -> anyhow::Result<()> {
-    if cfg.scorer != scd_engine::extract::Scorer::Learned {
+    if cfg.scoring.scorer != scd_engine::extract::Scorer::Learned {
         return Ok(());
     }
     for k in keys {
@@ -109,25 +109,25 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         Ok(v as usize)
     };
     match k {
-        "lexical_weight" => cfg.lexical_weight = v as f32,
-        "field_weight" => cfg.field_weight = v as f32,
-        "link_weight" => cfg.link_weight = v as f32,
-        "lead_link_bonus" => cfg.lead_link_bonus = v as f32,
-        "owner_link_weight" => cfg.owner_link_weight = v as f32,
-        "second_hop_weight" => cfg.second_hop_weight = v as f32,
-        "link_sources" => cfg.link_sources = as_count()?,
-        "common_name_chunks" => cfg.common_name_chunks = as_count()?,
-        "sibling_weight" => cfg.sibling_weight = v as f32,
-        "severity_weight" => cfg.severity_weight = v as f32,
-        "max_code_chunk_bytes" => cfg.chunk.max_code_chunk_bytes = as_count()?.max(1),
-        "json_unit_bytes" => cfg.chunk.json_unit_bytes = as_count()?.max(1),
-        "log_run_lines" => cfg.chunk.log_run_lines = as_count()?.max(1),
-        "line_lexical_weight" => cfg.line_lexical_weight = v as f32,
-        "second_hop_sources" => cfg.second_hop_sources = as_count()?,
-        "group_closure_tokens" => cfg.group_closure_tokens = as_count()?,
-        "embed_neighbour" => cfg.embed_neighbour = as_count()? > 0,
+        "lexical_weight" => cfg.scoring.lexical_weight = v as f32,
+        "field_weight" => cfg.scoring.field_weight = v as f32,
+        "link_weight" => cfg.scoring.link_weight = v as f32,
+        "lead_link_bonus" => cfg.scoring.lead_link_bonus = v as f32,
+        "owner_link_weight" => cfg.scoring.owner_link_weight = v as f32,
+        "second_hop_weight" => cfg.scoring.second_hop_weight = v as f32,
+        "link_sources" => cfg.scoring.link_sources = as_count()?,
+        "common_name_chunks" => cfg.scoring.common_name_chunks = as_count()?,
+        "sibling_weight" => cfg.scoring.sibling_weight = v as f32,
+        "severity_weight" => cfg.scoring.severity_weight = v as f32,
+        "max_code_chunk_bytes" => cfg.prepare.chunk.max_code_chunk_bytes = as_count()?.max(1),
+        "json_unit_bytes" => cfg.prepare.chunk.json_unit_bytes = as_count()?.max(1),
+        "log_run_lines" => cfg.prepare.chunk.log_run_lines = as_count()?.max(1),
+        "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
+        "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
+        "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
+        "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "scorer" => {
-            cfg.scorer = match as_count()? {
+            cfg.scoring.scorer = match as_count()? {
                 0 => scd_engine::extract::Scorer::Hand,
                 1 => scd_engine::extract::Scorer::Learned,
                 n => bail!("scorer takes 0 (the hand sum) or 1 (learned), got {n}"),
@@ -246,7 +246,10 @@ fn load_sets(args: &TuneArgs) -> anyhow::Result<Vec<Set>> {
 /// Every variant on every example of `sets` at every budget (the code
 /// set's own budgets for code), on one engine over `encoder`.
 fn measure(encoder: &Arc<OrtEncoder>, variants: &[Settings], sets: &[Set], args: &TuneArgs) -> anyhow::Result<Recalls> {
-    let base = ScdConfig { cache_bytes: 2 << 30, prepared_cache_bytes: 4 << 30, ..ScdConfig::default() };
+    let base = ScdConfig {
+        prepare: PrepareConfig { cache_bytes: 2 << 30, prepared_cache_bytes: 4 << 30, ..Default::default() },
+        ..ScdConfig::default()
+    };
     let mut scd = Scd::new(encoder.clone(), base.clone());
     let n: usize = sets.iter().map(|s| s.2.len()).sum();
     let bar = ProgressBar::new((n * variants.len()) as u64);
@@ -486,7 +489,7 @@ mod tests {
     #[test]
     fn a_hand_weight_without_the_hand_sum_is_refused_by_name() {
         let mut cfg = ScdConfig::default();
-        assert_eq!(cfg.scorer, scd_engine::extract::Scorer::Learned);
+        assert_eq!(cfg.scoring.scorer, scd_engine::extract::Scorer::Learned);
         let settings = Settings::from([("lexical_weight".into(), 0.1)]);
         let e = apply(&mut cfg, &settings).unwrap_err().to_string();
         assert!(e.starts_with("--grid: lexical_weight weighs the hand-weighted sum"), "{e}");
@@ -495,11 +498,11 @@ mod tests {
         let mut cfg = ScdConfig::default();
         let settings = Settings::from([("lexical_weight".into(), 0.1), ("scorer".into(), 0.0)]);
         apply(&mut cfg, &settings).unwrap();
-        assert_eq!(cfg.lexical_weight, 0.1);
+        assert_eq!(cfg.scoring.lexical_weight, 0.1);
         // the second hop's weight applies to both scorers
         let mut cfg = ScdConfig::default();
         apply(&mut cfg, &Settings::from([("second_hop_weight".into(), 1.0)])).unwrap();
-        assert_eq!(cfg.second_hop_weight, 1.0);
+        assert_eq!(cfg.scoring.second_hop_weight, 1.0);
     }
 
     #[test]

@@ -266,7 +266,7 @@ impl Core {
             queue_size: limits.queue_size,
             batch_texts: limits.batch_texts,
             max_batch_tokens: limits.max_batch_tokens,
-            max_request_tokens: scd.config().max_encoder_tokens,
+            max_request_tokens: scd.config().limits.max_encoder_tokens,
         };
         let batcher = Batcher::start(scd.encoder().clone(), batch, metrics.clone());
         Self {

@@ -295,7 +295,7 @@ fn single_request(
     } else {
         let (files, confidential) = (std::mem::take(&mut args.files), std::mem::take(&mut args.confidential));
         let files = crate::cli::context::ContextArgs::files(files, confidential, std::mem::take(&mut args.walk));
-        crate::cli::context::build(&files, &scd.config().context_limits).context("--files")?
+        crate::cli::context::build(&files, &scd.config().limits.context_limits).context("--files")?
     };
     let budget = match (args.budget, args.rate) {
         (Some(budget), _) => usize::try_from(budget).unwrap_or(usize::MAX),
@@ -395,7 +395,7 @@ pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
             "-- embeddings: {} computed, {} from the cache file{}",
             s.misses,
             s.disk_hits,
-            scd.config().embedding_store.as_ref().map_or(" (off)".to_string(), |p| format!(" {}", p.display()))
+            scd.config().prepare.embedding_store.as_ref().map_or(" (off)".to_string(), |p| format!(" {}", p.display()))
         );
     }
     stdout.flush()?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use scd_engine::budget::TokenizerRegistry;
 use scd_engine::context::ContextLimits;
-use scd_engine::extract::{Scd, ScdConfig};
+use scd_engine::extract::{PrepareConfig, RequestLimits, Scd, ScdConfig, ScoringConfig, SessionConfig};
 
 use anyhow::Context as _;
 use scd_audit::{AuditLevel, AuditLog};
@@ -81,11 +81,11 @@ pub struct ServeArgs {
     /// second time with its best chunk, which lifts a multi-hop question's
     /// bridge facts at the cost of one more task embedding per new task
     /// (BENCHMARKS.md has both sides).
-    #[arg(long, env = "SCD_SECOND_HOP_WEIGHT", default_value_t = ScdConfig::default().second_hop_weight)]
+    #[arg(long, env = "SCD_SECOND_HOP_WEIGHT", default_value_t = ScdConfig::default().scoring.second_hop_weight)]
     second_hop_weight: f32,
     /// A paragraph of at most this many tokens is sent whole or not at all
     /// (0: only its lead comes along with a chosen sentence).
-    #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().group_closure_tokens)]
+    #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
     /// Sessions held at once.
     #[arg(long, env = "SCD_MAX_SESSIONS", default_value_t = 10_000)]
@@ -349,6 +349,35 @@ pub(crate) fn budget_tokenizers(flags: &[String]) -> anyhow::Result<TokenizerReg
     Ok(reg)
 }
 
+/// The engine's settings: `base` (the model's, with its persistent
+/// embedding cache) with the cache, scoring, limit and session flags.
+fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
+    ScdConfig {
+        prepare: PrepareConfig { cache_bytes: args.cache_bytes, ..base.prepare },
+        scoring: ScoringConfig {
+            second_hop_weight: args.second_hop_weight,
+            group_closure_tokens: args.group_closure_tokens,
+            ..base.scoring
+        },
+        limits: RequestLimits {
+            max_context_tokens: args.max_context_tokens,
+            max_encoder_tokens: args.max_request_encoder_tokens,
+            context_limits: ContextLimits {
+                max_fields: args.max_fields,
+                max_field_bytes: args.max_field_bytes,
+                max_context_bytes: args.max_request_bytes,
+            },
+            ..base.limits
+        },
+        sessions: SessionConfig {
+            session_ttl: Duration::from_secs(args.session_ttl_s),
+            max_sessions: args.max_sessions,
+            session_bytes: args.session_bytes,
+            ..base.sessions
+        },
+    }
+}
+
 /// The service's limits (`--max-texts`, `--queue-size`, …).
 fn limits(args: &ServeArgs) -> Limits {
     Limits {
@@ -403,22 +432,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let encoder = Arc::new(model.load_encoder()?);
-    let cfg = ScdConfig {
-        second_hop_weight: args.second_hop_weight,
-        group_closure_tokens: args.group_closure_tokens,
-        cache_bytes: args.cache_bytes,
-        session_ttl: Duration::from_secs(args.session_ttl_s),
-        max_sessions: args.max_sessions,
-        session_bytes: args.session_bytes,
-        max_context_tokens: args.max_context_tokens,
-        max_encoder_tokens: args.max_request_encoder_tokens,
-        context_limits: ContextLimits {
-            max_fields: args.max_fields,
-            max_field_bytes: args.max_field_bytes,
-            max_context_bytes: args.max_request_bytes,
-        },
-        ..model.scd_config()
-    };
+    let cfg = scd_config(&args, model.scd_config());
     let mut scd = Scd::new(encoder, cfg);
     let mut a2a_state = None;
     if let Some(url) = &args.state {

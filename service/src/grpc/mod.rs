@@ -415,9 +415,9 @@ impl pb::scd_server::Scd for ScdHandler {
             max_texts: self.limits.max_texts as u32,
             max_fields: self.limits.max_fields as u32,
             max_request_bytes: self.limits.max_request_bytes as u64,
-            max_budget_tokens: cfg.max_budget_tokens as u32,
-            confidence_threshold: cfg.confidence_threshold,
-            session_ttl_s: cfg.session_ttl.as_secs(),
+            max_budget_tokens: cfg.limits.max_budget_tokens as u32,
+            confidence_threshold: cfg.sessions.confidence_threshold,
+            session_ttl_s: cfg.sessions.session_ttl.as_secs(),
             confidence_map: Some(pb::ConfidenceMap {
                 low: self.confidence_map.low,
                 medium: self.confidence_map.medium,

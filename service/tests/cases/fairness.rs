@@ -38,7 +38,10 @@ fn small_compress(tag: &str) -> pb::CompressRequest {
 /// past that they give up their own, never the victim's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_addresses_cannot_evict_another_networks_grpc_session() {
-    let scd = ScdConfig { max_sessions: 50, ..ScdConfig::default() };
+    let scd = ScdConfig {
+        sessions: scd_engine::extract::SessionConfig { max_sessions: 50, ..Default::default() },
+        ..ScdConfig::default()
+    };
     let s = crate::inproc::start(Options { encoder: TestEncoder::new(0), scd, ..Default::default() });
     client(&s).await;
     let mut victim = client_from("127.0.1.1", &s.grpc).await;

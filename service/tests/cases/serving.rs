@@ -618,7 +618,10 @@ async fn a_cancelled_long_embed_stops_between_pieces_and_frees_the_encoder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_its_encoder_tokens_is_refused_unrun_naming_the_limit() {
     let enc = TestEncoder::new(0);
-    let scd = scd_engine::extract::ScdConfig { max_encoder_tokens: 2000, ..Default::default() };
+    let scd = scd_engine::extract::ScdConfig {
+        limits: scd_engine::extract::RequestLimits { max_encoder_tokens: 2000, ..Default::default() },
+        ..Default::default()
+    };
     let s = crate::inproc::start(Options {
         encoder: enc.clone(),
         limits: limits(),
