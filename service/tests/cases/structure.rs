@@ -43,10 +43,7 @@ const TRANSPORTS: [&str; 4] = ["grpc", "rest", "mcp", "a2a"];
 /// may shrink but not grow; one that keeps its rule again must leave the
 /// table, and nothing may join it. A failure prints the table as it should
 /// read now. `engine/`, `proto/` and `benches/` have no entry.
-const RATCHET: &[(&str, &str, usize)] = &[
-    ("transport", "a2a -> grpc", 1),
-    ("transport", "mcp -> grpc", 2),
-];
+const RATCHET: &[(&str, &str, usize)] = &[("transport", "a2a -> grpc", 1), ("transport", "mcp -> grpc", 2)];
 
 /// Every `.rs` file under `dir`, sorted; build output (`target/`, the
 /// ignored `out/` folders of models and data) and hidden folders left out.
