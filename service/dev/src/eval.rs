@@ -446,8 +446,7 @@ fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::P
 
 /// SCD's settings from the flags that set them.
 fn scd_config(args: &EvalArgs) -> anyhow::Result<ScdConfig> {
-    let mut cfg = ScdConfig::default();
-    cfg.embedding_store = args.embedding_store.clone();
+    let mut cfg = ScdConfig { embedding_store: args.embedding_store.clone(), ..ScdConfig::default() };
     if args.lexical_weight.is_some() || args.field_weight.is_some() || args.link_weight.is_some() {
         cfg.scorer = scd_engine::extract::Scorer::Hand;
     }
