@@ -6,7 +6,11 @@
 # benches/data/agent/build_data.py into benches/data/agent/out) and `code`
 # (benches/data/agent/code/build.py); `sweep` runs shared and registry
 # together with SWEEP's settings chosen by FOLDS-fold cross-validation.
-# Raw outputs: benches/results/eval_agent_<set>.{txt,json,svg}.
+# `all` runs shared and registry (logs, docs, json, chat) in one run.
+# Raw outputs: benches/results/eval_agent_<set>.{txt,json,svg} (NAME
+# renames `all`'s). EMBEDDING_STORE=FILE keeps the embeddings across runs
+# (`--embedding-store`); REV names the binary's commit in the header when
+# it was built from another tree than this one's HEAD.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
@@ -16,8 +20,9 @@ run() {
   local out=benches/results/eval_agent_$set
   local cmd=("$SCD" --threads 2 eval --dataset agent "$@" --budgets 0.2,0.1 --budget-tokenizer cl100k
     --report "$out.json" --plot "$out.svg")
+  [ -z "${EMBEDDING_STORE:-}" ] || cmd+=(--embedding-store "$EMBEDDING_STORE")
   {
-    echo "# $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes'), release build, 2 cores; $(date -u +%FT%TZ)"
+    echo "# ${REV:-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes')}, release build, 2 cores; $(date -u +%FT%TZ)"
     echo "# command: $(printf "%q " "${cmd[@]}")"
     "${cmd[@]}" 2>&1 | grep -v '^\s*$'
   } > "$out.txt"
@@ -30,6 +35,9 @@ for s in "${sets[@]}"; do
     shared) run shared --data "$E/agent/agent_dev.jsonl" ;;
     registry) O=benches/data/agent/out
       run registry --data "$O/logs.jsonl" --data "$O/docs.jsonl" --data "$O/json.jsonl" --data "$O/chat.jsonl" ;;
+    all) O=benches/data/agent/out
+      run "${NAME:-all}" --data "$E/agent/agent_dev.jsonl" --data "$O/logs.jsonl" --data "$O/docs.jsonl" \
+        --data "$O/json.jsonl" --data "$O/chat.jsonl" --per-example "benches/results/eval_agent_${NAME:-all}_per_case.jsonl" ;;
     code) run code --data benches/data/agent/out/code.jsonl ;;
     # settings chosen by cross-validation over shared + registry: SWEEP is the
     # grid (`key=v1,v2 key2=...`), KINDS the kinds run, NAME the output's name
@@ -37,6 +45,6 @@ for s in "${sets[@]}"; do
       run "${NAME:-sweep}" --data "$E/agent/agent_dev.jsonl" --data "$O/logs.jsonl" --data "$O/docs.jsonl" \
         --data "$O/json.jsonl" --data "$O/chat.jsonl" --kinds "${KINDS:-logs,docs,json,chat}" \
         --sweep "${SWEEP:?SWEEP=\"key=v1,v2 ...\", the settings to cross-validate}" --folds "${FOLDS:-5}" ;;
-    *) echo "unknown set $s (shared, registry, code, sweep)" >&2; exit 2 ;;
+    *) echo "unknown set $s (shared, registry, code, all, sweep)" >&2; exit 2 ;;
   esac
 done

@@ -430,7 +430,7 @@ pub fn severity(text: &str) -> u8 {
         .map(|l| {
             if is_error_line(l) {
                 2
-            } else if l.to_ascii_uppercase().contains("WARN") {
+            } else if has_word(l, "WARN") {
                 1
             } else {
                 0
@@ -440,9 +440,44 @@ pub fn severity(text: &str) -> u8 {
         .unwrap_or(0)
 }
 
+/// Words of an error line, upper-cased: log levels, a raised exception, and
+/// a crash (a crash report's `Crashed Thread:`, `Thread 5 Crashed:`; a fatal
+/// signal; a segmentation fault).
+const ERROR_WORDS: [&str; 15] = [
+    "ERROR",
+    "FATAL",
+    "PANIC",
+    "EXCEPTION",
+    "TRACEBACK",
+    "CRITICAL",
+    "FAILED",
+    "CRASHED",
+    "SIGSEGV",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGILL",
+    "SIGFPE",
+    "SEGFAULT",
+    "SEGMENTATION FAULT",
+];
+
 fn is_error_line(line: &str) -> bool {
-    let u = line.to_ascii_uppercase();
-    ["ERROR", "FATAL", "PANIC", "EXCEPTION", "TRACEBACK", "CRITICAL", "FAILED"].iter().any(|k| u.contains(k))
+    ERROR_WORDS.iter().any(|k| has_word(line, k))
+}
+
+/// Whether `line` holds `word` (upper case) case-insensitively where a word
+/// starts: after a byte that is not a letter or digit, or at a camel-case
+/// step (`ValueError`, `IOException`). So `NOERROR` (a DNS
+/// answer's "no error") is not `ERROR`.
+fn has_word(line: &str, word: &str) -> bool {
+    let (b, w) = (line.as_bytes(), word.as_bytes());
+    let starts_word = |p: usize| {
+        let (prev, next) = (b[p - 1], b.get(p + 1).copied().unwrap_or(b' '));
+        !prev.is_ascii_alphanumeric()
+            || (b[p].is_ascii_uppercase() && (prev.is_ascii_lowercase() || next.is_ascii_lowercase()))
+    };
+    b.len() >= w.len()
+        && (0..=b.len() - w.len()).any(|p| b[p..p + w.len()].eq_ignore_ascii_case(w) && (p == 0 || starts_word(p)))
 }
 
 fn is_frame(line: &str) -> bool {
@@ -708,6 +743,30 @@ mod tests {
         assert_eq!(c.len(), 3);
         assert_eq!(c[1].defines, vec!["charge".to_string()]);
         assert!(f.content[c[1].start..c[1].end].ends_with('}'));
+    }
+
+    #[test]
+    fn severity_reads_words_not_substrings() {
+        for line in [
+            "2024-01-01 ERROR db down",
+            "error: could not compile",
+            "ValueError: bad input",
+            "java.io.IOException: closed",
+            "java.lang.NullPointerException",
+            "Crashed Thread:  5",
+            "Thread 5 Crashed:",
+            "Exception Type:  EXC_CRASH (SIGABRT)",
+            "Fatal signal 11 (SIGSEGV), code 1",
+            "Segmentation fault (core dumped)",
+            "SQLITE_ERROR: database is locked",
+        ] {
+            assert_eq!(severity(line), 2, "{line}");
+        }
+        // a DNS answer's rcode `NOERROR` is no error; `FORWARNED` no warning
+        let dns = "1379288690.38\tCYZ\t192.168.33.10\t53\tudp\tj.maxmind.com\t1\tA\t0\tNOERROR\tF";
+        assert_eq!(severity(dns), 0);
+        assert_eq!(severity("WARNING: disk 91% full"), 1);
+        assert_eq!(severity("FORWARNED is forearmed"), 0);
     }
 
     #[test]

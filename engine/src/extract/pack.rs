@@ -119,10 +119,17 @@ impl Scd {
             answers.entry(c.group).or_default().push(j);
         }
         let mut queue = Queue { order, at: 0, waiting: Vec::new() };
-        while let Some(i) = queue.next(costs.score) {
+        let sharing = sharing_embeddings(ctx);
+        while let Some(mut i) = queue.next(costs.score) {
             // a container's header or closing line comes only with a member
             if bag.chosen.contains(&i) || chunks[i].rides || bag.used + bag.cost(i) > budget {
                 continue;
+            }
+            if let Some(first) = first_occurrence(ctx, &sharing, i)
+                .filter(|&j| !bag.chosen.contains(&j) && bag.used + bag.cost(j) <= budget)
+            {
+                trace.duplicate_of.insert(i, first);
+                i = first;
             }
             let d = ctx.distinct[i];
             let twin = sent.get(&d).or_else(|| ctx.near_duplicates[d as usize].iter().find_map(|j| sent.get(j)));
@@ -154,6 +161,35 @@ impl Scd {
         bridge(&mut bag, budget, selected, trace);
         *used = bag.used;
     }
+}
+
+/// The chunks of each distinct embedding, in chunk order.
+fn sharing_embeddings(ctx: &PreparedContext) -> HashMap<u32, Vec<usize>> {
+    let mut out: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (i, &d) in ctx.distinct.iter().enumerate() {
+        out.entry(d).or_default().push(i);
+    }
+    out
+}
+
+/// A log entry repeated with only its timestamp or counters changed: the
+/// first of the repeats in its field, when that is not `i`. It goes in
+/// `i`'s place, since that is when the trouble began; the repeats' scores
+/// differ only by what their numbers did to the embedding.
+fn first_occurrence(ctx: &PreparedContext, sharing: &HashMap<u32, Vec<usize>>, i: usize) -> Option<usize> {
+    let c = &ctx.chunks[i];
+    if c.chunker != "log" {
+        return None;
+    }
+    let d = ctx.distinct[i];
+    std::iter::once(&d)
+        .chain(&ctx.near_duplicates[d as usize])
+        .flat_map(|dd| sharing.get(dd).into_iter().flatten().copied())
+        .filter(|&j| {
+            let o = &ctx.chunks[j];
+            o.field == c.field && o.span.0 < c.span.0 && o.chunker == "log" && !o.rides && same_text(ctx, i, j)
+        })
+        .min_by_key(|&j| ctx.chunks[j].span.0)
 }
 
 /// Whether chunk `i` repeats one of `selected` (the packer's rule: the

@@ -49,3 +49,42 @@ fn the_showcase_keeps_the_root_cause_at_150_cl100k_with_its_source() {
     assert!(text.starts_with('['), "{text}");
     assert!(!text.contains("sk_live") && !text.contains("api_keys"), "{text}");
 }
+
+/// A log error repeated with only its timestamp changed: the first of the
+/// repeats is sent (when the trouble began), the later ones are
+/// near-duplicates of it, and a DNS record's `NOERROR` is no error line.
+#[test]
+fn a_repeated_log_error_is_sent_at_its_first_occurrence() {
+    let Some((enc, _)) = load("e5-small") else { return };
+    let scd = Scd::new(Arc::new(enc), ScdConfig::default());
+    let mut log = String::new();
+    for i in 0..30 {
+        log.push_str(&format!("2015-04-22 01:45:{i:02}.100 [exec-{i}] INFO  cart: item {i} added for session {i}\n"));
+        log.push_str(&format!(
+            "1379288690.{i:02}\tC{i}\t192.168.33.10\t53\tudp\thost{i}.example.com\tA\t0\tNOERROR\tF\n"
+        ));
+    }
+    for ms in [151, 152, 155, 157] {
+        log.push_str(&format!(
+            "2015-04-22 01:46:25.{ms} [exec-7] ERROR org.apache.velocity.runtime.log.Log4JLogChute session 7 experience 5 left side of the '>' operation has null value at logTag line 1 column 373\n"
+        ));
+    }
+    let ctx: Context = serde_json::from_value(serde_json::json!({
+        "fields": [{"name": "app.log", "kind": "log", "content": log}]
+    }))
+    .unwrap();
+    let req = CompressRequest {
+        task: Task::new("The web application logged errors at 01:46. What failed?"),
+        context: ctx,
+        requirement: ContextRequirement::with_budget(90),
+        session: None,
+    };
+    let opts = CompressOptions { budget_tokenizer: Some(builtin("cl100k").unwrap()), ..CompressOptions::default() };
+    let out = scd.compress_opts(&req, &opts, &Cancel::new()).unwrap();
+    assert!(
+        out.text.contains("[app.log:61]\n2015-04-22 01:46:25.151 [exec-7] ERROR org.apache.velocity"),
+        "{}",
+        out.text
+    );
+    assert!(!out.text.contains("01:46:25.152") && !out.text.contains("NOERROR"), "{}", out.text);
+}

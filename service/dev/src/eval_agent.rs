@@ -289,6 +289,8 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    // texts the encoder embedded (store and in-memory hits not counted)
+    let embedded: u64 = runner.scds.iter().map(|(_, s)| s.encoded().0).sum();
     let scd_names: Vec<String> = runner.scds.iter().map(|(n, _)| n.clone()).collect();
     let case_kinds: Vec<&str> = cases.iter().map(|c| c.kind.as_str()).collect();
     let cv = (!a.variants.is_empty()).then(|| cross_validate(&case_kinds, &outcomes, &scd_names, a.folds));
@@ -308,11 +310,14 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
     if let Some(cv) = &cv {
         print!("{}", cv.table());
     }
+    let store = a.cfg.embedding_store.as_ref().map_or("no store".to_string(), |p| format!("store {}", p.display()));
+    println!("texts embedded: {embedded} ({store})");
     let kinds: BTreeMap<String, usize> = kinds.into_iter().collect();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut report = serde_json::json!({
         "command": command, "dataset": "agent", "model": model_id, "budget_tokenizer": tok_name, "files": shown,
         "examples": cases.len(), "kinds": kinds, "methods": methods, "results": rows,
+        "texts_embedded": embedded,
     });
     if let Some(cv) = &cv {
         report["cross_validation"] = serde_json::to_value(cv)?;
