@@ -154,15 +154,16 @@ pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize) -> Vec<RawChun
             let head = if j > i + 1 && is_separator(&text[lines[i + 1].0..lines[i + 1].1]) { i + 2 } else { i + 1 };
             if lines[j - 1].1 - s <= max_bytes || head >= j {
                 out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
+                led = true;
             } else {
-                // a long table: a group of its own, its header riding with each row
+                // a long table: a group of its own, its header riding with
+                // each row (the section's own lead is still to come)
                 last_group += 1;
                 out.push(piece(s, lines[head - 1].1, last_group, &heading, true, true));
                 for &(a, b) in &lines[head..j] {
                     out.push(piece(a, b, last_group, &heading, false, false));
                 }
             }
-            led = true;
             i = j;
             continue;
         }
@@ -259,6 +260,11 @@ mod tests {
         // the section goes on after the table, under its heading's group
         let (heading, after) = (&c[0], c.iter().find(|x| x.0 == "After the table.").unwrap());
         assert!(heading.2 && heading.3 && after.1 == heading.1 && table[0].1 != heading.1);
+        // with no heading, the text after a long table still leads its section
+        let c =
+            chunks(FieldKind::Markdown, &format!("| flag | env | what |\n|---|---|---|\n{rows}\nAfter the table.\n"));
+        let after = c.iter().find(|x| x.0 == "After the table.").unwrap();
+        assert!(after.2 && after.1 != c[0].1, "{after:?}");
         // a long list item is cut to the chunk bound; a long fenced block stays whole
         let item = format!("- {}\n", "a long item line\n  ".repeat(300));
         let fence = format!("```sh\n{}```\n", "echo a long script line\n".repeat(300));

@@ -146,7 +146,7 @@ pub struct EvalArgs {
     /// kind's cases dealt into them in turn; at least 2).
     #[arg(long, default_value_t = 5)]
     folds: usize,
-    /// Keep embeddings in this redb file (`ScdConfig::embedding_store`),
+    /// Keep embeddings in this redb file (`PrepareConfig::embedding_store`),
     /// so a later run or sweep over the same texts with the same model
     /// reads them instead of computing them again; off when left out.
     #[arg(long, value_name = "FILE")]
@@ -388,7 +388,8 @@ fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::P
 
 /// SCD's settings from the flags that set them.
 fn scd_config(args: &EvalArgs) -> anyhow::Result<ScdConfig> {
-    let mut cfg = ScdConfig { embedding_store: args.embedding_store.clone(), ..ScdConfig::default() };
+    let mut cfg = ScdConfig::default();
+    cfg.prepare.embedding_store = args.embedding_store.clone();
     if args.lexical_weight.is_some() || args.field_weight.is_some() || args.link_weight.is_some() {
         cfg.scoring.scorer = scd_engine::extract::Scorer::Hand;
     }

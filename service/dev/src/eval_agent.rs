@@ -310,7 +310,8 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
     if let Some(cv) = &cv {
         print!("{}", cv.table());
     }
-    let store = a.cfg.embedding_store.as_ref().map_or("no store".to_string(), |p| format!("store {}", p.display()));
+    let store =
+        a.cfg.prepare.embedding_store.as_ref().map_or("no store".to_string(), |p| format!("store {}", p.display()));
     println!("texts embedded: {embedded} ({store})");
     let kinds: BTreeMap<String, usize> = kinds.into_iter().collect();
     let command = std::env::args().collect::<Vec<_>>().join(" ");

@@ -343,6 +343,11 @@ mod tests {
         assert_eq!(rename_argument("fields[2].name: must not be empty"), "context.fields[2].name: must not be empty");
         assert_eq!(rename_argument("specific_question: must not be empty"), "question: must not be empty");
         assert_eq!(rename_argument("fieldsx: no"), "fieldsx: no");
+        // REST and A2A name it `reserve` too (the JSON key), not the engine's name
+        assert_eq!(
+            rename_argument("reserve_tokens: 300 is not below the budget 200"),
+            "reserve: 300 is not below the budget 200"
+        );
         assert_eq!(
             tool_error(Status::resource_exhausted("compress queue is full; retry after 100 ms")),
             "busy: compress queue is full; retry after 100 ms"

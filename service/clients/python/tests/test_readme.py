@@ -50,6 +50,26 @@ def block(lang: str, needle: str) -> str:
     return found[0]
 
 
+# the block each test below runs or checks: (language, a text only it holds)
+COVERED = [
+    ("sh", "scd compress --files"),
+    ("sh", "scd client compress"),
+    ("text", "[SCD: "),
+    ("json", "mcpServers"),
+    ("sh", ".well-known/agent-card.json"),
+    ("python", "import scd_client"),
+    ("sh", "scd-dev atp demo"),
+]
+
+
+def test_every_block_of_the_examples_is_run_or_checked():
+    """A block added to the README later must get its test here, not go unrun."""
+    for lang, body in blocks():
+        hits = [n for (l, n) in COVERED if l == lang and n in body]
+        assert len(hits) == 1, f"README block not covered by test_readme.py ({lang}):\n{body}"
+    assert len(blocks()) == len(COVERED)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -40,6 +40,7 @@ const ENGINE_NAMES: &[(&str, &str)] = &[
     ("task.description", "task"),
     ("specific_question", "question"),
     ("session_id", "session"),
+    ("reserve_tokens", "reserve"),
     ("fields", "context.fields"),
     ("context.fields", "context.fields"),
 ];
