@@ -163,11 +163,18 @@ impl Scd {
     }
 }
 
-/// The chunks of each distinct embedding, in chunk order.
-fn sharing_embeddings(ctx: &PreparedContext) -> HashMap<u32, Vec<usize>> {
-    let mut out: HashMap<u32, Vec<usize>> = HashMap::new();
+/// The log chunks (not structure) of each distinct embedding in each field,
+/// earliest first: chunks sharing an embedding share their embedded text.
+fn sharing_embeddings(ctx: &PreparedContext) -> HashMap<(u32, usize), Vec<usize>> {
+    let mut out: HashMap<(u32, usize), Vec<usize>> = HashMap::new();
     for (i, &d) in ctx.distinct.iter().enumerate() {
-        out.entry(d).or_default().push(i);
+        let c = &ctx.chunks[i];
+        if c.chunker == "log" && !c.rides {
+            out.entry((d, c.field)).or_default().push(i);
+        }
+    }
+    for list in out.values_mut() {
+        list.sort_unstable_by_key(|&j| ctx.chunks[j].span.0);
     }
     out
 }
@@ -175,8 +182,10 @@ fn sharing_embeddings(ctx: &PreparedContext) -> HashMap<u32, Vec<usize>> {
 /// A log entry repeated with only its timestamp or counters changed: the
 /// first of the repeats in its field, when that is not `i`. It goes in
 /// `i`'s place, since that is when the trouble began; the repeats' scores
-/// differ only by what their numbers did to the embedding.
-fn first_occurrence(ctx: &PreparedContext, sharing: &HashMap<u32, Vec<usize>>, i: usize) -> Option<usize> {
+/// differ only by what their numbers did to the embedding. Each embedding's
+/// earliest chunk is the only one to look at (the others share its text), so
+/// this costs the embedding's near-duplicates, not the field's repeats.
+fn first_occurrence(ctx: &PreparedContext, sharing: &HashMap<(u32, usize), Vec<usize>>, i: usize) -> Option<usize> {
     let c = &ctx.chunks[i];
     if c.chunker != "log" {
         return None;
@@ -184,11 +193,8 @@ fn first_occurrence(ctx: &PreparedContext, sharing: &HashMap<u32, Vec<usize>>, i
     let d = ctx.distinct[i];
     std::iter::once(&d)
         .chain(&ctx.near_duplicates[d as usize])
-        .flat_map(|dd| sharing.get(dd).into_iter().flatten().copied())
-        .filter(|&j| {
-            let o = &ctx.chunks[j];
-            o.field == c.field && o.span.0 < c.span.0 && o.chunker == "log" && !o.rides && same_text(ctx, i, j)
-        })
+        .filter_map(|dd| sharing.get(&(*dd, c.field)).and_then(|list| list.first()).copied())
+        .filter(|&j| ctx.chunks[j].span.0 < c.span.0 && same_text(ctx, i, j))
         .min_by_key(|&j| ctx.chunks[j].span.0)
 }
 
