@@ -20,12 +20,9 @@ mod eval;
 #[path = "cases/help.rs"]
 mod help;
 
-/// A fresh, empty directory for one test.
-pub(crate) fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("scd-dev-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh, empty directory for one test, removed when dropped.
+pub(crate) fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("scd-dev-test-{name}-")).tempdir().unwrap()
 }
 
 /// The `scd` binary the tools start: `SCD_BIN` when set, else the one

@@ -7,7 +7,8 @@
 /// it. The figures themselves are BENCHMARKS.md's, from a full-size run.
 #[test]
 fn the_flood_tool_measures_a_worker_under_maximal_tasks() {
-    let dir = crate::scratch("atp-flood");
+    let tmp = crate::scratch("atp-flood");
+    let dir = tmp.path();
     let (json, svg) = (dir.join("flood.json"), dir.join("flood.svg"));
     let (net, json_s, svg_s) = (dir.join("net"), json.to_str().unwrap(), svg.to_str().unwrap());
     let (ok, stdout, stderr) = crate::scd_dev(
@@ -48,7 +49,6 @@ fn the_flood_tool_measures_a_worker_under_maximal_tasks() {
     // bad input names the flag and the limit
     let (ok, _, stderr) = crate::scd_dev(&["atp", "flood", "--context-bytes", "99999999"], "");
     assert!(!ok && stderr.contains("--context-bytes 99999999: must be 1 to"), "{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -56,7 +56,8 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     if !crate::ready() {
         return;
     }
-    let dir = crate::scratch("atp-demo");
+    let tmp = crate::scratch("atp-demo");
+    let dir = tmp.path();
     let json = dir.join("demo.json");
     let (ok, stdout, stderr) = crate::scd_dev(
         &["atp", "demo", "--json", json.to_str().unwrap(), "--workdir", dir.join("net").to_str().unwrap()],
@@ -105,5 +106,4 @@ fn the_demo_kills_a_worker_and_loses_no_task() {
     }
     // the confidential field never crossed an agent boundary (nor reached the story)
     assert!(!stdout.contains("sk_live_DEMO_NEVER_LEAVES"), "{stdout}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

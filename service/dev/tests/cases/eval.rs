@@ -8,7 +8,8 @@ fn eval_reports_the_agent_fixture_recall() {
     if !ready() {
         return;
     }
-    let dir = scratch("eval-fixture");
+    let tmp = scratch("eval-fixture");
+    let dir = tmp.path();
     let data = dir.join("code.jsonl");
     let content = "use std::fmt;\n\n/// Adds.\npub fn add(a: u8, b: u8) -> u8 {\n    a + b\n}\n\npub fn sub(a: u8, b: u8) -> u8 {\n    a - b\n}\n";
     let rec = serde_json::json!({
@@ -52,7 +53,8 @@ fn a_second_agent_eval_with_a_store_embeds_nothing_and_reports_the_same() {
     if !ready() {
         return;
     }
-    let dir = scratch("eval-store");
+    let tmp = scratch("eval-store");
+    let dir = tmp.path();
     let data = dir.join("logs.jsonl");
     let mut log = String::new();
     for i in 0..40 {
