@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use scd_engine::extract::{Compressed, Explanation, MoreContext};
+use scd_engine::extract::{Compressed, Explanation, MoreContext, SelectedChunk};
 
 use crate::grpc::pb;
 
@@ -31,6 +31,20 @@ pub struct ChunkOut {
     pub tokens: u32,
     /// Byte span `[start, end)` in the field's content.
     pub span: [u32; 2],
+}
+
+/// A chunk the engine selected (a compression's or a follow-up's), as the
+/// view lists it.
+impl From<SelectedChunk> for ChunkOut {
+    fn from(k: SelectedChunk) -> Self {
+        ChunkOut {
+            field: k.field,
+            id: k.id,
+            score: k.score,
+            tokens: k.tokens as u32,
+            span: [k.span.0 as u32, k.span.1 as u32],
+        }
+    }
 }
 
 /// Sizes of a compression.
@@ -257,17 +271,7 @@ pub fn compressed_view(c: Compressed, list_dropped: bool) -> CompressOutput {
     let scores = c.explanation.as_ref().map(|ex| ex.dropped.iter().map(|w| (w.id.clone(), w.score)).collect());
     CompressOutput {
         text: c.text,
-        chunks: c
-            .chunks
-            .into_iter()
-            .map(|k| ChunkOut {
-                field: k.field,
-                id: k.id,
-                score: k.score,
-                tokens: k.tokens as u32,
-                span: [k.span.0 as u32, k.span.1 as u32],
-            })
-            .collect(),
+        chunks: c.chunks.into_iter().map(ChunkOut::from).collect(),
         totals: TotalsOut {
             context_tokens: c.totals.context_tokens as u32,
             sent_tokens: c.totals.sent_tokens as u32,
@@ -332,17 +336,7 @@ pub fn compress_view(r: pb::CompressResponse, list_dropped: bool) -> CompressOut
 /// The view of a follow-up (the core's or the engine's result).
 pub fn more_context_view(m: MoreContext) -> MoreOutput {
     MoreOutput {
-        chunks: m
-            .chunks
-            .into_iter()
-            .map(|k| ChunkOut {
-                field: k.field,
-                id: k.id,
-                score: k.score,
-                tokens: k.tokens as u32,
-                span: [k.span.0 as u32, k.span.1 as u32],
-            })
-            .collect(),
+        chunks: m.chunks.into_iter().map(ChunkOut::from).collect(),
         sent_tokens: m.sent_tokens as u32,
         budget: u32::try_from(m.budget).unwrap_or(u32::MAX),
         session_sent_tokens: m.session_sent_tokens as u32,
