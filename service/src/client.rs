@@ -7,6 +7,7 @@
 //! connection broke, or a load balancer cut its reply short), never on
 //! INVALID_ARGUMENT and the like;
 //! with a [`Signer`] each try carries a freshly signed `DIDWba` header.
+//! [`view`] reads the replies as the one output view.
 //!
 //! ```
 //! use std::time::Duration;
@@ -15,6 +16,8 @@
 //! // never below the server's hint, and growing with the attempt
 //! assert!(backoff(0, Duration::from_millis(500)) >= Duration::from_millis(500));
 //! ```
+
+pub mod view;
 
 use std::future::Future;
 use std::sync::Arc;

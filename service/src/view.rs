@@ -8,15 +8,17 @@
 //! its tokens unless a list is asked for ([`MAX_LISTED_DROPPED`] at most).
 //! [`compress_header`] and [`more_header`] are the one-line headers a
 //! surface may put before `text` in the receiver's window.
+//!
+//! It is built from the engine's results ([`compressed_view`],
+//! [`more_context_view`]); the gRPC clients (`scd client`, `scd mcp
+//! --server`) build it from a server's reply in [`crate::client::view`].
 
 use std::collections::HashMap;
 
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use scd_engine::extract::{Compressed, Explanation, MoreContext};
-
-use crate::grpc::pb;
+use scd_engine::extract::{Compressed, Explanation, MoreContext, SelectedChunk};
 
 /// A selected chunk (its text is in `text`, in reading order).
 #[derive(Debug, Serialize, JsonSchema)]
@@ -31,6 +33,20 @@ pub struct ChunkOut {
     pub tokens: u32,
     /// Byte span `[start, end)` in the field's content.
     pub span: [u32; 2],
+}
+
+/// A chunk the engine selected (a compression's or a follow-up's), as the
+/// view lists it.
+impl From<SelectedChunk> for ChunkOut {
+    fn from(k: SelectedChunk) -> Self {
+        ChunkOut {
+            field: k.field,
+            id: k.id,
+            score: k.score,
+            tokens: k.tokens as u32,
+            span: [k.span.0 as u32, k.span.1 as u32],
+        }
+    }
 }
 
 /// Sizes of a compression.
@@ -165,54 +181,58 @@ pub struct DropWhyOut {
     pub of: Option<String>,
 }
 
-fn explanation_out(ex: Explanation) -> ExplanationOut {
-    use scd_engine::extract::DropReason as R;
-    ExplanationOut {
-        lexical_weight: ex.lexical_weight,
-        selected: ex
-            .selected
-            .into_iter()
-            .map(|c| ChunkWhyOut {
-                id: c.id,
-                order: c.order as u32,
-                score: c.score,
-                dense_z: c.dense_z,
-                lexical_z: c.lexical_z,
-                group_lift: c.group_lift,
-                link_lift: c.link_lift,
-                hop_lift: c.hop_lift,
-                lead: c.lead,
-                by_closure: c.by_closure,
-                required: c.required,
-                tokens: c.tokens as u32,
-                chunker: c.chunker.filter(|c| !c.is_empty()),
-            })
-            .collect(),
-        dropped: ex
-            .dropped
-            .into_iter()
-            .take(MAX_EXPLAINED_DROPPED)
-            .map(|d| {
-                let (reason, threshold, value, of) = match d.reason {
-                    R::BelowThreshold { threshold, value } => {
-                        ("below_threshold", Some(threshold.to_string()), Some(value), None)
+/// An engine explanation as the view shows it: the dropped part keeps the
+/// [`MAX_EXPLAINED_DROPPED`] best.
+impl From<Explanation> for ExplanationOut {
+    fn from(ex: Explanation) -> Self {
+        use scd_engine::extract::DropReason as R;
+        ExplanationOut {
+            lexical_weight: ex.lexical_weight,
+            selected: ex
+                .selected
+                .into_iter()
+                .map(|c| ChunkWhyOut {
+                    id: c.id,
+                    order: c.order as u32,
+                    score: c.score,
+                    dense_z: c.dense_z,
+                    lexical_z: c.lexical_z,
+                    group_lift: c.group_lift,
+                    link_lift: c.link_lift,
+                    hop_lift: c.hop_lift,
+                    lead: c.lead,
+                    by_closure: c.by_closure,
+                    required: c.required,
+                    tokens: c.tokens as u32,
+                    chunker: c.chunker.filter(|c| !c.is_empty()),
+                })
+                .collect(),
+            dropped: ex
+                .dropped
+                .into_iter()
+                .take(MAX_EXPLAINED_DROPPED)
+                .map(|d| {
+                    let (reason, threshold, value, of) = match d.reason {
+                        R::BelowThreshold { threshold, value } => {
+                            ("below_threshold", Some(threshold.to_string()), Some(value), None)
+                        }
+                        R::NearDuplicate { of } => ("near_duplicate", None, None, Some(of)),
+                        R::NotEligible => ("not_eligible", None, None, None),
+                        R::StructureOnly => ("structure_only", None, None, None),
+                        R::OutOfBudget => ("out_of_budget", None, None, None),
+                    };
+                    DropWhyOut {
+                        reason: reason.into(),
+                        threshold,
+                        value,
+                        of,
+                        id: d.id,
+                        score: d.score,
+                        tokens: d.tokens as u32,
                     }
-                    R::NearDuplicate { of } => ("near_duplicate", None, None, Some(of)),
-                    R::NotEligible => ("not_eligible", None, None, None),
-                    R::StructureOnly => ("structure_only", None, None, None),
-                    R::OutOfBudget => ("out_of_budget", None, None, None),
-                };
-                DropWhyOut {
-                    reason: reason.into(),
-                    threshold,
-                    value,
-                    of,
-                    id: d.id,
-                    score: d.score,
-                    tokens: d.tokens as u32,
-                }
-            })
-            .collect(),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -236,10 +256,6 @@ pub struct MoreOutput {
     pub reason: String,
 }
 
-fn chunk_out(c: pb::Chunk) -> ChunkOut {
-    ChunkOut { field: c.field, id: c.id, score: c.score, tokens: c.tokens, span: [c.start, c.end] }
-}
-
 /// Chunks held back that `list_dropped` lists at most.
 pub const MAX_LISTED_DROPPED: usize = 100;
 /// Dropped chunks an explanation lists at most (the best).
@@ -254,20 +270,9 @@ pub fn compressed_view(c: Compressed, list_dropped: bool) -> CompressOutput {
         .into_iter()
         .map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens as u32 })
         .collect();
-    let scores = c.explanation.as_ref().map(|ex| ex.dropped.iter().map(|w| (w.id.clone(), w.score)).collect());
     CompressOutput {
         text: c.text,
-        chunks: c
-            .chunks
-            .into_iter()
-            .map(|k| ChunkOut {
-                field: k.field,
-                id: k.id,
-                score: k.score,
-                tokens: k.tokens as u32,
-                span: [k.span.0 as u32, k.span.1 as u32],
-            })
-            .collect(),
+        chunks: c.chunks.into_iter().map(ChunkOut::from).collect(),
         totals: TotalsOut {
             context_tokens: c.totals.context_tokens as u32,
             sent_tokens: c.totals.sent_tokens as u32,
@@ -275,24 +280,25 @@ pub fn compressed_view(c: Compressed, list_dropped: bool) -> CompressOutput {
             tokenizer: c.totals.tokenizer,
             requested_ratio: c.totals.requested_ratio,
         },
-        dropped: held_back(dropped, scores, list_dropped),
+        dropped: held_back(dropped, c.explanation.as_ref(), list_dropped),
         withheld_fields: c.withheld,
         warnings: c.warnings,
         session_id: c.session.map(|g| g.id).unwrap_or_default(),
-        explanation: c.explanation.map(explanation_out),
+        explanation: c.explanation.map(ExplanationOut::from),
     }
 }
 
 /// What was held back: its count and tokens, and with `list_dropped` the
-/// list, best first by the explanation's `scores` when there is one (the
+/// list, best first by the scores of `explanation` when there is one (the
 /// manifest is in reading order), at most [`MAX_LISTED_DROPPED`].
-fn held_back(mut d: Vec<DroppedOut>, scores: Option<HashMap<String, f32>>, list_dropped: bool) -> DroppedSummary {
+pub fn held_back(mut d: Vec<DroppedOut>, explanation: Option<&Explanation>, list_dropped: bool) -> DroppedSummary {
     let tokens: u64 = d.iter().map(|d| u64::from(d.tokens)).sum();
     let count = d.len() as u32;
     if !list_dropped {
         return DroppedSummary { count, tokens, listed: Vec::new() };
     }
-    if let Some(score) = scores {
+    if let Some(ex) = explanation {
+        let score: HashMap<&str, f32> = ex.dropped.iter().map(|w| (w.id.as_str(), w.score)).collect();
         let s = |c: &DroppedOut| score.get(c.id.as_str()).copied().unwrap_or(f32::MIN);
         d.sort_by(|x, y| s(y).total_cmp(&s(x)));
     }
@@ -300,68 +306,16 @@ fn held_back(mut d: Vec<DroppedOut>, scores: Option<HashMap<String, f32>>, list_
     DroppedSummary { count, tokens, listed: d }
 }
 
-/// The view of a compression on the wire (a gRPC client's: `scd client`,
-/// `scd mcp --server`); as [`compressed_view`].
-pub fn compress_view(r: pb::CompressResponse, list_dropped: bool) -> CompressOutput {
-    let t = r.totals.unwrap_or_default();
-    let dropped: Vec<DroppedOut> = r
-        .dropped
-        .into_iter()
-        .map(|d| DroppedOut { field: d.field, id: d.id, stub: d.stub, tokens: d.tokens })
-        .collect();
-    let explanation = r.explanation.map(crate::grpc::convert::explanation_from_wire);
-    let scores = explanation.as_ref().map(|ex| ex.dropped.iter().map(|w| (w.id.clone(), w.score)).collect());
-    CompressOutput {
-        text: r.text,
-        chunks: r.chunks.into_iter().map(chunk_out).collect(),
-        totals: TotalsOut {
-            context_tokens: t.context_tokens,
-            sent_tokens: t.sent_tokens,
-            reduction_ratio: t.reduction_ratio,
-            tokenizer: t.tokenizer,
-            requested_ratio: t.requested_ratio,
-        },
-        dropped: held_back(dropped, scores, list_dropped),
-        withheld_fields: r.withheld_fields,
-        warnings: r.warnings,
-        session_id: r.session_id,
-        explanation: explanation.map(explanation_out),
-    }
-}
-
 /// The view of a follow-up (the core's or the engine's result).
 pub fn more_context_view(m: MoreContext) -> MoreOutput {
     MoreOutput {
-        chunks: m
-            .chunks
-            .into_iter()
-            .map(|k| ChunkOut {
-                field: k.field,
-                id: k.id,
-                score: k.score,
-                tokens: k.tokens as u32,
-                span: [k.span.0 as u32, k.span.1 as u32],
-            })
-            .collect(),
+        chunks: m.chunks.into_iter().map(ChunkOut::from).collect(),
         sent_tokens: m.sent_tokens as u32,
         budget: u32::try_from(m.budget).unwrap_or(u32::MAX),
         session_sent_tokens: m.session_sent_tokens as u32,
         remaining_tokens: u32::try_from(m.remaining_tokens).unwrap_or(u32::MAX),
         reason: m.reason.unwrap_or_default(),
         text: m.text,
-    }
-}
-
-/// The view of a follow-up on the wire.
-pub fn more_view(r: pb::ContextResponse) -> MoreOutput {
-    MoreOutput {
-        chunks: r.chunks.into_iter().map(chunk_out).collect(),
-        sent_tokens: r.sent_tokens,
-        budget: r.budget,
-        session_sent_tokens: r.session_sent_tokens,
-        remaining_tokens: r.remaining_tokens,
-        reason: r.reason,
-        text: r.text,
     }
 }
 

@@ -338,7 +338,7 @@ async fn compress(c: &mut Conn, a: CompressArgs, fields: Vec<pb::Field>) -> anyh
         })
         .await?;
     let t = r.totals.clone().unwrap_or_default();
-    let explanation = r.explanation.clone().map(crate::grpc::convert::explanation_from_wire);
+    let explanation = r.explanation.clone().map(crate::client::view::explanation).transpose()?;
     if a.format == crate::cli::compress::Format::Text {
         // stdout: exactly what the receiver pastes; the sizes on stderr
         writeln!(std::io::stdout().lock(), "{}", r.text)?;
@@ -360,7 +360,7 @@ async fn compress(c: &mut Conn, a: CompressArgs, fields: Vec<pb::Field>) -> anyh
     }
     // the one output view, and the session's secret (this client holds it)
     let token = r.session_token.clone();
-    let mut out = serde_json::to_value(crate::view::compress_view(r, a.list_dropped))?;
+    let mut out = serde_json::to_value(crate::client::view::compress_view(r, a.list_dropped)?)?;
     out["session_token"] = token.into();
     println!("{out}");
     Ok(())
@@ -402,6 +402,6 @@ async fn more(c: &mut Conn, a: MoreArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    println!("{}", serde_json::to_value(crate::view::more_view(r))?);
+    println!("{}", serde_json::to_value(crate::client::view::more_view(r))?);
     Ok(())
 }

@@ -218,16 +218,16 @@ fn clip(s: &str, width: usize) -> String {
     t
 }
 
-/// The one output view ([`crate::view`]), as every surface gives it.
-fn to_json(out: &Compressed, list_dropped: bool) -> anyhow::Result<serde_json::Value> {
-    let wire = crate::grpc::convert::compress_response(out.clone(), Default::default());
-    Ok(serde_json::to_value(crate::view::compress_view(wire, list_dropped))?)
+/// The one output view ([`crate::view`]), built from the engine's result as
+/// every surface builds it.
+fn to_json(out: Compressed, list_dropped: bool) -> anyhow::Result<serde_json::Value> {
+    Ok(serde_json::to_value(crate::view::compressed_view(out, list_dropped))?)
 }
 
 /// Writes one result. Text: stdout gets exactly what the receiver pastes
 /// (`text`: the chunks, or the report with --render), within the budget;
 /// the sizes (and the --explain table) go to stderr.
-fn print(out: &Compressed, list_dropped: bool, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
+fn print(out: Compressed, list_dropped: bool, format: Format, w: &mut impl Write) -> anyhow::Result<()> {
     match format {
         Format::Json => writeln!(w, "{}", to_json(out, list_dropped)?)?,
         Format::Text => {
@@ -368,7 +368,7 @@ pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
                 Ok((out, line_opts.list_dropped.unwrap_or(args.list_dropped)))
             });
             match result {
-                Ok((out, list)) => print(&out, list, args.format, &mut stdout)?,
+                Ok((out, list)) => print(out, list, args.format, &mut stdout)?,
                 Err(e) => {
                     failed += 1;
                     let msg = format!("{e:#}");
@@ -388,7 +388,7 @@ pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
     }
     let req = single_request(&scd, &mut args, opts.budget_tokenizer.as_ref())?;
     let out = scd.compress_opts(&req, &with_render(&req), &Cancel::new())?;
-    print(&out, args.list_dropped, args.format, &mut stdout)?;
+    print(out, args.list_dropped, args.format, &mut stdout)?;
     if args.format == Format::Text {
         let s = scd.cache_stats();
         eprintln!(

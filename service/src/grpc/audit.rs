@@ -1,6 +1,6 @@
 //! The audit trail on the server (`scd serve --audit-db`): one
 //! [`AuditRecord`] per Compress, OpenSession and RequestContext (and the
-//! lead's Handoff, through [`ScdService::record_audit`]), committed before
+//! lead's Handoff, through [`crate::app::Core::record_audit`]), committed before
 //! the reply is sent, and the server-streamed `Audit` RPC that reads them.
 //!
 //! What is recorded: `caller` is `caller(&request)` (the verified identity:
@@ -27,7 +27,7 @@ use scd_audit::{AuditChunk, AuditFilter, AuditRecord, AuditTimings};
 use tokio_stream::Stream;
 use tonic::{Code, Status};
 
-use super::{pb, ScdService};
+use super::{pb, ScdHandler};
 use crate::app::audit::audit_error;
 pub use crate::app::audit::{
     recorded_id, AuditAccess, AuditReader, Outcome, AUDIT_TOKEN_HEADER, MAX_AUDIT_STREAMS, MAX_RECORDED_ID_BYTES,
@@ -209,7 +209,7 @@ fn audit_status(e: scd_audit::Error) -> Status {
     audit_error(e).into()
 }
 
-impl ScdService {
+impl ScdHandler {
     /// The Audit RPC: pages of records from the database, streamed through
     /// a bounded channel. `who` is the caller's verified identity, `token`
     /// the `x-scd-audit-token` it presented ([`AuditAccess::reader`]).

@@ -1,7 +1,8 @@
 //! The gRPC surface: `scd.v1.Scd` plus `grpc.health.v1` and reflection.
 //!
-//! A thin adapter over the [`crate::app::Core`]: each handler converts the
-//! protobuf request once ([`convert`]), calls the core with a
+//! A thin adapter over the [`crate::app::Core`]: each handler of
+//! [`ScdHandler`] converts the protobuf request once ([`convert`] and the
+//! handler's own methods; the core has no protobuf), calls the core with a
 //! [`crate::app::Call`] (the caller, its address, and the `grpc-timeout`
 //! that [`layer`] turns into a deadline), and converts the answer or the
 //! core's [`AppError`] (`From<AppError> for Status`) once. Outcomes of every
@@ -36,9 +37,6 @@ pub use scd_proto::scd::v1 as pb;
 /// Encoded file descriptor set, for reflection.
 pub use scd_proto::scd::v1::DESCRIPTOR;
 
-/// The core the gRPC handlers serve (its old name).
-pub type ScdService = Core;
-
 /// Requests of one EmbedStream queued ahead of the one being answered: a
 /// bulk client keeps the encoder busy without one stream taking the queue.
 const STREAM_WINDOW: usize = 4;
@@ -52,6 +50,20 @@ fn deadline<T>(r: &Request<T>) -> Option<Instant> {
 /// the audit trail).
 fn call_of<T>(method: &str, r: &Request<T>) -> Call {
     Call::new("gRPC", method).from(caller(r), peer(r)).until(deadline(r))
+}
+
+/// The `scd.v1.Scd` handler: the shared core in a local type (so the
+/// generated trait, in `scd-proto`, can be implemented for it), which holds
+/// the surface's protobuf conversions; the core itself has none.
+#[derive(Clone)]
+pub struct ScdHandler(pub Arc<Core>);
+
+impl std::ops::Deref for ScdHandler {
+    type Target = Arc<Core>;
+
+    fn deref(&self) -> &Arc<Core> {
+        &self.0
+    }
 }
 
 /// Embeddings on the wire.
@@ -75,7 +87,7 @@ fn embed_response(e: Embedded) -> pb::EmbedResponse {
     }
 }
 
-impl Core {
+impl ScdHandler {
     /// Validates an embed request and queues it for the batcher.
     fn embed_submit_pb(
         &self,
@@ -192,7 +204,7 @@ fn compress_pb(out: CompressOutput) -> pb::CompressResponse {
     resp
 }
 
-impl ScdService {
+impl ScdHandler {
     /// Compress from the wire: converted once into the core's input (a
     /// refusal recorded as the request was sent), run and recorded as
     /// `call`'s method, converted once back.
@@ -212,9 +224,7 @@ impl ScdService {
         let input = render.and_then(|render| self.compress_input(r, open, render));
         self.compress_seeded(call, seed, input).await.map(compress_pb)
     }
-}
 
-impl ScdService {
     /// The one conversion of a wire RequestContext into the engine's
     /// request; a `report` sets the question and the confidence.
     fn more_input(&self, r: pb::ContextRequest) -> Result<ContextRequest, Status> {
@@ -257,19 +267,6 @@ impl ScdService {
 }
 
 type EmbedStream = Pin<Box<dyn Stream<Item = Result<pb::EmbedResponse, Status>> + Send>>;
-
-/// The `scd.v1.Scd` handler: a shared [`ScdService`] (a local type, so the
-/// generated trait, now in `scd-proto`, can be implemented for it).
-#[derive(Clone)]
-pub struct ScdHandler(pub Arc<ScdService>);
-
-impl std::ops::Deref for ScdHandler {
-    type Target = Arc<ScdService>;
-
-    fn deref(&self) -> &Arc<ScdService> {
-        &self.0
-    }
-}
 
 #[tonic::async_trait]
 impl pb::scd_server::Scd for ScdHandler {

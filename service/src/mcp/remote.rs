@@ -8,8 +8,9 @@ use tonic::{Code, Status};
 
 use super::reply::{tool_error_text, Embeddings};
 use crate::app::json::{Budget, CompressContextArgs, RenderFormat, RequestMoreArgs};
+use crate::client::view;
 use crate::client::Conn;
-use crate::view::{self, CompressOutput, MoreOutput};
+use crate::view::{CompressOutput, MoreOutput};
 
 /// The `scd.v1` request of checked `compress_context` arguments (see
 /// [`crate::app::json::compress_arguments`]); an empty `session_token`
@@ -90,7 +91,7 @@ pub(super) async fn compress(
     }
     .map_err(tool_error)?;
     let token = std::mem::take(&mut resp.session_token);
-    Ok((view::compress_view(resp, list_dropped), token))
+    Ok((view::compress_view(resp, list_dropped).map_err(tool_error)?, token))
 }
 
 /// `RequestContext` (advances the session: not retried on a broken connection).

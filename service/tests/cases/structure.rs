@@ -677,11 +677,11 @@ fn tricky<'a>(x: &'a str) -> usize {
 #[test]
 fn the_transport_check_flags_a_transport_importing_another() {
     let files = sample(&[
-        ("lib.rs", "pub mod grpc; pub mod rest; pub mod mcp; pub mod view;\npub use grpc::ScdService;"),
+        ("lib.rs", "pub mod grpc; pub mod rest; pub mod mcp; pub mod view;\npub use grpc::ScdHandler;"),
         ("grpc/mod.rs", "mod http;\nuse crate::view::View;"),
         ("grpc/http.rs", "use crate::rest::Body; use crate::rest::Other;"),
         ("rest/mod.rs", "use crate::{grpc::http, view};"),
-        ("rest/body.rs", "fn f() { crate::ScdService::new() }"),
+        ("rest/body.rs", "fn f() { crate::ScdHandler::new() }"),
         ("mcp/mod.rs", "use crate::view::View;"),
     ]);
     let want: BTreeMap<String, usize> = [("grpc -> rest", 1), ("rest -> grpc", 2)].map(|(e, n)| (e.into(), n)).into();
