@@ -61,7 +61,7 @@ mod tokens;
 pub(crate) use crate::app::json::compress_arguments;
 pub use crate::app::json::{Args, CompressContextArgs, ContextArg, RenderFormat, RequestMoreArgs};
 pub use args::{CountTokensArgs, EmbedArgs, EmbedOutput, EmbeddingOut, TokensOutput};
-pub use backend::{Backend, Peer};
+pub use backend::{caller_of, Backend, Peer};
 pub use reply::Embeddings;
 
 use std::sync::Arc;
@@ -163,7 +163,7 @@ impl ScdMcp {
         };
         let (out, token) = self
             .backend
-            .compress(a, budget, session_id, session_token, peer_of(&extensions))
+            .compress(a, budget, session_id, session_token, &caller_of(&extensions))
             .await
             .map_err(|e| e.replacen("reserve_tokens", "reserve", 1))?;
         if !token.is_empty() {
@@ -194,7 +194,7 @@ impl ScdMcp {
                 "session: not opened by this MCP server (or long forgotten); open one with compress_context".into()
             );
         };
-        let out = self.backend.request_context(a, token, peer_of(&extensions)).await?;
+        let out = self.backend.request_context(a, token, &caller_of(&extensions)).await?;
         let header = view::more_header(&out);
         Ok(Delivered { text: with_header(header, &out.text), out })
     }
@@ -216,7 +216,7 @@ impl ScdMcp {
         let tokenizer = a.tokenizer.unwrap_or_default();
         let counted = self
             .backend
-            .count_tokens(a.text, &tokenizer, peer_of(&extensions))
+            .count_tokens(a.text, &tokenizer, &caller_of(&extensions))
             .await
             .map_err(|e| e.replacen("texts[0]", "text", 1))?;
         let tokens = counted.first().copied().ok_or("the server counted no text")?;
@@ -238,7 +238,7 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<EmbedArgs>>,
     ) -> Result<Delivered<EmbedOutput>, String> {
         let a = args.parse()?;
-        let r = self.backend.embed(a.texts, a.query, peer_of(&extensions)).await?;
+        let r = self.backend.embed(a.texts, a.query, &caller_of(&extensions)).await?;
         let dim = r.rows.first().map_or(0, |(values, _, _)| values.len() as u32);
         let out = EmbedOutput {
             model: r.model,

@@ -219,7 +219,7 @@ async fn compress(
 
 /// The core's call of a REST method (`REST Compress` in the audit trail).
 fn rest_call(method: &str, who: &Caller) -> Call {
-    Call::new("REST", method).from(who.did.clone(), who.peer())
+    who.call("REST", method)
 }
 
 fn compress_docs(op: TransformOperation) -> TransformOperation {
