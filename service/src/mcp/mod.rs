@@ -438,6 +438,40 @@ mod tests {
         assert_eq!(peer_of(&over_http(Some("mcp-a"))), None);
     }
 
+    /// Each tool call is audited under its own name: opening a session,
+    /// continuing it and asking it for more (in process, over stdio).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mcp_calls_are_audited_as_open_compress_and_request_context() {
+        use scd_audit::{AuditFilter, AuditLevel, AuditLog, Retention};
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(
+            AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
+        );
+        let (scd, limits) = engine();
+        let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
+        let service = crate::app::Core::new(scd, limits, metrics).with_audit(Some(log.clone()));
+        let mcp = ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8));
+        let args = serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12,
+                                      "session": "charges"});
+        mcp.compress_context(stdio(), compress_args(args.clone())).await.unwrap();
+        mcp.compress_context(stdio(), compress_args(args)).await.unwrap();
+        let more = serde_json::json!({"session": "charges", "question": "how many connections?",
+                                      "current_confidence": 0.1});
+        mcp.request_more_context(stdio(), more_args(more)).await.unwrap();
+        let records = log.query(&AuditFilter::default()).unwrap();
+        let named: Vec<(&str, &str, Option<&str>)> =
+            records.iter().map(|r| (r.method.as_str(), r.outcome.as_str(), r.session_id.as_deref())).collect();
+        assert_eq!(
+            named,
+            [
+                ("MCP OpenSession", "ok", Some("charges")),
+                ("MCP Compress", "ok", Some("charges")),
+                ("MCP RequestContext", "ok", Some("charges")),
+            ]
+        );
+        assert_eq!(records[2].task.as_deref(), Some("how many connections?"));
+    }
+
     fn charges_context() -> Value {
         serde_json::json!({"fields": [
             {"name": "notes", "content": "The pool is exhausted. Charges time out. The newsletter font is small. \
