@@ -17,7 +17,7 @@ use crate::client::Conn;
 use crate::http::Caller;
 use crate::view::{self, CompressOutput, MoreOutput};
 
-use super::reply::{tool_error_text, Embeddings};
+use super::reply::{kind_text, Embeddings};
 
 /// The HTTP client's address of a tool call, `None` over stdio (see
 /// [`crate::mcp::peer_of`]).
@@ -148,5 +148,6 @@ impl Backend {
 
 /// The tool error of the core's error.
 fn app_tool_error(e: AppError) -> String {
-    tool_error_text(e.kind_name(), e.message())
+    let e = json::named(e);
+    kind_text(e.kind_name(), e.message().to_string())
 }

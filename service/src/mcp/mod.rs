@@ -161,11 +161,7 @@ impl ScdMcp {
             }
             None => (String::new(), String::new()),
         };
-        let (out, token) = self
-            .backend
-            .compress(a, budget, session_id, session_token, &caller_of(&extensions))
-            .await
-            .map_err(|e| e.replacen("reserve_tokens", "reserve", 1))?;
+        let (out, token) = self.backend.compress(a, budget, session_id, session_token, &caller_of(&extensions)).await?;
         if !token.is_empty() {
             self.tokens.insert(out.session_id.clone(), owner, token);
         }

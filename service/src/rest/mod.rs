@@ -267,7 +267,7 @@ async fn close(
     if svc.close_session(&rest_call("CloseSession", &who), &session_id, &token)? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(AppError::NotFound { message: "session_id: no such session (expired or closed)".into() }.into())
+        Err(AppError::NotFound { message: "session: no such session (expired or closed)".into() }.into())
     }
 }
 
