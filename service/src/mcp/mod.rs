@@ -407,9 +407,10 @@ mod tests {
         ext
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_http_clients_calls_reach_the_engine_from_its_own_address() {
-        use scd_audit::{AuditFilter, AuditLevel, AuditLog, Retention};
+    /// An in-process server keeping an audit trail (in the folder returned
+    /// with it).
+    fn audited() -> (ScdMcp, Arc<scd_audit::AuditLog>, tempfile::TempDir) {
+        use scd_audit::{AuditLevel, AuditLog, Retention};
         let dir = tempfile::tempdir().unwrap();
         let log = Arc::new(
             AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
@@ -417,7 +418,13 @@ mod tests {
         let (scd, limits) = engine();
         let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
         let service = crate::app::Core::new(scd, limits, metrics).with_audit(Some(log.clone()));
-        let mcp = ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8));
+        (ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8)), log, dir)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_clients_calls_reach_the_engine_from_its_own_address() {
+        use scd_audit::AuditFilter;
+        let (mcp, log, _dir) = audited();
         let (a, b): (std::net::SocketAddr, std::net::SocketAddr) =
             ("10.0.0.7:5000".parse().unwrap(), "[2001:db8::9]:41000".parse().unwrap());
         for ext in [over_http_from(Some("mcp-a"), Some(a)), over_http_from(None, Some(b)), stdio()] {
@@ -438,15 +445,8 @@ mod tests {
     /// continuing it and asking it for more (in process, over stdio).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mcp_calls_are_audited_as_open_compress_and_request_context() {
-        use scd_audit::{AuditFilter, AuditLevel, AuditLog, Retention};
-        let dir = tempfile::tempdir().unwrap();
-        let log = Arc::new(
-            AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
-        );
-        let (scd, limits) = engine();
-        let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
-        let service = crate::app::Core::new(scd, limits, metrics).with_audit(Some(log.clone()));
-        let mcp = ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8));
+        use scd_audit::AuditFilter;
+        let (mcp, log, _dir) = audited();
         let args = serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12,
                                       "session": "charges"});
         mcp.compress_context(stdio(), compress_args(args.clone())).await.unwrap();
