@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+pub use scd_context::Param;
+
 /// `Result` with the engine's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -167,8 +169,9 @@ pub enum Error {
     /// A request argument is out of range; `field` names it, `limit` says the bound.
     #[error("{field}: {message}")]
     InvalidArgument {
-        /// The offending field, e.g. `budget`.
-        field: String,
+        /// The offending field, e.g. [`Param::MaxContextTokens`]; its
+        /// `Display` is the wire name, [`Param::json_name`] the JSON API's.
+        field: Param,
         /// What is wrong and what the limit is.
         message: String,
     },
@@ -176,7 +179,7 @@ pub enum Error {
 
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<Param>, message: impl Into<String>) -> Self {
         Self::InvalidArgument { field: field.into(), message: message.into() }
     }
 

@@ -45,4 +45,4 @@ pub mod score;
 pub mod session;
 pub mod shared;
 
-pub use error::{Error, Result};
+pub use error::{Error, Param, Result};

@@ -61,7 +61,7 @@ use moka::sync::Cache;
 use rand::Rng;
 use tracing::warn;
 
-use crate::{Error, Result};
+use crate::{Error, Param, Result};
 
 /// Bounds on the sessions one engine holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,7 +317,7 @@ fn now_s() -> u64 {
 /// Checks a client-chosen session id.
 pub fn check_session_id(id: &str) -> Result<()> {
     if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Error::invalid("session_id", "must be 1 to 256 printable ASCII characters"));
+        return Err(Error::invalid(Param::SessionId, "must be 1 to 256 printable ASCII characters"));
     }
     Ok(())
 }
@@ -332,7 +332,7 @@ pub(crate) fn new_session_id(id: Option<String>) -> Result<String> {
                 // a generated id is global: a chosen one of its form would
                 // leave the caller's scope and tell whether it exists
                 return Err(Error::invalid(
-                    "session_id",
+                    Param::SessionId,
                     "the form s-<32 hex digits> is the server's own; choose another id or leave it out",
                 ));
             }
@@ -516,7 +516,7 @@ impl<S: Send + Sync + 'static> SessionStore<S> {
         scope: Option<&str>,
     ) -> Result<Arc<SessionEntry<S>>> {
         if id.is_empty() {
-            return Err(Error::invalid("session_id", "must not be empty"));
+            return Err(Error::invalid(Param::SessionId, "must not be empty"));
         }
         let k = key(id, scope);
         let Some(entry) = self.live.get(&k) else {

@@ -14,12 +14,12 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::app::metrics::Scrape;
-use crate::app::Core;
+use crate::app::{Call, Core};
 use crate::auth::{http_middleware, Auth};
 
 mod conn;
 
-pub use conn::HttpLimits;
+pub use conn::{CallDeadline, HttpLimits};
 
 async fn metrics(State(service): State<Arc<Core>>) -> impl IntoResponse {
     let stats = service.scd.cache_stats();
@@ -52,6 +52,9 @@ pub struct Caller {
     pub did: Option<String>,
     /// The client's address (the audit trail's `peer`).
     pub addr: Option<std::net::SocketAddr>,
+    /// When the core gives up on the call ([`CallDeadline`]: a little before
+    /// the listener's `--http-request-timeout-ms`); `None` off the listener.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Caller {
@@ -66,16 +69,28 @@ impl Caller {
     pub(crate) fn peer(&self) -> Option<String> {
         self.addr.map(|a| a.to_string())
     }
+
+    /// The caller of a request with `parts`, as the listener marked it.
+    pub fn of(parts: &axum::http::request::Parts) -> Caller {
+        Caller {
+            did: parts.extensions.get::<crate::auth::AuthenticatedDid>().map(|d| d.0.clone()),
+            addr: parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0),
+            deadline: parts.extensions.get::<CallDeadline>().map(|d| d.0),
+        }
+    }
+
+    /// The core's call of `method` through `surface` (`REST Compress` in
+    /// the audit trail) from this caller, until its deadline.
+    pub fn call(&self, surface: &str, method: &str) -> Call {
+        Call::new(surface, method).from(self.did.clone(), self.peer()).until(self.deadline)
+    }
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Caller {
-            did: parts.extensions.get::<crate::auth::AuthenticatedDid>().map(|d| d.0.clone()),
-            addr: parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0),
-        })
+        Ok(Caller::of(parts))
     }
 }
 

@@ -40,7 +40,7 @@ pub enum Error {
     #[error("{field}: {message}")]
     InvalidArgument {
         /// The field, e.g. `context.fields[2].content`.
-        field: String,
+        field: Param,
         /// What is wrong, with the limit.
         message: String,
     },
@@ -56,8 +56,94 @@ pub enum Error {
 
 impl Error {
     /// An [`Error::InvalidArgument`].
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<Param>, message: impl Into<String>) -> Self {
         Self::InvalidArgument { field: field.into(), message: message.into() }
+    }
+}
+
+/// The request parameter an invalid-argument error names (here and in
+/// `scd-engine`). Its `Display` is the wire name, the one gRPC and the
+/// engine's messages use; [`Param::json_name`] is the JSON API's (REST,
+/// MCP, A2A) name for the same parameter. A parameter both name alike is
+/// [`Param::Other`], with its path (`chunk_ids[3]`, `context.fields[2].name`).
+///
+/// ```
+/// use scd_context::Param;
+/// assert_eq!(Param::MaxContextTokens.to_string(), "max_context_tokens");
+/// assert_eq!(Param::MaxContextTokens.json_name(), "budget");
+/// assert_eq!(Param::from("chunk_ids[3]").json_name(), "chunk_ids[3]");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Param {
+    /// `max_context_tokens` (JSON: `budget`).
+    MaxContextTokens,
+    /// `required_fields` (JSON: `required`).
+    RequiredFields,
+    /// `optional_fields` (JSON: `optional`).
+    OptionalFields,
+    /// `relevance_threshold` (JSON: `threshold`).
+    RelevanceThreshold,
+    /// `task.description` (JSON: `task`).
+    TaskDescription,
+    /// `specific_question` (JSON: `question`).
+    SpecificQuestion,
+    /// `session_id` (JSON: `session`).
+    SessionId,
+    /// `reserve_tokens` (JSON: `reserve`).
+    ReserveTokens,
+    /// A parameter named alike on every surface, by its path.
+    Other(String),
+}
+
+impl Param {
+    /// The wire name (gRPC's and the engine's).
+    pub fn wire_name(&self) -> &str {
+        match self {
+            Param::MaxContextTokens => "max_context_tokens",
+            Param::RequiredFields => "required_fields",
+            Param::OptionalFields => "optional_fields",
+            Param::RelevanceThreshold => "relevance_threshold",
+            Param::TaskDescription => "task.description",
+            Param::SpecificQuestion => "specific_question",
+            Param::SessionId => "session_id",
+            Param::ReserveTokens => "reserve_tokens",
+            Param::Other(path) => path,
+        }
+    }
+
+    /// The JSON API's name (REST bodies, MCP tool arguments, A2A data parts).
+    pub fn json_name(&self) -> &str {
+        match self {
+            Param::MaxContextTokens => "budget",
+            Param::RequiredFields => "required",
+            Param::OptionalFields => "optional",
+            Param::RelevanceThreshold => "threshold",
+            Param::TaskDescription => "task",
+            Param::SpecificQuestion => "question",
+            Param::SessionId => "session",
+            Param::ReserveTokens => "reserve",
+            Param::Other(path) => path,
+        }
+    }
+}
+
+impl std::fmt::Display for Param {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.wire_name())
+    }
+}
+
+/// A parameter named alike on every surface ([`Param::Other`]).
+impl From<&str> for Param {
+    fn from(path: &str) -> Param {
+        Param::Other(path.to_string())
+    }
+}
+
+/// A parameter named alike on every surface ([`Param::Other`]).
+impl From<String> for Param {
+    fn from(path: String) -> Param {
+        Param::Other(path)
     }
 }
 
@@ -185,7 +271,7 @@ impl Default for ContextLimits {
 
 /// `Err` naming `field` and the offset when `text` holds a NUL byte: NUL in
 /// text is binary data sent by mistake, and is refused rather than guessed at.
-pub fn check_no_nul(field: impl Fn() -> String, text: &str) -> Result<()> {
+pub fn check_no_nul<P: Into<Param>>(field: impl Fn() -> P, text: &str) -> Result<()> {
     match text.bytes().position(|b| b == 0) {
         Some(at) => Err(Error::invalid(field(), format!("contains a NUL byte at offset {at}"))),
         None => Ok(()),
@@ -340,7 +426,7 @@ impl Task {
     /// `max_constraints`, and free of NUL bytes.
     pub fn validate(&self, max_bytes: usize, max_constraints: usize) -> Result<()> {
         if self.description.trim().is_empty() {
-            return Err(Error::invalid("task.description", "must not be empty"));
+            return Err(Error::invalid(Param::TaskDescription, "must not be empty"));
         }
         if self.constraints.len() > max_constraints {
             return Err(Error::invalid(
@@ -354,12 +440,12 @@ impl Task {
         if bytes > max_bytes {
             return Err(Error::invalid("task", format!("{bytes} bytes, over the limit {max_bytes}")));
         }
-        check_no_nul(|| "task.description".into(), &self.description)?;
+        check_no_nul(|| Param::TaskDescription, &self.description)?;
         for (i, c) in self.constraints.iter().enumerate() {
             check_no_nul(|| format!("task.constraints[{i}]"), c)?;
         }
         if let Some(schema) = &self.output_schema {
-            check_no_nul(|| "task.output_schema".into(), schema)?;
+            check_no_nul(|| "task.output_schema", schema)?;
         }
         Ok(())
     }
@@ -425,17 +511,17 @@ impl ContextRequirement {
     /// when it is split into public and confidential fields).
     pub fn validate(&self, max_budget: usize) -> Result<()> {
         if self.max_context_tokens == 0 {
-            return Err(Error::invalid("max_context_tokens", "must be at least 1"));
+            return Err(Error::invalid(Param::MaxContextTokens, "must be at least 1"));
         }
         if self.max_context_tokens > max_budget {
             return Err(Error::invalid(
-                "max_context_tokens",
+                Param::MaxContextTokens,
                 format!("{} is over the limit {max_budget}", self.max_context_tokens),
             ));
         }
         if let Some(t) = self.relevance_threshold {
             if !t.is_finite() || !(-1.0..=1.0).contains(&t) {
-                return Err(Error::invalid("relevance_threshold", format!("must be a cosine in [-1, 1], got {t}")));
+                return Err(Error::invalid(Param::RelevanceThreshold, format!("must be a cosine in [-1, 1], got {t}")));
             }
         }
         if let Some(t) = self.min_relative_score {

@@ -23,7 +23,7 @@ use crate::context::ContextRequirement;
 use crate::encoder::InputKind;
 use crate::score::{dot, zscores};
 use crate::session::SessionGrant;
-use crate::{Error, Result};
+use crate::{Error, Param, Result};
 
 /// A request whose limits hold: its context split (confidential fields
 /// apart), the public fields it must and may send, the task's text, and
@@ -215,9 +215,9 @@ impl Scd {
         let split = Split::new(ctx);
         let names: HashMap<&str, usize> = split.public.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
         let required: HashSet<usize> =
-            rq.required_fields.iter().map(|n| split.index(&names, n, "required_fields")).collect::<Result<_>>()?;
+            rq.required_fields.iter().map(|n| split.index(&names, n, Param::RequiredFields)).collect::<Result<_>>()?;
         let listed: HashSet<usize> =
-            rq.optional_fields.iter().map(|n| split.index(&names, n, "optional_fields")).collect::<Result<_>>()?;
+            rq.optional_fields.iter().map(|n| split.index(&names, n, Param::OptionalFields)).collect::<Result<_>>()?;
         let optional = if rq.required_fields.is_empty() && rq.optional_fields.is_empty() {
             (0..split.public.len()).collect()
         } else {
@@ -239,7 +239,7 @@ impl Scd {
         if let Some(sr) = opening {
             if sr.reserve_tokens >= rq.max_context_tokens {
                 return Err(Error::invalid(
-                    "reserve_tokens",
+                    Param::ReserveTokens,
                     format!("{} is not below the budget {}", sr.reserve_tokens, rq.max_context_tokens),
                 ));
             }

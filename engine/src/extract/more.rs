@@ -11,7 +11,7 @@ use super::{render, ContextRequest, Counting, LastReply, Ledger, MoreContext, Sc
 use crate::cancel::Cancel;
 use crate::context::check_no_nul;
 use crate::encoder::InputKind;
-use crate::{Error, Result};
+use crate::{Error, Param, Result};
 
 impl Scd {
     /// Adaptive context request (paper §6.3): the next most relevant chunks
@@ -77,7 +77,7 @@ impl Scd {
         let counting = session.counting.clone();
         let explicit = explicit_ids(&context, &req.chunk_ids)?;
         if req.specific_question.trim().is_empty() && explicit.is_empty() {
-            return Err(Error::invalid("specific_question", "must not be empty (or name chunk_ids)"));
+            return Err(Error::invalid(Param::SpecificQuestion, "must not be empty (or name chunk_ids)"));
         }
         if budget == 0 {
             let why = match session.cap {
@@ -120,12 +120,12 @@ impl Scd {
                 format!("must be in [0, 1], got {}", req.current_confidence),
             ));
         }
-        check_no_nul(|| "specific_question".into(), &req.specific_question)?;
-        check_no_nul(|| "reasoning".into(), &req.reasoning)?;
+        check_no_nul(|| Param::SpecificQuestion, &req.specific_question)?;
+        check_no_nul(|| "reasoning", &req.reasoning)?;
         let query = format!("{} {}", req.specific_question, req.reasoning);
         if query.len() > self.cfg.limits.max_task_bytes {
             return Err(Error::invalid(
-                "specific_question",
+                Param::SpecificQuestion,
                 format!("{} bytes with the reasoning, over the limit {}", query.len(), self.cfg.limits.max_task_bytes),
             ));
         }

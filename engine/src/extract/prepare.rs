@@ -13,7 +13,7 @@ use crate::context::{Context, Field, FieldKind};
 use crate::encoder::{EncodeOptions, InputKind};
 use crate::index::HnswIndex;
 use crate::score::{dedup, dot, Bm25};
-use crate::{Error, Result};
+use crate::{Error, Param, Result};
 
 #[derive(Clone)]
 pub(super) struct Prepared {
@@ -124,11 +124,11 @@ impl<'a> Split<'a> {
 
     /// Position of public field `name`; confidential or unknown names are
     /// errors naming `what` (the requirement list).
-    pub(super) fn index(&self, names: &HashMap<&str, usize>, name: &str, what: &str) -> Result<usize> {
+    pub(super) fn index(&self, names: &HashMap<&str, usize>, name: &str, what: Param) -> Result<usize> {
         match names.get(name) {
             Some(&i) => Ok(i),
             None if self.withheld.iter().any(|w| w == name) => Err(Error::invalid(
-                what,
+                what.clone(),
                 format!("field {} is confidential and is never sent", crate::context::shown_name(name)),
             )),
             None => Err(Error::invalid(what, format!("unknown field {}", crate::context::shown_name(name)))),

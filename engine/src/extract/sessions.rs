@@ -19,7 +19,7 @@ use crate::session::{key, new_session_id, random_hex, same_secret, SessionEntry,
 use crate::session::{SessionStats, SessionStore};
 use crate::shared::{gone_cause, hex, Committed, ContextBlob, Inflight, Loaded, Opened, SessionRecord, SharedState};
 use crate::shared::{unhex, StoreError, Turn};
-use crate::{Error, Result};
+use crate::{Error, Param, Result};
 
 /// Where sessions live.
 pub(super) enum Sessions {
@@ -175,7 +175,7 @@ impl Scd {
             Sessions::Shared(s) => s,
         };
         if id.is_empty() {
-            return Err(Error::invalid("session_id", "must not be empty"));
+            return Err(Error::invalid(Param::SessionId, "must not be empty"));
         }
         let key = shared_key(id, scope);
         let turn = s.inflight.take(&key);

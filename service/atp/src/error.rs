@@ -192,7 +192,9 @@ impl From<Error> for tonic::Status {
 impl From<scd_context::Error> for Error {
     fn from(e: scd_context::Error) -> Error {
         match e {
-            scd_context::Error::InvalidArgument { field, message } => Error::Invalid { field, reason: message },
+            scd_context::Error::InvalidArgument { field, message } => {
+                Error::Invalid { field: field.to_string(), reason: message }
+            }
             scd_context::Error::Read { path, source } => Error::ReadContext { path, source },
         }
     }

@@ -266,9 +266,12 @@ fn failed_state(e: &AppError) -> TaskState {
 
 /// The core's call of `method` for an A2A message from `who`: a compress
 /// message opens a session (`A2A OpenSession` in the audit trail), a
-/// question asks it for more (`A2A RequestContext`).
+/// question asks it for more (`A2A RequestContext`). Its deadline is the
+/// SendMessage request's ([`Caller::deadline`]), a run the client does not
+/// wait for (streaming, `returnImmediately`) included: a task's run is that
+/// call's work, bounded by the server's limit on a call.
 fn a2a_call(method: &str, who: &Caller) -> Call {
-    Call::new("A2A", method).from(who.did.clone(), who.peer())
+    who.call("A2A", method)
 }
 
 /// What one run of the engine produced.

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::AppError;
-use super::Core;
+use super::{Call, Core};
 
 /// Audit streams reading the log at once; more are RESOURCE_EXHAUSTED. A
 /// stream holds its place until it has handed its last page to the channel
@@ -158,6 +158,41 @@ impl Core {
         rec.peer = peer;
         rec.model = Some(self.scd.encoder().model_id().to_string());
         Some(rec)
+    }
+
+    /// The record of `call` (its method, caller and peer, and the model),
+    /// filled by `seed` with the request as the surface saw it, or `None`
+    /// when the server keeps no audit trail: where every audited core
+    /// method starts.
+    pub fn begin_record(&self, call: &Call, seed: impl FnOnce(&mut AuditRecord)) -> Option<AuditRecord> {
+        let mut rec = self.audit_record(&call.method, call.caller.clone(), call.peer.clone())?;
+        seed(&mut rec);
+        Some(rec)
+    }
+
+    /// One audited call after [`Core::begin_record`]: `run` on the
+    /// surface's converted `input` (its refusal passes through), the record
+    /// filled from a success by `fill`, and committed before the result is
+    /// passed on ([`Core::record_audit`]).
+    pub(crate) async fn audited<I, O, E, Fut>(
+        &self,
+        mut rec: Option<AuditRecord>,
+        input: Result<I, E>,
+        run: impl FnOnce(I) -> Fut,
+        fill: impl FnOnce(&mut AuditRecord, &O),
+    ) -> Result<O, E>
+    where
+        Fut: std::future::Future<Output = Result<O, AppError>>,
+        E: Outcome + From<AppError>,
+    {
+        let res = match input {
+            Ok(input) => run(input).await.map_err(E::from),
+            Err(e) => Err(e),
+        };
+        if let (Some(rec), Ok(out)) = (rec.as_mut(), &res) {
+            fill(rec, out);
+        }
+        self.record_audit(rec, res).await
     }
 
     /// Records the outcome of a call and passes the call's result on (see

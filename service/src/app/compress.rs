@@ -141,22 +141,10 @@ impl Core {
     where
         E: Outcome + From<AppError>,
     {
-        let mut rec = self.audit_record(&call.method, call.caller.clone(), call.peer.clone());
-        if let Some(rec) = rec.as_mut() {
-            seed.fill(rec);
-        }
-        let res = match input {
-            Ok(input) => {
-                let rate = input.rate;
-                let res = self.compress_unaudited(call, input).await.map_err(E::from);
-                if let (Some(rec), Ok(out)) = (rec.as_mut(), &res) {
-                    fill_from_output(rec, out, rate);
-                }
-                res
-            }
-            Err(e) => Err(e),
-        };
-        self.record_audit(rec, res).await
+        let rate = input.as_ref().ok().and_then(|i| i.rate);
+        let rec = self.begin_record(call, |rec| seed.fill(rec));
+        let run = |input| self.compress_unaudited(call, input);
+        self.audited(rec, input, run, |rec, out| fill_from_output(rec, out, rate)).await
     }
 
     /// Compresses `input` for `call` without an audit record of its own

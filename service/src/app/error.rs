@@ -15,6 +15,11 @@ pub enum AppError {
     InvalidArgument {
         /// The field, then what is wrong with it.
         message: String,
+        /// The engine's parameter the message starts with (by its wire
+        /// name), when the message came from one: the JSON surfaces name it
+        /// their way ([`super::json::named`]). `None`: the message names
+        /// its field as every surface does.
+        param: Option<scd_engine::Param>,
     },
     /// The caller could not be authenticated (UNAUTHENTICATED).
     #[error("{message}")]
@@ -87,9 +92,16 @@ pub enum AppError {
 pub type Result<T, E = AppError> = std::result::Result<T, E>;
 
 impl AppError {
-    /// A bad request field (`message` starts with the field).
+    /// A bad request field (`message` starts with the field, named as
+    /// every surface names it).
     pub fn invalid(message: impl Into<String>) -> AppError {
-        AppError::InvalidArgument { message: message.into() }
+        AppError::InvalidArgument { message: message.into(), param: None }
+    }
+
+    /// A bad engine parameter, which each surface names its own way
+    /// (`session_id` over gRPC, `session` in the JSON API).
+    pub fn invalid_param(param: scd_engine::Param, why: impl std::fmt::Display) -> AppError {
+        AppError::InvalidArgument { message: format!("{param}: {why}"), param: Some(param) }
     }
 
     /// A full queue or share, retried after `retry_after_ms`.
@@ -125,7 +137,7 @@ impl AppError {
     /// The message.
     pub fn message(&self) -> &str {
         match self {
-            AppError::InvalidArgument { message }
+            AppError::InvalidArgument { message, .. }
             | AppError::Unauthenticated { message }
             | AppError::PermissionDenied { message }
             | AppError::NotFound { message }
@@ -142,7 +154,7 @@ impl AppError {
     /// The same error with its message rewritten by `f`.
     pub fn map_message(self, f: impl FnOnce(String) -> String) -> AppError {
         match self {
-            AppError::InvalidArgument { message } => AppError::InvalidArgument { message: f(message) },
+            AppError::InvalidArgument { message, param } => AppError::InvalidArgument { message: f(message), param },
             AppError::Unauthenticated { message } => AppError::Unauthenticated { message: f(message) },
             AppError::PermissionDenied { message } => AppError::PermissionDenied { message: f(message) },
             AppError::NotFound { message } => AppError::NotFound { message: f(message) },
@@ -199,10 +211,9 @@ impl From<scd_engine::Error> for AppError {
     fn from(err: scd_engine::Error) -> AppError {
         use scd_engine::Error as E;
         let message = err.to_string();
-        match &err {
-            E::InvalidArgument { .. } | E::InputTooLong { .. } | E::BudgetTooSmall { .. } => {
-                AppError::InvalidArgument { message }
-            }
+        match err {
+            E::InvalidArgument { field, .. } => AppError::InvalidArgument { message, param: Some(field) },
+            E::InputTooLong { .. } | E::BudgetTooSmall { .. } => AppError::InvalidArgument { message, param: None },
             E::UnknownSession { .. } | E::SessionGone { .. } => AppError::NotFound { message },
             E::SessionForbidden { .. } => AppError::PermissionDenied { message },
             E::SessionContextMismatch { .. } => AppError::FailedPrecondition { message },

@@ -254,7 +254,7 @@ pub fn check_embed_texts(texts: &[String], max_texts: usize, max_text_bytes: usi
 /// The refusal of an empty session id.
 pub(crate) fn empty_session(id: &str) -> Result<()> {
     if id.is_empty() {
-        return Err(AppError::invalid("session_id: must not be empty"));
+        return Err(AppError::invalid_param(scd_engine::Param::SessionId, "must not be empty"));
     }
     Ok(())
 }

@@ -105,26 +105,13 @@ impl Core {
     where
         E: Outcome + From<AppError>,
     {
-        let mut rec = self.audit_record(&call.method, call.caller.clone(), call.peer.clone());
-        if let Some(rec) = rec.as_mut() {
+        // the question may have come from a report's next step
+        let question = input.as_ref().map_or(&seed.question, |req| &req.specific_question);
+        let rec = self.begin_record(call, |rec| {
             rec.session_id = recorded_id(&seed.session_id);
-            rec.set_task(&seed.question);
-        }
-        let res = match input {
-            Ok(req) => {
-                // the question may have come from a report's next step
-                if let Some(rec) = rec.as_mut() {
-                    rec.set_task(&req.specific_question);
-                }
-                let res = self.more_unaudited(call, req).await.map_err(E::from);
-                if let (Some(rec), Ok(out)) = (rec.as_mut(), &res) {
-                    fill_from_more(rec, out);
-                }
-                res
-            }
-            Err(e) => Err(e),
-        };
-        self.record_audit(rec, res).await
+            rec.set_task(question);
+        });
+        self.audited(rec, input, |req| self.more_unaudited(call, req), fill_from_more).await
     }
 
     async fn more_unaudited(&self, call: &Call, mut req: ContextRequest) -> Result<MoreOutput> {

@@ -373,6 +373,8 @@ impl Connection {
         };
         let mut req = req.map(|b| axum::body::Body::new(timed(b)));
         req.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
+        let deadline = CallDeadline::of(limits.request_timeout);
+        req.extensions_mut().insert(deadline);
         let mut router = self.router.clone();
         let out = tokio::time::timeout(limits.request_timeout, tower::Service::call(&mut router, req)).await;
         self.admitted.due_in(limits.header_timeout);
@@ -385,6 +387,12 @@ impl Connection {
                 (self.on_event)("http_body_timeout");
                 body_timeout(limits.body_timeout)
             }
+            // the core stopped the call at its deadline: answered as the
+            // listener answers a call past its limit (the flag to raise)
+            Ok(Ok(r)) if r.status() == StatusCode::GATEWAY_TIMEOUT && Instant::now() >= deadline.0 => {
+                (self.on_event)("http_request_timeout");
+                request_timeout(limits.request_timeout)
+            }
             // a probe on a reserve connection: the slot frees with the reply
             Ok(Ok(mut r)) if !normal => {
                 r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -393,6 +401,25 @@ impl Connection {
             Ok(Ok(r)) => r,
             Ok(Err(never)) => match never {},
         })
+    }
+}
+
+/// When the core is to give up on a call the listener cuts at `limit`
+/// (`--http-request-timeout-ms`), in the request's extensions; the HTTP
+/// surfaces make it their [`crate::app::Call`]'s deadline
+/// ([`super::Caller`]). It falls a tenth of the limit (at most 1 s) before
+/// the listener's own timeout: a call the listener cut would be dropped
+/// where it stood, leaving no audit record, whereas the core stopped at its
+/// deadline answers DEADLINE_EXCEEDED through the surface and records the
+/// call first; the margin is its time to do so. The listener's timeout
+/// stays as the backstop for work that is not the core's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallDeadline(pub Instant);
+
+impl CallDeadline {
+    /// The deadline of a call starting now under `limit`.
+    pub fn of(limit: Duration) -> CallDeadline {
+        CallDeadline(Instant::now() + limit - (limit / 10).min(Duration::from_secs(1)))
     }
 }
 

@@ -14,15 +14,13 @@ use crate::app::metrics::Metrics;
 use crate::app::more::MoreSeed;
 use crate::app::{AppError, Call, Core, Limits};
 use crate::client::Conn;
+use crate::http::Caller;
 use crate::view::{self, CompressOutput, MoreOutput};
 
-use super::reply::{tool_error_text, Embeddings};
+use super::reply::{kind_text, Embeddings};
 
-/// Where a tool call comes from: the HTTP client's address, `None` over
-/// stdio. In process it is the call's peer, so that each client draws on its
-/// own share of the compress slots and the embed queue and its chosen
-/// session ids are its own, as over gRPC; a remote server sees the MCP
-/// server's address instead.
+/// The HTTP client's address of a tool call, `None` over stdio (see
+/// [`crate::mcp::peer_of`]).
 pub type Peer = Option<SocketAddr>;
 
 /// The engine behind the tools.
@@ -38,10 +36,23 @@ pub enum Backend {
     Remote(Box<Conn>),
 }
 
-/// The core's call of an MCP method from `peer` (`MCP Compress` in the
-/// audit trail).
-fn mcp_call(method: &str, peer: Peer) -> Call {
-    Call::new("MCP", method).from(None, peer.map(|a| a.to_string()))
+/// The core's call of an MCP method from `who` (`MCP Compress` in the
+/// audit trail). `who` is where a tool call comes from ([`caller_of`]):
+/// over HTTP the client's address and the listener's deadline (see
+/// [`crate::http::CallDeadline`]), nothing over stdio. In process the
+/// address is the call's peer, so that each client draws on its own share
+/// of the compress slots and the embed queue and its chosen session ids
+/// are its own, as over gRPC; a remote server sees the MCP server's
+/// address instead.
+fn mcp_call(method: &str, who: &Caller) -> Call {
+    who.call("MCP", method)
+}
+
+/// Where the tool call with `extensions` comes from: the HTTP request's
+/// caller (rmcp puts the request's parts there), the default over stdio.
+/// `scd mcp` verifies no identity, so the caller has no DID.
+pub fn caller_of(extensions: &rmcp::model::Extensions) -> Caller {
+    extensions.get::<axum::http::request::Parts>().map(Caller::of).unwrap_or_default()
 }
 
 impl Backend {
@@ -66,13 +77,13 @@ impl Backend {
         budget: Budget,
         session_id: String,
         session_token: String,
-        peer: Peer,
+        who: &Caller,
     ) -> Result<(CompressOutput, String), String> {
         let core = match self {
             Backend::InProcess(core) => core,
             Backend::Remote(c) => return super::remote::compress(c, a, budget, session_id, session_token).await,
         };
-        let call = mcp_call(if session_token.is_empty() { "OpenSession" } else { "Compress" }, peer);
+        let call = mcp_call(if session_token.is_empty() { "OpenSession" } else { "Compress" }, who);
         let list_dropped = a.list_dropped;
         let seed = json::audit_seed(&a, budget, &session_id);
         let input = json::compress_input(core, a, budget, session_id, session_token);
@@ -87,20 +98,20 @@ impl Backend {
         &self,
         a: RequestMoreArgs,
         session_token: String,
-        peer: Peer,
+        who: &Caller,
     ) -> Result<MoreOutput, String> {
         let core = match self {
             Backend::InProcess(core) => core,
             Backend::Remote(c) => return super::remote::request_context(c, a, session_token).await,
         };
-        let call = mcp_call("RequestContext", peer);
+        let call = mcp_call("RequestContext", who);
         let seed = MoreSeed { question: a.question.clone(), session_id: a.session.clone() };
         let out = core.request_more(&call, seed, json::more_input(core, a, session_token)).await;
         Ok(view::more_context_view(out.map_err(app_tool_error)?.more))
     }
 
     /// `count_tokens`: `text`'s tokens in `tokenizer` (empty: the encoder's).
-    pub async fn count_tokens(&self, text: String, tokenizer: &str, peer: Peer) -> Result<Vec<u32>, String> {
+    pub async fn count_tokens(&self, text: String, tokenizer: &str, who: &Caller) -> Result<Vec<u32>, String> {
         let core = match self {
             Backend::InProcess(core) => core,
             Backend::Remote(c) => return super::remote::count_tokens(c, text, tokenizer).await,
@@ -112,13 +123,13 @@ impl Backend {
                 .resolve(tokenizer)
                 .map_err(|e| AppError::invalid(e.to_string().replacen("budget_tokenizer", "tokenizer", 1)))?;
             crate::app::check_texts(&texts, core.limits.max_texts, core.limits.max_text_bytes)?;
-            core.count_tokens(&mcp_call("CountTokens", peer), texts, tokenizer).await
+            core.count_tokens(&mcp_call("CountTokens", who), texts, tokenizer).await
         };
         counted.await.map_err(app_tool_error)
     }
 
     /// `embed`: `texts` as queries or passages, long ones in windows.
-    pub async fn embed(&self, texts: Vec<String>, query: bool, peer: Peer) -> Result<Embeddings, String> {
+    pub async fn embed(&self, texts: Vec<String>, query: bool, who: &Caller) -> Result<Embeddings, String> {
         let core = match self {
             Backend::InProcess(core) => core,
             Backend::Remote(c) => return super::remote::embed(c, texts, query).await,
@@ -126,7 +137,7 @@ impl Backend {
         let embedded = async {
             crate::app::check_embed_texts(&texts, core.limits.max_texts, core.limits.max_text_bytes)?;
             let opts = EncodeOptions::new(if query { InputKind::Query } else { InputKind::Passage }).with_windows();
-            core.embed(&mcp_call("Embed", peer), texts, opts).await
+            core.embed(&mcp_call("Embed", who), texts, opts).await
         };
         let e = embedded.await.map_err(app_tool_error)?;
         let enc = e.encoded;
@@ -137,5 +148,6 @@ impl Backend {
 
 /// The tool error of the core's error.
 fn app_tool_error(e: AppError) -> String {
-    tool_error_text(e.kind_name(), e.message())
+    let e = json::named(e);
+    kind_text(e.kind_name(), e.message().to_string())
 }

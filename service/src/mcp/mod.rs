@@ -61,7 +61,7 @@ mod tokens;
 pub(crate) use crate::app::json::compress_arguments;
 pub use crate::app::json::{Args, CompressContextArgs, ContextArg, RenderFormat, RequestMoreArgs};
 pub use args::{CountTokensArgs, EmbedArgs, EmbedOutput, EmbeddingOut, TokensOutput};
-pub use backend::{Backend, Peer};
+pub use backend::{caller_of, Backend, Peer};
 pub use reply::Embeddings;
 
 use std::sync::Arc;
@@ -161,11 +161,7 @@ impl ScdMcp {
             }
             None => (String::new(), String::new()),
         };
-        let (out, token) = self
-            .backend
-            .compress(a, budget, session_id, session_token, peer_of(&extensions))
-            .await
-            .map_err(|e| e.replacen("reserve_tokens", "reserve", 1))?;
+        let (out, token) = self.backend.compress(a, budget, session_id, session_token, &caller_of(&extensions)).await?;
         if !token.is_empty() {
             self.tokens.insert(out.session_id.clone(), owner, token);
         }
@@ -194,7 +190,7 @@ impl ScdMcp {
                 "session: not opened by this MCP server (or long forgotten); open one with compress_context".into()
             );
         };
-        let out = self.backend.request_context(a, token, peer_of(&extensions)).await?;
+        let out = self.backend.request_context(a, token, &caller_of(&extensions)).await?;
         let header = view::more_header(&out);
         Ok(Delivered { text: with_header(header, &out.text), out })
     }
@@ -216,7 +212,7 @@ impl ScdMcp {
         let tokenizer = a.tokenizer.unwrap_or_default();
         let counted = self
             .backend
-            .count_tokens(a.text, &tokenizer, peer_of(&extensions))
+            .count_tokens(a.text, &tokenizer, &caller_of(&extensions))
             .await
             .map_err(|e| e.replacen("texts[0]", "text", 1))?;
         let tokens = counted.first().copied().ok_or("the server counted no text")?;
@@ -238,7 +234,7 @@ impl ScdMcp {
         Parameters(args): Parameters<Args<EmbedArgs>>,
     ) -> Result<Delivered<EmbedOutput>, String> {
         let a = args.parse()?;
-        let r = self.backend.embed(a.texts, a.query, peer_of(&extensions)).await?;
+        let r = self.backend.embed(a.texts, a.query, &caller_of(&extensions)).await?;
         let dim = r.rows.first().map_or(0, |(values, _, _)| values.len() as u32);
         let out = EmbedOutput {
             model: r.model,
@@ -411,9 +407,10 @@ mod tests {
         ext
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_http_clients_calls_reach_the_engine_from_its_own_address() {
-        use scd_audit::{AuditFilter, AuditLevel, AuditLog, Retention};
+    /// An in-process server keeping an audit trail (in the folder returned
+    /// with it).
+    fn audited() -> (ScdMcp, Arc<scd_audit::AuditLog>, tempfile::TempDir) {
+        use scd_audit::{AuditLevel, AuditLog, Retention};
         let dir = tempfile::tempdir().unwrap();
         let log = Arc::new(
             AuditLog::open(&dir.path().join("audit.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
@@ -421,7 +418,13 @@ mod tests {
         let (scd, limits) = engine();
         let metrics = Arc::new(crate::app::metrics::Metrics::new(limits.max_batch_tokens));
         let service = crate::app::Core::new(scd, limits, metrics).with_audit(Some(log.clone()));
-        let mcp = ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8));
+        (ScdMcp::new(Backend::InProcess(Arc::new(service)), SessionTokens::new(8)), log, dir)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http_clients_calls_reach_the_engine_from_its_own_address() {
+        use scd_audit::AuditFilter;
+        let (mcp, log, _dir) = audited();
         let (a, b): (std::net::SocketAddr, std::net::SocketAddr) =
             ("10.0.0.7:5000".parse().unwrap(), "[2001:db8::9]:41000".parse().unwrap());
         for ext in [over_http_from(Some("mcp-a"), Some(a)), over_http_from(None, Some(b)), stdio()] {
@@ -436,6 +439,33 @@ mod tests {
         assert_eq!(peers, [Some(a.to_string()), Some(b.to_string()), None]);
         assert_eq!(peer_of(&over_http_from(None, Some(a))), Some(a));
         assert_eq!(peer_of(&over_http(Some("mcp-a"))), None);
+    }
+
+    /// Each tool call is audited under its own name: opening a session,
+    /// continuing it and asking it for more (in process, over stdio).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mcp_calls_are_audited_as_open_compress_and_request_context() {
+        use scd_audit::AuditFilter;
+        let (mcp, log, _dir) = audited();
+        let args = serde_json::json!({"task": "why do charges fail?", "context": charges_context(), "budget": 12,
+                                      "session": "charges"});
+        mcp.compress_context(stdio(), compress_args(args.clone())).await.unwrap();
+        mcp.compress_context(stdio(), compress_args(args)).await.unwrap();
+        let more = serde_json::json!({"session": "charges", "question": "how many connections?",
+                                      "current_confidence": 0.1});
+        mcp.request_more_context(stdio(), more_args(more)).await.unwrap();
+        let records = log.query(&AuditFilter::default()).unwrap();
+        let named: Vec<(&str, &str, Option<&str>)> =
+            records.iter().map(|r| (r.method.as_str(), r.outcome.as_str(), r.session_id.as_deref())).collect();
+        assert_eq!(
+            named,
+            [
+                ("MCP OpenSession", "ok", Some("charges")),
+                ("MCP Compress", "ok", Some("charges")),
+                ("MCP RequestContext", "ok", Some("charges")),
+            ]
+        );
+        assert_eq!(records[2].task.as_deref(), Some("how many connections?"));
     }
 
     fn charges_context() -> Value {

@@ -15,11 +15,17 @@ pub(crate) fn rename_argument(msg: &str) -> String {
     crate::app::json::argument_named(msg)
 }
 
+/// The text of a remote server's failed call as a tool error, by its
+/// kind's name (gRPC's code name), the argument it names read back as the
+/// MCP argument ([`rename_argument`]); see [`kind_text`].
+pub(super) fn tool_error_text(kind: &str, message: &str) -> String {
+    kind_text(kind, rename_argument(message))
+}
+
 /// The text of a failed call's tool error, by its kind's name (gRPC's code
 /// name): an argument problem as the server said it (naming the MCP
 /// argument), overload as "busy", the rest with its kind.
-pub(super) fn tool_error_text(kind: &str, message: &str) -> String {
-    let msg = rename_argument(message);
+pub(super) fn kind_text(kind: &str, msg: String) -> String {
     match kind {
         "InvalidArgument" => msg,
         "ResourceExhausted" => format!("busy: {msg}"),

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::body::{Body, RestBody};
 use super::ApiError;
-use crate::app::{AppError, Call, Core};
+use crate::app::{AppError, Core};
 use crate::http::Caller;
 
 /// `POST /v1/embeddings`'s body (OpenAI's, strict).
@@ -223,7 +223,7 @@ pub(super) async fn embeddings(
     let input_named =
         |e: AppError| e.map_message(|m| m.strip_prefix("texts").map_or(m.clone(), |r| format!("input{r}")));
     crate::app::check_embed_texts(&texts, limits.max_texts, limits.max_text_bytes).map_err(input_named)?;
-    let call = Call::new("REST", "Embed").from(who.did.clone(), who.peer());
+    let call = who.call("REST", "Embed");
     let r = svc.embed(&call, texts, EncodeOptions::new(kind).with_windows()).await.map_err(input_named)?;
     let enc = r.encoded;
     let tokens: u64 = enc.tokens.iter().map(|&t| u64::from(t as u32)).sum();

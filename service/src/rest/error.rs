@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         assert_eq!(r.headers()["retry-after-ms"], "1500");
-        let e = ApiError::from(AppError::invalid("requirement.max_context_tokens: too big"));
+        let e = ApiError::from(AppError::invalid_param(scd_engine::Param::MaxContextTokens, "too big"));
         assert_eq!((e.status(), e.detail.param.as_deref()), (StatusCode::BAD_REQUEST, Some("budget")));
         assert_eq!(e.detail.code.as_deref(), Some("INVALID_ARGUMENT"));
         let gone = AppError::NotFound { message: "x".into() };

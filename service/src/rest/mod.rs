@@ -219,7 +219,7 @@ async fn compress(
 
 /// The core's call of a REST method (`REST Compress` in the audit trail).
 fn rest_call(method: &str, who: &Caller) -> Call {
-    Call::new("REST", method).from(who.did.clone(), who.peer())
+    who.call("REST", method)
 }
 
 fn compress_docs(op: TransformOperation) -> TransformOperation {
@@ -267,7 +267,7 @@ async fn close(
     if svc.close_session(&rest_call("CloseSession", &who), &session_id, &token)? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(AppError::NotFound { message: "session_id: no such session (expired or closed)".into() }.into())
+        Err(AppError::NotFound { message: "session: no such session (expired or closed)".into() }.into())
     }
 }
 

@@ -612,3 +612,59 @@ async fn refused_calls_cannot_flush_a_successful_calls_record() {
     assert!(all.len() < N / 2, "{} records for {} refused calls", all.len(), 3 * N);
     assert!(all.iter().all(|r| r.session_id.len() <= scd_audit::MAX_ID_BYTES && r.peer.len() <= 64));
 }
+
+/// REST and A2A calls are audited under their surface and the core's
+/// method: a REST compress opening a session, one continuing it and a
+/// request for more; an A2A compress message and a question in its context
+/// (in-process server over the hash encoder: no model needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rest_and_a2a_calls_are_audited_by_surface_and_method() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap());
+    let s = crate::inproc::start(crate::inproc::Options { audit: Some(log.clone()), ..Default::default() });
+    crate::inproc::wait_serving(&s).await;
+    let ctx = json!({"fields": [{"name": "notes", "kind": "prose", "content":
+        "The pool is exhausted. Charges time out. The newsletter font is small. The database has 32 connections."}]});
+    let body = json!({"task": "Why do charges fail?", "context": ctx, "budget": 12, "session": "rest-s"});
+    let (status, first) = crate::rest::call("127.0.0.1", s.http, "POST", "/v1/compress", None, &body).await;
+    assert_eq!(status, 200, "{first}");
+    let token = first["session_token"].as_str().unwrap().to_string();
+    let (status, r) = crate::rest::call("127.0.0.1", s.http, "POST", "/v1/compress", Some(&token), &body).await;
+    assert_eq!(status, 200, "{r}");
+    let more = json!({"question": "How many connections?", "current_confidence": 0.2});
+    let path = "/v1/sessions/rest-s/more";
+    let (status, r) = crate::rest::call("127.0.0.1", s.http, "POST", path, Some(&token), &more).await;
+    assert_eq!(status, 200, "{r}");
+
+    let addr = s.http.to_string();
+    let replies = tokio::task::spawn_blocking(move || {
+        let r1 = crate::a2a::rpc(&addr, "SendMessage", crate::a2a::compress_message(Some("a2a-ctx")));
+        let q = json!({"message": {"messageId": "m-2", "role": "ROLE_USER", "contextId": "a2a-ctx",
+            "parts": [{"text": "Which function acquires the connection?"}], "metadata": {"currentConfidence": 0.2}}});
+        (r1, crate::a2a::rpc(&addr, "SendMessage", q))
+    })
+    .await
+    .unwrap();
+    for r in [&replies.0, &replies.1] {
+        assert_eq!(r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    }
+
+    let records = log.query(&Default::default()).unwrap();
+    let named: Vec<(&str, &str)> = records.iter().map(|r| (r.method.as_str(), r.outcome.as_str())).collect();
+    assert_eq!(
+        named,
+        [
+            ("REST OpenSession", "ok"),
+            ("REST Compress", "ok"),
+            ("REST RequestContext", "ok"),
+            ("A2A OpenSession", "ok"),
+            ("A2A RequestContext", "ok"),
+        ]
+    );
+    assert!(records[..3].iter().all(|r| r.session_id.as_deref() == Some("rest-s")), "{records:?}");
+    assert_eq!(records[2].task.as_deref(), Some("How many connections?"));
+    assert_eq!(records[4].task.as_deref(), Some("Which function acquires the connection?"));
+    assert_eq!(records[3].session_id, records[4].session_id, "the question asks the message's session");
+    assert!(records.iter().all(|r| r.peer.as_deref().is_some_and(|p| p.starts_with("127.0.0.1:"))), "{records:?}");
+}

@@ -187,3 +187,66 @@ async fn a_call_past_the_request_limit_is_cancelled_and_told_so() {
     assert!(reply.contains("--http-request-timeout-ms"), "{reply}");
     assert_eq!(rejected(&s, "http_request_timeout").await, 1);
 }
+
+/// A context of many short paragraphs: several encoder calls.
+fn big_context() -> serde_json::Value {
+    let field = |f: usize| {
+        let content: String = (0..400)
+            .map(|i| format!("Paragraph {f} {i}: the checkout service logged charge failure number {i}.\n\n"))
+            .collect();
+        serde_json::json!({"name": format!("notes_{f}"), "kind": "prose", "content": content})
+    };
+    serde_json::json!({"fields": (0..4).map(field).collect::<Vec<_>>()})
+}
+
+/// A REST compress and an A2A compress message past
+/// `--http-request-timeout-ms`: the core stops them at its deadline, a
+/// little before the listener's, so each is answered as timed out (REST:
+/// 504 naming the flag; A2A: a failed task) and recorded in the audit trail
+/// with its outcome, where the listener's cut left no record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_past_the_request_limit_is_stopped_by_the_core_and_audited() {
+    use scd_audit::{AuditLevel, AuditLog, Retention};
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::sync::Arc::new(
+        AuditLog::open(&dir.path().join("a.redb"), AuditLevel::Summary, Retention::default()).unwrap(),
+    );
+    let encoder = TestEncoder::new(0);
+    let http = HttpLimits { request_timeout: Duration::from_millis(1000), ..HttpLimits::default() };
+    let s = crate::inproc::start(Options {
+        encoder: encoder.clone(),
+        http,
+        audit: Some(log.clone()),
+        ..Default::default()
+    });
+    wait_ready(&s, 2).await;
+    encoder.delay_ms.store(400, Ordering::SeqCst);
+    let task = "Why are charges failing?";
+
+    let body = serde_json::json!({"task": task, "context": big_context(), "budget": 200}).to_string();
+    let started = Instant::now();
+    let reply = exchange(7, s.http, &post("/v1/compress", &body), Duration::from_secs(10)).await;
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(reply.starts_with("HTTP/1.1 504"), "{reply}");
+    assert!(reply.contains("\"code\":\"DEADLINE_EXCEEDED\""), "{reply}");
+    assert!(reply.contains("ran past the server's limit of 1000 ms (--http-request-timeout-ms)"), "{reply}");
+    assert_eq!(rejected(&s, "http_request_timeout").await, 1);
+    let records = log.query(&Default::default()).unwrap();
+    let r = records.iter().find(|r| r.method == "REST OpenSession").unwrap_or_else(|| panic!("{records:?}"));
+    assert_eq!((r.outcome.as_str(), r.task.as_deref(), r.budget_tokens), ("DeadlineExceeded", Some(task), Some(200)));
+    assert!(r.peer.as_deref().is_some_and(|p| p.starts_with("127.0.0.7:")), "{r:?}");
+
+    let data = serde_json::json!({"task": task, "context": big_context(), "budget": 200});
+    let send = serde_json::json!({"message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"data": data}]}});
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": send}).to_string();
+    let started = Instant::now();
+    let reply = exchange(8, s.http, &post("/", &body), Duration::from_secs(10)).await;
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("TASK_STATE_FAILED"), "{reply}");
+    assert!(reply.contains("deadline exceeded"), "{reply}");
+    let records = log.query(&Default::default()).unwrap();
+    let r = records.iter().find(|r| r.method == "A2A OpenSession").unwrap_or_else(|| panic!("{records:?}"));
+    assert_eq!((r.outcome.as_str(), r.task.as_deref()), ("DeadlineExceeded", Some(task)));
+    assert!(r.peer.as_deref().is_some_and(|p| p.starts_with("127.0.0.8:")), "{r:?}");
+}

@@ -21,46 +21,63 @@ pub use check::{compress_arguments, Budget};
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::extract::{CompressRequest, ContextRequest, SessionRequest};
 use scd_engine::handoff::Format;
+use scd_engine::Param;
 
 use super::compress::{AuditSeed, CompressInput};
 use super::{AppError, Core};
 
-/// The engine's names of request fields in its errors, and the JSON API's
-/// argument each stands for (the engine's are gRPC's too).
-const ENGINE_NAMES: &[(&str, &str)] = &[
-    ("requirement.max_context_tokens", "budget"),
-    ("max_context_tokens", "budget"),
-    ("requirement.required_fields", "required"),
-    ("required_fields", "required"),
-    ("requirement.optional_fields", "optional"),
-    ("optional_fields", "optional"),
-    ("requirement.relevance_threshold", "threshold"),
-    ("relevance_threshold", "threshold"),
-    ("requirement.min_relative_score", "min_relative_score"),
-    ("task.description", "task"),
-    ("specific_question", "question"),
-    ("session_id", "session"),
-    ("reserve_tokens", "reserve"),
-    ("fields", "context.fields"),
-    ("context.fields", "context.fields"),
-];
-
-/// A message naming an engine field, with the JSON API's name for it.
-pub fn argument_named(msg: &str) -> String {
-    for (engine, arg) in ENGINE_NAMES {
-        if let Some(rest) = msg.strip_prefix(engine) {
-            if rest.starts_with([':', '[', '.', ' ']) {
-                return format!("{arg}{rest}");
-            }
+/// The core's error in the JSON API's terms: an invalid argument that
+/// names an engine parameter ([`AppError::InvalidArgument`]'s `param`) names
+/// it as the JSON API does ([`Param::json_name`]: `budget`, `question`,
+/// `session`, …); every other error is as the core said it.
+pub fn named(e: AppError) -> AppError {
+    match e {
+        AppError::InvalidArgument { message, param: Some(param) } => {
+            // the message starts with the wire name (`AppError::invalid_param`,
+            // `From<scd_engine::Error>`)
+            let message = match message.strip_prefix(param.wire_name()) {
+                Some(rest) => format!("{}{rest}", param.json_name()),
+                None => message,
+            };
+            AppError::InvalidArgument { message, param: Some(param) }
         }
+        e => e,
     }
-    msg.to_string()
 }
 
-/// The core's error in the JSON API's terms: the field it names is the
-/// argument's name.
-pub fn named(e: AppError) -> AppError {
-    e.map_message(|m| argument_named(&m))
+/// A gRPC server's message (`scd mcp --server`: a remote error carries its
+/// text only) with the parameter it starts with named as the JSON API
+/// names it: the name before the first `:`, `[` or space, read back into
+/// the engine's [`Param`] (gRPC's `requirement.`-qualified forms and
+/// `fields` included).
+pub fn argument_named(msg: &str) -> String {
+    let end = msg.find([':', '[', ' ']).unwrap_or(msg.len());
+    let (name, rest) = msg.split_at(end);
+    let json = match name {
+        "fields" => "context.fields",
+        "requirement.min_relative_score" => "min_relative_score",
+        _ => match wire_param(name) {
+            Some(p) => return format!("{}{rest}", p.json_name()),
+            None => return msg.to_string(),
+        },
+    };
+    format!("{json}{rest}")
+}
+
+/// The engine parameter a gRPC message names by `name`.
+fn wire_param(name: &str) -> Option<Param> {
+    let name = name.strip_prefix("requirement.").unwrap_or(name);
+    Some(match name {
+        "max_context_tokens" => Param::MaxContextTokens,
+        "required_fields" => Param::RequiredFields,
+        "optional_fields" => Param::OptionalFields,
+        "relevance_threshold" => Param::RelevanceThreshold,
+        "task.description" => Param::TaskDescription,
+        "specific_question" => Param::SpecificQuestion,
+        "session_id" => Param::SessionId,
+        "reserve_tokens" => Param::ReserveTokens,
+        _ => return None,
+    })
 }
 
 impl From<RenderFormat> for Format {
@@ -183,5 +200,28 @@ pub fn more_confidence(a: &RequestMoreArgs) -> Result<f32, AppError> {
             Err(AppError::invalid(format!("current_confidence: must be in [0, 1], got {c}")))
         }
         (c, _) => Ok(c.unwrap_or(0.0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_parameter_is_named_by_its_type_and_others_pass_as_they_are() {
+        let e = AppError::from(scd_engine::Error::invalid(Param::SpecificQuestion, "must not be empty"));
+        assert_eq!(e.message(), "specific_question: must not be empty", "gRPC keeps the engine's name");
+        assert_eq!(named(e).message(), "question: must not be empty");
+        let e = AppError::invalid_param(Param::SessionId, "must not be empty");
+        assert_eq!(
+            (e.message(), named(e.clone()).message()),
+            ("session_id: must not be empty", "session: must not be empty")
+        );
+        // a path both name alike, and a message that merely starts like a parameter
+        let e = AppError::from(scd_engine::Error::invalid("chunk_ids[2]", "not a chunk"));
+        assert_eq!(named(e).message(), "chunk_ids[2]: not a chunk");
+        assert_eq!(named(AppError::invalid("session_id: said in a string")).message(), "session_id: said in a string");
+        assert_eq!(argument_named("requirement.max_context_tokens: too big"), "budget: too big");
+        assert_eq!(argument_named("session_idx: no"), "session_idx: no");
     }
 }
