@@ -390,7 +390,8 @@ fn core(b: &[u8]) -> Option<(usize, usize)> {
             }
             b'{' | b'[' => open.push(i),
             b'}' | b']' => {
-                if open.pop().is_none() && first_unopened.is_none() {
+                let unopened = open.pop().is_none();
+                if unopened && first_unopened.is_none() {
                     first_unopened = Some(i);
                 }
             }
