@@ -249,12 +249,11 @@ fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
     if let Some((t, w)) = first.wrap.and_then(|_| json_wrap(ctx, piece)) {
         // a JSON subtree: parses on its own, indented from the margin
         let (a, b) = w.core;
-        let indent = match t[..a].rfind('\n') {
-            Some(p) if t[p + 1..a].trim().is_empty() => &t[p + 1..a],
-            Some(_) => "",
-            None if t[..a].trim().is_empty() => first.indent.as_str(),
-            None => "",
-        };
+        // the indentation of the line the core starts on (after a key, that key's)
+        let line = t[..a].rfind('\n').map_or(0, |p| p + 1);
+        let lead = &t[line..a];
+        let lead = &lead[..lead.len() - lead.trim_start_matches([' ', '\t']).len()];
+        let indent = if line == 0 { format!("{}{lead}", first.indent) } else { lead.to_string() };
         let body = dedent(&format!("{indent}{}", &t[a..b]));
         let (open, close) = (w.open, w.close);
         if open.is_empty() {

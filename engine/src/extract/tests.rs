@@ -721,6 +721,9 @@ fn a_json_element_sent_in_part_comes_whole_as_one_subtree_under_its_path() {
     let whole = pieces.iter().find(|(_, v)| *v == doc["items"][3]);
     let (header, _) = whole.unwrap_or_else(|| panic!("pod 3 is not sent whole:\n{}", out.text));
     assert!(header.ends_with(" items[3]]"), "{header}");
+    // indented from the margin: the element's members two spaces in
+    let body: Vec<&str> = out.text.lines().skip_while(|l| l != header).skip(1).take(2).collect();
+    assert!(body[0] == "{" && body[1].starts_with("  \"") && !body[1].starts_with("   "), "{body:?}");
     // without it, the element comes in fragments (the budget is the same)
     let (before, _) = compress_pods(0, budget);
     let pieces = json_pieces(&before.text);
