@@ -5,6 +5,12 @@
 //! container's path (`items[37].status`). A chunk's group is the array
 //! element it sits in (a pod of a pod list), led by its first chunk, so a
 //! deep chunk can bring the element's name along.
+//!
+//! The chunks tile the document: a member's separating comma goes with the
+//! chunk it ends, and a cut container's opening (its key and `{`) with its
+//! first chunk, its closing bracket with its last. So a container sent in
+//! all its chunks is sent whole, brackets included, and a chunk sent alone
+//! is rendered from its [`Wrap`]: its members, wrapped so they parse.
 
 use super::RawChunk;
 
@@ -66,6 +72,16 @@ struct Run {
     ident: bool,
 }
 
+/// After a member ending at `end`: the end of the comma that follows it, if one does.
+fn with_separator(b: &[u8], end: usize) -> usize {
+    let j = skip_ws(b, end);
+    if b.get(j) == Some(&b',') {
+        j + 1
+    } else {
+        end
+    }
+}
+
 fn emit(text: &str, u: &Unit, out: &mut Out) {
     let bytes = text.as_bytes();
     let open = bytes[u.start];
@@ -73,14 +89,27 @@ fn emit(text: &str, u: &Unit, out: &mut Out) {
         out.push(u.start, u.end, &u.path, u.group, false);
         return;
     }
-    let array = open == b'[';
+    let first_chunk = out.chunks.len();
+    members_of(text, u, out);
+    // the container's brackets go with its first and last chunks
+    if out.chunks.len() > first_chunk {
+        out.chunks[first_chunk].start = u.start;
+        let last = out.chunks.len() - 1;
+        out.chunks[last].end = out.chunks[last].end.max(u.end);
+    }
+}
+
+/// The chunks of a cut container's members (runs of small ones, big ones cut again).
+fn members_of(text: &str, u: &Unit, out: &mut Out) {
+    let bytes = text.as_bytes();
+    let array = bytes[u.start] == b'[';
     let flush = |run: Run, out: &mut Out| {
         let path = match (array, run.first == run.last) {
             (false, _) => u.path.clone(),
             (true, true) => format!("{}[{}]", u.path, run.first),
             (true, false) => format!("{}[{}-{}]", u.path, run.first, run.last),
         };
-        out.push(run.start, run.end, &path, u.group, run.ident);
+        out.push(run.start, with_separator(bytes, run.end), &path, u.group, run.ident);
     };
     let mut run: Option<Run> = None;
     for (n, m) in members(bytes, u.start, u.end).into_iter().enumerate() {
@@ -96,7 +125,14 @@ fn emit(text: &str, u: &Unit, out: &mut Out) {
             };
             // an array's element is a group of its own (a pod of a list)
             let group = if array { m.value.0 } else { u.group };
+            let first_chunk = out.chunks.len();
             emit(text, &Unit { start: m.value.0, end: m.value.1, path, group, depth: u.depth + 1, unit: u.unit }, out);
+            // its key goes with its first chunk, the comma after it with its last
+            if out.chunks.len() > first_chunk {
+                out.chunks[first_chunk].start = m.start;
+                let last = out.chunks.len() - 1;
+                out.chunks[last].end = with_separator(bytes, out.chunks[last].end);
+            }
             continue;
         }
         run = match run {
@@ -250,19 +286,151 @@ fn value_end(b: &[u8], i: usize) -> Option<usize> {
     }
 }
 
-/// How a JSON chunk's text parses on its own: as it is, or wrapped in
-/// `{}` (object members) or `[]` (array elements); `None` if none parses.
-pub fn wrapping(text: &str) -> Option<(&'static str, &'static str)> {
-    let parses = |s: &str| serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok();
-    if parses(text) {
-        Some(("", ""))
-    } else if parses(&format!("{{{text}}}")) {
-        Some(("{", "}"))
-    } else if parses(&format!("[{text}]")) {
-        Some(("[", "]"))
-    } else {
-        None
+/// The containers cut across several chunks of one document, given its
+/// chunks' texts in reading order (they tile it): each as the first and
+/// last chunk it spans, an inner container before the one holding it.
+pub fn containers(texts: &[&str]) -> Vec<(usize, usize)> {
+    let mut open: Vec<usize> = Vec::new();
+    let mut out = Vec::new();
+    for (k, t) in texts.iter().enumerate() {
+        let (closes, opens) = unmatched(t.as_bytes());
+        for _ in 0..closes {
+            if let Some(s) = open.pop() {
+                out.push((s, k));
+            }
+        }
+        open.extend(std::iter::repeat_n(k, opens));
     }
+    out
+}
+
+/// How many brackets `b` closes that it did not open, and how many it
+/// opens and does not close.
+fn unmatched(b: &[u8]) -> (usize, usize) {
+    let (mut closes, mut depth) = (0, 0usize);
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i = string_end(b, i).unwrap_or(b.len());
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth == 0 => closes += 1,
+            b'}' | b']' => depth -= 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    (closes, depth)
+}
+
+/// A whole value under its key (`"status": {…}`, the text of a cut container
+/// sent in all its chunks): the value's range, so it is rendered alone under
+/// its path.
+pub fn keyed_value(text: &str) -> Option<(usize, usize)> {
+    let b = text.as_bytes();
+    let k = skip_ws(b, string_end(b, skip_ws(b, 0))?);
+    if b.get(k) != Some(&b':') {
+        return None;
+    }
+    let v = skip_ws(b, k + 1);
+    let end = value_end(b, v)?;
+    (matches!(b.get(v), Some(b'{' | b'[')) && text[end..].trim().is_empty()).then_some((v, end))
+}
+
+/// How a JSON chunk (or a run of adjacent ones) is rendered so that it
+/// parses: `core` is the byte range of its text holding its members or its
+/// whole value (without a cut container's opening before them, the closing
+/// brackets after them or a trailing comma), put between `open` and `close`
+/// (`{}` around object members, `[]` around array elements, nothing around
+/// a value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wrap {
+    /// What goes before the core.
+    pub open: &'static str,
+    /// What goes after it.
+    pub close: &'static str,
+    /// The core's byte range in the text.
+    pub core: (usize, usize),
+}
+
+/// How a JSON chunk's text parses on its own ([`Wrap`]); `None` if it does
+/// not (or holds the ends of two containers).
+pub fn wrapping(text: &str) -> Option<Wrap> {
+    let (a, b) = core(text.as_bytes())?;
+    let t = &text[a..b];
+    let parses = |s: &str| serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok();
+    let (open, close) = if parses(t) {
+        ("", "")
+    } else if parses(&format!("{{{t}}}")) {
+        ("{", "}")
+    } else if parses(&format!("[{t}]")) {
+        ("[", "]")
+    } else {
+        return None;
+    };
+    Some(Wrap { open, close, core: (a, b) })
+}
+
+/// The part of `b` between the brackets it opens and does not close (with
+/// the keys before them) and the brackets it closes and did not open (with
+/// the commas after them), trimmed of white space and a final comma.
+/// `None` when something other than an opening comes before an unclosed
+/// bracket, or something other than a closing after an unopened one.
+fn core(b: &[u8]) -> Option<(usize, usize)> {
+    let mut open: Vec<usize> = Vec::new();
+    let mut first_unopened = None;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i = string_end(b, i)?;
+                continue;
+            }
+            b'{' | b'[' => open.push(i),
+            b'}' | b']' => {
+                let unopened = open.pop().is_none();
+                if unopened && first_unopened.is_none() {
+                    first_unopened = Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    // before the last unclosed bracket: only unclosed brackets and their keys
+    let start = match open.last() {
+        Some(&last) => {
+            let mut j = skip_ws(b, 0);
+            while j < last {
+                if open.contains(&j) {
+                    j = skip_ws(b, j + 1);
+                    continue;
+                }
+                let k = skip_ws(b, string_end(b, j)?);
+                if b.get(k) != Some(&b':') {
+                    return None;
+                }
+                j = skip_ws(b, k + 1);
+            }
+            last + 1
+        }
+        None => 0,
+    };
+    // after the first unopened bracket: only closing brackets and commas
+    let end = match first_unopened {
+        Some(f) if f < start => return None,
+        Some(f) if b[f..].iter().all(|c| matches!(c, b'}' | b']' | b',') || c.is_ascii_whitespace()) => f,
+        Some(_) => return None,
+        None => b.len(),
+    };
+    let mut end = end;
+    while end > start && (b[end - 1].is_ascii_whitespace() || b[end - 1] == b',') {
+        end -= 1;
+    }
+    let start = skip_ws(b, start).min(end);
+    (start < end).then_some((start, end))
 }
 
 #[cfg(test)]
@@ -294,6 +462,10 @@ mod tests {
             let t = &text[ch.start..ch.end];
             assert!(ch.end - ch.start <= UNIT || !t.contains('\n'), "{}", t.len());
             assert!(wrapping(t).is_some(), "does not parse: {t}");
+            // the chunks tile the document: only white space between them
+            if let Some(next) = c.iter().find(|n| n.start >= ch.end) {
+                assert!(text[ch.end..next.start].trim().is_empty(), "{:?}", &text[ch.end..next.start]);
+            }
         }
         let paths: Vec<&str> = c.iter().map(|c| c.heading.as_deref().unwrap()).collect();
         assert!(paths.contains(&"$"), "{paths:?}");
@@ -305,13 +477,52 @@ mod tests {
     }
 
     #[test]
+    fn cut_containers_are_found_across_their_chunks_which_make_them_whole() {
+        let text = pods(8);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let c = chunk(&text, UNIT).unwrap();
+        assert_eq!((c[0].start, c[c.len() - 1].end), (0, text.len()), "the chunks tile the document");
+        let texts: Vec<&str> = c.iter().map(|ch| &text[ch.start..ch.end]).collect();
+        let found = containers(&texts);
+        assert!(found.contains(&(0, c.len() - 1)), "the root: {found:?}");
+        let value = |(s, e): (usize, usize)| {
+            let t = &text[c[s].start..c[e].end];
+            let w = wrapping(t).unwrap_or_else(|| panic!("does not parse: {t}"));
+            let core = &t[w.core.0..w.core.1];
+            let core = keyed_value(core).map_or(core, |(a, b)| &core[a..b]);
+            serde_json::from_str::<serde_json::Value>(core).unwrap_or_else(|e| panic!("{e}: {core}"))
+        };
+        // every pod is cut into several chunks, which together are the pod
+        for i in 0..8 {
+            assert!(found.iter().any(|&f| value(f) == doc["items"][i]), "pod {i}: {found:?}");
+        }
+        // inner containers come before the ones that hold them
+        for (k, &(s, e)) in found.iter().enumerate() {
+            assert!(found[..k].iter().all(|&(s2, e2)| !(s2 <= s && e <= e2)), "{found:?}");
+        }
+    }
+
+    #[test]
     fn small_documents_are_one_chunk_and_bad_ones_none() {
         let c = chunk(r#"{"a": 1, "b": [1, 2]}"#, UNIT).unwrap();
         assert_eq!(c.len(), 1);
         assert!(chunk("{\"a\": ", UNIT).is_none());
-        assert_eq!(wrapping(r#""a": 1, "b": 2"#), Some(("{", "}")));
-        assert_eq!(wrapping(r#"{"a": 1}, {"b": 2}"#), Some(("[", "]")));
-        assert_eq!(wrapping(r#""a": 1, }"#), None);
+        fn wrap(t: &str) -> Option<(&str, &str, &str)> {
+            wrapping(t).map(|w| (w.open, w.close, &t[w.core.0..w.core.1]))
+        }
+        assert_eq!(wrap(r#""a": 1, "b": 2"#), Some(("{", "}", r#""a": 1, "b": 2"#)));
+        assert_eq!(wrap(r#"{"a": 1}, {"b": 2}"#), Some(("[", "]", r#"{"a": 1}, {"b": 2}"#)));
+        // a cut container's opening, closing and separators are left out
+        assert_eq!(wrap("\"k\": {\n \"a\": 1,\n \"b\": [2],"), Some(("{", "}", "\"a\": 1,\n \"b\": [2]")));
+        assert_eq!(wrap("\"a\": 1\n }\n ],"), Some(("{", "}", "\"a\": 1")));
+        assert_eq!(wrap("{\"a\": 1},"), Some(("", "", "{\"a\": 1}")));
+        // the ends of two containers, or members before an opening, do not parse as one
+        assert_eq!(wrap("\"a\": 1 }, \"b\": 2"), None);
+        assert_eq!(wrap("\"a\": 1, \"b\": { \"c\": 2"), None);
+        // a member and its container's closing: the member; text that is no JSON: none
+        assert_eq!(wrap(r#""a": 1, }"#), Some(("{", "}", r#""a": 1"#)));
+        assert_eq!(wrap(r#""a": 1, "b""#), None);
+        assert_eq!(wrap(r#""a": 1, "b": }"#), None);
     }
 
     #[test]

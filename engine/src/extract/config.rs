@@ -163,6 +163,15 @@ pub struct ScoringConfig {
     /// fields only: a paragraph comes whole, but a method does not bring its
     /// whole `impl`. Chosen by `scd-dev tune`.
     pub group_closure_tokens: usize,
+    /// Packing sends a JSON container cut across several chunks (an array's
+    /// element, an object's member) whole once one of its chunks is sent,
+    /// when the container has at most this many tokens and the rest of it
+    /// fits the budget; of the containers holding the chunk, the largest
+    /// such (0: never, the default: chosen by 5-fold cross-validation over
+    /// 0, 200, 400 and 800 on the 40 JSON dev cases, BENCHMARKS.md). A
+    /// container whose chunks are all sent is rendered as one subtree under
+    /// its path either way.
+    pub json_whole_tokens: usize,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions
     /// (dimensionless; 1.0 treats them like any other linked chunk).
@@ -188,6 +197,7 @@ impl Default for ScoringConfig {
             second_hop_sources: 1,
             second_hop_max_tokens: 256,
             group_closure_tokens: 400,
+            json_whole_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
         }
@@ -292,6 +302,7 @@ mod tests {
         assert_eq!(c.scoring.second_hop_weight, 0.5);
         assert_eq!(c.scoring.second_hop_max_tokens, 256);
         assert_eq!(c.scoring.group_closure_tokens, 400);
+        assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);
         assert_eq!(c.scoring.redundancy_cosine, 0.985);
         assert_eq!(c.limits.max_budget_tokens, 1 << 20);

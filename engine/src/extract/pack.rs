@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::prepare::PreparedContext;
+use super::render::reads_on;
 use super::Scd;
 
 /// What packing decided beyond the selection, for explanations.
@@ -71,8 +72,8 @@ impl Bag<'_> {
     /// Whether `i` would join a piece already chosen (no header of its own).
     fn joins(&self, i: usize) -> bool {
         let c = &self.ctx.chunks[i];
-        let before = c.prev.is_some_and(|p| self.chosen.contains(&p) && c.gap.is_some());
-        let after = self.next[i].is_some_and(|n| self.chosen.contains(&n) && self.ctx.chunks[n].gap.is_some());
+        let before = c.prev.is_some_and(|p| self.chosen.contains(&p) && reads_on(self.ctx, p, i));
+        let after = self.next[i].is_some_and(|n| self.chosen.contains(&n) && reads_on(self.ctx, i, n));
         before || after
     }
 
@@ -152,6 +153,12 @@ impl Scd {
             // paragraph's first sentence, a chat answer's question)
             let closure = groups.closure(chunks[i].group, &bag, budget, self.cfg.scoring.group_closure_tokens);
             for j in closure {
+                sent.entry(ctx.distinct[j]).or_insert(j);
+                bag.take(j);
+                selected.push(j);
+                trace.by_closure.insert(j);
+            }
+            for j in whole_container(&bag, i, budget, self.cfg.scoring.json_whole_tokens) {
                 sent.entry(ctx.distinct[j]).or_insert(j);
                 bag.take(j);
                 selected.push(j);
@@ -266,6 +273,25 @@ impl Groups {
     }
 }
 
+/// The rest of the largest JSON container cut across chunks that holds
+/// chunk `i` (just taken), has at most `max_tokens` tokens and whose rest
+/// fits the budget: an array's element or an object's member sent in part
+/// is sent whole, one subtree under its path, rather than as fragments.
+fn whole_container(bag: &Bag<'_>, i: usize, budget: usize, max_tokens: usize) -> Vec<usize> {
+    let mut best = Vec::new();
+    for &(first, last) in &bag.ctx.chunks[i].containers {
+        let all: usize = (first..=last).map(|j| bag.costs.text[j]).sum();
+        let rest: Vec<usize> = (first..=last).filter(|j| !bag.chosen.contains(j)).collect();
+        // the rest joins the taken chunk's piece: its text, no header
+        let cost: usize = rest.iter().map(|&j| bag.costs.text[j]).sum();
+        if all > max_tokens || bag.used + cost > budget {
+            break;
+        }
+        best = rest;
+    }
+    best
+}
+
 /// Longest run of unsent chunks a bridge fills.
 const MAX_BRIDGE: usize = 8;
 
@@ -282,7 +308,8 @@ fn bridge(bag: &mut Bag<'_>, budget: usize, selected: &mut Vec<usize>, trace: &m
         let mut run = Vec::new();
         let mut at = bag.next[a];
         while let Some(j) = at {
-            if chunks[j].gap.is_none() || run.len() > MAX_BRIDGE {
+            // JSON subtrees are joined by their containers, not bridged
+            if chunks[j].gap.is_none() || chunks[j].wrap.is_some() || run.len() > MAX_BRIDGE {
                 break;
             }
             if bag.chosen.contains(&j) {

@@ -51,8 +51,12 @@ pub(super) struct Prepared {
     /// piece's header.
     pub(super) section: Option<String>,
     /// A JSON chunk's wrapping that makes it parse on its own (`{}` around
-    /// object members, `[]` around array elements, nothing for a value).
-    pub(super) wrap: Option<(&'static str, &'static str)>,
+    /// object members, `[]` around array elements, nothing for a value),
+    /// and the part of its text it wraps.
+    pub(super) wrap: Option<crate::chunk::json::Wrap>,
+    /// A JSON chunk's containers cut across several chunks (the first and
+    /// last chunk each spans), innermost first: what packing may send whole.
+    pub(super) containers: Vec<(usize, usize)>,
     /// A log chunk's severity: 2 an error, 1 a warning, 0 neither (or not a log).
     pub(super) severity: u8,
 }
@@ -105,6 +109,21 @@ impl PreparedContext {
             score,
             tokens,
             chunker: c.chunker,
+        }
+    }
+}
+
+/// Each chunk's JSON containers cut across several chunks ([`Prepared::containers`]),
+/// for the chunks of one field (`base` the first's index), when every one
+/// of them is a JSON subtree.
+fn json_containers(field: &mut [Prepared], base: usize) {
+    if field.is_empty() || field.iter().any(|c| c.wrap.is_none()) {
+        return;
+    }
+    let texts: Vec<&str> = field.iter().map(|c| c.text.as_str()).collect();
+    for (s, e) in crate::chunk::json::containers(&texts) {
+        for c in &mut field[s..=e] {
+            c.containers.push((base + s, base + e));
         }
     }
 }
@@ -438,10 +457,12 @@ impl Scd {
                     prev: place.prev.map(|p| base + p),
                     gap: place.gap,
                     wrap,
+                    containers: Vec::new(),
                     severity: if c.chunker == "log" { crate::chunk::severity(&f.content[c.start..c.end]) } else { 0 },
                     section: c.heading.filter(|_| c.chunker.starts_with("markdown") || c.chunker == "json"),
                 });
             }
+            json_containers(&mut out[base..], base);
         }
         let total: usize = out.iter().map(|p| p.tokens).sum();
         if total > self.cfg.limits.max_context_tokens {

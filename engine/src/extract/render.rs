@@ -7,9 +7,12 @@
 //! so code keeps its indentation. The header is counted in the budget like
 //! any other text.
 
+use std::collections::HashSet;
+
 use super::pack::PackTrace;
 use super::prepare::PreparedContext;
 use super::{Counting, Scd};
+use crate::chunk::json;
 use crate::{Error, Result};
 
 /// The line that stands for lines left out inside a piece.
@@ -128,24 +131,91 @@ pub(super) fn pieces(ctx: &PreparedContext, selected: &[usize]) -> Vec<Vec<usize
     let mut sel = selected.to_vec();
     sel.sort_unstable_by_key(|&i| (chunks[i].field, chunks[i].span.0, chunks[i].span.1));
     sel.dedup();
+    let set: HashSet<usize> = sel.iter().copied().collect();
     let mut out: Vec<Vec<usize>> = Vec::new();
-    for i in sel {
+    let mut k = 0;
+    while k < sel.len() {
+        let unit = whole_from(ctx, &set, sel[k]);
+        k += unit.len();
         match out.last_mut() {
-            Some(p) if joins(ctx, *p.last().expect("a piece is never empty"), i) => p.push(i),
-            _ => out.push(vec![i]),
+            Some(p) if joins(ctx, p, &unit) => p.extend(unit),
+            _ => out.push(unit),
         }
     }
     out
 }
 
-/// Whether chunk `b` continues a piece that ends with chunk `a`: it comes
-/// right after `a` with only whitespace between, or later in `a`'s group
-/// (the rest of a long function, a paragraph's later sentence), the lines
-/// between marked by a gap line. JSON subtrees are pieces of their own.
-fn joins(ctx: &PreparedContext, a: usize, b: usize) -> bool {
+/// Chunk `i`, or the chunks of the largest JSON container it opens when
+/// `set` holds all of them: a container sent whole is one subtree.
+fn whole_from(ctx: &PreparedContext, set: &HashSet<usize>, i: usize) -> Vec<usize> {
+    let whole = |&&(s, e): &&(usize, usize)| s == i && (s..=e).all(|j| set.contains(&j));
+    let last = ctx.chunks[i].containers.iter().filter(whole).map(|&(_, e)| e).max().unwrap_or(i);
+    (i..=last).collect()
+}
+
+/// Whether `unit` (a chunk, or a whole JSON container's chunks) continues
+/// `piece`: it comes right after the piece's last chunk with only
+/// whitespace between, or later in its group (the rest of a long function,
+/// a paragraph's later sentence), the lines between marked by a gap line.
+/// JSON subtrees join only the chunk right before them, and only when the
+/// run parses as one subtree.
+fn joins(ctx: &PreparedContext, piece: &[usize], unit: &[usize]) -> bool {
+    let a = *piece.last().expect("a piece is never empty");
+    let b = unit[0];
     let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
-    (cb.prev == Some(a) && cb.gap.is_some())
-        || (ca.group == cb.group && ca.span.1 <= cb.span.0 && ca.wrap.is_none() && cb.wrap.is_none())
+    if ca.wrap.is_some() || cb.wrap.is_some() {
+        let next = ca.wrap.is_some() && cb.wrap.is_some() && cb.prev == Some(a) && cb.gap.is_some();
+        return next && json_wrap(ctx, &[piece, unit].concat()).is_some();
+    }
+    reads_on(ctx, a, b) || (ca.group == cb.group && ca.span.1 <= cb.span.0)
+}
+
+/// Whether chunk `b` reads on from chunk `a` with only whitespace between
+/// (two JSON subtrees: and the two parse as one).
+pub(super) fn reads_on(ctx: &PreparedContext, a: usize, b: usize) -> bool {
+    let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
+    let next = cb.prev == Some(a) && cb.gap.is_some();
+    match (ca.wrap, cb.wrap) {
+        (None, None) => next,
+        (Some(_), Some(_)) => next && json_wrap(ctx, &[a, b]).is_some(),
+        _ => false,
+    }
+}
+
+/// The text of a run of adjacent JSON chunks (as the field has it) and how
+/// it parses as one subtree.
+fn json_wrap(ctx: &PreparedContext, run: &[usize]) -> Option<(String, json::Wrap)> {
+    let first = &ctx.chunks[run[0]];
+    if run.len() == 1 {
+        return first.wrap.map(|w| (first.text.clone(), w));
+    }
+    let mut text = first.text.clone();
+    for &i in &run[1..] {
+        let c = &ctx.chunks[i];
+        text.push_str(c.gap.as_deref().unwrap_or(""));
+        text.push_str(&c.text);
+    }
+    let w = json::wrapping(&text)?;
+    // a whole container under its key is rendered as the value under its path
+    let w = match (w.open, json::keyed_value(&text[w.core.0..w.core.1])) {
+        ("{", Some((a, b))) => json::Wrap { open: "", close: "", core: (w.core.0 + a, w.core.0 + b) },
+        _ => w,
+    };
+    Some((text, w))
+}
+
+/// The JSON path of a run of subtrees: the path all their paths begin
+/// with, cut at a step (`items[3]` for `items[3].status` and `items[3]`).
+fn common_path(ctx: &PreparedContext, piece: &[usize]) -> Option<String> {
+    let paths: Vec<&str> = piece.iter().filter_map(|&i| ctx.chunks[i].section.as_deref()).collect();
+    let (first, rest) = paths.split_first()?;
+    let mut n =
+        rest.iter().fold(first.len(), |n, p| first.bytes().zip(p.bytes()).take(n).take_while(|(x, y)| x == y).count());
+    let at_step = |p: &str, n: usize| matches!(p.as_bytes().get(n), None | Some(b'.' | b'['));
+    while n > 0 && !(first.is_char_boundary(n) && paths.iter().all(|p| at_step(p, n))) {
+        n -= 1;
+    }
+    Some(if n == 0 || first[..n] == *"$" { "$".to_string() } else { first[..n].to_string() })
 }
 
 /// One header line naming the piece's source.
@@ -153,13 +223,17 @@ fn header(ctx: &PreparedContext, piece: &[usize]) -> String {
     let first = &ctx.chunks[piece[0]];
     let end = &ctx.chunks[piece[piece.len() - 1]];
     let name = &ctx.field_names[first.field];
+    let section = match piece {
+        [_, _, ..] if first.wrap.is_some() => common_path(ctx, piece),
+        _ => first.section.clone(),
+    };
     let (a, b) = (first.lines.0, end.lines.1);
     let lines = match () {
         _ if ctx.last_lines[first.field] <= 1 => String::new(),
         _ if a == b => format!(":{a}"),
         _ => format!(":{a}-{b}"),
     };
-    match &first.section {
+    match &section {
         Some(s) => {
             let s: String = s.chars().take(MAX_HEADING_CHARS).collect();
             format!("[{name}{lines} {s}]")
@@ -172,9 +246,16 @@ fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
     out.push_str(&header(ctx, piece));
     out.push('\n');
     let first = &ctx.chunks[piece[0]];
-    if let (Some((open, close)), [_]) = (first.wrap, piece) {
+    if let Some((t, w)) = first.wrap.and_then(|_| json_wrap(ctx, piece)) {
         // a JSON subtree: parses on its own, indented from the margin
-        let body = dedent(&format!("{}{}", first.indent, first.text));
+        let (a, b) = w.core;
+        // the indentation of the line the core starts on (after a key, that key's)
+        let line = t[..a].rfind('\n').map_or(0, |p| p + 1);
+        let lead = &t[line..a];
+        let lead = &lead[..lead.len() - lead.trim_start_matches([' ', '\t']).len()];
+        let indent = if line == 0 { format!("{}{lead}", first.indent) } else { lead.to_string() };
+        let body = dedent(&format!("{indent}{}", &t[a..b]));
+        let (open, close) = (w.open, w.close);
         if open.is_empty() {
             out.push_str(&body);
         } else {

@@ -642,3 +642,108 @@ fn line_lexical_weight_lifts_log_and_chat_lines_by_their_bm25_score() {
     let quota = on.selected.iter().find(|w| w.id == "app.log#2").unwrap();
     assert!(quota.lexical_z > 0.0, "the line with the task's words has the best BM25");
 }
+
+/// A pod list whose pods are each cut into several chunks (each over the
+/// JSON unit); pod 3 was OOM-killed.
+fn pod_list() -> (Context, serde_json::Value) {
+    let items: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            serde_json::json!({
+                "metadata": {"name": format!("pod-{i}"), "namespace": "shop",
+                             "annotations": {"note": "scheduled by the default scheduler on a general purpose node pool"}},
+                "spec": {"containers": [{"name": "app", "image": "web:1.2", "args": ["--port", "8080", "--workers", "4"],
+                                         "resources": {"limits": {"memory": "256Mi", "cpu": "500m"}},
+                                         "env": (0..12).map(|k| serde_json::json!({"name": format!("FEATURE_{k}"), "value": "on"}))
+                                             .collect::<Vec<_>>()}]},
+                "status": {"phase": if i == 3 { "Failed" } else { "Running" }, "restartCount": i * 7,
+                           "lastState": {"terminated": {"exitCode": if i == 3 { 137 } else { 0 },
+                                         "reason": if i == 3 { "OOMKilled" } else { "Completed" },
+                                         "startedAt": "2026-01-01T00:00:00Z"}}}
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({"kind": "List", "apiVersion": "v1", "items": items});
+    let field = Field {
+        name: "pods.json".into(),
+        kind: FieldKind::Json,
+        confidential: false,
+        content: serde_json::to_string_pretty(&doc).unwrap(),
+    };
+    (Context { fields: vec![field] }, doc)
+}
+
+/// The text's pieces: each header line and the JSON its body parses as.
+fn json_pieces(text: &str) -> Vec<(String, serde_json::Value)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        match out.last_mut() {
+            Some(p) if !line.starts_with("[pods.json") => {
+                p.1.push_str(line);
+                p.1.push('\n');
+            }
+            _ => out.push((line.to_string(), String::new())),
+        }
+    }
+    out.into_iter()
+        .map(|(h, body)| {
+            let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{h} does not parse ({e}):\n{body}"));
+            (h, v)
+        })
+        .collect()
+}
+
+fn compress_pods(whole_tokens: usize, budget: usize) -> (Compressed, serde_json::Value) {
+    let (context, doc) = pod_list();
+    let cfg = ScdConfig {
+        scoring: ScoringConfig { json_whole_tokens: whole_tokens, ..Default::default() },
+        ..ScdConfig::default()
+    };
+    let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
+    let rq = CompressRequest {
+        task: Task::new("Which pod was OOMKilled, and with which exit code?"),
+        context,
+        requirement: ContextRequirement::with_budget(budget),
+        session: None,
+    };
+    let out = scd.compress_opts(&rq, &opts("cl100k", false), &Cancel::new()).unwrap();
+    assert!(out.totals.sent_tokens <= budget, "{:?}", out.totals);
+    (out, doc)
+}
+
+/// The element that answers was cut into chunks (each pod is over the JSON
+/// unit) and only some of them were sent; now, once one is sent, the whole
+/// element comes, as one subtree that parses, under its path.
+#[test]
+fn a_json_element_sent_in_part_comes_whole_as_one_subtree_under_its_path() {
+    let budget = 600;
+    let (out, doc) = compress_pods(1000, budget);
+    let pieces = json_pieces(&out.text);
+    let whole = pieces.iter().find(|(_, v)| *v == doc["items"][3]);
+    let (header, _) = whole.unwrap_or_else(|| panic!("pod 3 is not sent whole:\n{}", out.text));
+    assert!(header.ends_with(" items[3]]"), "{header}");
+    // indented from the margin: the element's members two spaces in
+    let body: Vec<&str> = out.text.lines().skip_while(|l| l != header).skip(1).take(2).collect();
+    assert!(body[0] == "{" && body[1].starts_with("  \"") && !body[1].starts_with("   "), "{body:?}");
+    // without it, the element comes in fragments (the budget is the same)
+    let (before, _) = compress_pods(0, budget);
+    let pieces = json_pieces(&before.text);
+    assert!(pieces.iter().all(|(_, v)| *v != doc["items"][3]), "{}", before.text);
+    assert!(before.text.contains("OOMKilled") && pieces.len() > 1, "{}", before.text);
+}
+
+/// An element over the cap, or one whose rest does not fit, is trimmed to
+/// the chunks that answer (each a subtree under its path), not dropped.
+#[test]
+fn a_json_element_too_big_to_send_whole_is_trimmed_not_dropped() {
+    let (context, _) = pod_list();
+    let cl100k = builtin("cl100k").unwrap();
+    let pod_tokens = cl100k.count(&context.fields[0].content).unwrap() / 8;
+    for (whole_tokens, budget) in [(pod_tokens / 4, 600), (1000, pod_tokens * 2 / 3)] {
+        let (out, doc) = compress_pods(whole_tokens, budget);
+        let pieces = json_pieces(&out.text);
+        assert!(pieces.iter().all(|(_, v)| *v != doc["items"][3]), "{}", out.text);
+        let answer = pieces.iter().find(|(_, v)| v.to_string().contains("OOMKilled"));
+        let (header, _) = answer.unwrap_or_else(|| panic!("the answer was dropped:\n{}", out.text));
+        assert!(header.contains(" items[3]"), "{header}");
+    }
+}
