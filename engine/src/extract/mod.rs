@@ -20,6 +20,7 @@
 //! assert!(out.totals.sent_tokens <= 8);
 //! ```
 
+mod adjacent;
 mod assemble;
 mod compress;
 mod config;

@@ -5,8 +5,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::adjacent::reads_on;
 use super::prepare::PreparedContext;
-use super::render::reads_on;
 use super::Scd;
 
 /// What packing decided beyond the selection, for explanations.

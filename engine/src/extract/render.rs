@@ -9,10 +9,10 @@
 
 use std::collections::HashSet;
 
+use super::adjacent::{json_wrap, reads_on};
 use super::pack::PackTrace;
 use super::prepare::PreparedContext;
 use super::{Counting, Scd};
-use crate::chunk::json;
 use crate::{Error, Result};
 
 /// The line that stands for lines left out inside a piece.
@@ -168,40 +168,6 @@ fn joins(ctx: &PreparedContext, piece: &[usize], unit: &[usize]) -> bool {
         return next && json_wrap(ctx, &[piece, unit].concat()).is_some();
     }
     reads_on(ctx, a, b) || (ca.group == cb.group && ca.span.1 <= cb.span.0)
-}
-
-/// Whether chunk `b` reads on from chunk `a` with only whitespace between
-/// (two JSON subtrees: and the two parse as one).
-pub(super) fn reads_on(ctx: &PreparedContext, a: usize, b: usize) -> bool {
-    let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
-    let next = cb.prev == Some(a) && cb.gap.is_some();
-    match (ca.wrap, cb.wrap) {
-        (None, None) => next,
-        (Some(_), Some(_)) => next && json_wrap(ctx, &[a, b]).is_some(),
-        _ => false,
-    }
-}
-
-/// The text of a run of adjacent JSON chunks (as the field has it) and how
-/// it parses as one subtree.
-fn json_wrap(ctx: &PreparedContext, run: &[usize]) -> Option<(String, json::Wrap)> {
-    let first = &ctx.chunks[run[0]];
-    if run.len() == 1 {
-        return first.wrap.map(|w| (first.text.clone(), w));
-    }
-    let mut text = first.text.clone();
-    for &i in &run[1..] {
-        let c = &ctx.chunks[i];
-        text.push_str(c.gap.as_deref().unwrap_or(""));
-        text.push_str(&c.text);
-    }
-    let w = json::wrapping(&text)?;
-    // a whole container under its key is rendered as the value under its path
-    let w = match (w.open, json::keyed_value(&text[w.core.0..w.core.1])) {
-        ("{", Some((a, b))) => json::Wrap { open: "", close: "", core: (w.core.0 + a, w.core.0 + b) },
-        _ => w,
-    };
-    Some((text, w))
 }
 
 /// The JSON path of a run of subtrees: the path all their paths begin
