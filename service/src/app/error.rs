@@ -5,6 +5,8 @@
 //! Messages name the API's field and the limit, never a value that could be
 //! content; a refusal for load carries the true retry hint.
 
+use super::Code;
+
 /// What went wrong with a call, by kind; each kind has one wire code on
 /// every transport (gRPC's name in brackets).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -170,22 +172,27 @@ impl AppError {
         }
     }
 
-    /// The kind's name as the audit trail's `outcome` records it and gRPC
-    /// names its code (`InvalidArgument`).
-    pub fn kind_name(&self) -> &'static str {
+    /// The code of a call that failed so: one per kind.
+    pub fn code(&self) -> Code {
         match self {
-            AppError::InvalidArgument { .. } => "InvalidArgument",
-            AppError::Unauthenticated { .. } => "Unauthenticated",
-            AppError::PermissionDenied { .. } => "PermissionDenied",
-            AppError::NotFound { .. } => "NotFound",
-            AppError::FailedPrecondition { .. } => "FailedPrecondition",
-            AppError::Aborted { .. } => "Aborted",
-            AppError::ResourceExhausted { .. } => "ResourceExhausted",
-            AppError::DeadlineExceeded { .. } => "DeadlineExceeded",
-            AppError::Cancelled { .. } => "Cancelled",
-            AppError::Unavailable { .. } => "Unavailable",
-            AppError::Internal { .. } => "Internal",
+            AppError::InvalidArgument { .. } => Code::InvalidArgument,
+            AppError::Unauthenticated { .. } => Code::Unauthenticated,
+            AppError::PermissionDenied { .. } => Code::PermissionDenied,
+            AppError::NotFound { .. } => Code::NotFound,
+            AppError::FailedPrecondition { .. } => Code::FailedPrecondition,
+            AppError::Aborted { .. } => Code::Aborted,
+            AppError::ResourceExhausted { .. } => Code::ResourceExhausted,
+            AppError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+            AppError::Cancelled { .. } => Code::Cancelled,
+            AppError::Unavailable { .. } => Code::Unavailable,
+            AppError::Internal { .. } => Code::Internal,
         }
+    }
+
+    /// The kind's name as the audit trail's `outcome` records it and gRPC
+    /// names its code (`InvalidArgument`): its [`Code`]'s name.
+    pub fn kind_name(&self) -> &'static str {
+        self.code().name()
     }
 
     /// The retry hint of a refusal for load, in ms.

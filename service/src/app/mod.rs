@@ -25,6 +25,7 @@
 
 pub mod audit;
 pub mod batcher;
+mod code;
 pub mod compress;
 mod error;
 pub mod json;
@@ -50,6 +51,7 @@ use self::metrics::Metrics;
 use self::ratelog::RateLimitedWarn;
 use self::wait::{overloaded, past_share};
 
+pub use self::code::Code;
 pub use self::error::{AppError, Result};
 pub use self::readiness::{Readiness, Ready};
 

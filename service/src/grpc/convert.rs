@@ -21,25 +21,28 @@ pub fn status(err: scd_engine::Error) -> Status {
 /// and a refusal for load's retry hint as `retry-after-ms`.
 impl From<AppError> for Status {
     fn from(e: AppError) -> Status {
-        let code = match &e {
-            AppError::InvalidArgument { .. } => Code::InvalidArgument,
-            AppError::Unauthenticated { .. } => Code::Unauthenticated,
-            AppError::PermissionDenied { .. } => Code::PermissionDenied,
-            AppError::NotFound { .. } => Code::NotFound,
-            AppError::FailedPrecondition { .. } => Code::FailedPrecondition,
-            AppError::Aborted { .. } => Code::Aborted,
-            AppError::ResourceExhausted { .. } => Code::ResourceExhausted,
-            AppError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
-            AppError::Cancelled { .. } => Code::Cancelled,
-            AppError::Unavailable { .. } => Code::Unavailable,
-            AppError::Internal { .. } => Code::Internal,
-        };
+        let code = Code::from(e.code());
         let retry = e.retry_after_ms();
         let mut s = Status::new(code, e.to_string());
         if let Some(ms) = retry {
             s.metadata_mut().insert("retry-after-ms", ms.into());
         }
         s
+    }
+}
+
+/// A gRPC status code as the core names it: the same canonical code.
+impl From<Code> for crate::app::Code {
+    fn from(c: Code) -> crate::app::Code {
+        // both number the canonical codes 0 to 16 alike (tested below)
+        crate::app::Code::ALL[c as usize]
+    }
+}
+
+/// The core's code on the wire: the same canonical code.
+impl From<crate::app::Code> for Code {
+    fn from(c: crate::app::Code) -> Code {
+        Code::from(c as i32)
     }
 }
 
@@ -230,5 +233,32 @@ pub fn explanation(ex: scd_engine::extract::Explanation) -> pb::Explanation {
                 w
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_codes_and_the_cores_agree_by_number_and_name() {
+        for n in 0..=16 {
+            let grpc = Code::from(n);
+            let core = crate::app::Code::from(grpc);
+            assert_eq!(core as i32, n);
+            // the `code` label of scd_requests_total stays gRPC's name
+            assert_eq!(core.name(), format!("{grpc:?}"));
+            assert_eq!(Code::from(core), grpc);
+        }
+    }
+
+    #[test]
+    fn an_app_error_keeps_its_kind_message_and_retry_hint_on_the_wire() {
+        let busy = Status::from(AppError::exhausted("compress queue is full; retry after 40 ms", 40));
+        assert_eq!(busy.code(), Code::ResourceExhausted);
+        assert_eq!(busy.message(), "compress queue is full; retry after 40 ms");
+        assert_eq!(busy.metadata().get("retry-after-ms").unwrap(), "40");
+        let failed = Status::from(AppError::internal("audit: disk full"));
+        assert_eq!((failed.code(), failed.message()), (Code::Internal, "audit: disk full"));
     }
 }
