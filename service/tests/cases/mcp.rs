@@ -253,6 +253,52 @@ fn mcp_forwards_to_a_running_server() {
     check_summary(&s, "stdio");
 }
 
+/// `scd mcp --audit-db`: the tools' calls in process are recorded as the
+/// core names them, by surface and method, refused ones with their kind,
+/// and no record holds the confidential field's content.
+#[test]
+fn mcp_records_its_tool_calls_with_audit_db() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let dir = crate::scratch("mcp-audit");
+    let db = dir.join("mcp.redb");
+    let db = db.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_scd");
+    let s = client(&python, &["stdio", &context(), "--", bin, "mcp", "--audit-db", db, "--audit-level", "chunks"]);
+    check_summary(&s, "stdio");
+    // the client has closed scd mcp's stdin and it has exited: the file is free
+    let (ok, out, err) = crate::scd(&["audit", "--db", db], "");
+    assert!(ok, "{err}");
+    let records: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    let named: std::collections::BTreeSet<(&str, &str)> =
+        records.iter().map(|r| (r["method"].as_str().unwrap(), r["outcome"].as_str().unwrap())).collect();
+    for want in [
+        ("MCP OpenSession", "ok"),
+        ("MCP Compress", "ok"),
+        ("MCP RequestContext", "ok"),
+        // an unknown budget tokenizer, a confidential field required: refused by the core
+        ("MCP OpenSession", "InvalidArgument"),
+    ] {
+        assert!(named.contains(&want), "{want:?} is not in {named:?}");
+    }
+    assert!(named.iter().all(|(m, _)| m.starts_with("MCP ")), "{named:?}");
+    // count_tokens and embed are not audited, on any surface
+    assert!(named.iter().all(|(m, _)| !m.ends_with("CountTokens") && !m.ends_with("Embed")), "{named:?}");
+    let opened = records.iter().find(|r| r["method"] == "MCP OpenSession" && r["outcome"] == "ok").unwrap();
+    assert_eq!(opened["withheld"], serde_json::json!(["api_keys"]), "{opened}");
+    assert!(!opened["chunks"].as_array().unwrap().is_empty(), "level chunks lists the chunks sent: {opened}");
+    // the confidential field is named, never quoted
+    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(context()).unwrap()).unwrap();
+    let secret = fixture["fields"].as_array().unwrap().iter().find(|f| f["confidential"] == true).unwrap();
+    let content = secret["content"].as_str().unwrap();
+    assert!(content.contains(SECRET));
+    assert!(!out.contains(SECRET) && !out.contains(content), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Starts `scd mcp --http-addr 127.0.0.1:0 EXTRA`; the guard and its URL.
 fn mcp_http(extra: &[&str]) -> (Guard, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_scd"));
@@ -386,6 +432,12 @@ fn mcp_flags_are_checked_before_any_work() {
     let (ok, _, err) = crate::scd(&["mcp", "--ca-cert", "x.pem"], "");
     assert!(!ok);
     assert!(err.contains("--server"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--audit-max-age", "7d"], "");
+    assert!(!ok);
+    assert!(err.contains("--audit-max-age: needs --audit-db"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--server", "http://127.0.0.1:1", "--audit-db", "mcp.redb"], "");
+    assert!(!ok);
+    assert!(err.contains("--audit-db: with --server the tools run on that server"), "{err}");
 }
 
 /// `compress_context` with `api_keys` marked confidential, then public, in
