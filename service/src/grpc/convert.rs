@@ -7,7 +7,7 @@ use scd_engine::extract::{Compressed, SelectedChunk, SessionRequest};
 use tonic::{Code, Status};
 
 use super::pb;
-use crate::app::AppError;
+use crate::app::{AppError, PARAM_KEY};
 
 /// An engine error as a status: [`AppError`]'s mapping (validation →
 /// INVALID_ARGUMENT, unknown session → NOT_FOUND, cancelled → CANCELLED,
@@ -18,14 +18,16 @@ pub fn status(err: scd_engine::Error) -> Status {
 }
 
 /// The core's error on the wire: one code per kind, the message unchanged,
-/// and a refusal for load's retry hint as `retry-after-ms`.
+/// a refusal for load's retry hint as `retry-after-ms`, and the engine
+/// parameter an invalid argument is about as [`PARAM_KEY`] (its wire name).
 impl From<AppError> for Status {
     fn from(e: AppError) -> Status {
-        let code = Code::from(e.code());
-        let retry = e.retry_after_ms();
-        let mut s = Status::new(code, e.to_string());
-        if let Some(ms) = retry {
+        let mut s = Status::new(Code::from(e.code()), e.to_string());
+        if let Some(ms) = e.retry_after_ms() {
             s.metadata_mut().insert("retry-after-ms", ms.into());
+        }
+        if let Some(Ok(name)) = e.param().map(|p| p.wire_name().parse()) {
+            s.metadata_mut().insert(PARAM_KEY, name);
         }
         s
     }
@@ -260,5 +262,18 @@ mod tests {
         assert_eq!(busy.metadata().get("retry-after-ms").unwrap(), "40");
         let failed = Status::from(AppError::internal("audit: disk full"));
         assert_eq!((failed.code(), failed.message()), (Code::Internal, "audit: disk full"));
+        assert!(busy.metadata().get(PARAM_KEY).is_none() && failed.metadata().get(PARAM_KEY).is_none());
+    }
+
+    #[test]
+    fn an_invalid_argument_names_its_parameter_in_metadata() {
+        let e = AppError::invalid_param(scd_engine::Param::MaxContextTokens, "must be at least 1");
+        let s = Status::from(e);
+        assert_eq!((s.code(), s.message()), (Code::InvalidArgument, "max_context_tokens: must be at least 1"));
+        assert_eq!(s.metadata().get(PARAM_KEY).unwrap(), "max_context_tokens");
+        let s = status(scd_engine::Error::invalid("chunk_ids[2]", "not a chunk"));
+        assert_eq!(s.metadata().get(PARAM_KEY).unwrap(), "chunk_ids[2]");
+        let s = Status::from(AppError::invalid("rate: give budget or rate, not both"));
+        assert!(s.metadata().get(PARAM_KEY).is_none(), "no parameter known, none named");
     }
 }

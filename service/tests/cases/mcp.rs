@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+use scd_service::grpc::pb;
+
 use crate::{grpc, ready, root};
 
 const SECRET: &str = "sk_live_SECRET_4242";
@@ -243,13 +245,37 @@ fn mcp_forwards_to_a_running_server() {
     let Some(python) = crate::atp_reference::python_with("mcp") else { return };
     let server = grpc::start(&[]);
     // wait until the server's model is loaded
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(grpc::client(&server));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut grpc_client = rt.block_on(grpc::client(&server));
+    // the server types an invalid argument's parameter on the wire (`scd-param`)
+    let field = pb::Field {
+        name: "notes".into(),
+        kind: pb::FieldKind::Prose as i32,
+        content: "x".into(),
+        ..Default::default()
+    };
+    let bad = pb::CompressRequest {
+        task: Some(pb::Task { description: "t".into(), ..Default::default() }),
+        fields: vec![field],
+        requirement: Some(pb::ContextRequirement {
+            max_context_tokens: 50,
+            required_fields: vec!["nope".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let e = rt.block_on(grpc_client.compress(bad)).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("required_fields: unknown field"), "{e:?}");
+    assert_eq!(e.metadata().get("scd-param").map(|v| v.to_str().unwrap()), Some("required_fields"), "{e:?}");
     let bin = env!("CARGO_BIN_EXE_scd");
     // a models dir that does not exist: --server must not load a model
     let s = client(
         &python,
         &["stdio", &context(), "--", bin, "--models-dir", "/nonexistent", "mcp", "--server", &server.addr],
     );
+    // the summary's `confidential` error came back `required_fields: …` with
+    // `scd-param: required_fields`, and reads `required: …`, by that typed field
     check_summary(&s, "stdio");
 }
 
