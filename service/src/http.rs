@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::app::metrics::Scrape;
-use crate::app::{Call, Core};
+use crate::app::{Call, Code, Core};
 use crate::auth::{http_middleware, Auth};
 
 mod conn;
@@ -106,7 +106,7 @@ pub(crate) struct Counted {
 }
 
 /// Counts each call in `scd_requests_total` (method `<prefix> <verb>
-/// <route>`, the gRPC code of its HTTP status) with its duration.
+/// <route>`, the code of its HTTP status, [`code_of`]) with its duration.
 pub(crate) async fn counted(
     State(c): State<Counted>,
     req: axum::extract::Request,
@@ -119,9 +119,11 @@ pub(crate) async fn counted(
     r
 }
 
-/// The gRPC code an HTTP status stands for.
-pub fn code_of(status: axum::http::StatusCode) -> tonic::Code {
-    use tonic::Code;
+/// The core's code of a call an HTTP status ended: 2xx is `Ok`, 400, 413
+/// and 415 `InvalidArgument`, 429 `ResourceExhausted`, 504
+/// `DeadlineExceeded`, …, an unlisted one `Internal` (the codes gRPC would
+/// have answered).
+pub fn code_of(status: axum::http::StatusCode) -> Code {
     match status.as_u16() {
         200..=299 => Code::Ok,
         400 | 413 | 415 => Code::InvalidArgument,
@@ -204,4 +206,33 @@ pub async fn serve_router(
     on_reject: impl Fn(&'static str) + Send + Sync + 'static,
 ) {
     conn::serve(listener, router, limits, None, on_reject).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_statuses_count_under_the_codes_grpc_would_answer() {
+        let cases = [
+            (200, "Ok"),
+            (204, "Ok"),
+            (400, "InvalidArgument"),
+            (413, "InvalidArgument"),
+            (415, "InvalidArgument"),
+            (401, "Unauthenticated"),
+            (403, "PermissionDenied"),
+            (404, "NotFound"),
+            (409, "FailedPrecondition"),
+            (429, "ResourceExhausted"),
+            (503, "Unavailable"),
+            (504, "DeadlineExceeded"),
+            (500, "Internal"),
+            (302, "Internal"),
+        ];
+        for (status, want) in cases {
+            let status = axum::http::StatusCode::from_u16(status).unwrap();
+            assert_eq!(code_of(status).name(), want, "{status}");
+        }
+    }
 }

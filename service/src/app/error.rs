@@ -5,6 +5,8 @@
 //! Messages name the API's field and the limit, never a value that could be
 //! content; a refusal for load carries the true retry hint.
 
+use super::Code;
+
 /// What went wrong with a call, by kind; each kind has one wire code on
 /// every transport (gRPC's name in brackets).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -91,6 +93,12 @@ pub enum AppError {
 /// The core's result.
 pub type Result<T, E = AppError> = std::result::Result<T, E>;
 
+/// The metadata key with which a gRPC status names the engine parameter of
+/// an INVALID_ARGUMENT, by its wire name (`scd-param: max_context_tokens`;
+/// see [`AppError::param`]), so that a client (`scd mcp --server`) names it
+/// its own way by the typed field and reads no name out of the message.
+pub const PARAM_KEY: &str = "scd-param";
+
 impl AppError {
     /// A bad request field (`message` starts with the field, named as
     /// every surface names it).
@@ -151,6 +159,15 @@ impl AppError {
         }
     }
 
+    /// The engine parameter an invalid argument's message starts with (by
+    /// its wire name), when the core knows it.
+    pub fn param(&self) -> Option<&scd_engine::Param> {
+        match self {
+            AppError::InvalidArgument { param, .. } => param.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The same error with its message rewritten by `f`.
     pub fn map_message(self, f: impl FnOnce(String) -> String) -> AppError {
         match self {
@@ -170,22 +187,27 @@ impl AppError {
         }
     }
 
-    /// The kind's name as the audit trail's `outcome` records it and gRPC
-    /// names its code (`InvalidArgument`).
-    pub fn kind_name(&self) -> &'static str {
+    /// The code of a call that failed so: one per kind.
+    pub fn code(&self) -> Code {
         match self {
-            AppError::InvalidArgument { .. } => "InvalidArgument",
-            AppError::Unauthenticated { .. } => "Unauthenticated",
-            AppError::PermissionDenied { .. } => "PermissionDenied",
-            AppError::NotFound { .. } => "NotFound",
-            AppError::FailedPrecondition { .. } => "FailedPrecondition",
-            AppError::Aborted { .. } => "Aborted",
-            AppError::ResourceExhausted { .. } => "ResourceExhausted",
-            AppError::DeadlineExceeded { .. } => "DeadlineExceeded",
-            AppError::Cancelled { .. } => "Cancelled",
-            AppError::Unavailable { .. } => "Unavailable",
-            AppError::Internal { .. } => "Internal",
+            AppError::InvalidArgument { .. } => Code::InvalidArgument,
+            AppError::Unauthenticated { .. } => Code::Unauthenticated,
+            AppError::PermissionDenied { .. } => Code::PermissionDenied,
+            AppError::NotFound { .. } => Code::NotFound,
+            AppError::FailedPrecondition { .. } => Code::FailedPrecondition,
+            AppError::Aborted { .. } => Code::Aborted,
+            AppError::ResourceExhausted { .. } => Code::ResourceExhausted,
+            AppError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+            AppError::Cancelled { .. } => Code::Cancelled,
+            AppError::Unavailable { .. } => Code::Unavailable,
+            AppError::Internal { .. } => Code::Internal,
         }
+    }
+
+    /// The kind's name as the audit trail's `outcome` records it and gRPC
+    /// names its code (`InvalidArgument`): its [`Code`]'s name.
+    pub fn kind_name(&self) -> &'static str {
+        self.code().name()
     }
 
     /// The retry hint of a refusal for load, in ms.

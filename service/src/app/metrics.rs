@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use metrics::{counter, gauge, histogram, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
+use super::Code;
+
 /// Latency buckets in seconds.
 const SECONDS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0];
@@ -108,12 +110,13 @@ impl Metrics {
     /// Counts a finished call by method and status code, with its duration,
     /// and logs it: one `scd::request` line per call (a JSON object with
     /// `--log-format json`) with a request id, the method, the code and the
-    /// milliseconds, never the request's content.
-    pub fn request(&self, method: &str, code: tonic::Code, seconds: f64) {
+    /// milliseconds, never the request's content. The transport names the
+    /// [`Code`] (gRPC its status's, HTTP its status's); the label is its name.
+    pub fn request(&self, method: &str, code: Code, seconds: f64) {
         let id = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::info!(target: "scd::request", request_id = id, method, code = ?code, ms = seconds * 1e3, "request");
         metrics::with_local_recorder(&self.recorder, || {
-            counter!("scd_requests_total", "method" => method.to_string(), "code" => format!("{code:?}")).increment(1);
+            counter!("scd_requests_total", "method" => method.to_string(), "code" => code.name()).increment(1);
             histogram!("scd_request_duration_seconds", "method" => method.to_string()).record(seconds);
         });
     }

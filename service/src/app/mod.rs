@@ -25,6 +25,7 @@
 
 pub mod audit;
 pub mod batcher;
+mod code;
 pub mod compress;
 mod error;
 pub mod json;
@@ -50,7 +51,8 @@ use self::metrics::Metrics;
 use self::ratelog::RateLimitedWarn;
 use self::wait::{overloaded, past_share};
 
-pub use self::error::{AppError, Result};
+pub use self::code::Code;
+pub use self::error::{AppError, Result, PARAM_KEY};
 pub use self::readiness::{Readiness, Ready};
 
 /// Per-request limits.

@@ -3,6 +3,8 @@
 //! Over stdio by default (stdout is the protocol; logs go to stderr), or
 //! over streamable HTTP at `http://ADDR/mcp` with `--http-addr` (the bound
 //! address is printed on stdout: `mcp on http://127.0.0.1:PORT/mcp`).
+//! In process, `--audit-db` keeps the audit trail as `scd serve` does,
+//! each tool call named `MCP` and the core's method.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -96,6 +98,11 @@ pub struct McpArgs {
     /// In-process: the current_confidence of a report's confidence level.
     #[command(flatten)]
     confidence: crate::cli::handoff::ConfidenceArgs,
+    /// In-process: the audit trail of `scd serve`, recording the tools'
+    /// compress and request_more_context calls (`MCP OpenSession`, `MCP
+    /// Compress`, `MCP RequestContext`); `scd audit --db` reads it.
+    #[command(flatten)]
+    audit: crate::cli::serve::AuditTrailArgs,
 }
 
 impl McpArgs {
@@ -112,6 +119,11 @@ impl McpArgs {
             anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
         }
         self.http_conn.limits()?;
+        self.audit.check()?;
+        anyhow::ensure!(
+            self.server.is_none() || self.audit.audit_db.is_none(),
+            "--audit-db: with --server the tools run on that server, which keeps the audit trail (scd serve --audit-db)"
+        );
         Ok(())
     }
 
@@ -147,7 +159,7 @@ impl McpArgs {
             }
             None => {
                 let scd = Scd::new(Arc::new(model.lazy_encoder()?), model.scd_config());
-                Ok(Backend::in_process_with(Arc::new(scd), self.limits(), self.confidence.map()?))
+                Ok(Backend::in_process_with(Arc::new(scd), self.limits(), self.confidence.map()?, self.audit.open()?))
             }
         }
     }

@@ -191,10 +191,25 @@ pub struct ServeArgs {
     /// '-'). o200k, cl100k and e5 are built in; requests never name a path.
     #[arg(long = "budget-tokenizer", value_name = "NAME=PATH")]
     budget_tokenizers: Vec<String>,
+    /// The audit trail: its database, what a record holds, retention.
+    #[command(flatten)]
+    audit: AuditTrailArgs,
+    /// A file holding the operator's secret token (at least 16 bytes, mode
+    /// 0600): a call presenting it as `x-scd-audit-token` reads every audit
+    /// record. Without a token a verified caller (client certificate, DID)
+    /// reads only its own records and an anonymous caller none.
+    #[arg(long, env = "SCD_AUDIT_TOKEN_FILE")]
+    audit_token_file: Option<PathBuf>,
+}
+
+/// The audit trail's flags, shared by `scd serve` and `scd mcp` (its tools
+/// in process): where the records go, what they hold, how long they stay.
+#[derive(Debug, clap::Args)]
+pub struct AuditTrailArgs {
     /// Audit trail database (redb): Compress, OpenSession and RequestContext
-    /// are recorded before they answer; unset records nothing.
+    /// calls are recorded before they answer; unset records nothing.
     #[arg(long, env = "SCD_AUDIT_DB")]
-    audit_db: Option<PathBuf>,
+    pub(crate) audit_db: Option<PathBuf>,
     /// What a record holds: off, summary (no chunk list) or chunks.
     #[arg(long, env = "SCD_AUDIT_LEVEL", default_value = "summary")]
     audit_level: AuditLevel,
@@ -206,12 +221,35 @@ pub struct ServeArgs {
     /// disk); `none` keeps every record.
     #[arg(long, env = "SCD_AUDIT_MAX_BYTES", value_parser = super::parse_audit_max_bytes)]
     audit_max_bytes: Option<super::AuditMaxBytes>,
-    /// A file holding the operator's secret token (at least 16 bytes, mode
-    /// 0600): a call presenting it as `x-scd-audit-token` reads every audit
-    /// record. Without a token a verified caller (client certificate, DID)
-    /// reads only its own records and an anonymous caller none.
-    #[arg(long, env = "SCD_AUDIT_TOKEN_FILE")]
-    audit_token_file: Option<PathBuf>,
+}
+
+impl AuditTrailArgs {
+    /// Checks the flags without opening the database: retention needs
+    /// `--audit-db`, and `--audit-max-bytes` is at least 1.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        if self.audit_db.is_none() {
+            for (flag, set) in [
+                ("--audit-max-age", self.audit_max_age.is_some()),
+                ("--audit-max-bytes", self.audit_max_bytes.is_some()),
+            ] {
+                anyhow::ensure!(!set, "{flag}: needs --audit-db");
+            }
+        }
+        self.retention().map(drop)
+    }
+
+    /// The retention of `--audit-max-age` and `--audit-max-bytes`.
+    fn retention(&self) -> anyhow::Result<scd_audit::Retention> {
+        super::audit_retention(self.audit_max_age, self.audit_max_bytes)
+    }
+
+    /// The audit log of `--audit-db` (created when missing), `None` without it.
+    pub(crate) fn open(&self) -> anyhow::Result<Option<Arc<AuditLog>>> {
+        let retention = self.retention()?;
+        let Some(path) = &self.audit_db else { return Ok(None) };
+        let log = AuditLog::open(path, self.audit_level, retention).map_err(|e| anyhow::anyhow!("--audit-db {e}"))?;
+        Ok(Some(Arc::new(log)))
+    }
 }
 
 /// `--auth`.
@@ -288,16 +326,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--second-hop-weight {}: must be between 0 and 10",
         args.second_hop_weight
     );
-    if args.audit_db.is_none() {
-        for (flag, set) in [
-            ("--audit-max-age", args.audit_max_age.is_some()),
-            ("--audit-max-bytes", args.audit_max_bytes.is_some()),
-            ("--audit-token-file", args.audit_token_file.is_some()),
-        ] {
-            anyhow::ensure!(!set, "{flag}: needs --audit-db");
-        }
-    }
-    super::audit_retention(args.audit_max_age, args.audit_max_bytes)?;
+    args.audit.check()?;
+    anyhow::ensure!(
+        args.audit.audit_db.is_some() || args.audit_token_file.is_none(),
+        "--audit-token-file: needs --audit-db"
+    );
     if let Some(u) = &args.a2a_public_url {
         anyhow::ensure!(
             (u.starts_with("http://") || u.starts_with("https://")) && u.len() > "https://".len(),
@@ -405,16 +438,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     };
     let tls = tls::server_config(&tls_files)?;
     let http_tls = if args.http_addr.is_some() { tls::http_server_config(&tls_files)? } else { None };
-    let retention = super::audit_retention(args.audit_max_age, args.audit_max_bytes)?;
-    let audit = args
-        .audit_db
-        .as_ref()
-        .map(|path| {
-            AuditLog::open(path, args.audit_level, retention)
-                .map(Arc::new)
-                .map_err(|e| anyhow::anyhow!("--audit-db {e}"))
-        })
-        .transpose()?;
+    let audit = args.audit.open()?;
     let audit_access = match &args.audit_token_file {
         Some(path) => AuditAccess::with_operator_token(&super::read_audit_token(path)?),
         None => AuditAccess::default(),
@@ -496,7 +520,7 @@ mod tests {
     fn retention(args: &[&str]) -> anyhow::Result<Retention> {
         let cmd = Cmd::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))?;
         check(&cmd.serve)?;
-        audit_retention(cmd.serve.audit_max_age, cmd.serve.audit_max_bytes)
+        audit_retention(cmd.serve.audit.audit_max_age, cmd.serve.audit.audit_max_bytes)
     }
 
     #[test]

@@ -7,7 +7,7 @@ use scd_engine::extract::{Compressed, SelectedChunk, SessionRequest};
 use tonic::{Code, Status};
 
 use super::pb;
-use crate::app::AppError;
+use crate::app::{AppError, PARAM_KEY};
 
 /// An engine error as a status: [`AppError`]'s mapping (validation →
 /// INVALID_ARGUMENT, unknown session → NOT_FOUND, cancelled → CANCELLED,
@@ -18,28 +18,33 @@ pub fn status(err: scd_engine::Error) -> Status {
 }
 
 /// The core's error on the wire: one code per kind, the message unchanged,
-/// and a refusal for load's retry hint as `retry-after-ms`.
+/// a refusal for load's retry hint as `retry-after-ms`, and the engine
+/// parameter an invalid argument is about as [`PARAM_KEY`] (its wire name).
 impl From<AppError> for Status {
     fn from(e: AppError) -> Status {
-        let code = match &e {
-            AppError::InvalidArgument { .. } => Code::InvalidArgument,
-            AppError::Unauthenticated { .. } => Code::Unauthenticated,
-            AppError::PermissionDenied { .. } => Code::PermissionDenied,
-            AppError::NotFound { .. } => Code::NotFound,
-            AppError::FailedPrecondition { .. } => Code::FailedPrecondition,
-            AppError::Aborted { .. } => Code::Aborted,
-            AppError::ResourceExhausted { .. } => Code::ResourceExhausted,
-            AppError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
-            AppError::Cancelled { .. } => Code::Cancelled,
-            AppError::Unavailable { .. } => Code::Unavailable,
-            AppError::Internal { .. } => Code::Internal,
-        };
-        let retry = e.retry_after_ms();
-        let mut s = Status::new(code, e.to_string());
-        if let Some(ms) = retry {
+        let mut s = Status::new(Code::from(e.code()), e.to_string());
+        if let Some(ms) = e.retry_after_ms() {
             s.metadata_mut().insert("retry-after-ms", ms.into());
         }
+        if let Some(Ok(name)) = e.param().map(|p| p.wire_name().parse()) {
+            s.metadata_mut().insert(PARAM_KEY, name);
+        }
         s
+    }
+}
+
+/// A gRPC status code as the core names it: the same canonical code.
+impl From<Code> for crate::app::Code {
+    fn from(c: Code) -> crate::app::Code {
+        // both number the canonical codes 0 to 16 alike (tested below)
+        crate::app::Code::ALL[c as usize]
+    }
+}
+
+/// The core's code on the wire: the same canonical code.
+impl From<crate::app::Code> for Code {
+    fn from(c: crate::app::Code) -> Code {
+        Code::from(c as i32)
     }
 }
 
@@ -230,5 +235,45 @@ pub fn explanation(ex: scd_engine::extract::Explanation) -> pb::Explanation {
                 w
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_codes_and_the_cores_agree_by_number_and_name() {
+        for n in 0..=16 {
+            let grpc = Code::from(n);
+            let core = crate::app::Code::from(grpc);
+            assert_eq!(core as i32, n);
+            // the `code` label of scd_requests_total stays gRPC's name
+            assert_eq!(core.name(), format!("{grpc:?}"));
+            assert_eq!(Code::from(core), grpc);
+        }
+    }
+
+    #[test]
+    fn an_app_error_keeps_its_kind_message_and_retry_hint_on_the_wire() {
+        let busy = Status::from(AppError::exhausted("compress queue is full; retry after 40 ms", 40));
+        assert_eq!(busy.code(), Code::ResourceExhausted);
+        assert_eq!(busy.message(), "compress queue is full; retry after 40 ms");
+        assert_eq!(busy.metadata().get("retry-after-ms").unwrap(), "40");
+        let failed = Status::from(AppError::internal("audit: disk full"));
+        assert_eq!((failed.code(), failed.message()), (Code::Internal, "audit: disk full"));
+        assert!(busy.metadata().get(PARAM_KEY).is_none() && failed.metadata().get(PARAM_KEY).is_none());
+    }
+
+    #[test]
+    fn an_invalid_argument_names_its_parameter_in_metadata() {
+        let e = AppError::invalid_param(scd_engine::Param::MaxContextTokens, "must be at least 1");
+        let s = Status::from(e);
+        assert_eq!((s.code(), s.message()), (Code::InvalidArgument, "max_context_tokens: must be at least 1"));
+        assert_eq!(s.metadata().get(PARAM_KEY).unwrap(), "max_context_tokens");
+        let s = status(scd_engine::Error::invalid("chunk_ids[2]", "not a chunk"));
+        assert_eq!(s.metadata().get(PARAM_KEY).unwrap(), "chunk_ids[2]");
+        let s = Status::from(AppError::invalid("rate: give budget or rate, not both"));
+        assert!(s.metadata().get(PARAM_KEY).is_none(), "no parameter known, none named");
     }
 }

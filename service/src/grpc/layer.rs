@@ -128,7 +128,7 @@ impl Outcome {
     fn finish(&mut self, code: Code) {
         if !self.done {
             self.done = true;
-            self.metrics.request(&self.method, code, self.start.elapsed().as_secs_f64());
+            self.metrics.request(&self.method, code.into(), self.start.elapsed().as_secs_f64());
         }
     }
 }

@@ -29,7 +29,9 @@ pub enum Backend {
     /// The core of `scd serve`, called without a network: the same
     /// validation and limits, compression on `spawn_blocking` behind its
     /// semaphore (full: "resource exhausted, retry"), embeddings through its
-    /// batcher thread; each call audited as `MCP` and its method.
+    /// batcher thread; with an audit log (`scd mcp --audit-db`) each
+    /// compress and request_more_context call is recorded as `MCP` and the
+    /// core's method.
     InProcess(Arc<Core>),
     /// A running `scd serve` (`scd mcp --server URL`), with the retries of
     /// `scd client`.
@@ -58,13 +60,19 @@ pub fn caller_of(extensions: &rmcp::model::Extensions) -> Caller {
 impl Backend {
     /// The engine in this process under `limits` (see [`Core::new`]).
     pub fn in_process(scd: Arc<Scd>, limits: Limits) -> Self {
-        Self::in_process_with(scd, limits, ConfidenceMap::default())
+        Self::in_process_with(scd, limits, ConfidenceMap::default(), None)
     }
 
-    /// [`Backend::in_process`] reading hand-off confidence levels through `map`.
-    pub fn in_process_with(scd: Arc<Scd>, limits: Limits, map: ConfidenceMap) -> Self {
+    /// [`Backend::in_process`] reading hand-off confidence levels through
+    /// `map`, recording the audited calls in `audit` (`scd mcp --audit-db`).
+    pub fn in_process_with(
+        scd: Arc<Scd>,
+        limits: Limits,
+        map: ConfidenceMap,
+        audit: Option<Arc<scd_audit::AuditLog>>,
+    ) -> Self {
         let metrics = Arc::new(Metrics::new(limits.max_batch_tokens));
-        Backend::InProcess(Arc::new(Core::new(scd, limits, metrics).with_confidence_map(map)))
+        Backend::InProcess(Arc::new(Core::new(scd, limits, metrics).with_confidence_map(map).with_audit(audit)))
     }
 
     /// `compress_context` of checked arguments: the view and the session's

@@ -290,14 +290,13 @@ impl ServerHandler for ScdMcp {
 mod tests {
     use std::marker::PhantomData;
 
+    use scd_engine::Param;
     use serde_json::Value;
-
     use tonic::Status;
 
     use super::remote::tool_error;
-    use super::reply::rename_argument;
     use super::*;
-    use crate::app::Limits;
+    use crate::app::{AppError, Limits};
 
     fn args<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
         let Value::Object(m) = v else { panic!("not an object") };
@@ -330,19 +329,31 @@ mod tests {
         assert!(!ok.query);
     }
 
+    /// A remote server's error as a tool error: the server types the
+    /// parameter (`From<AppError> for Status` puts it in the `scd-param`
+    /// metadata) and the tool error names the MCP argument by it.
     #[test]
     fn wire_names_in_server_errors_become_argument_names() {
+        let server = |param: Param, why: &str| Status::from(AppError::invalid_param(param, why));
+        let e = server(Param::RequiredFields, "field \"k\" is confidential");
+        assert_eq!(e.message(), "required_fields: field \"k\" is confidential", "gRPC says the wire name");
+        assert_eq!(tool_error(e), "required: field \"k\" is confidential");
+        assert_eq!(tool_error(server(Param::SpecificQuestion, "must not be empty")), "question: must not be empty");
+        // a path named alike on every surface (the engine says `context.fields` itself)
         assert_eq!(
-            rename_argument("required_fields: field \"k\" is confidential"),
-            "required: field \"k\" is confidential"
+            tool_error(server(Param::from("context.fields[2].name"), "must not be empty")),
+            "context.fields[2].name: must not be empty"
         );
-        assert_eq!(rename_argument("fields[2].name: must not be empty"), "context.fields[2].name: must not be empty");
-        assert_eq!(rename_argument("specific_question: must not be empty"), "question: must not be empty");
-        assert_eq!(rename_argument("fieldsx: no"), "fieldsx: no");
         // REST and A2A name it `reserve` too (the JSON key), not the engine's name
         assert_eq!(
-            rename_argument("reserve_tokens: 300 is not below the budget 200"),
+            tool_error(server(Param::ReserveTokens, "300 is not below the budget 200")),
             "reserve: 300 is not below the budget 200"
+        );
+        // no typed parameter: the server's message as it is, never read for a name
+        assert_eq!(tool_error(Status::invalid_argument("fieldsx: no")), "fieldsx: no");
+        assert_eq!(
+            tool_error(Status::invalid_argument("specific_question: said in a string")),
+            "specific_question: said in a string"
         );
         assert_eq!(
             tool_error(Status::resource_exhausted("compress queue is full; retry after 100 ms")),

@@ -3,11 +3,13 @@
 //! types (from `scd-proto`, the wire contract, not the gRPC surface), with
 //! the retries of `scd client`.
 
+use scd_engine::Param;
 use scd_proto::scd::v1 as pb;
 use tonic::{Code, Status};
 
-use super::reply::{tool_error_text, Embeddings};
-use crate::app::json::{Budget, CompressContextArgs, RenderFormat, RequestMoreArgs};
+use super::reply::{kind_text, Embeddings};
+use crate::app::json::{self, Budget, CompressContextArgs, RenderFormat, RequestMoreArgs};
+use crate::app::{AppError, PARAM_KEY};
 use crate::client::view;
 use crate::client::Conn;
 use crate::view::{CompressOutput, MoreOutput};
@@ -57,9 +59,26 @@ fn render_pb(format: RenderFormat) -> pb::ReportFormat {
     }
 }
 
-/// The tool error of a failed remote call.
+/// The tool error of a failed remote call, by its code's name (see
+/// [`kind_text`]): an invalid argument the server typed with its engine
+/// parameter ([`PARAM_KEY`]) names the MCP argument, as in process
+/// ([`json::named`]); the message is otherwise the server's, and never
+/// read for a name.
 pub(super) fn tool_error(s: Status) -> String {
-    tool_error_text(&format!("{:?}", s.code()), s.message())
+    let message = match typed_param(&s) {
+        Some(param) if s.code() == Code::InvalidArgument => {
+            let e = AppError::InvalidArgument { message: s.message().to_string(), param: Some(param) };
+            json::named(e).message().to_string()
+        }
+        _ => s.message().to_string(),
+    };
+    kind_text(&format!("{:?}", s.code()), message)
+}
+
+/// The engine parameter a server's status names in its [`PARAM_KEY`] metadata.
+fn typed_param(s: &Status) -> Option<Param> {
+    let name = s.metadata().get(PARAM_KEY)?.to_str().ok()?;
+    Some(json::wire_param(name))
 }
 
 /// `Compress`, or OpenSession when no token continues a session.
@@ -152,11 +171,41 @@ where
     let mut c = conn.clone();
     c.try_call(what, idempotent, call).await.map_err(|(s, retries)| {
         if retries > 0 {
-            Status::new(s.code(), format!("{} (after {retries} retries)", s.message()))
+            // the metadata (the typed parameter, the retry hint) stays
+            Status::with_metadata(s.code(), format!("{} (after {retries} retries)", s.message()), s.metadata().clone())
         } else if s.code() == Code::Unavailable && s.message().is_empty() {
             Status::unavailable("the scd server (--server) is not reachable")
         } else {
             s
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server's typed invalid argument, through the headers that carry it
+    /// on the wire, to the MCP tool error: `budget`, by the typed field.
+    #[test]
+    fn a_servers_typed_parameter_names_the_mcp_argument() {
+        let sent = Status::from(AppError::invalid_param(Param::MaxContextTokens, "must be at least 1"));
+        let mut headers = http::HeaderMap::new();
+        sent.add_header(&mut headers).unwrap();
+        assert_eq!(headers.get(PARAM_KEY).unwrap(), "max_context_tokens");
+        let got = Status::from_header_map(&headers).unwrap();
+        assert_eq!((got.code(), got.message()), (Code::InvalidArgument, "max_context_tokens: must be at least 1"));
+        assert_eq!(typed_param(&got), Some(Param::MaxContextTokens));
+        assert_eq!(tool_error(got), "budget: must be at least 1");
+        // the same text untyped passes as it came: no name is read out of it
+        let untyped = Status::invalid_argument("max_context_tokens: must be at least 1");
+        assert_eq!(tool_error(untyped), "max_context_tokens: must be at least 1");
+        // a retried call's status keeps the typed parameter
+        let retried = Status::with_metadata(
+            Code::InvalidArgument,
+            "max_context_tokens: x (after 1 retries)",
+            sent.metadata().clone(),
+        );
+        assert_eq!(tool_error(retried), "budget: x (after 1 retries)");
+    }
 }

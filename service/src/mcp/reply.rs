@@ -9,19 +9,6 @@ pub struct Embeddings {
     pub rows: Vec<(Vec<f32>, u32, u32)>,
 }
 
-/// A server message with the wire's argument name replaced by the MCP one
-/// (the JSON API's, [`crate::app::json::argument_named`]).
-pub(crate) fn rename_argument(msg: &str) -> String {
-    crate::app::json::argument_named(msg)
-}
-
-/// The text of a remote server's failed call as a tool error, by its
-/// kind's name (gRPC's code name), the argument it names read back as the
-/// MCP argument ([`rename_argument`]); see [`kind_text`].
-pub(super) fn tool_error_text(kind: &str, message: &str) -> String {
-    kind_text(kind, rename_argument(message))
-}
-
 /// The text of a failed call's tool error, by its kind's name (gRPC's code
 /// name): an argument problem as the server said it (naming the MCP
 /// argument), overload as "busy", the rest with its kind.

@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+use scd_service::grpc::pb;
+
 use crate::{grpc, ready, root};
 
 const SECRET: &str = "sk_live_SECRET_4242";
@@ -243,14 +245,84 @@ fn mcp_forwards_to_a_running_server() {
     let Some(python) = crate::atp_reference::python_with("mcp") else { return };
     let server = grpc::start(&[]);
     // wait until the server's model is loaded
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(grpc::client(&server));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut grpc_client = rt.block_on(grpc::client(&server));
+    // the server types an invalid argument's parameter on the wire (`scd-param`)
+    let field = pb::Field {
+        name: "notes".into(),
+        kind: pb::FieldKind::Prose as i32,
+        content: "x".into(),
+        ..Default::default()
+    };
+    let bad = pb::CompressRequest {
+        task: Some(pb::Task { description: "t".into(), ..Default::default() }),
+        fields: vec![field],
+        requirement: Some(pb::ContextRequirement {
+            max_context_tokens: 50,
+            required_fields: vec!["nope".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let e = rt.block_on(grpc_client.compress(bad)).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("required_fields: unknown field"), "{e:?}");
+    assert_eq!(e.metadata().get("scd-param").map(|v| v.to_str().unwrap()), Some("required_fields"), "{e:?}");
     let bin = env!("CARGO_BIN_EXE_scd");
     // a models dir that does not exist: --server must not load a model
     let s = client(
         &python,
         &["stdio", &context(), "--", bin, "--models-dir", "/nonexistent", "mcp", "--server", &server.addr],
     );
+    // the summary's `confidential` error came back `required_fields: …` with
+    // `scd-param: required_fields`, and reads `required: …`, by that typed field
     check_summary(&s, "stdio");
+}
+
+/// `scd mcp --audit-db`: the tools' calls in process are recorded as the
+/// core names them, by surface and method, refused ones with their kind,
+/// and no record holds the confidential field's content.
+#[test]
+fn mcp_records_its_tool_calls_with_audit_db() {
+    if !ready() {
+        return;
+    }
+    let Some(python) = crate::atp_reference::python_with("mcp") else { return };
+    let dir = crate::scratch("mcp-audit");
+    let db = dir.join("mcp.redb");
+    let db = db.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_scd");
+    let s = client(&python, &["stdio", &context(), "--", bin, "mcp", "--audit-db", db, "--audit-level", "chunks"]);
+    check_summary(&s, "stdio");
+    // the client has closed scd mcp's stdin and it has exited: the file is free
+    let (ok, out, err) = crate::scd(&["audit", "--db", db], "");
+    assert!(ok, "{err}");
+    let records: Vec<serde_json::Value> =
+        out.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    let named: std::collections::BTreeSet<(&str, &str)> =
+        records.iter().map(|r| (r["method"].as_str().unwrap(), r["outcome"].as_str().unwrap())).collect();
+    for want in [
+        ("MCP OpenSession", "ok"),
+        ("MCP Compress", "ok"),
+        ("MCP RequestContext", "ok"),
+        // an unknown budget tokenizer, a confidential field required: refused by the core
+        ("MCP OpenSession", "InvalidArgument"),
+    ] {
+        assert!(named.contains(&want), "{want:?} is not in {named:?}");
+    }
+    assert!(named.iter().all(|(m, _)| m.starts_with("MCP ")), "{named:?}");
+    // count_tokens and embed are not audited, on any surface
+    assert!(named.iter().all(|(m, _)| !m.ends_with("CountTokens") && !m.ends_with("Embed")), "{named:?}");
+    let opened = records.iter().find(|r| r["method"] == "MCP OpenSession" && r["outcome"] == "ok").unwrap();
+    assert_eq!(opened["withheld"], serde_json::json!(["api_keys"]), "{opened}");
+    assert!(!opened["chunks"].as_array().unwrap().is_empty(), "level chunks lists the chunks sent: {opened}");
+    // the confidential field is named, never quoted
+    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(context()).unwrap()).unwrap();
+    let secret = fixture["fields"].as_array().unwrap().iter().find(|f| f["confidential"] == true).unwrap();
+    let content = secret["content"].as_str().unwrap();
+    assert!(content.contains(SECRET));
+    assert!(!out.contains(SECRET) && !out.contains(content), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Starts `scd mcp --http-addr 127.0.0.1:0 EXTRA`; the guard and its URL.
@@ -386,6 +458,12 @@ fn mcp_flags_are_checked_before_any_work() {
     let (ok, _, err) = crate::scd(&["mcp", "--ca-cert", "x.pem"], "");
     assert!(!ok);
     assert!(err.contains("--server"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--audit-max-age", "7d"], "");
+    assert!(!ok);
+    assert!(err.contains("--audit-max-age: needs --audit-db"), "{err}");
+    let (ok, _, err) = crate::scd(&["mcp", "--server", "http://127.0.0.1:1", "--audit-db", "mcp.redb"], "");
+    assert!(!ok);
+    assert!(err.contains("--audit-db: with --server the tools run on that server"), "{err}");
 }
 
 /// `compress_context` with `api_keys` marked confidential, then public, in

@@ -789,6 +789,18 @@ fn only_the_atp_subcommand_imports_the_atp_stack() {
     assert!(net.is_empty(), "the listener guard holds no protocol logic, yet depends on {net:?}");
 }
 
+/// The application core names no transport's type: each transport turns
+/// its own outcome and error into the core's (`app::Code`, `AppError`) and
+/// back, so the core builds the same under every surface.
+#[test]
+fn the_core_names_no_transport_type() {
+    assert!(!files_naming("service/src/grpc", "tonic::").is_empty(), "the search lost the gRPC files");
+    for transport in ["tonic::", "axum::", "rmcp::"] {
+        let named = files_naming("service/src/app", transport);
+        assert!(named.is_empty(), "the core names {transport} in {named:?}");
+    }
+}
+
 /// The developer tools (`scd-dev`) sit on top: they use `scd-service`'s
 /// library, and no crate depends on them, so the product binary links none.
 #[test]

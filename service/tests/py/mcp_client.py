@@ -129,6 +129,10 @@ async def suite(s, context):
     more2 = await ok(s, "request_more_context", {"session": session, "report": SEMI_REPORT})
     summary["more_with_report"] = {"chunks": len(more2["chunks"]), "reason": more2["reason"]}
 
+    # naming its session continues it (the server keeps the session's token)
+    cont = await ok(s, "compress_context", {"task": TASK, "context": context, "budget": budget, "session": session})
+    check(cont["session_id"] == session, "a call naming its session continues it", cont["session_id"])
+
     rendered = await ok(
         s, "compress_context", {"task": TASK, "context": context, "budget": budget, "render": "semi_structured"}
     )

@@ -45,29 +45,11 @@ pub fn named(e: AppError) -> AppError {
     }
 }
 
-/// A gRPC server's message (`scd mcp --server`: a remote error carries its
-/// text only) with the parameter it starts with named as the JSON API
-/// names it: the name before the first `:`, `[` or space, read back into
-/// the engine's [`Param`] (gRPC's `requirement.`-qualified forms and
-/// `fields` included).
-pub fn argument_named(msg: &str) -> String {
-    let end = msg.find([':', '[', ' ']).unwrap_or(msg.len());
-    let (name, rest) = msg.split_at(end);
-    let json = match name {
-        "fields" => "context.fields",
-        "requirement.min_relative_score" => "min_relative_score",
-        _ => match wire_param(name) {
-            Some(p) => return format!("{}{rest}", p.json_name()),
-            None => return msg.to_string(),
-        },
-    };
-    format!("{json}{rest}")
-}
-
-/// The engine parameter a gRPC message names by `name`.
-fn wire_param(name: &str) -> Option<Param> {
-    let name = name.strip_prefix("requirement.").unwrap_or(name);
-    Some(match name {
+/// The engine parameter a gRPC server names by its wire name, in the
+/// [`super::PARAM_KEY`] metadata of its status (`scd mcp --server`); a
+/// name of no named parameter is [`Param::Other`], named alike everywhere.
+pub fn wire_param(name: &str) -> Param {
+    match name {
         "max_context_tokens" => Param::MaxContextTokens,
         "required_fields" => Param::RequiredFields,
         "optional_fields" => Param::OptionalFields,
@@ -76,8 +58,8 @@ fn wire_param(name: &str) -> Option<Param> {
         "specific_question" => Param::SpecificQuestion,
         "session_id" => Param::SessionId,
         "reserve_tokens" => Param::ReserveTokens,
-        _ => return None,
-    })
+        other => Param::from(other),
+    }
 }
 
 impl From<RenderFormat> for Format {
@@ -221,7 +203,25 @@ mod tests {
         let e = AppError::from(scd_engine::Error::invalid("chunk_ids[2]", "not a chunk"));
         assert_eq!(named(e).message(), "chunk_ids[2]: not a chunk");
         assert_eq!(named(AppError::invalid("session_id: said in a string")).message(), "session_id: said in a string");
-        assert_eq!(argument_named("requirement.max_context_tokens: too big"), "budget: too big");
-        assert_eq!(argument_named("session_idx: no"), "session_idx: no");
+    }
+
+    #[test]
+    fn every_parameter_reads_back_from_its_wire_name() {
+        let named = [
+            Param::MaxContextTokens,
+            Param::RequiredFields,
+            Param::OptionalFields,
+            Param::RelevanceThreshold,
+            Param::TaskDescription,
+            Param::SpecificQuestion,
+            Param::SessionId,
+            Param::ReserveTokens,
+            Param::from("chunk_ids[3]"),
+        ];
+        for p in named {
+            assert_eq!(wire_param(p.wire_name()), p);
+        }
+        assert_eq!(wire_param("session_idx"), Param::from("session_idx"));
+        assert_eq!(wire_param("max_context_tokens").json_name(), "budget");
     }
 }
