@@ -1,10 +1,13 @@
 //! Markdown: a heading leads its section (it is sent only with a chunk of
 //! the section, never alone), a fenced code block is one chunk from fence
-//! to fence, a list item and its continuation lines are one chunk, a
-//! table up to `max_bytes` is one chunk with its header, a longer one is a
-//! group of its own whose header (the first row and the separator) rides
-//! with each row, one row a chunk, and paragraphs go by sentences as prose
-//! does. Prose that is clearly
+//! to fence, a list item and its continuation lines are one chunk (one
+//! over `item_bytes`, when that is set, is a group of its own whose lead,
+//! the bold phrase it opens with or else its first sentence, rides with
+//! each of its other sentences, one sentence a chunk), a table up to
+//! `max_bytes` is one chunk with its header, a longer one is a group of
+//! its own whose header (the first row and the separator) rides with each
+//! row, one row a chunk, and paragraphs go by sentences as prose does.
+//! Prose that is clearly
 //! markdown ([`looks_like_markdown`]) is chunked this way too, under the
 //! chunker name `markdown:detected`.
 
@@ -82,6 +85,59 @@ fn item_end(text: &str, lines: &[(usize, usize)], i: usize) -> usize {
     j
 }
 
+/// The spans of a list item over `item_bytes` (0: never) cut by
+/// sentences, its lead first: the bold phrase the item opens with when it
+/// ends a sentence (`**Fair shares.**`), else its first sentence. `None`
+/// (the item stays one chunk) for a short item, one with nested items or
+/// rows, or one of a single sentence. `item` is the item's lines.
+fn item_sentences(text: &str, item: &[(usize, usize)], item_bytes: usize) -> Option<Vec<(usize, usize)>> {
+    let (s, end) = (item[0].0, item[item.len() - 1].1);
+    if item_bytes == 0 || end - s <= item_bytes {
+        return None;
+    }
+    if item[1..].iter().any(|&(a, b)| is_item(&text[a..b]) || is_row(&text[a..b])) {
+        return None;
+    }
+    // the body starts after the marker (`- `, `12. `)
+    let skip = |p: usize| p + (text[p..end].len() - text[p..end].trim_start().len());
+    let marked = skip(s);
+    let body = skip(marked + text[marked..end].find([' ', '\t'])?);
+    let bold = text[body..end]
+        .strip_prefix("**")
+        .and_then(|b| b.find("**"))
+        .filter(|&k| text[body + 2..body + 2 + k].trim_end().ends_with(['.', ':', '!', '?']))
+        .map(|k| body + 2 + k + 2);
+    let lead = match bold {
+        Some(e) => e,
+        None => sentences(&text[body..end], body).first()?.1,
+    };
+    let rest = sentences(&text[lead..end], lead);
+    if rest.iter().all(|&(a, b)| text[a..b].trim().is_empty()) {
+        return None;
+    }
+    Some(std::iter::once((s, lead)).chain(rest).collect())
+}
+
+/// The line after the table that starts at line `i`, and when the table
+/// is over `max_bytes` (and has rows under its header), its header's span
+/// then each row's.
+fn table_rows(
+    text: &str,
+    lines: &[(usize, usize)],
+    i: usize,
+    max_bytes: usize,
+) -> (usize, Option<Vec<(usize, usize)>>) {
+    let mut j = i + 1;
+    while j < lines.len() && is_row(text[lines[j].0..lines[j].1].trim()) {
+        j += 1;
+    }
+    let head = if j > i + 1 && is_separator(&text[lines[i + 1].0..lines[i + 1].1]) { i + 2 } else { i + 1 };
+    if lines[j - 1].1 - lines[i].0 <= max_bytes || head >= j {
+        return (j, None);
+    }
+    (j, Some(std::iter::once((lines[i].0, lines[head - 1].1)).chain(lines[head..j].iter().copied()).collect()))
+}
+
 /// A table's header separator row (`|---|:---:|`).
 fn is_separator(line: &str) -> bool {
     let t = line.trim();
@@ -89,8 +145,9 @@ fn is_separator(line: &str) -> bool {
 }
 
 /// Chunks `text` as markdown; `chunker` names it (`markdown` or
-/// `markdown:detected`); a table over `max_bytes` is cut into rows.
-pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize) -> Vec<RawChunk> {
+/// `markdown:detected`); a table over `max_bytes` is cut into rows, a list
+/// item over `item_bytes` (0: never) into sentences.
+pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize, item_bytes: usize) -> Vec<RawChunk> {
     let lines = lines(text);
     let mut out: Vec<RawChunk> = Vec::new();
     // the section in force, and the last group id handed out (sections and long tables)
@@ -139,30 +196,24 @@ pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize) -> Vec<RawChun
             i = j + 1;
             continue;
         }
-        if is_item(t) {
-            let j = item_end(text, &lines, i);
-            out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
-            led = true;
-            i = j;
-            continue;
-        }
-        if is_row(t) {
-            let mut j = i + 1;
-            while j < lines.len() && is_row(text[lines[j].0..lines[j].1].trim()) {
-                j += 1;
-            }
-            let head = if j > i + 1 && is_separator(&text[lines[i + 1].0..lines[i + 1].1]) { i + 2 } else { i + 1 };
-            if lines[j - 1].1 - s <= max_bytes || head >= j {
+        if is_item(t) || is_row(t) {
+            let (j, long) = if is_item(t) {
+                let j = item_end(text, &lines, i);
+                (j, item_sentences(text, &lines[i..j], item_bytes))
+            } else {
+                table_rows(text, &lines, i, max_bytes)
+            };
+            if let Some(spans) = long {
+                // a long item or table: a group of its own, its lead (the
+                // item's lead, the table's header) riding with each sentence
+                // or row (the section's own lead is still to come)
+                last_group += 1;
+                for (k, &(a, b)) in spans.iter().enumerate() {
+                    out.push(piece(a, b, last_group, &heading, k == 0, k == 0));
+                }
+            } else {
                 out.push(piece(s, lines[j - 1].1, group, &heading, !led, false));
                 led = true;
-            } else {
-                // a long table: a group of its own, its header riding with
-                // each row (the section's own lead is still to come)
-                last_group += 1;
-                out.push(piece(s, lines[head - 1].1, last_group, &heading, true, true));
-                for &(a, b) in &lines[head..j] {
-                    out.push(piece(a, b, last_group, &heading, false, false));
-                }
             }
             i = j;
             continue;
@@ -194,8 +245,12 @@ mod tests {
     const DOC: &str = "# Install\n\nRun the set-up first. It is idempotent.\n\n```sh\nmake setup\n\nmake test\n```\n\n## Options\n\n- `--budget`: the receiver's budget\n  in tokens, a hard limit\n- `--explain`: why each chunk\n\n| flag | default |\n| --- | --- |\n| --budget | none |\n";
 
     fn chunks(kind: FieldKind, text: &str) -> Vec<(String, usize, bool, bool, &'static str)> {
+        chunks_with(kind, text, ChunkConfig::default())
+    }
+
+    fn chunks_with(kind: FieldKind, text: &str, cfg: ChunkConfig) -> Vec<(String, usize, bool, bool, &'static str)> {
         let f = Field { name: "README.md".into(), kind, content: text.into(), confidential: false };
-        chunk_field(&f, ChunkConfig::default())
+        chunk_field(&f, cfg)
             .into_iter()
             .map(|c| (text[c.start..c.end].to_string(), c.group, c.lead, c.rides, c.chunker))
             .collect()
@@ -273,5 +328,67 @@ mod tests {
         assert!(c.iter().all(|x| x.0.len() <= 2048 || x.0.starts_with("```")));
         assert_eq!(c.iter().filter(|x| x.0.starts_with("```")).count(), 1);
         assert!(c.iter().any(|x| x.0.len() > 2048 && x.0.starts_with("```sh")));
+    }
+
+    const ITEMS: &str = "## Under load\n\n- **One queue, fair across callers.** Embed requests\n  share one bounded \
+                         queue. It takes one request of each caller in turn. A full\n  queue answers \
+                         RESOURCE_EXHAUSTED with a hint.\n- **Short.** Stays whole. Two sentences.\n- Deadlines are \
+                         honoured. A late request\n  is dropped unrun. A gone caller stops it.\n\nAfter the list.\n";
+
+    #[test]
+    fn a_long_list_item_is_cut_by_sentences_its_lead_riding_with_each_and_a_short_one_stays_whole() {
+        let cfg = ChunkConfig { item_sentence_bytes: 60, ..ChunkConfig::default() };
+        let c = chunks_with(FieldKind::Markdown, ITEMS, cfg);
+        let texts: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "## Under load",
+                "- **One queue, fair across callers.**",
+                "Embed requests\n  share one bounded queue.",
+                "It takes one request of each caller in turn.",
+                "A full\n  queue answers RESOURCE_EXHAUSTED with a hint.",
+                "- **Short.** Stays whole. Two sentences.",
+                "- Deadlines are honoured.",
+                "A late request\n  is dropped unrun.",
+                "A gone caller stops it.",
+                "After the list.",
+            ]
+        );
+        // each long item is a group of its own, its lead leading it and riding
+        let (first, second) = (c[1].1, c[6].1);
+        assert!(first != c[0].1 && second != c[0].1 && first != second);
+        assert!(c[1].2 && c[1].3 && c[6].2 && c[6].3);
+        assert!(c[2..5].iter().all(|x| x.1 == first && !x.2 && !x.3), "{c:?}");
+        assert!(c[7..9].iter().all(|x| x.1 == second && !x.2 && !x.3), "{c:?}");
+        // the short item and the text after stay in the section, led by its heading
+        assert!(c[0].2 && c[0].3 && [5, 9].iter().all(|&k| c[k].1 == c[0].1 && !c[k].2 && !c[k].3));
+        // 0 (the default) keeps every item whole, as does a bound over the item
+        for off in [ChunkConfig::default(), ChunkConfig { item_sentence_bytes: 400, ..cfg }] {
+            let c = chunks_with(FieldKind::Markdown, ITEMS, off);
+            assert_eq!(c.iter().filter(|x| x.0.starts_with("- ")).count(), 3, "{c:?}");
+            assert_eq!(c.len(), 5, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_item_with_nested_items_or_of_one_sentence_stays_whole() {
+        let cfg = ChunkConfig { item_sentence_bytes: 20, ..ChunkConfig::default() };
+        let doc = "- An item with a child. It has two sentences.\n  - A nested item. Also long enough.\n\n- One \
+                   long sentence with no end at all\n";
+        let c = chunks_with(FieldKind::Markdown, doc, cfg);
+        let texts: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "- An item with a child. It has two sentences.\n  - A nested item. Also long enough.",
+                "- One long sentence with no end at all"
+            ]
+        );
+        // an item's bold phrase that is no sentence is no lead: the first sentence is
+        let c = chunks_with(FieldKind::Markdown, "1. **Bad input** is refused. It names the field.\n", cfg);
+        let texts: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(texts, ["1. **Bad input** is refused.", "It names the field."]);
+        assert!(c[0].2 && c[0].3 && !c[1].2 && c[1].1 == c[0].1);
     }
 }

@@ -76,6 +76,10 @@ pub struct ChunkConfig {
     /// into chunks of up to this many lines (1: each entry a chunk of its
     /// own, as an error line is).
     pub log_run_lines: usize,
+    /// A markdown list item over this many bytes is cut by sentences, its
+    /// lead (its bold phrase, else its first sentence) riding with each
+    /// ([`markdown`]); 0: never, a list item is one chunk however long.
+    pub item_sentence_bytes: usize,
 }
 
 impl Default for ChunkConfig {
@@ -87,6 +91,7 @@ impl Default for ChunkConfig {
             code_parser: true,
             json_unit_bytes: 768,
             log_run_lines: 4,
+            item_sentence_bytes: 0,
         }
     }
 }
@@ -96,10 +101,10 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
     let text = field.content.as_str();
     let mut out = match field.kind {
         FieldKind::Prose if markdown::looks_like_markdown(text) => {
-            markdown::chunk(text, "markdown:detected", cfg.max_chunk_bytes)
+            markdown::chunk(text, "markdown:detected", cfg.max_chunk_bytes, cfg.item_sentence_bytes)
         }
         FieldKind::Prose => prose(text, cfg),
-        FieldKind::Markdown => markdown::chunk(text, "markdown", cfg.max_chunk_bytes),
+        FieldKind::Markdown => markdown::chunk(text, "markdown", cfg.max_chunk_bytes, cfg.item_sentence_bytes),
         FieldKind::Code if cfg.code_parser => code_field(field),
         FieldKind::Code => code(text),
         FieldKind::Log => log(text, cfg.log_run_lines),

@@ -747,3 +747,40 @@ fn a_json_element_too_big_to_send_whole_is_trimmed_not_dropped() {
         assert!(header.contains(" items[3]"), "{header}");
     }
 }
+
+/// A long list item cut by sentences (`item_sentence_bytes`) is rendered
+/// with its lead: a sentence sent alone from the middle of the item shows
+/// the item's bold lead, a gap line for the sentences left out, and its own
+/// continuation lines as the field indents them.
+#[test]
+fn a_sentence_of_a_long_list_item_is_rendered_under_its_lead_with_a_gap() {
+    let doc = "## Under load\n\n- **One queue, fair across callers.** Embed requests\n  share one bounded queue. It \
+               takes one request of each caller in turn. A full\n  queue answers RESOURCE_EXHAUSTED with a hint.\n\
+               - **Short.** Stays whole.\n";
+    let cfg = ScdConfig {
+        prepare: PrepareConfig {
+            chunk: crate::chunk::ChunkConfig { item_sentence_bytes: 60, ..Default::default() },
+            ..Default::default()
+        },
+        ..ScdConfig::default()
+    };
+    let s = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
+    let field = Field { kind: FieldKind::Markdown, ..prose("ops.md", doc) };
+    let ctx = s.prepare(&[&field], &crate::cancel::Cancel::new()).unwrap();
+    let at = |p: &str| ctx.chunks.iter().position(|c| c.text.starts_with(p)).unwrap();
+    let (lead, full, embed) = (at("- **One queue"), at("A full"), at("Embed requests"));
+    assert_eq!(ctx.chunks[lead].text, "- **One queue, fair across callers.**");
+    assert!(ctx.chunks[full].group == ctx.chunks[lead].group && ctx.chunks[lead].rides);
+    let text = render::render(&ctx, &[full, lead]);
+    assert_eq!(
+        text,
+        "[ops.md:3-5 Under load]\n- **One queue, fair across callers.**\n…\nA full\n  queue answers \
+         RESOURCE_EXHAUSTED with a hint."
+    );
+    // the sentence right after the lead reads on from it with no gap line
+    let text = render::render(&ctx, &[lead, embed]);
+    assert_eq!(
+        text,
+        "[ops.md:3-4 Under load]\n- **One queue, fair across callers.** Embed requests\n  share one bounded queue."
+    );
+}

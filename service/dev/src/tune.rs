@@ -122,6 +122,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "max_code_chunk_bytes" => cfg.prepare.chunk.max_code_chunk_bytes = as_count()?.max(1),
         "json_unit_bytes" => cfg.prepare.chunk.json_unit_bytes = as_count()?.max(1),
         "log_run_lines" => cfg.prepare.chunk.log_run_lines = as_count()?.max(1),
+        "item_sentence_bytes" => cfg.prepare.chunk.item_sentence_bytes = as_count()?,
         "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
@@ -138,7 +139,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, json_whole_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight, \
-             severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, line_lexical_weight)"
+             severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, \
+             line_lexical_weight)"
         ),
     }
     Ok(())
