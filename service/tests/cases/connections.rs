@@ -108,12 +108,12 @@ async fn idle_grpc_sockets_are_capped_per_peer_closed_and_new_clients_still_serv
     let m = scrape(&s).await;
     let per_peer = metric(&m, "scd_rejected_total", &[("kind", "grpc_connections_per_peer")]);
     let silent = metric(&m, "scd_rejected_total", &[("kind", "grpc_silent_closed")]);
-    // every one of the 40 was closed, at the cap or for its silence; how
-    // many fit is 7 only if the readiness probe's connection (same peer)
-    // was gone when they came: on a loaded machine its close can lag, and
-    // then 34 are capped and 6 time out (seen in a CI run)
+    // every one of the 40 was closed, at the cap or for its silence; 7 fit
+    // only if the readiness probe's connection (same peer) was gone when
+    // they came: on a loaded machine its close can lag, and then 34 are
+    // capped and 6 time out (seen in a CI run)
     assert!(
-        per_peer >= 32.0 && silent >= 1.0 && per_peer + silent >= 40.0,
+        per_peer >= 33.0 - 1.0 && silent >= 7.0 - 1.0 && per_peer + silent >= 40.0,
         "per-peer {per_peer}, silent {silent}\n{m}"
     );
 }
