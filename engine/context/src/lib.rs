@@ -96,6 +96,24 @@ pub enum Param {
 }
 
 impl Param {
+    /// Every parameter the surfaces name differently (all but [`Param::Other`]).
+    pub const NAMED: [Param; 8] = [
+        Param::MaxContextTokens,
+        Param::RequiredFields,
+        Param::OptionalFields,
+        Param::RelevanceThreshold,
+        Param::TaskDescription,
+        Param::SpecificQuestion,
+        Param::SessionId,
+        Param::ReserveTokens,
+    ];
+
+    /// The parameter a wire name names (a gRPC status's metadata, for
+    /// `scd mcp --server`): one of [`Param::NAMED`], else [`Param::Other`].
+    pub fn from_wire(name: &str) -> Param {
+        Param::NAMED.into_iter().find(|p| p.wire_name() == name).unwrap_or_else(|| Param::from(name))
+    }
+
     /// The wire name (gRPC's and the engine's).
     pub fn wire_name(&self) -> &str {
         match self {
@@ -536,6 +554,26 @@ impl ContextRequirement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_parameter_reads_back_from_its_wire_name() {
+        let named = [
+            Param::MaxContextTokens,
+            Param::RequiredFields,
+            Param::OptionalFields,
+            Param::RelevanceThreshold,
+            Param::TaskDescription,
+            Param::SpecificQuestion,
+            Param::SessionId,
+            Param::ReserveTokens,
+            Param::from("chunk_ids[3]"),
+        ];
+        for p in named {
+            assert_eq!(Param::from_wire(p.wire_name()), p);
+        }
+        assert_eq!(Param::from_wire("session_idx"), Param::from("session_idx"));
+        assert_eq!(Param::from_wire("max_context_tokens").json_name(), "budget");
+    }
 
     #[test]
     fn task_text_is_one_rule_and_an_empty_schema_is_no_schema() {

@@ -78,7 +78,7 @@ pub(super) fn tool_error(s: Status) -> String {
 /// The engine parameter a server's status names in its [`PARAM_KEY`] metadata.
 fn typed_param(s: &Status) -> Option<Param> {
     let name = s.metadata().get(PARAM_KEY)?.to_str().ok()?;
-    Some(json::wire_param(name))
+    Some(Param::from_wire(name))
 }
 
 /// `Compress`, or OpenSession when no token continues a session.

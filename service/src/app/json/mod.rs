@@ -21,7 +21,6 @@ pub use check::{compress_arguments, Budget};
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::extract::{CompressRequest, ContextRequest, SessionRequest};
 use scd_engine::handoff::Format;
-use scd_engine::Param;
 
 use super::compress::{AuditSeed, CompressInput};
 use super::{AppError, Core};
@@ -42,23 +41,6 @@ pub fn named(e: AppError) -> AppError {
             AppError::InvalidArgument { message, param: Some(param) }
         }
         e => e,
-    }
-}
-
-/// The engine parameter a gRPC server names by its wire name, in the
-/// [`super::PARAM_KEY`] metadata of its status (`scd mcp --server`); a
-/// name of no named parameter is [`Param::Other`], named alike everywhere.
-pub fn wire_param(name: &str) -> Param {
-    match name {
-        "max_context_tokens" => Param::MaxContextTokens,
-        "required_fields" => Param::RequiredFields,
-        "optional_fields" => Param::OptionalFields,
-        "relevance_threshold" => Param::RelevanceThreshold,
-        "task.description" => Param::TaskDescription,
-        "specific_question" => Param::SpecificQuestion,
-        "session_id" => Param::SessionId,
-        "reserve_tokens" => Param::ReserveTokens,
-        other => Param::from(other),
     }
 }
 
@@ -187,6 +169,8 @@ pub fn more_confidence(a: &RequestMoreArgs) -> Result<f32, AppError> {
 
 #[cfg(test)]
 mod tests {
+    use scd_engine::Param;
+
     use super::*;
 
     #[test]
@@ -203,25 +187,5 @@ mod tests {
         let e = AppError::from(scd_engine::Error::invalid("chunk_ids[2]", "not a chunk"));
         assert_eq!(named(e).message(), "chunk_ids[2]: not a chunk");
         assert_eq!(named(AppError::invalid("session_id: said in a string")).message(), "session_id: said in a string");
-    }
-
-    #[test]
-    fn every_parameter_reads_back_from_its_wire_name() {
-        let named = [
-            Param::MaxContextTokens,
-            Param::RequiredFields,
-            Param::OptionalFields,
-            Param::RelevanceThreshold,
-            Param::TaskDescription,
-            Param::SpecificQuestion,
-            Param::SessionId,
-            Param::ReserveTokens,
-            Param::from("chunk_ids[3]"),
-        ];
-        for p in named {
-            assert_eq!(wire_param(p.wire_name()), p);
-        }
-        assert_eq!(wire_param("session_idx"), Param::from("session_idx"));
-        assert_eq!(wire_param("max_context_tokens").json_name(), "budget");
     }
 }
