@@ -157,14 +157,17 @@ pub(crate) fn explain_table(
         .max()
         .unwrap_or(2)
         .clamp(2, 48);
+    // the second stage's column only when it lifted something
+    let rerank = ex.selected.iter().any(|c| c.rerank_lift != 0.0);
+    let (plus, head) = if rerank { (" + rerank", format!(" {:>6}", "rerank")) } else { ("", String::new()) };
     writeln!(
         w,
-        "-- why: score = dense_z + {:.2}*lexical_z + group + link + hop; tokens in {tokenizer}",
+        "-- why: score = dense_z + {:.2}*lexical_z + group + link + hop{plus}; tokens in {tokenizer}",
         ex.lexical_weight
     )?;
     writeln!(
         w,
-        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:<5} {:>6}  chunker",
+        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}{head} {:<5} {:>6}  chunker",
         "id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens"
     )?;
     for c in &ex.selected {
@@ -175,9 +178,10 @@ pub(crate) fn explain_table(
             (_, false, true) => "grp+",
             _ => "-",
         };
+        let lift = if rerank { format!(" {:>6.2}", c.rerank_lift) } else { String::new() };
         writeln!(
             w,
-            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:<5} {:>6}  {}",
+            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2}{lift} {:<5} {:>6}  {}",
             clip(&c.id, idw),
             c.order,
             c.score,
