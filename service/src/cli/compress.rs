@@ -44,6 +44,9 @@ pub struct CompressArgs {
     /// With --files: how folders are walked.
     #[command(flatten)]
     walk: crate::cli::context::WalkArgs,
+    /// The second stage (a cross-encoder over the best chunks).
+    #[command(flatten)]
+    rerank: crate::config::RerankArgs,
     /// The receiver's budget in tokens (hard limit, at least 1). With
     /// --batch: the budget of lines that give neither budget nor rate.
     #[arg(long, required_unless_present_any = ["batch", "rate"], value_parser = clap::value_parser!(u64).range(1..))]
@@ -332,7 +335,10 @@ pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
     };
     // the session is made on the first embedding (a call the embedding
     // cache answers whole loads no model); batches embedded show on stderr
-    let scd = Scd::new(Arc::new(embedding_with_progress(model, args.quiet)?), model.scd_config());
+    let mut cfg = model.scd_config();
+    args.rerank.apply(&mut cfg.scoring);
+    let reranker = args.rerank.load_if_weighted(model)?;
+    let scd = Scd::new(Arc::new(embedding_with_progress(model, args.quiet)?), cfg).with_reranker(reranker);
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;
