@@ -38,10 +38,8 @@ impl Scd {
             return Ok(());
         }
         let floor = rest.iter().map(|&i| scores[i]).fold(f32::NEG_INFINITY, f32::max);
-        let passages: Vec<String> = cand
-            .iter()
-            .map(|&i| model.passage(&ctx.field_names[ctx.chunks[i].field], &ctx.chunks[i].text))
-            .collect();
+        let passages: Vec<String> =
+            cand.iter().map(|&i| model.passage(&ctx.field_names[ctx.chunks[i].field], &ctx.chunks[i].text)).collect();
         let pairs: Vec<(&str, &str)> = passages.iter().map(|p| (query, p.as_str())).collect();
         cancel.check("rerank")?;
         let logits = model.score(&pairs, cancel)?;

@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 use tracing::{info, instrument};
 
-pub use self::input::{batches, pad, Frame, PairInput, Padded};
+pub use self::input::{batches, pad, Frame, Padded, PairInput};
 pub use self::manifest::{resolve_reranker, sha256_file, RerankManifest, CROSS_ENCODER, FILES};
 use crate::cancel::Cancel;
 use crate::encoder::{session_builder, OrtConfig, OrtRuntime};
@@ -109,7 +109,10 @@ impl Reranker {
             return Err(Error::ModelShape { path: onnx, reason });
         }
         if !outputs.iter().any(|o| o == OUTPUT) {
-            return Err(Error::ModelShape { path: onnx, reason: format!("no output {OUTPUT:?} (outputs: {outputs:?})") });
+            return Err(Error::ModelShape {
+                path: onnx,
+                reason: format!("no output {OUTPUT:?} (outputs: {outputs:?})"),
+            });
         }
         let id = manifest.model_id();
         info!(model = %id, provider, "reranker ready");
