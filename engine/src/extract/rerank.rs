@@ -86,6 +86,8 @@ mod tests {
     #[derive(Debug, Default)]
     struct Short {
         pairs: AtomicUsize,
+        /// Every pair read, in order.
+        seen: std::sync::Mutex<Vec<(String, String)>>,
     }
 
     impl CrossEncoder for Short {
@@ -97,6 +99,8 @@ mod tests {
         }
         fn score(&self, pairs: &[(&str, &str)], _: &Cancel) -> Result<Vec<f32>> {
             self.pairs.fetch_add(pairs.len(), Ordering::Relaxed);
+            let mut seen = self.seen.lock().unwrap();
+            seen.extend(pairs.iter().map(|(q, p)| (q.to_string(), p.to_string())));
             Ok(pairs.iter().map(|(_, p)| -(p.len() as f32)).collect())
         }
     }
@@ -211,5 +215,39 @@ mod tests {
             let sum = w.dense_z + ex.lexical_weight * w.lexical_z + w.group_lift + w.link_lift + w.hop_lift;
             assert!((sum + w.rerank_lift - w.score).abs() < 1e-4, "{}: the parts add up", w.id);
         }
+    }
+
+    #[test]
+    fn a_follow_up_reads_its_question_with_chunks_not_yet_sent() {
+        let model = Arc::new(Short::default());
+        let scd = engine(2.0, 4, Some(model.clone()));
+        let req = CompressRequest {
+            task: Task::new(QUERY),
+            context: Context { fields: fields() },
+            requirement: ContextRequirement::with_budget(40),
+            session: Some(crate::extract::SessionRequest::default()),
+        };
+        let out = scd.compress(&req).unwrap();
+        let grant = out.session.unwrap();
+        let opened = model.seen.lock().unwrap().len();
+        assert_eq!(opened, 4);
+        let question = "what about the office plants";
+        let more = scd
+            .request_more(&crate::extract::ContextRequest {
+                session_id: grant.id.clone(),
+                session_token: grant.token.clone(),
+                specific_question: question.into(),
+                current_confidence: 0.2,
+                ..Default::default()
+            })
+            .unwrap();
+        let seen = model.seen.lock().unwrap()[opened..].to_vec();
+        assert_eq!(seen.len(), 4, "the follow-up reranks too");
+        let sent: Vec<String> = out.chunks.iter().map(|c| format!("{}\n{}", c.field, c.text)).collect();
+        for (q, p) in &seen {
+            assert_eq!(q, question);
+            assert!(!sent.contains(p), "{p:?} was sent already");
+        }
+        assert!(!more.chunks.is_empty());
     }
 }
