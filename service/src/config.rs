@@ -432,7 +432,7 @@ mod tests {
         assert!(e.starts_with(&format!("--reranker {}: ", missing.display())), "{e}");
         assert!(e.contains("manifest.json"), "{e}");
         let cli = parse(&["--models-dir", models, "--reranker", "none", "--rerank-weight", "1"]);
-        let e = cli.rerank.load(&cli.model, true).err().expect("a weight without a reranker").to_string();
+        let e = cli.rerank.load(&cli.model, true).expect_err("a weight without a reranker").to_string();
         assert!(e.starts_with("--rerank-weight 1: the second stage needs a reranker"), "{e}");
     }
 
