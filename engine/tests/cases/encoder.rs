@@ -499,6 +499,8 @@ fn rerank_matches_the_jax_reference_scores() {
     // one at a time too: batching and padding change nothing
     let alone: Vec<f32> =
         refs.iter().map(|pair| model.score(&[*pair], &scd_engine::cancel::Cancel::new()).unwrap()[0]).collect();
+    let worst = pairs.iter().zip(&got).map(|(p, g)| (p["score"].as_f64().unwrap_or(f64::NAN) as f32 - g).abs());
+    eprintln!("rerank: {} pairs, worst |rust - jax| {}", pairs.len(), worst.fold(0.0f32, f32::max));
     for (i, p) in pairs.iter().enumerate() {
         let want = p["score"].as_f64().expect("reference.json: score") as f32;
         assert!((got[i] - want).abs() <= 1e-3, "pair {i}: {} vs the reference's {want}", got[i]);
