@@ -82,6 +82,17 @@ pub enum Error {
         #[source]
         source: tokenizers::Error,
     },
+    /// A model folder's manifest is missing a field SCD needs, or a field is
+    /// wrong (its `kind`, a file's sha256): `field` names it.
+    #[error("model manifest {path}: {field}: {reason}")]
+    ModelManifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// The field, e.g. `kind` or `files.model.onnx`.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The model graph does not have the inputs or outputs SCD needs.
     #[error("model {path} is not usable: {reason}")]
     ModelShape {

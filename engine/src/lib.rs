@@ -16,6 +16,7 @@
 //! * [`cancel`] — cooperative cancellation and deadlines between stages.
 //! * [`eval`] — dataset loaders and evidence coverage for `scd-dev eval`.
 //! * [`extract`] — [`Scd`](extract::Scd): compression and adaptive requests.
+//! * [`rerank`] — the second stage: a cross-encoder rescoring the best chunks.
 //! * [`session`] — bounded, unguessable sessions bound to their creators.
 //! * [`shared`] — sessions kept in a store shared by replicas (the service's Redis).
 //! * [`handoff`] — hand-off report formats: parse, render, report → fields.
@@ -41,6 +42,7 @@ pub mod extract;
 pub mod fuzz;
 pub mod handoff;
 pub mod index;
+pub mod rerank;
 pub mod score;
 pub mod session;
 pub mod shared;

@@ -8,9 +8,12 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use scd_engine::encoder::{resolve_model, Device, OrtConfig, OrtEncoder, ORT_LIB_ENV};
+use scd_engine::extract::ScoringConfig;
+use scd_engine::rerank::{resolve_reranker, CrossEncoder, Reranker};
 
 /// Where models and ONNX Runtime live, and how to run them.
 #[derive(Debug, Clone, clap::Args)]
@@ -201,6 +204,89 @@ impl ModelArgs {
     }
 }
 
+/// The second stage: a cross-encoder that reads the task with each of the
+/// first stage's best chunks and lifts them by its score
+/// ([`scd_engine::rerank`]). Flattened into every command that scores
+/// (`scd serve`, `scd compress`, `scd mcp`, `scd-dev eval`, `scd-dev tune`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RerankArgs {
+    /// The cross-encoder's folder (manifest.json, model.onnx,
+    /// tokenizer.json), or `none`. Default: `rerank` under --models-dir when
+    /// it holds a manifest, else none; a folder named here must exist.
+    #[arg(long, env = "SCD_RERANKER", value_name = "DIR|none")]
+    pub reranker: Option<String>,
+    /// Weight of the second stage (0 turns it off; `scd` then loads no model): each
+    /// of the --rerank-top best chunks gains this times the z-score of the
+    /// cross-encoder's score among them.
+    #[arg(long, env = "SCD_RERANK_WEIGHT", default_value_t = ScoringConfig::default().rerank_weight)]
+    pub rerank_weight: f32,
+    /// Chunks the second stage reads with the task: the best by the first
+    /// stage's score (1 to 256).
+    #[arg(long, env = "SCD_RERANK_TOP", default_value_t = ScoringConfig::default().rerank_top)]
+    pub rerank_top: usize,
+}
+
+/// Chunks the second stage may read per request at most (its CPU bound).
+pub const MAX_RERANK_TOP: usize = 256;
+
+impl RerankArgs {
+    /// The flags checked; an error names the flag.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.rerank_weight.is_finite() && (0.0..=10.0).contains(&self.rerank_weight),
+            "--rerank-weight {}: must be between 0 and 10",
+            self.rerank_weight
+        );
+        anyhow::ensure!(
+            (1..=MAX_RERANK_TOP).contains(&self.rerank_top),
+            "--rerank-top {}: must be between 1 and {MAX_RERANK_TOP}",
+            self.rerank_top
+        );
+        Ok(())
+    }
+
+    /// `scoring` with the second stage's weight and reach.
+    pub fn apply(&self, scoring: &mut ScoringConfig) {
+        scoring.rerank_weight = self.rerank_weight;
+        scoring.rerank_top = self.rerank_top;
+    }
+
+    /// The cross-encoder's folder: `--reranker`, else `rerank` under
+    /// `--models-dir` when it holds a manifest; `None` for `none` or no
+    /// default. A named folder without a manifest is an error naming it.
+    pub fn dir(&self, model: &ModelArgs) -> anyhow::Result<Option<PathBuf>> {
+        resolve_reranker(self.reranker.as_deref(), &model.models_dir.join("rerank"))
+            .with_context(|| format!("--reranker {}", self.reranker.as_deref().unwrap_or("(default)")))
+    }
+
+    /// The flags checked and the cross-encoder loaded (on `model`'s ONNX
+    /// Runtime settings) when one is configured and `needed` (the weight is
+    /// above 0, or a sweep may set it); `None` otherwise.
+    pub fn load(&self, model: &ModelArgs, needed: bool) -> anyhow::Result<Option<Arc<dyn CrossEncoder>>> {
+        self.check()?;
+        let dir = self.dir(model)?;
+        anyhow::ensure!(
+            dir.is_some() || self.rerank_weight == 0.0,
+            "--rerank-weight {}: the second stage needs a reranker (--reranker DIR, or a rerank folder under \
+             --models-dir)",
+            self.rerank_weight
+        );
+        let Some(dir) = dir else { return Ok(None) };
+        if !needed {
+            return Ok(None);
+        }
+        let reranker = Reranker::load(&dir, &model.ort_config()?)
+            .with_context(|| format!("--reranker: loading {}", dir.display()))?;
+        Ok(Some(Arc::new(reranker)))
+    }
+
+    /// [`RerankArgs::load`] when the weight is above 0 (`scd serve`, `scd
+    /// compress`, `scd mcp`, `scd-dev eval`).
+    pub fn load_if_weighted(&self, model: &ModelArgs) -> anyhow::Result<Option<Arc<dyn CrossEncoder>>> {
+        self.load(model, self.rerank_weight > 0.0)
+    }
+}
+
 /// The connection guard of a gRPC listener (`scd serve`, `scd atp agent`):
 /// see [`scd_net`].
 #[derive(Debug, Clone, clap::Args)]
@@ -309,5 +395,59 @@ impl HttpConnArgs {
             body_timeout: Duration::from_millis(self.http_body_timeout_ms),
             request_timeout: Duration::from_millis(self.http_request_timeout_ms),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        rerank: RerankArgs,
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn the_reranker_defaults_to_the_models_dir_and_a_named_folder_must_exist() {
+        let empty = tempfile::tempdir().unwrap();
+        let models = empty.path().to_str().unwrap();
+        // no rerank folder under --models-dir: no second stage, and no error
+        let cli = parse(&["--models-dir", models]);
+        if std::env::var_os("SCD_RERANKER").is_none() {
+            assert_eq!(cli.rerank.dir(&cli.model).unwrap(), None);
+            assert!(cli.rerank.load(&cli.model, true).unwrap().is_none());
+        }
+        let missing = empty.path().join("absent");
+        let cli = parse(&["--models-dir", models, "--reranker", missing.to_str().unwrap()]);
+        let e = format!("{:#}", cli.rerank.dir(&cli.model).unwrap_err());
+        assert!(e.starts_with(&format!("--reranker {}: ", missing.display())), "{e}");
+        assert!(e.contains("manifest.json"), "{e}");
+        let cli = parse(&["--models-dir", models, "--reranker", "none", "--rerank-weight", "1"]);
+        let e = cli.rerank.load(&cli.model, true).expect_err("a weight without a reranker").to_string();
+        assert!(e.starts_with("--rerank-weight 1: the second stage needs a reranker"), "{e}");
+    }
+
+    #[test]
+    fn the_weight_and_reach_are_bounded_and_reach_the_scoring_config() {
+        let cli = parse(&["--rerank-weight", "1.5", "--rerank-top", "12"]);
+        cli.rerank.check().unwrap();
+        let mut scoring = ScoringConfig::default();
+        cli.rerank.apply(&mut scoring);
+        assert_eq!((scoring.rerank_weight, scoring.rerank_top), (1.5, 12));
+        let e = parse(&["--rerank-weight", "11"]).rerank.check().unwrap_err().to_string();
+        assert_eq!(e, "--rerank-weight 11: must be between 0 and 10");
+        let e = parse(&["--rerank-top", "0"]).rerank.check().unwrap_err().to_string();
+        assert_eq!(e, "--rerank-top 0: must be between 1 and 256");
+        let e = parse(&["--rerank-top", "257"]).rerank.check().unwrap_err().to_string();
+        assert_eq!(e, "--rerank-top 257: must be between 1 and 256");
     }
 }

@@ -126,7 +126,7 @@ pub struct ExplanationOut {
 }
 
 /// Why a chunk was sent: `score = dense_z + lexical_weight * lexical_z +
-/// group_lift + link_lift + hop_lift`.
+/// group_lift + link_lift + hop_lift + rerank_lift`.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ChunkWhyOut {
     /// Chunk id.
@@ -145,6 +145,8 @@ pub struct ChunkWhyOut {
     pub link_lift: f32,
     /// Lift from the second hop.
     pub hop_lift: f32,
+    /// Lift from the second stage (the cross-encoder; 0 when off).
+    pub rerank_lift: f32,
     /// It leads its group (a paragraph's first sentence, a table header).
     pub lead: bool,
     /// A chunk of its group brought it.
@@ -200,6 +202,7 @@ impl From<Explanation> for ExplanationOut {
                     group_lift: c.group_lift,
                     link_lift: c.link_lift,
                     hop_lift: c.hop_lift,
+                    rerank_lift: c.rerank_lift,
                     lead: c.lead,
                     by_closure: c.by_closure,
                     required: c.required,

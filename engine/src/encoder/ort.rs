@@ -188,6 +188,28 @@ fn builder_err(e: ort::Error<SessionBuilder>) -> Error {
     Error::Ort(e.into())
 }
 
+/// A session builder on `rt` with `config`'s threads, spinning and device
+/// and `entries` (a manifest's `session_config`): how every model of SCD
+/// runs (the encoder, the reranker). Also the provider's name.
+pub(crate) fn session_builder(
+    rt: &OrtRuntime,
+    config: &OrtConfig,
+    entries: &std::collections::BTreeMap<String, String>,
+) -> Result<Registered> {
+    let mut builder =
+        Session::builder(&rt.env)?.with_optimization_level(GraphOptimizationLevel::All).map_err(builder_err)?;
+    if config.intra_threads > 0 {
+        builder = builder.with_intra_threads(config.intra_threads).map_err(builder_err)?;
+    }
+    if !config.intra_spinning {
+        builder = builder.with_intra_op_spinning(false).map_err(builder_err)?;
+    }
+    for (key, value) in entries {
+        builder = builder.with_config_entry(key, value).map_err(builder_err)?;
+    }
+    register_provider(builder, config.device)
+}
+
 /// Name of the pooled output the models/ script adds to every graph.
 const POOLED_OUTPUT: &str = "sentence_embedding";
 
@@ -280,19 +302,7 @@ impl OrtEncoder {
         if !onnx.is_file() {
             return Err(Error::ModelShape { path: onnx, reason: "file missing (run models/setup.sh)".into() });
         }
-        let mut builder =
-            Session::builder(&rt.env)?.with_optimization_level(GraphOptimizationLevel::All).map_err(builder_err)?;
-        if config.intra_threads > 0 {
-            builder = builder.with_intra_threads(config.intra_threads).map_err(builder_err)?;
-        }
-        if !config.intra_spinning {
-            builder = builder.with_intra_op_spinning(false).map_err(builder_err)?;
-        }
-        for (key, value) in &manifest.session_config {
-            builder = builder.with_config_entry(key, value).map_err(builder_err)?;
-        }
-        let provider = register_provider(builder, config.device)?;
-        let (mut builder, provider) = provider;
+        let (mut builder, provider) = session_builder(&rt, config, &manifest.session_config)?;
         let session = builder.commit_from_file(&onnx)?;
 
         let inputs: Vec<String> = session.inputs().iter().map(|i| i.name().to_string()).collect();
@@ -621,7 +631,7 @@ fn special_frame(tok: &Tokenizer, path: &Path) -> Result<(Vec<i64>, Vec<i64>)> {
     Ok((ids[..first].iter().map(|&i| i as i64).collect(), ids[last..].iter().map(|&i| i as i64).collect()))
 }
 
-type Registered = (SessionBuilder, &'static str);
+pub(crate) type Registered = (SessionBuilder, &'static str);
 
 #[cfg(feature = "cuda")]
 fn register_provider(builder: SessionBuilder, device: Device) -> Result<Registered> {

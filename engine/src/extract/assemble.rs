@@ -113,6 +113,7 @@ impl Scd {
                 group_lift: scores.group_lift[i],
                 link_lift: scores.link_lift[i],
                 hop_lift: scores.hop_lift.get(i).copied().unwrap_or(0.0),
+                rerank_lift: scores.rerank_lift.get(i).copied().unwrap_or(0.0),
                 lead: chunks[i].lead,
                 by_closure: trace.by_closure.contains(&i),
                 required: matches!(gate(i), Gate::Required),

@@ -294,6 +294,8 @@ impl Scd {
         self.second_hop(&prepared, task_text, &mut parts, cancel)?;
         self.rescore(&prepared, task_text, &mut parts);
         let hop_ms = t3.elapsed().as_secs_f64() * 1e3;
+        // the second stage's model time is selection's (`select_ms`)
+        self.rerank(&prepared, task_text, &mut parts, &|_| true, cancel)?;
         Ok(Scored { prepared, task_vec, counting, context_tokens, parts, embed_ms, hop_ms, select_start })
     }
 

@@ -31,6 +31,7 @@ mod pack;
 mod parts;
 mod prepare;
 mod render;
+mod rerank;
 mod score;
 mod sessions;
 
@@ -49,6 +50,7 @@ use crate::cache::{CacheStats, DiskTier, EmbeddingCache};
 use crate::cancel::Cancel;
 use crate::context::{Context, ContextRequirement, Redacted, Task};
 use crate::encoder::{Encoder, InputKind};
+use crate::rerank::CrossEncoder;
 use crate::session::{SessionGrant, SessionLimits, SessionStore};
 use crate::{Error, Result};
 
@@ -202,7 +204,7 @@ pub struct Explanation {
 }
 
 /// Why a chunk was sent: `score = dense_z + lexical_weight·lexical_z +
-/// group_lift + link_lift + hop_lift`.
+/// group_lift + link_lift + hop_lift + rerank_lift`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChunkWhy {
     /// Chunk id.
@@ -222,6 +224,9 @@ pub struct ChunkWhy {
     pub link_lift: f32,
     /// Lift from the second hop (the task re-embedded with its best chunks).
     pub hop_lift: f32,
+    /// Lift from the second stage (the cross-encoder's z-score among the
+    /// first stage's best, times `rerank_weight`; 0 when off).
+    pub rerank_lift: f32,
     /// It leads its group (a paragraph's first sentence, a table header).
     pub lead: bool,
     /// A chunk of its group brought it (closure: the group's lead and a
@@ -482,11 +487,17 @@ pub struct Scd {
     sessions: sessions::Sessions,
     prepared: moka::sync::Cache<[u8; 32], Arc<PreparedContext>>,
     cfg: ScdConfig,
+    /// The second stage's cross-encoder, when one is configured.
+    reranker: Option<Arc<dyn CrossEncoder>>,
 }
 
 impl std::fmt::Debug for Scd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scd").field("model", &self.encoder.model_id()).field("cache", &self.cache).finish()
+        f.debug_struct("Scd")
+            .field("model", &self.encoder.model_id())
+            .field("reranker", &self.reranker.as_ref().map(|r| r.model_id()))
+            .field("cache", &self.cache)
+            .finish()
     }
 }
 
@@ -515,7 +526,19 @@ impl Scd {
             .build();
         let disk = cfg.prepare.embedding_store.as_ref().map(|p| DiskTier::new(p, cfg.prepare.embedding_store_bytes));
         let cache = EmbeddingCache::new(cfg.prepare.cache_bytes).with_disk(disk);
-        Self { cache, encoder, encoded: Default::default(), sessions, prepared, cfg }
+        Self { cache, encoder, encoded: Default::default(), sessions, prepared, cfg, reranker: None }
+    }
+
+    /// This engine with a second stage: `reranker` rescores the best
+    /// chunks when `scoring.rerank_weight` is above 0 ([`ScoringConfig::rerank_weight`]).
+    pub fn with_reranker(mut self, reranker: Option<Arc<dyn CrossEncoder>>) -> Self {
+        self.reranker = reranker;
+        self
+    }
+
+    /// The second stage's cross-encoder, when one is configured.
+    pub fn reranker(&self) -> Option<&Arc<dyn CrossEncoder>> {
+        self.reranker.as_ref()
     }
 
     /// The encoder.

@@ -154,6 +154,8 @@ impl Scd {
         // not the task again
         let mut parts = self.score(context, &qvec, query);
         self.rescore(context, query, &mut parts);
+        // the second stage rescores the best of what the receiver has not got
+        self.rerank(context, query.trim(), &mut parts, &|i| !sent.contains(&i), cancel)?;
         let scores = parts.fused;
         let mut ranked: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))

@@ -20,7 +20,8 @@ pub(super) enum Link {
 
 /// Every chunk's score and its parts, index-aligned with the prepared
 /// chunks: `fused = dense_z + lexical_weight·lexical_z + group_lift +
-/// link_lift (+ hop_lift when the second hop is on)`, summed in that order.
+/// link_lift (+ hop_lift when the second hop is on) (+ rerank_lift when the
+/// second stage is)`, summed in that order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Scores {
     /// The fused, calibrated score packing ranks by.
@@ -44,4 +45,7 @@ pub(super) struct Scores {
     pub(super) link: Vec<Link>,
     /// The second hop's z-score (before its weight; empty when off).
     pub(super) hop_z: Vec<f32>,
+    /// What the second stage (the cross-encoder) added (`rerank_weight` ×
+    /// its z-score among the candidates; empty when off).
+    pub(super) rerank_lift: Vec<f32>,
 }

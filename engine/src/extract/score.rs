@@ -70,6 +70,7 @@ impl Scd {
             group_best,
             link,
             hop_z: Vec::new(),
+            rerank_lift: Vec::new(),
         }
     }
 

@@ -477,3 +477,33 @@ fn progress_hears_each_batch_and_the_tokens_add_up() {
     quiet.encode(&refs, &opts).unwrap();
     assert!(heard.take().is_empty());
 }
+
+/// The cross-encoder of the second stage against the scores an independent
+/// implementation (JAX) of the same weights gave its reference pairs.
+#[test]
+fn rerank_matches_the_jax_reference_scores() {
+    use scd_engine::rerank::{CrossEncoder, Reranker};
+    let Some(dir) = model_dir("rerank") else { return };
+    let mut cfg = OrtConfig::new(ort_lib());
+    cfg.intra_threads = 2;
+    let model = Reranker::load(&dir, &cfg).expect("the reranker loads");
+    // BERT uncased's specials, found by name
+    assert_eq!((model.frame().cls, model.frame().sep), (101, 102));
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let pairs = reference["pairs"].as_array().expect("reference.json: pairs");
+    assert!(pairs.len() >= 2, "reference.json has {} pairs", pairs.len());
+    let text = |p: &Value, k: &str| p[k].as_str().unwrap_or_else(|| panic!("reference.json: {k}")).to_string();
+    let owned: Vec<(String, String)> = pairs.iter().map(|p| (text(p, "query"), text(p, "passage"))).collect();
+    let refs: Vec<(&str, &str)> = owned.iter().map(|(q, p)| (q.as_str(), p.as_str())).collect();
+    let got = model.score(&refs, &scd_engine::cancel::Cancel::new()).unwrap();
+    // one at a time too: batching and padding change nothing
+    let alone: Vec<f32> =
+        refs.iter().map(|pair| model.score(&[*pair], &scd_engine::cancel::Cancel::new()).unwrap()[0]).collect();
+    let worst = pairs.iter().zip(&got).map(|(p, g)| (p["score"].as_f64().unwrap_or(f64::NAN) as f32 - g).abs());
+    eprintln!("rerank: {} pairs, worst |rust - jax| {}", pairs.len(), worst.fold(0.0f32, f32::max));
+    for (i, p) in pairs.iter().enumerate() {
+        let want = p["score"].as_f64().expect("reference.json: score") as f32;
+        assert!((got[i] - want).abs() <= 1e-3, "pair {i}: {} vs the reference's {want}", got[i]);
+        assert!((alone[i] - want).abs() <= 1e-3, "pair {i} alone: {} vs the reference's {want}", alone[i]);
+    }
+}

@@ -21,7 +21,8 @@ use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
 
 use super::plot;
-use scd_service::config::ModelArgs;
+use scd_engine::rerank::CrossEncoder;
+use scd_service::config::{ModelArgs, RerankArgs};
 
 /// Arguments of `scd-dev eval`.
 #[derive(Debug, clap::Args)]
@@ -86,7 +87,8 @@ pub struct EvalArgs {
     /// several grids. Keys: the settings `scd-dev tune --grid` knows
     /// (lexical_weight, field_weight, link_weight, link_sources,
     /// lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources,
-    /// group_closure_tokens, embed_neighbour), code_names (0 or 1), before
+    /// group_closure_tokens, embed_neighbour, rerank_weight, rerank_top),
+    /// code_names (0 or 1), before
     /// (1: the code chunker and scoring before the parser, as
     /// `--code-chunker heuristic`). Each setting is a method
     /// named `scd[key=v ...]`; each distinct text is embedded once. With
@@ -151,6 +153,11 @@ pub struct EvalArgs {
     /// reads them instead of computing them again; off when left out.
     #[arg(long, value_name = "FILE")]
     embedding_store: Option<PathBuf>,
+    /// The second stage: its cross-encoder (loaded whenever one is
+    /// configured, so `--sweep rerank_weight=...` can weigh it), weight and
+    /// reach.
+    #[command(flatten)]
+    rerank: RerankArgs,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -397,6 +404,7 @@ fn scd_config(args: &EvalArgs) -> anyhow::Result<ScdConfig> {
     cfg.scoring.field_weight = args.field_weight.unwrap_or(cfg.scoring.field_weight);
     cfg.scoring.link_weight = args.link_weight.unwrap_or(cfg.scoring.link_weight);
     cfg.scoring.link_sources = args.link_sources.unwrap_or(cfg.scoring.link_sources);
+    args.rerank.apply(&mut cfg.scoring);
     match args.code_chunker.as_str() {
         "parser" => {}
         "heuristic" => before_parser(&mut cfg),
@@ -406,7 +414,11 @@ fn scd_config(args: &EvalArgs) -> anyhow::Result<ScdConfig> {
 }
 
 /// `--dataset agent`'s run, refusing the flags it does not take.
-fn agent_eval(args: &EvalArgs, tok: Option<BudgetTokenizer>) -> anyhow::Result<super::eval_agent::AgentEval> {
+fn agent_eval(
+    args: &EvalArgs,
+    tok: Option<BudgetTokenizer>,
+    reranker: Option<Arc<dyn CrossEncoder>>,
+) -> anyhow::Result<super::eval_agent::AgentEval> {
     let unused = [
         ("--among", args.among.is_some()),
         ("--adaptive", args.adaptive),
@@ -443,6 +455,7 @@ fn agent_eval(args: &EvalArgs, tok: Option<BudgetTokenizer>) -> anyhow::Result<s
         variants,
         folds: args.folds,
         kinds: args.kinds.clone(),
+        reranker,
     })
 }
 
@@ -472,7 +485,8 @@ fn other_scds(
     memo: &Arc<dyn Encoder>,
     (encoder, scd): (&OrtEncoder, &Scd),
 ) -> anyhow::Result<Vec<(String, Scd)>> {
-    let mut others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, Scd::new(memo.clone(), c))).collect();
+    let with = |c| Scd::new(memo.clone(), c).with_reranker(scd.reranker().cloned());
+    let mut others: Vec<(String, Scd)> = variants.into_iter().map(|(n, c)| (n, with(c))).collect();
     for name in &args.also_model {
         let other = ModelArgs { model: name.clone(), ..model.clone() }.load_encoder()?;
         let tokenizer = |e: &OrtEncoder| e.manifest().files.get("tokenizer.json").cloned();
@@ -481,7 +495,8 @@ fn other_scds(
             "--also-model {name}: its tokenizer.json differs from {}'s, so the budgets would differ",
             encoder.model_id()
         );
-        others.push((format!("scd@{name}"), Scd::new(Arc::new(other), scd.config().clone())));
+        let other = Scd::new(Arc::new(other), scd.config().clone()).with_reranker(scd.reranker().cloned());
+        others.push((format!("scd@{name}"), other));
     }
     Ok(others)
 }
@@ -724,8 +739,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     for b in &args.budgets {
         anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
     }
+    let reranker = args.rerank.load(model, true)?;
     if args.dataset == "agent" {
-        return super::eval_agent::run(model, agent_eval(&args, tok)?);
+        return super::eval_agent::run(model, agent_eval(&args, tok, reranker)?);
     }
     let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
     let opts = CompressOptions { budget_tokenizer: tok, ..Default::default() };
@@ -736,7 +752,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let variants = sweep(&cfg, &args.sweep)?;
     let memo: Arc<dyn Encoder> =
         if variants.is_empty() { encoder.clone() } else { Arc::new(crate::memo::Memo::new(encoder.clone())) };
-    let scd = Scd::new(memo.clone(), cfg);
+    let scd = Scd::new(memo.clone(), cfg).with_reranker(reranker);
     if let Some(path) = &args.dump_features {
         return dump_features(&scd, &args.dataset, &examples, path);
     }
@@ -787,7 +803,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     println!("{} examples of {} with {model_id}", examples.len(), args.dataset);
     print_rows(&rows);
     let fixture = fixture_result(&scd, &args)?;
-    let report = serde_json::json!({"dataset": args.dataset, "model": model_id, "examples": examples.len(),
+    let reranker_id = scd.reranker().map(|r| r.model_id().to_string());
+    let report = serde_json::json!({"dataset": args.dataset, "model": model_id, "reranker": reranker_id,
+        "examples": examples.len(),
         "join": args.join, "among": args.among, "among_seed": args.among.map(|_| args.among_seed),
         "results": rows, "agent_fixture": fixture});
     write_outputs(&args, &report, &rows, &tally.per_example)

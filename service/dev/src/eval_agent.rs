@@ -31,6 +31,7 @@ use scd_engine::eval::agent::{gold_lines_kept, load_all, AgentCase};
 use scd_engine::eval::line_baselines::{bm25_order, first_n, grep_order, paste, units, Pasted};
 use scd_engine::eval::selection;
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
+use scd_engine::rerank::CrossEncoder;
 use serde::Serialize;
 
 use super::plot;
@@ -69,6 +70,8 @@ pub struct AgentEval {
     pub folds: usize,
     /// Only the cases of these kinds (all when empty).
     pub kinds: Vec<String>,
+    /// The second stage's cross-encoder, for SCD and every variant.
+    pub reranker: Option<Arc<dyn CrossEncoder>>,
 }
 
 /// One method's result on one case at one budget.
@@ -272,8 +275,9 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
     // a sweep's settings share their embeddings
     let shared: Arc<dyn Encoder> =
         if a.variants.is_empty() { encoder.clone() } else { Arc::new(crate::memo::Memo::new(encoder.clone())) };
-    let mut scds = vec![("scd".to_string(), Scd::new(shared.clone(), a.cfg.clone()))];
-    scds.extend(a.variants.iter().map(|(n, c)| (n.clone(), Scd::new(shared.clone(), c.clone()))));
+    let engine = |c: &ScdConfig| Scd::new(shared.clone(), c.clone()).with_reranker(a.reranker.clone());
+    let mut scds = vec![("scd".to_string(), engine(&a.cfg))];
+    scds.extend(a.variants.iter().map(|(n, c)| (n.clone(), engine(c))));
     let tok_name = a.tokenizer.as_ref().map_or("e5 (the encoder's)".to_string(), |t| t.name().to_string());
     let count = |t: &str| match &a.tokenizer {
         Some(tok) => tok.count(t),

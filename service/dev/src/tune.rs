@@ -25,7 +25,8 @@ use scd_engine::extract::{CompressRequest, PrepareConfig, Scd, ScdConfig};
 use serde::Serialize;
 use serde_json::Value;
 
-use scd_service::config::ModelArgs;
+use scd_engine::rerank::CrossEncoder;
+use scd_service::config::{ModelArgs, RerankArgs};
 
 /// Variants one grid may hold.
 pub const MAX_VARIANTS: usize = 512;
@@ -56,12 +57,17 @@ pub struct TuneArgs {
     /// (with scorer 0: lexical_weight, field_weight, link_weight,
     /// lead_link_bonus, owner_link_weight), link_sources, second_hop_weight,
     /// second_hop_sources, group_closure_tokens, embed_neighbour (0 or 1),
-    /// common_name_chunks, sibling_weight.
+    /// common_name_chunks, sibling_weight, and the second stage's
+    /// rerank_weight and rerank_top (either scorer; they need --reranker).
     #[arg(long)]
     grid: PathBuf,
     /// JSON report path.
     #[arg(long, default_value = "tune_report.json")]
     report: PathBuf,
+    /// The second stage: its cross-encoder (loaded whenever one is
+    /// configured, so a grid can weigh it) and the defaults' weight and reach.
+    #[command(flatten)]
+    rerank: RerankArgs,
 }
 
 /// One grid point: the settings it changes from the defaults.
@@ -115,6 +121,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "lead_link_bonus" => cfg.scoring.lead_link_bonus = v as f32,
         "owner_link_weight" => cfg.scoring.owner_link_weight = v as f32,
         "second_hop_weight" => cfg.scoring.second_hop_weight = v as f32,
+        "rerank_weight" => cfg.scoring.rerank_weight = v as f32,
+        "rerank_top" => cfg.scoring.rerank_top = as_count()?,
         "link_sources" => cfg.scoring.link_sources = as_count()?,
         "common_name_chunks" => cfg.scoring.common_name_chunks = as_count()?,
         "sibling_weight" => cfg.scoring.sibling_weight = v as f32,
@@ -140,7 +148,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, json_whole_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight, \
              severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, \
-             line_lexical_weight)"
+             line_lexical_weight, rerank_weight, rerank_top)"
         ),
     }
     Ok(())
@@ -248,12 +256,18 @@ fn load_sets(args: &TuneArgs) -> anyhow::Result<Vec<Set>> {
 
 /// Every variant on every example of `sets` at every budget (the code
 /// set's own budgets for code), on one engine over `encoder`.
-fn measure(encoder: &Arc<OrtEncoder>, variants: &[Settings], sets: &[Set], args: &TuneArgs) -> anyhow::Result<Recalls> {
-    let base = ScdConfig {
+fn measure(
+    (encoder, reranker): (&Arc<OrtEncoder>, Option<Arc<dyn CrossEncoder>>),
+    variants: &[Settings],
+    sets: &[Set],
+    args: &TuneArgs,
+) -> anyhow::Result<Recalls> {
+    let mut base = ScdConfig {
         prepare: PrepareConfig { cache_bytes: 2 << 30, prepared_cache_bytes: 4 << 30, ..Default::default() },
         ..ScdConfig::default()
     };
-    let mut scd = Scd::new(encoder.clone(), base.clone());
+    args.rerank.apply(&mut base.scoring);
+    let mut scd = Scd::new(encoder.clone(), base.clone()).with_reranker(reranker);
     let n: usize = sets.iter().map(|s| s.2.len()).sum();
     let bar = ProgressBar::new((n * variants.len()) as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} runs {per_sec} eta {eta} {msg}")?);
@@ -411,8 +425,17 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
         serde_json::from_str(&text).with_context(|| format!("--grid {}: not JSON", args.grid.display()))?;
     let variants = variants(&grid)?;
     let sets = load_sets(&args)?;
+    let reranker = args.rerank.load(model, true)?;
+    let reranker_id = reranker.as_ref().map(|r| r.model_id().to_string());
+    if reranker.is_none() {
+        let weighs = variants.iter().any(|v| v.get("rerank_weight").is_some_and(|w| *w > 0.0));
+        anyhow::ensure!(
+            !weighs,
+            "--grid: rerank_weight above 0 needs a reranker (--reranker DIR, or a rerank folder under --models-dir)"
+        );
+    }
     let encoder = Arc::new(model.load_encoder()?);
-    let recalls = measure(&encoder, &variants, &sets, &args)?;
+    let recalls = measure((&encoder, reranker), &variants, &sets, &args)?;
 
     let k = args.folds;
     let folds = k_folds(&recalls, &variants, &sets, k);
@@ -437,6 +460,7 @@ pub fn run(model: &ModelArgs, args: TuneArgs) -> anyhow::Result<()> {
     print_results(&folds, (cv, cv_default), &leave_out, &rows);
     let report = serde_json::json!({
         "model": encoder.model_id(),
+        "reranker": reranker_id,
         "sets": sets.iter().map(|s| serde_json::json!({"dataset": s.0, "examples": s.2.len()})).collect::<Vec<_>>(),
         "budgets": args.budgets,
         "code_budgets": args.code_budgets,
@@ -506,6 +530,13 @@ mod tests {
         let mut cfg = ScdConfig::default();
         apply(&mut cfg, &Settings::from([("second_hop_weight".into(), 1.0)])).unwrap();
         assert_eq!(cfg.scoring.second_hop_weight, 1.0);
+        // and so do the second stage's
+        let mut cfg = ScdConfig::default();
+        apply(&mut cfg, &Settings::from([("rerank_weight".into(), 0.5), ("rerank_top".into(), 12.0)])).unwrap();
+        assert_eq!((cfg.scoring.rerank_weight, cfg.scoring.rerank_top), (0.5, 12));
+        assert_eq!(cfg.scoring.scorer, scd_engine::extract::Scorer::Learned);
+        let e = apply(&mut cfg, &Settings::from([("rerank_top".into(), 2.5)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: rerank_top takes whole numbers from 0 to 1000000, got 2.5");
     }
 
     #[test]

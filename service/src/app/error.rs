@@ -247,6 +247,7 @@ impl From<scd_engine::Error> for AppError {
             | E::OrtLibraryLoad { .. }
             | E::ProviderUnavailable { .. }
             | E::ModelNotFound { .. }
+            | E::ModelManifest { .. }
             | E::ModelShape { .. } => AppError::Unavailable { message },
             _ => AppError::Internal { message },
         }

@@ -44,6 +44,9 @@ pub struct CompressArgs {
     /// With --files: how folders are walked.
     #[command(flatten)]
     walk: crate::cli::context::WalkArgs,
+    /// The second stage (a cross-encoder over the best chunks).
+    #[command(flatten)]
+    rerank: crate::config::RerankArgs,
     /// The receiver's budget in tokens (hard limit, at least 1). With
     /// --batch: the budget of lines that give neither budget nor rate.
     #[arg(long, required_unless_present_any = ["batch", "rate"], value_parser = clap::value_parser!(u64).range(1..))]
@@ -157,14 +160,17 @@ pub(crate) fn explain_table(
         .max()
         .unwrap_or(2)
         .clamp(2, 48);
+    // the second stage's column only when it lifted something
+    let rerank = ex.selected.iter().any(|c| c.rerank_lift != 0.0);
+    let (plus, head) = if rerank { (" + rerank", format!(" {:>6}", "rerank")) } else { ("", String::new()) };
     writeln!(
         w,
-        "-- why: score = dense_z + {:.2}*lexical_z + group + link + hop; tokens in {tokenizer}",
+        "-- why: score = dense_z + {:.2}*lexical_z + group + link + hop{plus}; tokens in {tokenizer}",
         ex.lexical_weight
     )?;
     writeln!(
         w,
-        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:<5} {:>6}  chunker",
+        "{:<idw$} {:>5} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6}{head} {:<5} {:>6}  chunker",
         "id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens"
     )?;
     for c in &ex.selected {
@@ -175,9 +181,10 @@ pub(crate) fn explain_table(
             (_, false, true) => "grp+",
             _ => "-",
         };
+        let lift = if rerank { format!(" {:>6.2}", c.rerank_lift) } else { String::new() };
         writeln!(
             w,
-            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:<5} {:>6}  {}",
+            "{:<idw$} {:>5} {:>7.2} {:>7.2} {:>7.2} {:>6.2} {:>6.2} {:>6.2}{lift} {:<5} {:>6}  {}",
             clip(&c.id, idw),
             c.order,
             c.score,
@@ -328,7 +335,10 @@ pub fn run(model: &ModelArgs, mut args: CompressArgs) -> anyhow::Result<()> {
     };
     // the session is made on the first embedding (a call the embedding
     // cache answers whole loads no model); batches embedded show on stderr
-    let scd = Scd::new(Arc::new(embedding_with_progress(model, args.quiet)?), model.scd_config());
+    let mut cfg = model.scd_config();
+    args.rerank.apply(&mut cfg.scoring);
+    let reranker = args.rerank.load_if_weighted(model)?;
+    let scd = Scd::new(Arc::new(embedding_with_progress(model, args.quiet)?), cfg).with_reranker(reranker);
     let mut stdout = std::io::stdout().lock();
     if let Some(batch) = &args.batch {
         let f = std::fs::File::open(batch).with_context(|| format!("--batch {}", batch.display()))?;

@@ -103,6 +103,9 @@ pub struct McpArgs {
     /// Compress`, `MCP RequestContext`); `scd audit --db` reads it.
     #[command(flatten)]
     audit: crate::cli::serve::AuditTrailArgs,
+    /// In-process: the second stage (a cross-encoder over the best chunks).
+    #[command(flatten)]
+    rerank: crate::config::RerankArgs,
 }
 
 impl McpArgs {
@@ -158,7 +161,10 @@ impl McpArgs {
                 Ok(Backend::Remote(Box::new(conn)))
             }
             None => {
-                let scd = Scd::new(Arc::new(model.lazy_encoder()?), model.scd_config());
+                let mut cfg = model.scd_config();
+                self.rerank.apply(&mut cfg.scoring);
+                let reranker = self.rerank.load_if_weighted(model)?;
+                let scd = Scd::new(Arc::new(model.lazy_encoder()?), cfg).with_reranker(reranker);
                 Ok(Backend::in_process_with(Arc::new(scd), self.limits(), self.confidence.map()?, self.audit.open()?))
             }
         }

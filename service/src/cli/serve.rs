@@ -87,6 +87,9 @@ pub struct ServeArgs {
     /// (0: only its lead comes along with a chosen sentence).
     #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
+    /// The second stage (a cross-encoder over the best chunks).
+    #[command(flatten)]
+    rerank: crate::config::RerankArgs,
     /// Sessions held at once.
     #[arg(long, env = "SCD_MAX_SESSIONS", default_value_t = 10_000)]
     max_sessions: usize,
@@ -326,6 +329,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--second-hop-weight {}: must be between 0 and 10",
         args.second_hop_weight
     );
+    args.rerank.check()?;
     args.audit.check()?;
     anyhow::ensure!(
         args.audit.audit_db.is_some() || args.audit_token_file.is_none(),
@@ -385,13 +389,15 @@ pub(crate) fn budget_tokenizers(flags: &[String]) -> anyhow::Result<TokenizerReg
 /// The engine's settings: `base` (the model's, with its persistent
 /// embedding cache) with the cache, scoring, limit and session flags.
 fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
+    let mut scoring = ScoringConfig {
+        second_hop_weight: args.second_hop_weight,
+        group_closure_tokens: args.group_closure_tokens,
+        ..base.scoring
+    };
+    args.rerank.apply(&mut scoring);
     ScdConfig {
         prepare: PrepareConfig { cache_bytes: args.cache_bytes, ..base.prepare },
-        scoring: ScoringConfig {
-            second_hop_weight: args.second_hop_weight,
-            group_closure_tokens: args.group_closure_tokens,
-            ..base.scoring
-        },
+        scoring,
         limits: RequestLimits {
             max_context_tokens: args.max_context_tokens,
             max_encoder_tokens: args.max_request_encoder_tokens,
@@ -457,7 +463,7 @@ pub fn run(model: &ModelArgs, args: ServeArgs) -> anyhow::Result<()> {
     }
     let encoder = Arc::new(model.load_encoder()?);
     let cfg = scd_config(&args, model.scd_config());
-    let mut scd = Scd::new(encoder, cfg);
+    let mut scd = Scd::new(encoder, cfg).with_reranker(args.rerank.load_if_weighted(model)?);
     let mut a2a_state = None;
     if let Some(url) = &args.state {
         a2a_state = Some(Arc::new(crate::redis::tasks::RedisTasks::open(url)?));

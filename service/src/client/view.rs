@@ -77,6 +77,7 @@ pub fn explanation(ex: pb::Explanation) -> Result<Explanation, Status> {
             group_lift: c.group_lift,
             link_lift: c.link_lift,
             hop_lift: c.hop_lift,
+            rerank_lift: c.rerank_lift,
             lead: c.lead,
             by_closure: c.by_closure,
             required: c.required,

@@ -220,6 +220,7 @@
     if (w.group_lift) parts.push(`group lift ${num(w.group_lift)}`);
     if (w.link_lift) parts.push(`link lift ${num(w.link_lift)}`);
     if (w.hop_lift) parts.push(`second-hop lift ${num(w.hop_lift)}`);
+    if (w.rerank_lift) parts.push(`rerank lift ${num(w.rerank_lift)}`);
     const notes = [];
     if (w.required) notes.push("its field is required");
     if (w.by_closure) notes.push("brought along by its group");
