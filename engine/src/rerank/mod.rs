@@ -23,9 +23,11 @@ mod manifest;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use moka::sync::Cache;
 use ort::session::Session;
 use ort::value::Tensor;
 use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 use tracing::{info, instrument};
 
@@ -37,6 +39,11 @@ use crate::{Error, Result};
 
 /// Pairs per model call at most.
 pub const MAX_BATCH: usize = 16;
+
+/// Logits kept at most (a 32-byte key and a float each, about 5 MiB with
+/// the cache's own bookkeeping): a task's candidates come back at every
+/// budget, in every variant of `scd-dev tune`, and in a session's next call.
+pub const MAX_CACHED: u64 = 65_536;
 
 /// Scores (query, passage) pairs: one relevance logit each, higher = more
 /// relevant.
@@ -60,6 +67,18 @@ pub struct Reranker {
     frame: Frame,
     session: Mutex<Session>,
     onnx: PathBuf,
+    /// sha256(query length, query, passage) → logit; holds no text.
+    cache: Cache<[u8; 32], f32>,
+}
+
+/// The cache key of a pair: the query's length first, so no two pairs
+/// share a key by where the query ends.
+fn pair_key(query: &str, passage: &str) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update((query.len() as u64).to_le_bytes());
+    h.update(query.as_bytes());
+    h.update(passage.as_bytes());
+    h.finalize().into()
 }
 
 impl std::fmt::Debug for Reranker {
@@ -116,7 +135,14 @@ impl Reranker {
         }
         let id = manifest.model_id();
         info!(model = %id, provider, "reranker ready");
-        Ok(Self { manifest, id, tokenizer, tokenizer_path, frame, session: Mutex::new(session), onnx })
+        let cache = Cache::new(MAX_CACHED);
+        Ok(Self { manifest, id, tokenizer, tokenizer_path, frame, session: Mutex::new(session), onnx, cache })
+    }
+
+    /// Logits in the cache now.
+    pub fn cached(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.entry_count()
     }
 
     /// The manifest.
@@ -181,16 +207,24 @@ impl CrossEncoder for Reranker {
         self.manifest.passage(field, text)
     }
 
+    /// Pairs scored before (same query, same passage) come from the cache;
+    /// the rest go through the model.
     #[instrument(skip_all, fields(pairs = pairs.len(), model = %self.id))]
     fn score(&self, pairs: &[(&str, &str)], cancel: &Cancel) -> Result<Vec<f32>> {
-        let inputs = self.inputs(pairs)?;
+        let keys: Vec<[u8; 32]> = pairs.iter().map(|&(q, p)| pair_key(q, p)).collect();
+        let mut out: Vec<f32> = keys.iter().map(|k| self.cache.get(k).unwrap_or(f32::NAN)).collect();
+        let miss: Vec<usize> = (0..pairs.len()).filter(|&i| out[i].is_nan()).collect();
+        let todo: Vec<(&str, &str)> = miss.iter().map(|&i| pairs[i]).collect();
+        let inputs = self.inputs(&todo)?;
         let lens: Vec<usize> = inputs.iter().map(|x| x.ids.len()).collect();
-        let mut out = vec![0f32; pairs.len()];
         for batch in batches(&lens, MAX_BATCH) {
             cancel.check("rerank")?;
             let rows: Vec<&PairInput> = batch.iter().map(|&i| &inputs[i]).collect();
-            for (&i, s) in batch.iter().zip(self.run(&rows)?) {
-                out[i] = s;
+            for (&j, s) in batch.iter().zip(self.run(&rows)?) {
+                out[miss[j]] = s;
+                if s.is_finite() {
+                    self.cache.insert(keys[miss[j]], s);
+                }
             }
         }
         Ok(out)

@@ -496,9 +496,16 @@ fn rerank_matches_the_jax_reference_scores() {
     let owned: Vec<(String, String)> = pairs.iter().map(|p| (text(p, "query"), text(p, "passage"))).collect();
     let refs: Vec<(&str, &str)> = owned.iter().map(|(q, p)| (q.as_str(), p.as_str())).collect();
     let got = model.score(&refs, &scd_engine::cancel::Cancel::new()).unwrap();
-    // one at a time too: batching and padding change nothing
+    // one at a time too, by a second instance (the first has them cached):
+    // batching and padding change nothing
+    let fresh = Reranker::load(&dir, &cfg).expect("the reranker loads");
     let alone: Vec<f32> =
-        refs.iter().map(|pair| model.score(&[*pair], &scd_engine::cancel::Cancel::new()).unwrap()[0]).collect();
+        refs.iter().map(|pair| fresh.score(&[*pair], &scd_engine::cancel::Cancel::new()).unwrap()[0]).collect();
+    // the cache answers a pair it has seen with the model's own logit
+    let distinct: std::collections::HashSet<&(&str, &str)> = refs.iter().collect();
+    assert_eq!(model.cached(), distinct.len() as u64);
+    assert_eq!(model.score(&refs, &scd_engine::cancel::Cancel::new()).unwrap(), got);
+    assert_eq!(model.cached(), distinct.len() as u64);
     let worst = pairs.iter().zip(&got).map(|(p, g)| (p["score"].as_f64().unwrap_or(f64::NAN) as f32 - g).abs());
     eprintln!("rerank: {} pairs, worst |rust - jax| {}", pairs.len(), worst.fold(0.0f32, f32::max));
     for (i, p) in pairs.iter().enumerate() {
