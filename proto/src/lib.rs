@@ -34,6 +34,13 @@ pub mod scd {
 
         /// Encoded file descriptor set of `scd.v1`, for reflection.
         pub const DESCRIPTOR: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/scd_descriptor.bin"));
+
+        /// The metadata key with which an INVALID_ARGUMENT status names the
+        /// engine parameter it is about, by its wire name (`scd-param:
+        /// max_context_tokens`), so that a client (`scd mcp --server`) names
+        /// it its own way by the typed field and reads no name out of the
+        /// message. Part of the contract: the server sets it, clients read it.
+        pub const PARAM_KEY: &str = "scd-param";
     }
 }
 

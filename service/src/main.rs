@@ -2,7 +2,7 @@
 //!
 //! Thin by design: parse arguments, install telemetry, call the engine.
 
-use clap::{CommandFactory as _, Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use scd_service::config::WithModel;
 use scd_service::{cli, config, telemetry};
 
@@ -67,7 +67,9 @@ fn run() -> anyhow::Result<()> {
     // settings as flags (those the command line or the environment gives win)
     let argv = config::model_flags_after_subcommand(&Cli::command(), std::env::args_os().collect());
     let argv = cli::config_file::apply(&Cli::command(), argv)?;
-    let cli = Cli::parse_from(argv);
+    // the matches too: `scd mcp` tells a flag from its environment variable
+    let matches = Cli::command().get_matches_from(argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let level = match &cli.command {
         Command::Serve(_) | Command::EmbedWorker(_) => "info",
         #[cfg(feature = "atp")]
@@ -90,7 +92,10 @@ fn run() -> anyhow::Result<()> {
             let WithModel { model, args } = *w;
             cli::serve::run(&model, args)
         }
-        Command::Mcp(w) => cli::mcp::run(&w.model, w.args),
+        Command::Mcp(w) => {
+            let sub = matches.subcommand_matches("mcp").expect("the mcp subcommand ran");
+            cli::mcp::run(&w.model, w.args, sub)
+        }
         Command::Client(args) => cli::client::run(args),
         Command::Audit(args) => cli::audit::run(args),
         Command::Handoff(cmd) => cli::handoff::run(cmd),

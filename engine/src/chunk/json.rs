@@ -373,6 +373,128 @@ pub fn wrapping(text: &str) -> Option<Wrap> {
     Some(Wrap { open, close, core: (a, b) })
 }
 
+/// The bracket state of a run of adjacent JSON chunks, carried forward as
+/// each chunk's text (and the white space before it) is appended, so that a
+/// growing run is scanned once: what [`wrapping`] says of the run's whole
+/// text, without parsing it again. Exact for runs of chunks of a document
+/// that parses, as [`chunk`] cuts it (between members): there, a run whose
+/// brackets leave a core (see `core`) is whole members of one container,
+/// which parse once wrapped.
+#[derive(Debug, Clone, Default)]
+pub struct Brackets {
+    /// The brackets opened and not closed yet, innermost last.
+    open: Vec<Opening>,
+    /// Inside a string, and right after a backslash in it.
+    in_string: bool,
+    escaped: bool,
+    /// What the tokens so far are: only openings and keys (`"k":`), the
+    /// same with a string last, or anything else.
+    prefix: Prefix,
+    /// A bracket closed that the run did not open.
+    unopened: bool,
+    /// Since the first such bracket: only closings, commas and white space.
+    tail_clean: bool,
+    /// Before it: a byte other than white space or a comma.
+    content: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Opening {
+    /// Only openings and keys came before this bracket.
+    clean_before: bool,
+    /// A byte other than white space or a comma came after it.
+    content: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Prefix {
+    #[default]
+    Clean,
+    AfterString,
+    Dirty,
+}
+
+impl Brackets {
+    /// Appends `text` to the run.
+    pub fn push(&mut self, text: &str) {
+        for &c in text.as_bytes() {
+            if self.unopened && !(matches!(c, b'}' | b']' | b',') || c.is_ascii_whitespace()) {
+                self.tail_clean = false;
+            }
+            if self.in_string {
+                match c {
+                    _ if self.escaped => self.escaped = false,
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                b'"' => {
+                    self.mark_content();
+                    self.in_string = true;
+                    self.prefix = match self.prefix {
+                        Prefix::Clean => Prefix::AfterString,
+                        _ => Prefix::Dirty,
+                    };
+                }
+                b'{' | b'[' => {
+                    self.mark_content();
+                    let clean_before = self.prefix == Prefix::Clean;
+                    if !clean_before {
+                        self.prefix = Prefix::Dirty;
+                    }
+                    self.open.push(Opening { clean_before, content: false });
+                }
+                b'}' | b']' => {
+                    if self.open.pop().is_none() && !self.unopened {
+                        self.unopened = true;
+                        self.tail_clean = true;
+                    }
+                    self.prefix = Prefix::Dirty;
+                }
+                b':' => {
+                    self.mark_content();
+                    self.prefix = match self.prefix {
+                        Prefix::AfterString => Prefix::Clean,
+                        _ => Prefix::Dirty,
+                    };
+                }
+                b',' => self.prefix = Prefix::Dirty,
+                _ if c.is_ascii_whitespace() => {}
+                _ => {
+                    self.mark_content();
+                    self.prefix = Prefix::Dirty;
+                }
+            }
+        }
+    }
+
+    /// Whether the run so far parses as one subtree once wrapped
+    /// ([`wrapping`] is `Some`).
+    pub fn wraps(&self) -> bool {
+        if self.in_string {
+            return false;
+        }
+        match self.open.last() {
+            // the members after the innermost unclosed bracket, only openings and keys before it
+            Some(o) => !self.unopened && o.clean_before && o.content,
+            // the members before the first unopened closing, only closings after it
+            None => self.content && (!self.unopened || self.tail_clean),
+        }
+    }
+
+    fn mark_content(&mut self) {
+        if !self.unopened {
+            self.content = true;
+        }
+        if let Some(o) = self.open.last_mut() {
+            o.content = true;
+        }
+    }
+}
+
 /// The part of `b` between the brackets it opens and does not close (with
 /// the keys before them) and the brackets it closes and did not open (with
 /// the commas after them), trimmed of white space and a final comma.
@@ -434,7 +556,10 @@ fn core(b: &[u8]) -> Option<(usize, usize)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
     use super::*;
 
     const UNIT: usize = 384;
@@ -534,5 +659,103 @@ mod tests {
             assert!(wrapping(&text[ch.start..ch.end]).is_some(), "{}", &text[ch.start..ch.end]);
         }
         assert!(c.len() >= 2);
+    }
+
+    /// Strings with brackets, quotes, escapes, control characters and
+    /// non-ASCII text in them.
+    const AWKWARD: [&str; 10] = [
+        "plain",
+        "a{b[c",
+        "}],{[",
+        "say \"hi\" ]",
+        "back\\slash",
+        "ends in a backslash \\",
+        "\\\"}",
+        "tab\tnew\nline \u{1}",
+        "é ü 日本語 🚀",
+        "",
+    ];
+
+    fn value(rng: &mut StdRng, depth: usize) -> serde_json::Value {
+        use serde_json::Value;
+        let pick = if depth >= 5 { rng.random_range(0..4) } else { rng.random_range(0..7) };
+        match pick {
+            0 => Value::from(AWKWARD[rng.random_range(0..AWKWARD.len())]),
+            1 => Value::from(rng.random_range(-1000..1000) as f64 / 8.0),
+            2 => [Value::Null, Value::Bool(true), Value::Bool(false)][rng.random_range(0..3)].clone(),
+            3 => Value::from(rng.random_range(0..100_000)),
+            4 | 5 => {
+                let n = rng.random_range(0..6);
+                let keys: Vec<String> =
+                    (0..n).map(|k| format!("{}{k}", AWKWARD[rng.random_range(0..AWKWARD.len())])).collect();
+                Value::Object(keys.into_iter().map(|k| (k, value(rng, depth + 1))).collect())
+            }
+            _ => Value::Array((0..rng.random_range(0..6)).map(|_| value(rng, depth + 1)).collect()),
+        }
+    }
+
+    /// Seeded JSON documents: a list of objects (as a pod list is), then
+    /// random trees, each printed pretty and compact.
+    pub(crate) fn documents(seed: u64, n: usize) -> Vec<String> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut out = vec![pods(6)];
+        for _ in 0..n {
+            let items: Vec<serde_json::Value> = (0..rng.random_range(1..8))
+                .map(|_| serde_json::json!({"name": AWKWARD[rng.random_range(0..AWKWARD.len())], "spec": value(&mut rng, 2)}))
+                .collect();
+            let doc = serde_json::json!({"kind": "List", "items": items, "more": value(&mut rng, 1)});
+            out.push(serde_json::to_string_pretty(&doc).unwrap());
+            out.push(doc.to_string());
+        }
+        out
+    }
+
+    /// [`Brackets`] says what [`wrapping`] of the whole text says, for
+    /// every run of adjacent chunks of documents cut at many unit sizes,
+    /// one chunk appended at a time (the white space between included).
+    #[test]
+    fn the_running_bracket_state_agrees_with_wrapping_the_whole_run() {
+        let (mut runs, mut wrapped) = (0, 0);
+        for text in documents(7, 12) {
+            for unit in [1, 2, 5, 16, 40, 96, 200, 384, 768] {
+                let c = chunk(&text, unit).unwrap();
+                for i in 0..c.len() {
+                    let mut state = Brackets::default();
+                    let mut end = c[i].start;
+                    for (j, next) in c.iter().enumerate().skip(i) {
+                        state.push(&text[end..next.end]);
+                        end = next.end;
+                        let t = &text[c[i].start..end];
+                        let want = wrapping(t).is_some();
+                        assert_eq!(state.wraps(), want, "unit {unit}, chunks {i}..={j}: {t}");
+                        runs += 1;
+                        wrapped += usize::from(want);
+                    }
+                }
+            }
+        }
+        // both answers are common
+        assert!(wrapped > 1000 && runs - wrapped > 1000, "{wrapped} of {runs} runs wrap");
+    }
+
+    /// Strings split across appends, and text that is not cut between
+    /// members, carry their state; an unclosed string never wraps.
+    #[test]
+    fn the_running_bracket_state_follows_strings_and_escapes_across_appends() {
+        for text in [r#""a": "x\"}{", "b": [1, {"c": "]"}],"#, r#"{"k": ["\\", "q\"["]}"#] {
+            for cut in (1..text.len()).filter(|&k| text.is_char_boundary(k)) {
+                let mut state = Brackets::default();
+                state.push(&text[..cut]);
+                state.push(&text[cut..]);
+                assert_eq!(state.wraps(), wrapping(text).is_some(), "cut at {cut}: {text}");
+            }
+        }
+        let mut state = Brackets::default();
+        let mut text = String::new();
+        for (part, wraps) in [(r#""a": "open"#, false), (r#" \" still"#, false), (r#"", "b": 2"#, true)] {
+            state.push(part);
+            text.push_str(part);
+            assert_eq!((state.wraps(), wrapping(&text).is_some()), (wraps, wraps), "{text}");
+        }
     }
 }

@@ -13,6 +13,7 @@ use super::adjacent::{json_wrap, reads_on};
 use super::pack::PackTrace;
 use super::prepare::PreparedContext;
 use super::{Counting, Scd};
+use crate::chunk::json;
 use crate::{Error, Result};
 
 /// The line that stands for lines left out inside a piece.
@@ -133,13 +134,18 @@ pub(super) fn pieces(ctx: &PreparedContext, selected: &[usize]) -> Vec<Vec<usize
     sel.dedup();
     let set: HashSet<usize> = sel.iter().copied().collect();
     let mut out: Vec<Vec<usize>> = Vec::new();
+    // the last piece's JSON bracket state, once a unit asked to join it
+    let mut brackets: Option<json::Brackets> = None;
     let mut k = 0;
     while k < sel.len() {
         let unit = whole_from(ctx, &set, sel[k]);
         k += unit.len();
         match out.last_mut() {
-            Some(p) if joins(ctx, p, &unit) => p.extend(unit),
-            _ => out.push(unit),
+            Some(p) if joins(ctx, p, &mut brackets, &unit) => p.extend(unit),
+            _ => {
+                brackets = None;
+                out.push(unit);
+            }
         }
     }
     out
@@ -158,16 +164,40 @@ fn whole_from(ctx: &PreparedContext, set: &HashSet<usize>, i: usize) -> Vec<usiz
 /// whitespace between, or later in its group (the rest of a long function,
 /// a paragraph's later sentence), the lines between marked by a gap line.
 /// JSON subtrees join only the chunk right before them, and only when the
-/// run parses as one subtree.
-fn joins(ctx: &PreparedContext, piece: &[usize], unit: &[usize]) -> bool {
+/// run parses as one subtree: `brackets` carries the piece's bracket state
+/// (scanned on the first such question), so each chunk is scanned once
+/// however long the piece grows; `unit` is added to it when it joins.
+fn joins(ctx: &PreparedContext, piece: &[usize], brackets: &mut Option<json::Brackets>, unit: &[usize]) -> bool {
     let a = *piece.last().expect("a piece is never empty");
     let b = unit[0];
     let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
     if ca.wrap.is_some() || cb.wrap.is_some() {
         let next = ca.wrap.is_some() && cb.wrap.is_some() && cb.prev == Some(a) && cb.gap.is_some();
-        return next && json_wrap(ctx, &[piece, unit].concat()).is_some();
+        if !next {
+            return false;
+        }
+        let mut state = brackets.take().unwrap_or_else(|| scanned(ctx, json::Brackets::default(), piece, true));
+        state = scanned(ctx, state, unit, false);
+        let wraps = state.wraps();
+        *brackets = wraps.then_some(state);
+        return wraps;
     }
+    // a state scanned before would miss the chunks this join adds
+    *brackets = None;
     reads_on(ctx, a, b) || (ca.group == cb.group && ca.span.1 <= cb.span.0)
+}
+
+/// `state` with the text of `run` appended as [`json_wrap`] joins it: each
+/// chunk after the white space before it, but the piece's first (`opens`).
+fn scanned(ctx: &PreparedContext, mut state: json::Brackets, run: &[usize], opens: bool) -> json::Brackets {
+    for (k, &i) in run.iter().enumerate() {
+        let c = &ctx.chunks[i];
+        if k > 0 || !opens {
+            state.push(c.gap.as_deref().unwrap_or(""));
+        }
+        state.push(&c.text);
+    }
+    state
 }
 
 /// The JSON path of a run of subtrees: the path all their paths begin
@@ -262,4 +292,132 @@ fn dedent(text: &str) -> String {
         .min()
         .unwrap_or(0);
     text.lines().map(|l| l.get(margin..).unwrap_or(l.trim_start())).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+    use crate::cancel::Cancel;
+    use crate::context::{Field, FieldKind};
+    use crate::encoder::HashEncoder;
+    use crate::extract::ScdConfig;
+
+    fn prepared(name: &str, content: String, cfg: ScdConfig) -> Arc<PreparedContext> {
+        let scd = Scd::new(Arc::new(HashEncoder::new(64, 512)), cfg);
+        let field = Field { name: name.into(), kind: FieldKind::Json, confidential: false, content };
+        scd.prepare(&[&field], &Cancel::new()).unwrap()
+    }
+
+    /// `pieces` as it was before [`json::Brackets`]: each join parsed the
+    /// whole run again. The reference the running state must agree with.
+    fn reference_pieces(ctx: &PreparedContext, selected: &[usize]) -> Vec<Vec<usize>> {
+        let chunks = &ctx.chunks;
+        let mut sel = selected.to_vec();
+        sel.sort_unstable_by_key(|&i| (chunks[i].field, chunks[i].span.0, chunks[i].span.1));
+        sel.dedup();
+        let set: HashSet<usize> = sel.iter().copied().collect();
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        let mut k = 0;
+        while k < sel.len() {
+            let unit = whole_from(ctx, &set, sel[k]);
+            k += unit.len();
+            match out.last_mut() {
+                Some(p) if reference_joins(ctx, p, &unit) => p.extend(unit),
+                _ => out.push(unit),
+            }
+        }
+        out
+    }
+
+    fn reference_joins(ctx: &PreparedContext, piece: &[usize], unit: &[usize]) -> bool {
+        let a = *piece.last().expect("a piece is never empty");
+        let b = unit[0];
+        let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
+        if ca.wrap.is_some() || cb.wrap.is_some() {
+            let next = ca.wrap.is_some() && cb.wrap.is_some() && cb.prev == Some(a) && cb.gap.is_some();
+            return next && json_wrap(ctx, &[piece, unit].concat()).is_some();
+        }
+        reads_on(ctx, a, b) || (ca.group == cb.group && ca.span.1 <= cb.span.0)
+    }
+
+    /// The pieces, and the text rendered from them, are those of the
+    /// reference, byte for byte: generated documents (lists of objects,
+    /// nested trees, strings with brackets, quotes, escapes and non-ASCII
+    /// text) cut at many unit sizes, under seeded selections from sparse to
+    /// all of it and runs of adjacent chunks.
+    #[test]
+    fn pieces_and_text_are_those_of_parsing_each_run_again() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(11);
+        let (mut checked, mut joined) = (0, 0);
+        for (d, doc) in crate::chunk::json::tests::documents(3, 5).into_iter().enumerate() {
+            for unit in [8, 40, 120, 400] {
+                let mut cfg = ScdConfig::default();
+                cfg.prepare.chunk.json_unit_bytes = unit;
+                let ctx = prepared("doc.json", doc.clone(), cfg);
+                let n = ctx.chunks.len();
+                for _ in 0..32 {
+                    let selected: Vec<usize> = match rng.random_range(0..3) {
+                        0 => {
+                            let density = rng.random_range(0.1..=1.0);
+                            (0..n).filter(|_| rng.random_bool(density)).collect()
+                        }
+                        1 => {
+                            let a = rng.random_range(0..n);
+                            (a..rng.random_range(a..=n)).collect()
+                        }
+                        _ => (0..n).collect(),
+                    };
+                    let want = reference_pieces(&ctx, &selected);
+                    assert_eq!(pieces(&ctx, &selected), want, "document {d}, unit {unit}: {selected:?}");
+                    let mut text = String::new();
+                    for piece in &want {
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        write_piece(&ctx, piece, &mut text);
+                    }
+                    assert_eq!(render(&ctx, &selected), text, "document {d}, unit {unit}: {selected:?}");
+                    checked += 1;
+                    joined += want.iter().filter(|p| p.len() > 2).count();
+                }
+            }
+        }
+        assert!(checked > 1000 && joined > 1000, "{checked} selections, {joined} pieces of three chunks or more");
+    }
+
+    /// A timing, not a check: rendering nine chunks in ten of a large pod
+    /// list, whose pods join into long pieces. The list is the file named by
+    /// `SCD_PODS_JSON`, made for example with
+    /// `python3 -c "import json;print(json.dumps({'kind':'List','apiVersion':'v1','items':[{'metadata':{'name':f'web-{i}','namespace':'shop'},'spec':{'containers':[{'name':'app','image':'web:1.2'}]},'status':{'phase':'Running','restartCount':i%3,'containerStatuses':[{'ready':i!=1234,'state':{'waiting':{'reason':'CrashLoopBackOff'}} if i==1234 else {'running':{}}}]}} for i in range(4000)]},indent=1))" > /tmp/pods.json`
+    /// (1.46 MB). Run: `SCD_PODS_JSON=/tmp/pods.json cargo test -p scd-engine --lib render_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn render_timing() {
+        let path = std::env::var("SCD_PODS_JSON").expect("SCD_PODS_JSON names the pod list");
+        let content = std::fs::read_to_string(path).unwrap();
+        let t = Instant::now();
+        let ctx = prepared("pods.json", content, ScdConfig::default());
+        let prepare_ms = t.elapsed().as_millis();
+        let all = ctx.chunks.len();
+        // the first nine tenths (long runs), and nine chunks in every ten (short ones)
+        for (how, selected) in [
+            ("first 90%", (0..all * 9 / 10).collect::<Vec<usize>>()),
+            ("9 in 10", (0..all).filter(|i| i % 10 != 9).collect()),
+        ] {
+            let t = Instant::now();
+            let text = render(&ctx, &selected);
+            let render_ms = t.elapsed().as_secs_f64() * 1e3;
+            let n = pieces(&ctx, &selected).len();
+            println!(
+                "{all} chunks (prepare {prepare_ms} ms); {how}: {} selected, {n} pieces, {} bytes, render {render_ms:.1} ms",
+                selected.len(),
+                text.len()
+            );
+        }
+    }
 }

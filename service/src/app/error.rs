@@ -93,12 +93,6 @@ pub enum AppError {
 /// The core's result.
 pub type Result<T, E = AppError> = std::result::Result<T, E>;
 
-/// The metadata key with which a gRPC status names the engine parameter of
-/// an INVALID_ARGUMENT, by its wire name (`scd-param: max_context_tokens`;
-/// see [`AppError::param`]), so that a client (`scd mcp --server`) names it
-/// its own way by the typed field and reads no name out of the message.
-pub const PARAM_KEY: &str = "scd-param";
-
 impl AppError {
     /// A bad request field (`message` starts with the field, named as
     /// every surface names it).
@@ -160,7 +154,8 @@ impl AppError {
     }
 
     /// The engine parameter an invalid argument's message starts with (by
-    /// its wire name), when the core knows it.
+    /// its wire name), when the core knows it; gRPC carries it under
+    /// `scd_proto::scd::v1::PARAM_KEY`.
     pub fn param(&self) -> Option<&scd_engine::Param> {
         match self {
             AppError::InvalidArgument { param, .. } => param.as_ref(),

@@ -52,7 +52,7 @@ use self::ratelog::RateLimitedWarn;
 use self::wait::{overloaded, past_share};
 
 pub use self::code::Code;
-pub use self::error::{AppError, Result, PARAM_KEY};
+pub use self::error::{AppError, Result};
 pub use self::readiness::{Readiness, Ready};
 
 /// Per-request limits.

@@ -4,7 +4,11 @@
 //! over streamable HTTP at `http://ADDR/mcp` with `--http-addr` (the bound
 //! address is printed on stdout: `mcp on http://127.0.0.1:PORT/mcp`).
 //! In process, `--audit-db` keeps the audit trail as `scd serve` does,
-//! each tool call named `MCP` and the core's method.
+//! each tool call named `MCP` and the core's method. Its audit flags read
+//! `scd mcp`'s own variables (`SCD_MCP_AUDIT_DB`, …), not `scd serve`'s
+//! `SCD_AUDIT_*`: an environment set up for the server neither opens the
+//! server's file here nor stops `scd mcp --server`, which ignores the
+//! variables (its server keeps the trail) and refuses the flags.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,8 +31,23 @@ use crate::mcp::stdio::StrictLines;
 use crate::mcp::{Backend, ScdMcp, SessionTokens};
 use crate::tls;
 
+/// The audit flags `scd mcp` shares with `scd serve` (clap ids) and the
+/// variables they read here.
+const AUDIT_ENV: [(&str, &str); 4] = [
+    ("audit_db", "SCD_MCP_AUDIT_DB"),
+    ("audit_level", "SCD_MCP_AUDIT_LEVEL"),
+    ("audit_max_age", "SCD_MCP_AUDIT_MAX_AGE"),
+    ("audit_max_bytes", "SCD_MCP_AUDIT_MAX_BYTES"),
+];
+
 /// Arguments of `scd mcp`.
 #[derive(Debug, clap::Args)]
+#[command(
+    mut_arg(AUDIT_ENV[0].0, |a| a.env(AUDIT_ENV[0].1)),
+    mut_arg(AUDIT_ENV[1].0, |a| a.env(AUDIT_ENV[1].1)),
+    mut_arg(AUDIT_ENV[2].0, |a| a.env(AUDIT_ENV[2].1)),
+    mut_arg(AUDIT_ENV[3].0, |a| a.env(AUDIT_ENV[3].1))
+)]
 pub struct McpArgs {
     /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (port 0
     /// picks a free port; the address is printed on stdout).
@@ -100,7 +119,8 @@ pub struct McpArgs {
     confidence: crate::cli::handoff::ConfidenceArgs,
     /// In-process: the audit trail of `scd serve`, recording the tools'
     /// compress and request_more_context calls (`MCP OpenSession`, `MCP
-    /// Compress`, `MCP RequestContext`); `scd audit --db` reads it.
+    /// Compress`, `MCP RequestContext`); `scd audit --db` reads it. The
+    /// variables are `SCD_MCP_AUDIT_*`, not the server's `SCD_AUDIT_*`.
     #[command(flatten)]
     audit: crate::cli::serve::AuditTrailArgs,
     /// In-process: the second stage (a cross-encoder over the best chunks).
@@ -109,7 +129,7 @@ pub struct McpArgs {
 }
 
 impl McpArgs {
-    fn check(&self) -> anyhow::Result<()> {
+    fn check(&mut self, matches: &clap::ArgMatches) -> anyhow::Result<()> {
         for (flag, v) in [
             ("--max-sessions", self.max_sessions),
             ("--max-concurrent-compress", self.max_concurrent_compress),
@@ -122,12 +142,44 @@ impl McpArgs {
             anyhow::ensure!(v > 0, "{flag} {v}: must be at least 1");
         }
         self.http_conn.limits()?;
+        if self.server.is_some() {
+            self.ignore_audit_env(matches);
+        } else if std::env::var_os("SCD_AUDIT_DB").is_some() {
+            tracing::info!(
+                "SCD_AUDIT_DB is scd serve's audit trail; scd mcp records with --audit-db or SCD_MCP_AUDIT_DB"
+            );
+        }
         self.audit.check()?;
         anyhow::ensure!(
             self.server.is_none() || self.audit.audit_db.is_none(),
             "--audit-db: with --server the tools run on that server, which keeps the audit trail (scd serve --audit-db)"
         );
         Ok(())
+    }
+
+    /// With --server: the audit settings that only the environment gives
+    /// (`SCD_MCP_AUDIT_*`) are dropped, with one line naming them, since the
+    /// server keeps the trail; the flags, given on the command line, stay
+    /// to be refused.
+    fn ignore_audit_env(&mut self, matches: &clap::ArgMatches) {
+        let from_env = |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::EnvVariable);
+        let ignored: Vec<&str> = AUDIT_ENV.iter().filter(|(id, _)| from_env(id)).map(|&(_, var)| var).collect();
+        if ignored.is_empty() {
+            return;
+        }
+        if from_env("audit_db") {
+            self.audit.audit_db = None;
+        }
+        if from_env("audit_max_age") {
+            self.audit.audit_max_age = None;
+        }
+        if from_env("audit_max_bytes") {
+            self.audit.audit_max_bytes = None;
+        }
+        tracing::info!(
+            "{} ignored: with --server the tools run on that server, which keeps the audit trail",
+            ignored.join(", ")
+        );
     }
 
     /// The serve defaults, with this command's limits.
@@ -181,8 +233,10 @@ pub fn exposed_warning(local: SocketAddr) -> String {
 }
 
 /// Runs `scd mcp` until stdin closes (stdio) or Ctrl-C / SIGTERM (HTTP).
-pub fn run(model: &ModelArgs, args: McpArgs) -> anyhow::Result<()> {
-    args.check()?;
+///
+/// `matches` are the subcommand's: they tell a flag from its variable.
+pub fn run(model: &ModelArgs, mut args: McpArgs, matches: &clap::ArgMatches) -> anyhow::Result<()> {
+    args.check(matches)?;
     let listener = match args.http_addr {
         Some(addr) => Some(std::net::TcpListener::bind(addr).map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => anyhow::anyhow!("--http-addr {addr} is already in use"),

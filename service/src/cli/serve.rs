@@ -207,6 +207,8 @@ pub struct ServeArgs {
 
 /// The audit trail's flags, shared by `scd serve` and `scd mcp` (its tools
 /// in process): where the records go, what they hold, how long they stay.
+/// `scd mcp` reads them from its own variables, `SCD_MCP_AUDIT_*`
+/// ([`crate::cli::mcp`]).
 #[derive(Debug, clap::Args)]
 pub struct AuditTrailArgs {
     /// Audit trail database (redb): Compress, OpenSession and RequestContext
@@ -218,12 +220,12 @@ pub struct AuditTrailArgs {
     audit_level: AuditLevel,
     /// Records older than this are removed (e.g. 7d, 12h, 30m); unset keeps them.
     #[arg(long, env = "SCD_AUDIT_MAX_AGE", value_parser = super::parse_duration)]
-    audit_max_age: Option<Duration>,
+    pub(crate) audit_max_age: Option<Duration>,
     /// The oldest records are removed while the records' summed JSON size is
     /// over this many bytes (default 1 GiB, so failing calls cannot fill the
     /// disk); `none` keeps every record.
     #[arg(long, env = "SCD_AUDIT_MAX_BYTES", value_parser = super::parse_audit_max_bytes)]
-    audit_max_bytes: Option<super::AuditMaxBytes>,
+    pub(crate) audit_max_bytes: Option<super::AuditMaxBytes>,
 }
 
 impl AuditTrailArgs {

@@ -7,7 +7,8 @@ use scd_engine::extract::{Compressed, SelectedChunk, SessionRequest};
 use tonic::{Code, Status};
 
 use super::pb;
-use crate::app::{AppError, PARAM_KEY};
+use super::pb::PARAM_KEY;
+use crate::app::AppError;
 
 /// An engine error as a status: [`AppError`]'s mapping (validation →
 /// INVALID_ARGUMENT, unknown session → NOT_FOUND, cancelled → CANCELLED,

@@ -5,11 +5,12 @@
 
 use scd_engine::Param;
 use scd_proto::scd::v1 as pb;
+use scd_proto::scd::v1::PARAM_KEY;
 use tonic::{Code, Status};
 
 use super::reply::{kind_text, Embeddings};
 use crate::app::json::{self, Budget, CompressContextArgs, RenderFormat, RequestMoreArgs};
-use crate::app::{AppError, PARAM_KEY};
+use crate::app::AppError;
 use crate::client::view;
 use crate::client::Conn;
 use crate::view::{CompressOutput, MoreOutput};

@@ -466,6 +466,69 @@ fn mcp_flags_are_checked_before_any_work() {
     assert!(err.contains("--audit-db: with --server the tools run on that server"), "{err}");
 }
 
+/// `scd mcp` with `RUST_LOG=info`, `env` and `args`, its stdin closed at
+/// once (so a started one ends at initialization): (success, stderr).
+fn mcp_env(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    let mut cmd = crate::support::command(Path::new(env!("CARGO_BIN_EXE_scd")));
+    cmd.env("RUST_LOG", "info").envs(env.iter().copied()).arg("mcp").args(args);
+    let (ok, _, err) = crate::support::output(&mut cmd, "");
+    (ok, err)
+}
+
+/// `scd mcp --server` is not stopped by audit variables (its tools run on
+/// the server, which keeps the trail): `scd serve`'s `SCD_AUDIT_DB` is not
+/// read, its own `SCD_MCP_AUDIT_*` are ignored in one line naming them;
+/// the `--audit-db` flag is still refused, with the variable or without.
+#[test]
+fn mcp_with_server_ignores_audit_variables_and_refuses_the_flag() {
+    let dir = crate::scratch("mcp-audit-env-server");
+    let db = dir.join("audit.redb");
+    let db = db.to_str().unwrap();
+    let server = ["--server", "http://127.0.0.1:1"];
+    let started = "MCP over stdio";
+    let (_, err) = mcp_env(&[("SCD_AUDIT_DB", db), ("SCD_AUDIT_MAX_AGE", "7d")], &server);
+    assert!(err.contains(started) && !err.contains("--audit"), "{err}");
+    let (_, err) = mcp_env(&[("SCD_MCP_AUDIT_DB", db), ("SCD_MCP_AUDIT_MAX_AGE", "7d")], &server);
+    assert!(err.contains(started), "{err}");
+    let ignored =
+        "SCD_MCP_AUDIT_DB, SCD_MCP_AUDIT_MAX_AGE ignored: with --server the tools run on that server, which keeps \
+         the audit trail";
+    assert_eq!(err.matches(ignored).count(), 1, "{err}");
+    let refused = "--audit-db: with --server the tools run on that server";
+    for env in [&[][..], &[("SCD_MCP_AUDIT_DB", db)]] {
+        let (ok, err) = mcp_env(env, &[&server[..], &["--audit-db", db]].concat());
+        assert!(!ok && err.contains(refused) && !err.contains(started), "{env:?}: {err}");
+    }
+    // a flag the variable needed is refused as without it
+    let (ok, err) = mcp_env(&[("SCD_MCP_AUDIT_DB", db)], &[&server[..], &["--audit-max-age", "7d"]].concat());
+    assert!(!ok && err.contains("--audit-max-age: needs --audit-db"), "{err}");
+    assert!(!Path::new(db).exists(), "nothing opened the file");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// In process, `scd mcp` keeps its trail where `SCD_MCP_AUDIT_DB` says and
+/// leaves `scd serve`'s `SCD_AUDIT_DB` alone (saying so in one line).
+#[test]
+fn mcp_in_process_reads_its_own_audit_variable_not_the_servers() {
+    if !ready() {
+        return;
+    }
+    let dir = crate::scratch("mcp-audit-env");
+    let (mine, servers) = (dir.join("mcp.redb"), dir.join("serve.redb"));
+    let env = [("SCD_MCP_AUDIT_DB", mine.to_str().unwrap()), ("SCD_AUDIT_DB", servers.to_str().unwrap())];
+    let (_, err) = mcp_env(&env, &[]);
+    assert!(err.contains("MCP over stdio"), "{err}");
+    assert!(
+        err.contains("SCD_AUDIT_DB is scd serve's audit trail; scd mcp records with --audit-db or SCD_MCP_AUDIT_DB")
+    );
+    assert!(mine.exists() && !servers.exists(), "{err}");
+    // without its own variable, none is opened
+    std::fs::remove_file(&mine).unwrap();
+    let (_, err) = mcp_env(&env[1..], &[]);
+    assert!(err.contains("MCP over stdio") && !mine.exists() && !servers.exists(), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `compress_context` with `api_keys` marked confidential, then public, in
 /// one object: JSON-RPC request `id` 9.
 const DUPLICATE_CALL: &str = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"compress_context","arguments":{"task":"Which key does checkout use?","budget":200,"context":{"fields":[{"name":"notes","content":"Checkout calls the payment API."},{"name":"api_keys","content":"sk_live_SECRET_4242","confidential":true,"confidential":false}]}}}}"#;
