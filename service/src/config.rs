@@ -217,9 +217,11 @@ pub struct RerankArgs {
     pub reranker: Option<String>,
     /// Weight of the second stage (0 turns it off; `scd` then loads no model): each
     /// of the --rerank-top best chunks gains this times the z-score of the
-    /// cross-encoder's score among them.
-    #[arg(long, env = "SCD_RERANK_WEIGHT", default_value_t = ScoringConfig::default().rerank_weight)]
-    pub rerank_weight: f32,
+    /// cross-encoder's score among them. Default: 1 (chosen by
+    /// cross-validation, BENCHMARKS.md) when a reranker is found, else off;
+    /// a weight given here needs one.
+    #[arg(long, env = "SCD_RERANK_WEIGHT")]
+    pub rerank_weight: Option<f32>,
     /// Chunks the second stage reads with the task: the best by the first
     /// stage's score (1 to 256).
     #[arg(long, env = "SCD_RERANK_TOP", default_value_t = ScoringConfig::default().rerank_top)]
@@ -232,11 +234,8 @@ pub const MAX_RERANK_TOP: usize = 256;
 impl RerankArgs {
     /// The flags checked; an error names the flag.
     pub fn check(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.rerank_weight.is_finite() && (0.0..=10.0).contains(&self.rerank_weight),
-            "--rerank-weight {}: must be between 0 and 10",
-            self.rerank_weight
-        );
+        let w = self.weight();
+        anyhow::ensure!(w.is_finite() && (0.0..=10.0).contains(&w), "--rerank-weight {w}: must be between 0 and 10");
         anyhow::ensure!(
             (1..=MAX_RERANK_TOP).contains(&self.rerank_top),
             "--rerank-top {}: must be between 1 and {MAX_RERANK_TOP}",
@@ -245,9 +244,14 @@ impl RerankArgs {
         Ok(())
     }
 
+    /// The weight: --rerank-weight, else the engine's default.
+    pub fn weight(&self) -> f32 {
+        self.rerank_weight.unwrap_or(ScoringConfig::default().rerank_weight)
+    }
+
     /// `scoring` with the second stage's weight and reach.
     pub fn apply(&self, scoring: &mut ScoringConfig) {
-        scoring.rerank_weight = self.rerank_weight;
+        scoring.rerank_weight = self.weight();
         scoring.rerank_top = self.rerank_top;
     }
 
@@ -265,11 +269,12 @@ impl RerankArgs {
     pub fn load(&self, model: &ModelArgs, needed: bool) -> anyhow::Result<Option<Arc<dyn CrossEncoder>>> {
         self.check()?;
         let dir = self.dir(model)?;
+        // the default weight without a reranker is no error: the stage is off
+        let asked = self.rerank_weight.unwrap_or(0.0);
         anyhow::ensure!(
-            dir.is_some() || self.rerank_weight == 0.0,
-            "--rerank-weight {}: the second stage needs a reranker (--reranker DIR, or a rerank folder under \
-             --models-dir)",
-            self.rerank_weight
+            dir.is_some() || asked == 0.0,
+            "--rerank-weight {asked}: the second stage needs a reranker (--reranker DIR, or a rerank folder under \
+             --models-dir)"
         );
         let Some(dir) = dir else { return Ok(None) };
         if !needed {
@@ -283,7 +288,7 @@ impl RerankArgs {
     /// [`RerankArgs::load`] when the weight is above 0 (`scd serve`, `scd
     /// compress`, `scd mcp`, `scd-dev eval`).
     pub fn load_if_weighted(&self, model: &ModelArgs) -> anyhow::Result<Option<Arc<dyn CrossEncoder>>> {
-        self.load(model, self.rerank_weight > 0.0)
+        self.load(model, self.weight() > 0.0)
     }
 }
 
@@ -431,6 +436,11 @@ mod tests {
         let e = format!("{:#}", cli.rerank.dir(&cli.model).unwrap_err());
         assert!(e.starts_with(&format!("--reranker {}: ", missing.display())), "{e}");
         assert!(e.contains("manifest.json"), "{e}");
+        // the default weight without a reranker: the stage is off, no error
+        let cli = parse(&["--models-dir", models, "--reranker", "none"]);
+        if std::env::var_os("SCD_RERANK_WEIGHT").is_none() {
+            assert!(cli.rerank.load_if_weighted(&cli.model).unwrap().is_none());
+        }
         let cli = parse(&["--models-dir", models, "--reranker", "none", "--rerank-weight", "1"]);
         let e = cli.rerank.load(&cli.model, true).expect_err("a weight without a reranker").to_string();
         assert!(e.starts_with("--rerank-weight 1: the second stage needs a reranker"), "{e}");

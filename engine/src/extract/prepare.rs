@@ -68,6 +68,8 @@ pub(super) struct Prepared {
 pub(super) struct PreparedContext {
     pub(super) chunks: Vec<Prepared>,
     pub(super) field_names: Vec<String>,
+    /// Per field, its kind.
+    pub(super) field_kinds: Vec<FieldKind>,
     /// Per field: its title's mention key when it is a titled document.
     pub(super) field_keys: Vec<Option<String>>,
     /// Per field, its last line (1-based), found once here so rendering
@@ -357,6 +359,7 @@ impl Scd {
             near_duplicates,
             chunks,
             field_names: fields.iter().map(|f| f.name.clone()).collect(),
+            field_kinds: fields.iter().map(|f| f.kind).collect(),
             field_keys: fields
                 .iter()
                 .map(|f| {

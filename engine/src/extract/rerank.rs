@@ -1,11 +1,17 @@
 //! The second stage: the first stage's best chunks read with the task (or
 //! a follow-up's question) by the cross-encoder ([`crate::rerank`]), its
 //! logits z-scored among them and added, weighted, to their scores.
+//!
+//! It reads chunks of the kinds its model learned from (questions over
+//! prose, a doc comment's sentence over code: `models/rerank/SOURCE.md`):
+//! prose, Markdown and code. Log lines, JSON, chat turns and tables keep
+//! their first-stage scores.
 
 use super::parts::Scores;
 use super::prepare::PreparedContext;
 use super::Scd;
 use crate::cancel::Cancel;
+use crate::context::FieldKind;
 use crate::score::zscores;
 use crate::{Error, Result};
 
@@ -33,11 +39,13 @@ impl Scd {
         let scores = &parts.fused;
         let mut order: Vec<usize> = (0..scores.len()).filter(|&i| eligible(i)).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        let (cand, rest) = order.split_at(top.min(order.len()));
+        let reads = |i: usize| reads_kind(ctx.field_kinds[ctx.chunks[i].field]);
+        let cand: Vec<usize> = order.iter().copied().filter(|&i| reads(i)).take(top).collect();
         if cand.is_empty() {
             return Ok(());
         }
-        let floor = rest.iter().map(|&i| scores[i]).fold(f32::NEG_INFINITY, f32::max);
+        // the best eligible chunk outside the candidates, of any kind
+        let floor = order.iter().filter(|i| !cand.contains(i)).map(|&i| scores[i]).fold(f32::NEG_INFINITY, f32::max);
         let passages: Vec<String> =
             cand.iter().map(|&i| model.passage(&ctx.field_names[ctx.chunks[i].field], &ctx.chunks[i].text)).collect();
         let pairs: Vec<(&str, &str)> = passages.iter().map(|p| (query, p.as_str())).collect();
@@ -66,6 +74,12 @@ impl Scd {
         }
         Ok(())
     }
+}
+
+/// Whether the second stage reads chunks of fields of `kind`: the kinds
+/// its model was trained on.
+fn reads_kind(kind: FieldKind) -> bool {
+    matches!(kind, FieldKind::Prose | FieldKind::Markdown | FieldKind::Code)
 }
 
 #[cfg(test)]
@@ -167,6 +181,39 @@ mod tests {
             assert_eq!(second.fused[i], first.fused[i] + lift, "chunk {i}: the lift is what was added");
             assert_eq!(lift != 0.0, before[..top].contains(&i), "chunk {i}: only candidates are lifted");
         }
+    }
+
+    #[test]
+    fn log_json_and_chat_chunks_keep_their_first_stage_score() {
+        let model = Arc::new(Short::default());
+        let scd = engine(3.0, 6, Some(model.clone()));
+        let mut fields = fields();
+        let log: String = (0..20).map(|i| format!("ERROR payment service timed out at checkout {i}\n")).collect();
+        let chat: String = (0..10).map(|i| format!("ana: did the checkout payment time out {i}?\n")).collect();
+        fields.push(Field { name: "app.log".into(), kind: FieldKind::Log, confidential: false, content: log });
+        fields.push(Field { name: "thread".into(), kind: FieldKind::Chat, confidential: false, content: chat });
+        let json = r#"{"payment": {"status": "timeout", "at": "checkout"}}"#.to_string();
+        fields.push(Field { name: "p.json".into(), kind: FieldKind::Json, confidential: false, content: json });
+        let refs: Vec<&Field> = fields.iter().collect();
+        let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
+        let qv = scd.embed_cached(&[QUERY], InputKind::Query).unwrap().remove(0);
+        let mut first = scd.score(&ctx, &qv, QUERY);
+        scd.rescore(&ctx, QUERY, &mut first);
+        let mut second = first.clone();
+        scd.rerank(&ctx, QUERY, &mut second, &|_| true, &Cancel::new()).unwrap();
+        let kinds: Vec<FieldKind> = ctx.chunks.iter().map(|c| fields[c.field].kind).collect();
+        assert!(kinds.iter().any(|k| *k == FieldKind::Log) && kinds.iter().any(|k| *k == FieldKind::Chat));
+        let mut read = 0;
+        for (i, k) in kinds.iter().enumerate() {
+            if matches!(k, FieldKind::Log | FieldKind::Chat | FieldKind::Json) {
+                assert_eq!(second.fused[i], first.fused[i], "chunk {i} ({k:?}) is not read");
+                assert_eq!(second.rerank_lift[i], 0.0);
+            } else if second.rerank_lift[i] != 0.0 {
+                read += 1;
+            }
+        }
+        assert_eq!(read, 6, "the top prose chunks are read instead");
+        assert_eq!(model.pairs.load(Ordering::Relaxed), 6);
     }
 
     #[test]
