@@ -44,8 +44,14 @@ impl Scd {
         if cand.is_empty() {
             return Ok(());
         }
-        // the best eligible chunk outside the candidates, of any kind
-        let floor = order.iter().filter(|i| !cand.contains(i)).map(|&i| scores[i]).fold(f32::NEG_INFINITY, f32::max);
+        // the best chunk it could have read outside the candidates: a kind it
+        // does not read may outscore them and is no floor (the clamp below
+        // would lift every candidate over it)
+        let floor = order
+            .iter()
+            .filter(|&&i| reads(i) && !cand.contains(&i))
+            .map(|&i| scores[i])
+            .fold(f32::NEG_INFINITY, f32::max);
         let passages: Vec<String> =
             cand.iter().map(|&i| model.passage(&ctx.field_names[ctx.chunks[i].field], &ctx.chunks[i].text)).collect();
         let pairs: Vec<(&str, &str)> = passages.iter().map(|p| (query, p.as_str())).collect();
@@ -214,6 +220,19 @@ mod tests {
         }
         assert_eq!(read, 6, "the top prose chunks are read instead");
         assert_eq!(model.pairs.load(Ordering::Relaxed), 6);
+        // a small weight moves a read chunk past an unread one only by its
+        // small lift, never by the floor's clamp
+        let small = engine(0.01, 6, Some(Arc::new(Short::default())));
+        let mut low = first.clone();
+        small.rerank(&ctx, QUERY, &mut low, &|_| true, &Cancel::new()).unwrap();
+        for (i, ki) in kinds.iter().enumerate() {
+            for (j, kj) in kinds.iter().enumerate() {
+                let unread = matches!(kj, FieldKind::Log | FieldKind::Chat | FieldKind::Json);
+                if matches!(ki, FieldKind::Prose) && unread && first.fused[j] - first.fused[i] > 0.1 {
+                    assert!(low.fused[i] < low.fused[j], "chunk {i} jumped over the unread chunk {j}");
+                }
+            }
+        }
     }
 
     #[test]

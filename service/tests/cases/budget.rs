@@ -189,7 +189,7 @@ async fn grpc_explain_parts_add_up_to_each_score() {
     let sent: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, sent);
     for (w, ch) in ex.selected.iter().zip(&out.chunks) {
-        let sum = w.dense_z + ex.lexical_weight * w.lexical_z + w.group_lift + w.link_lift + w.hop_lift;
+        let sum = w.dense_z + ex.lexical_weight * w.lexical_z + w.group_lift + w.link_lift + w.hop_lift + w.rerank_lift;
         assert!((sum - w.score).abs() <= 1e-3, "{}: parts add up to {sum}, score {}", w.id, w.score);
         assert_eq!(w.tokens, ch.tokens, "{}", w.id);
         assert!(!w.required, "{}: no field was required", w.id);

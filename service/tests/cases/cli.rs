@@ -253,18 +253,28 @@ fn compress_explain_prints_a_table_and_json_carries_it_only_when_asked() {
         lines.iter().position(|l| l.starts_with("-- why: score = dense_z + ")).unwrap_or_else(|| panic!("{text}"));
     assert!(lines[why].contains("tokens in e5"), "{}", lines[why]);
     let header: Vec<&str> = lines[why + 1].split_whitespace().collect();
-    assert_eq!(
-        header,
-        ["id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens", "chunker"]
-    );
+    // the second stage's column (after hop) only when it lifted a sent chunk
+    let lifted = explained["explanation"]["selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["rerank_lift"].as_f64().unwrap_or(0.0) != 0.0);
+    let mut want =
+        vec!["id", "order", "score", "dense_z", "lex_z", "group", "link", "hop", "lead", "tokens", "chunker"];
+    if lifted {
+        want.insert(8, "rerank");
+        assert!(lines[why].contains(" + rerank;"), "{}", lines[why]);
+    }
+    assert_eq!(header, want);
+    let cols = want.len();
     let dropped_at =
         lines.iter().position(|l| l.starts_with("-- dropped: ")).unwrap_or_else(|| panic!("no dropped line: {text}"));
     let rows: Vec<&str> = lines[why + 2..dropped_at].iter().map(|l| l.split_whitespace().next().unwrap()).collect();
     assert_eq!(rows, sent, "one row per sent chunk, in reading order");
     for row in &lines[why + 2..dropped_at] {
         let cells: Vec<&str> = row.split_whitespace().collect();
-        let want = if cells[0].starts_with("error_logs#") { "log" } else { cells[10] };
-        assert!(cells.len() == 11 && cells[10] == want && cells[10] != "-", "chunker column: {row}");
+        let want = if cells[0].starts_with("error_logs#") { "log" } else { cells[cols - 1] };
+        assert!(cells.len() == cols && cells[cols - 1] == want && cells[cols - 1] != "-", "chunker column: {row}");
     }
     let mut orders: Vec<usize> =
         lines[why + 2..dropped_at].iter().map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap()).collect();
