@@ -217,9 +217,9 @@ pub struct RerankArgs {
     pub reranker: Option<String>,
     /// Weight of the second stage (0 turns it off; `scd` then loads no model): each
     /// of the --rerank-top best chunks gains this times the z-score of the
-    /// cross-encoder's score among them. Default: 1 (chosen by
-    /// cross-validation, BENCHMARKS.md) when a reranker is found, else off;
-    /// a weight given here needs one.
+    /// cross-encoder's score among them. Default: the engine's (0, off;
+    /// cross-validation chose 1, BENCHMARKS.md says why it is not the
+    /// default yet); a weight above 0 given here needs a reranker.
     #[arg(long, env = "SCD_RERANK_WEIGHT")]
     pub rerank_weight: Option<f32>,
     /// Chunks the second stage reads with the task: the best by the first

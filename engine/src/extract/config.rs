@@ -178,9 +178,9 @@ pub struct ScoringConfig {
     pub lead_link_bonus: f32,
     /// Chunks this similar (cosine) to a selected one are skipped as redundant.
     pub redundancy_cosine: f32,
-    /// Weight of the second stage (0 turns it off; 1, the default, was
-    /// chosen by cross-validation on train-split questions, BENCHMARKS.md;
-    /// nothing happens without a reranker): with a reranker
+    /// Weight of the second stage (0, the default, turns it off; 1 is what
+    /// cross-validation on train-split questions chose, not yet the default:
+    /// BENCHMARKS.md says why; nothing happens without a reranker): with a reranker
     /// ([`super::Scd::with_reranker`]), the `rerank_top` best chunks by the
     /// first stage's score are read with the task by the cross-encoder, its
     /// logits z-scored among them, and each gains this times its z-score
@@ -211,7 +211,7 @@ impl Default for ScoringConfig {
             json_whole_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
-            rerank_weight: 1.0,
+            rerank_weight: 0.0,
             rerank_top: 24,
         }
     }
@@ -318,7 +318,7 @@ mod tests {
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);
         assert_eq!(c.scoring.redundancy_cosine, 0.985);
-        assert_eq!(c.scoring.rerank_weight, 1.0);
+        assert_eq!(c.scoring.rerank_weight, 0.0);
         assert_eq!(c.scoring.rerank_top, 24);
         assert_eq!(c.limits.max_budget_tokens, 1 << 20);
         assert_eq!(c.limits.max_context_tokens, 1 << 20);

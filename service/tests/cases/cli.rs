@@ -303,7 +303,8 @@ fn compress_explain_prints_a_table_and_json_carries_it_only_when_asked() {
     let w = ex["lexical_weight"].as_f64().unwrap();
     for s in ex["selected"].as_array().unwrap() {
         let f = |k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
-        let sum = f("dense_z") + w * f("lexical_z") + f("group_lift") + f("link_lift") + f("hop_lift");
+        let sum =
+            f("dense_z") + w * f("lexical_z") + f("group_lift") + f("link_lift") + f("hop_lift") + f("rerank_lift");
         assert!((sum - f("score")).abs() < 1e-3, "{s}");
     }
     assert!(!ex["dropped"].as_array().unwrap().is_empty(), "{ex}");
