@@ -3,10 +3,12 @@
 
 Listwise: each group is a query, its positive and 5 negatives, and the loss
 is the cross-entropy of the positive under a softmax over the group's six
-logits. AdamW, linear warm-up and decay, one pass over the groups, four groups of like length a step (seeded),
-sequences padded to a multiple of 32.
-JAX on the CPU runs the same float operations in the same order each time,
-so a rerun writes the same weights (``weights.sha256`` records them).
+logits. AdamW, linear warm-up and decay, one pass over the groups, four
+groups of like length a step (seeded), sequences padded to a multiple of 32.
+Everything is seeded and JAX on the CPU runs the same float operations in
+the same order for the same inputs and thread count, so a rerun should write
+the same weights; train.sh compares them with the committed checksum
+(``weights.sha256``). A whole rerun has not been compared yet.
 
 Writes into --out: ``weights.safetensors`` (the trained tree in fp16; the
 frozen embeddings stay in the wheel), ``reference.json`` (this JAX code's
