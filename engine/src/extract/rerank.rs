@@ -208,7 +208,7 @@ mod tests {
         let mut second = first.clone();
         scd.rerank(&ctx, QUERY, &mut second, &|_| true, &Cancel::new()).unwrap();
         let kinds: Vec<FieldKind> = ctx.chunks.iter().map(|c| fields[c.field].kind).collect();
-        assert!(kinds.iter().any(|k| *k == FieldKind::Log) && kinds.iter().any(|k| *k == FieldKind::Chat));
+        assert!(kinds.contains(&FieldKind::Log) && kinds.contains(&FieldKind::Chat));
         let mut read = 0;
         for (i, k) in kinds.iter().enumerate() {
             if matches!(k, FieldKind::Log | FieldKind::Chat | FieldKind::Json) {
