@@ -4,6 +4,7 @@
 //! Code in a language with a built-in grammar is parsed (see [`code`]);
 //! each chunk records which chunker made it.
 
+mod chat;
 pub mod code;
 pub mod json;
 pub mod markdown;
@@ -80,6 +81,10 @@ pub struct ChunkConfig {
     /// lead (its bold phrase, else its first sentence) riding with each
     /// ([`markdown`]); 0: never, a list item is one chunk however long.
     pub item_sentence_bytes: usize,
+    /// A chat's consecutive turns are grouped into runs of up to this many
+    /// bytes, one run a chunk ([`chat`]); 0: each turn a chunk of its own,
+    /// a question grouped with its answer.
+    pub chat_run_bytes: usize,
 }
 
 impl Default for ChunkConfig {
@@ -92,6 +97,7 @@ impl Default for ChunkConfig {
             json_unit_bytes: 768,
             log_run_lines: 4,
             item_sentence_bytes: 0,
+            chat_run_bytes: 512,
         }
     }
 }
@@ -109,7 +115,7 @@ pub fn chunk_field(field: &Field, cfg: ChunkConfig) -> Vec<RawChunk> {
         FieldKind::Code => code(text),
         FieldKind::Log => log(text, cfg.log_run_lines),
         FieldKind::Json => json::chunk(text, cfg.json_unit_bytes).unwrap_or_else(|| json_lines(text)),
-        FieldKind::Chat => chat(text),
+        FieldKind::Chat => chat::chunk(text, cfg.chat_run_bytes),
         FieldKind::Table => table(text),
     };
     out.retain(|c| !text[c.start..c.end].trim().is_empty());
@@ -565,51 +571,6 @@ fn json_lines(text: &str) -> Vec<RawChunk> {
         .collect()
 }
 
-fn chat(text: &str) -> Vec<RawChunk> {
-    // a turn is a `speaker:` line plus its continuation lines; a turn that
-    // asks a question and the next turn form one group
-    let mut turns: Vec<(usize, usize)> = Vec::new();
-    for (s, e) in lines(text) {
-        let line = &text[s..e];
-        if line.trim().is_empty() {
-            continue;
-        }
-        let speaker = line.split_once(':').is_some_and(|(who, _)| {
-            let who = who.trim();
-            !who.is_empty()
-                && who.len() <= 32
-                && !who.contains("//")
-                && who.chars().all(|c| c.is_alphanumeric() || " _-.".contains(c))
-        });
-        match turns.last_mut() {
-            Some(t) if !speaker => t.1 = e,
-            _ => turns.push((s, e)),
-        }
-    }
-    let mut out = Vec::new();
-    let mut group = 0;
-    let mut prev_question = false;
-    for (s, e) in turns {
-        let question = text[s..e].trim_end().ends_with('?');
-        let answers_prev = prev_question;
-        if !answers_prev {
-            group += 1;
-        }
-        out.push(RawChunk {
-            start: s,
-            end: e,
-            heading: None,
-            group,
-            lead: !answers_prev,
-            defines: vec![],
-            chunker: "chat",
-            rides: false,
-        });
-        prev_question = question && !answers_prev;
-    }
-    out
-}
-
 fn table(text: &str) -> Vec<RawChunk> {
     // blocks separated by blank lines or starting at CREATE TABLE; a block
     // names the table it defines
@@ -833,18 +794,6 @@ mod tests {
         let c = chunk_field(&f, ChunkConfig::default());
         assert_eq!(c.len(), 2);
         assert_eq!(&f.content[c[1].start..c[1].end], "{\"a\": 2}");
-    }
-
-    #[test]
-    fn chat_question_keeps_its_answer() {
-        let f =
-            field(FieldKind::Chat, "user: hi\nuser: where is the log?\nagent: in /var/log\nsee there\nuser: thanks");
-        let c = chunk_field(&f, ChunkConfig::default());
-        assert_eq!(c.len(), 4);
-        assert_eq!(c[1].group, c[2].group);
-        assert!(c[1].lead && !c[2].lead);
-        assert!(f.content[c[2].start..c[2].end].ends_with("see there"));
-        assert_ne!(c[2].group, c[3].group);
     }
 
     #[test]

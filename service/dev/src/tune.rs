@@ -131,6 +131,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "json_unit_bytes" => cfg.prepare.chunk.json_unit_bytes = as_count()?.max(1),
         "log_run_lines" => cfg.prepare.chunk.log_run_lines = as_count()?.max(1),
         "item_sentence_bytes" => cfg.prepare.chunk.item_sentence_bytes = as_count()?,
+        "chat_run_bytes" => cfg.prepare.chunk.chat_run_bytes = as_count()?,
         "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
@@ -147,7 +148,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, json_whole_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight, \
-             severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, \
+             severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, \
              line_lexical_weight, rerank_weight, rerank_top)"
         ),
     }

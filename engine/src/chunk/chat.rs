@@ -1,0 +1,235 @@
+//! Chat transcripts by turns. A turn is a line that opens with a speaker
+//! (`name: text`, `<name> text`, or, after a timestamp, `* name action`),
+//! plus the lines that continue it. A timestamp before the speaker
+//! (`[15 Jan 19:14]`, `(12:04)`, `2024-01-05 12:34:56`) is skipped, so IRC
+//! and chat-export logs are cut by turns as plain `name:` transcripts are. A
+//! turn that asks a question and the turn after it form one group.
+
+use super::{lines, RawChunk};
+
+/// Longest speaker name, in bytes.
+const MAX_SPEAKER_BYTES: usize = 40;
+/// Most words in a speaker name (`Jesus M. Gonzalez-Barahona`, `DT (in chat)`).
+const MAX_SPEAKER_WORDS: usize = 4;
+
+pub(super) fn chunk(text: &str, run_bytes: usize) -> Vec<RawChunk> {
+    let turns = turns(text);
+    // a chat no longer than one run would be one or two chunks, sent whole
+    // or not at all: by turns, the packer can still choose within it
+    if text.trim().len() <= run_bytes || run_bytes == 0 {
+        by_turns(text, turns)
+    } else {
+        runs(text, &turns, run_bytes)
+    }
+}
+
+/// The turns' spans: a turn runs to the line before the next turn.
+fn turns(text: &str) -> Vec<(usize, usize)> {
+    let mut turns: Vec<(usize, usize)> = Vec::new();
+    for (s, e) in lines(text) {
+        let line = &text[s..e];
+        if line.trim().is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some(t) if !starts_turn(line) => t.1 = e,
+            _ => turns.push((s, e)),
+        }
+    }
+    turns
+}
+
+fn asks(text: &str, (s, e): (usize, usize)) -> bool {
+    text[s..e].trim_end().ends_with('?')
+}
+
+/// One turn a chunk; a question and the turn after it are one group.
+fn by_turns(text: &str, turns: Vec<(usize, usize)>) -> Vec<RawChunk> {
+    let mut out = Vec::new();
+    let mut group = 0;
+    let mut prev_question = false;
+    for (s, e) in turns {
+        let answers_prev = prev_question;
+        if !answers_prev {
+            group += 1;
+        }
+        out.push(turn_chunk(s, e, group, !answers_prev));
+        prev_question = asks(text, (s, e)) && !answers_prev;
+    }
+    out
+}
+
+/// Runs of consecutive turns up to `run_bytes` each (a turn over it is a
+/// run of its own), one group a run; a question opens a run, which takes
+/// the turn that answers it even past the bound. Short turns (`im OOT`, `F-M`) say little
+/// alone; the exchange they belong to is what the receiver needs.
+fn runs(text: &str, turns: &[(usize, usize)], run_bytes: usize) -> Vec<RawChunk> {
+    let mut out = Vec::new();
+    let mut run: Option<(usize, usize)> = None;
+    let mut after_question = false;
+    for &(s, e) in turns {
+        run = match run {
+            Some((rs, _)) if after_question || (e - rs <= run_bytes && !asks(text, (s, e))) => Some((rs, e)),
+            Some((rs, re)) => {
+                out.push(turn_chunk(rs, re, out.len(), true));
+                Some((s, e))
+            }
+            None => Some((s, e)),
+        };
+        after_question = asks(text, (s, e)) && !after_question;
+    }
+    if let Some((rs, re)) = run {
+        out.push(turn_chunk(rs, re, out.len(), true));
+    }
+    out
+}
+
+fn turn_chunk(start: usize, end: usize, group: usize, lead: bool) -> RawChunk {
+    RawChunk { start, end, heading: None, group, lead, defines: vec![], chunker: "chat", rides: false }
+}
+
+/// Whether `line` opens a turn.
+fn starts_turn(line: &str) -> bool {
+    let line = line.trim_start();
+    let rest = strip_stamp(line);
+    let stamped = rest.len() < line.len();
+    if let Some(r) = rest.strip_prefix('<') {
+        // `<nick> text`, IRC's usual form
+        return r.find('>').is_some_and(|i| is_speaker(&r[..i]));
+    }
+    if stamped {
+        // after a timestamp: an action (`* nick waves`) or a server notice
+        // (`-!- nick has joined`, `*** nick quit`) is a turn of its own
+        if let Some(r) = rest.strip_prefix("* ") {
+            return r.split_whitespace().next().is_some_and(is_speaker);
+        }
+        if rest.starts_with("-!-") || rest.starts_with("***") || rest.starts_with("--") {
+            return true;
+        }
+    }
+    // `name: text`: the colon ends the name and is followed by a space or
+    // the line's end (a URL's `https://` is not a speaker)
+    rest.split_once(':').is_some_and(|(who, after)| {
+        (after.is_empty() || after.starts_with(char::is_whitespace)) && is_speaker(who.trim())
+    })
+}
+
+/// A speaker's name: short, a few words, no sentence punctuation.
+fn is_speaker(who: &str) -> bool {
+    !who.is_empty()
+        && who.len() <= MAX_SPEAKER_BYTES
+        && who.split_whitespace().count() <= MAX_SPEAKER_WORDS
+        && who.chars().all(|c| c.is_alphanumeric() || " _-.'()|^[]{}`@".contains(c))
+}
+
+/// `line` without a leading timestamp: a bracketed one holding a digit
+/// (`[15 Jan 19:14]`, `(12:04:33)`), or up to two date and time words
+/// (`2024-01-05 12:34:56`, `12:34`, `2024-01-05T12:34:56Z`) and what
+/// separates them from the speaker.
+fn strip_stamp(line: &str) -> &str {
+    for (open, close) in [('[', ']'), ('(', ')')] {
+        if let Some(r) = line.strip_prefix(open) {
+            return match r.find(close) {
+                Some(i) if i <= 40 && r[..i].contains(|c: char| c.is_ascii_digit()) && r[..i].contains(':') => {
+                    r[i + 1..].trim_start()
+                }
+                _ => line,
+            };
+        }
+    }
+    let mut rest = line;
+    for _ in 0..2 {
+        let word = rest.split_whitespace().next().unwrap_or("");
+        let stamp = word.len() >= 4
+            && word.chars().next().is_some_and(|c| c.is_ascii_digit())
+            && word.chars().all(|c| c.is_ascii_digit() || "-:./TZ+,".contains(c))
+            && word.contains([':', '-', '/', '.']);
+        if !stamp {
+            break;
+        }
+        rest = rest[word.len()..].trim_start();
+    }
+    if rest.len() == line.len() {
+        return line;
+    }
+    // a lone `|` or `-` between the time and the speaker
+    rest.strip_prefix("| ").or_else(|| rest.strip_prefix("- ")).map_or(rest, str::trim_start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turns(text: &str) -> Vec<&str> {
+        chunk(text, 0).iter().map(|c| &text[c.start..c.end]).collect()
+    }
+
+    #[test]
+    fn question_keeps_its_answer() {
+        let text = "user: hi\nuser: where is the log?\nagent: in /var/log\nsee there\nuser: thanks";
+        let c = chunk(text, 0);
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[1].group, c[2].group);
+        assert!(c[1].lead && !c[2].lead);
+        assert!(text[c[2].start..c[2].end].ends_with("see there"));
+        assert_ne!(c[2].group, c[3].group);
+    }
+
+    #[test]
+    fn timestamped_irc_lines_are_turns() {
+        let text = "[15 Jan 19:14] quigleymd: hows thurs look for you?\n\
+                    [15 Jan 19:14] stickster: Maybe everyone can do Friday\n\
+                    [15 Jan 19:14] quigleymd: im OOT\n\
+                    [15 Jan 19:14] * stickster is open to suggestions\n\
+                    [19:20] <jsmith> take note\n\
+                    2009-01-15 19:21:07 plarsen: lol\n\
+                    2009-01-15T19:22:00Z -!- nombyte has quit";
+        let t = turns(text);
+        assert_eq!(t.len(), 7, "{t:?}");
+        assert!(t[3].ends_with("open to suggestions"));
+        let c = chunk(text, 0);
+        assert_eq!(c[0].group, c[1].group, "the question and its answer");
+        assert_ne!(c[1].group, c[2].group);
+    }
+
+    #[test]
+    fn named_speakers_with_initials_and_notes_are_turns() {
+        let t = turns(
+            "Jesus M. Gonzalez-Barahona: This is cool.\nDT (in chat): Do annotations have to be valid?\n\
+             AR: It has to be a valid token.",
+        );
+        assert_eq!(t.len(), 3, "{t:?}");
+    }
+
+    #[test]
+    fn continuation_lines_are_not_turns() {
+        // a URL, a sentence with a colon, a bullet and a bracket with no time
+        // continue the turn above them
+        let t = turns(
+            "alice: see the docs\nhttps://example.org/a: here\nNote that the default value is: none\n\
+             * a bullet\n[see above] for more",
+        );
+        assert_eq!(t.len(), 1, "{t:?}");
+    }
+
+    #[test]
+    fn runs_hold_consecutive_turns_up_to_the_bound_and_a_question_opens_one_with_its_answer() {
+        let text = "a: one two\nb: three four\nc: five six\nd: seven?\ne: eight nine ten eleven\nf: twelve";
+        let c = chunk(text, 24);
+        let runs: Vec<&str> = c.iter().map(|c| &text[c.start..c.end]).collect();
+        assert_eq!(
+            runs,
+            ["a: one two\nb: three four", "c: five six", "d: seven?\ne: eight nine ten eleven", "f: twelve"]
+        );
+        assert!(c.iter().all(|c| c.lead));
+        assert_eq!(c.iter().map(|c| c.group).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        // a bound under every turn: each turn a run, a question still with its answer
+        assert_eq!(chunk(text, 1).len(), 5);
+        // a chat no longer than a run is cut by turns
+        let short = "a: where is it?\nb: in the log\nc: thanks";
+        let c = chunk(short, 1000);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c[0].group, c[1].group);
+        assert_ne!(c[1].group, c[2].group);
+    }
+}
