@@ -22,7 +22,7 @@ mod ort;
 pub use self::batch::Breakdown;
 pub use self::hash::HashEncoder;
 pub use self::manifest::{list_models, resolve_model, Manifest, ModelEntry};
-pub(crate) use self::ort::session_builder;
+pub(crate) use self::ort::{plain_tokenizer, session_builder};
 pub use self::ort::{Device, LazyOrtEncoder, OrtConfig, OrtEncoder, OrtRuntime, Prepared, ORT_LIB_ENV};
 
 use crate::Result;

@@ -279,6 +279,16 @@ impl std::fmt::Debug for OrtEncoder {
     }
 }
 
+/// The tokenizer in `path`, set to neither truncate nor pad: SCD decides
+/// what happens to long inputs (the encoder's and the reranker's).
+pub(crate) fn plain_tokenizer(path: &Path) -> Result<Tokenizer> {
+    let tokenizer_error = |source| Error::Tokenizer { path: path.to_path_buf(), source };
+    let mut tokenizer = Tokenizer::from_file(path).map_err(tokenizer_error)?;
+    tokenizer.with_truncation(None).map_err(tokenizer_error)?;
+    tokenizer.with_padding(None);
+    Ok(tokenizer)
+}
+
 impl OrtEncoder {
     /// Loads the model in `dir` (a folder with `manifest.json`, the ONNX file
     /// and `tokenizer.json`).
@@ -287,11 +297,7 @@ impl OrtEncoder {
         let manifest = Manifest::load(dir)?;
         let rt = OrtRuntime::load(&config.lib_path)?;
         let tokenizer_path = dir.join("tokenizer.json");
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
-        // SCD decides what happens to long inputs; the tokenizer never truncates or pads.
-        tokenizer.with_truncation(None).map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
-        tokenizer.with_padding(None);
+        let tokenizer = plain_tokenizer(&tokenizer_path)?;
 
         let (lead, trail) = special_frame(&tokenizer, &tokenizer_path)?;
         if lead.len() + trail.len() + 1 > manifest.max_tokens {

@@ -97,6 +97,7 @@ mod tests {
     use crate::context::{Context, ContextRequirement, Field, FieldKind, Task};
     use crate::encoder::{HashEncoder, InputKind};
     use crate::extract::parts::Scores;
+    use crate::extract::prepare::PreparedContext;
     use crate::extract::{CompressOptions, CompressRequest, Scd, ScdConfig, ScoringConfig};
     use crate::rerank::CrossEncoder;
     use crate::Result;
@@ -146,9 +147,13 @@ mod tests {
         scd.with_reranker(model.map(|m| m as Arc<dyn CrossEncoder>))
     }
 
-    /// The first stage's parts, then the second stage's, for `QUERY`.
-    fn both_stages(scd: &Scd, eligible: &dyn Fn(usize) -> bool) -> (Scores, Scores) {
-        let fields = fields();
+    /// `fields` prepared, then the first stage's parts and the second
+    /// stage's, for `QUERY`.
+    fn both_stages(
+        scd: &Scd,
+        fields: &[Field],
+        eligible: &dyn Fn(usize) -> bool,
+    ) -> (Arc<PreparedContext>, Scores, Scores) {
         let refs: Vec<&Field> = fields.iter().collect();
         let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
         let qv = scd.embed_cached(&[QUERY], InputKind::Query).unwrap().remove(0);
@@ -156,7 +161,7 @@ mod tests {
         scd.rescore(&ctx, QUERY, &mut first);
         let mut second = first.clone();
         scd.rerank(&ctx, QUERY, &mut second, eligible, &Cancel::new()).unwrap();
-        (first, second)
+        (ctx, first, second)
     }
 
     fn ranking(s: &[f32]) -> Vec<usize> {
@@ -170,7 +175,7 @@ mod tests {
         let model = Arc::new(Short::default());
         let top = 6;
         let scd = engine(3.0, top, Some(model.clone()));
-        let (first, second) = both_stages(&scd, &|_| true);
+        let (_, first, second) = both_stages(&scd, &fields(), &|_| true);
         assert_eq!(model.pairs.load(Ordering::Relaxed), top, "only the top pairs are read");
         let (before, after) = (ranking(&first.fused), ranking(&second.fused));
         assert!(before.len() > 2 * top);
@@ -200,13 +205,7 @@ mod tests {
         fields.push(Field { name: "thread".into(), kind: FieldKind::Chat, confidential: false, content: chat });
         let json = r#"{"payment": {"status": "timeout", "at": "checkout"}}"#.to_string();
         fields.push(Field { name: "p.json".into(), kind: FieldKind::Json, confidential: false, content: json });
-        let refs: Vec<&Field> = fields.iter().collect();
-        let ctx = scd.prepare(&refs, &Cancel::new()).unwrap();
-        let qv = scd.embed_cached(&[QUERY], InputKind::Query).unwrap().remove(0);
-        let mut first = scd.score(&ctx, &qv, QUERY);
-        scd.rescore(&ctx, QUERY, &mut first);
-        let mut second = first.clone();
-        scd.rerank(&ctx, QUERY, &mut second, &|_| true, &Cancel::new()).unwrap();
+        let (ctx, first, second) = both_stages(&scd, &fields, &|_| true);
         let kinds: Vec<FieldKind> = ctx.chunks.iter().map(|c| fields[c.field].kind).collect();
         assert!(kinds.contains(&FieldKind::Log) && kinds.contains(&FieldKind::Chat));
         let mut read = 0;
@@ -238,8 +237,8 @@ mod tests {
     #[test]
     fn a_weight_of_zero_leaves_every_score_as_without_a_reranker() {
         let model = Arc::new(Short::default());
-        let (plain, _) = both_stages(&engine(0.0, 24, None), &|_| true);
-        let (first, second) = both_stages(&engine(0.0, 24, Some(model.clone())), &|_| true);
+        let (_, plain, _) = both_stages(&engine(0.0, 24, None), &fields(), &|_| true);
+        let (_, first, second) = both_stages(&engine(0.0, 24, Some(model.clone())), &fields(), &|_| true);
         assert_eq!(model.pairs.load(Ordering::Relaxed), 0, "the model is not called");
         let bits = |s: &Scores| s.fused.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&plain), bits(&second));
@@ -263,7 +262,7 @@ mod tests {
         let model = Arc::new(Short::default());
         let scd = engine(2.0, 4, Some(model.clone()));
         // an ineligible chunk (a follow-up's already sent one) keeps its score
-        let (first, second) = both_stages(&scd, &|i| i != 0);
+        let (_, first, second) = both_stages(&scd, &fields(), &|i| i != 0);
         assert_eq!(second.fused[0], first.fused[0]);
         assert_eq!(second.rerank_lift[0], 0.0);
         assert_eq!(second.rerank_lift.iter().filter(|l| **l != 0.0).count(), 4);

@@ -34,7 +34,7 @@ use tracing::{info, instrument};
 pub use self::input::{batches, pad, Frame, Padded, PairInput};
 pub use self::manifest::{resolve_reranker, sha256_file, RerankManifest, CROSS_ENCODER, FILES};
 use crate::cancel::Cancel;
-use crate::encoder::{session_builder, OrtConfig, OrtRuntime};
+use crate::encoder::{plain_tokenizer, session_builder, OrtConfig, OrtRuntime};
 use crate::{Error, Result};
 
 /// Pairs per model call at most.
@@ -100,10 +100,7 @@ impl Reranker {
         let manifest = RerankManifest::load(dir)?;
         let rt = OrtRuntime::load(&config.lib_path)?;
         let tokenizer_path = dir.join("tokenizer.json");
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
-        tokenizer.with_truncation(None).map_err(|source| Error::Tokenizer { path: tokenizer_path.clone(), source })?;
-        tokenizer.with_padding(None);
+        let tokenizer = plain_tokenizer(&tokenizer_path)?;
         let special = |name: &str| {
             tokenizer.token_to_id(name).map(i64::from).ok_or_else(|| Error::ModelShape {
                 path: tokenizer_path.clone(),

@@ -155,6 +155,7 @@ async def suite(s, context):
     )
     for w in ex["selected"]:
         parts = w["dense_z"] + ex["lexical_weight"] * w["lexical_z"] + w["group_lift"] + w["link_lift"] + w["hop_lift"]
+        parts += w["rerank_lift"]
         check(abs(parts - w["score"]) < 1e-3, "score parts add up", w)
     check("explanation" not in rendered, "no explanation unless asked", rendered.keys())
     summary["budget_tokenizer"] = {
