@@ -441,7 +441,7 @@ pub fn severity(text: &str) -> u8 {
         .map(|l| {
             if is_error_line(l) {
                 2
-            } else if has_word(l, "WARN") {
+            } else if has_word(l, "WARN") || syslog_level(l) == 1 {
                 1
             } else {
                 0
@@ -473,7 +473,40 @@ const ERROR_WORDS: [&str; 15] = [
 ];
 
 fn is_error_line(line: &str) -> bool {
-    ERROR_WORDS.iter().any(|k| has_word(line, k))
+    ERROR_WORDS.iter().any(|k| has_word(line, k)) || syslog_level(line) == 2
+}
+
+/// Syslog facilities, as `dmesg -x` and syslog files name them.
+const FACILITIES: [&str; 20] = [
+    "kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "cron", "authpriv", "ftp", "local0",
+    "local1", "local2", "local3", "local4", "local5", "local6", "local7",
+];
+
+/// A line's syslog level where the line states one in a standard form: the
+/// `facility:level :` prefix of `dmesg -x` (`kern  :crit  : [18706.13] mce:
+/// …`) or a `<N>` priority at its start (RFC 5424, `dmesg -r`): 2 for
+/// emerg, alert, crit and err (levels 0–3), 1 for warning (4), else 0.
+fn syslog_level(line: &str) -> u8 {
+    let t = line.trim_start();
+    if let Some((n, _)) = t.strip_prefix('<').and_then(|r| r.split_once('>')) {
+        return match n.parse::<u32>() {
+            Ok(p) if n.len() <= 3 => match p % 8 {
+                0..=3 => 2,
+                4 => 1,
+                _ => 0,
+            },
+            _ => 0,
+        };
+    }
+    let mut parts = t.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(facility), Some(level), Some(_)) if FACILITIES.contains(&facility.trim()) => match level.trim() {
+            "emerg" | "alert" | "crit" | "err" => 2,
+            "warn" | "warning" => 1,
+            _ => 0,
+        },
+        _ => 0,
+    }
 }
 
 /// Whether `line` holds `word` (upper case) case-insensitively where a word
@@ -733,6 +766,23 @@ mod tests {
         assert_eq!(severity(dns), 0);
         assert_eq!(severity("WARNING: disk 91% full"), 1);
         assert_eq!(severity("FORWARNED is forearmed"), 0);
+    }
+
+    #[test]
+    fn severity_reads_syslog_levels_in_their_standard_forms() {
+        let crit = "kern  :crit  : [18706.135478] mce: CPU6: Package temperature above threshold, cpu clock throttled";
+        assert_eq!(severity(crit), 2);
+        assert_eq!(severity("daemon:err   : [  12.5] foo.service: start request repeated too quickly"), 2);
+        assert_eq!(severity("kern  :warn  : [    0.1] ACPI: _OSC evaluation failed"), 2, "a word still counts");
+        assert_eq!(severity("kern  :warn  : [    0.1] x86/cpu: SGX disabled by BIOS."), 1);
+        assert_eq!(severity("<3>[ 5.1] usb 1-1: device descriptor read/64, error -71"), 2);
+        assert_eq!(severity("<11>kernel: disk gone"), 2, "facility 1, level 3");
+        assert_eq!(severity("<4>[ 0.2] clocksource: unstable"), 1);
+        assert_eq!(severity("<6>[ 0.3] usb 1-1: new device"), 0);
+        // not a facility, or not a level: an ordinary line
+        assert_eq!(severity("kern  :info  : [    0.0] Linux version 5.0.9"), 0);
+        assert_eq!(severity("note: crit: the critics liked it"), 0);
+        assert_eq!(severity("<html>crit</html>"), 0);
     }
 
     #[test]
