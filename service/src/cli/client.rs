@@ -16,7 +16,6 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use scd_did::Identity;
-use scd_engine::context::Context;
 
 use crate::client::{Conn, Signer};
 use crate::grpc::pb;
@@ -218,7 +217,7 @@ pub fn read_context(path: &std::path::Path) -> anyhow::Result<Vec<pb::Field>> {
     } else {
         std::fs::read_to_string(path).with_context(|| format!("--context {}", path.display()))?
     };
-    let ctx = Context::from_json(&raw).map_err(|e| anyhow::anyhow!("--context {}: {e}", path.display()))?;
+    let ctx = crate::cli::context::parse_context(path, &raw)?;
     Ok(ctx.fields.into_iter().map(pb::Field::from).collect())
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _};
 use scd_engine::budget::{BudgetTokenizer, TokenizerRegistry};
 use scd_engine::cancel::Cancel;
-use scd_engine::context::{Context, ContextRequirement, Task};
+use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::extract::{CompressOptions, CompressRequest, Compressed, DropReason, Explanation, Scd};
 use scd_engine::handoff;
 
@@ -298,7 +298,7 @@ fn single_request(
         } else {
             raw = std::fs::read_to_string(&path).with_context(|| format!("--context {}", path.display()))?;
         }
-        Context::from_json(&raw).with_context(|| format!("--context {}", path.display()))?
+        crate::cli::context::parse_context(&path, &raw)?
     } else {
         let (files, confidential) = (std::mem::take(&mut args.files), std::mem::take(&mut args.confidential));
         let files = crate::cli::context::ContextArgs::files(files, confidential, std::mem::take(&mut args.walk));

@@ -299,3 +299,19 @@ pub fn run(args: ContextArgs) -> anyhow::Result<()> {
     eprintln!("-- {n} fields ({secret} confidential)");
     Ok(())
 }
+
+/// `--context`'s file parsed as a context (`{"fields": [...]}`), the error
+/// naming the flag and the path; a JSON document that is not a context (a
+/// pod list, an API payload) gets a hint to pass it with `--files`.
+pub fn parse_context(path: &Path, raw: &str) -> anyhow::Result<Context> {
+    Context::from_json(raw).map_err(|e| {
+        let document = serde_json::from_str::<serde_json::Value>(raw).is_ok_and(|v| v.get("fields").is_none());
+        let hint = if document {
+            " (--context takes {\"fields\": [...]}, see docs/compress.md; to select from this JSON document \
+             itself, pass it with --files)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("--context {}: {e}{hint}", path.display())
+    })
+}
