@@ -188,7 +188,7 @@ mod reoffers {
         let dir = tempfile::tempdir().unwrap();
         // offers open 1 s (10 s by default): a first stage of 1.1 s outlives one
         let (url, did) = agent(&dir.path().join("w"), cap(0.8, 300, 0.01), 1_000).await;
-        let (planner, mut events) = planner(&dir.path().join("p"), &[url.clone()]);
+        let (planner, mut events) = planner(&dir.path().join("p"), std::slice::from_ref(&url));
         let me = &planner.node().identity;
         let probe = pb::CapabilityProbe {
             task_type: pb::TaskType::Analysis as i32,
