@@ -25,7 +25,7 @@
 //! assert!(meets(&cap, &relax(&qos, 1)).is_ok());  // 0.85 ≥ 0.81 after one 10 % relaxation
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use tonic::transport::{Channel, Endpoint};
@@ -40,7 +40,8 @@ pub const T_OFFER: Duration = Duration::from_millis(500);
 pub const MAX_RETRIES: u32 = 3;
 /// How much each retry relaxes the constraints.
 pub const RELAX_STEP: f64 = 0.10;
-/// How long an offer stays valid.
+/// How long an offer stays valid (an agent's default; its offers state
+/// theirs in `ttl_ms`, [`OfferTerms::ttl_ms`]).
 pub const OFFER_TTL_MS: u64 = 10_000;
 /// How long a contract stays valid after it is accepted.
 pub const CONTRACT_TTL_MS: u64 = 600_000;
@@ -145,6 +146,8 @@ pub struct OfferTerms {
     pub evidence: pb::TrustEvidence,
     /// The context it needs (paper §6.2 step 2).
     pub requirement: pb::ContextRequirement,
+    /// How long its offer stays open for a contract (`ttl_ms`).
+    pub ttl_ms: u64,
 }
 
 /// E5 cosines between a task and an agent's specialization (both embedded
@@ -223,7 +226,7 @@ pub fn offer_for(identity: &Identity, probe: &pb::CapabilityProbe, terms: &Offer
         capability: Some(*cap),
         trust_score: terms.trust_score,
         trust_proof: terms.evidence.merkle_root.clone(),
-        ttl_ms: OFFER_TTL_MS,
+        ttl_ms: terms.ttl_ms,
         context_requirements: Some(terms.requirement.clone()),
         trust_evidence: Some(terms.evidence.clone()),
         task_id: probe.task_id.clone(),
@@ -263,9 +266,26 @@ pub struct Offer {
     pub url: String,
     /// The verified offer.
     pub offer: pb::CapabilityOffer,
+    /// When the probe it answers was sent, by this side's clock: the offer
+    /// was made after that, so it stays open at least until `asked_at` +
+    /// its `ttl_ms` ([`Offer::open_for`]).
+    pub asked_at: Instant,
 }
 
 impl Offer {
+    /// Whether the offer is still open `margin` from now by its own
+    /// `ttl_ms`, counted from [`Offer::asked_at`] (never later than the
+    /// offerer's own clock starts it); a `ttl_ms` of 0 is closed.
+    pub fn open_for(&self, margin: Duration) -> bool {
+        let ttl = Duration::from_millis(self.offer.ttl_ms);
+        match (self.asked_at.checked_add(ttl), Instant::now().checked_add(margin)) {
+            (Some(closes), Some(needed)) => needed < closes,
+            // a lifetime past what the clock can hold is open
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
+    }
+
     /// The offerer's DID.
     pub fn did(&self) -> &str {
         self.offer.from.as_ref().map_or("", |a| a.uuid.as_str())
@@ -331,13 +351,14 @@ pub async fn probe_round(
         let mut client = pb::atp_service_client::AtpServiceClient::new(ch.clone());
         async move {
             let nonce = probe.nonce;
+            let asked_at = Instant::now();
             let reply = tokio::time::timeout(T_OFFER, client.probe(probe)).await;
-            (url.clone(), nonce, reply)
+            (url.clone(), nonce, asked_at, reply)
         }
     });
     let qos = probe.qos.unwrap_or_default();
     let mut round = Round::default();
-    for (url, nonce, reply) in join_all(calls).await {
+    for (url, nonce, asked_at, reply) in join_all(calls).await {
         let offer = match reply {
             Err(_) => {
                 round.failures.push((url, PeerFailure::Down(format!("no offer within {} ms", T_OFFER.as_millis()))));
@@ -365,7 +386,7 @@ pub async fn probe_round(
             meets(&cap, &qos)
         });
         match check {
-            Ok(()) => round.offers.push(Offer { url, offer }),
+            Ok(()) => round.offers.push(Offer { url, offer, asked_at }),
             Err(why) => round.failures.push((url, PeerFailure::Invalid(why))),
         }
     }
@@ -640,6 +661,7 @@ mod tests {
             trust_score: 0.8,
             evidence: pb::TrustEvidence { merkle_root: vec![7; 32], log_size: 4, ..Default::default() },
             requirement: pb::ContextRequirement { max_context_tokens: 512, ..Default::default() },
+            ttl_ms: OFFER_TTL_MS,
         }
     }
 

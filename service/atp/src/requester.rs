@@ -54,6 +54,9 @@ pub enum Event {
     },
     /// A contract was signed by both sides.
     Contracted { task: String, agent: String, contract: String },
+    /// The route's offer of an agent had closed (or would before a contract
+    /// reached it): it was asked again, and its fresh offer verified.
+    Reoffered { task: String, agent: String, age_ms: u64 },
     /// SCD's minimal sufficient context went with the task.
     ContextSent {
         task: String,
@@ -316,17 +319,10 @@ impl PlannerState {
         offers: &[Offer],
         task_type: pb::TaskType,
     ) -> Vec<Candidate> {
-        let now = now_s();
-        let ledger = ledger.lock().unwrap();
         let mut cands: Vec<Candidate> = offers
             .iter()
-            .map(|o| {
-                let evidence = o.offer.trust_evidence.as_ref().map_or(&[][..], |e| &e.proofs[..]);
-                let trust = ledger.book().with_evidence(o.did(), Some(task_type), now, evidence);
-                Candidate::from_capability(o.did(), &o.capability(), trust)
-            })
+            .map(|o| Candidate::from_capability(o.did(), &o.capability(), trust_of(ledger, o, task_type)))
             .collect();
-        drop(ledger);
         // these figures are what the routes are computed with: the
         // baseline the repricing thresholds are measured from
         let mut repricer = self.repricer.lock().unwrap();
@@ -392,6 +388,13 @@ pub fn short(did: &str) -> String {
     }
 }
 
+/// The trust routing gives `offer`'s agent for `task_type`: this agent's
+/// book, with the offer's evidence (which [`Offer::evidence_holds`] checks).
+pub(crate) fn trust_of(ledger: &Mutex<Ledger>, offer: &Offer, task_type: pb::TaskType) -> f64 {
+    let evidence = offer.offer.trust_evidence.as_ref().map_or(&[][..], |e| &e.proofs[..]);
+    ledger.lock().unwrap().book().with_evidence(offer.did(), Some(task_type), now_s(), evidence)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,7 +405,7 @@ mod tests {
             timestamp: Some(pb::Timestamp { seconds: at, nanos: 0 }),
             ..Default::default()
         };
-        Offer { url: url.into(), offer }
+        Offer { url: url.into(), offer, asked_at: std::time::Instant::now() }
     }
 
     #[test]
@@ -507,6 +510,7 @@ mod tests {
                 trust_evidence: Some(evidence),
                 ..Default::default()
             },
+            asked_at: std::time::Instant::now(),
         };
         let offers = [
             offer_of(&vouched, "http://10.0.0.1:1", evidence_of(&vouched, &b, 0.9)),

@@ -123,7 +123,7 @@ pub(crate) async fn contract(
     let mut client = AtpServiceClient::new(ch.clone());
     let offer = client.probe(probe(me, task_id)).await.unwrap().into_inner();
     v.verify(&offer).unwrap();
-    let offer = Offer { url: url.to_string(), offer };
+    let offer = Offer { url: url.to_string(), offer, asked_at: std::time::Instant::now() };
     // nobody listens at reply_to: heartbeats from the worker are lost, which it tolerates
     let c = handshake::contract_for(me, &offer, task_id, qos(), "http://127.0.0.1:1");
     handshake::accept(v, ch.clone(), c.clone()).await.unwrap();
@@ -616,7 +616,13 @@ async fn a_requester_cannot_take_over_a_job_reuse_a_contract_or_aim_the_worker_e
         ("http://localhost:1", true),
     ] {
         let offer = client.probe(probe(&me, "job-2")).await.unwrap().into_inner();
-        let c = handshake::contract_for(&me, &Offer { url: url.clone(), offer }, "job-2", qos(), reply_to);
+        let c = handshake::contract_for(
+            &me,
+            &Offer { url: url.clone(), offer, asked_at: std::time::Instant::now() },
+            "job-2",
+            qos(),
+            reply_to,
+        );
         let ack = client.accept_contract(c).await.unwrap().into_inner();
         assert_eq!(ack.accepted, ok, "{reply_to}: {ack:?}");
         if !ok {

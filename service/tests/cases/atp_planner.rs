@@ -141,6 +141,75 @@ async fn planner_run_chooses_a_composite_that_meets_q_min_for_less() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A worker in this process offering analysis at `cap` (quality, latency,
+/// cost), its offers open `offer_ttl_ms`; its DID and URL.
+async fn worker_with_offer_ttl(dir: &Path, scd: &str, cap: (f64, u64, f64), offer_ttl_ms: u64) -> (String, String) {
+    use scd_atp::agent::{AgentConfig, Node};
+    use scd_atp::store::{Ledger, Store};
+    let identity = Identity::generate();
+    let did = identity.did().to_string();
+    let store = Arc::new(Store::open(dir).unwrap());
+    let resolver: Arc<dyn scd_atp::identity::Resolver> = Arc::new(DidResolver::new());
+    let ledger = Ledger::open(store.clone(), identity.did(), Default::default(), resolver.clone()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (estimated_quality, estimated_latency_ms, cost_per_task) = cap;
+    let cap = pb::Capability {
+        task_type: pb::TaskType::Analysis as i32,
+        estimated_quality,
+        estimated_latency_ms,
+        cost_per_task,
+    };
+    let mut config = AgentConfig::new(vec![cap], url.clone(), scd.to_string());
+    config.offer_ttl_ms = offer_ttl_ms;
+    let node = Node::new(identity, Verifier::new(resolver, store), ledger, config);
+    tokio::spawn(scd_atp::agent::serve(node, listener, std::future::pending()));
+    (did, url)
+}
+
+/// A draft-refine route whose first stage outlives the refiner's offer
+/// (offers open 1 s here, the drafter's stage takes 1.5 s of work alone):
+/// the refiner is asked again and contracted on its fresh offer, and both
+/// stages run (before, it refused the contract on the closed offer, and the
+/// planner fell back to one agent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_stage_contracts_on_a_fresh_offer_when_the_first_outlives_its_offer() {
+    use scd_atp::planner::{Event, Outcome};
+    if !crate::ready() {
+        return;
+    }
+    let scd = crate::grpc::start(&[]);
+    crate::grpc::client(&scd).await;
+    let dir = crate::scratch("atp-reoffer");
+    let (drafter, d_url) = worker_with_offer_ttl(&dir.join("drafter"), &scd.addr, (0.70, 1_500, 0.002), 1_000).await;
+    let (refiner, r_url) = worker_with_offer_ttl(&dir.join("refiner"), &scd.addr, (0.80, 300, 0.01), 1_000).await;
+    let (planner, mut events) = planner(&dir, &scd.addr, &[d_url, r_url]).await;
+    // q_min 0.85: neither alone, the drafter then the refiner together (0.87)
+    let mut job = analysis_job("reoffer", &[]);
+    job.qos.min_quality = 0.85;
+    let out = planner.run(&job).await.unwrap();
+    let Outcome::Completed { agent, stages, failovers, .. } = &out else { panic!("{out:?}") };
+    let agents: Vec<&str> = stages.iter().map(|s| s.agent.as_str()).collect();
+    assert_eq!(agents, [drafter.as_str(), refiner.as_str()], "{out:#?}");
+    assert_eq!((agent, *failovers), (&refiner, 0), "{out:#?}");
+    assert!(stages[0].latency_ms >= 1_500, "the first stage outlived the offers: {stages:#?}");
+    let (mut contracted, mut reoffered) = (Vec::new(), Vec::new());
+    while let Ok(e) = events.try_recv() {
+        match e {
+            Event::Contracted { agent, task, .. } => contracted.push((agent, task)),
+            Event::Reoffered { agent, age_ms, .. } => reoffered.push((agent, age_ms)),
+            Event::Rerouted { why, .. } => panic!("rerouted: {why}"),
+            _ => {}
+        }
+    }
+    let short = |did: &str| scd_atp::planner::short(did);
+    let tasks: Vec<&str> = contracted.iter().map(|(_, t)| t.as_str()).collect();
+    assert!(tasks[0].starts_with("reoffer.1.") && tasks[1].starts_with("reoffer.2."), "{contracted:?}");
+    assert_eq!(contracted.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(), [short(&drafter), short(&refiner)]);
+    assert!(reoffered.iter().any(|(a, age)| *a == short(&refiner) && *age >= 1_500), "{reoffered:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Paper §6.2 step 2 against a live `scd atp agent --specialization`: its
 /// offer's ContextRequirement depends on the probed task's e_task (from
 /// SCD): a payments task gets about half the budget, a haiku the whole of

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::pb;
+use crate::{handshake, pb};
 
 /// How one agent runs.
 #[derive(Debug, Clone)]
@@ -46,10 +46,14 @@ pub struct AgentConfig {
     /// TLS toward `https://` peers (`--peer-ca`, and `--peer-cert`/
     /// `--peer-key` for mTLS); without it an `https://` peer is refused.
     pub client_tls: Option<tonic::transport::ClientTlsConfig>,
+    /// How long its offers stay open for a contract (their `ttl_ms`; a
+    /// contract on an older one is refused).
+    pub offer_ttl_ms: u64,
 }
 
 impl AgentConfig {
-    /// A config with the defaults: queue 8, 2 running, heartbeat 1 s, 512-token budget.
+    /// A config with the defaults: queue 8, 2 running, heartbeat 1 s, 512-token budget,
+    /// offers open [`handshake::OFFER_TTL_MS`].
     pub fn new(capabilities: Vec<pb::Capability>, public_url: String, scd_url: String) -> AgentConfig {
         AgentConfig {
             capabilities,
@@ -66,6 +70,7 @@ impl AgentConfig {
             burst_per_did: 200,
             server_tls: None,
             client_tls: None,
+            offer_ttl_ms: handshake::OFFER_TTL_MS,
         }
     }
 }

@@ -211,6 +211,7 @@ impl Node {
                 self.config.specialization.as_ref(),
                 probe,
             ),
+            ttl_ms: self.config.offer_ttl_ms,
         }
     }
 

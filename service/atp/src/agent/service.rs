@@ -63,7 +63,7 @@ impl pb::atp_service_server::AtpService for AgentService {
         let refuse = match offered {
             None => Some("contract.offer_nonce: no open offer of this agent has this nonce".to_string()),
             Some((to, _)) if to != from => Some("contract.offer_nonce: the offer was made to another agent".into()),
-            Some((_, at)) if at.elapsed() > Duration::from_millis(handshake::OFFER_TTL_MS) => {
+            Some((_, at)) if at.elapsed() > Duration::from_millis(node.config.offer_ttl_ms) => {
                 Some("contract.offer_nonce: the offer has expired".into())
             }
             Some(_) => {

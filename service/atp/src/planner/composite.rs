@@ -21,6 +21,13 @@ use crate::requester::short;
 use crate::routing::{self, Pattern, RoutingParams};
 use crate::{pb, Error, Result};
 
+/// A route's offers and the probe they answered (a fresh offer answers it
+/// again).
+pub(super) struct Offered<'a> {
+    pub(super) offers: &'a [Offer],
+    pub(super) probe: &'a pb::CapabilityProbe,
+}
+
 impl Planner {
     /// Runs `job` along the best route of a composite `pattern` (§7.4):
     /// Algorithm 1 over the pattern models ([`routing::route_patterns`]),
@@ -58,7 +65,9 @@ impl Planner {
         };
         st.routed(&job.task_id, &route, cands.len());
         let mut transfer: Option<Arc<Transfer>> = None;
-        let run = self.execute(job, &job.task_id, &route, &offers, task_qos, &mut transfer).await;
+        let probe = pb::CapabilityProbe { qos: Some(n.qos), ..probe };
+        let offered = Offered { offers: &offers, probe: &probe };
+        let run = self.execute(job, &job.task_id, &route, &offered, task_qos, &mut transfer).await;
         if let Some(t) = &transfer {
             let _ = scd.close(&t.session).await;
         }
@@ -72,19 +81,22 @@ impl Planner {
 
     /// Runs a composite `route`'s [`routing::plan`] stage by stage (see
     /// [`Planner::run_pattern`]), each stage a delegation of its own under
-    /// the id `<prefix>.<stage>.<agent>`; the first stage to fail ends it.
+    /// the id `<prefix>.<stage>.<agent>`, contracted on its agent's offer
+    /// while that is open and on a fresh one after ([`Planner::current`]);
+    /// the first stage to fail ends it.
     pub(super) async fn execute(
         &self,
         job: &Job,
         prefix: &str,
         route: &routing::RouteChoice,
-        offers: &[Offer],
+        offered: &Offered<'_>,
         qos: pb::QoSConstraints,
         transfer: &mut Option<Arc<Transfer>>,
     ) -> Result<PatternRun, StageFailure> {
         let st = self.state();
+        let probe = offered.probe;
         let offer_of = |did: &str| {
-            offers.iter().find(|o| o.did() == did).ok_or_else(|| StageFailure {
+            offered.offers.iter().find(|o| o.did() == did).ok_or_else(|| StageFailure {
                 did: did.to_string(),
                 url: String::new(),
                 failure: Failure { why: "the route names an agent without an offer".into(), kind: FailureKind::Local },
@@ -106,14 +118,14 @@ impl Planner {
             match stage {
                 routing::Stage::Call { agent, role } => {
                     let j = step(&agent, &format!("{role:?}").to_lowercase());
-                    let done = self.stage(&j, offer_of(&agent)?, qos, transfer).await?;
+                    let done = self.stage(&j, offer_of(&agent)?, probe, qos, transfer).await?;
                     previous = Some(j.task_id.clone());
                     run.answer = Some(done.answer.clone());
                     run.stages.push(done);
                 }
                 routing::Stage::Escalate { agent, min_confidence } => {
                     let j = step(&agent, "cascade");
-                    let done = self.stage(&j, offer_of(&agent)?, qos, transfer).await?;
+                    let done = self.stage(&j, offer_of(&agent)?, probe, qos, transfer).await?;
                     let sure = done.confidence >= min_confidence;
                     run.answer = Some(done.answer.clone());
                     run.stages.push(done);
@@ -134,7 +146,7 @@ impl Planner {
                     }
                     let calls = jobs.iter().zip(&members).map(|(j, offer)| {
                         let mut t = transfer.clone();
-                        async move { self.stage(j, offer, qos, &mut t).await }
+                        async move { self.stage(j, offer, probe, qos, &mut t).await }
                     });
                     let results: Vec<StageRun> =
                         futures_util::future::join_all(calls).await.into_iter().collect::<Result<_, _>>()?;
@@ -151,14 +163,17 @@ impl Planner {
         Ok(run)
     }
 
-    /// One stage of a composite route: [`Planner::delegate`] to one agent.
+    /// One stage of a composite route: [`Planner::delegate`] to one agent,
+    /// on its offer while that is open, else on its fresh one ([`Planner::current`]).
     async fn stage(
         &self,
         job: &Job,
         offer: &Offer,
+        probe: &pb::CapabilityProbe,
         qos: pb::QoSConstraints,
         transfer: &mut Option<Arc<Transfer>>,
     ) -> Result<StageRun, StageFailure> {
+        let offer = &self.current(job, offer, probe).await?;
         let out = self.delegate(job, offer, agreed(qos, offer), transfer).await;
         self.state().delegations.lock().unwrap().remove(&job.task_id);
         let fail = |failure| StageFailure { did: offer.did().to_string(), url: offer.url.clone(), failure };

@@ -29,6 +29,7 @@ mod driver;
 mod failure;
 mod job;
 mod prove;
+mod reoffer;
 mod run;
 #[cfg(test)]
 mod tests;

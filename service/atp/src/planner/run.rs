@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::composite::Offered;
 use super::driver::agreed;
 use super::driver::member_probe;
 use super::driver::Planner;
@@ -112,7 +113,10 @@ impl Planner {
         };
         st.routed(&job.task_id, best, cands.len());
         if best.pattern != Pattern::Single {
-            return Ok(self.run_composite(job, best, &offers, task_qos, tries).await);
+            // a later stage's fresh offer answers the probe this round sent
+            let probe = pb::CapabilityProbe { qos: Some(negotiation.qos), ..probe.clone() };
+            let offered = Offered { offers: &offers, probe: &probe };
+            return Ok(self.run_composite(job, best, &offered, task_qos, tries).await);
         }
         self.run_single(job, best, &offers, task_qos, tries).await
     }
@@ -123,7 +127,7 @@ impl Planner {
         &self,
         job: &Job,
         best: &routing::RouteChoice,
-        offers: &[Offer],
+        offered: &Offered<'_>,
         task_qos: pb::QoSConstraints,
         tries: &mut Tries,
     ) -> Option<Outcome> {
@@ -135,7 +139,7 @@ impl Planner {
         let failovers = tries.failovers;
         let prefix = if failovers == 0 { job.task_id.clone() } else { format!("{}.f{failovers}", job.task_id) };
         let started = Instant::now();
-        match self.execute(job, &prefix, best, offers, task_qos, &mut tries.transfer).await {
+        match self.execute(job, &prefix, best, offered, task_qos, &mut tries.transfer).await {
             Ok(run) => match Outcome::of_route(run, failovers, started.elapsed()) {
                 Some(done) => Some(done),
                 None => Some(Outcome::Lost { why: "the composite route ran no stage".into(), failovers }),

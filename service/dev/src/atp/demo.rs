@@ -639,6 +639,7 @@ fn story(e: &Event, name: &dyn Fn(&str) -> String) -> String {
             agents.iter().map(|a| name(a)).collect::<Vec<_>>().join(" → ")
         ),
         Event::Contracted { agent, contract, .. } => format!("  contract {contract} with {}", name(agent)),
+        Event::Reoffered { agent, age_ms, .. } => format!("  offer of {} {age_ms} ms old: asked again", name(agent)),
         Event::ContextSent { agent, full_tokens, sent_tokens, chunks, withheld, .. } => format!(
             "  SCD → {}: {chunks} chunks, {sent_tokens} of {full_tokens} tokens ({:.1}× less); withheld: [{}]",
             name(agent),

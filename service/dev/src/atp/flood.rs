@@ -267,7 +267,7 @@ async fn requester(me: Arc<Identity>, f: Arc<Flood>) -> anyhow::Result<()> {
         };
         me.stamp_and_sign(&mut probe);
         let offer = client.probe(probe).await.context("probe")?.into_inner();
-        let offer = Offer { url: url.clone(), offer };
+        let offer = Offer { url: url.clone(), offer, asked_at: std::time::Instant::now() };
         let contract = handshake::contract_for(&me, &offer, &task_id, qos(), "http://127.0.0.1:1");
         let ack = client.accept_contract(contract.clone()).await.context("accept_contract")?.into_inner();
         if !ack.accepted {
