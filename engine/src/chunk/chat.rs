@@ -61,27 +61,52 @@ fn by_turns(text: &str, turns: Vec<(usize, usize)>) -> Vec<RawChunk> {
 
 /// Runs of consecutive turns up to `run_bytes` each (a turn over it is a
 /// run of its own), one group a run; a question opens a run, which takes
-/// the turn that answers it even past the bound. Short turns (`im OOT`, `F-M`) say little
-/// alone; the exchange they belong to is what the receiver needs.
+/// the turn that answers it even past the bound. Short turns (`im OOT`,
+/// `F-M`) say little alone; the exchange they belong to is what the
+/// receiver needs. A turn announcing a topic (`topic: Multi-memory`) opens
+/// a run too, and the topic heads every run after it until the next one, so
+/// a run is read under the subject it discusses.
 fn runs(text: &str, turns: &[(usize, usize)], run_bytes: usize) -> Vec<RawChunk> {
     let mut out = Vec::new();
     let mut run: Option<(usize, usize)> = None;
+    let (mut topic_now, mut run_topic): (Option<String>, Option<String>) = (None, None);
     let mut after_question = false;
     for &(s, e) in turns {
+        let announced = topic(&text[s..e]);
         run = match run {
-            Some((rs, _)) if after_question || (e - rs <= run_bytes && !asks(text, (s, e))) => Some((rs, e)),
-            Some((rs, re)) => {
-                out.push(turn_chunk(rs, re, out.len(), true));
+            Some((rs, _))
+                if announced.is_none() && (after_question || (e - rs <= run_bytes && !asks(text, (s, e)))) =>
+            {
+                Some((rs, e))
+            }
+            open => {
+                if let Some((rs, re)) = open {
+                    out.push(RawChunk { heading: run_topic.take(), ..turn_chunk(rs, re, out.len(), true) });
+                }
+                if let Some(t) = announced {
+                    topic_now = Some(t);
+                }
+                run_topic.clone_from(&topic_now);
                 Some((s, e))
             }
-            None => Some((s, e)),
         };
         after_question = asks(text, (s, e)) && !after_question;
     }
     if let Some((rs, re)) = run {
-        out.push(turn_chunk(rs, re, out.len(), true));
+        out.push(RawChunk { heading: run_topic, ..turn_chunk(rs, re, out.len(), true) });
     }
     out
+}
+
+/// Longest topic kept as a heading, in characters.
+const MAX_TOPIC_CHARS: usize = 120;
+
+/// The subject a turn announces: `topic: …` or `subject: …` (any case).
+fn topic(turn: &str) -> Option<String> {
+    let (who, rest) = turn.lines().next()?.trim().split_once(':')?;
+    let rest = rest.trim();
+    (matches!(who.trim().to_ascii_lowercase().as_str(), "topic" | "subject") && !rest.is_empty())
+        .then(|| rest.chars().take(MAX_TOPIC_CHARS).collect())
 }
 
 fn turn_chunk(start: usize, end: usize, group: usize, lead: bool) -> RawChunk {
@@ -231,5 +256,25 @@ mod tests {
         assert_eq!(c.len(), 3);
         assert_eq!(c[0].group, c[1].group);
         assert_ne!(c[1].group, c[2].group);
+    }
+
+    #[test]
+    fn a_topic_opens_a_run_and_heads_the_runs_after_it() {
+        let text = "a: hello all\nTopic: Multi-memory\nb: is it ready\nc: yes, in two engines\nd: more and more\n\
+                    topic: Threads\ne: shared memory";
+        let c = chunk(text, 40);
+        let runs: Vec<(&str, Option<&str>)> = c.iter().map(|c| (&text[c.start..c.end], c.heading.as_deref())).collect();
+        assert_eq!(
+            runs,
+            [
+                ("a: hello all", None),
+                ("Topic: Multi-memory\nb: is it ready", Some("Multi-memory")),
+                ("c: yes, in two engines\nd: more and more", Some("Multi-memory")),
+                ("topic: Threads\ne: shared memory", Some("Threads")),
+            ]
+        );
+        assert_eq!(topic("subject:   "), None);
+        assert_eq!(topic("topic is: x"), None);
+        assert_eq!(topic(&format!("topic: {}", "é".repeat(500))).unwrap().chars().count(), MAX_TOPIC_CHARS);
     }
 }
