@@ -11,6 +11,8 @@ use super::{lines, RawChunk};
 const MAX_SPEAKER_BYTES: usize = 40;
 /// Most words in a speaker name (`Jesus M. Gonzalez-Barahona`, `DT (in chat)`).
 const MAX_SPEAKER_WORDS: usize = 4;
+/// Longest bracketed timestamp (`[Mon 15 Jan 2009 19:14:07 +0100]`), in bytes.
+const MAX_STAMP_BYTES: usize = 40;
 
 pub(super) fn chunk(text: &str, run_bytes: usize) -> Vec<RawChunk> {
     let turns = turns(text);
@@ -119,8 +121,14 @@ fn starts_turn(line: &str) -> bool {
     let rest = strip_stamp(line);
     let stamped = rest.len() < line.len();
     if let Some(r) = rest.strip_prefix('<') {
-        // `<nick> text`, IRC's usual form
-        return r.find('>').is_some_and(|i| is_speaker(&r[..i]));
+        // `<nick> text`, IRC's usual form: a nick of one word, then a space
+        // and the text (`<details>`, `<b>Note</b>: x` and `<-> y` are not)
+        return r.split_once('>').is_some_and(|(nick, text)| {
+            !nick.contains(char::is_whitespace)
+                && is_speaker(nick)
+                && text.starts_with(char::is_whitespace)
+                && !text.trim().is_empty()
+        });
     }
     if stamped {
         // after a timestamp: an action (`* nick waves`) or a server notice
@@ -132,18 +140,25 @@ fn starts_turn(line: &str) -> bool {
             return true;
         }
     }
-    // `name: text`: the colon ends the name and is followed by a space or
-    // the line's end (a URL's `https://` is not a speaker)
+    // `name: text`: the colon ends the name and is followed by a space and
+    // some text (a URL's `https://`, a code line's `def f(x):` or a
+    // markdown link definition's `[docs]: …` is not a speaker)
     rest.split_once(':').is_some_and(|(who, after)| {
-        (after.is_empty() || after.starts_with(char::is_whitespace)) && is_speaker(who.trim())
+        let who = who.trim();
+        after.starts_with(char::is_whitespace)
+            && !after.trim().is_empty()
+            && !who.starts_with('[')
+            && !who.as_bytes().windows(2).any(|w| w[0].is_ascii_alphanumeric() && w[1] == b'(')
+            && is_speaker(who)
     })
 }
 
-/// A speaker's name: short, a few words, no sentence punctuation.
+/// A speaker's name: short, at most [`MAX_SPEAKER_WORDS`] words holding a
+/// letter or digit, no sentence punctuation.
 fn is_speaker(who: &str) -> bool {
-    !who.is_empty()
-        && who.len() <= MAX_SPEAKER_BYTES
+    who.len() <= MAX_SPEAKER_BYTES
         && who.split_whitespace().count() <= MAX_SPEAKER_WORDS
+        && who.chars().any(char::is_alphanumeric)
         && who.chars().all(|c| c.is_alphanumeric() || " _-.'()|^[]{}`@".contains(c))
 }
 
@@ -155,7 +170,11 @@ fn strip_stamp(line: &str) -> &str {
     for (open, close) in [('[', ']'), ('(', ')')] {
         if let Some(r) = line.strip_prefix(open) {
             return match r.find(close) {
-                Some(i) if i <= 40 && r[..i].contains(|c: char| c.is_ascii_digit()) && r[..i].contains(':') => {
+                Some(i)
+                    if i <= MAX_STAMP_BYTES
+                        && r[..i].contains(|c: char| c.is_ascii_digit())
+                        && r[..i].contains(':') =>
+                {
                     r[i + 1..].trim_start()
                 }
                 _ => line,
@@ -228,11 +247,14 @@ mod tests {
 
     #[test]
     fn continuation_lines_are_not_turns() {
-        // a URL, a sentence with a colon, a bullet and a bracket with no time
-        // continue the turn above them
+        // a URL, a long sentence with a colon, a bullet, a bracket with no
+        // time, code, a link definition, HTML and a label with no text after
+        // it continue the turn above them
         let t = turns(
             "alice: see the docs\nhttps://example.org/a: here\nNote that the default value is: none\n\
-             * a bullet\n[see above] for more",
+             * a bullet\n[see above] for more\ndef f(x):\n    for i in range(10): print(i)\n\
+             [docs]: https://example.org\n<details>\n<b>Note</b>: html\n<-> an arrow\n<see note 3> later\n\
+             Steps to reproduce:\nWARNING:",
         );
         assert_eq!(t.len(), 1, "{t:?}");
     }

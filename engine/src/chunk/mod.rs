@@ -82,7 +82,7 @@ pub struct ChunkConfig {
     /// ([`markdown`]); 0: never, a list item is one chunk however long.
     pub item_sentence_bytes: usize,
     /// A chat's consecutive turns are grouped into runs of up to this many
-    /// bytes, one run a chunk ([`chat`]); 0: each turn a chunk of its own,
+    /// bytes, one run a chunk (`chunk/chat.rs`); 0: each turn a chunk of its own,
     /// a question grouped with its answer.
     pub chat_run_bytes: usize,
 }
