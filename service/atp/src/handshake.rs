@@ -112,8 +112,9 @@ pub const MAX_OFFER_COST: f64 = 1e6;
 
 /// Checks the figures of an offer that signatures do not: a quality and a
 /// trust in [0, 1], a cost ≥ 0 and a latency of at least 1 ms, all finite
-/// and bounded; a figure out of range would otherwise win every route. The
-/// error names the field and the range, not the value.
+/// and bounded, and a lifetime (`ttl_ms`) of at least [`T_OFFER`]; a figure
+/// out of range would otherwise win every route. The error names the field
+/// and the range, not the value.
 pub fn check_offer(offer: &pb::CapabilityOffer) -> std::result::Result<(), String> {
     let Some(cap) = offer.capability else { return Err("offer.capability: missing".into()) };
     let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
@@ -128,6 +129,11 @@ pub fn check_offer(offer: &pb::CapabilityOffer) -> std::result::Result<(), Strin
     }
     if !(1..=MAX_OFFER_LATENCY_MS).contains(&cap.estimated_latency_ms) {
         return Err(format!("offer.capability.estimated_latency_ms: outside [1, {MAX_OFFER_LATENCY_MS}]"));
+    }
+    // an offer that closes before a contract could reach it (or that states
+    // no lifetime: proto3's 0) would win a route only to be re-asked
+    if u128::from(offer.ttl_ms) < T_OFFER.as_millis() {
+        return Err(format!("offer.ttl_ms: under the {} ms an offer must stay open", T_OFFER.as_millis()));
     }
     Ok(())
 }
@@ -576,12 +582,18 @@ mod tests {
 
     #[test]
     fn offers_out_of_range_are_refused_naming_the_field() {
-        let good =
-            pb::CapabilityOffer { capability: Some(cap(0.9, 500, 0.02)), trust_score: 0.5, ..Default::default() };
+        let good = pb::CapabilityOffer {
+            capability: Some(cap(0.9, 500, 0.02)),
+            trust_score: 0.5,
+            ttl_ms: OFFER_TTL_MS,
+            ..Default::default()
+        };
         check_offer(&good).unwrap();
+        check_offer(&pb::CapabilityOffer { ttl_ms: 500, ..good.clone() }).unwrap();
         let with = |c: pb::Capability, trust: f64| pb::CapabilityOffer {
             capability: Some(c),
             trust_score: trust,
+            ttl_ms: OFFER_TTL_MS,
             ..Default::default()
         };
         for (offer, field) in [
@@ -592,6 +604,8 @@ mod tests {
             (with(cap(0.9, 0, 0.02), 0.5), "estimated_latency_ms"),
             (with(cap(0.9, u64::MAX, 0.02), 0.5), "estimated_latency_ms"),
             (with(cap(0.9, 500, 0.02), 2.0), "trust_score"),
+            (pb::CapabilityOffer { ttl_ms: 0, ..good.clone() }, "ttl_ms: under the 500 ms"),
+            (pb::CapabilityOffer { ttl_ms: 499, ..good.clone() }, "ttl_ms: under the 500 ms"),
             (pb::CapabilityOffer::default(), "capability: missing"),
         ] {
             let e = check_offer(&offer).unwrap_err();
