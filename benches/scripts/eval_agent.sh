@@ -15,18 +15,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
 SCD=${SCD_DEV_BIN:-target/release/scd-dev}
+. benches/scripts/record.sh
 run() {
   local set=$1; shift
   local out=benches/results/eval_agent_$set
   local cmd=("$SCD" --threads 2 eval --dataset agent "$@" --budgets 0.2,0.1 --budget-tokenizer cl100k
     --report "$out.json" --plot "$out.svg")
   [ -z "${EMBEDDING_STORE:-}" ] || cmd+=(--embedding-store "$EMBEDDING_STORE")
-  {
-    echo "# ${REV:-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes')}, release build, 2 cores; $(date -u +%FT%TZ)"
-    echo "# command: $(printf "%q " "${cmd[@]}")"
-    "${cmd[@]}" 2>&1 | grep -v '^\s*$'
-  } > "$out.txt"
-  tail -n 24 "$out.txt"
+  record "$out" 24 "${cmd[@]}"
 }
 sets=("$@")
 [ ${#sets[@]} -gt 0 ] || sets=(shared registry code)

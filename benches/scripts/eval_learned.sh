@@ -10,16 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
 SCD=${SCD_DEV_BIN:-target/release/scd-dev}
+. benches/scripts/record.sh
 run() {
   local set=$1; shift
   local out=benches/results/eval_learned_$set
-  local cmd=("$SCD" --threads 2 eval --dataset "$@" --report "$out.json" --plot "$out.svg")
-  {
-    echo "# $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes'), release build, 2 cores; $(date -u +%FT%TZ)"
-    echo "# command: ${cmd[*]}"
-    "${cmd[@]}" 2>&1 | grep -v '^\s*$'
-  } > "$out.txt"
-  tail -n 20 "$out.txt"
+  record "$out" 20 "$SCD" --threads 2 eval --dataset "$@" --report "$out.json" --plot "$out.svg"
 }
 sets=("$@")
 [ ${#sets[@]} -gt 0 ] || sets=(musique 2wiki squad hotpotqa long code)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The second stage (issue #45, item 2) on the development sets it was not
-# trained or tuned on, with it off (rerank_weight=0) and on (the default) in
-# the same `scd-dev eval` run, the baselines beside them: the agent material
+# trained or tuned on, with it off (the default, rows `scd`) and on
+# (`scd[rerank_weight=1]`) in the same `scd-dev eval` run (the raw outputs
+# of 0cc1acf, when it was on by default, swept rerank_weight=0 instead), the baselines beside them: the agent material
 # (../shared/evaldata/agent and benches/data/agent/out, 5x and 10x in cl100k),
 # HotpotQA, MuSiQue, 2Wiki and code search. Raw outputs:
 # benches/results/eval_rerank45_<set>.{txt,json,svg}. EMBEDDING_STORE=FILE
@@ -11,17 +12,13 @@ cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
 O=benches/data/agent/out
 SCD=${SCD_DEV_BIN:-target/release/scd-dev}
+. benches/scripts/record.sh
 run() {
   local set=$1; shift
   local out=benches/results/eval_rerank45_$set
-  local cmd=("$SCD" --threads 2 eval "$@" --sweep rerank_weight=0 --report "$out.json" --plot "$out.svg")
+  local cmd=("$SCD" --threads 2 eval "$@" --sweep rerank_weight=1 --report "$out.json" --plot "$out.svg")
   [ -z "${EMBEDDING_STORE:-}" ] || cmd+=(--embedding-store "$EMBEDDING_STORE")
-  {
-    echo "# $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- engine service || echo ' + uncommitted changes'), release build, 2 cores; $(date -u +%FT%TZ)"
-    echo "# command: $(printf "%q " "${cmd[@]}")"
-    "${cmd[@]}" 2>&1 | grep -v '^\s*$'
-  } > "$out.txt"
-  tail -n 4 "$out.txt"
+  record "$out" 4 "${cmd[@]}"
 }
 sets=("$@")
 [ ${#sets[@]} -gt 0 ] || sets=(agent hotpotqa musique 2wiki code)
