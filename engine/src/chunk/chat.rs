@@ -41,8 +41,9 @@ fn turns(text: &str) -> Vec<(usize, usize)> {
     turns
 }
 
-fn asks(text: &str, (s, e): (usize, usize)) -> bool {
-    text[s..e].trim_end().ends_with('?')
+/// Whether a turn asks a question.
+fn asks(turn: &str) -> bool {
+    turn.trim_end().ends_with('?')
 }
 
 /// One turn a chunk; a question and the turn after it are one group.
@@ -56,7 +57,7 @@ fn by_turns(text: &str, turns: Vec<(usize, usize)>) -> Vec<RawChunk> {
             group += 1;
         }
         out.push(turn_chunk(s, e, group, !answers_prev));
-        prev_question = asks(text, (s, e)) && !answers_prev;
+        prev_question = asks(&text[s..e]) && !answers_prev;
     }
     out
 }
@@ -74,11 +75,9 @@ fn runs(text: &str, turns: &[(usize, usize)], run_bytes: usize) -> Vec<RawChunk>
     let (mut topic_now, mut run_topic): (Option<String>, Option<String>) = (None, None);
     let mut after_question = false;
     for &(s, e) in turns {
-        let announced = topic(&text[s..e]);
+        let (announced, question) = (topic(&text[s..e]), asks(&text[s..e]));
         run = match run {
-            Some((rs, _))
-                if announced.is_none() && (after_question || (e - rs <= run_bytes && !asks(text, (s, e)))) =>
-            {
+            Some((rs, _)) if announced.is_none() && (after_question || (e - rs <= run_bytes && !question)) => {
                 Some((rs, e))
             }
             open => {
@@ -92,7 +91,7 @@ fn runs(text: &str, turns: &[(usize, usize)], run_bytes: usize) -> Vec<RawChunk>
                 Some((s, e))
             }
         };
-        after_question = asks(text, (s, e)) && !after_question;
+        after_question = question && !after_question;
     }
     if let Some((rs, re)) = run {
         out.push(RawChunk { heading: run_topic, ..turn_chunk(rs, re, out.len(), true) });

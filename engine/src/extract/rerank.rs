@@ -39,19 +39,16 @@ impl Scd {
         let scores = &parts.fused;
         let mut order: Vec<usize> = (0..scores.len()).filter(|&i| eligible(i)).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        let reads = |i: usize| reads_kind(ctx.field_kinds[ctx.chunks[i].field]);
-        let cand: Vec<usize> = order.iter().copied().filter(|&i| reads(i)).take(top).collect();
+        let mut readable = order.into_iter().filter(|&i| reads_kind(ctx.field_kinds[ctx.chunks[i].field]));
+        let cand: Vec<usize> = readable.by_ref().take(top).collect();
         if cand.is_empty() {
             return Ok(());
         }
-        // the best chunk it could have read outside the candidates: a kind it
-        // does not read may outscore them and is no floor (the clamp below
-        // would lift every candidate over it)
-        let floor = order
-            .iter()
-            .filter(|&&i| reads(i) && !cand.contains(&i))
-            .map(|&i| scores[i])
-            .fold(f32::NEG_INFINITY, f32::max);
+        // the best chunk it could have read outside the candidates (the next
+        // readable one in score order): a kind it does not read may outscore
+        // them and is no floor (the clamp below would lift every candidate
+        // over it)
+        let floor = readable.next().map_or(f32::NEG_INFINITY, |i| scores[i]);
         let passages: Vec<String> =
             cand.iter().map(|&i| model.passage(&ctx.field_names[ctx.chunks[i].field], &ctx.chunks[i].text)).collect();
         let pairs: Vec<(&str, &str)> = passages.iter().map(|p| (query, p.as_str())).collect();
