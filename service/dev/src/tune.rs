@@ -135,6 +135,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
+        "section_closure_tokens" => cfg.scoring.section_closure_tokens = as_count()?,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "scorer" => {
@@ -147,7 +148,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, json_whole_tokens, embed_neighbour, scorer, common_name_chunks, sibling_weight, \
+             group_closure_tokens, section_closure_tokens, json_whole_tokens, embed_neighbour, scorer, \
+             common_name_chunks, sibling_weight, \
              severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, \
              line_lexical_weight, rerank_weight, rerank_top)"
         ),

@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// (0: only its lead comes along with a chosen sentence).
     #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
+    /// A markdown section of at most this many tokens is sent whole once
+    /// one of its chunks is (0: only its heading comes along).
+    #[arg(long, env = "SCD_SECTION_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.section_closure_tokens)]
+    section_closure_tokens: usize,
     /// The second stage (a cross-encoder over the best chunks).
     #[command(flatten)]
     rerank: crate::config::RerankArgs,
@@ -394,6 +398,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
     let mut scoring = ScoringConfig {
         second_hop_weight: args.second_hop_weight,
         group_closure_tokens: args.group_closure_tokens,
+        section_closure_tokens: args.section_closure_tokens,
         ..base.scoring
     };
     args.rerank.apply(&mut scoring);
