@@ -435,11 +435,16 @@ fn code(text: &str) -> Vec<RawChunk> {
     out
 }
 
-/// How bad the worst line of a log text is: 2 an error, 1 a warning, 0 neither.
+/// How bad the worst line of a log text is: 3 a raised exception's line
+/// (`ValueError: bad input`, `java.io.IOException: closed`: the error's
+/// name and message, which a traceback ends with), 2 another error, 1 a
+/// warning, 0 neither.
 pub fn severity(text: &str) -> u8 {
     text.lines()
         .map(|l| {
-            if is_error_line(l) {
+            if is_exception_line(l) {
+                3
+            } else if is_error_line(l) {
                 2
             } else if has_word(l, "WARN") || syslog_level(l) == 1 {
                 1
@@ -471,6 +476,28 @@ const ERROR_WORDS: [&str; 15] = [
     "SEGFAULT",
     "SEGMENTATION FAULT",
 ];
+
+/// Whether a line names a raised exception: a word that is a class name
+/// ending in `Error` or `Exception` after at least one more letter (with an
+/// optional package path: `AssertionError`, `java.io.IOException`, not
+/// `SQLITE_ERROR` or a bare `Error`), followed by a colon or ending the
+/// line.
+fn is_exception_line(line: &str) -> bool {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words.iter().enumerate().any(|(k, w)| {
+        let name = match w.strip_suffix(':') {
+            Some(n) => n,
+            None if k + 1 == words.len() => w,
+            None => return false,
+        };
+        let class = name.rsplit('.').next().unwrap_or(name);
+        let path_ok = name
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$'));
+        let stem = class.strip_suffix("Error").or_else(|| class.strip_suffix("Exception"));
+        path_ok && class.starts_with(|c: char| c.is_ascii_uppercase()) && stem.is_some_and(|s| !s.is_empty())
+    })
+}
 
 fn is_error_line(line: &str) -> bool {
     ERROR_WORDS.iter().any(|k| has_word(line, k)) || syslog_level(line) == 2
@@ -749,15 +776,31 @@ mod tests {
         for line in [
             "2024-01-01 ERROR db down",
             "error: could not compile",
-            "ValueError: bad input",
-            "java.io.IOException: closed",
-            "java.lang.NullPointerException",
             "Crashed Thread:  5",
             "Thread 5 Crashed:",
             "Exception Type:  EXC_CRASH (SIGABRT)",
             "Fatal signal 11 (SIGSEGV), code 1",
             "Segmentation fault (core dumped)",
             "SQLITE_ERROR: database is locked",
+        ] {
+            assert_eq!(severity(line), 2, "{line}");
+        }
+        // a raised exception's line (the end of a traceback) ranks above
+        for line in [
+            "ValueError: bad input",
+            "java.io.IOException: closed",
+            "java.lang.NullPointerException",
+            "2015-10-29 10:51:12.480 3405 TRACE neutron.service AssertionError: Calling waitall() from within",
+            "Caused by: org.postgresql.util.PSQLException: FATAL: the database system is in recovery mode",
+        ] {
+            assert_eq!(severity(line), 3, "{line}");
+        }
+        // a name mentioned, a bare `Error:`, an upper-case constant: an error, not an exception line
+        for line in [
+            "INFO handled NotFoundException for /x",
+            "Error: Cannot find module 'x'",
+            "SQLITE_ERROR: database is locked",
+            "ERROR neutron.service [-] Unrecoverable error: please check log for details.",
         ] {
             assert_eq!(severity(line), 2, "{line}");
         }

@@ -136,6 +136,13 @@ pub struct ScoringConfig {
     /// it): what an on-call reader looks at first. Shown in `group_lift`
     /// (the lift a chunk has for what its group is). 0 turns it off.
     pub severity_weight: f32,
+    /// Further lift, beside `severity_weight`'s, of a log chunk holding a
+    /// raised exception's line (`AssertionError: …`,
+    /// `java.io.IOException: …`): the error's name and message, where a
+    /// traceback of frames ends. Applied only while `severity_weight` is
+    /// on. Chosen by 5-fold cross-validation on the 29 log cases
+    /// (BENCHMARKS.md).
+    pub exception_weight: f32,
     /// Extra weight of the lexical (BM25) z-score for chunks of log and
     /// chat fields, whose lines carry the words a reader greps for: added
     /// after scoring (either scorer), shown in `group_lift` (what the
@@ -212,6 +219,7 @@ impl Default for ScoringConfig {
             common_name_chunks: 3,
             sibling_weight: 1.0,
             severity_weight: 1.5,
+            exception_weight: 1.0,
             line_lexical_weight: 0.0,
             second_hop_weight: 0.5,
             second_hop_sources: 1,
@@ -321,6 +329,7 @@ mod tests {
         assert_eq!(c.scoring.link_weight, 2.0);
         assert_eq!(c.scoring.link_sources, 3);
         assert_eq!(c.scoring.severity_weight, 1.5);
+        assert_eq!(c.scoring.exception_weight, 1.0);
         assert_eq!(c.scoring.line_lexical_weight, 0.0);
         assert_eq!(c.scoring.second_hop_weight, 0.5);
         assert_eq!(c.scoring.second_hop_max_tokens, 256);

@@ -637,7 +637,12 @@ impl Scd {
         }
         if self.cfg.scoring.severity_weight != 0.0 {
             for (i, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| c.severity > 0) {
-                let lift = self.cfg.scoring.severity_weight * if c.severity >= 2 { 1.0 } else { 0.4 };
+                let sc = &self.cfg.scoring;
+                let lift = match c.severity {
+                    3.. => sc.severity_weight + sc.exception_weight,
+                    2 => sc.severity_weight,
+                    _ => 0.4 * sc.severity_weight,
+                };
                 parts.fused[i] += lift;
                 parts.group_lift[i] += lift;
             }

@@ -57,7 +57,8 @@ pub(super) struct Prepared {
     /// A JSON chunk's containers cut across several chunks (the first and
     /// last chunk each spans), innermost first: what packing may send whole.
     pub(super) containers: Vec<(usize, usize)>,
-    /// A log chunk's severity: 2 an error, 1 a warning, 0 neither (or not a log).
+    /// A log chunk's severity: 3 a raised exception's line, 2 another error,
+    /// 1 a warning, 0 neither (or not a log).
     pub(super) severity: u8,
 }
 

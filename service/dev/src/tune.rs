@@ -127,6 +127,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "common_name_chunks" => cfg.scoring.common_name_chunks = as_count()?,
         "sibling_weight" => cfg.scoring.sibling_weight = v as f32,
         "severity_weight" => cfg.scoring.severity_weight = v as f32,
+        "exception_weight" => cfg.scoring.exception_weight = v as f32,
         "max_code_chunk_bytes" => cfg.prepare.chunk.max_code_chunk_bytes = as_count()?.max(1),
         "json_unit_bytes" => cfg.prepare.chunk.json_unit_bytes = as_count()?.max(1),
         "log_run_lines" => cfg.prepare.chunk.log_run_lines = as_count()?.max(1),
@@ -150,7 +151,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, section_closure_tokens, json_whole_tokens, embed_neighbour, scorer, \
              common_name_chunks, sibling_weight, \
-             severity_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, \
+             severity_weight, exception_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, \
+             item_sentence_bytes, chat_run_bytes, \
              line_lexical_weight, rerank_weight, rerank_top)"
         ),
     }
