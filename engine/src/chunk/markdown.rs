@@ -237,6 +237,78 @@ pub fn chunk(text: &str, chunker: &'static str, max_bytes: usize, item_bytes: us
     out
 }
 
+/// Markdown as it reads: a link `[text](target)` or `[text][ref]` becomes
+/// its text, an image `![alt](src)` its alt text, and an HTML anchor tag
+/// (`<a id="rotate"></a>`) goes; everything else is kept. What a chunk is
+/// embedded as, so a sentence is matched on its words rather than on a
+/// URL's path segments.
+pub fn link_text(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.contains("](") && !s.contains("][") && !s.contains("<a ") && !s.contains("</a>") {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if let Some((text, next)) = link_at(s, i) {
+            out.push_str(link_text(text).as_ref());
+            i = next;
+        } else if let Some(next) = anchor_tag_at(s, i) {
+            i = next;
+        } else {
+            let ch = s[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A link or image starting at byte `i`: its text and the byte after it.
+fn link_at(s: &str, i: usize) -> Option<(&str, usize)> {
+    let b = s.as_bytes();
+    let open = match b[i] {
+        b'[' => i,
+        b'!' if b.get(i + 1) == Some(&b'[') => i + 1,
+        _ => return None,
+    };
+    let close = open + 1 + s[open + 1..].find(']')?;
+    let (closer, opener) = match b.get(close + 1)? {
+        b'(' => (b')', b'('),
+        b'[' => (b']', b'['),
+        _ => return None,
+    };
+    // the target, with balanced parentheses (`(https://x/y_(z))`), on one line
+    let mut depth = 0usize;
+    for (k, &c) in b.iter().enumerate().skip(close + 1) {
+        match c {
+            b'\n' => return None,
+            c if c == opener => depth += 1,
+            c if c == closer => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some((&s[open + 1..close], k + 1));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// An HTML anchor tag (`<a id="x">`, `<a href=…>`, `</a>`) at byte `i`: the byte after it.
+fn anchor_tag_at(s: &str, i: usize) -> Option<usize> {
+    let rest = &s[i..];
+    if rest.starts_with("</a>") {
+        return Some(i + 4);
+    }
+    if rest.starts_with("<a ") {
+        let end = rest.find('>')?;
+        return (!rest[..end].contains('\n')).then_some(i + end + 1);
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{chunk_field, ChunkConfig};
@@ -390,5 +462,16 @@ mod tests {
         let texts: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
         assert_eq!(texts, ["1. **Bad input** is refused.", "It names the field."]);
         assert!(c[0].2 && c[0].3 && !c[1].2 && c[1].1 == c[0].1);
+    }
+
+    #[test]
+    fn links_read_as_their_text_and_anchor_tags_go() {
+        use super::link_text;
+        let s = "Use [`pino.destination`](https://github.com/x/y#dest_(sync)) or ![logo](img.png) \
+                 [here][ref].<a id=\"rotate\"></a> Keep [brackets] and (parens).";
+        assert_eq!(link_text(s), "Use `pino.destination` or logo here. Keep [brackets] and (parens).");
+        assert!(matches!(link_text("plain [text] only"), std::borrow::Cow::Borrowed(_)));
+        // a target never runs past its line
+        assert_eq!(link_text("[a](b\nc)"), "[a](b\nc)");
     }
 }

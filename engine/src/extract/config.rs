@@ -56,6 +56,12 @@ pub struct PrepareConfig {
     /// with the one before it in its paragraph), so a sentence that says
     /// "he" or "the film" is embedded with what it refers to.
     pub embed_neighbour: bool,
+    /// A markdown chunk (and its section's name) is embedded as it reads:
+    /// a link as its text, without its target, and without HTML anchor
+    /// tags ([`crate::chunk::markdown::link_text`]); BM25 and the sent
+    /// text still have them. Chosen by 5-fold cross-validation on the 40
+    /// docs dev cases (BENCHMARKS.md).
+    pub markdown_link_text: bool,
     /// Embedding cache bound in bytes.
     pub cache_bytes: usize,
     /// The persistent embedding cache's file ([`crate::cache::DiskTier`]),
@@ -90,6 +96,7 @@ impl Default for PrepareConfig {
             chunk: ChunkConfig::default(),
             code_names: true,
             embed_neighbour: false,
+            markdown_link_text: true,
             cache_bytes: 256 << 20,
             embedding_store: None,
             embedding_store_bytes: 1 << 30,
@@ -320,6 +327,7 @@ mod tests {
         assert_eq!(c.prepare.prepared_cache_bytes, 512 << 20);
         assert!(c.prepare.code_names);
         assert!(!c.prepare.embed_neighbour);
+        assert!(c.prepare.markdown_link_text);
         assert_eq!(c.prepare.near_duplicate_neighbours, 16);
         assert_eq!(c.prepare.hnsw_min_chunks, 200_000);
         assert_eq!(c.prepare.hnsw_candidates, 1024);

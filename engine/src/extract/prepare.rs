@@ -432,6 +432,9 @@ impl Scd {
                 let names: Vec<String> = c.defines.iter().map(|d| identifier_words(d)).collect();
                 let embed_text = if f.kind == FieldKind::Code && self.cfg.prepare.code_names && !names.is_empty() {
                     format!("{label} ({}): {text}", names.join(", "))
+                } else if c.chunker.starts_with("markdown") && self.cfg.prepare.markdown_link_text {
+                    use crate::chunk::markdown::link_text;
+                    format!("{}: {}", link_text(&label), link_text(&text))
                 } else {
                     format!("{label}: {text}")
                 };

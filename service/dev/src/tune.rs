@@ -139,6 +139,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "section_closure_tokens" => cfg.scoring.section_closure_tokens = as_count()?,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
+        "markdown_link_text" => cfg.prepare.markdown_link_text = as_count()? > 0,
         "scorer" => {
             cfg.scoring.scorer = match as_count()? {
                 0 => scd_engine::extract::Scorer::Hand,
@@ -149,7 +150,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, section_closure_tokens, json_whole_tokens, embed_neighbour, scorer, \
+             group_closure_tokens, section_closure_tokens, json_whole_tokens, embed_neighbour, markdown_link_text, \
+             scorer, \
              common_name_chunks, sibling_weight, \
              severity_weight, exception_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, \
              item_sentence_bytes, chat_run_bytes, \
