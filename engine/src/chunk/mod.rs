@@ -558,6 +558,21 @@ fn is_frame(line: &str) -> bool {
         || t.starts_with("File \"")
         || t.starts_with("Caused by")
         || t.starts_with("...")
+        || numbered_frame(t)
+}
+
+/// A numbered stack frame with its address: an Apple crash report's
+/// `4   kaki   0x0000000100081a1c main + 108` (number, image, address) or
+/// gdb's `#0  0x00007f3a… in f ()`, so a thread's stack stays with the
+/// line that names the thread.
+fn numbered_frame(t: &str) -> bool {
+    let mut w = t.split_whitespace();
+    let (Some(n), Some(a), Some(b)) = (w.next(), w.next(), w.next()) else { return false };
+    let hex = |x: &str| x.strip_prefix("0x").is_some_and(|h| h.len() >= 6 && h.bytes().all(|c| c.is_ascii_hexdigit()));
+    match n.strip_prefix('#') {
+        Some(k) => !k.is_empty() && k.bytes().all(|c| c.is_ascii_digit()) && hex(a),
+        None => n.bytes().all(|c| c.is_ascii_digit()) && hex(b),
+    }
 }
 
 fn log(text: &str, run_lines: usize) -> Vec<RawChunk> {
@@ -850,6 +865,27 @@ mod tests {
         assert_eq!(c[1].group, c[2].group);
         assert_ne!(c[0].group, c[1].group);
         assert_ne!(c[3].group, c[1].group);
+    }
+
+    #[test]
+    fn numbered_frames_of_a_crash_report_stay_with_their_thread() {
+        let report = "Exception Type:  SIGSEGV\nCrashed Thread:  5\n\nThread 4:\n\
+                      0   libsystem_kernel.dylib        0x00007fff61bca1b2 0x7fff61bc6000 + 16818\n\
+                      1   YetAnotherMac                 0x0000000109482f6f 0x10864e000 + 14897007\n\n\
+                      Thread 5 Crashed:\n\
+                      0   YetAnotherMac                 0x00000001090a0132 0x10864e000 + 10821938\n\
+                      #1  0x00007f3a2b in handler () at src/h.c:12\n\
+                      2 apples 0x12 is no frame";
+        let f = field(FieldKind::Log, report);
+        let c = chunk_field(&f, ChunkConfig::default());
+        let t: Vec<&str> = c.iter().map(|c| &report[c.start..c.end]).collect();
+        let thread4 = t.iter().position(|x| x.starts_with("Thread 4:")).unwrap();
+        assert!(t[thread4].ends_with("+ 14897007"), "{t:?}");
+        let crashed = t.iter().position(|x| *x == "Thread 5 Crashed:").unwrap();
+        // the crashed thread's frames: its error line's second chunk, in its group
+        assert!(t[crashed + 1].starts_with("0   YetAnotherMac") && t[crashed + 1].ends_with("src/h.c:12"), "{t:?}");
+        assert_eq!(c[crashed].group, c[crashed + 1].group);
+        assert_eq!(t[crashed + 2], "2 apples 0x12 is no frame");
     }
 
     #[test]
