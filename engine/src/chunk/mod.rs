@@ -440,20 +440,21 @@ fn code(text: &str) -> Vec<RawChunk> {
 /// name and message, which a traceback ends with), 2 another error, 1 a
 /// warning, 0 neither.
 pub fn severity(text: &str) -> u8 {
-    text.lines()
-        .map(|l| {
-            if is_exception_line(l) {
-                3
-            } else if is_error_line(l) {
-                2
-            } else if has_word(l, "WARN") || syslog_level(l) == 1 {
-                1
-            } else {
-                0
-            }
-        })
-        .max()
-        .unwrap_or(0)
+    text.lines().map(line_severity).max().unwrap_or(0)
+}
+
+/// How bad one log line is (as [`severity`]), its syslog level read once.
+fn line_severity(line: &str) -> u8 {
+    let level = syslog_level(line);
+    if is_exception_line(line) {
+        3
+    } else if is_error(line, level) {
+        2
+    } else if has_word(line, "WARN") || level == 1 {
+        1
+    } else {
+        0
+    }
 }
 
 /// Words of an error line, upper-cased: log levels, a raised exception, and
@@ -500,7 +501,12 @@ fn is_exception_line(line: &str) -> bool {
 }
 
 fn is_error_line(line: &str) -> bool {
-    ERROR_WORDS.iter().any(|k| has_word(line, k)) || syslog_level(line) == 2
+    is_error(line, syslog_level(line))
+}
+
+/// Whether `line`, whose [`syslog_level`] is `level`, is an error line.
+fn is_error(line: &str, level: u8) -> bool {
+    ERROR_WORDS.iter().any(|k| has_word(line, k)) || level == 2
 }
 
 /// Syslog facilities, as `dmesg -x` and syslog files name them.

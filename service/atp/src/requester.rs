@@ -319,10 +319,12 @@ impl PlannerState {
         offers: &[Offer],
         task_type: pb::TaskType,
     ) -> Vec<Candidate> {
+        let held = ledger.lock().unwrap(); // once for all the offers
         let mut cands: Vec<Candidate> = offers
             .iter()
-            .map(|o| Candidate::from_capability(o.did(), &o.capability(), trust_of(ledger, o, task_type)))
+            .map(|o| Candidate::from_capability(o.did(), &o.capability(), trust_in(&held, o, task_type)))
             .collect();
+        drop(held);
         // these figures are what the routes are computed with: the
         // baseline the repricing thresholds are measured from
         let mut repricer = self.repricer.lock().unwrap();
@@ -391,8 +393,14 @@ pub fn short(did: &str) -> String {
 /// The trust routing gives `offer`'s agent for `task_type`: this agent's
 /// book, with the offer's evidence (which [`Offer::evidence_holds`] checks).
 pub(crate) fn trust_of(ledger: &Mutex<Ledger>, offer: &Offer, task_type: pb::TaskType) -> f64 {
+    trust_in(&ledger.lock().unwrap(), offer, task_type)
+}
+
+/// [`trust_of`] in a ledger already locked, for a caller that reads many
+/// offers under one lock.
+fn trust_in(ledger: &Ledger, offer: &Offer, task_type: pb::TaskType) -> f64 {
     let evidence = offer.offer.trust_evidence.as_ref().map_or(&[][..], |e| &e.proofs[..]);
-    ledger.lock().unwrap().book().with_evidence(offer.did(), Some(task_type), now_s(), evidence)
+    ledger.book().with_evidence(offer.did(), Some(task_type), now_s(), evidence)
 }
 
 #[cfg(test)]
