@@ -230,7 +230,6 @@ mod tests {
             "Exception Type:  EXC_CRASH (SIGABRT)",
             "Fatal signal 11 (SIGSEGV), code 1",
             "Segmentation fault (core dumped)",
-            "SQLITE_ERROR: database is locked",
         ] {
             assert_eq!(severity(line), 2, "{line}");
         }

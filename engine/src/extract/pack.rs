@@ -150,8 +150,9 @@ impl Scd {
                 }
             }
             // closure: a chunk brings the rest of a small group (a short
-            // paragraph) when all of it fits, else its group's lead (a
-            // paragraph's first sentence, a chat answer's question)
+            // paragraph, a markdown section) when all of it fits, else its
+            // group's lead (a paragraph's first sentence, a section's
+            // heading, a chat answer's question)
             let closure = groups.closure(chunks[i].group, &bag, budget);
             for j in closure {
                 sent.entry(ctx.distinct[j]).or_insert(j);

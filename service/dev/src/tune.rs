@@ -151,11 +151,9 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, section_closure_tokens, json_whole_tokens, embed_neighbour, markdown_link_text, \
-             scorer, \
-             common_name_chunks, sibling_weight, \
-             severity_weight, exception_weight, max_code_chunk_bytes, json_unit_bytes, log_run_lines, \
-             item_sentence_bytes, chat_run_bytes, \
-             line_lexical_weight, rerank_weight, rerank_top)"
+             scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
+             json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
+             rerank_top)"
         ),
     }
     Ok(())
