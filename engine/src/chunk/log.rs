@@ -209,20 +209,19 @@ pub(super) fn chunk(text: &str, run_lines: usize) -> Vec<RawChunk> {
 #[cfg(test)]
 mod tests {
     use super::severity;
+    use crate::chunk::tests::{field, texts};
     use crate::chunk::{chunk_field, ChunkConfig};
-    use crate::context::{Field, FieldKind};
+    use crate::context::FieldKind;
 
-    fn field(kind: FieldKind, content: &str) -> Field {
-        Field { name: "f".into(), kind, content: content.into(), confidential: false }
-    }
-
-    fn texts(f: &Field) -> Vec<String> {
-        chunk_field(f, ChunkConfig::default()).iter().map(|c| f.content[c.start..c.end].to_string()).collect()
+    fn all_at(level: u8, lines: &[&str]) {
+        for line in lines {
+            assert_eq!(severity(line), level, "{line}");
+        }
     }
 
     #[test]
     fn severity_reads_words_not_substrings() {
-        for line in [
+        let errors = [
             "2024-01-01 ERROR db down",
             "error: could not compile",
             "Crashed Thread:  5",
@@ -230,28 +229,22 @@ mod tests {
             "Exception Type:  EXC_CRASH (SIGABRT)",
             "Fatal signal 11 (SIGSEGV), code 1",
             "Segmentation fault (core dumped)",
-        ] {
-            assert_eq!(severity(line), 2, "{line}");
-        }
+            // a name mentioned, a bare `Error:`, an upper-case constant: no exception line
+            "INFO handled NotFoundException for /x",
+            "Error: Cannot find module 'x'",
+            "SQLITE_ERROR: database is locked",
+            "ERROR neutron.service [-] Unrecoverable error: please check log for details.",
+        ];
+        all_at(2, &errors);
         // a raised exception's line (the end of a traceback) ranks above
-        for line in [
+        let raised = [
             "ValueError: bad input",
             "java.io.IOException: closed",
             "java.lang.NullPointerException",
             "2015-10-29 10:51:12.480 3405 TRACE neutron.service AssertionError: Calling waitall() from within",
             "Caused by: org.postgresql.util.PSQLException: FATAL: the database system is in recovery mode",
-        ] {
-            assert_eq!(severity(line), 3, "{line}");
-        }
-        // a name mentioned, a bare `Error:`, an upper-case constant: an error, not an exception line
-        for line in [
-            "INFO handled NotFoundException for /x",
-            "Error: Cannot find module 'x'",
-            "SQLITE_ERROR: database is locked",
-            "ERROR neutron.service [-] Unrecoverable error: please check log for details.",
-        ] {
-            assert_eq!(severity(line), 2, "{line}");
-        }
+        ];
+        all_at(3, &raised);
         // a DNS answer's rcode `NOERROR` is no error; `FORWARNED` no warning
         let dns = "1379288690.38\tCYZ\t192.168.33.10\t53\tudp\tj.maxmind.com\t1\tA\t0\tNOERROR\tF";
         assert_eq!(severity(dns), 0);

@@ -492,11 +492,12 @@ fn table_name(line: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn field(kind: FieldKind, content: &str) -> Field {
+    pub(super) fn field(kind: FieldKind, content: &str) -> Field {
         Field { name: "f".into(), kind, content: content.into(), confidential: false }
     }
 
-    fn texts(f: &Field) -> Vec<String> {
+    /// The text of each chunk of `f`, default settings.
+    pub(super) fn texts(f: &Field) -> Vec<String> {
         chunk_field(f, ChunkConfig::default()).iter().map(|c| f.content[c.start..c.end].to_string()).collect()
     }
 
