@@ -56,20 +56,23 @@ const ERROR_WORDS: [&str; 15] = [
 /// `SQLITE_ERROR` or a bare `Error`), followed by a colon or ending the
 /// line.
 fn is_exception_line(line: &str) -> bool {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    words.iter().enumerate().any(|(k, w)| {
+    let mut words = line.split_whitespace().peekable();
+    while let Some(w) = words.next() {
         let name = match w.strip_suffix(':') {
             Some(n) => n,
-            None if k + 1 == words.len() => w,
-            None => return false,
+            None if words.peek().is_none() => w,
+            None => continue,
         };
         let class = name.rsplit('.').next().unwrap_or(name);
         let path_ok = name
             .split('.')
             .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$'));
         let stem = class.strip_suffix("Error").or_else(|| class.strip_suffix("Exception"));
-        path_ok && class.starts_with(|c: char| c.is_ascii_uppercase()) && stem.is_some_and(|s| !s.is_empty())
-    })
+        if path_ok && class.starts_with(|c: char| c.is_ascii_uppercase()) && stem.is_some_and(|s| !s.is_empty()) {
+            return true;
+        }
+    }
+    false
 }
 
 fn is_error_line(line: &str) -> bool {
