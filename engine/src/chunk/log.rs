@@ -18,7 +18,7 @@ pub fn severity(text: &str) -> u8 {
 /// How bad one log line is (as [`severity`]), its syslog level read once.
 fn line_severity(line: &str) -> u8 {
     let level = syslog_level(line);
-    if is_exception_line(line) {
+    if is_exception_line(line) || trace_body(line).is_some_and(ends_traceback) {
         3
     } else if is_error(line, level) {
         2
@@ -75,8 +75,32 @@ fn is_exception_line(line: &str) -> bool {
     false
 }
 
-fn is_error_line(line: &str) -> bool {
-    is_error(line, syslog_level(line))
+/// The text of an OpenStack (oslo.log) `TRACE` line after its prefix:
+/// `2015-10-20 09:10:57.153 28139 TRACE nova.api   File "…", line 9` holds
+/// `  File "…", line 9`. Such lines carry a traceback logged with the
+/// entry before them, one line of it each.
+fn trace_body(line: &str) -> Option<&str> {
+    let mut rest = line;
+    let mut words = [""; 5];
+    for w in &mut words {
+        let t = rest.trim_start_matches(' ');
+        let end = t.find(' ').unwrap_or(t.len());
+        (*w, rest) = t.split_at(end);
+        if w.is_empty() {
+            return None;
+        }
+    }
+    let [date, time, pid, level, _logger] = words;
+    let digits = |s: &str, extra: &[char]| s.chars().all(|c| c.is_ascii_digit() || extra.contains(&c));
+    let prefix = level == "TRACE" && digits(date, &['-']) && digits(time, &[':', '.']) && digits(pid, &[]);
+    prefix.then(|| rest.strip_prefix(' ').unwrap_or(rest))
+}
+
+/// Whether a `TRACE` line's text ends its traceback: Python prints the
+/// exception (`ConnectionForced: (320) …`) unindented after the frames,
+/// whatever its class is called.
+fn ends_traceback(body: &str) -> bool {
+    !body.starts_with(char::is_whitespace) && !body.trim().is_empty() && !body.starts_with("Traceback ")
 }
 
 /// Whether `line`, whose [`syslog_level`] is `level`, is an error line.
@@ -134,6 +158,9 @@ fn has_word(line: &str, word: &str) -> bool {
 
 fn is_frame(line: &str) -> bool {
     let t = line.trim_start();
+    if let Some(body) = trace_body(line) {
+        return body.starts_with(char::is_whitespace) || body.trim().is_empty();
+    }
     line.starts_with(char::is_whitespace)
         || t.starts_with("at ")
         || t.starts_with("File \"")
@@ -193,7 +220,7 @@ pub(super) fn chunk(text: &str, run_lines: usize) -> Vec<RawChunk> {
                 continue;
             }
         }
-        let error = is_error_line(line);
+        let error = line_severity(line) >= 2;
         match out.last_mut() {
             Some(last) if !error && ordinary > 0 && ordinary < run_lines => {
                 last.end = e;
@@ -315,6 +342,34 @@ mod tests {
         assert!(t[crashed + 1].starts_with("0   YetAnotherMac") && t[crashed + 1].ends_with("src/h.c:12"), "{t:?}");
         assert_eq!(c[crashed].group, c[crashed + 1].group);
         assert_eq!(t[crashed + 2], "2 apples 0x12 is no frame");
+    }
+
+    #[test]
+    fn an_openstack_trace_is_read_as_a_traceback() {
+        let p = "2015-10-20 09:10:57.153 28139";
+        let log = format!(
+            "{p} ERROR oslo.rabbit [-] Failed to consume message from queue\n\
+             {p} TRACE oslo.rabbit Traceback (most recent call last):\n\
+             {p} TRACE oslo.rabbit   File \"/usr/lib/impl_rabbit.py\", line 674, in ensure\n\
+             {p} TRACE oslo.rabbit     return method()\n\
+             {p} TRACE oslo.rabbit ConnectionForced: (320) broker forced connection closure\n\
+             {p} TRACE oslo.rabbit \n\
+             {p} INFO oslo.rabbit [-] Delaying reconnect for 1.0 seconds...\n\
+             {p} INFO nova.x [-] ConnectionForced: a name in an ordinary line"
+        );
+        let f = field(FieldKind::Log, &log);
+        let c = chunk_field(&f, ChunkConfig::default());
+        let t: Vec<&str> = c.iter().map(|c| &log[c.start..c.end]).collect();
+        let tb = t.iter().position(|x| x.ends_with("Traceback (most recent call last):")).unwrap();
+        // the frames: the traceback line's second chunk, in its group
+        assert!(t[tb + 1].contains("File \"") && t[tb + 1].ends_with("return method()"), "{t:?}");
+        assert_eq!((c[tb].group, c[tb].lead, c[tb + 1].lead), (c[tb + 1].group, true, false));
+        // the exception the frames end with leads a group of its own and ranks as raised
+        assert!(t[tb + 2].ends_with("broker forced connection closure") && c[tb + 2].lead, "{t:?}");
+        assert_eq!(severity(t[tb + 2]), 3);
+        assert_eq!(severity(t[tb + 1]), 0, "frames are no error");
+        assert!(t.iter().any(|x| x.contains("Delaying reconnect")));
+        assert_eq!(severity(t.last().unwrap()), 0, "only a TRACE line ends a traceback");
     }
 
     #[test]
