@@ -5,12 +5,15 @@
 //! impl, trait, class, ...) is a chunk; a container (`impl`, `trait`, `mod`,
 //! `class`, `namespace`, ...) that holds functions is split into its header
 //! (`impl Foo for Bar {`, `class Foo(Base):`), which leads the group, one
-//! chunk per member (each method whole), and its closing line, all in one
+//! chunk per member (each short method whole), and its closing line, all in one
 //! group, so a method arrives with its owner. Doc comments, attributes and
 //! decorators attach to the item they precede; runs of small glue (`use`
 //! and `import` lines, module statements) not separated by a blank line
-//! form one chunk. A function is never cut: its chunk is bounded by
-//! [`super::ChunkConfig::max_code_chunk_bytes`], not by the prose bound.
+//! form one chunk. A function up to
+//! [`super::ChunkConfig::long_function_bytes`] is one chunk; a longer one is
+//! cut into its signature, which leads a group of its own, pieces of its
+//! body and its closing line, so it can be sent trimmed (the signature, the
+//! pieces that matter, `…` for the rest).
 //!
 //! ```
 //! use scd_engine::chunk::{chunk_field, ChunkConfig};
@@ -218,8 +221,7 @@ fn inner(node: Node<'_>) -> Node<'_> {
 }
 
 /// Items longer than this (bytes) that are not functions are cut at their
-/// blank lines (a function stays whole up to
-/// [`super::ChunkConfig::max_code_chunk_bytes`]).
+/// blank lines (a function by [`Walker::long_function`]).
 const LONG_LEAF_BYTES: usize = 2048;
 
 /// Containers nested deeper than this are chunked whole (bounds recursion
@@ -253,11 +255,12 @@ fn name_of(node: Node<'_>, text: &str) -> Option<String> {
 }
 
 /// Chunks `text` in `lang`; `None` when the parser gives up.
-pub fn chunk(text: &str, lang: Lang) -> Option<Vec<RawChunk>> {
+/// `long_fn`: see [`super::ChunkConfig::long_function_bytes`].
+pub fn chunk(text: &str, lang: Lang, long_fn: usize) -> Option<Vec<RawChunk>> {
     let mut parser = Parser::new();
     parser.set_language(&lang.grammar()).ok()?;
     let tree = parser.parse(text, None)?;
-    let mut w = Walker { text, chunker: lang.chunker(), out: Vec::new(), group: 0, depth: 0 };
+    let mut w = Walker { text, chunker: lang.chunker(), out: Vec::new(), group: 0, depth: 0, long_fn };
     w.list(tree.root_node(), None);
     Some(w.out)
 }
@@ -283,6 +286,8 @@ struct Walker<'a> {
     group: usize,
     /// Containers (and transparent nodes) entered.
     depth: usize,
+    /// A function longer than this (bytes) is cut ([`Walker::long_function`]); 0: never.
+    long_fn: usize,
 }
 
 impl Walker<'_> {
@@ -420,12 +425,55 @@ impl Walker<'_> {
         self.chunker = parser;
     }
 
+    /// A long function: its signature (from its attached comments through
+    /// the body's opening brace) leads a group of its own and is sent with
+    /// any piece of it, its body comes in pieces ([`body_pieces`]) and its
+    /// closing line rides with the signature, so the lines that matter can
+    /// be sent with `…` for the rest. `false` when it has no body.
+    fn long_function(&mut self, n: Node<'_>, start: usize, owner: Option<(usize, &str)>, name: Option<String>) -> bool {
+        let decl = inner(n);
+        let Some(body) = decl.child_by_field_name("body") else {
+            return false;
+        };
+        let text = self.text;
+        let mut hend = body.start_byte();
+        if text[hend..].starts_with('{') {
+            hend += 1;
+        }
+        let sig: String =
+            text[decl.start_byte()..hend].trim().trim_end_matches('{').trim().lines().next().unwrap_or("").to_string();
+        let sig: String = sig.chars().take(200).collect();
+        let heading = match owner {
+            Some((_, h)) => format!("{h} › {sig}"),
+            None => sig,
+        };
+        // the closing line: the last one, when it opens with `}`
+        let end = n.end_byte();
+        let last = text[..end].rfind('\n').map_or(0, |i| i + 1);
+        let close = (last > hend && text[last..end].trim_start().starts_with('}')).then_some(last);
+        let g = self.next_group();
+        self.push(start, hend, g, Role::Lead, owner.map(|(_, h)| h.to_string()), name);
+        for (s, e) in body_pieces(text, hend, close.unwrap_or(end)) {
+            self.push(s, e, g, Role::Member, Some(heading.clone()), None);
+        }
+        if let Some(c) = close {
+            self.push(c, end, g, Role::Closing, Some(heading), None);
+        }
+        true
+    }
+
     /// One item starting at `start` (its attached comments): whole, or as
     /// header + members + closing line when it is a container of functions.
     fn item(&mut self, n: Node<'_>, start: usize, owner: Option<(usize, &str)>) {
         let name = name_of(n, self.text);
         let Some(body) = members_of(n, self.depth) else {
-            if n.end_byte() - start > LONG_LEAF_BYTES && !is_function(inner(n).kind()) {
+            let function = is_function(inner(n).kind());
+            let long = n.end_byte() - start;
+            if function && self.long_fn > 0 && long > self.long_fn && self.long_function(n, start, owner, name.clone())
+            {
+                return;
+            }
+            if long > LONG_LEAF_BYTES && !function {
                 return self.long_leaf(start, n.end_byte(), owner, name);
             }
             match owner {
@@ -463,12 +511,53 @@ impl Walker<'_> {
     }
 }
 
+/// A long function's body piece is cut at a blank line once it holds this
+/// many bytes...
+const PIECE_MIN_BYTES: usize = 256;
+/// ...and at the start of a statement of the body (a line no deeper than
+/// its first) once it holds this many.
+const PIECE_MAX_BYTES: usize = 1024;
+
+/// The pieces of the body between byte offsets `a` and `b`, cut by lines:
+/// at a blank line once a piece holds [`PIECE_MIN_BYTES`], else at a line
+/// that starts a statement of the body once it holds [`PIECE_MAX_BYTES`],
+/// else at a deeper line once it holds twice that (a long loop's body);
+/// never before a line that closes or continues one (`}`, `)`, `else`, `&&`).
+fn body_pieces(text: &str, a: usize, b: usize) -> Vec<(usize, usize)> {
+    const CONTINUES: [&str; 10] = ["else", "elif", "except", "catch", "finally", ".", "&&", "||", "?", ":"];
+    let mut out = Vec::new();
+    let (mut piece, mut at) = (a, a);
+    let mut base: Option<usize> = None;
+    let mut after_blank = false;
+    for line in text[a..b].split_inclusive('\n') {
+        let body = line.trim_start();
+        if !body.trim().is_empty() {
+            let indent = line.len() - body.len();
+            let base = *base.get_or_insert(indent);
+            let opens = !body.starts_with(['}', ')', ']']) && !CONTINUES.iter().any(|c| body.starts_with(c));
+            let size = at - piece;
+            // a statement of the body, else (inside a long loop or branch)
+            // any statement once the piece holds twice the bound
+            let starts = (indent <= base && size >= PIECE_MAX_BYTES) || size >= 2 * PIECE_MAX_BYTES;
+            let cut = opens && ((after_blank && size >= PIECE_MIN_BYTES) || starts);
+            if cut && !text[piece..at].trim().is_empty() {
+                out.push((piece, at));
+                piece = at;
+            }
+        }
+        after_blank = body.trim().is_empty();
+        at += line.len();
+    }
+    out.push((piece, b));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn texts(src: &str, lang: Lang) -> Vec<(&str, usize, bool)> {
-        chunk(src, lang).unwrap().iter().map(|c| (&src[c.start..c.end], c.group, c.lead)).collect()
+        chunk(src, lang, 2048).unwrap().iter().map(|c| (&src[c.start..c.end], c.group, c.lead)).collect()
     }
 
     #[test]
@@ -489,7 +578,7 @@ mod tests {
         );
         assert!(t[2].2 && !t[3].2 && !t[4].2 && !t[5].2);
         assert!(t[2].1 == t[3].1 && t[3].1 == t[4].1 && t[4].1 == t[5].1 && t[1].1 != t[2].1);
-        let c = chunk(src, Lang::Rust).unwrap();
+        let c = chunk(src, Lang::Rust, 2048).unwrap();
         assert_eq!(c[3].defines, vec!["get".to_string()]);
         assert_eq!(c[3].heading.as_deref(), Some("impl<T: Clone> Tr for S"));
         assert_eq!(c[2].defines, vec!["S".to_string()]);
@@ -550,7 +639,7 @@ mod tests {
     }
 
     #[test]
-    fn a_long_macro_is_cut_at_blank_lines_and_a_long_function_stays_whole() {
+    fn a_long_macro_is_cut_at_blank_lines_and_a_long_function_stays_whole_when_asked() {
         let methods: Vec<String> = (0..24)
             .map(|i| format!("        /// Returns field {i} of the flags, as stored.\n        pub fn get_{i}(&self) -> u64 {{\n            self.{i}\n        }}\n"))
             .collect();
@@ -559,7 +648,7 @@ mod tests {
         let long_fn = format!("fn long() {{\n{body}}}\n");
         assert!(mac.len() > LONG_LEAF_BYTES && long_fn.len() > LONG_LEAF_BYTES);
         let src = format!("use a::b;\n\n{mac}\n{long_fn}");
-        let c = chunk(&src, Lang::Rust).unwrap();
+        let c = chunk(&src, Lang::Rust, 0).unwrap();
         let pieces: Vec<&RawChunk> = c.iter().filter(|c| c.chunker == "heuristic:code").collect();
         assert_eq!(pieces.len(), 24, "one piece per blank-line block of the macro");
         assert!(pieces.iter().all(|p| p.group == pieces[0].group && !p.rides));
@@ -574,10 +663,80 @@ mod tests {
     }
 
     #[test]
+    fn a_long_method_is_cut_into_its_signature_body_pieces_and_closing_line() {
+        let mut body = String::new();
+        for i in 0..24 {
+            body.push_str(&format!("    if (input.x{i} > {i}) {{\n      out.push(render{i}(input, options))\n    }} else {{\n      out.push(fallback{i})\n    }}\n"));
+            if i % 3 == 2 {
+                body.push('\n');
+            }
+        }
+        let src = format!("class Range {{\n  // Parses a range.\n  parseRange (input, options) {{\n{body}    return out\n  }}\n\n  short () {{\n    return 1\n  }}\n}}\n");
+        let c = chunk(&src, Lang::JavaScript, 2048).unwrap();
+        let t: Vec<&str> = c.iter().map(|c| &src[c.start..c.end]).collect();
+        let sig = t.iter().position(|t| t.starts_with("// Parses a range.")).unwrap();
+        assert_eq!(t[sig], "// Parses a range.\n  parseRange (input, options) {");
+        assert!(c[sig].lead && !c[sig].rides && c[sig].defines == vec!["parseRange".to_string()]);
+        assert_ne!(c[sig].group, c[0].group, "the method leads a group of its own");
+        let pieces: Vec<usize> =
+            (sig + 1..c.len()).take_while(|&j| c[j].group == c[sig].group && !c[j].rides).collect();
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
+        for &j in &pieces {
+            assert!(!c[j].lead && c[j].end - c[j].start <= 1024 + 200);
+            assert_eq!(c[j].heading.as_deref(), Some("class Range › parseRange (input, options)"));
+            assert!(!t[j].starts_with('}') && !t[j].starts_with("else"), "{:?}", t[j]);
+        }
+        // the pieces cover the body, and the closing line rides
+        let close = pieces.last().unwrap() + 1;
+        assert_eq!((t[close], c[close].rides, c[close].group), ("}", true, c[sig].group));
+        let joined: String = pieces.iter().map(|&j| t[j].trim()).collect::<Vec<_>>().join("\n");
+        let want: String = format!("{body}    return out")
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(joined.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("\n"), want);
+        // a short method stays whole; 0 keeps every function whole
+        assert!(t.contains(&"short () {\n    return 1\n  }"));
+        let whole = chunk(&src, Lang::JavaScript, 0).unwrap();
+        assert!(whole
+            .iter()
+            .any(|c| src[c.start..c.end].starts_with("// Parses") && src[c.start..c.end].ends_with("return out\n  }")));
+    }
+
+    #[test]
+    fn a_long_loop_without_blank_lines_is_cut_inside() {
+        let inner: String = (0..150)
+            .map(|i| format!("        if (arg === '-{i}') {{\n            push(arg, {i});\n        }}\n"))
+            .collect();
+        let src = format!("function parse(args) {{\n    for (let i = 0; i < args.length; i++) {{\n{inner}    }}\n}}\n");
+        let c = chunk(&src, Lang::JavaScript, 1024).unwrap();
+        let pieces: Vec<&RawChunk> = c.iter().filter(|c| !c.lead && !c.rides).collect();
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
+        for p in &pieces {
+            let t = &src[p.start..p.end];
+            assert!(t.len() <= 2 * PIECE_MAX_BYTES + 64 && !t.starts_with('}'), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_python_function_has_no_closing_line() {
+        let body: String =
+            (0..120).map(|i| format!("    x{i} = compute({i})\n{}", if i % 10 == 9 { "\n" } else { "" })).collect();
+        let src = format!("def build(items):\n{body}    return x119\n");
+        assert!(src.len() > 2048);
+        let c = chunk(&src, Lang::Python, 2048).unwrap();
+        assert_eq!(&src[c[0].start..c[0].end], "def build(items):");
+        assert!(c.len() > 2 && c[1..].iter().all(|p| !p.lead && !p.rides && p.group == c[0].group));
+        assert!(src[c.last().unwrap().start..].trim_end().ends_with("return x119"));
+    }
+
+    #[test]
     fn deep_nesting_is_bounded() {
         let n = 20_000;
         let src = format!("{}fn f() {{}}{}", "mod a {\n".repeat(n), "}\n".repeat(n));
-        let c = chunk(&src, Lang::Rust).unwrap();
+        let c = chunk(&src, Lang::Rust, 2048).unwrap();
         assert!(c.len() <= 3 * MAX_DEPTH, "{} chunks", c.len());
         assert!(c.iter().all(|c| c.end <= src.len() && c.start < c.end));
     }

@@ -186,6 +186,22 @@ pub struct ScoringConfig {
     /// heading comes along). Chosen by 5-fold cross-validation on the 40
     /// docs dev cases (BENCHMARKS.md).
     pub section_closure_tokens: usize,
+    /// As `group_closure_tokens`, for a long function cut into its signature
+    /// and body pieces (`long_function_bytes`): once one piece is sent, the
+    /// rest of a function of at most this many tokens comes too when all of
+    /// it fits, so a function is trimmed only when the budget is short
+    /// (0: only its signature and closing line come along).
+    pub function_closure_tokens: usize,
+    /// A cut function's body pieces rank no higher than its signature,
+    /// which is embedded with the start of the function: the function is
+    /// ranked as a whole and trimmed only when it does not fit (false: each
+    /// piece at its own score).
+    pub function_pieces_capped: bool,
+    /// With `function_pieces_capped`, the k-th best piece of a cut function
+    /// ranks at most k times this below its signature, so a function that
+    /// does not fit is trimmed to its best pieces rather than sent piece by
+    /// piece at its own rank.
+    pub function_piece_step: f32,
     /// Packing sends a JSON container cut across several chunks (an array's
     /// element, an object's member) whole once one of its chunks is sent,
     /// when the container has at most this many tokens and the rest of it
@@ -233,6 +249,9 @@ impl Default for ScoringConfig {
             second_hop_max_tokens: 256,
             group_closure_tokens: 400,
             section_closure_tokens: 1200,
+            function_closure_tokens: 1200,
+            function_pieces_capped: true,
+            function_piece_step: 0.01,
             json_whole_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
@@ -343,6 +362,10 @@ mod tests {
         assert_eq!(c.scoring.second_hop_max_tokens, 256);
         assert_eq!(c.scoring.group_closure_tokens, 400);
         assert_eq!(c.scoring.section_closure_tokens, 1200);
+        assert_eq!(c.scoring.function_closure_tokens, 1200);
+        assert!(c.scoring.function_pieces_capped);
+        assert_eq!(c.scoring.function_piece_step, 0.01);
+        assert_eq!(c.prepare.chunk.long_function_bytes, 0);
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);
         assert_eq!(c.scoring.redundancy_cosine, 0.985);

@@ -35,7 +35,7 @@ mod rerank;
 mod score;
 mod sessions;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -504,6 +504,33 @@ impl std::fmt::Debug for Scd {
 /// Chunk ids one adaptive request may name.
 pub const MAX_CHUNK_IDS: usize = 1024;
 
+/// A cut function's pieces rank no higher than its signature, which is
+/// embedded with the start of the function and so scores the function as a
+/// whole: the function comes at its own rank (whole, by closure, when it
+/// fits), and is trimmed to its best pieces only when it does not. The
+/// pieces keep their own order below the signature, the k-th best at most
+/// `step` × k below it.
+fn cap_function_pieces(prepared: &PreparedContext, parts: &mut Scores, step: f32) {
+    let mut pieces: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+    let functions = prepared.cut_functions();
+    for (j, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| !c.lead && !c.rides) {
+        if functions.contains_key(&c.group) {
+            pieces.entry(c.group).or_default().push(j);
+        }
+    }
+    for (g, mut members) in pieces {
+        let top = parts.fused[functions[&g]];
+        members.sort_by(|&a, &b| parts.fused[b].total_cmp(&parts.fused[a]));
+        for (k, j) in members.into_iter().enumerate() {
+            let capped = top - step * (k + 1) as f32;
+            if parts.fused[j] > capped {
+                parts.group_lift[j] += capped - parts.fused[j];
+                parts.fused[j] = capped;
+            }
+        }
+    }
+}
+
 /// Texts per encoder call when embedding a context's chunks: the unit
 /// between cancellation checks.
 pub const EMBED_SLICE: usize = 256;
@@ -646,6 +673,9 @@ impl Scd {
                 parts.fused[i] += lift;
                 parts.group_lift[i] += lift;
             }
+        }
+        if self.cfg.scoring.function_pieces_capped {
+            cap_function_pieces(prepared, parts, self.cfg.scoring.function_piece_step);
         }
     }
 

@@ -114,7 +114,12 @@ impl Scd {
         // each): a chunk identical or near to one is redundant
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
         let sc = &self.cfg.scoring;
-        let groups = Groups::new(ctx, costs, sc.group_closure_tokens, sc.section_closure_tokens);
+        let limits = Limits {
+            paragraph: sc.group_closure_tokens,
+            section: sc.section_closure_tokens,
+            function: sc.function_closure_tokens,
+        };
+        let groups = Groups::new(ctx, costs, limits);
         // a chat question's answers (the rest of its group)
         let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
@@ -217,9 +222,20 @@ pub(super) fn repeats(ctx: &PreparedContext, selected: &[usize], i: usize) -> bo
     })
 }
 
+/// The most tokens of a group that comes whole once one of its chunks is
+/// sent, by kind of group (0: none).
+struct Limits {
+    /// A prose paragraph.
+    paragraph: usize,
+    /// A markdown section.
+    section: usize,
+    /// A long function cut into its signature and body pieces.
+    function: usize,
+}
+
 /// What closure brings: each group's lead, a container's closing line, and
 /// the members and tokens of each prose group (a paragraph, a markdown
-/// section) no longer than its kind's limit.
+/// section) or cut function no longer than its kind's limit.
 struct Groups {
     leads: HashMap<(usize, usize), usize>,
     closings: HashMap<(usize, usize), usize>,
@@ -227,9 +243,7 @@ struct Groups {
 }
 
 impl Groups {
-    /// `paragraph_tokens` and `section_tokens`: the most tokens of a prose
-    /// group, and of a markdown section, that comes whole (0: none).
-    fn new(ctx: &PreparedContext, costs: &Costs<'_>, paragraph_tokens: usize, section_tokens: usize) -> Self {
+    fn new(ctx: &PreparedContext, costs: &Costs<'_>, limits: Limits) -> Self {
         let chunks = &ctx.chunks;
         let leads = chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
         // a container's closing line (`}`), which comes with its header
@@ -238,7 +252,10 @@ impl Groups {
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         // a group is a section when any of its chunks was cut by the markdown chunker
         let mut sections = HashSet::new();
-        for (j, c) in chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field)) {
+        let functions = ctx.cut_functions();
+        for (j, c) in
+            chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field) || functions.contains_key(&c.group))
+        {
             let e = members.entry(c.group).or_default();
             e.0.push(j);
             e.1 += costs.text[j];
@@ -246,9 +263,15 @@ impl Groups {
                 sections.insert(c.group);
             }
         }
-        members.retain(|g, (_, t)| {
-            let limit = if sections.contains(g) { section_tokens } else { paragraph_tokens };
-            limit > 0 && *t <= limit
+        members.retain(|g, (m, t)| {
+            let limit = if sections.contains(g) {
+                limits.section
+            } else if ctx.is_prose(g.0) {
+                limits.paragraph
+            } else {
+                limits.function
+            };
+            m.len() > 1 && limit > 0 && *t <= limit
         });
         Self { leads, closings, members }
     }

@@ -1,7 +1,7 @@
 //! Prepare: split off confidential fields, chunk, count, embed and index
 //! a context once, reused by every task asked of it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{Counting, Scd, SelectedChunk, EMBED_SLICE, EMBED_SLICE_BYTES};
@@ -94,6 +94,22 @@ pub(super) struct PreparedContext {
 }
 
 impl PreparedContext {
+    /// The lead (the signature) of each function the code chunker cut into
+    /// a signature and body pieces, by group: a parsed group led by a chunk
+    /// that does not ride (a container's header does) and holding more.
+    pub(super) fn cut_functions(&self) -> HashMap<(usize, usize), usize> {
+        let mut leads = HashMap::new();
+        let mut sizes: HashMap<(usize, usize), usize> = HashMap::new();
+        for (i, c) in self.chunks.iter().enumerate().filter(|(_, c)| c.chunker.starts_with("tree-sitter")) {
+            *sizes.entry(c.group).or_default() += 1;
+            if c.lead && !c.rides {
+                leads.insert(c.group, i);
+            }
+        }
+        leads.retain(|g, _| sizes[g] > 1);
+        leads
+    }
+
     /// Whether field `f` is prose (a document: only prose fields have a
     /// title key). The second hop and paragraph closure work on these only.
     pub(super) fn is_prose(&self, f: usize) -> bool {
@@ -419,6 +435,7 @@ impl Scd {
         let mut vector_texts = Vec::new();
         for (fi, f) in fields.iter().enumerate() {
             let raw = chunk_field(f, self.cfg.prepare.chunk);
+            let function_ends = cut_function_ends(&raw);
             let base = out.len();
             let mut places = super::layout::layout(&f.content, &raw).into_iter();
             for (n, c) in raw.into_iter().enumerate() {
@@ -430,13 +447,26 @@ impl Scd {
                     _ => f.name.clone(),
                 };
                 let names: Vec<String> = c.defines.iter().map(|d| identifier_words(d)).collect();
+                // a cut function's signature stands for the function: it is
+                // embedded with the start of its body, so the function scores
+                // as a whole while its pieces score on their own
+                let embedded = match function_ends.get(&c.group) {
+                    Some(&end) if c.lead && end > c.end => {
+                        let mut e = end.min(c.start + SIGNATURE_EMBED_BYTES);
+                        while !f.content.is_char_boundary(e) {
+                            e -= 1;
+                        }
+                        &f.content[c.start..e]
+                    }
+                    _ => text.as_str(),
+                };
                 let embed_text = if f.kind == FieldKind::Code && self.cfg.prepare.code_names && !names.is_empty() {
-                    format!("{label} ({}): {text}", names.join(", "))
+                    format!("{label} ({}): {embedded}", names.join(", "))
                 } else if c.chunker.starts_with("markdown") && self.cfg.prepare.markdown_link_text {
                     use crate::chunk::markdown::link_text;
                     format!("{}: {}", link_text(&label), link_text(&text))
                 } else {
-                    format!("{label}: {text}")
+                    format!("{label}: {embedded}")
                 };
                 match out.last() {
                     Some(prev) if self.cfg.prepare.embed_neighbour && prev.group == (fi, c.group) => {
@@ -524,6 +554,27 @@ pub(super) type Given = HashMap<[u8; 32], Vec<f32>>;
 
 /// An identifier as lower-case words: `parse_header`, `ParseHeader` and
 /// `parseHTTPHeader` → `parse header`, `parse header`, `parse http header`.
+/// How much of a cut function a signature is embedded with (bytes: about
+/// the encoder's 512-token window).
+const SIGNATURE_EMBED_BYTES: usize = 2048;
+
+/// The end of each function the code chunker cut into a signature and body
+/// pieces (a parsed group whose lead does not ride, as a container's
+/// header does), by group.
+fn cut_function_ends(raw: &[crate::chunk::RawChunk]) -> HashMap<usize, usize> {
+    let mut ends = HashMap::new();
+    let mut cut: HashSet<usize> = HashSet::new();
+    for c in raw.iter().filter(|c| c.chunker.starts_with("tree-sitter")) {
+        if c.lead && !c.rides {
+            cut.insert(c.group);
+        }
+        let e = ends.entry(c.group).or_insert(c.end);
+        *e = (*e).max(c.end);
+    }
+    ends.retain(|g, _| cut.contains(g));
+    ends
+}
+
 pub(super) fn identifier_words(ident: &str) -> String {
     let mut out = String::with_capacity(ident.len() + 4);
     let chars: Vec<char> = ident.chars().collect();

@@ -320,6 +320,65 @@ fn a_short_markdown_section_is_sent_whole_once_one_chunk_is() {
     assert!(how_to.lines().any(|l| !l.trim().is_empty() && !by_chunks.text.contains(l)), "{}", by_chunks.text);
 }
 
+/// Issue 45: with `long_function_bytes` set, a long function is trimmed
+/// rather than dropped whole: with a budget short of it, its signature and
+/// the body piece that answers are sent, `…` marking the rest; with room for
+/// it (at most `function_closure_tokens`), it comes whole (e5-small scores).
+#[test]
+fn a_long_function_is_sent_trimmed_when_short_of_room_and_whole_with_room() {
+    let Some(_) = super::e5() else { return };
+    let dir = super::model_dir("e5-small").unwrap();
+    let enc: Arc<dyn Encoder> = Arc::new(scd_engine::encoder::OrtEncoder::load(&dir, &ort_cfg()).unwrap());
+    let filler = |tag: &str| -> String {
+        (0..7).map(|i| format!("    const {tag}{i} = this.options.{tag}[{i}] || defaults.{tag}{i}\n")).collect()
+    };
+    let answer = "    // strip build metadata before the range is parsed\n    range = range.replace(re[t.BUILD], '')\n";
+    let body = format!(
+        "{}\n{answer}{}\n{}\n{}    return comparators\n",
+        filler("memo"),
+        filler("build_opts"),
+        filler("hyphen"),
+        filler("split")
+    );
+    let code = format!(
+        "class Range {{\n  parseRange (range) {{\n{body}  }}\n\n  format () {{\n    return this.range\n  }}\n}}\n\n\
+         const isSatisfiable = (comparators, options) => {{\n  return comparators.length > 0\n}}\n"
+    );
+    assert!(body.len() > 1024);
+    let ctx = Context {
+        fields: vec![Field {
+            name: "classes/range.js".into(),
+            kind: FieldKind::Code,
+            content: code,
+            confidential: false,
+        }],
+    };
+    let task = "Build metadata like +build.5 bleeds into a parsed range; it should be stripped first. Where?";
+    let mut cfg = ScdConfig::default();
+    cfg.prepare.chunk.long_function_bytes = 1024;
+    let scd = Scd::new(enc.clone(), cfg);
+    let tokens = |s: &str| enc.count_tokens(s).unwrap();
+    // room for the signature, the answering piece and two headers, not for the whole function
+    let short = tokens(&filler("build_opts")) + tokens(answer) + 40;
+    assert!(short < tokens(&body));
+    let out = scd.compress(&req(task, ctx.clone(), short)).unwrap();
+    assert!(out.totals.sent_tokens <= short);
+    assert!(out.text.contains("  parseRange (range) {"), "{}", out.text);
+    assert!(out.text.contains("range = range.replace(re[t.BUILD], '')"), "{}", out.text);
+    assert!(out.text.contains('…') && !out.text.contains("const split6"), "{}", out.text);
+    // with functions whole (the default), the function does not fit and none of it is sent
+    let whole = Scd::new(enc.clone(), ScdConfig::default()).compress(&req(task, ctx.clone(), short)).unwrap();
+    assert!(!whole.text.contains("re[t.BUILD]"), "{}", whole.text);
+    // with room, the whole function comes
+    let room = tokens(&body) + 60;
+    assert!(room <= ScdConfig::default().scoring.function_closure_tokens);
+    let out = scd.compress(&req(task, ctx, room)).unwrap();
+    assert!(out.totals.sent_tokens <= room);
+    for line in body.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(out.text.contains(line), "{line:?} missing from {}", out.text);
+    }
+}
+
 fn ort_cfg() -> scd_engine::encoder::OrtConfig {
     let mut cfg = scd_engine::encoder::OrtConfig::new(super::ort_lib());
     cfg.intra_threads = 2;

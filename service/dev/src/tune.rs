@@ -129,6 +129,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "severity_weight" => cfg.scoring.severity_weight = v as f32,
         "exception_weight" => cfg.scoring.exception_weight = v as f32,
         "max_code_chunk_bytes" => cfg.prepare.chunk.max_code_chunk_bytes = as_count()?.max(1),
+        "long_function_bytes" => cfg.prepare.chunk.long_function_bytes = as_count()?,
         "json_unit_bytes" => cfg.prepare.chunk.json_unit_bytes = as_count()?.max(1),
         "log_run_lines" => cfg.prepare.chunk.log_run_lines = as_count()?.max(1),
         "item_sentence_bytes" => cfg.prepare.chunk.item_sentence_bytes = as_count()?,
@@ -137,6 +138,9 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
         "section_closure_tokens" => cfg.scoring.section_closure_tokens = as_count()?,
+        "function_closure_tokens" => cfg.scoring.function_closure_tokens = as_count()?,
+        "function_pieces_capped" => cfg.scoring.function_pieces_capped = as_count()? > 0,
+        "function_piece_step" => cfg.scoring.function_piece_step = v as f32,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "markdown_link_text" => cfg.prepare.markdown_link_text = as_count()? > 0,
@@ -150,9 +154,10 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, section_closure_tokens, json_whole_tokens, embed_neighbour, markdown_link_text, \
+             group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, \
+             json_whole_tokens, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
-             json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
+             long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
              rerank_top)"
         ),
     }

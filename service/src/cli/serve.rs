@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scd_engine::budget::TokenizerRegistry;
+use scd_engine::chunk::ChunkConfig;
 use scd_engine::context::ContextLimits;
 use scd_engine::extract::{PrepareConfig, RequestLimits, Scd, ScdConfig, ScoringConfig, SessionConfig};
 
@@ -91,6 +92,15 @@ pub struct ServeArgs {
     /// one of its chunks is (0: only its heading comes along).
     #[arg(long, env = "SCD_SECTION_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.section_closure_tokens)]
     section_closure_tokens: usize,
+    /// A long function (cut into its signature and body pieces) of at most
+    /// this many tokens is sent whole once one of its pieces is (0: only its
+    /// signature and closing line come along).
+    #[arg(long, env = "SCD_FUNCTION_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.function_closure_tokens)]
+    function_closure_tokens: usize,
+    /// Cut a function longer than this many bytes into its signature and
+    /// body pieces, so it can be sent trimmed (0: functions stay whole).
+    #[arg(long, env = "SCD_LONG_FUNCTION_BYTES", default_value_t = ScdConfig::default().prepare.chunk.long_function_bytes)]
+    long_function_bytes: usize,
     /// The second stage (a cross-encoder over the best chunks).
     #[command(flatten)]
     rerank: crate::config::RerankArgs,
@@ -399,11 +409,16 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
         second_hop_weight: args.second_hop_weight,
         group_closure_tokens: args.group_closure_tokens,
         section_closure_tokens: args.section_closure_tokens,
+        function_closure_tokens: args.function_closure_tokens,
         ..base.scoring
     };
     args.rerank.apply(&mut scoring);
     ScdConfig {
-        prepare: PrepareConfig { cache_bytes: args.cache_bytes, ..base.prepare },
+        prepare: PrepareConfig {
+            cache_bytes: args.cache_bytes,
+            chunk: ChunkConfig { long_function_bytes: args.long_function_bytes, ..base.prepare.chunk },
+            ..base.prepare
+        },
         scoring,
         limits: RequestLimits {
             max_context_tokens: args.max_context_tokens,
