@@ -5,15 +5,16 @@
 //! impl, trait, class, ...) is a chunk; a container (`impl`, `trait`, `mod`,
 //! `class`, `namespace`, ...) that holds functions is split into its header
 //! (`impl Foo for Bar {`, `class Foo(Base):`), which leads the group, one
-//! chunk per member (each short method whole), and its closing line, all in one
+//! chunk per member (each method whole, unless cut as above), and its closing
+//! line, all in one
 //! group, so a method arrives with its owner. Doc comments, attributes and
 //! decorators attach to the item they precede; runs of small glue (`use`
 //! and `import` lines, module statements) not separated by a blank line
-//! form one chunk. A function up to
-//! [`super::ChunkConfig::long_function_bytes`] is one chunk; a longer one is
-//! cut into its signature, which leads a group of its own, pieces of its
-//! body and its closing line, so it can be sent trimmed (the signature, the
-//! pieces that matter, `…` for the rest).
+//! form one chunk. A function is one chunk; with
+//! [`super::ChunkConfig::long_function_bytes`] set, a longer one is cut into
+//! its signature, which leads a group of its own, pieces of its body and its
+//! closing line, so it can be sent trimmed (the signature, the pieces that
+//! matter, `…` for the rest).
 //!
 //! ```
 //! use scd_engine::chunk::{chunk_field, ChunkConfig};
