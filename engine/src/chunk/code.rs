@@ -5,16 +5,15 @@
 //! impl, trait, class, ...) is a chunk; a container (`impl`, `trait`, `mod`,
 //! `class`, `namespace`, ...) that holds functions is split into its header
 //! (`impl Foo for Bar {`, `class Foo(Base):`), which leads the group, one
-//! chunk per member (each method whole, unless cut as above), and its closing
-//! line, all in one
-//! group, so a method arrives with its owner. Doc comments, attributes and
-//! decorators attach to the item they precede; runs of small glue (`use`
-//! and `import` lines, module statements) not separated by a blank line
-//! form one chunk. A function is one chunk; with
+//! chunk per member (each method whole, unless cut as below), and its closing
+//! line, all in one group, so a method arrives with its owner. Doc
+//! comments, attributes and decorators attach to the item they precede;
+//! runs of small glue (`use` and `import` lines, module statements) not
+//! separated by a blank line form one chunk. A function is one chunk; with
 //! [`super::ChunkConfig::long_function_bytes`] set, a longer one is cut into
 //! its signature, which leads a group of its own, pieces of its body and its
 //! closing line, so it can be sent trimmed (the signature, the pieces that
-//! matter, `…` for the rest).
+//! matter, `…` for the rest); a method cut so leaves its container's group.
 //!
 //! ```
 //! use scd_engine::chunk::{chunk_field, ChunkConfig};
@@ -222,7 +221,8 @@ fn inner(node: Node<'_>) -> Node<'_> {
 }
 
 /// Items longer than this (bytes) that are not functions are cut at their
-/// blank lines (a function by [`Walker::long_function`]).
+/// blank lines (a function only by [`Walker::long_function`], at its own
+/// bound).
 const LONG_LEAF_BYTES: usize = 2048;
 
 /// Containers nested deeper than this are chunked whole (bounds recursion
@@ -528,12 +528,16 @@ fn body_pieces(text: &str, a: usize, b: usize) -> Vec<(usize, usize)> {
     const CONTINUES: [&str; 10] = ["else", "elif", "except", "catch", "finally", ".", "&&", "||", "?", ":"];
     let mut out = Vec::new();
     let (mut piece, mut at) = (a, a);
-    let mut base: Option<usize> = None;
+    // the body's indentation: where `a` stands when only blanks precede it
+    // on its line (Python's body starts at its first statement), else that
+    // of its first line with text
+    let line_start = text[..a].rfind('\n').map_or(0, |i| i + 1);
+    let mut base: Option<usize> = text[line_start..a].trim().is_empty().then_some(a - line_start).filter(|&i| i > 0);
     let mut after_blank = false;
     for line in text[a..b].split_inclusive('\n') {
         let body = line.trim_start();
         if !body.trim().is_empty() {
-            let indent = line.len() - body.len();
+            let indent = line.len() - body.len() + if at == a { a - line_start } else { 0 };
             let base = *base.get_or_insert(indent);
             let opens = !body.starts_with(['}', ')', ']']) && !CONTINUES.iter().any(|c| body.starts_with(c));
             let size = at - piece;
@@ -731,6 +735,10 @@ mod tests {
         assert_eq!(&src[c[0].start..c[0].end], "def build(items):");
         assert!(c.len() > 2 && c[1..].iter().all(|p| !p.lead && !p.rides && p.group == c[0].group));
         assert!(src[c.last().unwrap().start..].trim_end().ends_with("return x119"));
+        // without blank lines, cut between the body's statements at the 1 KiB bound
+        let dense = src.replace("\n\n", "\n");
+        let c = chunk(&dense, Lang::Python, 2048).unwrap();
+        assert!(c.len() > 3 && c[1..].iter().all(|p| p.end - p.start <= PIECE_MAX_BYTES + 32), "{}", c.len());
     }
 
     #[test]

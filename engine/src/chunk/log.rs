@@ -93,14 +93,29 @@ fn trace_body(line: &str) -> Option<&str> {
     let [date, time, pid, level, _logger] = words;
     let digits = |s: &str, extra: &[char]| s.chars().all(|c| c.is_ascii_digit() || extra.contains(&c));
     let prefix = level == "TRACE" && digits(date, &['-']) && digits(time, &[':', '.']) && digits(pid, &[]);
-    prefix.then(|| rest.strip_prefix(' ').unwrap_or(rest))
+    let body = rest.strip_prefix(' ').unwrap_or(rest);
+    // nova's `[instance: <uuid>] ` tag before each line of a traceback
+    let body = match body.strip_prefix("[instance: ").and_then(|b| b.split_once("] ")) {
+        Some((_, after)) => after,
+        None => body,
+    };
+    prefix.then_some(body)
 }
 
 /// Whether a `TRACE` line's text ends its traceback: Python prints the
-/// exception (`ConnectionForced: (320) …`) unindented after the frames,
-/// whatever its class is called.
+/// exception unindented after the frames, whatever its class is called, as
+/// its name (a dotted identifier) then a colon or nothing
+/// (`ConnectionForced: (320) …`, `error: [Errno 32] Broken pipe`); not a
+/// sentence such as `During handling of the above exception, …`.
 fn ends_traceback(body: &str) -> bool {
-    !body.starts_with(char::is_whitespace) && !body.trim().is_empty() && !body.starts_with("Traceback ")
+    if body.starts_with(char::is_whitespace) {
+        return false;
+    }
+    let name = body.split_once(':').map_or(body.trim_end(), |(n, _)| n);
+    let ident = |p: &str| {
+        p.starts_with(|c: char| c.is_ascii_alphabetic()) && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    !name.is_empty() && name != "Traceback" && name.split('.').all(ident)
 }
 
 /// Whether `line`, whose [`syslog_level`] is `level`, is an error line.
@@ -207,7 +222,10 @@ pub(super) fn chunk(text: &str, run_lines: usize) -> Vec<RawChunk> {
             continue;
         }
         if is_frame(line) {
+            // an empty TRACE line (a traceback's last) ends what it follows
+            let empty = trace_body(line).is_some_and(|b| b.trim().is_empty());
             match out.last_mut() {
+                Some(last) if empty => last.end = e,
                 // an error line's first frame opens its frames' chunk
                 Some(last) if last.lead && ordinary == 0 => {
                     let g = last.group;
@@ -365,11 +383,22 @@ mod tests {
         assert!(t[tb + 1].contains("File \"") && t[tb + 1].ends_with("return method()"), "{t:?}");
         assert_eq!((c[tb].group, c[tb].lead, c[tb + 1].lead), (c[tb + 1].group, true, false));
         // the exception the frames end with leads a group of its own and ranks as raised
-        assert!(t[tb + 2].ends_with("broker forced connection closure") && c[tb + 2].lead, "{t:?}");
+        assert!(t[tb + 2].contains("broker forced connection closure") && c[tb + 2].lead, "{t:?}");
         assert_eq!(severity(t[tb + 2]), 3);
         assert_eq!(severity(t[tb + 1]), 0, "frames are no error");
-        assert!(t.iter().any(|x| x.contains("Delaying reconnect")));
+        assert!(
+            t[tb + 2].ends_with("\n2015-10-20 09:10:57.153 28139 TRACE oslo.rabbit"),
+            "the empty TRACE line joins the exception: {t:?}"
+        );
+        assert!(t[tb + 3].contains("Delaying reconnect"));
         assert_eq!(severity(t.last().unwrap()), 0, "only a TRACE line ends a traceback");
+        // nova's instance tag; a sentence or a TRACE frame is no exception
+        let tagged = format!("{p} TRACE nova.compute.manager [instance: 9f1c] ");
+        assert_eq!(severity(&format!("{tagged}  File \"/usr/lib/x.py\", line 3, in f")), 0);
+        assert_eq!(severity(&format!("{tagged}InstanceNotFound: Instance 9f1c could not be found.")), 3);
+        // (an error by its word `exception`, not a raised one)
+        assert_eq!(severity(&format!("{p} TRACE nova.x During handling of the above exception, another occurred:")), 2);
+        assert_eq!(severity(&format!("{p} TRACE nova.x error: [Errno 32] Broken pipe")), 3);
     }
 
     #[test]

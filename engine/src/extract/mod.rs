@@ -674,7 +674,7 @@ impl Scd {
                 parts.group_lift[i] += lift;
             }
         }
-        if self.cfg.scoring.function_pieces_capped {
+        if self.cfg.scoring.function_pieces_capped && self.cfg.prepare.chunk.long_function_bytes > 0 {
             cap_function_pieces(prepared, parts, self.cfg.scoring.function_piece_step);
         }
     }

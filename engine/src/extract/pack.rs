@@ -117,7 +117,8 @@ impl Scd {
         let limits = Limits {
             paragraph: sc.group_closure_tokens,
             section: sc.section_closure_tokens,
-            function: sc.function_closure_tokens,
+            // cut functions exist only when the chunker cuts them
+            function: if self.cfg.prepare.chunk.long_function_bytes > 0 { sc.function_closure_tokens } else { 0 },
         };
         let groups = Groups::new(ctx, costs, limits);
         // a chat question's answers (the rest of its group)
@@ -252,7 +253,7 @@ impl Groups {
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         // a group is a section when any of its chunks was cut by the markdown chunker
         let mut sections = HashSet::new();
-        let functions = ctx.cut_functions();
+        let functions = if limits.function > 0 { ctx.cut_functions() } else { HashMap::new() };
         for (j, c) in
             chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field) || functions.contains_key(&c.group))
         {

@@ -96,7 +96,9 @@ pub(super) struct PreparedContext {
 impl PreparedContext {
     /// The lead (the signature) of each function the code chunker cut into
     /// a signature and body pieces, by group: a parsed group led by a chunk
-    /// that does not ride (a container's header does) and holding more.
+    /// that does not ride (a container's header does) and holding more. Only
+    /// meaningful with `long_function_bytes` set: callers ask only then (a
+    /// chunk over `max_code_chunk_bytes` cut into pieces looks the same).
     pub(super) fn cut_functions(&self) -> HashMap<(usize, usize), usize> {
         let mut leads = HashMap::new();
         let mut sizes: HashMap<(usize, usize), usize> = HashMap::new();
@@ -435,7 +437,12 @@ impl Scd {
         let mut vector_texts = Vec::new();
         for (fi, f) in fields.iter().enumerate() {
             let raw = chunk_field(f, self.cfg.prepare.chunk);
-            let function_ends = cut_function_ends(&raw);
+            // cut functions exist only when the chunker cuts them (a chunk
+            // split_long cut keeps its default treatment)
+            let function_ends = match self.cfg.prepare.chunk.long_function_bytes {
+                0 => HashMap::new(),
+                _ => cut_function_ends(&raw),
+            };
             let base = out.len();
             let mut places = super::layout::layout(&f.content, &raw).into_iter();
             for (n, c) in raw.into_iter().enumerate() {
@@ -452,7 +459,7 @@ impl Scd {
                 // as a whole while its pieces score on their own
                 let embedded = match function_ends.get(&c.group) {
                     Some(&end) if c.lead && end > c.end => {
-                        let mut e = end.min(c.start + SIGNATURE_EMBED_BYTES);
+                        let mut e = end.min(c.start + SIGNATURE_EMBED_BYTES).max(c.end);
                         while !f.content.is_char_boundary(e) {
                             e -= 1;
                         }
@@ -552,8 +559,6 @@ impl Scd {
 /// Chunk vectors by embedding cache key, from a shared store's context blob.
 pub(super) type Given = HashMap<[u8; 32], Vec<f32>>;
 
-/// An identifier as lower-case words: `parse_header`, `ParseHeader` and
-/// `parseHTTPHeader` → `parse header`, `parse header`, `parse http header`.
 /// How much of a cut function a signature is embedded with (bytes: about
 /// the encoder's 512-token window).
 const SIGNATURE_EMBED_BYTES: usize = 2048;
@@ -575,6 +580,8 @@ fn cut_function_ends(raw: &[crate::chunk::RawChunk]) -> HashMap<usize, usize> {
     ends
 }
 
+/// An identifier as lower-case words: `parse_header`, `ParseHeader` and
+/// `parseHTTPHeader` → `parse header`, `parse header`, `parse http header`.
 pub(super) fn identifier_words(ident: &str) -> String {
     let mut out = String::with_capacity(ident.len() + 4);
     let chars: Vec<char> = ident.chars().collect();
