@@ -512,7 +512,7 @@ pub const MAX_CHUNK_IDS: usize = 1024;
 /// `step` × k below it.
 fn cap_function_pieces(prepared: &PreparedContext, parts: &mut Scores, step: f32) {
     let mut pieces: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    let functions = prepared.cut_functions();
+    let functions = &prepared.cut_functions;
     for (j, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| !c.lead && !c.rides) {
         if functions.contains_key(&c.group) {
             pieces.entry(c.group).or_default().push(j);
@@ -674,7 +674,7 @@ impl Scd {
                 parts.group_lift[i] += lift;
             }
         }
-        if self.cfg.scoring.function_pieces_capped && self.cfg.prepare.chunk.long_function_bytes > 0 {
+        if self.cfg.scoring.function_pieces_capped {
             cap_function_pieces(prepared, parts, self.cfg.scoring.function_piece_step);
         }
     }

@@ -117,8 +117,7 @@ impl Scd {
         let limits = Limits {
             paragraph: sc.group_closure_tokens,
             section: sc.section_closure_tokens,
-            // cut functions exist only when the chunker cuts them
-            function: if self.cfg.prepare.chunk.long_function_bytes > 0 { sc.function_closure_tokens } else { 0 },
+            function: sc.function_closure_tokens,
         };
         let groups = Groups::new(ctx, costs, limits);
         // a chat question's answers (the rest of its group)
@@ -253,9 +252,8 @@ impl Groups {
         let mut members: HashMap<(usize, usize), (Vec<usize>, usize)> = HashMap::new();
         // a group is a section when any of its chunks was cut by the markdown chunker
         let mut sections = HashSet::new();
-        let functions = if limits.function > 0 { ctx.cut_functions() } else { HashMap::new() };
         for (j, c) in
-            chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field) || functions.contains_key(&c.group))
+            chunks.iter().enumerate().filter(|(_, c)| ctx.is_prose(c.field) || ctx.cut_functions.contains_key(&c.group))
         {
             let e = members.entry(c.group).or_default();
             e.0.push(j);

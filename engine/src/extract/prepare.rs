@@ -91,27 +91,13 @@ pub(super) struct PreparedContext {
     pub(super) key: [u8; 32],
     /// About how much memory it holds.
     pub(super) bytes: usize,
+    /// The lead (the signature) of each function the code chunker cut into
+    /// a signature and body pieces, by group; none unless
+    /// `long_function_bytes` is set.
+    pub(super) cut_functions: HashMap<(usize, usize), usize>,
 }
 
 impl PreparedContext {
-    /// The lead (the signature) of each function the code chunker cut into
-    /// a signature and body pieces, by group: a parsed group led by a chunk
-    /// that does not ride (a container's header does) and holding more. Only
-    /// meaningful with `long_function_bytes` set: callers ask only then (a
-    /// chunk over `max_code_chunk_bytes` cut into pieces looks the same).
-    pub(super) fn cut_functions(&self) -> HashMap<(usize, usize), usize> {
-        let mut leads = HashMap::new();
-        let mut sizes: HashMap<(usize, usize), usize> = HashMap::new();
-        for (i, c) in self.chunks.iter().enumerate().filter(|(_, c)| c.chunker.starts_with("tree-sitter")) {
-            *sizes.entry(c.group).or_default() += 1;
-            if c.lead && !c.rides {
-                leads.insert(c.group, i);
-            }
-        }
-        leads.retain(|g, _| sizes[g] > 1);
-        leads
-    }
-
     /// Whether field `f` is prose (a document: only prose fields have a
     /// title key). The second hop and paragraph closure work on these only.
     pub(super) fn is_prose(&self, f: usize) -> bool {
@@ -341,7 +327,7 @@ impl Scd {
             return Ok(p);
         }
         cancel.check("chunk")?;
-        let chunks = self.prepare_chunks(fields, given, cancel)?;
+        let (chunks, cut_functions) = self.prepare_chunks(fields, given, cancel)?;
         cancel.check("index")?;
         // code: BM25 also sees camel-case identifiers split (`RandomState` → `random state`)
         let lexical: Vec<std::borrow::Cow<'_, str>> = chunks
@@ -390,6 +376,7 @@ impl Scd {
             index,
             key,
             bytes,
+            cut_functions,
         });
         if self.cfg.prepare.prepared_cache_bytes > 0 {
             self.prepared.insert(key, prepared.clone());
@@ -430,11 +417,14 @@ impl Scd {
         }
     }
 
-    pub(super) fn prepare_chunks(&self, fields: &[&Field], given: &Given, cancel: &Cancel) -> Result<Vec<Prepared>> {
+    /// The chunks of `fields`, embedded, and the lead of each cut function
+    /// among them (see [`PreparedContext::cut_functions`]).
+    pub(super) fn prepare_chunks(&self, fields: &[&Field], given: &Given, cancel: &Cancel) -> Result<PreparedChunks> {
         let mut out: Vec<Prepared> = Vec::new();
         // what each chunk is embedded as: its label and text, after the
         // previous chunk of its group when `embed_neighbour` is on
         let mut vector_texts = Vec::new();
+        let mut cut_functions = HashMap::new();
         for (fi, f) in fields.iter().enumerate() {
             let raw = chunk_field(f, self.cfg.prepare.chunk);
             // cut functions exist only when the chunker cuts them (a chunk
@@ -459,6 +449,7 @@ impl Scd {
                 // as a whole while its pieces score on their own
                 let embedded = match function_ends.get(&c.group) {
                     Some(&end) if c.lead && end > c.end => {
+                        cut_functions.insert((fi, c.group), out.len());
                         let mut e = end.min(c.start + SIGNATURE_EMBED_BYTES).max(c.end);
                         while !f.content.is_char_boundary(e) {
                             e -= 1;
@@ -523,7 +514,7 @@ impl Scd {
         for (p, v) in out.iter_mut().zip(vecs) {
             p.embedding = v;
         }
-        Ok(out)
+        Ok((out, cut_functions))
     }
 
     /// The passage vectors of `texts`: from `given` (vectors a shared
@@ -558,6 +549,9 @@ impl Scd {
 
 /// Chunk vectors by embedding cache key, from a shared store's context blob.
 pub(super) type Given = HashMap<[u8; 32], Vec<f32>>;
+
+/// Prepared chunks and the lead of each cut function, by group.
+pub(super) type PreparedChunks = (Vec<Prepared>, HashMap<(usize, usize), usize>);
 
 /// How much of a cut function a signature is embedded with (bytes: about
 /// the encoder's 512-token window).
