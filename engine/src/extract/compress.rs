@@ -25,6 +25,13 @@ use crate::score::{dot, zscores};
 use crate::session::SessionGrant;
 use crate::{Error, Param, Result};
 
+/// The tokens (text and header) a log chunk may cost before
+/// `log_size_weight` holds its size against it: one entry, however long its
+/// line. At 32 the fixture showcase's 59-token error entry lost to shorter
+/// chunks of other kinds; of 64 and 128, 64 cross-validated better on the
+/// log cases (BENCHMARKS.md).
+const LOG_SIZE_FLOOR: usize = 64;
+
 /// A request whose limits hold: its context split (confidential fields
 /// apart), the public fields it must and may send, the task's text, and
 /// the session it continues or opens.
@@ -335,7 +342,14 @@ impl Scd {
         if candidates > 0 && order.is_empty() {
             warnings.push("no chunk passed the relevance threshold".to_string());
         }
-        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        // log chunks by value for the tokens: the score less
+        // `log_size_weight` times the log of the cost over LOG_SIZE_FLOOR
+        let w = self.cfg.scoring.log_size_weight;
+        let size = |i: usize| ((cost[i] + header[i]).max(LOG_SIZE_FLOOR) as f32 / LOG_SIZE_FLOOR as f32).ln();
+        let value: Vec<f32> = (0..n)
+            .map(|i| if w != 0.0 && prepared.chunks[i].chunker == "log" { scores[i] - w * size(i) } else { scores[i] })
+            .collect();
+        order.sort_by(|&a, &b| value[b].total_cmp(&value[a]));
         cancel.check("pack")?;
         let mut trace = PackTrace::default();
         // packed against what the receiver already holds: closure brings no
@@ -345,7 +359,7 @@ impl Scd {
         with_held.sort_unstable();
         let n_held = with_held.len();
         with_held.append(&mut selected);
-        let costs = Costs { text: &cost, header: &header, score: scores };
+        let costs = Costs { text: &cost, header: &header, score: &value };
         self.pack(prepared, &order, &costs, room, &mut with_held, &mut used, &mut trace);
         let mut selected = with_held.split_off(n_held);
         // what the receiver gets, counted whole (headers and wrapping

@@ -245,7 +245,10 @@ struct Groups {
 impl Groups {
     fn new(ctx: &PreparedContext, costs: &Costs<'_>, limits: Limits) -> Self {
         let chunks = &ctx.chunks;
-        let leads = chunks.iter().enumerate().filter(|(_, c)| c.lead).map(|(i, c)| (c.group, i)).collect();
+        // a log group's lead is a header only when it is an error line (its
+        // frames' entry); a run's first piece, cut off a long run, is not
+        let header = |c: &super::prepare::Prepared| c.lead && (c.chunker != "log" || c.severity >= 2);
+        let leads = chunks.iter().enumerate().filter(|(_, c)| header(c)).map(|(i, c)| (c.group, i)).collect();
         // a container's closing line (`}`), which comes with its header
         let closings =
             chunks.iter().enumerate().filter(|(_, c)| c.rides && !c.lead).map(|(i, c)| (c.group, i)).collect();

@@ -97,6 +97,10 @@ pub struct ServeArgs {
     /// signature and closing line come along).
     #[arg(long, env = "SCD_FUNCTION_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.function_closure_tokens)]
     function_closure_tokens: usize,
+    /// Log chunks are packed at their score less this times the natural
+    /// log of their cost over 64 tokens (0: by score, as other kinds).
+    #[arg(long, env = "SCD_LOG_SIZE_WEIGHT", default_value_t = ScdConfig::default().scoring.log_size_weight)]
+    log_size_weight: f32,
     /// Cut a function longer than this many bytes into its signature and
     /// body pieces, so it can be sent trimmed (0: functions stay whole).
     #[arg(long, env = "SCD_LONG_FUNCTION_BYTES", default_value_t = ScdConfig::default().prepare.chunk.long_function_bytes)]
@@ -345,6 +349,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--second-hop-weight {}: must be between 0 and 10",
         args.second_hop_weight
     );
+    anyhow::ensure!(
+        args.log_size_weight.is_finite() && (0.0..=10.0).contains(&args.log_size_weight),
+        "--log-size-weight {}: must be between 0 and 10",
+        args.log_size_weight
+    );
     args.rerank.check()?;
     args.audit.check()?;
     anyhow::ensure!(
@@ -410,6 +419,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
         group_closure_tokens: args.group_closure_tokens,
         section_closure_tokens: args.section_closure_tokens,
         function_closure_tokens: args.function_closure_tokens,
+        log_size_weight: args.log_size_weight,
         ..base.scoring
     };
     args.rerank.apply(&mut scoring);
