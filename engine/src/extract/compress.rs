@@ -25,13 +25,6 @@ use crate::score::{dot, zscores};
 use crate::session::SessionGrant;
 use crate::{Error, Param, Result};
 
-/// The tokens (text and header) a log chunk may cost before
-/// `log_size_weight` holds its size against it: one entry, however long its
-/// line. At 32 the fixture showcase's 59-token error entry lost to shorter
-/// chunks of other kinds; of 64 and 128, 64 cross-validated better on the
-/// log cases (BENCHMARKS.md).
-const LOG_SIZE_FLOOR: usize = 64;
-
 /// A request whose limits hold: its context split (confidential fields
 /// apart), the public fields it must and may send, the task's text, and
 /// the session it continues or opens.
@@ -342,13 +335,7 @@ impl Scd {
         if candidates > 0 && order.is_empty() {
             warnings.push("no chunk passed the relevance threshold".to_string());
         }
-        // log chunks by value for the tokens: the score less
-        // `log_size_weight` times the log of the cost over LOG_SIZE_FLOOR
-        let w = self.cfg.scoring.log_size_weight;
-        let size = |i: usize| ((cost[i] + header[i]).max(LOG_SIZE_FLOOR) as f32 / LOG_SIZE_FLOOR as f32).ln();
-        let value: Vec<f32> = (0..n)
-            .map(|i| if w != 0.0 && prepared.chunks[i].chunker == "log" { scores[i] - w * size(i) } else { scores[i] })
-            .collect();
+        let value = self.pack_values(prepared, scores, &cost, &header);
         order.sort_by(|&a, &b| value[b].total_cmp(&value[a]));
         cancel.check("pack")?;
         let mut trace = PackTrace::default();

@@ -87,7 +87,8 @@ impl Scd {
             return Ok(nothing(&session, why));
         }
         let (scores, named, order) = self.more_order(&context, &session.sent, &query, &explicit, cancel)?;
-        let (mut picked, sent_tokens) = self.pack_more(&context, &counting, &session.sent, &order, &scores, budget)?;
+        let (mut picked, sent_tokens) =
+            self.pack_more(&context, &counting, &session.sent, (&order, named.len()), &scores, budget)?;
         let reason = more_reason(&context, &counting, &session.sent, &named, &picked, budget);
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
@@ -170,9 +171,11 @@ impl Scd {
         Ok((scores, named, order))
     }
 
-    /// `order` packed as a first answer does (a sentence brings its
-    /// paragraph), against what the receiver already holds (`sent`: those
-    /// are neither sent again nor repeated as near-duplicates), then counted
+    /// `order` (its first `named` chunks the ones asked for by id, the rest
+    /// by score, taken by value for their tokens as in a first answer)
+    /// packed as a first answer does (a sentence brings its paragraph),
+    /// against what the receiver already holds (`sent`: those are neither
+    /// sent again nor repeated as near-duplicates), then counted
     /// whole, as the receiver pastes it, dropping the weakest until it fits:
     /// the chunks picked and their tokens.
     fn pack_more(
@@ -180,19 +183,22 @@ impl Scd {
         context: &PreparedContext,
         counting: &Counting,
         sent: &HashSet<usize>,
-        order: &[usize],
+        (order, named): (&[usize], usize),
         scores: &[f32],
         budget: usize,
     ) -> Result<(Vec<usize>, usize)> {
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
         let header = self.header_costs(context, counting)?;
+        let value = self.pack_values(context, scores, &cost, &header);
+        let mut order = order.to_vec();
+        order[named..].sort_by(|&a, &b| value[b].total_cmp(&value[a]));
         let mut selected: Vec<usize> = sent.iter().copied().collect();
         selected.sort_unstable();
         let held = selected.len();
         let mut used = 0;
         let mut trace = PackTrace::default();
-        let costs = Costs { text: &cost, header: &header, score: scores };
-        self.pack(context, order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
+        let costs = Costs { text: &cost, header: &header, score: &value };
+        self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         let text_of = |picked: &[usize]| render::render(context, picked);
         let sent_tokens = self.fit(counting, &mut picked, scores, |_| false, &text_of, budget, &mut trace)?;

@@ -785,6 +785,22 @@ fn a_sentence_of_a_long_list_item_is_rendered_under_its_lead_with_a_gap() {
     );
 }
 
+/// A log whose first chunk is a run of four noisy `upload` lines that
+/// scores above its short error line (with the hash encoder).
+fn upload_log() -> Context {
+    let noise: String = (0..4)
+        .map(|i| format!("INFO upload worker {i} polled the upload queue for upload jobs and found the upload queue idle again\n"))
+        .collect();
+    let filler: String = (0..12).map(|i| format!("DEBUG gc cycle {i} freed {} MiB\n", i * 3)).collect();
+    let log = format!("{noise}{filler}ERROR upload stopped: the volume that holds the spool reached its quota\n");
+    Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] }
+}
+
+fn with_log_size_weight(w: f32) -> Scd {
+    let cfg = ScdConfig { scoring: ScoringConfig { log_size_weight: w, ..Default::default() }, ..ScdConfig::default() };
+    Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
+}
+
 /// `log_size_weight` packs log chunks by value for their tokens: a run of
 /// noise that scores above a short line, but costs several times its
 /// tokens, no longer takes the room the line needs. The scores reported
@@ -792,22 +808,14 @@ fn a_sentence_of_a_long_list_item_is_rendered_under_its_lead_with_a_gap() {
 #[test]
 fn a_long_log_run_no_longer_takes_the_room_of_a_short_line_that_scored_a_little_lower() {
     const BUDGET: usize = 100;
-    let noise: String = (0..4)
-        .map(|i| format!("INFO upload worker {i} polled the upload queue for upload jobs and found the upload queue idle again\n"))
-        .collect();
-    let filler: String = (0..12).map(|i| format!("DEBUG gc cycle {i} freed {} MiB\n", i * 3)).collect();
-    let log = format!("{noise}{filler}ERROR upload stopped: the volume that holds the spool reached its quota\n");
     let run = |w: f32| {
-        let cfg =
-            ScdConfig { scoring: ScoringConfig { log_size_weight: w, ..Default::default() }, ..ScdConfig::default() };
-        let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
         let req = CompressRequest {
             task: Task::new("why did the upload queue stop"),
-            context: Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] },
+            context: upload_log(),
             requirement: ContextRequirement::with_budget(BUDGET),
             session: None,
         };
-        let out = scd.compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+        let out = with_log_size_weight(w).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
         assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
         out
     };
@@ -826,6 +834,31 @@ fn a_long_log_run_no_longer_takes_the_room_of_a_short_line_that_scored_a_little_
     let sent = |o: &Compressed, id: &str| o.chunks.iter().find(|c| c.id == id).map(|c| c.score);
     assert_eq!(sent(&off, "app.log#0"), Some(score("app.log#0")), "the score reported is the score");
     assert!(on.text.contains("reached its quota"), "{}", on.text);
+}
+
+/// A follow-up packs log chunks by value for their tokens too.
+#[test]
+fn a_follow_up_packs_log_chunks_by_value_for_their_tokens() {
+    let more = |w: f32| {
+        let scd = with_log_size_weight(w);
+        let req = CompressRequest {
+            task: Task::new("why did the upload queue stop"),
+            context: upload_log(),
+            // too small for any chunk: the session opens with nothing sent
+            requirement: ContextRequirement::with_budget(5),
+            session: Some(SessionRequest::default()),
+        };
+        let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
+        let first: Vec<String> = out.chunks.iter().map(|c| c.id.clone()).collect();
+        assert!(first.is_empty(), "{first:?}");
+        let m =
+            scd.request_more(&follow_up(&out.session.unwrap(), "why did the upload queue stop", Some(100))).unwrap();
+        assert!(m.sent_tokens <= 100, "{m:?}");
+        m.chunks.iter().map(|c| c.id.clone()).collect::<Vec<_>>()
+    };
+    let (off, on) = (more(0.0), more(1.5));
+    assert!(off.contains(&"app.log#0".to_string()) && !off.contains(&"app.log#4".to_string()), "{off:?}");
+    assert!(on.contains(&"app.log#4".to_string()) && !on.contains(&"app.log#0".to_string()), "{on:?}");
 }
 
 /// A log run too long for one chunk is cut into pieces of one group, the
