@@ -299,8 +299,9 @@ impl Scd {
         Ok(Scored { prepared, task_vec, counting, context_tokens, parts, embed_ms, hop_ms, select_start })
     }
 
-    /// Required chunks first, then greedy packing by score, then the
-    /// weakest dropped until the receiver's whole text fits `budget`.
+    /// Required chunks first, then greedy packing by score (log chunks by
+    /// value for their tokens, [`Self::pack_values`]), then the least
+    /// valued dropped until the receiver's whole text fits `budget`.
     fn pick(
         &self,
         gates: &Gates<'_>,
@@ -353,7 +354,7 @@ impl Scd {
         // included): drop the weakest until it fits
         let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel);
         let keep = |i: usize| gates.required(i);
-        let fitted = self.fit(counting, &mut selected, scores, keep, &text, budget, &mut trace)?;
+        let fitted = self.fit(counting, &mut selected, &value, keep, &text, budget, &mut trace)?;
         // what the fit freed (and what packing's estimate left) is refilled
         with_held.append(&mut selected);
         let refill_text = |sel: &[usize]| text(&sel[n_held..]);

@@ -217,9 +217,10 @@ pub struct ScoringConfig {
     /// passed over for a long run of noise that scored a little higher.
     /// Only log chunks: a docs section or a function is a unit whose length
     /// says nothing of its worth (docs, JSON and chat fell with it). 0 packs
-    /// by score alone. Reported scores, the threshold and the fit's drops are
-    /// unchanged. 1.5 was chosen by 5-fold cross-validation over 0.5–3 on
-    /// the 29 log cases (BENCHMARKS.md).
+    /// by score alone. The fit that makes the whole text fit drops the least
+    /// valued first; reported scores and the threshold are unchanged. 1.5
+    /// was chosen by 5-fold cross-validation over 0–3 on the 29 log cases
+    /// (BENCHMARKS.md).
     pub log_size_weight: f32,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions

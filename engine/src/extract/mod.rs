@@ -746,4 +746,6 @@ pub(super) fn retry_contended<T>(mut attempt: impl FnMut() -> Result<T>) -> Resu
 }
 
 #[cfg(test)]
+mod log_tests;
+#[cfg(test)]
 mod tests;

@@ -138,8 +138,8 @@ impl Scd {
         Ok(query)
     }
 
-    /// The question's scores, the named chunks not yet sent, and the order
-    /// packing takes: those named chunks, then unseen chunks above the
+    /// The question's scores, the named chunks not yet sent, and the
+    /// candidates: those named chunks, then unseen chunks above the
     /// context's average, best first.
     fn more_order(
         &self,
@@ -163,17 +163,18 @@ impl Scd {
             // beyond explicit ids, only chunks above the context's average
             .filter(|&i| scores[i] >= 0.0)
             .collect();
+        // best first; cut to `more_max_chunks` once packing has put them in
+        // order of value ([`Self::pack_more`])
         ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-        ranked.truncate(self.cfg.sessions.more_max_chunks);
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
         let mut order = named.clone();
         order.extend(ranked);
         Ok((scores, named, order))
     }
 
-    /// `order` (its first `named` chunks the ones asked for by id, the rest
-    /// by score, taken by value for their tokens as in a first answer)
-    /// packed as a first answer does (a sentence brings its paragraph),
+    /// `order` (its first `named` chunks the ones asked for by id, then the
+    /// best `more_max_chunks` of the rest by value for their tokens, as in a
+    /// first answer) packed as a first answer does (a sentence brings its paragraph),
     /// against what the receiver already holds (`sent`: those are neither
     /// sent again nor repeated as near-duplicates), then counted
     /// whole, as the receiver pastes it, dropping the weakest until it fits:
@@ -192,6 +193,7 @@ impl Scd {
         let value = self.pack_values(context, scores, &cost, &header);
         let mut order = order.to_vec();
         order[named..].sort_by(|&a, &b| value[b].total_cmp(&value[a]));
+        order.truncate(named + self.cfg.sessions.more_max_chunks);
         let mut selected: Vec<usize> = sent.iter().copied().collect();
         selected.sort_unstable();
         let held = selected.len();
@@ -201,7 +203,7 @@ impl Scd {
         self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         let text_of = |picked: &[usize]| render::render(context, picked);
-        let sent_tokens = self.fit(counting, &mut picked, scores, |_| false, &text_of, budget, &mut trace)?;
+        let sent_tokens = self.fit(counting, &mut picked, &value, |_| false, &text_of, budget, &mut trace)?;
         Ok((picked, sent_tokens))
     }
 

@@ -1,4 +1,5 @@
-//! Pack: greedy by score under the budget, skipping near-duplicates of
+//! Pack: greedy by score (a log chunk by value for its tokens,
+//! [`Scd::pack_values`]) under the budget, skipping near-duplicates of
 //! what is sent and bringing each chunk's group lead (a container's header
 //! comes only that way). A chunk pays for its text and, when it opens a
 //! piece of the rendered text ([`super::render`]), for that piece's header.
@@ -26,7 +27,7 @@ pub(super) struct PackTrace {
 pub(super) struct Costs<'a> {
     pub(super) text: &'a [usize],
     pub(super) header: &'a [usize],
-    /// The score packing ranks by (a chat answer waits at its own).
+    /// What packing ranks by ([`Scd::pack_values`]; a chat answer waits at its own).
     pub(super) score: &'a [f32],
 }
 
@@ -113,8 +114,8 @@ impl Scd {
         (0..scores.len()).map(|i| if log(i) { scores[i] - w * size(i) } else { scores[i] }).collect()
     }
 
-    /// Greedy packing by score with redundancy suppression and group
-    /// closure.
+    /// Greedy packing in `order` (by [`Scd::pack_values`]) with redundancy
+    /// suppression and group closure.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn pack(
         &self,
@@ -269,9 +270,12 @@ struct Groups {
 impl Groups {
     fn new(ctx: &PreparedContext, costs: &Costs<'_>, limits: Limits) -> Self {
         let chunks = &ctx.chunks;
-        // a log group's lead is a header only when it is an error line (its
-        // frames' entry); a run's first piece, cut off a long run, is not
-        let header = |c: &super::prepare::Prepared| c.lead && (c.chunker != "log" || c.severity >= 2);
+        // a log group's lead is a header only in an error entry's group (the
+        // error line its frames belong to, however it was cut); the first
+        // piece of a long run of ordinary entries is not
+        let errors: HashSet<(usize, usize)> =
+            chunks.iter().filter(|c| c.chunker == "log" && c.severity >= 2).map(|c| c.group).collect();
+        let header = |c: &super::prepare::Prepared| c.lead && (c.chunker != "log" || errors.contains(&c.group));
         let leads = chunks.iter().enumerate().filter(|(_, c)| header(c)).map(|(i, c)| (c.group, i)).collect();
         // a container's closing line (`}`), which comes with its header
         let closings =

@@ -35,8 +35,8 @@ impl Scd {
             .collect()
     }
 
-    /// Drops the weakest chunk not kept by `keep` until `text(selected)`
-    /// counts at most `budget`; its count.
+    /// Drops the weakest chunk not kept by `keep`, by `scores` (what packing
+    /// ranked by), until `text(selected)` counts at most `budget`; its count.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fit(
         &self,

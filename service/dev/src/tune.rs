@@ -142,7 +142,12 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "function_pieces_capped" => cfg.scoring.function_pieces_capped = as_count()? > 0,
         "function_piece_step" => cfg.scoring.function_piece_step = v as f32,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
-        "log_size_weight" => cfg.scoring.log_size_weight = v as f32,
+        "log_size_weight" => {
+            if !(0.0..=10.0).contains(&v) {
+                bail!("log_size_weight takes 0 to 10, got {v}");
+            }
+            cfg.scoring.log_size_weight = v as f32
+        }
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "markdown_link_text" => cfg.prepare.markdown_link_text = as_count()? > 0,
         "scorer" => {
@@ -548,6 +553,10 @@ mod tests {
         assert_eq!(cfg.scoring.scorer, scd_engine::extract::Scorer::Learned);
         let e = apply(&mut cfg, &Settings::from([("rerank_top".into(), 2.5)])).unwrap_err().to_string();
         assert_eq!(e, "--grid: rerank_top takes whole numbers from 0 to 1000000, got 2.5");
+        let e = apply(&mut cfg, &Settings::from([("log_size_weight".into(), 11.0)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: log_size_weight takes 0 to 10, got 11");
+        apply(&mut cfg, &Settings::from([("log_size_weight".into(), 2.0)])).unwrap();
+        assert_eq!(cfg.scoring.log_size_weight, 2.0);
     }
 
     #[test]
