@@ -86,8 +86,8 @@ fn a_follow_up_packs_log_chunks_by_value_for_their_tokens() {
 
 /// A log run too long for one chunk is cut into pieces of one group, the
 /// first its lead; that piece is no header, so sending a later piece does
-/// not bring it by closure (a 450-token progress line once came with the
-/// line after it). An error line still brings its frames' lead.
+/// not bring it by closure (a 455-token progress line once came with the
+/// line after it). An error line still comes with its frames (below).
 #[test]
 fn the_first_piece_of_a_long_log_run_does_not_come_with_a_later_one() {
     let progress: String = (0..90).map(|i| format!("Receiving objects: {i}% ({i}0/900)   ")).collect();

@@ -174,9 +174,9 @@ impl Scd {
 
     /// `order` (its first `named` chunks the ones asked for by id, then the
     /// best `more_max_chunks` of the rest by value for their tokens, as in a
-    /// first answer) packed as a first answer does (a sentence brings its paragraph),
-    /// against what the receiver already holds (`sent`: those are neither
-    /// sent again nor repeated as near-duplicates), then counted
+    /// first answer) packed as a first answer does (a sentence brings its
+    /// paragraph), against what the receiver already holds (`sent`: those
+    /// are neither sent again nor repeated as near-duplicates), then counted
     /// whole, as the receiver pastes it, dropping the weakest until it fits:
     /// the chunks picked and their tokens.
     fn pack_more(
