@@ -95,16 +95,13 @@ fn the_first_piece_of_a_long_log_run_does_not_come_with_a_later_one() {
         "{progress}\nINFO fetch done\nINFO the mirror sync wrote the index of the mirror sync\nINFO mirror sync index flushed\n\
          DEBUG mirror sync index 1 checked\nDEBUG mirror sync index 2 checked\nDEBUG mirror sync index 3 checked\n"
     );
-    let cfg =
-        ScdConfig { scoring: ScoringConfig { log_size_weight: 0.0, ..Default::default() }, ..ScdConfig::default() };
-    let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg);
-    let req = |budget| CompressRequest {
+    let req = CompressRequest {
         task: Task::new("did the mirror sync write its index"),
         context: Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] },
-        requirement: ContextRequirement::with_budget(budget),
+        requirement: ContextRequirement::with_budget(100_000),
         session: None,
     };
-    let all = scd.compress_opts(&req(100_000), &opts("cl100k", true), &Cancel::new()).unwrap();
+    let all = with_log_size_weight(0.0).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
     let ex = all.explanation.unwrap();
     let why = |id: &str| ex.selected.iter().find(|c| c.id == id).unwrap();
     // the progress line is cut in two: the first piece leads the run's group

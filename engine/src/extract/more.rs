@@ -86,9 +86,9 @@ impl Scd {
             };
             return Ok(nothing(&session, why));
         }
-        let (scores, named, order) = self.more_order(&context, &session.sent, &query, &explicit, cancel)?;
+        let (scores, named, unseen) = self.more_candidates(&context, &session.sent, &query, &explicit, cancel)?;
         let (mut picked, sent_tokens) =
-            self.pack_more(&context, &counting, &session.sent, (&order, named.len()), &scores, budget)?;
+            self.pack_more(&context, &counting, &session.sent, (&named, unseen), &scores, budget)?;
         let reason = more_reason(&context, &counting, &session.sent, &named, &picked, budget);
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
@@ -138,10 +138,9 @@ impl Scd {
         Ok(query)
     }
 
-    /// The question's scores, the named chunks not yet sent, and the
-    /// candidates: those named chunks, then unseen chunks above the
-    /// context's average, best first.
-    fn more_order(
+    /// The question's scores, the named chunks not yet sent, and the other
+    /// unseen chunks above the context's average.
+    fn more_candidates(
         &self,
         context: &PreparedContext,
         sent: &HashSet<usize>,
@@ -158,23 +157,18 @@ impl Scd {
         // the second stage rescores the best of what the receiver has not got
         self.rerank(context, query.trim(), &mut parts, &|i| !sent.contains(&i), cancel)?;
         let scores = parts.fused;
-        let mut ranked: Vec<usize> = (0..context.chunks.len())
+        let unseen: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))
             // beyond explicit ids, only chunks above the context's average
             .filter(|&i| scores[i] >= 0.0)
             .collect();
-        // best first; cut to `more_max_chunks` once packing has put them in
-        // order of value ([`Self::pack_more`])
-        ranked.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
-        let mut order = named.clone();
-        order.extend(ranked);
-        Ok((scores, named, order))
+        Ok((scores, named, unseen))
     }
 
-    /// `order` (its first `named` chunks the ones asked for by id, then the
-    /// best `more_max_chunks` of the rest by value for their tokens, as in a
-    /// first answer) packed as a first answer does (a sentence brings its
+    /// The `named` chunks (asked for by id), then the best `more_max_chunks`
+    /// of `unseen` by value for their tokens (as in a first answer), packed
+    /// as a first answer does (a sentence brings its
     /// paragraph), against what the receiver already holds (`sent`: those
     /// are neither sent again nor repeated as near-duplicates), then counted
     /// whole, as the receiver pastes it, dropping the weakest until it fits:
@@ -184,16 +178,16 @@ impl Scd {
         context: &PreparedContext,
         counting: &Counting,
         sent: &HashSet<usize>,
-        (order, named): (&[usize], usize),
+        (named, mut unseen): (&[usize], Vec<usize>),
         scores: &[f32],
         budget: usize,
     ) -> Result<(Vec<usize>, usize)> {
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
         let header = self.header_costs(context, counting)?;
         let value = self.pack_values(context, scores, &cost, &header);
-        let mut order = order.to_vec();
-        order[named..].sort_by(|&a, &b| value[b].total_cmp(&value[a]));
-        order.truncate(named + self.cfg.sessions.more_max_chunks);
+        unseen.sort_by(|&a, &b| value[b].total_cmp(&value[a]));
+        unseen.truncate(self.cfg.sessions.more_max_chunks);
+        let order: Vec<usize> = named.iter().copied().chain(unseen).collect();
         let mut selected: Vec<usize> = sent.iter().copied().collect();
         selected.sort_unstable();
         let held = selected.len();
