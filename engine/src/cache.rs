@@ -261,6 +261,43 @@ fn store_error(e: impl Into<redb::Error>) -> Fault {
     }
 }
 
+/// A redb handle that is forgotten, not dropped, while its thread unwinds.
+/// redb panics on some corrupt pages while it holds a transaction's table
+/// lock; that lock is then poisoned, and an open table's destructor
+/// unwraps it: a second panic during unwinding aborts the process, so the
+/// contained panic of [`DiskTier::run`] would take the server down. The
+/// handle leaks once, with the tier turned off for the process after.
+struct Unwinding<T>(Option<T>);
+
+impl<T> Unwinding<T> {
+    fn new(t: T) -> Self {
+        Self(Some(t))
+    }
+}
+
+impl<T> std::ops::Deref for Unwinding<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl<T> std::ops::DerefMut for Unwinding<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl<T> Drop for Unwinding<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            if std::thread::panicking() {
+                std::mem::forget(t);
+            }
+        }
+    }
+}
+
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
     let text = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
     format!("redb panicked: {}", text.unwrap_or_else(|| "(no message)".into()))
@@ -455,9 +492,9 @@ impl DiskTier {
             tx.set_durability(Durability::Immediate).map_err(store_error)?;
             let mut evicted = 0;
             {
-                let mut vectors = tx.open_table(VECTORS).map_err(store_error)?;
-                let mut order = tx.open_table(ORDER).map_err(store_error)?;
-                let mut meta = tx.open_table(META).map_err(store_error)?;
+                let mut vectors = Unwinding::new(tx.open_table(VECTORS).map_err(store_error)?);
+                let mut order = Unwinding::new(tx.open_table(ORDER).map_err(store_error)?);
+                let mut meta = Unwinding::new(tx.open_table(META).map_err(store_error)?);
                 let get = |m: &redb::Table<&str, u64>, k: &str| m.get(k).map(|v| v.map_or(0, |v| v.value()));
                 let mut next = get(&meta, "next_seq").map_err(store_error)?;
                 let mut bytes = get(&meta, "bytes").map_err(store_error)?;
