@@ -97,10 +97,13 @@ impl Bag<'_> {
 const LOG_SIZE_FLOOR: usize = 64;
 
 impl Scd {
-    /// What packing ranks each chunk by: its score, and for a log chunk its
+    /// What packing ranks each chunk by: its score; for a log chunk its
     /// score less `log_size_weight` times the log of its cost (text and
-    /// header) over [`LOG_SIZE_FLOOR`] tokens: log chunks go by value for
-    /// their tokens.
+    /// header) over [`LOG_SIZE_FLOOR`] tokens (log chunks go by value for
+    /// their tokens); for a chat chunk that follows a higher-scored chat
+    /// chunk of its field, its score plus `chat_follow_weight` times the
+    /// difference (a discussion's outcome comes after it, in fewer of the
+    /// task's words).
     pub(super) fn pack_values(
         &self,
         ctx: &PreparedContext,
@@ -108,10 +111,20 @@ impl Scd {
         cost: &[usize],
         header: &[usize],
     ) -> Vec<f32> {
-        let w = self.cfg.scoring.log_size_weight;
+        let (w, f) = (self.cfg.scoring.log_size_weight, self.cfg.scoring.chat_follow_weight);
         let size = |i: usize| ((cost[i] + header[i]).max(LOG_SIZE_FLOOR) as f32 / LOG_SIZE_FLOOR as f32).ln();
-        let log = |i: usize| w != 0.0 && ctx.chunks[i].chunker == "log";
-        (0..scores.len()).map(|i| if log(i) { scores[i] - w * size(i) } else { scores[i] }).collect()
+        let chunks = &ctx.chunks;
+        let follows = |i: usize| {
+            let prev = chunks[i].prev.filter(|&p| chunks[p].chunker == "chat" && scores[p] > scores[i]);
+            prev.map_or(0.0, |p| f * (scores[p] - scores[i]))
+        };
+        (0..scores.len())
+            .map(|i| match chunks[i].chunker {
+                "log" if w != 0.0 => scores[i] - w * size(i),
+                "chat" if f != 0.0 => scores[i] + follows(i),
+                _ => scores[i],
+            })
+            .collect()
     }
 
     /// Greedy packing in `order` (by [`Scd::pack_values`]) with redundancy

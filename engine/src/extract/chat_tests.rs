@@ -1,0 +1,67 @@
+//! Chat chunks in packing: a run that follows a higher-scored run of its
+//! field gains a share of the difference (`chat_follow_weight`).
+
+use std::sync::Arc;
+
+use super::tests::{opts, prose};
+use super::*;
+use crate::context::{Field, FieldKind};
+use crate::encoder::HashEncoder;
+
+/// A channel where the lunch is raised in one run (the task's words), the
+/// day is settled in the run after it (none of them), and a run of other
+/// chatter elsewhere shares a few of the task's words.
+fn lunch_chat() -> Context {
+    let raised = "alice: we should get together for lunch with the group next week\n\
+                  bob: lunch sounds great, which day works for the lunch?\n\
+                  alice: maybe everyone can do the lunch on friday\n\
+                  bob: im out of town friday to monday\n\
+                  alice: thursday could work for the lunch too then\n";
+    let settled = "alice: shall I pencil in thursday?\nbob: definitely, pencil it in\n\
+                   alice: done, I will tell the others tonight\nbob: great see you there\n";
+    let filler: String = (0..6)
+        .map(|i| format!("carol: the build {i} went green again after the cache fix, nothing else to report\n"))
+        .collect();
+    let chatter = "dave: which day is the group photo?\nerin: no idea\n";
+    let text = format!("{raised}{settled}{filler}{chatter}");
+    Context { fields: vec![Field { kind: FieldKind::Chat, ..prose("irc", &text) }] }
+}
+
+fn with_chat_follow_weight(f: f32) -> Scd {
+    let scoring = ScoringConfig { chat_follow_weight: f, ..Default::default() };
+    let mut cfg = ScdConfig { scoring, ..ScdConfig::default() };
+    cfg.prepare.chunk.chat_run_bytes = 300;
+    Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
+}
+
+/// The run that settles the day repeats few of the task's words and scores
+/// below an unrelated question elsewhere; following the run that raised
+/// the lunch, it goes in ahead of that question at the default weight. The
+/// scores reported are the same either way.
+#[test]
+fn the_run_after_a_high_scored_run_gains_a_share_of_its_score() {
+    const BUDGET: usize = 150;
+    let run = |f: f32| {
+        let req = CompressRequest {
+            task: Task::new("did they settle on a day for the group lunch"),
+            context: lunch_chat(),
+            requirement: ContextRequirement::with_budget(BUDGET),
+            session: None,
+        };
+        let out = with_chat_follow_weight(f).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+        assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
+        out
+    };
+    let (off, on) = (run(0.0), run(ScoringConfig::default().chat_follow_weight));
+    let ex = off.explanation.as_ref().unwrap();
+    let score = |id: &str| {
+        let held = ex.dropped.iter().find(|d| d.id == id).map(|d| d.score);
+        ex.selected.iter().find(|c| c.id == id).map(|c| c.score).or(held).unwrap()
+    };
+    let (raised, settled, question) = (score("irc#1"), score("irc#2"), score("irc#5"));
+    assert!(raised > question && question > settled, "{raised} {question} {settled}");
+    assert!(off.text.contains("which day is the group photo") && !off.text.contains("pencil"), "{}", off.text);
+    assert!(on.text.contains("shall I pencil in thursday?") && !on.text.contains("group photo"), "{}", on.text);
+    let sent = |o: &Compressed, id: &str| o.chunks.iter().find(|c| c.id == id).map(|c| c.score);
+    assert_eq!(sent(&on, "irc#2"), Some(settled), "the score reported is the score");
+}
