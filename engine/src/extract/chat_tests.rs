@@ -1,5 +1,5 @@
 //! Chat chunks in packing: a run that follows a higher-scored run of its
-//! field gains a share of the difference (`chat_follow_weight`).
+//! field gains a share of the difference (`follow_weight`).
 
 use std::sync::Arc;
 
@@ -27,8 +27,8 @@ fn lunch_chat() -> Context {
     Context { fields: vec![Field { kind: FieldKind::Chat, ..prose("irc", &text) }] }
 }
 
-fn with_chat_follow_weight(f: f32) -> Scd {
-    let scoring = ScoringConfig { chat_follow_weight: f, ..Default::default() };
+fn with_follow_weight(f: f32) -> Scd {
+    let scoring = ScoringConfig { follow_weight: f, ..Default::default() };
     let mut cfg = ScdConfig { scoring, ..ScdConfig::default() };
     cfg.prepare.chunk.chat_run_bytes = 300;
     Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
@@ -48,11 +48,11 @@ fn the_run_after_a_high_scored_run_gains_a_share_of_its_score() {
             requirement: ContextRequirement::with_budget(BUDGET),
             session: None,
         };
-        let out = with_chat_follow_weight(f).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+        let out = with_follow_weight(f).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
         assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
         out
     };
-    let (off, on) = (run(0.0), run(ScoringConfig::default().chat_follow_weight));
+    let (off, on) = (run(0.0), run(ScoringConfig::default().follow_weight));
     let ex = off.explanation.as_ref().unwrap();
     let score = |id: &str| {
         let held = ex.dropped.iter().find(|d| d.id == id).map(|d| d.score);

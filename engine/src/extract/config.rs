@@ -222,15 +222,17 @@ pub struct ScoringConfig {
     /// was chosen by 5-fold cross-validation over 0–3 on the 29 log cases
     /// (BENCHMARKS.md).
     pub log_size_weight: f32,
-    /// A chat chunk (a run of turns) that follows a higher-scored chat
-    /// chunk of its field is packed at its score plus this share of the
-    /// difference, 0 to 1: a discussion's decision and its reason come after
-    /// the turns that raise it and repeat few of the task's words (`Shall I
-    /// pencil in Thursday then?` `definitely`). 0 packs by score alone;
-    /// reported scores and the threshold are unchanged. 0.3 was chosen by
-    /// 5-fold cross-validation over 0–0.4 on the 20 chat cases
-    /// (BENCHMARKS.md).
-    pub chat_follow_weight: f32,
+    /// A log or chat chunk that follows a higher-scored chunk of its kind
+    /// in its field is packed at its score plus this share of the
+    /// difference, 0 to 1. Logs and chats are streams: the line an error
+    /// caused and a discussion's decision (`Shall I pencil in Thursday
+    /// then?` `definitely`) come after what raised them and repeat few of
+    /// the task's words. 0 packs by score alone (less `log_size_weight` for
+    /// logs); reported scores and the threshold are unchanged. 0.3 was
+    /// chosen by 5-fold cross-validation over 0–0.4 on the 49 log and chat
+    /// cases (BENCHMARKS.md); other kinds are units whose order says
+    /// nothing of this.
+    pub follow_weight: f32,
     /// Multiplier of `link_weight` for a linked document's lead chunk and for
     /// a chunk defining a name that the task or a top chunk mentions
     /// (dimensionless; 1.0 treats them like any other linked chunk).
@@ -273,7 +275,7 @@ impl Default for ScoringConfig {
             function_pieces_capped: true,
             function_piece_step: 0.01,
             log_size_weight: 1.5,
-            chat_follow_weight: 0.3,
+            follow_weight: 0.3,
             json_whole_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
@@ -388,7 +390,7 @@ mod tests {
         assert!(c.scoring.function_pieces_capped);
         assert_eq!(c.scoring.function_piece_step, 0.01);
         assert_eq!(c.scoring.log_size_weight, 1.5);
-        assert_eq!(c.scoring.chat_follow_weight, 0.3);
+        assert_eq!(c.scoring.follow_weight, 0.3);
         assert_eq!(c.prepare.chunk.long_function_bytes, 0);
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);

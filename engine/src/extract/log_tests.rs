@@ -1,5 +1,6 @@
 //! Log chunks in packing: by value for their tokens (`log_size_weight`),
-//! in a first answer and a follow-up, and which log leads come by closure.
+//! in a first answer and a follow-up, which log leads come by closure, and
+//! the entry after a higher-scored one (`follow_weight`).
 
 use std::sync::Arc;
 
@@ -131,4 +132,44 @@ fn an_error_line_comes_by_closure_with_its_frames() {
     assert!(line.lead && !frames.lead, "the error line leads, its frames follow");
     assert!(frames.order < line.order, "the frames score higher: {} {}", frames.score, line.score);
     assert!(line.by_closure, "the line came with its frames");
+}
+
+/// A log where an error line names the task's subject, the entry after it
+/// (what the error caused) names little of it, and a line elsewhere shares
+/// a word or two.
+fn crash_log(distractor: &str) -> Context {
+    let served: String = (0..8).map(|i| format!("INFO request {i} served in {} ms\n", 10 + i)).collect();
+    let log = format!(
+        "{served}ERROR payment worker crashed: the payment database refused the connection\n\
+         INFO supervisor gave up after 3 restarts; the queue is no longer drained\n\
+         {served}{distractor}\n{served}"
+    );
+    Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] }
+}
+
+/// `follow_weight`: the entry after an error line (what it caused) names
+/// little of the task and scores below a line elsewhere that shares a word;
+/// following the error, it goes in ahead of that line at the default and
+/// not at 0.
+#[test]
+fn the_entry_after_an_error_line_gains_a_share_of_its_score() {
+    const BUDGET: usize = 80;
+    let run = |f: f32| {
+        let scoring = ScoringConfig { follow_weight: f, ..Default::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { scoring, ..ScdConfig::default() });
+        let req = CompressRequest {
+            task: Task::new("why did the payment worker stop"),
+            context: crash_log("INFO payment retries configured"),
+            requirement: ContextRequirement::with_budget(BUDGET),
+            session: None,
+        };
+        let out = scd.compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+        assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
+        out
+    };
+    let (off, on) = (run(0.0), run(ScoringConfig::default().follow_weight));
+    let (caused, other) = ("supervisor gave up", "payment retries configured");
+    assert!(off.text.contains(other) && !off.text.contains(caused), "{}", off.text);
+    assert!(on.text.contains(caused) && !on.text.contains(other), "{}", on.text);
+    assert!(on.text.contains("ERROR payment worker crashed"), "{}", on.text);
 }

@@ -100,10 +100,10 @@ impl Scd {
     /// What packing ranks each chunk by: its score; for a log chunk its
     /// score less `log_size_weight` times the log of its cost (text and
     /// header) over [`LOG_SIZE_FLOOR`] tokens (log chunks go by value for
-    /// their tokens); for a chat chunk that follows a higher-scored chat
-    /// chunk of its field, its score plus `chat_follow_weight` times the
-    /// difference (a discussion's outcome comes after it, in fewer of the
-    /// task's words).
+    /// their tokens); and for a log or chat chunk that follows a
+    /// higher-scored chunk of its kind in its field, plus `follow_weight`
+    /// times the difference (in a stream, what an entry caused and what a
+    /// discussion decided come after it, in fewer of the task's words).
     pub(super) fn pack_values(
         &self,
         ctx: &PreparedContext,
@@ -111,17 +111,17 @@ impl Scd {
         cost: &[usize],
         header: &[usize],
     ) -> Vec<f32> {
-        let (w, f) = (self.cfg.scoring.log_size_weight, self.cfg.scoring.chat_follow_weight);
+        let (w, f) = (self.cfg.scoring.log_size_weight, self.cfg.scoring.follow_weight);
         let size = |i: usize| ((cost[i] + header[i]).max(LOG_SIZE_FLOOR) as f32 / LOG_SIZE_FLOOR as f32).ln();
         let chunks = &ctx.chunks;
         let follows = |i: usize| {
-            let prev = chunks[i].prev.filter(|&p| chunks[p].chunker == "chat" && scores[p] > scores[i]);
+            let prev = chunks[i].prev.filter(|&p| chunks[p].chunker == chunks[i].chunker && scores[p] > scores[i]);
             prev.map_or(0.0, |p| f * (scores[p] - scores[i]))
         };
         (0..scores.len())
             .map(|i| match chunks[i].chunker {
-                "log" if w != 0.0 => scores[i] - w * size(i),
-                "chat" if f != 0.0 => scores[i] + follows(i),
+                "log" => scores[i] - w * size(i) + follows(i),
+                "chat" => scores[i] + follows(i),
                 _ => scores[i],
             })
             .collect()

@@ -148,11 +148,11 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             }
             cfg.scoring.log_size_weight = v as f32
         }
-        "chat_follow_weight" => {
+        "follow_weight" => {
             if !(0.0..=1.0).contains(&v) {
-                bail!("chat_follow_weight takes 0 to 1, got {v}");
+                bail!("follow_weight takes 0 to 1, got {v}");
             }
-            cfg.scoring.chat_follow_weight = v as f32
+            cfg.scoring.follow_weight = v as f32
         }
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "markdown_link_text" => cfg.prepare.markdown_link_text = as_count()? > 0,
@@ -167,7 +167,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, \
-             json_whole_tokens, log_size_weight, chat_follow_weight, embed_neighbour, markdown_link_text, \
+             json_whole_tokens, log_size_weight, follow_weight, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
              long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
              rerank_top)"
@@ -563,10 +563,10 @@ mod tests {
         assert_eq!(e, "--grid: log_size_weight takes 0 to 10, got 11");
         apply(&mut cfg, &Settings::from([("log_size_weight".into(), 2.0)])).unwrap();
         assert_eq!(cfg.scoring.log_size_weight, 2.0);
-        let e = apply(&mut cfg, &Settings::from([("chat_follow_weight".into(), 1.5)])).unwrap_err().to_string();
-        assert_eq!(e, "--grid: chat_follow_weight takes 0 to 1, got 1.5");
-        apply(&mut cfg, &Settings::from([("chat_follow_weight".into(), 0.5)])).unwrap();
-        assert_eq!(cfg.scoring.chat_follow_weight, 0.5);
+        let e = apply(&mut cfg, &Settings::from([("follow_weight".into(), 1.5)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: follow_weight takes 0 to 1, got 1.5");
+        apply(&mut cfg, &Settings::from([("follow_weight".into(), 0.5)])).unwrap();
+        assert_eq!(cfg.scoring.follow_weight, 0.5);
     }
 
     #[test]

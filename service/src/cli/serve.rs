@@ -101,10 +101,11 @@ pub struct ServeArgs {
     /// log of their cost over 64 tokens (0: by score, as other kinds).
     #[arg(long, env = "SCD_LOG_SIZE_WEIGHT", default_value_t = ScdConfig::default().scoring.log_size_weight)]
     log_size_weight: f32,
-    /// A chat run that follows a higher-scored run of its field is packed at
-    /// its score plus this share of the difference, 0 to 1 (0: by score).
-    #[arg(long, env = "SCD_CHAT_FOLLOW_WEIGHT", default_value_t = ScdConfig::default().scoring.chat_follow_weight)]
-    chat_follow_weight: f32,
+    /// A log or chat chunk that follows a higher-scored chunk of its kind in
+    /// its field is packed at its score plus this share of the difference,
+    /// 0 to 1 (0: by score).
+    #[arg(long, env = "SCD_FOLLOW_WEIGHT", default_value_t = ScdConfig::default().scoring.follow_weight)]
+    follow_weight: f32,
     /// Cut a function longer than this many bytes into its signature and
     /// body pieces, so it can be sent trimmed (0: functions stay whole).
     #[arg(long, env = "SCD_LONG_FUNCTION_BYTES", default_value_t = ScdConfig::default().prepare.chunk.long_function_bytes)]
@@ -359,9 +360,9 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         args.log_size_weight
     );
     anyhow::ensure!(
-        args.chat_follow_weight.is_finite() && (0.0..=1.0).contains(&args.chat_follow_weight),
-        "--chat-follow-weight {}: must be between 0 and 1",
-        args.chat_follow_weight
+        args.follow_weight.is_finite() && (0.0..=1.0).contains(&args.follow_weight),
+        "--follow-weight {}: must be between 0 and 1",
+        args.follow_weight
     );
     args.rerank.check()?;
     args.audit.check()?;
@@ -429,7 +430,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
         section_closure_tokens: args.section_closure_tokens,
         function_closure_tokens: args.function_closure_tokens,
         log_size_weight: args.log_size_weight,
-        chat_follow_weight: args.chat_follow_weight,
+        follow_weight: args.follow_weight,
         ..base.scoring
     };
     args.rerank.apply(&mut scoring);

@@ -95,10 +95,7 @@ fn bad_arguments_fail_before_the_model_loads() {
             &["serve", "--addr", "127.0.0.1:0", "--log-size-weight", "11"],
             "--log-size-weight 11: must be between 0 and 10",
         ),
-        (
-            &["serve", "--addr", "127.0.0.1:0", "--chat-follow-weight", "1.5"],
-            "--chat-follow-weight 1.5: must be between 0 and 1",
-        ),
+        (&["serve", "--addr", "127.0.0.1:0", "--follow-weight", "1.5"], "--follow-weight 1.5: must be between 0 and 1"),
         (&["compress", "--task", "t", "--context", "fixtures/agent_context.json", "--budget", "0"], "--budget"),
         (&["compress", "--task", "t", "--context", "fixtures/agent_context.json", "--budget", "-3"], "'-3'"),
         (
