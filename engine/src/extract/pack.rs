@@ -103,7 +103,8 @@ impl Scd {
     /// their tokens); and for a log or chat chunk that follows a
     /// higher-scored chunk of its kind in its field, plus `follow_weight`
     /// times the difference (in a stream, what an entry caused and what a
-    /// discussion decided come after it, in fewer of the task's words).
+    /// discussion decided come after it, in fewer of the task's words); a
+    /// chat answer, which waits at its own score, is not lifted.
     pub(super) fn pack_values(
         &self,
         ctx: &PreparedContext,
@@ -121,7 +122,9 @@ impl Scd {
         (0..scores.len())
             .map(|i| match chunks[i].chunker {
                 "log" => scores[i] - w * size(i) + follows(i),
-                "chat" => scores[i] + follows(i),
+                // a chat answer (a short chat cut by turns) waits at its own
+                // score, as the queue has it: its question does not lift it
+                "chat" if chunks[i].lead => scores[i] + follows(i),
                 _ => scores[i],
             })
             .collect()
