@@ -265,8 +265,11 @@ fn store_error(e: impl Into<redb::Error>) -> Fault {
 /// redb panics on some corrupt pages while it holds a transaction's table
 /// lock; that lock is then poisoned, and an open table's destructor
 /// unwraps it: a second panic during unwinding aborts the process, so the
-/// contained panic of [`DiskTier::run`] would take the server down. The
-/// handle leaks once, with the tier turned off for the process after.
+/// contained panic of [`DiskTier::run`] would take the server down. A
+/// forgotten table keeps its transaction, so that one opening of the file
+/// (its descriptor and pages) leaks, once: the tier is off for the process
+/// after. (The write transaction itself still unwraps that lock when
+/// dropped after a storage failure; redb reports those as errors first.)
 struct Unwinding<T>(Option<T>);
 
 impl<T> Unwinding<T> {

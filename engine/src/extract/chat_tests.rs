@@ -65,3 +65,31 @@ fn the_run_after_a_high_scored_run_gains_a_share_of_its_score() {
     let sent = |o: &Compressed, id: &str| o.chunks.iter().find(|c| c.id == id).map(|c| c.score);
     assert_eq!(sent(&on, "irc#2"), Some(settled), "the score reported is the score");
 }
+
+/// A short chat (cut by turns): a question that names the task, its answer
+/// that names little of it, and a note elsewhere that shares a few words.
+fn short_chat() -> Context {
+    let chat = "user: why did the nightly payment export fail last night?\nagent: the disk was full, so it stopped\n";
+    let note = "The payment export runs nightly at two.";
+    Context { fields: vec![Field { kind: FieldKind::Chat, ..prose("chat", chat) }, prose("notes", note)] }
+}
+
+/// An answer in a short chat cut by turns waits at its own score (the
+/// packing queue's rule for answers): its question does not lift it, even
+/// at the largest weight, so the note that scores above it goes first.
+#[test]
+fn a_chat_answer_is_not_lifted_by_its_question() {
+    let req = CompressRequest {
+        task: Task::new("why did the nightly payment export fail"),
+        context: short_chat(),
+        requirement: ContextRequirement::with_budget(100_000),
+        session: None,
+    };
+    let out = with_follow_weight(1.0).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+    let ex = out.explanation.unwrap();
+    let why = |id: &str| ex.selected.iter().find(|c| c.id == id).unwrap();
+    let (question, answer, note) = (why("chat#0"), why("chat#1"), why("notes#0"));
+    assert!(question.lead && !answer.lead, "a question and its answer");
+    assert!(question.score > note.score && note.score > answer.score, "{question:?} {note:?} {answer:?}");
+    assert!(note.order < answer.order, "the answer was lifted past the note: {note:?} {answer:?}");
+}

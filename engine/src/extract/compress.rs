@@ -299,8 +299,9 @@ impl Scd {
         Ok(Scored { prepared, task_vec, counting, context_tokens, parts, embed_ms, hop_ms, select_start })
     }
 
-    /// Required chunks first, then greedy packing by score (log chunks by
-    /// value for their tokens, [`Self::pack_values`]), then the least
+    /// Required chunks first, then greedy packing by value
+    /// ([`Self::pack_values`]: the score, adjusted for log and chat
+    /// chunks), then the least
     /// valued dropped until the receiver's whole text fits `budget`.
     fn pick(
         &self,

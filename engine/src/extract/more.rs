@@ -167,7 +167,7 @@ impl Scd {
     }
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
-    /// of `unseen` by value for their tokens (as in a first answer), packed
+    /// of `unseen` by value ([`Self::pack_values`], as in a first answer), packed
     /// as a first answer does (a sentence brings its
     /// paragraph), against what the receiver already holds (`sent`: those
     /// are neither sent again nor repeated as near-duplicates), then counted

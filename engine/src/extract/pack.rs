@@ -1,5 +1,6 @@
-//! Pack: greedy by score (a log chunk by value for its tokens,
-//! [`Scd::pack_values`]) under the budget, skipping near-duplicates of
+//! Pack: greedy by value ([`Scd::pack_values`]: the score; a log chunk's
+//! less its size, a log or chat chunk's plus a share of a higher-scored
+//! chunk before it) under the budget, skipping near-duplicates of
 //! what is sent and bringing each chunk's group lead (a container's header
 //! comes only that way). A chunk pays for its text and, when it opens a
 //! piece of the rendered text ([`super::render`]), for that piece's header.
@@ -104,7 +105,8 @@ impl Scd {
     /// higher-scored chunk of its kind in its field, plus `follow_weight`
     /// times the difference (in a stream, what an entry caused and what a
     /// discussion decided come after it, in fewer of the task's words); a
-    /// chat answer, which waits at its own score, is not lifted.
+    /// chat chunk that is not its group's lead (an answer, which waits at
+    /// its own score, or a later piece of a long turn) is not lifted.
     pub(super) fn pack_values(
         &self,
         ctx: &PreparedContext,
@@ -122,8 +124,9 @@ impl Scd {
         (0..scores.len())
             .map(|i| match chunks[i].chunker {
                 "log" => scores[i] - w * size(i) + follows(i),
-                // a chat answer (a short chat cut by turns) waits at its own
-                // score, as the queue has it: its question does not lift it
+                // a chat chunk that is not its group's lead (an answer in a
+                // short chat cut by turns, a later piece of a turn or run
+                // over 2 KiB) waits at its own score, as the queue has it
                 "chat" if chunks[i].lead => scores[i] + follows(i),
                 _ => scores[i],
             })

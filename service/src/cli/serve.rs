@@ -103,7 +103,7 @@ pub struct ServeArgs {
     log_size_weight: f32,
     /// A log or chat chunk that follows a higher-scored chunk of its kind in
     /// its field is packed at its score plus this share of the difference,
-    /// 0 to 1 (0: by score).
+    /// 0 to 1 (0: by score); a chat answer keeps its own score.
     #[arg(long, env = "SCD_FOLLOW_WEIGHT", default_value_t = ScdConfig::default().scoring.follow_weight)]
     follow_weight: f32,
     /// Cut a function longer than this many bytes into its signature and
