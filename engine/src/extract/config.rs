@@ -231,7 +231,8 @@ pub struct ScoringConfig {
     /// answer in a short chat cut by turns, which waits at its own score,
     /// or a later piece of a turn over 2 KiB) is not lifted. 0 packs by
     /// score alone (less `log_size_weight` for logs); reported scores and
-    /// the threshold are unchanged. 0.3 was
+    /// the threshold are unchanged (a follow-up's candidates are still
+    /// those scoring 0 or more: the lift orders them, it lets none in). 0.3 was
     /// chosen by 5-fold cross-validation over 0–0.4 on the 49 log and chat
     /// cases (BENCHMARKS.md); other kinds are units whose order says
     /// nothing of this.

@@ -137,15 +137,16 @@ fn an_error_line_comes_by_closure_with_its_frames() {
 /// A log where an error line names the task's subject, the entry after it
 /// (what the error caused) names little of it, and a line elsewhere shares
 /// a word or two.
-fn crash_log(distractor: &str) -> Context {
+fn crash_log(caused: &str, distractor: &str) -> Context {
     let served: String = (0..8).map(|i| format!("INFO request {i} served in {} ms\n", 10 + i)).collect();
     let log = format!(
-        "{served}ERROR payment worker crashed: the payment database refused the connection\n\
-         INFO supervisor gave up after 3 restarts; the queue is no longer drained\n\
+        "{served}ERROR payment worker crashed: the payment database refused the connection\n{caused}\n\
          {served}{distractor}\n{served}"
     );
     Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] }
 }
+
+const GAVE_UP: &str = "INFO supervisor gave up after 3 restarts; the queue is no longer drained";
 
 /// `follow_weight`: the entry after an error line (what it caused) names
 /// little of the task and scores below a line elsewhere that shares a word;
@@ -159,7 +160,7 @@ fn the_entry_after_an_error_line_gains_a_share_of_its_score() {
         let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { scoring, ..ScdConfig::default() });
         let req = CompressRequest {
             task: Task::new("why did the payment worker stop"),
-            context: crash_log("INFO payment retries configured"),
+            context: crash_log(GAVE_UP, "INFO payment retries configured"),
             requirement: ContextRequirement::with_budget(BUDGET),
             session: None,
         };
@@ -172,4 +173,36 @@ fn the_entry_after_an_error_line_gains_a_share_of_its_score() {
     assert!(off.text.contains(other) && !off.text.contains(caused), "{}", off.text);
     assert!(on.text.contains(caused) && !on.text.contains(other), "{}", on.text);
     assert!(on.text.contains("ERROR payment worker crashed"), "{}", on.text);
+}
+
+/// A follow-up packs by the same values: the entry after the error line
+/// goes in ahead of a line elsewhere that scores above it, at the default
+/// and not at 0. (A follow-up's candidates are those scoring 0 or more,
+/// whatever their value: the entry here scores above 0.)
+#[test]
+fn a_follow_up_packs_the_entry_after_an_error_line_the_same_way() {
+    let more = |f: f32| {
+        let scoring = ScoringConfig { follow_weight: f, ..Default::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { scoring, ..ScdConfig::default() });
+        let task = "why did the payment worker stop";
+        let req = CompressRequest {
+            task: Task::new(task),
+            context: crash_log(
+                "INFO the worker supervisor gave up after 3 restarts",
+                "INFO payment worker retries configured",
+            ),
+            // too small for any chunk: the session opens with nothing sent
+            requirement: ContextRequirement::with_budget(5),
+            session: Some(SessionRequest::default()),
+        };
+        let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
+        assert!(out.chunks.is_empty(), "{:?}", out.chunks);
+        let m = scd.request_more(&follow_up(&out.session.unwrap(), task, Some(80))).unwrap();
+        assert!(m.sent_tokens <= 80, "{m:?}");
+        m.text
+    };
+    let (off, on) = (more(0.0), more(ScoringConfig::default().follow_weight));
+    let (caused, other) = ("supervisor gave up", "retries configured");
+    assert!(off.contains(other) && !off.contains(caused), "{off}");
+    assert!(on.contains(caused) && !on.contains(other), "{on}");
 }
