@@ -1,12 +1,9 @@
 //! Chat chunks in packing: a run that follows a higher-scored run of its
 //! field gains a share of the difference (`follow_weight`).
 
-use std::sync::Arc;
-
-use super::tests::{opts, prose};
+use super::tests::{compress_within, hash_scd, prose};
 use super::*;
 use crate::context::{Field, FieldKind};
-use crate::encoder::HashEncoder;
 
 /// A channel where the lunch is raised in one run (the task's words), the
 /// day is settled in the run after it (none of them), and a run of other
@@ -28,10 +25,10 @@ fn lunch_chat() -> Context {
 }
 
 fn with_follow_weight(f: f32) -> Scd {
-    let scoring = ScoringConfig { follow_weight: f, ..Default::default() };
-    let mut cfg = ScdConfig { scoring, ..ScdConfig::default() };
+    let mut cfg =
+        ScdConfig { scoring: ScoringConfig { follow_weight: f, ..Default::default() }, ..ScdConfig::default() };
     cfg.prepare.chunk.chat_run_bytes = 300;
-    Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
+    hash_scd(cfg)
 }
 
 /// The run that settles the day repeats few of the task's words and scores
@@ -41,17 +38,8 @@ fn with_follow_weight(f: f32) -> Scd {
 #[test]
 fn the_run_after_a_high_scored_run_gains_a_share_of_its_score() {
     const BUDGET: usize = 150;
-    let run = |f: f32| {
-        let req = CompressRequest {
-            task: Task::new("did they settle on a day for the group lunch"),
-            context: lunch_chat(),
-            requirement: ContextRequirement::with_budget(BUDGET),
-            session: None,
-        };
-        let out = with_follow_weight(f).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
-        assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
-        out
-    };
+    let task = "did they settle on a day for the group lunch";
+    let run = |f: f32| compress_within(&with_follow_weight(f), task, lunch_chat(), BUDGET);
     let (off, on) = (run(0.0), run(ScoringConfig::default().follow_weight));
     let ex = off.explanation.as_ref().unwrap();
     let score = |id: &str| {
@@ -79,13 +67,8 @@ fn short_chat() -> Context {
 /// at the largest weight, so the note that scores above it goes first.
 #[test]
 fn a_chat_answer_is_not_lifted_by_its_question() {
-    let req = CompressRequest {
-        task: Task::new("why did the nightly payment export fail"),
-        context: short_chat(),
-        requirement: ContextRequirement::with_budget(100_000),
-        session: None,
-    };
-    let out = with_follow_weight(1.0).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+    let task = "why did the nightly payment export fail";
+    let out = compress_within(&with_follow_weight(1.0), task, short_chat(), 100_000);
     let ex = out.explanation.unwrap();
     let why = |id: &str| ex.selected.iter().find(|c| c.id == id).unwrap();
     let (question, answer, note) = (why("chat#0"), why("chat#1"), why("notes#0"));

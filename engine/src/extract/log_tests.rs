@@ -2,12 +2,14 @@
 //! in a first answer and a follow-up, which log leads come by closure, and
 //! the entry after a higher-scored one (`follow_weight`).
 
-use std::sync::Arc;
-
-use super::tests::{follow_up, opts, prose};
+use super::tests::{compress_within, follow_up, opts, prose, scd_scoring};
 use super::*;
 use crate::context::{Field, FieldKind};
-use crate::encoder::HashEncoder;
+
+/// A context of one log field, `app.log`.
+fn app_log(log: &str) -> Context {
+    Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", log) }] }
+}
 
 /// A log whose first chunk is a run of four noisy `upload` lines that
 /// scores above its short error line (with the hash encoder).
@@ -17,12 +19,11 @@ fn upload_log() -> Context {
         .collect();
     let filler: String = (0..12).map(|i| format!("DEBUG gc cycle {i} freed {} MiB\n", i * 3)).collect();
     let log = format!("{noise}{filler}ERROR upload stopped: the volume that holds the spool reached its quota\n");
-    Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] }
+    app_log(&log)
 }
 
 fn with_log_size_weight(w: f32) -> Scd {
-    let cfg = ScdConfig { scoring: ScoringConfig { log_size_weight: w, ..Default::default() }, ..ScdConfig::default() };
-    Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
+    scd_scoring(ScoringConfig { log_size_weight: w, ..Default::default() })
 }
 
 /// `log_size_weight` packs log chunks by value for their tokens: a run of
@@ -32,17 +33,7 @@ fn with_log_size_weight(w: f32) -> Scd {
 #[test]
 fn a_long_log_run_no_longer_takes_the_room_of_a_short_line_that_scored_a_little_lower() {
     const BUDGET: usize = 100;
-    let run = |w: f32| {
-        let req = CompressRequest {
-            task: Task::new("why did the upload queue stop"),
-            context: upload_log(),
-            requirement: ContextRequirement::with_budget(BUDGET),
-            session: None,
-        };
-        let out = with_log_size_weight(w).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
-        assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
-        out
-    };
+    let run = |w: f32| compress_within(&with_log_size_weight(w), "why did the upload queue stop", upload_log(), BUDGET);
     let (off, on) = (run(0.0), run(1.5));
     let ex = off.explanation.as_ref().unwrap();
     let score = |id: &str| {
@@ -96,13 +87,8 @@ fn the_first_piece_of_a_long_log_run_does_not_come_with_a_later_one() {
         "{progress}\nINFO fetch done\nINFO the mirror sync wrote the index of the mirror sync\nINFO mirror sync index flushed\n\
          DEBUG mirror sync index 1 checked\nDEBUG mirror sync index 2 checked\nDEBUG mirror sync index 3 checked\n"
     );
-    let req = CompressRequest {
-        task: Task::new("did the mirror sync write its index"),
-        context: Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] },
-        requirement: ContextRequirement::with_budget(100_000),
-        session: None,
-    };
-    let all = with_log_size_weight(0.0).compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+    let all =
+        compress_within(&with_log_size_weight(0.0), "did the mirror sync write its index", app_log(&log), 100_000);
     let ex = all.explanation.unwrap();
     let why = |id: &str| ex.selected.iter().find(|c| c.id == id).unwrap();
     // the progress line is cut in two: the first piece leads the run's group
@@ -119,14 +105,8 @@ fn an_error_line_comes_by_closure_with_its_frames() {
     let log = "INFO start\nINFO ready\nERROR request failed\n  at mirror.sync.index.write(index.rs:12)\n  \
                at mirror.sync.index.flush(index.rs:40)\nINFO done\nINFO idle\n";
     let scoring = ScoringConfig { severity_weight: 0.0, exception_weight: 0.0, ..Default::default() };
-    let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { scoring, ..ScdConfig::default() });
-    let req = CompressRequest {
-        task: Task::new("mirror sync index write flush"),
-        context: Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", log) }] },
-        requirement: ContextRequirement::with_budget(100_000),
-        session: None,
-    };
-    let ex = scd.compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap().explanation.unwrap();
+    let out = compress_within(&scd_scoring(scoring), "mirror sync index write flush", app_log(log), 100_000);
+    let ex = out.explanation.unwrap();
     let why = |id: &str| ex.selected.iter().find(|c| c.id == id).unwrap();
     let (line, frames) = (why("app.log#1"), why("app.log#2"));
     assert!(line.lead && !frames.lead, "the error line leads, its frames follow");
@@ -143,7 +123,7 @@ fn crash_log(caused: &str, distractor: &str) -> Context {
         "{served}ERROR payment worker crashed: the payment database refused the connection\n{caused}\n\
          {served}{distractor}\n{served}"
     );
-    Context { fields: vec![Field { kind: FieldKind::Log, ..prose("app.log", &log) }] }
+    app_log(&log)
 }
 
 const GAVE_UP: &str = "INFO supervisor gave up after 3 restarts; the queue is no longer drained";
@@ -156,17 +136,9 @@ const GAVE_UP: &str = "INFO supervisor gave up after 3 restarts; the queue is no
 fn the_entry_after_an_error_line_gains_a_share_of_its_score() {
     const BUDGET: usize = 80;
     let run = |f: f32| {
-        let scoring = ScoringConfig { follow_weight: f, ..Default::default() };
-        let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { scoring, ..ScdConfig::default() });
-        let req = CompressRequest {
-            task: Task::new("why did the payment worker stop"),
-            context: crash_log(GAVE_UP, "INFO payment retries configured"),
-            requirement: ContextRequirement::with_budget(BUDGET),
-            session: None,
-        };
-        let out = scd.compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
-        assert!(out.totals.sent_tokens <= BUDGET, "{:?}", out.totals);
-        out
+        let scd = scd_scoring(ScoringConfig { follow_weight: f, ..Default::default() });
+        let context = crash_log(GAVE_UP, "INFO payment retries configured");
+        compress_within(&scd, "why did the payment worker stop", context, BUDGET)
     };
     let (off, on) = (run(0.0), run(ScoringConfig::default().follow_weight));
     let (caused, other) = ("supervisor gave up", "payment retries configured");
@@ -182,8 +154,7 @@ fn the_entry_after_an_error_line_gains_a_share_of_its_score() {
 #[test]
 fn a_follow_up_packs_the_entry_after_an_error_line_the_same_way() {
     let more = |f: f32| {
-        let scoring = ScoringConfig { follow_weight: f, ..Default::default() };
-        let scd = Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig { scoring, ..ScdConfig::default() });
+        let scd = scd_scoring(ScoringConfig { follow_weight: f, ..Default::default() });
         let task = "why did the payment worker stop";
         let req = CompressRequest {
             task: Task::new(task),

@@ -13,6 +13,30 @@ fn scd() -> Scd {
     Scd::new(Arc::new(HashEncoder::new(128, 512)), ScdConfig::default())
 }
 
+/// An engine on the hash encoder with `cfg`.
+pub(super) fn hash_scd(cfg: ScdConfig) -> Scd {
+    Scd::new(Arc::new(HashEncoder::new(128, 512)), cfg)
+}
+
+/// An engine on the hash encoder with `scoring`.
+pub(super) fn scd_scoring(scoring: ScoringConfig) -> Scd {
+    hash_scd(ScdConfig { scoring, ..ScdConfig::default() })
+}
+
+/// `task` over `context` under `budget` (no session), explained, counted
+/// in cl100k; the text is within the budget.
+pub(super) fn compress_within(scd: &Scd, task: &str, context: Context, budget: usize) -> Compressed {
+    let req = CompressRequest {
+        task: Task::new(task),
+        context,
+        requirement: ContextRequirement::with_budget(budget),
+        session: None,
+    };
+    let out = scd.compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+    assert!(out.totals.sent_tokens <= budget, "{:?}", out.totals);
+    out
+}
+
 pub(super) fn prose(name: &str, content: &str) -> Field {
     Field { name: name.into(), kind: FieldKind::Prose, confidential: false, content: content.into() }
 }

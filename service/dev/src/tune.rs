@@ -114,6 +114,12 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         }
         Ok(v as usize)
     };
+    let as_weight = |max: f64| -> anyhow::Result<f32> {
+        if !(0.0..=max).contains(&v) {
+            bail!("{k} takes 0 to {max}, got {v}");
+        }
+        Ok(v as f32)
+    };
     match k {
         "lexical_weight" => cfg.scoring.lexical_weight = v as f32,
         "field_weight" => cfg.scoring.field_weight = v as f32,
@@ -142,18 +148,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "function_pieces_capped" => cfg.scoring.function_pieces_capped = as_count()? > 0,
         "function_piece_step" => cfg.scoring.function_piece_step = v as f32,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
-        "log_size_weight" => {
-            if !(0.0..=10.0).contains(&v) {
-                bail!("log_size_weight takes 0 to 10, got {v}");
-            }
-            cfg.scoring.log_size_weight = v as f32
-        }
-        "follow_weight" => {
-            if !(0.0..=1.0).contains(&v) {
-                bail!("follow_weight takes 0 to 1, got {v}");
-            }
-            cfg.scoring.follow_weight = v as f32
-        }
+        "log_size_weight" => cfg.scoring.log_size_weight = as_weight(10.0)?,
+        "follow_weight" => cfg.scoring.follow_weight = as_weight(1.0)?,
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "markdown_link_text" => cfg.prepare.markdown_link_text = as_count()? > 0,
         "scorer" => {

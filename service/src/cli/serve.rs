@@ -324,6 +324,12 @@ fn auth_config(args: &ServeArgs) -> anyhow::Result<Option<AuthConfig>> {
     }))
 }
 
+/// A weight flag's value: finite, from 0 to `max`.
+fn weight_within(flag: &str, v: f32, max: f32) -> anyhow::Result<()> {
+    anyhow::ensure!(v.is_finite() && (0.0..=max).contains(&v), "{flag} {v}: must be between 0 and {max}");
+    Ok(())
+}
+
 /// Checks every argument that can be checked without the model.
 fn check(args: &ServeArgs) -> anyhow::Result<()> {
     for (flag, v) in [
@@ -349,21 +355,9 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
         "--drain-timeout {}: must be between 0 and 86400 seconds",
         args.drain_timeout
     );
-    anyhow::ensure!(
-        args.second_hop_weight.is_finite() && (0.0..=10.0).contains(&args.second_hop_weight),
-        "--second-hop-weight {}: must be between 0 and 10",
-        args.second_hop_weight
-    );
-    anyhow::ensure!(
-        args.log_size_weight.is_finite() && (0.0..=10.0).contains(&args.log_size_weight),
-        "--log-size-weight {}: must be between 0 and 10",
-        args.log_size_weight
-    );
-    anyhow::ensure!(
-        args.follow_weight.is_finite() && (0.0..=1.0).contains(&args.follow_weight),
-        "--follow-weight {}: must be between 0 and 1",
-        args.follow_weight
-    );
+    weight_within("--second-hop-weight", args.second_hop_weight, 10.0)?;
+    weight_within("--log-size-weight", args.log_size_weight, 10.0)?;
+    weight_within("--follow-weight", args.follow_weight, 1.0)?;
     args.rerank.check()?;
     args.audit.check()?;
     anyhow::ensure!(
