@@ -75,10 +75,12 @@ pub struct ChunkConfig {
     /// signature, which leads a group of its own, pieces of its body (cut
     /// at blank lines and between statements) and its closing line, so the
     /// lines that matter can be sent with the signature and `…` for the
-    /// rest; 0 (the default): a function stays whole up to
-    /// `max_code_chunk_bytes`. 1024 lifts the 55 multi-file code dev cases
-    /// (gold: the lines a commit edits) but lowers the code-search dev set
-    /// (gold: a whole function) at every budget, so it is off (BENCHMARKS.md).
+    /// rest; 0: a function stays whole up to `max_code_chunk_bytes`. The
+    /// default, 12 KiB (about 3,000 tokens), is the lowest of 4, 8 and
+    /// 12 KiB that leaves the code-search dev set (gold: a whole function)
+    /// where it was at every budget; 4 KiB lifts the 55 multi-file code dev
+    /// cases (gold: the lines a commit edits) the most but lowers code search
+    /// at 3× and 2× (BENCHMARKS.md).
     pub long_function_bytes: usize,
     /// Parse code with tree-sitter where a grammar exists (else only the
     /// line heuristic, as before the parser came: for comparisons).
@@ -106,7 +108,7 @@ impl Default for ChunkConfig {
             target_bytes: 0,
             max_chunk_bytes: 2048,
             max_code_chunk_bytes: 16 << 10,
-            long_function_bytes: 0,
+            long_function_bytes: 12 << 10,
             code_parser: true,
             json_unit_bytes: 768,
             log_run_lines: 4,

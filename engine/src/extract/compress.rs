@@ -355,12 +355,23 @@ impl Scd {
         // included): drop the weakest until it fits
         let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel);
         let keep = |i: usize| gates.required(i);
-        let fitted = self.fit(counting, &mut selected, &value, keep, &text, budget, &mut trace)?;
+        let units = self.whole_units(prepared, &cost, room);
+        let fitted = self.fit(counting, &mut selected, &value, keep, &units, &text, budget, &mut trace)?;
         // what the fit freed (and what packing's estimate left) is refilled
         with_held.append(&mut selected);
         let refill_text = |sel: &[usize]| text(&sel[n_held..]);
-        let sent_tokens =
-            self.refill(counting, prepared, &mut with_held, &order, &cost, &refill_text, budget, fitted, &trace)?;
+        let sent_tokens = self.refill(
+            counting,
+            prepared,
+            &mut with_held,
+            &order,
+            &cost,
+            &units,
+            &refill_text,
+            budget,
+            fitted,
+            &trace,
+        )?;
         let selected = with_held.split_off(n_held);
         Ok(Picked { selected, trace, warnings, sent_tokens })
     }

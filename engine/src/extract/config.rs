@@ -202,6 +202,14 @@ pub struct ScoringConfig {
     /// does not fit is trimmed to its best pieces rather than sent piece by
     /// piece at its own rank.
     pub function_piece_step: f32,
+    /// A cut function (`long_function_bytes`) of at most this share of the
+    /// budget is sent whole or not at all, as an uncut one is (packing, the
+    /// fit and the refill take or drop its chunks together): only a function
+    /// too long for that share is trimmed to its signature and best pieces
+    /// (0: every cut function may be trimmed). 1 against 0, 0.5, 0.75 and
+    /// 1.5 with functions cut at 4 KiB: as good or better on the multi-file
+    /// code and code-search dev sets at every budget (BENCHMARKS.md).
+    pub function_whole_share: f32,
     /// Packing sends a JSON container cut across several chunks (an array's
     /// element, an object's member) whole once one of its chunks is sent,
     /// when the container has at most this many tokens and the rest of it
@@ -278,6 +286,7 @@ impl Default for ScoringConfig {
             function_closure_tokens: 1200,
             function_pieces_capped: true,
             function_piece_step: 0.01,
+            function_whole_share: 1.0,
             log_size_weight: 1.5,
             follow_weight: 0.3,
             json_whole_tokens: 0,
@@ -395,7 +404,8 @@ mod tests {
         assert_eq!(c.scoring.function_piece_step, 0.01);
         assert_eq!(c.scoring.log_size_weight, 1.5);
         assert_eq!(c.scoring.follow_weight, 0.3);
-        assert_eq!(c.prepare.chunk.long_function_bytes, 0);
+        assert_eq!(c.prepare.chunk.long_function_bytes, 12 << 10);
+        assert_eq!(c.scoring.function_whole_share, 1.0);
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);
         assert_eq!(c.scoring.redundancy_cosine, 0.985);

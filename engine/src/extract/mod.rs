@@ -748,6 +748,8 @@ pub(super) fn retry_contended<T>(mut attempt: impl FnMut() -> Result<T>) -> Resu
 #[cfg(test)]
 mod chat_tests;
 #[cfg(test)]
+mod code_tests;
+#[cfg(test)]
 mod log_tests;
 #[cfg(test)]
 mod tests;

@@ -197,7 +197,8 @@ impl Scd {
         self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         let text_of = |picked: &[usize]| render::render(context, picked);
-        let sent_tokens = self.fit(counting, &mut picked, &value, |_| false, &text_of, budget, &mut trace)?;
+        let units = self.whole_units(context, &cost, budget + counting.separator);
+        let sent_tokens = self.fit(counting, &mut picked, &value, |_| false, &units, &text_of, budget, &mut trace)?;
         Ok((picked, sent_tokens))
     }
 

@@ -90,6 +90,24 @@ impl Bag<'_> {
     }
 }
 
+/// The chunks sent whole or not at all: each cut function (see
+/// [`PreparedContext::cut_functions`]) of at most `function_whole_share` of
+/// the budget, as a function left uncut is. Packing takes such a function's
+/// chunks together, the fit drops them together and the refill adds them
+/// together.
+#[derive(Debug, Default)]
+pub(super) struct Units {
+    unit: HashMap<usize, usize>,
+    members: Vec<Vec<usize>>,
+}
+
+impl Units {
+    /// The chunks sent with `i` (none when it is not in such a unit).
+    pub(super) fn of(&self, i: usize) -> &[usize] {
+        self.unit.get(&i).map_or(&[], |&u| &self.members[u])
+    }
+}
+
 /// The tokens (text and header) a log chunk may cost before
 /// `log_size_weight` holds its size against it: one entry, however long its
 /// line. At 32 the fixture showcase's 59-token error entry lost to shorter
@@ -133,6 +151,24 @@ impl Scd {
             .collect()
     }
 
+    /// The cut functions sent whole or not at all under `budget` ([`Units`]),
+    /// by each chunk's `text` cost.
+    pub(super) fn whole_units(&self, ctx: &PreparedContext, text: &[usize], budget: usize) -> Units {
+        let max = (self.cfg.scoring.function_whole_share * budget as f32) as usize;
+        let mut by_group: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        if max > 0 {
+            for (i, c) in ctx.chunks.iter().enumerate().filter(|(_, c)| ctx.cut_functions.contains_key(&c.group)) {
+                by_group.entry(c.group).or_default().push(i);
+            }
+        }
+        let mut units = Units::default();
+        for m in by_group.into_values().filter(|m| m.iter().map(|&i| text[i]).sum::<usize>() <= max) {
+            units.unit.extend(m.iter().map(|&i| (i, units.members.len())));
+            units.members.push(m);
+        }
+        units
+    }
+
     /// Greedy packing in `order` (by [`Scd::pack_values`]) with redundancy
     /// suppression and group closure.
     #[allow(clippy::too_many_arguments)]
@@ -164,6 +200,7 @@ impl Scd {
             function: sc.function_closure_tokens,
         };
         let groups = Groups::new(ctx, costs, limits);
+        let units = self.whole_units(ctx, costs.text, budget);
         // a chat question's answers (the rest of its group)
         let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
@@ -190,9 +227,20 @@ impl Scd {
                     continue;
                 }
             }
+            // a cut function short enough for the budget comes whole or not at all
+            let rest: Vec<usize> =
+                units.of(i).iter().copied().filter(|&j| j != i && !bag.chosen.contains(&j)).collect();
+            if bag.used + bag.cost(i) + rest.iter().map(|&j| costs.text[j]).sum::<usize>() > budget {
+                continue;
+            }
             sent.entry(d).or_insert(i);
             bag.take(i);
             selected.push(i);
+            for j in rest {
+                bag.take(j);
+                selected.push(j);
+                trace.by_closure.insert(j);
+            }
             for &j in answers.get(&chunks[i].group).into_iter().flatten() {
                 if !bag.chosen.contains(&j) && !queue.waiting.contains(&j) {
                     queue.waiting.push(j);

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use super::adjacent::{json_wrap, reads_on};
-use super::pack::PackTrace;
+use super::pack::{PackTrace, Units};
 use super::prepare::PreparedContext;
 use super::{Counting, Scd};
 use crate::chunk::json;
@@ -44,6 +44,7 @@ impl Scd {
         selected: &mut Vec<usize>,
         scores: &[f32],
         keep: impl Fn(usize) -> bool,
+        units: &Units,
         text: &dyn Fn(&[usize]) -> String,
         budget: usize,
         trace: &mut PackTrace,
@@ -58,9 +59,17 @@ impl Scd {
                 .min_by(|&a, &b| scores[selected[a]].total_cmp(&scores[selected[b]]));
             match weakest {
                 Some(k) => {
-                    trace.by_closure.remove(&selected[k]);
-                    trace.dropped_by_fit.insert(selected[k]);
-                    selected.remove(k);
+                    // a function sent whole goes whole
+                    let i = selected[k];
+                    let unit = units.of(i);
+                    selected.retain(|&j| {
+                        let gone = j == i || (unit.contains(&j) && !keep(j));
+                        if gone {
+                            trace.by_closure.remove(&j);
+                            trace.dropped_by_fit.insert(j);
+                        }
+                        !gone
+                    });
                 }
                 None => return Err(Error::BudgetTooSmall { needed: n, budget }),
             }
@@ -81,6 +90,7 @@ impl Scd {
         selected: &mut Vec<usize>,
         order: &[usize],
         cost: &[usize],
+        units: &Units,
         text: &dyn Fn(&[usize]) -> String,
         budget: usize,
         mut n: usize,
@@ -91,9 +101,14 @@ impl Scd {
             if tries == REFILL_TRIES || n >= budget {
                 break;
             }
-            let skip = cost[i] > budget - n
+            // a function sent whole comes whole
+            let mut add: Vec<usize> = units.of(i).iter().copied().filter(|j| !selected.contains(j)).collect();
+            if add.is_empty() {
+                add.push(i);
+            }
+            let skip = add.iter().map(|&j| cost[j]).sum::<usize>() > budget - n
                 || ctx.chunks[i].rides
-                || trace.dropped_by_fit.contains(&i)
+                || add.iter().any(|j| trace.dropped_by_fit.contains(j))
                 || trace.duplicate_of.contains_key(&i)
                 || selected.contains(&i)
                 || super::pack::repeats(ctx, selected, i);
@@ -101,12 +116,11 @@ impl Scd {
                 continue;
             }
             tries += 1;
-            selected.push(i);
+            let before = selected.len();
+            selected.extend(&add);
             match self.count_text(counting, &text(selected))? {
                 m if m <= budget => n = m,
-                _ => {
-                    selected.pop();
-                }
+                _ => selected.truncate(before),
             }
         }
         Ok(n)

@@ -147,6 +147,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "function_closure_tokens" => cfg.scoring.function_closure_tokens = as_count()?,
         "function_pieces_capped" => cfg.scoring.function_pieces_capped = as_count()? > 0,
         "function_piece_step" => cfg.scoring.function_piece_step = v as f32,
+        "function_whole_share" => cfg.scoring.function_whole_share = as_weight(4.0)?,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
         "log_size_weight" => cfg.scoring.log_size_weight = as_weight(10.0)?,
         "follow_weight" => cfg.scoring.follow_weight = as_weight(1.0)?,
@@ -162,7 +163,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, \
+             group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, function_whole_share, \
              json_whole_tokens, log_size_weight, follow_weight, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
              long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
@@ -563,6 +564,8 @@ mod tests {
         assert_eq!(e, "--grid: follow_weight takes 0 to 1, got 1.5");
         apply(&mut cfg, &Settings::from([("follow_weight".into(), 0.5)])).unwrap();
         assert_eq!(cfg.scoring.follow_weight, 0.5);
+        let e = apply(&mut cfg, &Settings::from([("function_whole_share".into(), 5.0)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: function_whole_share takes 0 to 4, got 5");
     }
 
     #[test]

@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// signature and closing line come along).
     #[arg(long, env = "SCD_FUNCTION_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.function_closure_tokens)]
     function_closure_tokens: usize,
+    /// A cut function of at most this share of the budget, 0 to 4, is sent
+    /// whole or not at all; a longer one may be trimmed to its signature and
+    /// best pieces (0: any cut function may be trimmed).
+    #[arg(long, env = "SCD_FUNCTION_WHOLE_SHARE", default_value_t = ScdConfig::default().scoring.function_whole_share)]
+    function_whole_share: f32,
     /// Log chunks are packed at their score less this times the natural
     /// log of their cost over 64 tokens (0: by score, as other kinds).
     #[arg(long, env = "SCD_LOG_SIZE_WEIGHT", default_value_t = ScdConfig::default().scoring.log_size_weight)]
@@ -358,6 +363,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     weight_within("--second-hop-weight", args.second_hop_weight, 10.0)?;
     weight_within("--log-size-weight", args.log_size_weight, 10.0)?;
     weight_within("--follow-weight", args.follow_weight, 1.0)?;
+    weight_within("--function-whole-share", args.function_whole_share, 4.0)?;
     args.rerank.check()?;
     args.audit.check()?;
     anyhow::ensure!(
@@ -423,6 +429,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
         group_closure_tokens: args.group_closure_tokens,
         section_closure_tokens: args.section_closure_tokens,
         function_closure_tokens: args.function_closure_tokens,
+        function_whole_share: args.function_whole_share,
         log_size_weight: args.log_size_weight,
         follow_weight: args.follow_weight,
         ..base.scoring

@@ -1,0 +1,82 @@
+//! Cut functions in packing (`long_function_bytes`): one that fits the
+//! budget is sent whole or not at all (`function_whole_share`), one longer
+//! than that share of the budget may be trimmed to its signature and best
+//! pieces.
+
+use super::tests::{compress_within, hash_scd, prose};
+use super::*;
+use crate::context::{Field, FieldKind};
+
+/// A Python module: a long `process_events` (about 2.5 KB, cut at 512
+/// bytes) whose lines here and there speak of delivery retries, and a short
+/// `retry_backoff` that answers.
+fn module() -> Context {
+    let mut body = String::new();
+    for i in 0..24 {
+        body.push_str(&format!("    item_{i} = queue.pop(options.batch_{i})  # event window {i}\n"));
+        if i % 6 == 5 {
+            body.push_str(&format!(
+                "    deliver(item_{i}, retry=True)  # retry the delivery when the broker refuses\n"
+            ));
+        }
+    }
+    let code = format!(
+        "import math\n\n\ndef process_events(queue, options):\n    \"\"\"Drain the queue in batches.\"\"\"\n{body}    return queue\n\n\n\
+         def retry_backoff(attempt):\n    \"\"\"Retry delivery with exponential backoff when the broker refuses.\"\"\"\n    return min(60, 2 ** attempt)\n"
+    );
+    Context { fields: vec![Field { kind: FieldKind::Code, ..prose("events.py", &code) }] }
+}
+
+fn cut_at_512(share: f32) -> Scd {
+    let mut cfg = ScdConfig::default();
+    cfg.prepare.chunk.long_function_bytes = 512;
+    cfg.scoring.function_whole_share = share;
+    hash_scd(cfg)
+}
+
+const TASK: &str = "How is a delivery retried with exponential backoff when the broker refuses?";
+
+/// `process_events`' body lines in `text`, and all of them.
+fn body_lines_in(text: &str) -> (usize, usize) {
+    let ctx = module();
+    let code = &ctx.fields[0].content;
+    let body: Vec<&str> = code.lines().filter(|l| l.contains("item_")).collect();
+    (body.iter().filter(|l| text.contains(*l)).count(), body.len())
+}
+
+/// With a budget that holds the whole long function but not with the
+/// answer sent before it, share 1 (the default) sends none of it, and all
+/// of it once the budget holds both; at share 0 its pieces fill the room
+/// piecemeal, `…` marking the gaps.
+#[test]
+fn a_cut_function_that_fits_the_budget_is_sent_whole_or_not_at_all() {
+    let whole_fn = {
+        let code = &module().fields[0].content;
+        let start = code.find("def process_events").unwrap();
+        let end = code.find("\n\n\ndef retry_backoff").unwrap();
+        crate::budget::builtin("cl100k").unwrap().count(&code[start..end]).unwrap()
+    };
+    let budget = whole_fn + 30;
+    let piecemeal = compress_within(&cut_at_512(0.0), TASK, module(), budget);
+    let (sent, all) = body_lines_in(&piecemeal.text);
+    assert!(sent > 0 && sent < all, "share 0: {sent} of {all} body lines\n{}", piecemeal.text);
+    assert!(piecemeal.text.contains('…'), "{}", piecemeal.text);
+    // the answer goes first; the function then no longer fits and none of it is sent
+    let whole = compress_within(&cut_at_512(1.0), TASK, module(), budget);
+    assert_eq!(body_lines_in(&whole.text).0, 0, "share 1\n{}", whole.text);
+    assert!(whole.text.contains("return min(60, 2 ** attempt)"), "{}", whole.text);
+    // with room for both, all of it is
+    let roomy = compress_within(&cut_at_512(1.0), TASK, module(), budget + 60);
+    let (sent, all) = body_lines_in(&roomy.text);
+    assert_eq!(sent, all, "share 1, more room\n{}", roomy.text);
+}
+
+/// A function longer than its share of the budget is still trimmed: its
+/// signature and the pieces that fit, rather than nothing.
+#[test]
+fn a_cut_function_longer_than_its_share_of_the_budget_is_trimmed() {
+    let out = compress_within(&cut_at_512(1.0), TASK, module(), 300);
+    let (sent, all) = body_lines_in(&out.text);
+    assert!(sent > 0 && sent < all, "{sent} of {all} body lines\n{}", out.text);
+    assert!(out.text.contains("def process_events(queue, options):"), "{}", out.text);
+}
