@@ -9,8 +9,8 @@
 //! line, all in one group, so a method arrives with its owner. Doc
 //! comments, attributes and decorators attach to the item they precede;
 //! runs of small glue (`use` and `import` lines, module statements) not
-//! separated by a blank line form one chunk. A function is one chunk; with
-//! [`super::ChunkConfig::long_function_bytes`] set, a longer one is cut into
+//! separated by a blank line form one chunk. A function is one chunk; one
+//! longer than [`super::ChunkConfig::long_function_bytes`] is cut into
 //! its signature, which leads a group of its own, pieces of its body and its
 //! closing line, so it can be sent trimmed (the signature, the pieces that
 //! matter, `…` for the rest); a method cut so leaves its container's group.

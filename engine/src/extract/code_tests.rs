@@ -3,7 +3,7 @@
 //! than that share of the budget may be trimmed to its signature and best
 //! pieces.
 
-use super::tests::{compress_within, hash_scd, prose};
+use super::tests::{compress_within, follow_up, hash_scd, opts, prose};
 use super::*;
 use crate::context::{Field, FieldKind};
 
@@ -36,11 +36,20 @@ fn cut_at_512(share: f32) -> Scd {
 
 const TASK: &str = "How is a delivery retried with exponential backoff when the broker refuses?";
 
-/// `process_events`' body lines in `text`, and all of them.
+/// `process_events`' tokens in cl100k.
+fn process_events_tokens() -> usize {
+    let code = &module().fields[0].content;
+    let start = code.find("def process_events").unwrap();
+    let end = code.find("\n\n\ndef retry_backoff").unwrap();
+    crate::budget::builtin("cl100k").unwrap().count(&code[start..end]).unwrap()
+}
+
+/// `process_events`' body lines in `text` (indentation aside: an envelope
+/// gets each chunk's text from its first word), and all of them.
 fn body_lines_in(text: &str) -> (usize, usize) {
     let ctx = module();
     let code = &ctx.fields[0].content;
-    let body: Vec<&str> = code.lines().filter(|l| l.contains("item_")).collect();
+    let body: Vec<&str> = code.lines().filter(|l| l.contains("item_")).map(str::trim).collect();
     (body.iter().filter(|l| text.contains(*l)).count(), body.len())
 }
 
@@ -50,13 +59,7 @@ fn body_lines_in(text: &str) -> (usize, usize) {
 /// piecemeal, `…` marking the gaps.
 #[test]
 fn a_cut_function_that_fits_the_budget_is_sent_whole_or_not_at_all() {
-    let whole_fn = {
-        let code = &module().fields[0].content;
-        let start = code.find("def process_events").unwrap();
-        let end = code.find("\n\n\ndef retry_backoff").unwrap();
-        crate::budget::builtin("cl100k").unwrap().count(&code[start..end]).unwrap()
-    };
-    let budget = whole_fn + 30;
+    let budget = process_events_tokens() + 30;
     let piecemeal = compress_within(&cut_at_512(0.0), TASK, module(), budget);
     let (sent, all) = body_lines_in(&piecemeal.text);
     assert!(sent > 0 && sent < all, "share 0: {sent} of {all} body lines\n{}", piecemeal.text);
@@ -79,4 +82,57 @@ fn a_cut_function_longer_than_its_share_of_the_budget_is_trimmed() {
     let (sent, all) = body_lines_in(&out.text);
     assert!(sent > 0 && sent < all, "{sent} of {all} body lines\n{}", out.text);
     assert!(out.text.contains("def process_events(queue, options):"), "{}", out.text);
+}
+
+/// An envelope that frames each chunk on lines of its own, which packing
+/// does not price (it counts no headers under an envelope): the final fit
+/// has to drop chunks, and drops a function sent whole as a whole.
+fn framed() -> CompressOptions {
+    let frame = |chunks: &[SelectedChunk]| {
+        let framed: Vec<String> = chunks
+            .iter()
+            .map(|c| format!("<chunk id=\"{}\" chunker=\"{}\">\n{}\n</chunk>", c.id, c.chunker, c.text))
+            .collect();
+        framed.join("\n")
+    };
+    CompressOptions { envelope: Some(Envelope(Arc::new(frame))), ..opts("cl100k", false) }
+}
+
+/// The fit drops a function sent whole as one, at its best chunk's worth:
+/// never its closing line or a weak piece alone.
+#[test]
+fn the_fit_drops_a_function_sent_whole_as_a_whole() {
+    let whole_fn = process_events_tokens();
+    for extra in [40, 80, 120, 160] {
+        let req = CompressRequest {
+            task: Task::new(TASK),
+            context: module(),
+            requirement: ContextRequirement::with_budget(whole_fn + extra),
+            session: None,
+        };
+        let out = cut_at_512(1.0).compress_opts(&req, &framed(), &Cancel::new()).unwrap();
+        assert!(out.totals.sent_tokens <= whole_fn + extra, "{:?}", out.totals);
+        let (sent, all) = body_lines_in(&out.text);
+        assert!(sent == 0 || sent == all, "+{extra}: {sent} of {all} body lines\n{}", out.text);
+    }
+}
+
+/// A follow-up with room for the rest of a function the first answer sent
+/// trimmed brings all the rest, together.
+#[test]
+fn a_follow_up_brings_the_rest_of_a_trimmed_function_whole() {
+    let scd = cut_at_512(1.0);
+    let req = CompressRequest {
+        task: Task::new(TASK),
+        context: module(),
+        requirement: ContextRequirement::with_budget(300),
+        session: Some(SessionRequest::default()),
+    };
+    let first = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
+    let (sent, all) = body_lines_in(&first.text);
+    assert!(sent > 0 && sent < all, "first: {sent} of {all}\n{}", first.text);
+    let question = "show the whole process_events loop that pops the queue";
+    let more = scd.request_more(&follow_up(&first.session.unwrap(), question, Some(process_events_tokens()))).unwrap();
+    let (more_sent, _) = body_lines_in(&more.text);
+    assert_eq!(sent + more_sent, all, "the rest, whole\n{}", more.text);
 }

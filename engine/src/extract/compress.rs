@@ -348,30 +348,20 @@ impl Scd {
         with_held.sort_unstable();
         let n_held = with_held.len();
         with_held.append(&mut selected);
-        let costs = Costs { text: &cost, header: &header, score: &value };
+        let units = self.whole_units(prepared, &cost, room);
+        let costs = Costs { text: &cost, header: &header, score: &value, units: &units };
         self.pack(prepared, &order, &costs, room, &mut with_held, &mut used, &mut trace);
         let mut selected = with_held.split_off(n_held);
         // what the receiver gets, counted whole (headers and wrapping
         // included): drop the weakest until it fits
         let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel);
         let keep = |i: usize| gates.required(i);
-        let units = self.whole_units(prepared, &cost, room);
-        let fitted = self.fit(counting, &mut selected, &value, keep, &units, &text, budget, &mut trace)?;
+        let fitted = self.fit(counting, &mut selected, &costs, keep, &text, budget, &mut trace)?;
         // what the fit freed (and what packing's estimate left) is refilled
         with_held.append(&mut selected);
         let refill_text = |sel: &[usize]| text(&sel[n_held..]);
-        let sent_tokens = self.refill(
-            counting,
-            prepared,
-            &mut with_held,
-            &order,
-            &cost,
-            &units,
-            &refill_text,
-            budget,
-            fitted,
-            &trace,
-        )?;
+        let sent_tokens =
+            self.refill(counting, prepared, &mut with_held, &order, &costs, &refill_text, budget, fitted, &mut trace)?;
         let selected = with_held.split_off(n_held);
         Ok(Picked { selected, trace, warnings, sent_tokens })
     }

@@ -190,7 +190,9 @@ pub struct ScoringConfig {
     /// and body pieces (`long_function_bytes`): once one piece is sent, the
     /// rest of a function of at most this many tokens comes too when all of
     /// it fits, so a function is trimmed only when the budget is short
-    /// (0: only its signature and closing line come along).
+    /// (0: only its signature and closing line come along). At the default
+    /// `function_whole_share` (1) a cut function that fits the budget comes
+    /// whole anyway; this matters at a lower share.
     pub function_closure_tokens: usize,
     /// A cut function's body pieces rank no higher than its signature,
     /// which is embedded with the start of the function: the function is
@@ -206,9 +208,12 @@ pub struct ScoringConfig {
     /// budget is sent whole or not at all, as an uncut one is (packing, the
     /// fit and the refill take or drop its chunks together): only a function
     /// too long for that share is trimmed to its signature and best pieces
-    /// (0: every cut function may be trimmed). 1 against 0, 0.5, 0.75 and
-    /// 1.5 with functions cut at 4 KiB: as good or better on the multi-file
-    /// code and code-search dev sets at every budget (BENCHMARKS.md).
+    /// (0: every cut function may be trimmed). Like closure, the rest of a
+    /// function comes whatever its chunks' own scores. Above 1, a function
+    /// between the budget and that share of it is never sent, not even
+    /// trimmed. 1 was chosen with functions cut at 4 KiB: as good as 0, 0.5
+    /// and 0.75 or better on the multi-file code and code-search dev sets at
+    /// every budget; 1.5 fell at 5× on the former (BENCHMARKS.md).
     pub function_whole_share: f32,
     /// Packing sends a JSON container cut across several chunks (an array's
     /// element, an object's member) whole once one of its chunks is sent,

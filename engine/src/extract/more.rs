@@ -193,12 +193,12 @@ impl Scd {
         let held = selected.len();
         let mut used = 0;
         let mut trace = PackTrace::default();
-        let costs = Costs { text: &cost, header: &header, score: &value };
+        let units = self.whole_units(context, &cost, budget + counting.separator);
+        let costs = Costs { text: &cost, header: &header, score: &value, units: &units };
         self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         let text_of = |picked: &[usize]| render::render(context, picked);
-        let units = self.whole_units(context, &cost, budget + counting.separator);
-        let sent_tokens = self.fit(counting, &mut picked, &value, |_| false, &units, &text_of, budget, &mut trace)?;
+        let sent_tokens = self.fit(counting, &mut picked, &costs, |_| false, &text_of, budget, &mut trace)?;
         Ok((picked, sent_tokens))
     }
 

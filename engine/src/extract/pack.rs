@@ -30,6 +30,8 @@ pub(super) struct Costs<'a> {
     pub(super) header: &'a [usize],
     /// What packing ranks by ([`Scd::pack_values`]; a chat answer waits at its own).
     pub(super) score: &'a [f32],
+    /// The cut functions sent whole or not at all ([`Scd::whole_units`]).
+    pub(super) units: &'a Units,
 }
 
 /// The candidates in score order, merged with the chat answers whose
@@ -93,8 +95,9 @@ impl Bag<'_> {
 /// The chunks sent whole or not at all: each cut function (see
 /// [`PreparedContext::cut_functions`]) of at most `function_whole_share` of
 /// the budget, as a function left uncut is. Packing takes such a function's
-/// chunks together, the fit drops them together and the refill adds them
-/// together.
+/// chunks together, the fit drops them together (at its best chunk's
+/// worth) and the refill adds them together; like closure, the rest of a
+/// function comes whatever its chunks' own scores.
 #[derive(Debug, Default)]
 pub(super) struct Units {
     unit: HashMap<usize, usize>,
@@ -105,6 +108,13 @@ impl Units {
     /// The chunks sent with `i` (none when it is not in such a unit).
     pub(super) fn of(&self, i: usize) -> &[usize] {
         self.unit.get(&i).map_or(&[], |&u| &self.members[u])
+    }
+
+    /// What `i` is worth when the fit weighs dropping it: the best of its
+    /// unit's `score` (a function goes whole, for its best chunk's worth),
+    /// else its own.
+    pub(super) fn worth(&self, i: usize, score: &[f32]) -> f32 {
+        self.of(i).iter().map(|&j| score[j]).fold(score[i], f32::max)
     }
 }
 
@@ -152,8 +162,8 @@ impl Scd {
     }
 
     /// The cut functions sent whole or not at all under `budget` ([`Units`]),
-    /// by each chunk's `text` cost.
-    pub(super) fn whole_units(&self, ctx: &PreparedContext, text: &[usize], budget: usize) -> Units {
+    /// by each chunk's `cost` (its text).
+    pub(super) fn whole_units(&self, ctx: &PreparedContext, cost: &[usize], budget: usize) -> Units {
         let max = (self.cfg.scoring.function_whole_share * budget as f32) as usize;
         let mut by_group: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         if max > 0 {
@@ -162,7 +172,7 @@ impl Scd {
             }
         }
         let mut units = Units::default();
-        for m in by_group.into_values().filter(|m| m.iter().map(|&i| text[i]).sum::<usize>() <= max) {
+        for m in by_group.into_values().filter(|m| m.iter().map(|&i| cost[i]).sum::<usize>() <= max) {
             units.unit.extend(m.iter().map(|&i| (i, units.members.len())));
             units.members.push(m);
         }
@@ -200,7 +210,6 @@ impl Scd {
             function: sc.function_closure_tokens,
         };
         let groups = Groups::new(ctx, costs, limits);
-        let units = self.whole_units(ctx, costs.text, budget);
         // a chat question's answers (the rest of its group)
         let mut answers: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
@@ -228,15 +237,18 @@ impl Scd {
                 }
             }
             // a cut function short enough for the budget comes whole or not at all
-            let rest: Vec<usize> =
-                units.of(i).iter().copied().filter(|&j| j != i && !bag.chosen.contains(&j)).collect();
+            let mut rest: Vec<usize> =
+                costs.units.of(i).iter().copied().filter(|&j| j != i && !bag.chosen.contains(&j)).collect();
             if bag.used + bag.cost(i) + rest.iter().map(|&j| costs.text[j]).sum::<usize>() > budget {
                 continue;
             }
             sent.entry(d).or_insert(i);
             bag.take(i);
             selected.push(i);
+            // outwards from `i`, so that each joins its piece (no header of its own)
+            rest.sort_by_key(|&j| if j > i { (0, j) } else { (1, i - j) });
             for j in rest {
+                sent.entry(ctx.distinct[j]).or_insert(j);
                 bag.take(j);
                 selected.push(j);
                 trace.by_closure.insert(j);

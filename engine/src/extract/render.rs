@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use super::adjacent::{json_wrap, reads_on};
-use super::pack::{PackTrace, Units};
+use super::pack::{Costs, PackTrace};
 use super::prepare::PreparedContext;
 use super::{Counting, Scd};
 use crate::chunk::json;
@@ -35,20 +35,21 @@ impl Scd {
             .collect()
     }
 
-    /// Drops the weakest chunk not kept by `keep`, by `scores` (what packing
-    /// ranked by), until `text(selected)` counts at most `budget`; its count.
+    /// Drops the weakest chunk not kept by `keep`, by what packing ranked
+    /// by (`costs.score`; a function sent whole is worth its best chunk and
+    /// goes whole), until `text(selected)` counts at most `budget`; its count.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fit(
         &self,
         counting: &Counting,
         selected: &mut Vec<usize>,
-        scores: &[f32],
+        costs: &Costs<'_>,
         keep: impl Fn(usize) -> bool,
-        units: &Units,
         text: &dyn Fn(&[usize]) -> String,
         budget: usize,
         trace: &mut PackTrace,
     ) -> Result<usize> {
+        let (units, worth) = (costs.units, |i: usize| costs.units.worth(i, costs.score));
         loop {
             let n = self.count_text(counting, &text(selected))?;
             if n <= budget {
@@ -56,7 +57,7 @@ impl Scd {
             }
             let weakest = (0..selected.len())
                 .filter(|&k| !keep(selected[k]))
-                .min_by(|&a, &b| scores[selected[a]].total_cmp(&scores[selected[b]]));
+                .min_by(|&a, &b| worth(selected[a]).total_cmp(&worth(selected[b])));
             match weakest {
                 Some(k) => {
                     // a function sent whole goes whole
@@ -80,8 +81,10 @@ impl Scd {
     /// best candidates of `order` not sent, not dropped by the fit, not a
     /// container's own line and not repeating a sent chunk, each taken when
     /// the whole text still fits (at most [`REFILL_TRIES`] counted), so the
-    /// room a dropped chunk freed is not left empty. `cost` is each
-    /// chunk's text alone, a lower bound of what it adds. The new count.
+    /// room a dropped chunk freed is not left empty. `costs.text` is each
+    /// chunk's text alone, a lower bound of what it adds; a function sent
+    /// whole comes whole (its other chunks, like packing's, are not checked
+    /// as repeats: a closing `}` repeats every other). The new count.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn refill(
         &self,
@@ -89,24 +92,22 @@ impl Scd {
         ctx: &PreparedContext,
         selected: &mut Vec<usize>,
         order: &[usize],
-        cost: &[usize],
-        units: &Units,
+        costs: &Costs<'_>,
         text: &dyn Fn(&[usize]) -> String,
         budget: usize,
         mut n: usize,
-        trace: &PackTrace,
+        trace: &mut PackTrace,
     ) -> Result<usize> {
         let mut tries = 0;
         for &i in order {
             if tries == REFILL_TRIES || n >= budget {
                 break;
             }
-            // a function sent whole comes whole
-            let mut add: Vec<usize> = units.of(i).iter().copied().filter(|j| !selected.contains(j)).collect();
+            let mut add: Vec<usize> = costs.units.of(i).iter().copied().filter(|j| !selected.contains(j)).collect();
             if add.is_empty() {
                 add.push(i);
             }
-            let skip = add.iter().map(|&j| cost[j]).sum::<usize>() > budget - n
+            let skip = add.iter().map(|&j| costs.text[j]).sum::<usize>() > budget - n
                 || ctx.chunks[i].rides
                 || add.iter().any(|j| trace.dropped_by_fit.contains(j))
                 || trace.duplicate_of.contains_key(&i)
@@ -119,7 +120,10 @@ impl Scd {
             let before = selected.len();
             selected.extend(&add);
             match self.count_text(counting, &text(selected))? {
-                m if m <= budget => n = m,
+                m if m <= budget => {
+                    n = m;
+                    trace.by_closure.extend(add.into_iter().filter(|&j| j != i));
+                }
                 _ => selected.truncate(before),
             }
         }

@@ -99,7 +99,8 @@ pub struct ServeArgs {
     function_closure_tokens: usize,
     /// A cut function of at most this share of the budget, 0 to 4, is sent
     /// whole or not at all; a longer one may be trimmed to its signature and
-    /// best pieces (0: any cut function may be trimmed).
+    /// best pieces (0: any cut function may be trimmed; above 1, one between
+    /// the budget and that share of it is never sent).
     #[arg(long, env = "SCD_FUNCTION_WHOLE_SHARE", default_value_t = ScdConfig::default().scoring.function_whole_share)]
     function_whole_share: f32,
     /// Log chunks are packed at their score less this times the natural
