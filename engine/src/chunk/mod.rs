@@ -76,7 +76,7 @@ pub struct ChunkConfig {
     /// at blank lines and between statements) and its closing line, so the
     /// lines that matter can be sent with the signature and `…` for the
     /// rest; 0: a function stays whole up to `max_code_chunk_bytes`. The
-    /// default, 12 KiB (about 3,000 tokens), is the lowest of 4, 8 and
+    /// default, 8 KiB (about 2,000 tokens), is the lowest of 4, 8 and
     /// 12 KiB that leaves the code-search dev set (gold: a whole function)
     /// where it was at every budget; 4 KiB lifts the 55 multi-file code dev
     /// cases (gold: the lines a commit edits) the most but lowers code search
@@ -108,7 +108,7 @@ impl Default for ChunkConfig {
             target_bytes: 0,
             max_chunk_bytes: 2048,
             max_code_chunk_bytes: 16 << 10,
-            long_function_bytes: 12 << 10,
+            long_function_bytes: 8 << 10,
             code_parser: true,
             json_unit_bytes: 768,
             log_run_lines: 4,

@@ -136,3 +136,35 @@ fn a_follow_up_brings_the_rest_of_a_trimmed_function_whole() {
     let (more_sent, _) = body_lines_in(&more.text);
     assert_eq!(sent + more_sent, all, "the rest, whole\n{}", more.text);
 }
+
+/// A cut function's signature is embedded with the whole function, so its
+/// cosine to the task is the uncut function's, and its group's best is its
+/// own score: its pieces do not lift it above what the uncut function scores.
+#[test]
+fn a_cut_functions_signature_scores_as_the_function_uncut() {
+    let req = CompressRequest {
+        task: Task::new(TASK),
+        context: module(),
+        requirement: ContextRequirement::with_budget(1000),
+        session: None,
+    };
+    let start = module().fields[0].content.find("def process_events").unwrap();
+    let feature = |name: &str| features::FEATURES.iter().position(|f| *f == name).unwrap();
+    let (dense, group_best, dense_z, lexical_z) =
+        (feature("dense"), feature("group_best"), feature("dense_z"), feature("lexical_z"));
+    let mut whole_cfg = ScdConfig::default();
+    whole_cfg.prepare.chunk.long_function_bytes = 0;
+    let whole = hash_scd(whole_cfg).chunk_features(&req, &Cancel::new()).unwrap();
+    let cut = cut_at_512(1.0).chunk_features(&req, &Cancel::new()).unwrap();
+    let uncut = whole.iter().find(|c| c.span.0 == start).expect("the uncut function");
+    let signature = cut.iter().find(|c| c.span.0 == start).expect("the signature");
+    assert!(signature.span.1 < uncut.span.1, "cut: {:?} against {:?}", signature.span, uncut.span);
+    assert_eq!(signature.features[dense], uncut.features[dense]);
+    let pieces: Vec<_> = cut.iter().filter(|c| c.group == signature.group && c.span.0 != start).collect();
+    assert!(pieces.len() >= 2, "{pieces:?}");
+    let w = ScdConfig::default().scoring.lexical_weight;
+    let base = |c: &ChunkFeatures| c.features[dense_z] + w * c.features[lexical_z];
+    for c in pieces.iter().copied().chain([signature]) {
+        assert_eq!(c.features[group_best], base(signature), "{:?}", c.span);
+    }
+}

@@ -195,7 +195,7 @@ pub struct ScoringConfig {
     /// whole anyway; this matters at a lower share.
     pub function_closure_tokens: usize,
     /// A cut function's body pieces rank no higher than its signature,
-    /// which is embedded with the start of the function: the function is
+    /// which is embedded with the whole function: the function is
     /// ranked as a whole and trimmed only when it does not fit (false: each
     /// piece at its own score).
     pub function_pieces_capped: bool,
@@ -409,7 +409,7 @@ mod tests {
         assert_eq!(c.scoring.function_piece_step, 0.01);
         assert_eq!(c.scoring.log_size_weight, 1.5);
         assert_eq!(c.scoring.follow_weight, 0.3);
-        assert_eq!(c.prepare.chunk.long_function_bytes, 12 << 10);
+        assert_eq!(c.prepare.chunk.long_function_bytes, 8 << 10);
         assert_eq!(c.scoring.function_whole_share, 1.0);
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);

@@ -505,7 +505,7 @@ impl std::fmt::Debug for Scd {
 pub const MAX_CHUNK_IDS: usize = 1024;
 
 /// A cut function's pieces rank no higher than its signature, which is
-/// embedded with the start of the function and so scores the function as a
+/// embedded with the whole function and so scores the function as a
 /// whole: the function comes at its own rank (whole, by closure, when it
 /// fits), and is trimmed to its best pieces only when it does not. The
 /// pieces keep their own order below the signature, the k-th best at most

@@ -92,8 +92,8 @@ pub(super) struct PreparedContext {
     /// About how much memory it holds.
     pub(super) bytes: usize,
     /// The lead (the signature) of each function the code chunker cut into
-    /// a signature and body pieces, by group; none unless
-    /// `long_function_bytes` is set.
+    /// a signature and body pieces, by group; none when
+    /// `long_function_bytes` is 0.
     pub(super) cut_functions: HashMap<(usize, usize), usize>,
 }
 
@@ -445,12 +445,13 @@ impl Scd {
                 };
                 let names: Vec<String> = c.defines.iter().map(|d| identifier_words(d)).collect();
                 // a cut function's signature stands for the function: it is
-                // embedded with the start of its body, so the function scores
-                // as a whole while its pieces score on their own
+                // embedded with the whole function (up to the longest code
+                // chunk, as the function uncut would be), so the function
+                // scores as it would uncut while its pieces score on their own
                 let embedded = match function_ends.get(&c.group) {
                     Some(&end) if c.lead && end > c.end => {
                         cut_functions.insert((fi, c.group), out.len());
-                        let mut e = end.min(c.start + SIGNATURE_EMBED_BYTES).max(c.end);
+                        let mut e = end.min(c.start + self.cfg.prepare.chunk.max_code_chunk_bytes).max(c.end);
                         while !f.content.is_char_boundary(e) {
                             e -= 1;
                         }
@@ -552,10 +553,6 @@ pub(super) type Given = HashMap<[u8; 32], Vec<f32>>;
 
 /// Prepared chunks and the lead of each cut function, by group.
 pub(super) type PreparedChunks = (Vec<Prepared>, HashMap<(usize, usize), usize>);
-
-/// How much of a cut function a signature is embedded with (bytes: about
-/// the encoder's 512-token window).
-const SIGNATURE_EMBED_BYTES: usize = 2048;
 
 /// The end of each function the code chunker cut into a signature and body
 /// pieces (a parsed group whose lead does not ride, as a container's

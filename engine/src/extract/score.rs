@@ -48,6 +48,12 @@ impl Scd {
             let e = best.entry(c.group).or_insert(f32::MIN);
             *e = e.max(v);
         }
+        // a cut function's best is its signature's, which is embedded with
+        // the whole function: its group lifts it as the function uncut would
+        // be lifted, whatever its pieces score
+        for (g, &signature) in &ctx.cut_functions {
+            best.insert(*g, s[signature]);
+        }
         let group_best: Vec<f32> = chunks.iter().map(|c| best[&c.group]).collect();
         let group_lift: Vec<f32> = group_best.iter().map(|b| self.cfg.scoring.field_weight * b).collect();
         for (v, g) in s.iter_mut().zip(&group_lift) {

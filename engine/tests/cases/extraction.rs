@@ -366,7 +366,7 @@ fn a_long_function_is_sent_trimmed_when_short_of_room_and_whole_with_room() {
     assert!(out.text.contains("  parseRange (range) {"), "{}", out.text);
     assert!(out.text.contains("range = range.replace(re[t.BUILD], '')"), "{}", out.text);
     assert!(out.text.contains('…') && !out.text.contains("const split6"), "{}", out.text);
-    // with functions whole (this one is far under the default's 12 KiB), it does not fit and none of it is sent
+    // with functions whole (this one is far under the default's 8 KiB), it does not fit and none of it is sent
     let whole = Scd::new(enc.clone(), ScdConfig::default()).compress(&req(task, ctx.clone(), short)).unwrap();
     assert!(!whole.text.contains("re[t.BUILD]"), "{}", whole.text);
     // with room, the whole function comes
