@@ -35,7 +35,7 @@ mod rerank;
 mod score;
 mod sessions;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -511,15 +511,10 @@ pub const MAX_CHUNK_IDS: usize = 1024;
 /// pieces keep their own order below the signature, the k-th best at most
 /// `step` × k below it.
 fn cap_function_pieces(prepared: &PreparedContext, parts: &mut Scores, step: f32) {
-    let mut pieces: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    let functions = &prepared.cut_functions;
-    for (j, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| !c.lead && !c.rides) {
-        if functions.contains_key(&c.group) {
-            pieces.entry(c.group).or_default().push(j);
-        }
-    }
-    for (g, mut members) in pieces {
-        let top = parts.fused[functions[&g]];
+    for (g, mut members) in prepared.cut_function_chunks() {
+        // the body pieces: not the signature, not the closing line
+        members.retain(|&j| !prepared.chunks[j].lead && !prepared.chunks[j].rides);
+        let top = parts.fused[prepared.cut_functions[&g]];
         members.sort_by(|&a, &b| parts.fused[b].total_cmp(&parts.fused[a]));
         for (k, j) in members.into_iter().enumerate() {
             let capped = top - step * (k + 1) as f32;

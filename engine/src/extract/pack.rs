@@ -165,14 +165,11 @@ impl Scd {
     /// by each chunk's `cost` (its text).
     pub(super) fn whole_units(&self, ctx: &PreparedContext, cost: &[usize], budget: usize) -> Units {
         let max = (self.cfg.scoring.function_whole_share * budget as f32) as usize;
-        let mut by_group: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-        if max > 0 {
-            for (i, c) in ctx.chunks.iter().enumerate().filter(|(_, c)| ctx.cut_functions.contains_key(&c.group)) {
-                by_group.entry(c.group).or_default().push(i);
-            }
-        }
         let mut units = Units::default();
-        for m in by_group.into_values().filter(|m| m.iter().map(|&i| cost[i]).sum::<usize>() <= max) {
+        if max == 0 {
+            return units;
+        }
+        for m in ctx.cut_function_chunks().into_values().filter(|m| m.iter().map(|&i| cost[i]).sum::<usize>() <= max) {
             units.unit.extend(m.iter().map(|&i| (i, units.members.len())));
             units.members.push(m);
         }

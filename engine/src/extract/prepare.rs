@@ -98,6 +98,16 @@ pub(super) struct PreparedContext {
 }
 
 impl PreparedContext {
+    /// The chunks of each cut function (its signature, body pieces and
+    /// closing line; see [`Self::cut_functions`]), by group, in order.
+    pub(super) fn cut_function_chunks(&self) -> HashMap<(usize, usize), Vec<usize>> {
+        let mut by_group: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
+        for (i, c) in self.chunks.iter().enumerate().filter(|(_, c)| self.cut_functions.contains_key(&c.group)) {
+            by_group.entry(c.group).or_default().push(i);
+        }
+        by_group
+    }
+
     /// Whether field `f` is prose (a document: only prose fields have a
     /// title key). The second hop and paragraph closure work on these only.
     pub(super) fn is_prose(&self, f: usize) -> bool {
