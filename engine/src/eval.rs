@@ -592,6 +592,16 @@ pub fn selection(ex: &Example, chunks: &[crate::extract::SelectedChunk]) -> Vec<
     chunks.iter().map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span)).collect()
 }
 
+/// The (field index, byte span) pairs the text of a compression of `ex`
+/// holds: its chunks ([`selection`]) and its margins, the lines around
+/// code pieces ([`crate::extract::Compressed::margins`]).
+pub fn sent_spans(ex: &Example, out: &crate::extract::Compressed) -> Vec<(usize, (usize, usize))> {
+    let field = |name: &str| ex.context.fields.iter().position(|f| f.name == name).unwrap_or(0);
+    let mut spans = selection(ex, &out.chunks);
+    spans.extend(out.margins.iter().map(|m| (field(&m.field), m.span)));
+    spans
+}
+
 /// Share of gold units an example's selection keeps (sentences must be
 /// covered whole; a MuSiQue paragraph counts as kept when at least 90 % of
 /// its non-space characters are sent; code functions by [`lines_kept`] ≥ 0.9).

@@ -84,6 +84,7 @@ impl Scd {
             session: None,
             timings: Timings { prepare_ms: ms.0, task_embed_ms: ms.1, select_ms: ms.2, hop_embed_ms: 0.0 },
             explanation: None,
+            margins: Vec::new(),
             text: String::new(),
         }
     }

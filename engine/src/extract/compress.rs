@@ -15,7 +15,7 @@ use super::parts::Scores;
 use super::prepare::{PreparedContext, Split};
 use super::sessions::{Guard, Handle};
 use super::{
-    render, CompressOptions, CompressRequest, Compressed, Counting, Envelope, Ledger, Scd, SelectedChunk,
+    render, CompressOptions, CompressRequest, Compressed, Counting, Envelope, Ledger, Margin, Scd, SelectedChunk,
     SessionRequest,
 };
 use crate::cancel::Cancel;
@@ -59,6 +59,8 @@ struct Picked {
     trace: PackTrace,
     warnings: Vec<String>,
     sent_tokens: usize,
+    /// The lines around each code piece ([`Scd::lines_around`]).
+    around: usize,
 }
 
 /// Where each chunk stands before packing: the request's field lists and
@@ -113,8 +115,20 @@ impl Gates<'_> {
 }
 
 /// What the receiver gets for `sel`: the envelope's text, or the chunks
-/// rendered under their headers.
-fn wrap(scored: &Scored, envelope: &Option<Envelope>, sel: &[usize]) -> String {
+/// rendered under their headers, each code piece with up to `around` lines
+/// around it that the receiver does not hold (`held`).
+fn wrap(scored: &Scored, envelope: &Option<Envelope>, sel: &[usize], held: &HashSet<usize>, around: usize) -> String {
+    wrap_margins(scored, envelope, sel, held, around).0
+}
+
+/// [`wrap`], and the margins the rendered text holds ([`render::render_margins`]).
+fn wrap_margins(
+    scored: &Scored,
+    envelope: &Option<Envelope>,
+    sel: &[usize],
+    held: &HashSet<usize>,
+    around: usize,
+) -> (String, Vec<render::FieldSpan>) {
     match envelope {
         Some(e) => {
             let mut sel = sel.to_vec();
@@ -122,9 +136,9 @@ fn wrap(scored: &Scored, envelope: &Option<Envelope>, sel: &[usize]) -> String {
             let scores = &scored.parts.fused;
             let picked: Vec<SelectedChunk> =
                 sel.iter().map(|&i| scored.prepared.selected(i, scores[i], scored.counting.tokens[i])).collect();
-            (e.0)(&picked)
+            ((e.0)(&picked), Vec::new())
         }
-        None => render::render(&scored.prepared, sel),
+        None => render::render_margins(&scored.prepared, sel, held, around),
     }
 }
 
@@ -187,7 +201,10 @@ impl Scd {
             picked.warnings,
             (chunk_embed_ms, embed_ms, select_ms),
         );
-        out.text = wrap(&scored, &opts.envelope, &picked.selected);
+        let (text, margins) = wrap_margins(&scored, &opts.envelope, &picked.selected, &already, picked.around);
+        let names = &scored.prepared.field_names;
+        out.margins = margins.into_iter().map(|(f, span)| Margin { field: names[f].clone(), span }).collect();
+        out.text = text;
         out.timings.hop_embed_ms = scored.hop_ms;
         if opts.explain {
             let why =
@@ -315,13 +332,14 @@ impl Scd {
         let (scored, rq) = (gates.scored, gates.rq);
         let (prepared, counting, scores) = (&scored.prepared, &scored.counting, &scored.parts.fused);
         let n = prepared.chunks.len();
+        let around = self.lines_around(budget);
         // each chunk pays for one separator; n chunks need n - 1
         let sep = counting.separator;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + sep).collect();
         // a piece's header: the plain text's (an envelope frames chunks its own way)
         let header = match opts.envelope {
             Some(_) => vec![0; n],
-            None => self.header_costs(prepared, counting)?,
+            None => self.header_costs(prepared, counting, around)?,
         };
         let room = budget + sep;
         let mut selected: Vec<usize> = (0..n).filter(|&i| gates.required(i) && !already.contains(&i)).collect();
@@ -354,7 +372,7 @@ impl Scd {
         let mut selected = with_held.split_off(n_held);
         // what the receiver gets, counted whole (headers and wrapping
         // included): drop the weakest until it fits
-        let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel);
+        let text = |sel: &[usize]| wrap(scored, &opts.envelope, sel, already, around);
         let keep = |i: usize| gates.required(i);
         let fitted = self.fit(counting, &mut selected, &costs, keep, &text, budget, &mut trace)?;
         // what the fit freed (and what packing's estimate left) is refilled
@@ -363,7 +381,7 @@ impl Scd {
         let sent_tokens =
             self.refill(counting, prepared, &mut with_held, &order, &costs, &refill_text, budget, fitted, &mut trace)?;
         let selected = with_held.split_off(n_held);
-        Ok(Picked { selected, trace, warnings, sent_tokens })
+        Ok(Picked { selected, trace, warnings, sent_tokens, around })
     }
 
     /// The session after this answer: a continued one's ledger gains what

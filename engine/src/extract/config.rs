@@ -24,6 +24,10 @@ pub enum Scorer {
     Learned,
 }
 
+/// The most lines `scd serve --code-context-lines` (and the tune key
+/// `code_context_lines`) takes ([`ScoringConfig::code_context_lines`]).
+pub const MAX_CODE_CONTEXT_LINES: usize = 8;
+
 /// Tuning and limits of the extractor, nested by concern.
 #[derive(Debug, Clone, Default)]
 pub struct ScdConfig {
@@ -215,6 +219,13 @@ pub struct ScoringConfig {
     /// and 0.75 or better on the multi-file code and code-search dev sets at
     /// every budget; 1.5 fell at 5× on the former (BENCHMARKS.md).
     pub function_whole_share: f32,
+    /// A code piece carries up to this many lines that are not blank from
+    /// before it and after it, as a diff hunk does, so the receiver sees
+    /// where it sits and where a change would go (an import above a class,
+    /// the item after a constant); two pieces whose lines would meet are
+    /// sent as one. Packing counts them with the piece's header (0: none).
+    /// At most [`MAX_CODE_CONTEXT_LINES`].
+    pub code_context_lines: usize,
     /// Packing sends a JSON container cut across several chunks (an array's
     /// element, an object's member) whole once one of its chunks is sent,
     /// when the container has at most this many tokens and the rest of it
@@ -292,6 +303,7 @@ impl Default for ScoringConfig {
             function_pieces_capped: true,
             function_piece_step: 0.01,
             function_whole_share: 1.0,
+            code_context_lines: 1,
             log_size_weight: 1.5,
             follow_weight: 0.3,
             json_whole_tokens: 0,
@@ -411,6 +423,7 @@ mod tests {
         assert_eq!(c.scoring.follow_weight, 0.3);
         assert_eq!(c.prepare.chunk.long_function_bytes, 8 << 10);
         assert_eq!(c.scoring.function_whole_share, 1.0);
+        assert_eq!(c.scoring.code_context_lines, 1);
         assert_eq!(c.scoring.json_whole_tokens, 0);
         assert_eq!(c.scoring.lead_link_bonus, 1.5);
         assert_eq!(c.scoring.redundancy_cosine, 0.985);

@@ -21,6 +21,7 @@
 //! ```
 
 mod adjacent;
+mod around;
 mod assemble;
 mod compress;
 mod config;
@@ -41,7 +42,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use tracing::instrument;
 
-pub use self::config::{PrepareConfig, RequestLimits, ScdConfig, Scorer, ScoringConfig, SessionConfig};
+pub use self::config::{
+    PrepareConfig, RequestLimits, ScdConfig, Scorer, ScoringConfig, SessionConfig, MAX_CODE_CONTEXT_LINES,
+};
 pub use self::features::{Features, LearnedScorer, FEATURES};
 use self::parts::Scores;
 use self::prepare::{PreparedContext, Split};
@@ -319,6 +322,10 @@ pub struct Compressed {
     /// Why each chunk was sent or dropped, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub explanation: Option<Explanation>,
+    /// What `text` holds beyond `chunks`: the lines around each code piece
+    /// ([`ScoringConfig::code_context_lines`]), in reading order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub margins: Vec<Margin>,
     /// Exactly what the receiver pastes: the envelope's text, or the chunk
     /// texts in reading order joined by [`CHUNK_SEPARATOR`]. With a budget
     /// tokenizer or an envelope it is counted whole and never exceeds the
@@ -331,6 +338,16 @@ impl Compressed {
     pub fn sent_text(&self) -> String {
         self.text.clone()
     }
+}
+
+/// Lines of a field that the text holds beside the selected chunks (the
+/// lines around a code piece, as a diff hunk shows them).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Margin {
+    /// The field they come from.
+    pub field: String,
+    /// Their byte span in the field's content.
+    pub span: (usize, usize),
 }
 
 /// The chunk texts joined as the receiver reads them.

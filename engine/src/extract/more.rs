@@ -102,7 +102,7 @@ impl Scd {
         });
         self.commit(&handle, &session)?;
         Ok(MoreContext {
-            text: render::render(&context, &picked),
+            text: render::render(&context, &picked, &session.sent, self.lines_around(budget)),
             chunks: picked.iter().map(|&i| context.selected(i, scores[i], counting.tokens[i])).collect(),
             sent_tokens,
             budget,
@@ -183,7 +183,8 @@ impl Scd {
         budget: usize,
     ) -> Result<(Vec<usize>, usize)> {
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
-        let header = self.header_costs(context, counting)?;
+        let around = self.lines_around(budget);
+        let header = self.header_costs(context, counting, around)?;
         let value = self.pack_values(context, scores, &cost, &header);
         unseen.sort_by(|&a, &b| value[b].total_cmp(&value[a]));
         unseen.truncate(self.cfg.sessions.more_max_chunks);
@@ -197,7 +198,7 @@ impl Scd {
         let costs = Costs { text: &cost, header: &header, score: &value, units: &units };
         self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
-        let text_of = |picked: &[usize]| render::render(context, picked);
+        let text_of = |picked: &[usize]| render::render(context, picked, sent, around);
         let sent_tokens = self.fit(counting, &mut picked, &costs, |_| false, &text_of, budget, &mut trace)?;
         Ok((picked, sent_tokens))
     }
@@ -210,7 +211,7 @@ impl Scd {
             last.chunks.iter().map(|&(i, score)| context.selected(i, score, session.counting.tokens[i])).collect();
         let ids: Vec<usize> = last.chunks.iter().map(|&(i, _)| i).collect();
         MoreContext {
-            text: render::render(context, &ids),
+            text: render::render(context, &ids, &session.sent, self.lines_around(last.budget)),
             chunks,
             sent_tokens: last.sent_tokens,
             budget: last.budget,

@@ -10,11 +10,15 @@
 use std::collections::HashSet;
 
 use super::adjacent::{json_wrap, reads_on};
+use super::around;
 use super::pack::{Costs, PackTrace};
 use super::prepare::PreparedContext;
 use super::{Counting, Scd};
 use crate::chunk::json;
 use crate::{Error, Result};
+
+/// A field's index and a byte span of its content.
+pub(super) type FieldSpan = (usize, (usize, usize));
 
 /// The line that stands for lines left out inside a piece.
 pub const GAP: &str = "…";
@@ -26,12 +30,13 @@ const REFILL_TRIES: usize = 8;
 const MAX_HEADING_CHARS: usize = 60;
 
 impl Scd {
-    /// Per chunk, what the header of a piece it opens costs (with its line break).
-    pub(super) fn header_costs(&self, ctx: &PreparedContext, counting: &Counting) -> Result<Vec<usize>> {
+    /// Per chunk, what the header of a piece it opens costs (with its line
+    /// break), with up to `n` lines around a code piece ([`super::around`]).
+    pub(super) fn header_costs(&self, ctx: &PreparedContext, counting: &Counting, n: usize) -> Result<Vec<usize>> {
         use rayon::prelude::*;
         (0..ctx.chunks.len())
             .into_par_iter()
-            .map(|i| self.count_text(counting, &format!("{}\n", header(ctx, &[i]))))
+            .map(|i| self.count_text(counting, &format!("{}\n{}", header(ctx, &[i]), around::around(ctx, i, n))))
             .collect()
     }
 
@@ -131,14 +136,58 @@ impl Scd {
     }
 }
 
-/// The text of `selected` (chunk indices, any order) as the receiver reads it.
-pub(super) fn render(ctx: &PreparedContext, selected: &[usize]) -> String {
+/// The text of `selected` (chunk indices, any order) as the receiver reads
+/// it, each code piece with up to `around` lines that are not blank before
+/// and after it ([`super::around`]; two pieces whose lines would meet are
+/// one), none of them from a chunk in `held` (what the receiver holds).
+pub(super) fn render(ctx: &PreparedContext, selected: &[usize], held: &HashSet<usize>, around: usize) -> String {
+    render_margins(ctx, selected, held, around).0
+}
+
+/// [`render`], and the margins its text holds beyond the chunks of
+/// `selected`: the lines around each code piece and the chunks between two
+/// pieces joined by them, as (field, byte span).
+pub(super) fn render_margins(
+    ctx: &PreparedContext,
+    selected: &[usize],
+    held: &HashSet<usize>,
+    around: usize,
+) -> (String, Vec<FieldSpan>) {
+    let mut taken: HashSet<usize> = held.clone();
+    taken.extend(selected.iter().copied());
     let mut out = String::new();
-    for piece in pieces(ctx, selected) {
+    let mut spans = Vec::new();
+    for piece in hunks(ctx, pieces(ctx, selected), around, &taken) {
         if !out.is_empty() {
             out.push('\n');
         }
-        write_piece(ctx, &piece, &mut out);
+        let field = ctx.chunks[piece[0]].field;
+        spans.extend(piece.iter().filter(|i| !taken.contains(i)).map(|&i| (field, ctx.chunks[i].span)));
+        for s in write_piece(ctx, &piece, &mut out, around, &taken) {
+            spans.push((field, s));
+        }
+    }
+    (out, spans)
+}
+
+/// `pieces` with each two in a row joined, the chunks between them
+/// included, when the lines around them would meet ([`around::bridge`]).
+fn hunks(ctx: &PreparedContext, pieces: Vec<Vec<usize>>, around: usize, taken: &HashSet<usize>) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        let between = out.last().and_then(|p: &Vec<usize>| {
+            let a = *p.last().expect("a piece is never empty");
+            (ctx.chunks[a].field == ctx.chunks[piece[0]].field)
+                .then(|| around::bridge(ctx, a, piece[0], around, taken))
+                .flatten()
+        });
+        match (out.last_mut(), between) {
+            (Some(p), Some(run)) => {
+                p.extend(run);
+                p.extend(piece);
+            }
+            _ => out.push(piece),
+        }
     }
     out
 }
@@ -234,14 +283,18 @@ fn common_path(ctx: &PreparedContext, piece: &[usize]) -> Option<String> {
 
 /// One header line naming the piece's source.
 fn header(ctx: &PreparedContext, piece: &[usize]) -> String {
+    let (first, end) = (&ctx.chunks[piece[0]], &ctx.chunks[piece[piece.len() - 1]]);
+    header_over(ctx, piece, (first.lines.0, end.lines.1))
+}
+
+/// [`header`] naming lines `a` to `b` (the piece with the lines around it).
+fn header_over(ctx: &PreparedContext, piece: &[usize], (a, b): (usize, usize)) -> String {
     let first = &ctx.chunks[piece[0]];
-    let end = &ctx.chunks[piece[piece.len() - 1]];
     let name = &ctx.field_names[first.field];
     let section = match piece {
         [_, _, ..] if first.wrap.is_some() => common_path(ctx, piece),
         _ => first.section.clone(),
     };
-    let (a, b) = (first.lines.0, end.lines.1);
     let lines = match () {
         _ if ctx.last_lines[first.field] <= 1 => String::new(),
         _ if a == b => format!(":{a}"),
@@ -256,10 +309,26 @@ fn header(ctx: &PreparedContext, piece: &[usize]) -> String {
     }
 }
 
-fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
-    out.push_str(&header(ctx, piece));
-    out.push('\n');
+/// Writes `piece` under its header, with up to `around` lines around it
+/// when it is code; the byte spans of those lines.
+fn write_piece(
+    ctx: &PreparedContext,
+    piece: &[usize],
+    out: &mut String,
+    around: usize,
+    taken: &HashSet<usize>,
+) -> Vec<(usize, usize)> {
     let first = &ctx.chunks[piece[0]];
+    let last = *piece.last().expect("a piece is never empty");
+    let before = around::before(ctx, piece[0], around, taken);
+    let after = around::after(ctx, last, around, taken);
+    let lines = (
+        before.as_ref().map_or(first.lines.0, |b| b.line),
+        after.as_ref().map_or(ctx.chunks[last].lines.1, |a| a.line),
+    );
+    let spans: Vec<(usize, usize)> = before.iter().chain(&after).flat_map(|l| l.spans.iter().copied()).collect();
+    out.push_str(&header_over(ctx, piece, lines));
+    out.push('\n');
     if let Some((t, w)) = first.wrap.and_then(|_| json_wrap(ctx, piece)) {
         // a JSON subtree: parses on its own, indented from the margin
         let (a, b) = w.core;
@@ -281,12 +350,13 @@ fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
             out.push('\n');
             out.push_str(close);
         }
-        return;
+        return spans;
     }
     for (k, &i) in piece.iter().enumerate() {
         let c = &ctx.chunks[i];
         match c.gap.as_deref() {
-            _ if k == 0 => out.push_str(&c.indent),
+            // the lines before end with the indentation
+            _ if k == 0 => out.push_str(before.as_ref().map_or(&c.indent, |b| &b.text)),
             Some(gap) if c.prev == Some(piece[k - 1]) => out.push_str(gap),
             // lines left out within the group
             _ => {
@@ -299,6 +369,10 @@ fn write_piece(ctx: &PreparedContext, piece: &[usize], out: &mut String) {
         }
         out.push_str(&c.text);
     }
+    if let Some(a) = after {
+        out.push_str(&a.text);
+    }
+    spans
 }
 
 /// `text` with the indentation its lines share removed.
@@ -397,9 +471,13 @@ mod tests {
                         if !text.is_empty() {
                             text.push('\n');
                         }
-                        write_piece(&ctx, piece, &mut text);
+                        write_piece(&ctx, piece, &mut text, 0, &HashSet::new());
                     }
-                    assert_eq!(render(&ctx, &selected), text, "document {d}, unit {unit}: {selected:?}");
+                    assert_eq!(
+                        render(&ctx, &selected, &HashSet::new(), 0),
+                        text,
+                        "document {d}, unit {unit}: {selected:?}"
+                    );
                     checked += 1;
                     joined += want.iter().filter(|p| p.len() > 2).count();
                 }
@@ -428,7 +506,7 @@ mod tests {
             ("9 in 10", (0..all).filter(|i| i % 10 != 9).collect()),
         ] {
             let t = Instant::now();
-            let text = render(&ctx, &selected);
+            let text = render(&ctx, &selected, &HashSet::new(), 0);
             let render_ms = t.elapsed().as_secs_f64() * 1e3;
             let n = pieces(&ctx, &selected).len();
             println!(

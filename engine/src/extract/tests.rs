@@ -616,12 +616,12 @@ fn headers_name_lines_from_each_fields_last_line_found_at_prepare_time() {
     }
     assert_eq!(ctx.last_lines, [1, 3]);
     let all: Vec<usize> = (0..ctx.chunks.len()).collect();
-    let text = render::render(&ctx, &all);
+    let text = render::render(&ctx, &all, &Default::default(), 1);
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with('[')).collect();
     assert_eq!(headers.first(), Some(&"[note]"), "{text}");
     assert!(headers[1..].iter().all(|h| h.starts_with("[app.log:")), "{text}");
     let last = ctx.chunks.iter().rposition(|c| c.field == 1).unwrap();
-    let text = render::render(&ctx, &[last]);
+    let text = render::render(&ctx, &[last], &Default::default(), 1);
     assert_eq!(text.lines().next(), Some("[app.log:3]"), "{text}");
 }
 
@@ -795,14 +795,14 @@ fn a_sentence_of_a_long_list_item_is_rendered_under_its_lead_with_a_gap() {
     let (lead, full, embed) = (at("- **One queue"), at("A full"), at("Embed requests"));
     assert_eq!(ctx.chunks[lead].text, "- **One queue, fair across callers.**");
     assert!(ctx.chunks[full].group == ctx.chunks[lead].group && ctx.chunks[lead].rides);
-    let text = render::render(&ctx, &[full, lead]);
+    let text = render::render(&ctx, &[full, lead], &Default::default(), 1);
     assert_eq!(
         text,
         "[ops.md:3-5 Under load]\n- **One queue, fair across callers.**\n…\nA full\n  queue answers \
          RESOURCE_EXHAUSTED with a hint."
     );
     // the sentence right after the lead reads on from it with no gap line
-    let text = render::render(&ctx, &[lead, embed]);
+    let text = render::render(&ctx, &[lead, embed], &Default::default(), 1);
     assert_eq!(
         text,
         "[ops.md:3-4 Under load]\n- **One queue, fair across callers.** Embed requests\n  share one bounded queue."

@@ -15,7 +15,7 @@ use scd_engine::budget::BudgetTokenizer;
 use scd_engine::cache::CacheStats;
 use scd_engine::context::{Context, ContextRequirement, Task};
 use scd_engine::encoder::{EncodeOptions, Encoder, InputKind, OrtEncoder};
-use scd_engine::eval::{among_others, evidence_recall, load_with, selection, Dataset, Example, Join};
+use scd_engine::eval::{among_others, evidence_recall, load_with, sent_spans, Dataset, Example, Join};
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::score::{dot, Bm25};
 use serde::Serialize;
@@ -599,7 +599,7 @@ impl Methods<'_> {
         tally.scd_hits[bi].0 += stats.hits - tally.hits_before.hits;
         tally.scd_hits[bi].1 += stats.misses - tally.hits_before.misses;
         tally.hits_before = stats;
-        let sel = selection(ex, &out.chunks);
+        let sel = sent_spans(ex, &out);
         let (r, all) = evidence_recall(ex, &sel, self.dataset);
         tally
             .per_example
@@ -626,7 +626,7 @@ impl Methods<'_> {
                 session: None,
             })?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
-            let sel = selection(ex, &out.chunks);
+            let sel = sent_spans(ex, &out);
             let (r, all) = evidence_recall(ex, &sel, self.dataset);
             tally
                 .per_example

@@ -29,7 +29,7 @@ use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::encoder::Encoder;
 use scd_engine::eval::agent::{gold_lines_kept, load_all, AgentCase};
 use scd_engine::eval::line_baselines::{bm25_order, first_n, grep_order, paste, units, Pasted};
-use scd_engine::eval::selection;
+use scd_engine::eval::sent_spans;
 use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
 use scd_engine::rerank::CrossEncoder;
 use serde::Serialize;
@@ -136,10 +136,8 @@ fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<O
         let mut results = Vec::new();
         for (method, scd) in &r.scds {
             let sent = scd.compress_opts(&req, &r.opts, &Cancel::new()).with_context(|| format!("case {}", ex.id))?;
-            results.push((
-                method.as_str(),
-                Pasted { selected: selection(ex, &sent.chunks), tokens: sent.totals.sent_tokens },
-            ));
+            results
+                .push((method.as_str(), Pasted { selected: sent_spans(ex, &sent), tokens: sent.totals.sent_tokens }));
         }
         if !scd_only {
             results.push(("grep", paste(ex, &lines, &grep, budget, count)?));

@@ -20,7 +20,7 @@ use anyhow::{bail, Context as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::encoder::{Encoder, OrtEncoder};
-use scd_engine::eval::{evidence_recall, load, selection, Dataset, Example};
+use scd_engine::eval::{evidence_recall, load, sent_spans, Dataset, Example};
 use scd_engine::extract::{CompressRequest, PrepareConfig, Scd, ScdConfig};
 use serde::Serialize;
 use serde_json::Value;
@@ -149,6 +149,13 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "function_piece_step" => cfg.scoring.function_piece_step = v as f32,
         "function_whole_share" => cfg.scoring.function_whole_share = as_weight(4.0)?,
         "json_whole_tokens" => cfg.scoring.json_whole_tokens = as_count()?,
+        "code_context_lines" => {
+            let max = scd_engine::extract::MAX_CODE_CONTEXT_LINES;
+            cfg.scoring.code_context_lines = as_count()?;
+            if cfg.scoring.code_context_lines > max {
+                bail!("{k} takes whole numbers from 0 to {max}, got {v}");
+            }
+        }
         "log_size_weight" => cfg.scoring.log_size_weight = as_weight(10.0)?,
         "follow_weight" => cfg.scoring.follow_weight = as_weight(1.0)?,
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
@@ -164,7 +171,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, function_whole_share, \
-             json_whole_tokens, log_size_weight, follow_weight, embed_neighbour, markdown_link_text, \
+             code_context_lines, json_whole_tokens, log_size_weight, follow_weight, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
              long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
              rerank_top)"
@@ -311,7 +318,7 @@ fn measure(
                         requirement: ContextRequirement::with_budget(budget),
                         session: None,
                     })?;
-                    let sel = selection(ex, &out.chunks);
+                    let sel = sent_spans(ex, &out);
                     sum += f64::from(evidence_recall(ex, &sel, *dataset).0);
                 }
                 per_ex.push(sum / budgets.len() as f64);
@@ -566,6 +573,8 @@ mod tests {
         assert_eq!(cfg.scoring.follow_weight, 0.5);
         let e = apply(&mut cfg, &Settings::from([("function_whole_share".into(), 5.0)])).unwrap_err().to_string();
         assert_eq!(e, "--grid: function_whole_share takes 0 to 4, got 5");
+        let e = apply(&mut cfg, &Settings::from([("code_context_lines".into(), 9.0)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: code_context_lines takes whole numbers from 0 to 8, got 9");
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::time::Duration;
 use scd_engine::budget::TokenizerRegistry;
 use scd_engine::chunk::ChunkConfig;
 use scd_engine::context::ContextLimits;
-use scd_engine::extract::{PrepareConfig, RequestLimits, Scd, ScdConfig, ScoringConfig, SessionConfig};
+use scd_engine::extract::{
+    PrepareConfig, RequestLimits, Scd, ScdConfig, ScoringConfig, SessionConfig, MAX_CODE_CONTEXT_LINES,
+};
 
 use anyhow::Context as _;
 use scd_audit::{AuditLevel, AuditLog};
@@ -103,6 +105,10 @@ pub struct ServeArgs {
     /// the budget and that share of it is never sent).
     #[arg(long, env = "SCD_FUNCTION_WHOLE_SHARE", default_value_t = ScdConfig::default().scoring.function_whole_share)]
     function_whole_share: f32,
+    /// A code piece carries up to this many lines that are not blank from
+    /// before it and after it, as a diff hunk does (0 to 8; 0: none).
+    #[arg(long, env = "SCD_CODE_CONTEXT_LINES", default_value_t = ScdConfig::default().scoring.code_context_lines)]
+    code_context_lines: usize,
     /// Log chunks are packed at their score less this times the natural
     /// log of their cost over 64 tokens (0: by score, as other kinds).
     #[arg(long, env = "SCD_LOG_SIZE_WEIGHT", default_value_t = ScdConfig::default().scoring.log_size_weight)]
@@ -365,6 +371,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     weight_within("--log-size-weight", args.log_size_weight, 10.0)?;
     weight_within("--follow-weight", args.follow_weight, 1.0)?;
     weight_within("--function-whole-share", args.function_whole_share, 4.0)?;
+    anyhow::ensure!(
+        args.code_context_lines <= MAX_CODE_CONTEXT_LINES,
+        "--code-context-lines {}: must be at most {MAX_CODE_CONTEXT_LINES}",
+        args.code_context_lines
+    );
     args.rerank.check()?;
     args.audit.check()?;
     anyhow::ensure!(
@@ -431,6 +442,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
         section_closure_tokens: args.section_closure_tokens,
         function_closure_tokens: args.function_closure_tokens,
         function_whole_share: args.function_whole_share,
+        code_context_lines: args.code_context_lines,
         log_size_weight: args.log_size_weight,
         follow_weight: args.follow_weight,
         ..base.scoring

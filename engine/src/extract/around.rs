@@ -1,0 +1,307 @@
+//! The lines around a code piece, as a diff hunk shows them: up to
+//! `code_context_lines` lines that are not blank before the piece and after
+//! it, taken from the chunks of its field that are not sent, so the
+//! receiver sees where the piece sits and where a change would go (the
+//! import above a class, the constant after the one sent). Rendering adds
+//! them ([`super::render`]); packing counts them with each code chunk's
+//! header, as the lines a piece the chunk opens would carry. Under a
+//! budget of [`MIN_BUDGET`] tokens there are none: every token goes to chunks.
+
+use std::collections::HashSet;
+
+use super::prepare::{Prepared, PreparedContext};
+
+/// The smallest budget whose code pieces carry the lines around them: below
+/// it they would take the room of a whole chunk (at 150 tokens, the fixture
+/// showcase's error entry).
+pub(super) const MIN_BUDGET: usize = 512;
+
+impl super::Scd {
+    /// The lines around each code piece under `budget`:
+    /// `code_context_lines`, or none under [`MIN_BUDGET`].
+    pub(super) fn lines_around(&self, budget: usize) -> usize {
+        if budget < MIN_BUDGET {
+            0
+        } else {
+            self.cfg.scoring.code_context_lines
+        }
+    }
+}
+
+/// Whether a chunk is code (not a JSON subtree, which is joined by its
+/// containers, nor prose, logs or chats).
+pub(super) fn is_code(c: &Prepared) -> bool {
+    c.wrap.is_none() && (c.chunker.starts_with("tree-sitter") || c.chunker.ends_with("code"))
+}
+
+/// The chunk after `i` in its field's reading order: most often the next
+/// index; else found among its field's chunks, which are contiguous.
+fn next_of(ctx: &PreparedContext, i: usize) -> Option<usize> {
+    let chunks = &ctx.chunks;
+    if chunks.get(i + 1).is_some_and(|c| c.prev == Some(i)) {
+        return Some(i + 1);
+    }
+    let field = chunks[i].field;
+    let later = (i + 1..chunks.len()).take_while(|&j| chunks[j].field == field);
+    let earlier = (0..i).rev().take_while(|&j| chunks[j].field == field);
+    later.chain(earlier).find(|&j| chunks[j].prev == Some(i))
+}
+
+/// The chunk after `i` that a hunk may show: code, with only whitespace
+/// between, and not in `taken`.
+fn free_next(ctx: &PreparedContext, i: usize, taken: &HashSet<usize>) -> Option<usize> {
+    let n = next_of(ctx, i)?;
+    let c = &ctx.chunks[n];
+    (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[i]) && !taken.contains(&n)).then_some(n)
+}
+
+/// The chunk before `i` that a hunk may show (as [`free_next`]).
+fn free_prev(ctx: &PreparedContext, i: usize, taken: &HashSet<usize>) -> Option<usize> {
+    let c = &ctx.chunks[i];
+    let p = c.prev?;
+    (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[p]) && !taken.contains(&p)).then_some(p)
+}
+
+/// How many lines of `lines`, counted from its end (`from_end`) or its
+/// start, hold `n` that are not blank (all of them when fewer do).
+fn take(lines: &[&str], n: usize, from_end: bool) -> usize {
+    let mut left = n;
+    let mut k = 0;
+    while k < lines.len() && left > 0 {
+        let line = if from_end { lines[lines.len() - 1 - k] } else { lines[k] };
+        left -= usize::from(!line.trim().is_empty());
+        k += 1;
+    }
+    k
+}
+
+/// Lines shown around a piece: their text as it goes beside the piece, the
+/// line they reach (the first before it, the last after it) and the byte
+/// spans of the field they come from.
+pub(super) struct Lines {
+    pub(super) text: String,
+    pub(super) line: usize,
+    pub(super) spans: Vec<(usize, usize)>,
+}
+
+/// The byte length of the first `k` of `lines` joined by line breaks.
+fn joined_len(lines: &[&str], k: usize) -> usize {
+    lines[..k].iter().map(|l| l.len()).sum::<usize>() + k.saturating_sub(1)
+}
+
+/// The lines that go before chunk `i` when it opens a piece: up to `n` that
+/// are not blank from the chunks before it that `taken` does not hold, their
+/// text ending with the whitespace before `i` (its indentation included).
+pub(super) fn before(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<usize>) -> Option<Lines> {
+    if n == 0 || !is_code(&ctx.chunks[i]) {
+        return None;
+    }
+    let mut parts: Vec<String> = Vec::new();
+    let mut spans = Vec::new();
+    let (mut at, mut left, mut line) = (i, n, 0);
+    while left > 0 {
+        let Some(p) = free_prev(ctx, at, taken) else { break };
+        let pc = &ctx.chunks[p];
+        let lines: Vec<&str> = pc.text.split('\n').collect();
+        let k = take(&lines, left, true);
+        let from = lines.len() - k;
+        left -= lines[from..].iter().filter(|l| !l.trim().is_empty()).count();
+        parts.push(ctx.chunks[at].gap.clone().unwrap_or_default());
+        let tail = &pc.text[pc.text.len() - joined_len(&lines[from..], k)..];
+        // the chunk's first line takes back its indentation
+        parts.push(if from == 0 { format!("{}{tail}", pc.indent) } else { tail.to_string() });
+        spans.push((pc.span.1 - tail.len(), pc.span.1));
+        line = pc.lines.0 + from;
+        if from > 0 {
+            break;
+        }
+        at = p;
+    }
+    (!parts.is_empty()).then(|| Lines { text: parts.into_iter().rev().collect(), line, spans })
+}
+
+/// The lines that go after chunk `i` when it ends a piece: the whitespace
+/// after it, then up to `n` lines that are not blank from the chunks after
+/// it that `taken` does not hold.
+pub(super) fn after(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<usize>) -> Option<Lines> {
+    if n == 0 || !is_code(&ctx.chunks[i]) {
+        return None;
+    }
+    let mut text = String::new();
+    let mut spans = Vec::new();
+    let (mut at, mut left, mut line) = (i, n, 0);
+    while left > 0 {
+        let Some(x) = free_next(ctx, at, taken) else { break };
+        let c = &ctx.chunks[x];
+        let lines: Vec<&str> = c.text.split('\n').collect();
+        let k = take(&lines, left, false);
+        left -= lines[..k].iter().filter(|l| !l.trim().is_empty()).count();
+        text.push_str(c.gap.as_deref().unwrap_or_default());
+        let head = &c.text[..joined_len(&lines, k)];
+        text.push_str(head);
+        spans.push((c.span.0, c.span.0 + head.len()));
+        line = c.lines.0 + k - 1;
+        if k < lines.len() {
+            break;
+        }
+        at = x;
+    }
+    (!text.is_empty()).then_some(Lines { text, line, spans })
+}
+
+/// What a piece opened by chunk `i` alone would carry around it (its cost
+/// in packing, with the header's).
+pub(super) fn around(ctx: &PreparedContext, i: usize, n: usize) -> String {
+    let none = HashSet::new();
+    let b = before(ctx, i, n, &none).map(|l| l.text).unwrap_or_default();
+    let a = after(ctx, i, n, &none).map(|l| l.text).unwrap_or_default();
+    b + &a
+}
+
+/// The chunks between the end of one piece (`a`) and the start of the next
+/// (`b`) when their hunks would meet: every chunk between is code, free and
+/// read on with only whitespace, and all of them hold at most `2 n` lines
+/// that are not blank. The two pieces are then one, with these between.
+pub(super) fn bridge(
+    ctx: &PreparedContext,
+    a: usize,
+    b: usize,
+    n: usize,
+    taken: &HashSet<usize>,
+) -> Option<Vec<usize>> {
+    if n == 0 || !is_code(&ctx.chunks[a]) {
+        return None;
+    }
+    let mut run = Vec::new();
+    let mut lines = 0;
+    let mut at = a;
+    loop {
+        let x = next_of(ctx, at)?;
+        let c = &ctx.chunks[x];
+        if x == b {
+            return (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[at])).then_some(run);
+        }
+        at = free_next(ctx, at, taken)?;
+        lines += c.text.lines().filter(|l| !l.trim().is_empty()).count();
+        if lines > 2 * n {
+            return None;
+        }
+        run.push(x);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    use super::super::render::render_margins;
+    use super::super::tests::{compress_within, hash_scd, prose};
+    use super::super::ScdConfig;
+    use super::*;
+    use crate::cancel::Cancel;
+    use crate::context::{Context, Field, FieldKind};
+
+    /// Lines: 4 `LIMIT`, 7–8 `first`, 11–12 `second`, 15–16 `third`.
+    const SRC: &str = "import os\nimport re\n\nLIMIT = 3\n\n\ndef first():\n    return 1\n\n\n\
+                       def second():\n    return 2\n\n\ndef third():\n    return 3\n";
+
+    fn module() -> Field {
+        Field { kind: FieldKind::Code, ..prose("m.py", SRC) }
+    }
+
+    fn prepared() -> Arc<PreparedContext> {
+        hash_scd(ScdConfig::default()).prepare(&[&module()], &Cancel::new()).unwrap()
+    }
+
+    fn at(ctx: &PreparedContext, start: &str) -> usize {
+        ctx.chunks.iter().position(|c| c.text.starts_with(start)).unwrap()
+    }
+
+    fn texts(spans: &[(usize, (usize, usize))]) -> Vec<&'static str> {
+        spans.iter().map(|&(_, (a, b))| &SRC[a..b]).collect()
+    }
+
+    /// A piece carries the line before it and the line after it, as a diff
+    /// hunk does, its header naming them; their spans are those lines.
+    #[test]
+    fn a_code_piece_carries_the_line_before_and_after_it() {
+        let ctx = prepared();
+        let second = at(&ctx, "def second");
+        let none = HashSet::new();
+        let (bare, spans) = render_margins(&ctx, &[second], &none, 0);
+        assert_eq!(bare, "[m.py:11-12]\ndef second():\n    return 2");
+        assert!(spans.is_empty());
+        let (text, spans) = render_margins(&ctx, &[second], &none, 1);
+        assert_eq!(text, "[m.py:8-15]\n    return 1\n\n\ndef second():\n    return 2\n\n\ndef third():");
+        assert_eq!(texts(&spans), ["    return 1", "def third():"]);
+        // two lines each side reach into the chunk before (its signature too)
+        let (text, _) = render_margins(&ctx, &[second], &none, 2);
+        assert!(text.starts_with("[m.py:7-16]\ndef first():\n    return 1\n\n\ndef second():"), "{text}");
+    }
+
+    /// What the receiver holds is not repeated around a new piece.
+    #[test]
+    fn no_line_the_receiver_holds_is_sent_again_around_a_piece() {
+        let ctx = prepared();
+        let (first, second) = (at(&ctx, "def first"), at(&ctx, "def second"));
+        let (text, spans) = render_margins(&ctx, &[second], &HashSet::from([first]), 1);
+        assert_eq!(text, "[m.py:11-15]\ndef second():\n    return 2\n\n\ndef third():");
+        assert_eq!(texts(&spans), ["def third():"]);
+    }
+
+    /// Two pieces whose lines around them would meet are one piece, the
+    /// chunk between them sent whole; a longer stretch keeps them apart.
+    #[test]
+    fn pieces_whose_lines_would_meet_are_one() {
+        let ctx = prepared();
+        let (first, third) = (at(&ctx, "def first"), at(&ctx, "def third"));
+        let none = HashSet::new();
+        let (text, spans) = render_margins(&ctx, &[first, third], &none, 1);
+        assert_eq!(
+            text,
+            "[m.py:4-16]\nLIMIT = 3\n\n\ndef first():\n    return 1\n\n\ndef second():\n    return 2\n\n\n\
+             def third():\n    return 3"
+        );
+        assert_eq!(texts(&spans), ["def second():\n    return 2", "LIMIT = 3"]);
+        let limit = at(&ctx, "LIMIT");
+        let (text, _) = render_margins(&ctx, &[limit, third], &none, 1);
+        assert_eq!(text.matches("[m.py:").count(), 2, "{text}");
+    }
+
+    /// Prose, logs and JSON get none: only code pieces do.
+    #[test]
+    fn only_code_pieces_carry_lines_around_them() {
+        let log = "INFO a\nINFO b\nERROR c failed\nINFO d\n";
+        let field = Field { kind: FieldKind::Log, ..prose("app.log", log) };
+        let ctx = hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap();
+        let error = at(&ctx, "ERROR");
+        let (text, spans) = render_margins(&ctx, &[error], &HashSet::new(), 3);
+        assert_eq!(text, "[app.log:3]\nERROR c failed");
+        assert!(spans.is_empty());
+    }
+
+    /// In a compression the lines around pieces are in `margins` and counted
+    /// in the budget; under [`MIN_BUDGET`] there are none.
+    #[test]
+    fn a_compression_lists_its_margins_within_the_budget() {
+        let mut code = String::new();
+        for i in 0..80 {
+            code.push_str(&format!("def step_{i}(queue):\n    return queue.pop({i})  # drain window {i}\n\n\n"));
+        }
+        code.push_str("def retry_backoff(attempt):\n    return min(60, 2 ** attempt)  # retry delivery backoff\n");
+        let context = || Context { fields: vec![Field { kind: FieldKind::Code, ..prose("q.py", &code) }] };
+        let scd = hash_scd(ScdConfig::default());
+        let task = "How is a delivery retried with backoff?";
+        let out = compress_within(&scd, task, context(), MIN_BUDGET);
+        assert!(!out.margins.is_empty(), "{}", out.text);
+        for m in &out.margins {
+            assert_eq!(m.field, "q.py");
+            let lines = &code[m.span.0..m.span.1];
+            assert!(out.text.contains(lines), "{lines:?} in\n{}", out.text);
+            assert!(!out.chunks.iter().any(|c| c.span == m.span), "a margin is no chunk sent");
+        }
+        let small = compress_within(&scd, task, context(), MIN_BUDGET - 1);
+        assert!(small.margins.is_empty(), "{}", small.text);
+    }
+}
