@@ -155,6 +155,11 @@ pub struct LastReply {
     pub budget: usize,
     /// Why less was sent, if it said.
     pub reason: Option<String>,
+    /// The lines it carried around each code piece (`code_context_lines`
+    /// under its budget), so a retry renders the same text (0 in a reply
+    /// stored before there were any).
+    #[serde(default)]
+    pub around: usize,
 }
 
 /// A context as the store keeps it: the public fields and, per chunk, the

@@ -18,12 +18,13 @@ pub(super) const MIN_BUDGET: usize = 512;
 
 impl super::Scd {
     /// The lines around each code piece under `budget`:
-    /// `code_context_lines`, or none under [`MIN_BUDGET`].
+    /// `code_context_lines` (at most [`super::MAX_CODE_CONTEXT_LINES`]), or
+    /// none under [`MIN_BUDGET`].
     pub(super) fn lines_around(&self, budget: usize) -> usize {
         if budget < MIN_BUDGET {
             0
         } else {
-            self.cfg.scoring.code_context_lines
+            self.cfg.scoring.code_context_lines.min(super::MAX_CODE_CONTEXT_LINES)
         }
     }
 }
@@ -62,6 +63,11 @@ fn free_prev(ctx: &PreparedContext, i: usize, taken: &HashSet<usize>) -> Option<
     (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[p]) && !taken.contains(&p)).then_some(p)
 }
 
+/// The longest line shown around a piece, in bytes: a longer one (minified
+/// code, a long literal) ends the lines there, so it never makes a chunk
+/// dear to open.
+const MAX_LINE_BYTES: usize = 240;
+
 /// How many lines of `lines`, counted from its end (`from_end`) or its
 /// start, hold `n` that are not blank (all of them when fewer do).
 fn take(lines: &[&str], n: usize, from_end: bool) -> usize {
@@ -69,6 +75,9 @@ fn take(lines: &[&str], n: usize, from_end: bool) -> usize {
     let mut k = 0;
     while k < lines.len() && left > 0 {
         let line = if from_end { lines[lines.len() - 1 - k] } else { lines[k] };
+        if line.len() > MAX_LINE_BYTES {
+            break;
+        }
         left -= usize::from(!line.trim().is_empty());
         k += 1;
     }
@@ -79,8 +88,11 @@ fn take(lines: &[&str], n: usize, from_end: bool) -> usize {
 /// line they reach (the first before it, the last after it) and the byte
 /// spans of the field they come from.
 pub(super) struct Lines {
+    /// The text as it goes beside the piece (with the whitespace between).
     pub(super) text: String,
+    /// The first line before the piece, or the last after it (1-based).
     pub(super) line: usize,
+    /// The byte spans of the field they come from.
     pub(super) spans: Vec<(usize, usize)>,
 }
 
@@ -96,28 +108,35 @@ pub(super) fn before(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<
     if n == 0 || !is_code(&ctx.chunks[i]) {
         return None;
     }
-    let mut parts: Vec<String> = Vec::new();
+    let mut parts: Vec<&str> = Vec::new();
     let mut spans = Vec::new();
     let (mut at, mut left, mut line) = (i, n, 0);
+    // the indentation of the first line taken, when it opens its chunk (the
+    // gap before a chunk already ends with that chunk's indentation)
+    let mut indent = "";
     while left > 0 {
         let Some(p) = free_prev(ctx, at, taken) else { break };
         let pc = &ctx.chunks[p];
         let lines: Vec<&str> = pc.text.split('\n').collect();
         let k = take(&lines, left, true);
+        if k == 0 {
+            break;
+        }
         let from = lines.len() - k;
         left -= lines[from..].iter().filter(|l| !l.trim().is_empty()).count();
-        parts.push(ctx.chunks[at].gap.clone().unwrap_or_default());
+        parts.push(ctx.chunks[at].gap.as_deref().unwrap_or_default());
         let tail = &pc.text[pc.text.len() - joined_len(&lines[from..], k)..];
-        // the chunk's first line takes back its indentation
-        parts.push(if from == 0 { format!("{}{tail}", pc.indent) } else { tail.to_string() });
+        parts.push(tail);
         spans.push((pc.span.1 - tail.len(), pc.span.1));
         line = pc.lines.0 + from;
+        indent = if from == 0 { &pc.indent } else { "" };
         if from > 0 {
             break;
         }
         at = p;
     }
-    (!parts.is_empty()).then(|| Lines { text: parts.into_iter().rev().collect(), line, spans })
+    parts.push(indent);
+    (!spans.is_empty()).then(|| Lines { text: parts.into_iter().rev().collect(), line, spans })
 }
 
 /// The lines that go after chunk `i` when it ends a piece: the whitespace
@@ -135,6 +154,9 @@ pub(super) fn after(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<u
         let c = &ctx.chunks[x];
         let lines: Vec<&str> = c.text.split('\n').collect();
         let k = take(&lines, left, false);
+        if k == 0 {
+            break;
+        }
         left -= lines[..k].iter().filter(|l| !l.trim().is_empty()).count();
         text.push_str(c.gap.as_deref().unwrap_or_default());
         let head = &c.text[..joined_len(&lines, k)];
@@ -183,7 +205,7 @@ pub(super) fn bridge(
         }
         at = free_next(ctx, at, taken)?;
         lines += c.text.lines().filter(|l| !l.trim().is_empty()).count();
-        if lines > 2 * n {
+        if lines > 2 * n || c.text.lines().any(|l| l.len() > MAX_LINE_BYTES) {
             return None;
         }
         run.push(x);
@@ -206,18 +228,22 @@ mod tests {
     const SRC: &str = "import os\nimport re\n\nLIMIT = 3\n\n\ndef first():\n    return 1\n\n\n\
                        def second():\n    return 2\n\n\ndef third():\n    return 3\n";
 
+    /// [`SRC`] as a code field.
     fn module() -> Field {
         Field { kind: FieldKind::Code, ..prose("m.py", SRC) }
     }
 
+    /// [`module`] prepared on the hash encoder.
     fn prepared() -> Arc<PreparedContext> {
         hash_scd(ScdConfig::default()).prepare(&[&module()], &Cancel::new()).unwrap()
     }
 
+    /// The chunk whose text starts with `start`.
     fn at(ctx: &PreparedContext, start: &str) -> usize {
         ctx.chunks.iter().position(|c| c.text.starts_with(start)).unwrap()
     }
 
+    /// The text of each span of [`SRC`].
     fn texts(spans: &[(usize, (usize, usize))]) -> Vec<&'static str> {
         spans.iter().map(|&(_, (a, b))| &SRC[a..b]).collect()
     }
@@ -236,8 +262,24 @@ mod tests {
         assert_eq!(text, "[m.py:8-15]\n    return 1\n\n\ndef second():\n    return 2\n\n\ndef third():");
         assert_eq!(texts(&spans), ["    return 1", "def third():"]);
         // two lines each side reach into the chunk before (its signature too)
-        let (text, _) = render_margins(&ctx, &[second], &none, 2);
-        assert!(text.starts_with("[m.py:7-16]\ndef first():\n    return 1\n\n\ndef second():"), "{text}");
+        let (text, spans) = render_margins(&ctx, &[second], &none, 2);
+        assert_eq!(
+            text,
+            "[m.py:7-16]\ndef first():\n    return 1\n\n\ndef second():\n    return 2\n\n\ndef third():\n    return 3"
+        );
+        assert_eq!(texts(&spans), ["def first():\n    return 1", "def third():\n    return 3"]);
+    }
+
+    /// Lines taken across several one-line chunks keep each line's own
+    /// indentation, once.
+    #[test]
+    fn lines_across_chunks_keep_their_indentation() {
+        let src = "class C:\n    y = 0\n\n    x = 1\n\n    def f(self):\n        return 1\n";
+        let field = Field { kind: FieldKind::Code, ..prose("c.py", src) };
+        let ctx = hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap();
+        let f = at(&ctx, "def f");
+        let (text, _) = render_margins(&ctx, &[f], &HashSet::new(), 2);
+        assert_eq!(text, "[c.py:2-7]\n    y = 0\n\n    x = 1\n\n    def f(self):\n        return 1");
     }
 
     /// What the receiver holds is not repeated around a new piece.
@@ -263,10 +305,26 @@ mod tests {
             "[m.py:4-16]\nLIMIT = 3\n\n\ndef first():\n    return 1\n\n\ndef second():\n    return 2\n\n\n\
              def third():\n    return 3"
         );
-        assert_eq!(texts(&spans), ["def second():\n    return 2", "LIMIT = 3"]);
+        assert_eq!(texts(&spans), ["LIMIT = 3", "def second():\n    return 2"]);
         let limit = at(&ctx, "LIMIT");
         let (text, _) = render_margins(&ctx, &[limit, third], &none, 1);
         assert_eq!(text.matches("[m.py:").count(), 2, "{text}");
+    }
+
+    /// A line longer than [`MAX_LINE_BYTES`] (minified code) is not shown
+    /// around a piece, nor bridges two.
+    #[test]
+    fn a_long_line_is_not_shown_around_a_piece() {
+        let long = format!("TABLE = [{}]", "1, ".repeat(100));
+        let src = format!("def f():\n    return 1\n\n\n{long}\n\n\ndef g():\n    return 2\n");
+        let field = Field { kind: FieldKind::Code, ..prose("t.py", &src) };
+        let ctx = hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap();
+        let (f, g) = (at(&ctx, "def f"), at(&ctx, "def g"));
+        let (text, spans) = render_margins(&ctx, &[f], &HashSet::new(), 1);
+        assert_eq!(text, "[t.py:1-2]\ndef f():\n    return 1");
+        assert!(spans.is_empty());
+        let (text, _) = render_margins(&ctx, &[f, g], &HashSet::new(), 1);
+        assert_eq!(text, "[t.py:1-2]\ndef f():\n    return 1\n[t.py:8-9]\ndef g():\n    return 2");
     }
 
     /// Prose, logs and JSON get none: only code pieces do.
@@ -293,15 +351,47 @@ mod tests {
         let context = || Context { fields: vec![Field { kind: FieldKind::Code, ..prose("q.py", &code) }] };
         let scd = hash_scd(ScdConfig::default());
         let task = "How is a delivery retried with backoff?";
+        let cl100k = crate::budget::builtin("cl100k").unwrap();
         let out = compress_within(&scd, task, context(), MIN_BUDGET);
+        assert_eq!(cl100k.count(&out.text).unwrap(), out.totals.sent_tokens, "the text as counted");
         assert!(!out.margins.is_empty(), "{}", out.text);
         for m in &out.margins {
             assert_eq!(m.field, "q.py");
             let lines = &code[m.span.0..m.span.1];
             assert!(out.text.contains(lines), "{lines:?} in\n{}", out.text);
-            assert!(!out.chunks.iter().any(|c| c.span == m.span), "a margin is no chunk sent");
+            let overlaps = |c: &crate::extract::SelectedChunk| c.span.0 < m.span.1 && m.span.0 < c.span.1;
+            assert!(!out.chunks.iter().any(overlaps), "a margin is no part of a chunk sent");
         }
         let small = compress_within(&scd, task, context(), MIN_BUDGET - 1);
-        assert!(small.margins.is_empty(), "{}", small.text);
+        assert!(!small.chunks.is_empty() && small.margins.is_empty(), "{}", small.text);
+    }
+
+    /// A required code field is sent whole in the least budget that holds
+    /// it without the lines around pieces: it is not refused for the lines a
+    /// piece of it alone would carry.
+    #[test]
+    fn the_lines_around_pieces_never_cost_a_required_field_its_room() {
+        use crate::context::{ContextRequirement, Task};
+        use crate::extract::CompressRequest;
+        let mut code = String::new();
+        for i in 0..60 {
+            code.push_str(&format!("def step_{i}(queue):\n    return queue.pop({i})\n\n\n"));
+        }
+        let field = Field { kind: FieldKind::Code, ..prose("q.py", code.trim_end()) };
+        let req = |budget: usize| {
+            let mut requirement = ContextRequirement::with_budget(budget);
+            requirement.required_fields = vec!["q.py".into()];
+            let context = Context { fields: vec![field.clone()] };
+            CompressRequest { task: Task::new("How is the queue drained?"), context, requirement, session: None }
+        };
+        let opts = super::super::tests::opts("cl100k", false);
+        let mut cfg = ScdConfig::default();
+        cfg.scoring.code_context_lines = 0;
+        let bare = hash_scd(cfg);
+        let least = (MIN_BUDGET..4 * MIN_BUDGET)
+            .find(|&b| bare.compress_opts(&req(b), &opts, &Cancel::new()).is_ok())
+            .expect("the field fits some budget");
+        let out = hash_scd(ScdConfig::default()).compress_opts(&req(least), &opts, &Cancel::new()).unwrap();
+        assert!(out.text.ends_with("return queue.pop(59)") && out.margins.is_empty(), "{}", out.text);
     }
 }

@@ -332,19 +332,28 @@ impl Scd {
         let (scored, rq) = (gates.scored, gates.rq);
         let (prepared, counting, scores) = (&scored.prepared, &scored.counting, &scored.parts.fused);
         let n = prepared.chunks.len();
-        let around = self.lines_around(budget);
+        let mut around = self.lines_around(budget);
         // each chunk pays for one separator; n chunks need n - 1
         let sep = counting.separator;
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + sep).collect();
         // a piece's header: the plain text's (an envelope frames chunks its own way)
-        let header = match opts.envelope {
-            Some(_) => vec![0; n],
-            None => self.header_costs(prepared, counting, around)?,
+        let header_with = |around: usize| match opts.envelope {
+            Some(_) => Ok(vec![0; n]),
+            None => self.header_costs(prepared, counting, around),
         };
+        let mut header = header_with(around)?;
         let room = budget + sep;
         let mut selected: Vec<usize> = (0..n).filter(|&i| gates.required(i) && !already.contains(&i)).collect();
-        let needed: usize = render::pieces(prepared, &selected).iter().map(|p| header[p[0]]).sum::<usize>()
-            + selected.iter().map(|&i| cost[i]).sum::<usize>();
+        let needed_with = |header: &[usize]| {
+            render::pieces(prepared, &selected).iter().map(|p| header[p[0]]).sum::<usize>()
+                + selected.iter().map(|&i| cost[i]).sum::<usize>()
+        };
+        let mut needed = needed_with(&header);
+        // the lines around code pieces never cost a required chunk its room
+        if needed > room && around > 0 {
+            (around, header) = (0, header_with(0)?);
+            needed = needed_with(&header);
+        }
         if needed > room {
             return Err(Error::BudgetTooSmall { needed: needed - sep, budget });
         }

@@ -326,10 +326,11 @@ pub struct Compressed {
     /// ([`ScoringConfig::code_context_lines`]), in reading order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub margins: Vec<Margin>,
-    /// Exactly what the receiver pastes: the envelope's text, or the chunk
-    /// texts in reading order joined by [`CHUNK_SEPARATOR`]. With a budget
-    /// tokenizer or an envelope it is counted whole and never exceeds the
-    /// budget (`totals.sent_tokens` is its count).
+    /// Exactly what the receiver pastes: the envelope's text, or the chunks
+    /// in reading order, each piece under its header line and each code
+    /// piece with the lines around it (`margins`). With a budget tokenizer
+    /// or an envelope it is counted whole and never exceeds the budget
+    /// (`totals.sent_tokens` is its count).
     pub text: String,
 }
 
@@ -360,8 +361,9 @@ pub fn joined_text(chunks: &[SelectedChunk]) -> String {
 pub struct MoreContext {
     /// New chunks, never sent before in this session, in reading order.
     pub chunks: Vec<SelectedChunk>,
-    /// Exactly what the receiver pastes: the new chunks joined by
-    /// [`CHUNK_SEPARATOR`], within this reply's budget.
+    /// Exactly what the receiver pastes: the new chunks in pieces under
+    /// their header lines (code pieces with the lines around them that the
+    /// receiver does not hold), within this reply's budget.
     pub text: String,
     /// Tokens of `text` in the session's budget tokenizer.
     pub sent_tokens: usize,

@@ -99,6 +99,7 @@ impl Scd {
             sent_tokens,
             budget,
             reason: reason.clone(),
+            around: self.lines_around(budget),
         });
         self.commit(&handle, &session)?;
         Ok(MoreContext {
@@ -211,7 +212,7 @@ impl Scd {
             last.chunks.iter().map(|&(i, score)| context.selected(i, score, session.counting.tokens[i])).collect();
         let ids: Vec<usize> = last.chunks.iter().map(|&(i, _)| i).collect();
         MoreContext {
-            text: render::render(context, &ids, &session.sent, self.lines_around(last.budget)),
+            text: render::render(context, &ids, &session.sent, last.around),
             chunks,
             sent_tokens: last.sent_tokens,
             budget: last.budget,

@@ -4,8 +4,9 @@
 //! (1-based lines of the field, the section or the JSON path after them
 //! where there is one; a field of one line, such as a paragraph, is named
 //! alone: `[name]`), and keeps the field's own text between its chunks,
-//! so code keeps its indentation. The header is counted in the budget like
-//! any other text.
+//! so code keeps its indentation. A code piece also carries the lines just
+//! before and after it ([`super::around`]), its header naming them. The
+//! header is counted in the budget like any other text.
 
 use std::collections::HashSet;
 
@@ -167,6 +168,7 @@ pub(super) fn render_margins(
             spans.push((field, s));
         }
     }
+    spans.sort_unstable();
     (out, spans)
 }
 
