@@ -228,14 +228,15 @@ mod tests {
     const SRC: &str = "import os\nimport re\n\nLIMIT = 3\n\n\ndef first():\n    return 1\n\n\n\
                        def second():\n    return 2\n\n\ndef third():\n    return 3\n";
 
-    /// [`SRC`] as a code field.
-    fn module() -> Field {
-        Field { kind: FieldKind::Code, ..prose("m.py", SRC) }
+    /// [`SRC`] as a code field, prepared on the hash encoder.
+    fn prepared() -> Arc<PreparedContext> {
+        field_prepared(FieldKind::Code, "m.py", SRC)
     }
 
-    /// [`module`] prepared on the hash encoder.
-    fn prepared() -> Arc<PreparedContext> {
-        hash_scd(ScdConfig::default()).prepare(&[&module()], &Cancel::new()).unwrap()
+    /// A field of `kind` named `name` holding `src`, prepared on the hash encoder.
+    fn field_prepared(kind: FieldKind, name: &str, src: &str) -> Arc<PreparedContext> {
+        let field = Field { kind, ..prose(name, src) };
+        hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap()
     }
 
     /// The chunk whose text starts with `start`.
@@ -275,8 +276,7 @@ mod tests {
     #[test]
     fn lines_across_chunks_keep_their_indentation() {
         let src = "class C:\n    y = 0\n\n    x = 1\n\n    def f(self):\n        return 1\n";
-        let field = Field { kind: FieldKind::Code, ..prose("c.py", src) };
-        let ctx = hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap();
+        let ctx = field_prepared(FieldKind::Code, "c.py", src);
         let f = at(&ctx, "def f");
         let (text, _) = render_margins(&ctx, &[f], &HashSet::new(), 2);
         assert_eq!(text, "[c.py:2-7]\n    y = 0\n\n    x = 1\n\n    def f(self):\n        return 1");
@@ -317,8 +317,7 @@ mod tests {
     fn a_long_line_is_not_shown_around_a_piece() {
         let long = format!("TABLE = [{}]", "1, ".repeat(100));
         let src = format!("def f():\n    return 1\n\n\n{long}\n\n\ndef g():\n    return 2\n");
-        let field = Field { kind: FieldKind::Code, ..prose("t.py", &src) };
-        let ctx = hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap();
+        let ctx = field_prepared(FieldKind::Code, "t.py", &src);
         let (f, g) = (at(&ctx, "def f"), at(&ctx, "def g"));
         let (text, spans) = render_margins(&ctx, &[f], &HashSet::new(), 1);
         assert_eq!(text, "[t.py:1-2]\ndef f():\n    return 1");
@@ -331,8 +330,7 @@ mod tests {
     #[test]
     fn only_code_pieces_carry_lines_around_them() {
         let log = "INFO a\nINFO b\nERROR c failed\nINFO d\n";
-        let field = Field { kind: FieldKind::Log, ..prose("app.log", log) };
-        let ctx = hash_scd(ScdConfig::default()).prepare(&[&field], &Cancel::new()).unwrap();
+        let ctx = field_prepared(FieldKind::Log, "app.log", log);
         let error = at(&ctx, "ERROR");
         let (text, spans) = render_margins(&ctx, &[error], &HashSet::new(), 3);
         assert_eq!(text, "[app.log:3]\nERROR c failed");
