@@ -155,7 +155,9 @@ async fn a_request_by_stub_index_returns_exactly_that_chunk() {
     if !ready() {
         return;
     }
-    let server = start(&[]);
+    // two budgets, one over and one under 512 tokens, must send the same
+    // text: without the lines around code pieces, which only the larger has
+    let server = start(&["--code-context-lines", "0"]);
     let _ = client(&server).await; // SERVING
     let scd = ScdLink::connect(&server.addr).await.unwrap();
     let fields = fields();
