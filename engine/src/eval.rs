@@ -589,16 +589,20 @@ pub fn covered(
 /// The (field index, byte span) pairs a compression of `ex` sent, for
 /// [`evidence_recall`].
 pub fn selection(ex: &Example, chunks: &[crate::extract::SelectedChunk]) -> Vec<(usize, (usize, usize))> {
-    chunks.iter().map(|c| (ex.context.fields.iter().position(|f| f.name == c.field).unwrap_or(0), c.span)).collect()
+    chunks.iter().map(|c| (field_index(ex, &c.field), c.span)).collect()
+}
+
+/// The index of `ex`'s field named `name` (0 when none is).
+fn field_index(ex: &Example, name: &str) -> usize {
+    ex.context.fields.iter().position(|f| f.name == name).unwrap_or(0)
 }
 
 /// The (field index, byte span) pairs the text of a compression of `ex`
 /// holds: its chunks ([`selection`]) and its margins, the lines around
 /// code pieces ([`crate::extract::Compressed::margins`]).
 pub fn sent_spans(ex: &Example, out: &crate::extract::Compressed) -> Vec<(usize, (usize, usize))> {
-    let field = |name: &str| ex.context.fields.iter().position(|f| f.name == name).unwrap_or(0);
     let mut spans = selection(ex, &out.chunks);
-    spans.extend(out.margins.iter().map(|m| (field(&m.field), m.span)));
+    spans.extend(out.margins.iter().map(|m| (field_index(ex, &m.field), m.span)));
     spans
 }
 

@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 
-use super::prepare::{Prepared, PreparedContext};
+use super::prepare::PreparedContext;
 
 /// The smallest budget whose code pieces carry the lines around them: below
 /// it they would take the room of a whole chunk (at 150 tokens, the fixture
@@ -29,38 +29,19 @@ impl super::Scd {
     }
 }
 
-/// Whether a chunk is code (not a JSON subtree, which is joined by its
-/// containers, nor prose, logs or chats).
-pub(super) fn is_code(c: &Prepared) -> bool {
-    c.wrap.is_none() && (c.chunker.starts_with("tree-sitter") || c.chunker.ends_with("code"))
-}
-
-/// The chunk after `i` in its field's reading order: most often the next
-/// index; else found among its field's chunks, which are contiguous.
-fn next_of(ctx: &PreparedContext, i: usize) -> Option<usize> {
-    let chunks = &ctx.chunks;
-    if chunks.get(i + 1).is_some_and(|c| c.prev == Some(i)) {
-        return Some(i + 1);
-    }
-    let field = chunks[i].field;
-    let later = (i + 1..chunks.len()).take_while(|&j| chunks[j].field == field);
-    let earlier = (0..i).rev().take_while(|&j| chunks[j].field == field);
-    later.chain(earlier).find(|&j| chunks[j].prev == Some(i))
-}
-
 /// The chunk after `i` that a hunk may show: code, with only whitespace
 /// between, and not in `taken`.
 fn free_next(ctx: &PreparedContext, i: usize, taken: &HashSet<usize>) -> Option<usize> {
-    let n = next_of(ctx, i)?;
+    let n = ctx.chunks[i].next?;
     let c = &ctx.chunks[n];
-    (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[i]) && !taken.contains(&n)).then_some(n)
+    (c.gap.is_some() && c.is_code() && ctx.chunks[i].is_code() && !taken.contains(&n)).then_some(n)
 }
 
 /// The chunk before `i` that a hunk may show (as [`free_next`]).
 fn free_prev(ctx: &PreparedContext, i: usize, taken: &HashSet<usize>) -> Option<usize> {
     let c = &ctx.chunks[i];
     let p = c.prev?;
-    (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[p]) && !taken.contains(&p)).then_some(p)
+    (c.gap.is_some() && c.is_code() && ctx.chunks[p].is_code() && !taken.contains(&p)).then_some(p)
 }
 
 /// The longest line shown around a piece, in bytes: a longer one (minified
@@ -105,7 +86,7 @@ fn joined_len(lines: &[&str], k: usize) -> usize {
 /// are not blank from the chunks before it that `taken` does not hold, their
 /// text ending with the whitespace before `i` (its indentation included).
 pub(super) fn before(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<usize>) -> Option<Lines> {
-    if n == 0 || !is_code(&ctx.chunks[i]) {
+    if n == 0 || !ctx.chunks[i].is_code() {
         return None;
     }
     let mut parts: Vec<&str> = Vec::new();
@@ -143,7 +124,7 @@ pub(super) fn before(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<
 /// after it, then up to `n` lines that are not blank from the chunks after
 /// it that `taken` does not hold.
 pub(super) fn after(ctx: &PreparedContext, i: usize, n: usize, taken: &HashSet<usize>) -> Option<Lines> {
-    if n == 0 || !is_code(&ctx.chunks[i]) {
+    if n == 0 || !ctx.chunks[i].is_code() {
         return None;
     }
     let mut text = String::new();
@@ -191,17 +172,17 @@ pub(super) fn bridge(
     n: usize,
     taken: &HashSet<usize>,
 ) -> Option<Vec<usize>> {
-    if n == 0 || !is_code(&ctx.chunks[a]) {
+    if n == 0 || !ctx.chunks[a].is_code() {
         return None;
     }
     let mut run = Vec::new();
     let mut lines = 0;
     let mut at = a;
     loop {
-        let x = next_of(ctx, at)?;
+        let x = ctx.chunks[at].next?;
         let c = &ctx.chunks[x];
         if x == b {
-            return (c.gap.is_some() && is_code(c) && is_code(&ctx.chunks[at])).then_some(run);
+            return (c.gap.is_some() && c.is_code() && ctx.chunks[at].is_code()).then_some(run);
         }
         at = free_next(ctx, at, taken)?;
         lines += c.text.lines().filter(|l| !l.trim().is_empty()).count();

@@ -12,6 +12,8 @@ pub(super) struct Place {
     pub(super) indent: String,
     /// The chunk before it in reading order (an index into the field's chunks).
     pub(super) prev: Option<usize>,
+    /// The chunk after it in reading order (likewise).
+    pub(super) next: Option<usize>,
     pub(super) gap: Option<String>,
 }
 
@@ -29,7 +31,7 @@ pub(super) fn layout(text: &str, chunks: &[RawChunk]) -> Vec<Place> {
             let before = &text[starts[first - 1]..c.start];
             let indent =
                 if before.chars().all(|ch| ch == ' ' || ch == '\t') { before.to_string() } else { String::new() };
-            Place { lines: (first, last), indent, prev: None, gap: None }
+            Place { lines: (first, last), indent, prev: None, next: None, gap: None }
         })
         .collect();
     let mut order: Vec<usize> = (0..chunks.len()).collect();
@@ -37,6 +39,7 @@ pub(super) fn layout(text: &str, chunks: &[RawChunk]) -> Vec<Place> {
     for w in order.windows(2) {
         let (a, b) = (&chunks[w[0]], &chunks[w[1]]);
         out[w[1]].prev = Some(w[0]);
+        out[w[0]].next = Some(w[1]);
         if a.end <= b.start && text[a.end..b.start].trim().is_empty() {
             out[w[1]].gap = Some(text[a.end..b.start].to_string());
         }

@@ -66,8 +66,6 @@ impl Queue<'_> {
 struct Bag<'a> {
     ctx: &'a PreparedContext,
     costs: &'a Costs<'a>,
-    /// Per chunk, the chunk after it in its field's reading order.
-    next: Vec<Option<usize>>,
     chosen: HashSet<usize>,
     used: usize,
 }
@@ -77,7 +75,7 @@ impl Bag<'_> {
     fn joins(&self, i: usize) -> bool {
         let c = &self.ctx.chunks[i];
         let before = c.prev.is_some_and(|p| self.chosen.contains(&p) && reads_on(self.ctx, p, i));
-        let after = self.next[i].is_some_and(|n| self.chosen.contains(&n) && reads_on(self.ctx, i, n));
+        let after = c.next.is_some_and(|n| self.chosen.contains(&n) && reads_on(self.ctx, i, n));
         before || after
     }
 
@@ -190,13 +188,7 @@ impl Scd {
         trace: &mut PackTrace,
     ) {
         let chunks = &ctx.chunks;
-        let mut next = vec![None; chunks.len()];
-        for (i, c) in chunks.iter().enumerate() {
-            if let Some(p) = c.prev {
-                next[p] = Some(i);
-            }
-        }
-        let mut bag = Bag { ctx, costs, next, chosen: selected.iter().copied().collect(), used: *used };
+        let mut bag = Bag { ctx, costs, chosen: selected.iter().copied().collect(), used: *used };
         // the distinct embeddings already sent (with the chunk that sent
         // each): a chunk identical or near to one is redundant
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
@@ -447,7 +439,7 @@ fn bridge(bag: &mut Bag<'_>, budget: usize, selected: &mut Vec<usize>, trace: &m
     starts.sort_unstable();
     for a in starts {
         let mut run = Vec::new();
-        let mut at = bag.next[a];
+        let mut at = chunks[a].next;
         while let Some(j) = at {
             // JSON subtrees are joined by their containers, not bridged
             if chunks[j].gap.is_none() || chunks[j].wrap.is_some() || run.len() > MAX_BRIDGE {
@@ -467,7 +459,7 @@ fn bridge(bag: &mut Bag<'_>, budget: usize, selected: &mut Vec<usize>, trace: &m
                 break;
             }
             run.push(j);
-            at = bag.next[j];
+            at = chunks[j].next;
         }
     }
 }
@@ -478,7 +470,7 @@ fn bridge(bag: &mut Bag<'_>, budget: usize, selected: &mut Vec<usize>, trace: &m
 /// word, or a heading and the sentence under it, are both kept.
 pub(super) fn same_text(ctx: &PreparedContext, a: usize, b: usize) -> bool {
     let (ca, cb) = (&ctx.chunks[a], &ctx.chunks[b]);
-    if ca.chunker.starts_with("tree-sitter") || ca.chunker.ends_with("code") {
+    if ca.is_code() {
         return ca.text.split_whitespace().eq(cb.text.split_whitespace());
     }
     let x: HashSet<&str> = ca.lower.split_whitespace().collect();

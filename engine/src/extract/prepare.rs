@@ -44,6 +44,8 @@ pub(super) struct Prepared {
     pub(super) indent: String,
     /// The chunk before it in its field's reading order.
     pub(super) prev: Option<usize>,
+    /// The chunk after it in its field's reading order.
+    pub(super) next: Option<usize>,
     /// The text between `prev` and it when that is only whitespace: the two
     /// read as one piece with it between them.
     pub(super) gap: Option<String>,
@@ -60,6 +62,13 @@ pub(super) struct Prepared {
     /// A log chunk's severity: 3 a raised exception's line, 2 another error,
     /// 1 a warning, 0 neither (or not a log).
     pub(super) severity: u8,
+}
+
+impl Prepared {
+    /// Whether a code chunker cut it (a parser's or the line heuristic's).
+    pub(super) fn is_code(&self) -> bool {
+        self.chunker.starts_with("tree-sitter") || self.chunker.ends_with("code")
+    }
 }
 
 /// The non-confidential part of a context chunked, counted, embedded and
@@ -501,6 +510,7 @@ impl Scd {
                     lines: place.lines,
                     indent: place.indent,
                     prev: place.prev.map(|p| base + p),
+                    next: place.next.map(|n| base + n),
                     gap: place.gap,
                     wrap,
                     containers: Vec::new(),
