@@ -350,6 +350,10 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
     for _ in 0..70 {
         live(&a, "old").unwrap();
     }
+    // every "old" task older than every "mine" one: the 64 a call sweeps
+    // first are then all "old" (tasks of one millisecond sort by id), and
+    // "mine" is still at its share, so only a sweep of all serves it
+    std::thread::sleep(Duration::from_millis(5));
     for _ in 0..70 {
         live(&b, "mine").unwrap();
     }

@@ -70,15 +70,30 @@ pub(crate) struct RedisServer {
 impl RedisServer {
     pub(crate) fn start(dir: &Path, persistent: bool) -> RedisServer {
         let mut r = RedisServer { child: None, port: free_port(), dir: dir.to_path_buf(), persistent };
-        r.spawn();
-        r
+        // a free port may be taken by another test's server before ours binds
+        // it: that server would answer our PING, and two tests would share one
+        // Redis, so a server that is not ours is never used
+        for _ in 0..5 {
+            if r.try_spawn() {
+                return r;
+            }
+            r.port = free_port();
+        }
+        panic!("redis-server found no free port in five tries");
     }
 
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// Starts the server again on its port (after [`Self::stop`]).
     pub(crate) fn spawn(&mut self) {
+        assert!(self.try_spawn(), "redis-server could not listen on port {} again", self.port);
+    }
+
+    /// Starts redis-server on `self.port`; true once that very process
+    /// answers there, false when it exited (the port was taken).
+    fn try_spawn(&mut self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.arg(root().join("docs/deploy/redis.conf")).args([
             "--port",
@@ -89,10 +104,17 @@ impl RedisServer {
         if !self.persistent {
             cmd.args(["--appendonly", "no"]);
         }
-        let child = cmd.stdout(std::fs::File::create(self.dir.join("redis.log")).unwrap()).spawn().unwrap();
-        self.child = Some(child);
+        let mut child = cmd.stdout(std::fs::File::create(self.dir.join("redis.log")).unwrap()).spawn().unwrap();
+        let ours = format!("process_id:{}", child.id());
         let t = Instant::now();
-        while self.cli(&["PING"]) != "PONG" {
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            if self.cli(&["INFO", "server"]).lines().any(|l| l.trim() == ours) {
+                self.child = Some(child);
+                return true;
+            }
             assert!(t.elapsed() < Duration::from_secs(10), "redis-server did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
