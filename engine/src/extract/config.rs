@@ -265,8 +265,18 @@ pub struct ScoringConfig {
     /// a chunk defining a name that the task or a top chunk mentions
     /// (dimensionless; 1.0 treats them like any other linked chunk).
     pub lead_link_bonus: f32,
-    /// Chunks this similar (cosine) to a selected one are skipped as redundant.
+    /// Chunks this similar (cosine) to a selected one are skipped as
+    /// redundant when they repeat its text ([`super::pack`]); one that
+    /// differs (two functions apart by one word) is kept.
     pub redundancy_cosine: f32,
+    /// A code chunk this similar to a sent one that differs from it waits
+    /// in the packing queue at its score less this (0 to 10; 0 packs it at
+    /// its score): what it adds is the difference, so a chunk worth a
+    /// little less that repeats nothing sent goes first, and the near copy
+    /// still comes when the budget holds both. The reported score and the
+    /// threshold are unchanged. Only code: log lines and prose that differ
+    /// this little carry other facts, and logs fell with it (BENCHMARKS.md).
+    pub near_duplicate_penalty: f32,
     /// Weight of the second stage (0, the default, turns it off; 1 is what
     /// cross-validation on train-split questions chose, not yet the default:
     /// BENCHMARKS.md says why; nothing happens without a reranker): with a reranker
@@ -309,6 +319,7 @@ impl Default for ScoringConfig {
             json_whole_tokens: 0,
             lead_link_bonus: 1.5,
             redundancy_cosine: 0.985,
+            near_duplicate_penalty: 3.0,
             rerank_weight: 0.0,
             rerank_top: 24,
         }
@@ -421,6 +432,7 @@ mod tests {
         assert_eq!(c.scoring.function_piece_step, 0.01);
         assert_eq!(c.scoring.log_size_weight, 1.5);
         assert_eq!(c.scoring.follow_weight, 0.3);
+        assert_eq!(c.scoring.near_duplicate_penalty, 3.0);
         assert_eq!(c.prepare.chunk.long_function_bytes, 8 << 10);
         assert_eq!(c.scoring.function_whole_share, 1.0);
         assert_eq!(c.scoring.code_context_lines, 1);

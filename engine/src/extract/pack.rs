@@ -37,16 +37,29 @@ pub(super) struct Costs<'a> {
 /// The candidates in score order, merged with the chat answers whose
 /// question was taken: each answer waits at its own score (threshold or
 /// not), so it comes with its question when it is worth its tokens, and a
-/// better chunk elsewhere is not crowded out by it.
+/// better chunk elsewhere is not crowded out by it. A near copy of a sent
+/// chunk that differs from it waits at its score less
+/// `near_duplicate_penalty` (`deferred`).
 struct Queue<'a> {
     order: &'a [usize],
     at: usize,
     waiting: Vec<usize>,
+    deferred: Vec<(usize, f32)>,
 }
 
 impl Queue<'_> {
     fn next(&mut self, score: &[f32]) -> Option<usize> {
         let best = (0..self.waiting.len()).max_by(|&a, &b| score[self.waiting[a]].total_cmp(&score[self.waiting[b]]));
+        let later = (0..self.deferred.len()).max_by(|&a, &b| self.deferred[a].1.total_cmp(&self.deferred[b].1));
+        let next = self.order.get(self.at).map(|&o| score[o]);
+        let waits = best.map(|w| score[self.waiting[w]]);
+        // a deferred chunk comes once nothing else is worth more
+        if let Some(d) = later.filter(|&d| {
+            let v = self.deferred[d].1;
+            next.is_none_or(|n| v > n) && waits.is_none_or(|w| v > w)
+        }) {
+            return Some(self.deferred.swap_remove(d).0);
+        }
         match (self.order.get(self.at), best) {
             (Some(&o), Some(w)) if score[self.waiting[w]] <= score[o] => {
                 self.at += 1;
@@ -204,7 +217,8 @@ impl Scd {
         for (j, c) in chunks.iter().enumerate().filter(|(_, c)| c.chunker == "chat" && !c.lead) {
             answers.entry(c.group).or_default().push(j);
         }
-        let mut queue = Queue { order, at: 0, waiting: Vec::new() };
+        let mut queue = Queue { order, at: 0, waiting: Vec::new(), deferred: Vec::new() };
+        let mut deferred_once = HashSet::new();
         let sharing = sharing_embeddings(ctx);
         while let Some(mut i) = queue.next(costs.score) {
             // a container's header or closing line comes only with a member
@@ -222,6 +236,13 @@ impl Scd {
             if let Some(&of) = twin {
                 if same_text(ctx, i, of) {
                     trace.duplicate_of.insert(i, of);
+                    continue;
+                }
+                // a near copy of code that differs adds only the difference:
+                // it waits (prose and log near copies that differ carry
+                // other facts: they fell when deferred, BENCHMARKS.md)
+                if sc.near_duplicate_penalty > 0.0 && chunks[i].is_code() && deferred_once.insert(i) {
+                    queue.deferred.push((i, costs.score[i] - sc.near_duplicate_penalty));
                     continue;
                 }
             }

@@ -158,6 +158,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         }
         "log_size_weight" => cfg.scoring.log_size_weight = as_weight(10.0)?,
         "follow_weight" => cfg.scoring.follow_weight = as_weight(1.0)?,
+        "near_duplicate_penalty" => cfg.scoring.near_duplicate_penalty = as_weight(10.0)?,
         "embed_neighbour" => cfg.prepare.embed_neighbour = as_count()? > 0,
         "markdown_link_text" => cfg.prepare.markdown_link_text = as_count()? > 0,
         "scorer" => {
@@ -171,7 +172,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
              group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, function_whole_share, \
-             code_context_lines, json_whole_tokens, log_size_weight, follow_weight, embed_neighbour, markdown_link_text, \
+             code_context_lines, json_whole_tokens, log_size_weight, follow_weight, near_duplicate_penalty, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
              long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
              rerank_top)"

@@ -118,6 +118,11 @@ pub struct ServeArgs {
     /// 0 to 1 (0: by score); a chat answer keeps its own score.
     #[arg(long, env = "SCD_FOLLOW_WEIGHT", default_value_t = ScdConfig::default().scoring.follow_weight)]
     follow_weight: f32,
+    /// A code chunk nearly the same as a sent one (cosine over
+    /// `redundancy_cosine`) but not the same text is packed at its score
+    /// less this, 0 to 10 (0: at its score); it still comes when there is room.
+    #[arg(long, env = "SCD_NEAR_DUPLICATE_PENALTY", default_value_t = ScdConfig::default().scoring.near_duplicate_penalty)]
+    near_duplicate_penalty: f32,
     /// Cut a function longer than this many bytes into its signature and
     /// body pieces, so it can be sent trimmed (0: functions stay whole).
     #[arg(long, env = "SCD_LONG_FUNCTION_BYTES", default_value_t = ScdConfig::default().prepare.chunk.long_function_bytes)]
@@ -370,6 +375,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     weight_within("--second-hop-weight", args.second_hop_weight, 10.0)?;
     weight_within("--log-size-weight", args.log_size_weight, 10.0)?;
     weight_within("--follow-weight", args.follow_weight, 1.0)?;
+    weight_within("--near-duplicate-penalty", args.near_duplicate_penalty, 10.0)?;
     weight_within("--function-whole-share", args.function_whole_share, 4.0)?;
     anyhow::ensure!(
         args.code_context_lines <= MAX_CODE_CONTEXT_LINES,
@@ -445,6 +451,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
         code_context_lines: args.code_context_lines,
         log_size_weight: args.log_size_weight,
         follow_weight: args.follow_weight,
+        near_duplicate_penalty: args.near_duplicate_penalty,
         ..base.scoring
     };
     args.rerank.apply(&mut scoring);

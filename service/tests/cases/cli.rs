@@ -86,7 +86,7 @@ fn batch_answers_good_lines_and_names_bad_ones() {
 fn bad_arguments_fail_before_the_model_loads() {
     // a missing ONNX Runtime would fail the run later: these must fail first
     let no_ort = ["--ort-lib", "/nonexistent/libonnxruntime.so"];
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["serve", "--addr", "127.0.0.1:0", "--second-hop-weight", "11"],
             "--second-hop-weight 11: must be between 0 and 10",
@@ -96,6 +96,10 @@ fn bad_arguments_fail_before_the_model_loads() {
             "--log-size-weight 11: must be between 0 and 10",
         ),
         (&["serve", "--addr", "127.0.0.1:0", "--follow-weight", "1.5"], "--follow-weight 1.5: must be between 0 and 1"),
+        (
+            &["serve", "--addr", "127.0.0.1:0", "--near-duplicate-penalty", "11"],
+            "--near-duplicate-penalty 11: must be between 0 and 10",
+        ),
         (
             &["serve", "--addr", "127.0.0.1:0", "--function-whole-share", "5"],
             "--function-whole-share 5: must be between 0 and 4",
