@@ -338,9 +338,13 @@ fn fixture_recall(scd: &Scd, context: &std::path::Path, gold: &std::path::Path) 
         },
         session: None,
     })?;
-    let text: String = out.chunks.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join("\n");
+    // what the receiver pastes (headers and the lines around code pieces
+    // included), and for the leak check every chunk too
+    let text = &out.text;
     let missing: Vec<&str> = subs.iter().copied().filter(|s| !text.contains(s)).collect();
-    let leaked = g["confidential_marker"].as_str().is_some_and(|m| text.contains(m));
+    let leaked = g["confidential_marker"]
+        .as_str()
+        .is_some_and(|m| text.contains(m) || out.chunks.iter().any(|c| c.text.contains(m)));
     Ok(serde_json::json!({
         "task": task,
         "gold": subs.len(),
