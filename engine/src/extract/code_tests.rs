@@ -1,7 +1,8 @@
 //! Cut functions in packing (`long_function_bytes`): one that fits the
 //! budget is sent whole or not at all (`function_whole_share`), one longer
 //! than that share of the budget may be trimmed to its signature and best
-//! pieces.
+//! pieces; near copies of sent code wait behind code that repeats nothing
+//! (`near_duplicate_penalty`).
 
 use super::tests::{compress_within, follow_up, hash_scd, opts, prose};
 use super::*;
@@ -197,36 +198,56 @@ fn sent_fns(out: &Compressed) -> Vec<&str> {
     ["fn pad_le(", "fn pad_be(", "fn pad_len128("].into_iter().filter(|f| out.text.contains(f)).collect()
 }
 
+const PAD_TASK: &str = "Pad the message with 0x80, zeros and the 64-bit message length in little-endian byte order";
+
+/// An engine on the hash encoder whose near copies wait at their score less `penalty`.
+fn deferring(penalty: f32) -> Scd {
+    let mut cfg = ScdConfig::default();
+    cfg.scoring.near_duplicate_penalty = penalty;
+    cfg.scoring.redundancy_cosine = REDUNDANCY;
+    hash_scd(cfg)
+}
+
 /// A near copy of a sent chunk that differs from it is never dropped as a
 /// duplicate: at penalty 0 it is packed at its score, before a lower-scored
-/// chunk that repeats nothing; with a penalty that chunk goes first, and the
-/// near copy still comes once the budget holds all three.
+/// chunk that repeats nothing; with the default penalty that chunk goes
+/// first, and the near copy still comes once the budget holds all three
+/// (sending all three as they read, one budget token over their text).
 #[test]
 fn a_near_copy_waits_behind_a_chunk_that_repeats_nothing_and_comes_when_there_is_room() {
-    let task = "Pad the message with 0x80, zeros and the 64-bit message length in little-endian byte order";
-    let with = |penalty: f32| {
-        let mut cfg = ScdConfig::default();
-        cfg.scoring.near_duplicate_penalty = penalty;
-        cfg.scoring.redundancy_cosine = REDUNDANCY;
-        hash_scd(cfg)
-    };
-    let whole = compress_within(&with(0.0), task, padding(), 100_000);
+    let penalty = ScoringConfig::default().near_duplicate_penalty;
+    let whole = compress_within(&deferring(0.0), PAD_TASK, padding(), 100_000);
     assert_eq!(sent_fns(&whole), ["fn pad_le(", "fn pad_be(", "fn pad_len128("]);
-    // the two copies are near duplicates here: the test means something
+    // both copies score above the short method, which packing by score alone
+    // would leave out first
     let ex = whole.explanation.as_ref().unwrap();
     let score = |f: &str| {
         let c = whole.chunks.iter().find(|c| c.text.contains(f)).unwrap();
         ex.selected.iter().find(|w| w.id == c.id).unwrap().score
     };
+    let best_copy = if score("fn pad_le(") >= score("fn pad_be(") { "fn pad_le(" } else { "fn pad_be(" };
     assert!(score("fn pad_le(").min(score("fn pad_be(")) > score("fn pad_len128("), "{ex:?}");
     // a budget for the first method, the short one and a little more
     let tight = whole.totals.sent_tokens - 20;
-    let off = compress_within(&with(0.0), task, padding(), tight);
+    let off = compress_within(&deferring(0.0), PAD_TASK, padding(), tight);
     assert_eq!(sent_fns(&off), ["fn pad_le(", "fn pad_be("], "{}", off.text);
-    // one copy (the better scored) and the method that repeats nothing
-    let on = compress_within(&with(10.0), task, padding(), tight);
-    let fns = sent_fns(&on);
-    assert!(fns.len() == 2 && fns[1] == "fn pad_len128(", "{}", on.text);
-    let roomy = compress_within(&with(10.0), task, padding(), 100_000);
-    assert_eq!(sent_fns(&roomy), sent_fns(&whole));
+    // the better scored copy and the method that repeats nothing
+    let on = compress_within(&deferring(penalty), PAD_TASK, padding(), tight);
+    assert_eq!(sent_fns(&on), [best_copy, "fn pad_len128("], "{}", on.text);
+    let room = compress_within(&deferring(penalty), PAD_TASK, padding(), whole.totals.sent_tokens + 1);
+    assert_eq!(room.text, whole.text);
+}
+
+/// Only code waits: the same methods in a prose field, near copies there
+/// too, are packed at their scores whatever the penalty.
+#[test]
+fn prose_near_copies_are_packed_at_their_scores() {
+    let text = padding().fields[0].content.clone();
+    let ctx = || Context { fields: vec![prose("buffer.txt", &text)] };
+    let whole = compress_within(&deferring(0.0), PAD_TASK, ctx(), 100_000);
+    let tight = whole.totals.sent_tokens - 20;
+    let off = compress_within(&deferring(0.0), PAD_TASK, ctx(), tight);
+    let on = compress_within(&deferring(10.0), PAD_TASK, ctx(), tight);
+    assert!(off.text.len() < whole.text.len(), "the budget leaves something out");
+    assert_eq!(on.text, off.text);
 }

@@ -266,16 +266,19 @@ pub struct ScoringConfig {
     /// (dimensionless; 1.0 treats them like any other linked chunk).
     pub lead_link_bonus: f32,
     /// Chunks this similar (cosine) to a selected one are skipped as
-    /// redundant when they repeat its text ([`super::pack`]); one that
-    /// differs (two functions apart by one word) is kept.
+    /// redundant when they repeat its text (packing); one that differs (two
+    /// functions apart by one word) is kept.
     pub redundancy_cosine: f32,
-    /// A code chunk this similar to a sent one that differs from it waits
-    /// in the packing queue at its score less this (0 to 10; 0 packs it at
-    /// its score): what it adds is the difference, so a chunk worth a
-    /// little less that repeats nothing sent goes first, and the near copy
-    /// still comes when the budget holds both. The reported score and the
-    /// threshold are unchanged. Only code: log lines and prose that differ
-    /// this little carry other facts, and logs fell with it (BENCHMARKS.md).
+    /// A code chunk over `redundancy_cosine` to a sent one that differs
+    /// from it waits in the packing queue at its score less this (score
+    /// units, the z-scored sum; 0 to 10; 0 packs it at its score): what it
+    /// adds is the difference, so a chunk worth a little less that repeats
+    /// nothing sent goes first, and the near copy still comes when the
+    /// budget holds both. The fit and the refill weigh it at that value
+    /// too; the reported score and the threshold are unchanged. Only code:
+    /// log lines and prose that differ this little carry other facts, and
+    /// logs fell with it. 3 was chosen by 5-fold cross-validation over 0, 3
+    /// and 5 on code search and the agent cases (BENCHMARKS.md).
     pub near_duplicate_penalty: f32,
     /// Weight of the second stage (0, the default, turns it off; 1 is what
     /// cross-validation on train-split questions chose, not yet the default:

@@ -21,6 +21,18 @@ pub(super) struct PackTrace {
     pub(super) duplicate_of: HashMap<usize, usize>,
     /// Chunks packed, then dropped for the whole text to fit the budget.
     pub(super) dropped_by_fit: HashSet<usize>,
+    /// Near copies of sent code, with the value they waited at (their
+    /// score less `near_duplicate_penalty`): what the fit and the refill
+    /// weigh them by too.
+    pub(super) deferred: HashMap<usize, f32>,
+}
+
+impl PackTrace {
+    /// What chunk `i` is worth to the fit and the refill: its deferred value
+    /// when it waited as a near copy, else `worth`.
+    pub(super) fn value(&self, i: usize, worth: f32) -> f32 {
+        self.deferred.get(&i).copied().unwrap_or(worth)
+    }
 }
 
 /// What each chunk costs: its text (with one separator) and the header of
@@ -218,7 +230,6 @@ impl Scd {
             answers.entry(c.group).or_default().push(j);
         }
         let mut queue = Queue { order, at: 0, waiting: Vec::new(), deferred: Vec::new() };
-        let mut deferred_once = HashSet::new();
         let sharing = sharing_embeddings(ctx);
         while let Some(mut i) = queue.next(costs.score) {
             // a container's header or closing line comes only with a member
@@ -232,19 +243,8 @@ impl Scd {
                 i = first;
             }
             let d = ctx.distinct[i];
-            let twin = sent.get(&d).or_else(|| ctx.near_duplicates[d as usize].iter().find_map(|j| sent.get(j)));
-            if let Some(&of) = twin {
-                if same_text(ctx, i, of) {
-                    trace.duplicate_of.insert(i, of);
-                    continue;
-                }
-                // a near copy of code that differs adds only the difference:
-                // it waits (prose and log near copies that differ carry
-                // other facts: they fell when deferred, BENCHMARKS.md)
-                if sc.near_duplicate_penalty > 0.0 && chunks[i].is_code() && deferred_once.insert(i) {
-                    queue.deferred.push((i, costs.score[i] - sc.near_duplicate_penalty));
-                    continue;
-                }
+            if self.repeats_sent(ctx, &sent, i, costs.score, &mut queue, trace) {
+                continue;
             }
             // a cut function short enough for the budget comes whole or not at all
             let mut rest: Vec<usize> =
@@ -288,6 +288,40 @@ impl Scd {
         }
         bridge(&mut bag, budget, selected, trace);
         *used = bag.used;
+    }
+
+    /// Whether `i` is left for now because it nearly repeats a sent chunk
+    /// (`sent`: distinct embedding → the chunk that sent it): skipped when
+    /// it is the same text; a near copy of code that differs adds only the
+    /// difference, so it waits once in `queue` at its score less
+    /// `near_duplicate_penalty` (prose and log near copies that differ
+    /// carry other facts: they fell when deferred, BENCHMARKS.md).
+    fn repeats_sent(
+        &self,
+        ctx: &PreparedContext,
+        sent: &HashMap<u32, usize>,
+        i: usize,
+        score: &[f32],
+        queue: &mut Queue<'_>,
+        trace: &mut PackTrace,
+    ) -> bool {
+        let d = ctx.distinct[i];
+        let Some(&of) = sent.get(&d).or_else(|| ctx.near_duplicates[d as usize].iter().find_map(|j| sent.get(j)))
+        else {
+            return false;
+        };
+        if same_text(ctx, i, of) {
+            trace.duplicate_of.insert(i, of);
+            return true;
+        }
+        let penalty = self.cfg.scoring.near_duplicate_penalty;
+        if penalty > 0.0 && ctx.chunks[i].is_code() && !trace.deferred.contains_key(&i) {
+            let value = score[i] - penalty;
+            trace.deferred.insert(i, value);
+            queue.deferred.push((i, value));
+            return true;
+        }
+        false
     }
 }
 

@@ -55,7 +55,10 @@ impl Scd {
         budget: usize,
         trace: &mut PackTrace,
     ) -> Result<usize> {
-        let (units, worth) = (costs.units, |i: usize| costs.units.worth(i, costs.score));
+        // a near copy that waited is worth what it waited at
+        let deferred = trace.deferred.clone();
+        let (units, worth) =
+            (costs.units, |i: usize| deferred.get(&i).copied().unwrap_or_else(|| costs.units.worth(i, costs.score)));
         loop {
             let n = self.count_text(counting, &text(selected))?;
             if n <= budget {
@@ -88,7 +91,8 @@ impl Scd {
     /// container's own line and not repeating a sent chunk, each taken when
     /// the whole text still fits (at most [`REFILL_TRIES`] counted), so the
     /// room a dropped chunk freed is not left empty. `costs.text` is each
-    /// chunk's text alone, a lower bound of what it adds; a function sent
+    /// chunk's text alone, what it adds (less, when it joins a sent piece and
+    /// closes a gap, by up to a header: that much more is tried); a function sent
     /// whole comes whole (its other chunks, like packing's, are not checked
     /// as repeats: a closing `}` repeats every other). The new count.
     #[allow(clippy::too_many_arguments)]
@@ -105,7 +109,12 @@ impl Scd {
         trace: &mut PackTrace,
     ) -> Result<usize> {
         let mut tries = 0;
-        for &i in order {
+        // a near copy that waited in packing waits here too (`order` is by score)
+        let mut ranked = order.to_vec();
+        if !trace.deferred.is_empty() {
+            ranked.sort_by(|&a, &b| trace.value(b, costs.score[b]).total_cmp(&trace.value(a, costs.score[a])));
+        }
+        for i in ranked {
             if tries == REFILL_TRIES || n >= budget {
                 break;
             }
@@ -113,7 +122,14 @@ impl Scd {
             if add.is_empty() {
                 add.push(i);
             }
-            let skip = add.iter().map(|&j| costs.text[j]).sum::<usize>() > budget - n
+            // a chunk that joins a sent piece may also save the `…` line and
+            // the header of the piece after it: counted, not guessed
+            let joins = add.iter().any(|&j| {
+                let c = &ctx.chunks[j];
+                c.prev.is_some_and(|p| selected.contains(&p)) || c.next.is_some_and(|q| selected.contains(&q))
+            });
+            let saved = if joins { costs.header[i] } else { 0 };
+            let skip = add.iter().map(|&j| costs.text[j]).sum::<usize>() > budget - n + saved
                 || ctx.chunks[i].rides
                 || add.iter().any(|j| trace.dropped_by_fit.contains(j))
                 || trace.duplicate_of.contains_key(&i)

@@ -346,7 +346,9 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
     the_retry_hint_is_the_first_expiry_and_expired_tasks_go(&redis);
 
     // many expired tasks are all swept before a refusal: an owner whose tasks all expired is served
-    let (a, b) = replicas(&redis, limits(200, 70, Duration::from_millis(1500)));
+    // every create within the TTL (3 s), so that none is swept before the wait
+    let (a, b) = replicas(&redis, limits(200, 70, Duration::from_millis(3000)));
+    let made = Instant::now();
     for _ in 0..70 {
         live(&a, "old").unwrap();
     }
@@ -357,7 +359,8 @@ fn the_shared_a2a_store_is_bounded_says_when_to_retry_and_names_itself_when_down
     for _ in 0..70 {
         live(&b, "mine").unwrap();
     }
-    std::thread::sleep(Duration::from_millis(1600));
+    assert!(made.elapsed() < Duration::from_millis(3000), "140 creates took {:?}", made.elapsed());
+    std::thread::sleep(Duration::from_millis(3100));
     live(&a, "mine").unwrap();
     assert_eq!(b.count().unwrap().0, 1);
     redis.cli(&["FLUSHDB"]);

@@ -74,12 +74,13 @@ impl RedisServer {
         // it: that server would answer our PING, and two tests would share one
         // Redis, so a server that is not ours is never used
         for _ in 0..5 {
-            if r.try_spawn() {
-                return r;
+            match r.try_spawn() {
+                Ok(()) => return r,
+                Err(log) if log.contains("Address already in use") => r.port = free_port(),
+                Err(log) => panic!("redis-server exited: {log}"),
             }
-            r.port = free_port();
         }
-        panic!("redis-server found no free port in five tries");
+        panic!("redis-server found its port taken five times");
     }
 
     pub(crate) fn url(&self) -> String {
@@ -88,12 +89,15 @@ impl RedisServer {
 
     /// Starts the server again on its port (after [`Self::stop`]).
     pub(crate) fn spawn(&mut self) {
-        assert!(self.try_spawn(), "redis-server could not listen on port {} again", self.port);
+        if let Err(log) = self.try_spawn() {
+            panic!("redis-server could not start again on port {}: {log}", self.port);
+        }
     }
 
-    /// Starts redis-server on `self.port`; true once that very process
-    /// answers there, false when it exited (the port was taken).
-    fn try_spawn(&mut self) -> bool {
+    /// Starts redis-server on `self.port` and waits until that very process
+    /// answers there with its data loaded (PONG, not LOADING); else the
+    /// tail of its log once it exited.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let mut cmd = Command::new("redis-server");
         cmd.arg(root().join("docs/deploy/redis.conf")).args([
             "--port",
@@ -104,16 +108,21 @@ impl RedisServer {
         if !self.persistent {
             cmd.args(["--appendonly", "no"]);
         }
-        let mut child = cmd.stdout(std::fs::File::create(self.dir.join("redis.log")).unwrap()).spawn().unwrap();
+        let log = self.dir.join("redis.log");
+        let child = cmd.stdout(std::fs::File::create(&log).unwrap()).spawn().unwrap();
         let ours = format!("process_id:{}", child.id());
+        // held here at once, so that a failed start never leaves it running
+        self.child = Some(child);
         let t = Instant::now();
         loop {
-            if child.try_wait().unwrap().is_some() {
-                return false;
+            if self.child.as_mut().unwrap().try_wait().unwrap().is_some() {
+                self.child = None;
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                return Err(tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
             }
-            if self.cli(&["INFO", "server"]).lines().any(|l| l.trim() == ours) {
-                self.child = Some(child);
-                return true;
+            if self.cli(&["INFO", "server"]).lines().any(|l| l.trim() == ours) && self.cli(&["PING"]) == "PONG" {
+                return Ok(());
             }
             assert!(t.elapsed() < Duration::from_secs(10), "redis-server did not start");
             std::thread::sleep(Duration::from_millis(50));
