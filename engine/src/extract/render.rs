@@ -56,7 +56,7 @@ impl Scd {
         trace: &mut PackTrace,
     ) -> Result<usize> {
         // a near copy that waited is worth what it waited at
-        let deferred = trace.deferred.clone();
+        let deferred = &trace.deferred;
         let (units, worth) =
             (costs.units, |i: usize| deferred.get(&i).copied().unwrap_or_else(|| costs.units.worth(i, costs.score)));
         loop {
@@ -110,11 +110,14 @@ impl Scd {
     ) -> Result<usize> {
         let mut tries = 0;
         // a near copy that waited in packing waits here too (`order` is by score)
-        let mut ranked = order.to_vec();
-        if !trace.deferred.is_empty() {
-            ranked.sort_by(|&a, &b| trace.value(b, costs.score[b]).total_cmp(&trace.value(a, costs.score[a])));
-        }
-        for i in ranked {
+        let ranked: std::borrow::Cow<'_, [usize]> = if trace.deferred.is_empty() {
+            order.into()
+        } else {
+            let mut r = order.to_vec();
+            r.sort_by(|&a, &b| trace.value(b, costs.score[b]).total_cmp(&trace.value(a, costs.score[a])));
+            r.into()
+        };
+        for &i in ranked.iter() {
             if tries == REFILL_TRIES || n >= budget {
                 break;
             }
