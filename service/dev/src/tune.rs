@@ -64,6 +64,12 @@ pub struct TuneArgs {
     /// JSON report path.
     #[arg(long, default_value = "tune_report.json")]
     report: PathBuf,
+    /// Keep embeddings in this redb file (`PrepareConfig::embedding_store`),
+    /// as `scd-dev eval --embedding-store` does: a later tune or eval over
+    /// the same texts with the same model reads them instead of computing
+    /// them again (most of a first run's time); off when left out.
+    #[arg(long, value_name = "FILE")]
+    embedding_store: Option<PathBuf>,
     /// The second stage: its cross-encoder (loaded whenever one is
     /// configured, so a grid can weigh it) and the defaults' weight and reach.
     #[command(flatten)]
@@ -290,7 +296,12 @@ fn measure(
     args: &TuneArgs,
 ) -> anyhow::Result<Recalls> {
     let mut base = ScdConfig {
-        prepare: PrepareConfig { cache_bytes: 2 << 30, prepared_cache_bytes: 4 << 30, ..Default::default() },
+        prepare: PrepareConfig {
+            cache_bytes: 2 << 30,
+            prepared_cache_bytes: 4 << 30,
+            embedding_store: args.embedding_store.clone(),
+            ..Default::default()
+        },
         ..ScdConfig::default()
     };
     args.rerank.apply(&mut base.scoring);
