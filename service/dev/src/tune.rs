@@ -67,7 +67,7 @@ pub struct TuneArgs {
     /// Keep embeddings in this redb file (`PrepareConfig::embedding_store`),
     /// as `scd-dev eval --embedding-store` does: a later tune or eval over
     /// the same texts with the same model reads them instead of computing
-    /// them again (most of a first run's time); off when left out.
+    /// them again; off when left out.
     #[arg(long, value_name = "FILE")]
     embedding_store: Option<PathBuf>,
     /// The second stage: its cross-encoder (loaded whenever one is
