@@ -84,10 +84,12 @@ pub struct EvalArgs {
     code_chunker: String,
     /// Also run SCD with other settings, for tuning: a grid
     /// `key=v1,v2 key2=v3,v4` (every combination); repeat the flag for
-    /// several grids. Keys: the settings `scd-dev tune --grid` knows
-    /// (lexical_weight, field_weight, link_weight, link_sources,
-    /// lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources,
-    /// group_closure_tokens, embed_neighbour, rerank_weight, rerank_top),
+    /// several grids. Keys: the settings `scd-dev tune --grid` knows (an
+    /// unknown key's error lists them all: the weights lexical_weight,
+    /// field_weight, link_weight, lead_link_bonus, owner_link_weight,
+    /// second_hop_weight; link_sources, second_hop_sources; the closure
+    /// limits group_closure_tokens, section_closure_tokens,
+    /// function_closure_tokens; embed_neighbour, rerank_weight, rerank_top),
     /// code_names (0 or 1), before
     /// (1: the code chunker and scoring before the parser, as
     /// `--code-chunker heuristic`). Each setting is a method

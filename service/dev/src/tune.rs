@@ -56,9 +56,11 @@ pub struct TuneArgs {
     /// hand-weighted sum, 1: learned, the default), the hand sum's weights
     /// (with scorer 0: lexical_weight, field_weight, link_weight,
     /// lead_link_bonus, owner_link_weight), link_sources, second_hop_weight,
-    /// second_hop_sources, group_closure_tokens, embed_neighbour (0 or 1),
-    /// common_name_chunks, sibling_weight, and the second stage's
-    /// rerank_weight and rerank_top (either scorer; they need --reranker).
+    /// second_hop_sources, the closure limits (group_closure_tokens,
+    /// section_closure_tokens, function_closure_tokens), embed_neighbour
+    /// (0 or 1), common_name_chunks, sibling_weight, and the second stage's
+    /// rerank_weight and rerank_top (either scorer; they need --reranker);
+    /// an unknown name's error lists every setting.
     #[arg(long)]
     grid: PathBuf,
     /// JSON report path.
