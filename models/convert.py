@@ -257,7 +257,7 @@ def build_e5_small_int8(wheels: Path, out: Path, work: Path) -> None:
     manifest.update(
         name=name, precision="int8", graph="standard", variant_of="e5-small", fp32_matmuls=INT8_FP32_MATMULS,
         session_config=INT8_SESSION_CONFIG,
-        purpose="CPU: dynamic int8 MatMuls, about 2x e5-small's speed; opt-in (--model e5-small-int8), since its "
+        purpose="CPU: dynamic int8 MatMuls, about 2x e5-small's speed on a CPU with VNNI; opt-in (--model e5-small-int8), since its "
                 "dev-set recall is not within 0.005 of e5-small's everywhere (BENCHMARKS.md)")
     write_manifest(out, manifest, files)
 

