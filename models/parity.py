@@ -82,12 +82,17 @@ def exact_int8(so):
     kernel is asked for, which is only slower."""
     import platform
 
-    flags = set()
-    if Path("/proc/cpuinfo").exists():
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    if platform.machine() in ("x86_64", "AMD64") and not flags & {"avx512_vnni", "avx_vnni"}:
+    if platform.machine() in ("x86_64", "AMD64") and not has_vnni():
         so.add_session_config_entry("session.x64quantprecision", "1")
     return so
+
+
+def has_vnni() -> bool:
+    """Whether /proc/cpuinfo lists VNNI (AVX-512 VNNI or AVX-VNNI); False
+    where there is no /proc/cpuinfo."""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set(cpuinfo.read_text().split()) if cpuinfo.exists() else set()
+    return bool(flags & {"avx512_vnni", "avx_vnni"})
 
 
 def ort_pooled(model, tok, texts: list[str], prefix: str = "") -> np.ndarray:

@@ -2,7 +2,7 @@
 e5-small-int8's speed and output with and without it, in the same run.
 
 On x86-64 without VNNI the default U8S8 MatMul saturates, and scd turns the
-exact U8U8 kernel on (engine/src/encoder/ort.rs, `int8_saturates`); with VNNI it
+exact U8U8 kernel on (engine/src/encoder/cpu.rs, `int8_saturates`); with VNNI it
 leaves it off. This prints which case this CPU is, both tokens/s (interleaved,
 three rounds), the ratio, and the worst cosine between the two outputs.
 
@@ -13,17 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+from parity import has_vnni, ort_pooled  # noqa: E402
 
 models = Path(sys.argv[1] if len(sys.argv) > 1 else "models/out")
 tok = Tokenizer.from_file(str(models / "e5-small" / "tokenizer.json"))
 texts = json.loads((models / "e5-small" / "reference.json").read_text())["heldout_texts"][:48]
 manifest = json.loads((models / "e5-small-int8" / "manifest.json").read_text())
-flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-print(f"CPU: {'VNNI' if flags & {'avx512_vnni', 'avx_vnni'} else 'no VNNI'}, "
-      f"avx2={'avx2' in flags}, ONNX Runtime {ort.__version__}")
+tokens = sum(len(tok.encode("passage: " + t).ids) for t in texts)
+print(f"CPU: {'VNNI' if has_vnni() else 'no VNNI'}, ONNX Runtime {ort.__version__}")
 
 
 def session(exact: bool) -> ort.InferenceSession:
@@ -36,25 +37,15 @@ def session(exact: bool) -> ort.InferenceSession:
     return ort.InferenceSession(str(models / "e5-small-int8" / "model.onnx"), so, providers=["CPUExecutionProvider"])
 
 
-def run(sess: ort.InferenceSession) -> tuple[int, np.ndarray]:
-    tokens, rows = 0, []
-    for t in texts:
-        ids = np.array([tok.encode("passage: " + t).ids[:512]], np.int64)
-        tokens += ids.size
-        h = sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids)})[0][0].mean(0)
-        rows.append(h / np.linalg.norm(h))
-    return tokens, np.stack(rows)
-
-
 sessions = {exact: session(exact) for exact in (False, True)}
 rates = {False: [], True: []}
 outs = {}
 for rnd in range(3):
     for exact in (False, True):
         t0 = time.perf_counter()
-        n, outs[exact] = run(sessions[exact])
-        rates[exact].append(n / (time.perf_counter() - t0))
-        print(f"round {rnd}: exact={exact}: {rates[exact][-1]:.0f} tokens/s ({len(texts)} texts, {n} tokens)")
+        outs[exact] = ort_pooled(sessions[exact], tok, texts, "passage: ")
+        rates[exact].append(tokens / (time.perf_counter() - t0))
+        print(f"round {rnd}: exact={exact}: {rates[exact][-1]:.0f} tokens/s ({len(texts)} texts, {tokens} tokens)")
 best = {k: max(v) for k, v in rates.items()}
 print(f"best of 3: default {best[False]:.0f}, exact {best[True]:.0f} tokens/s; exact/default {best[True] / best[False]:.2f}x")
 print(f"worst cosine between the two outputs: {(outs[False] * outs[True]).sum(1).min():.6f}")

@@ -9,7 +9,7 @@
 /// (`session.x64quantprecision`); it touches only quantized MatMuls. That it
 /// restores the VNNI figures on such a CPU is not measured yet. With VNNI
 /// the default kernel is exact already, and the option would only slow it:
-/// 0.71x e5-small-int8's tokens/s for the same output on a VNNI Xeon
+/// 0.63x e5-small-int8's tokens/s for the same output on a VNNI Xeon
 /// (`benches/scripts/int8_exact_kernel.py`).
 pub(crate) fn int8_saturates() -> bool {
     #[cfg(target_arch = "x86_64")]
