@@ -182,6 +182,14 @@ pub struct ScoringConfig {
     /// whole `impl`. Chosen by `scd-dev tune`. A markdown section has its
     /// own limit, `section_closure_tokens`.
     pub group_closure_tokens: usize,
+    /// A second limit on the same closure, as a share of the budget: the
+    /// rest of a paragraph comes along only when the whole paragraph costs
+    /// at most this share of the budget, so one paragraph's other sentences
+    /// do not take the room of another paragraph's best one when the budget
+    /// holds few paragraphs (1: no limit beyond `group_closure_tokens`).
+    /// Chosen by 5-fold cross-validation on the HotpotQA, 2Wiki and MuSiQue
+    /// train samples (BENCHMARKS.md).
+    pub group_closure_share: f32,
     /// As `group_closure_tokens`, for a markdown section (a heading and
     /// what follows it up to the next heading; a long table or list item is
     /// a section of its own): once one of its chunks is sent, the rest of a
@@ -311,6 +319,7 @@ impl Default for ScoringConfig {
             second_hop_sources: 1,
             second_hop_max_tokens: 256,
             group_closure_tokens: 400,
+            group_closure_share: 0.4,
             section_closure_tokens: 1200,
             function_closure_tokens: 1200,
             function_pieces_capped: true,
@@ -429,6 +438,7 @@ mod tests {
         assert_eq!(c.scoring.second_hop_weight, 0.5);
         assert_eq!(c.scoring.second_hop_max_tokens, 256);
         assert_eq!(c.scoring.group_closure_tokens, 400);
+        assert_eq!(c.scoring.group_closure_share, 0.4);
         assert_eq!(c.scoring.section_closure_tokens, 1200);
         assert_eq!(c.scoring.function_closure_tokens, 1200);
         assert!(c.scoring.function_pieces_capped);

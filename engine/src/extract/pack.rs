@@ -219,7 +219,7 @@ impl Scd {
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
         let sc = &self.cfg.scoring;
         let limits = Limits {
-            paragraph: sc.group_closure_tokens,
+            paragraph: sc.group_closure_tokens.min((sc.group_closure_share.max(0.0) * budget as f32) as usize),
             section: sc.section_closure_tokens,
             function: sc.function_closure_tokens,
         };

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
+use scd_engine::cancel::Cancel;
 use scd_engine::context::{Context, ContextRequirement, Field, FieldKind, Task};
 use scd_engine::encoder::{Encoder, HashEncoder};
 use scd_engine::extract::{
-    CompressRequest, ContextRequest, Scd, ScdConfig, ScoringConfig, SessionConfig, SessionRequest,
+    CompressOptions, CompressRequest, ContextRequest, Scd, ScdConfig, ScoringConfig, SessionConfig, SessionRequest,
 };
 use scd_engine::session::SessionGrant;
 use scd_engine::Error;
@@ -266,9 +267,9 @@ fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
             "The gateway timed out at noon. Engineers restarted it. The logs were kept.\n\nLunch was pizza. The office is cold.",
         )],
     };
-    let cfg =
-        ScdConfig { scoring: ScoringConfig { group_closure_tokens: 50, ..Default::default() }, ..ScdConfig::default() };
-    let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), cfg);
+    // no limit by the budget's share here (the next test has it)
+    let scoring = ScoringConfig { group_closure_tokens: 50, group_closure_share: 1.0, ..Default::default() };
+    let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig { scoring, ..ScdConfig::default() });
     let task = "why did the gateway time out";
     // 13 words, and 2 for the header line ([notes:1])
     let out = scd.compress(&req(task, ctx.clone(), 15)).unwrap();
@@ -279,6 +280,34 @@ fn group_closure_sends_a_short_paragraph_whole_or_not_at_all() {
     assert!(out.totals.sent_tokens <= 11);
     assert_eq!(out.chunks[0].text, "The gateway timed out at noon.");
     assert!(out.chunks.len() < 4);
+}
+
+/// Issue 45: the rest of a paragraph comes along only when the whole
+/// paragraph costs at most `group_closure_share` of the budget; over it,
+/// its other sentences are packed by their own scores, as any chunk.
+#[test]
+fn a_paragraph_over_its_share_of_the_budget_is_not_brought_whole() {
+    let ctx = Context {
+        fields: vec![
+            prose("notes", "The gateway timed out at noon. Engineers restarted it. The logs were kept."),
+            prose("other", "Lunch was pizza. The office is cold. The gateway is new."),
+        ],
+    };
+    let brought = |share: f32| {
+        let scoring = ScoringConfig { group_closure_tokens: 50, group_closure_share: share, ..Default::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig { scoring, ..ScdConfig::default() });
+        let opts = CompressOptions { explain: true, ..Default::default() };
+        let out = scd.compress_opts(&req("why did the gateway time out", ctx.clone(), 20), &opts, &Cancel::new());
+        let out = out.unwrap();
+        assert!(out.totals.sent_tokens <= 20, "{:?}", out.totals);
+        let why = out.explanation.unwrap().selected;
+        why.iter().filter(|w| w.by_closure && !w.lead).map(|w| w.id.clone()).collect::<Vec<_>>()
+    };
+    // the paragraph (13 tokens) is within the budget but over half of it
+    assert_eq!(brought(1.0), ["notes#1", "notes#2"]);
+    assert_eq!(brought(0.7), ["notes#1", "notes#2"]);
+    assert!(brought(0.5).is_empty(), "{:?}", brought(0.5));
+    assert!(brought(0.0).is_empty());
 }
 
 /// Issue 45: a markdown section (a how-to from its heading to its last

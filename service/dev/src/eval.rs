@@ -88,7 +88,7 @@ pub struct EvalArgs {
     /// unknown key's error lists them all: the weights lexical_weight,
     /// field_weight, link_weight, lead_link_bonus, owner_link_weight,
     /// second_hop_weight; link_sources, second_hop_sources; the closure
-    /// limits group_closure_tokens, section_closure_tokens,
+    /// limits group_closure_tokens, group_closure_share, section_closure_tokens,
     /// function_closure_tokens; embed_neighbour, rerank_weight, rerank_top),
     /// code_names (0 or 1), before
     /// (1: the code chunker and scoring before the parser, as

@@ -57,7 +57,7 @@ pub struct TuneArgs {
     /// (with scorer 0: lexical_weight, field_weight, link_weight,
     /// lead_link_bonus, owner_link_weight), link_sources, second_hop_weight,
     /// second_hop_sources, the closure limits (group_closure_tokens,
-    /// section_closure_tokens, function_closure_tokens), embed_neighbour
+    /// group_closure_share, section_closure_tokens, function_closure_tokens), embed_neighbour
     /// (0 or 1), common_name_chunks, sibling_weight, and the second stage's
     /// rerank_weight and rerank_top (either scorer; they need --reranker);
     /// an unknown name's error lists every setting.
@@ -151,6 +151,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
+        "group_closure_share" => cfg.scoring.group_closure_share = as_weight(1.0)?,
         "section_closure_tokens" => cfg.scoring.section_closure_tokens = as_count()?,
         "function_closure_tokens" => cfg.scoring.function_closure_tokens = as_count()?,
         "function_pieces_capped" => cfg.scoring.function_pieces_capped = as_count()? > 0,
@@ -179,7 +180,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         other => bail!(
             "unknown setting {other:?} (known: lexical_weight, field_weight, link_weight, \
              link_sources, lead_link_bonus, owner_link_weight, second_hop_weight, second_hop_sources, \
-             group_closure_tokens, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, function_whole_share, \
+             group_closure_tokens, group_closure_share, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, function_whole_share, \
              code_context_lines, json_whole_tokens, log_size_weight, follow_weight, near_duplicate_penalty, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
              long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \

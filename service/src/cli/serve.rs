@@ -90,6 +90,11 @@ pub struct ServeArgs {
     /// (0: only its lead comes along with a chosen sentence).
     #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
+    /// The rest of a paragraph comes along only when the whole paragraph
+    /// costs at most this share of the budget, 0 to 1 (1: only
+    /// `--group-closure-tokens` limits it).
+    #[arg(long, env = "SCD_GROUP_CLOSURE_SHARE", default_value_t = ScdConfig::default().scoring.group_closure_share)]
+    group_closure_share: f32,
     /// A markdown section of at most this many tokens is sent whole once
     /// one of its chunks is (0: only its heading comes along).
     #[arg(long, env = "SCD_SECTION_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.section_closure_tokens)]
@@ -377,6 +382,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<()> {
     weight_within("--follow-weight", args.follow_weight, 1.0)?;
     weight_within("--near-duplicate-penalty", args.near_duplicate_penalty, 10.0)?;
     weight_within("--function-whole-share", args.function_whole_share, 4.0)?;
+    weight_within("--group-closure-share", args.group_closure_share, 1.0)?;
     anyhow::ensure!(
         args.code_context_lines <= MAX_CODE_CONTEXT_LINES,
         "--code-context-lines {}: must be at most {MAX_CODE_CONTEXT_LINES}",
@@ -445,6 +451,7 @@ fn scd_config(args: &ServeArgs, base: ScdConfig) -> ScdConfig {
     let mut scoring = ScoringConfig {
         second_hop_weight: args.second_hop_weight,
         group_closure_tokens: args.group_closure_tokens,
+        group_closure_share: args.group_closure_share,
         section_closure_tokens: args.section_closure_tokens,
         function_closure_tokens: args.function_closure_tokens,
         function_whole_share: args.function_whole_share,

@@ -86,7 +86,7 @@ fn batch_answers_good_lines_and_names_bad_ones() {
 fn bad_arguments_fail_before_the_model_loads() {
     // a missing ONNX Runtime would fail the run later: these must fail first
     let no_ort = ["--ort-lib", "/nonexistent/libonnxruntime.so"];
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["serve", "--addr", "127.0.0.1:0", "--second-hop-weight", "11"],
             "--second-hop-weight 11: must be between 0 and 10",
@@ -103,6 +103,10 @@ fn bad_arguments_fail_before_the_model_loads() {
         (
             &["serve", "--addr", "127.0.0.1:0", "--function-whole-share", "5"],
             "--function-whole-share 5: must be between 0 and 4",
+        ),
+        (
+            &["serve", "--addr", "127.0.0.1:0", "--group-closure-share", "1.5"],
+            "--group-closure-share 1.5: must be between 0 and 1",
         ),
         (&["serve", "--addr", "127.0.0.1:0", "--code-context-lines", "9"], "--code-context-lines 9: must be at most 8"),
         (&["compress", "--task", "t", "--context", "fixtures/agent_context.json", "--budget", "0"], "--budget"),
