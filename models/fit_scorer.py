@@ -76,6 +76,8 @@ SHIPPABLE = {"links", "signals"}
 # chunk paying one separator, prose groups up to this many tokens whole
 FRACTIONS = (1 / 3, 1 / 4)
 SEPARATOR = 1
+# closure as it was when the shipped weights were fitted: by this limit alone,
+# before the engine's group_closure_share (issue 45) also limited it by the budget
 GROUP_CLOSURE_TOKENS = 400
 
 

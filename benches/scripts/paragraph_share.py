@@ -1,9 +1,10 @@
 """How much of a 3x budget one supporting paragraph costs, per Wikipedia train
 sample: the quantiles of (paragraph words x 1.35) / (0.33 x context words x
 1.35), a rough token count, over every supporting paragraph of the first 200
-questions. It explains why `group_closure_share` separates the sets (issue
-45, BENCHMARKS.md): where a supporting paragraph is a large share of the
-budget, sending it whole costs another paragraph's fact.
+questions. It shows one way the sets differ where `group_closure_share`
+(issue 45, BENCHMARKS.md) treats them differently: where a supporting
+paragraph is a large share of the budget, sending it whole costs room
+another paragraph's fact could have had.
 
     python3 benches/scripts/paragraph_share.py [SHARED_DIR]
 """

@@ -186,7 +186,9 @@ pub struct ScoringConfig {
     /// rest of a paragraph comes along only when the whole paragraph costs
     /// at most this share of the budget, so one paragraph's other sentences
     /// do not take the room of another paragraph's best one when the budget
-    /// holds few paragraphs (1: no limit beyond `group_closure_tokens`).
+    /// holds few paragraphs (1 or more: no limit beyond
+    /// `group_closure_tokens`; NaN and below 0 act as 0). The whole
+    /// paragraph is measured, also in a follow-up that completes one.
     /// Chosen by 5-fold cross-validation on the HotpotQA, 2Wiki and MuSiQue
     /// train samples (BENCHMARKS.md).
     pub group_closure_share: f32,

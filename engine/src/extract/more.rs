@@ -169,8 +169,8 @@ impl Scd {
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
     /// of `unseen` by value ([`Self::pack_values`], as in a first answer), packed
-    /// as a first answer does (a sentence brings its
-    /// paragraph), against what the receiver already holds (`sent`: those
+    /// as a first answer does (a sentence brings its short
+    /// paragraph, measured whole against this budget), against what the receiver already holds (`sent`: those
     /// are neither sent again nor repeated as near-duplicates), then counted
     /// whole, as the receiver pastes it, dropping the weakest until it fits:
     /// the chunks picked and their tokens.

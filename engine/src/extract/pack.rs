@@ -219,7 +219,7 @@ impl Scd {
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
         let sc = &self.cfg.scoring;
         let limits = Limits {
-            paragraph: sc.group_closure_tokens.min((sc.group_closure_share.max(0.0) * budget as f32) as usize),
+            paragraph: paragraph_limit(sc.group_closure_tokens, sc.group_closure_share, budget),
             section: sc.section_closure_tokens,
             function: sc.function_closure_tokens,
         };
@@ -379,6 +379,18 @@ struct Limits {
     section: usize,
     /// A long function cut into its signature and body pieces.
     function: usize,
+}
+
+/// The most tokens a paragraph may have to come whole: `tokens`, and at
+/// most `share` of `budget` below a share of 1 (NaN and below 0 act as 0).
+/// The whole paragraph is measured, also in a follow-up where the receiver
+/// holds part of it.
+fn paragraph_limit(tokens: usize, share: f32, budget: usize) -> usize {
+    if share >= 1.0 {
+        tokens
+    } else {
+        tokens.min((share.max(0.0) * budget as f32) as usize)
+    }
 }
 
 /// What closure brings: each group's lead, a container's closing line, and

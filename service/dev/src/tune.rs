@@ -588,6 +588,10 @@ mod tests {
         assert_eq!(cfg.scoring.follow_weight, 0.5);
         let e = apply(&mut cfg, &Settings::from([("function_whole_share".into(), 5.0)])).unwrap_err().to_string();
         assert_eq!(e, "--grid: function_whole_share takes 0 to 4, got 5");
+        let e = apply(&mut cfg, &Settings::from([("group_closure_share".into(), 1.5)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: group_closure_share takes 0 to 1, got 1.5");
+        apply(&mut cfg, &Settings::from([("group_closure_share".into(), 0.25)])).unwrap();
+        assert_eq!(cfg.scoring.group_closure_share, 0.25);
         let e = apply(&mut cfg, &Settings::from([("code_context_lines".into(), 9.0)])).unwrap_err().to_string();
         assert_eq!(e, "--grid: code_context_lines takes whole numbers from 0 to 8, got 9");
     }

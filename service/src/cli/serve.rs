@@ -86,8 +86,10 @@ pub struct ServeArgs {
     /// (BENCHMARKS.md has both sides).
     #[arg(long, env = "SCD_SECOND_HOP_WEIGHT", default_value_t = ScdConfig::default().scoring.second_hop_weight)]
     second_hop_weight: f32,
-    /// A paragraph of at most this many tokens is sent whole or not at all
-    /// (0: only its lead comes along with a chosen sentence).
+    /// A paragraph of at most this many tokens (and at most
+    /// `--group-closure-share` of the budget) is sent whole once one of its
+    /// sentences is, when it fits (0: only its lead comes along with a
+    /// chosen sentence).
     #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
     /// The rest of a paragraph comes along only when the whole paragraph
