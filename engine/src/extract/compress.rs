@@ -10,7 +10,7 @@ use std::time::Instant;
 use tracing::debug;
 
 use super::assemble::{Gate, Sums};
-use super::pack::{Costs, PackTrace};
+use super::pack::{paragraph_limit, Costs, PackTrace};
 use super::parts::Scores;
 use super::prepare::{PreparedContext, Split};
 use super::sessions::{Guard, Handle};
@@ -376,7 +376,9 @@ impl Scd {
         let n_held = with_held.len();
         with_held.append(&mut selected);
         let units = self.whole_units(prepared, &cost, room);
-        let costs = Costs { text: &cost, header: &header, score: &value, units: &units };
+        let sc = &self.cfg.scoring;
+        let paragraph = paragraph_limit(sc.group_closure_tokens, sc.group_closure_share, room);
+        let costs = Costs { text: &cost, header: &header, score: &value, units: &units, paragraph };
         self.pack(prepared, &order, &costs, room, &mut with_held, &mut used, &mut trace);
         let mut selected = with_held.split_off(n_held);
         // what the receiver gets, counted whole (headers and wrapping

@@ -169,8 +169,8 @@ impl Scd {
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
     /// of `unseen` by value ([`Self::pack_values`], as in a first answer), packed
-    /// as a first answer does (a sentence brings its short
-    /// paragraph, measured whole against this budget), against what the receiver already holds (`sent`: those
+    /// as a first answer does (a sentence brings its paragraph, with no
+    /// `group_closure_share` limit), against what the receiver already holds (`sent`: those
     /// are neither sent again nor repeated as near-duplicates), then counted
     /// whole, as the receiver pastes it, dropping the weakest until it fits:
     /// the chunks picked and their tokens.
@@ -196,7 +196,11 @@ impl Scd {
         let mut used = 0;
         let mut trace = PackTrace::default();
         let units = self.whole_units(context, &cost, budget + counting.separator);
-        let costs = Costs { text: &cost, header: &header, score: &value, units: &units };
+        // a follow-up asks for its answer's paragraph: no share of the budget
+        // limits it (with one, MuSiQue's follow-ups lost 0.06 to 0.12 of their
+        // questions all kept; BENCHMARKS.md)
+        let paragraph = self.cfg.scoring.group_closure_tokens;
+        let costs = Costs { text: &cost, header: &header, score: &value, units: &units, paragraph };
         self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);
         let mut picked: Vec<usize> = selected.split_off(held);
         let text_of = |picked: &[usize]| render::render(context, picked, sent, around);

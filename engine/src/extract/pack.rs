@@ -44,6 +44,10 @@ pub(super) struct Costs<'a> {
     pub(super) score: &'a [f32],
     /// The cut functions sent whole or not at all ([`Scd::whole_units`]).
     pub(super) units: &'a Units,
+    /// The most tokens a prose paragraph may have to come whole
+    /// ([`paragraph_limit`] in a first answer; `group_closure_tokens` alone
+    /// in a follow-up).
+    pub(super) paragraph: usize,
 }
 
 /// The candidates in score order, merged with the chat answers whose
@@ -219,7 +223,7 @@ impl Scd {
         let mut sent: HashMap<u32, usize> = selected.iter().map(|&i| (ctx.distinct[i], i)).collect();
         let sc = &self.cfg.scoring;
         let limits = Limits {
-            paragraph: paragraph_limit(sc.group_closure_tokens, sc.group_closure_share, budget),
+            paragraph: costs.paragraph,
             section: sc.section_closure_tokens,
             function: sc.function_closure_tokens,
         };
@@ -381,11 +385,11 @@ struct Limits {
     function: usize,
 }
 
-/// The most tokens a paragraph may have to come whole: `tokens`, and at
-/// most `share` of `budget` below a share of 1 (NaN and below 0 act as 0).
-/// The whole paragraph is measured, also in a follow-up where the receiver
-/// holds part of it.
-fn paragraph_limit(tokens: usize, share: f32, budget: usize) -> usize {
+/// The most tokens a paragraph may have to come whole in a first answer:
+/// `tokens`, and at most `share` of `budget` below a share of 1 (NaN and
+/// below 0 act as 0). The whole paragraph is measured, also in a continued
+/// session where the receiver holds part of it.
+pub(super) fn paragraph_limit(tokens: usize, share: f32, budget: usize) -> usize {
     if share >= 1.0 {
         tokens
     } else {

@@ -310,6 +310,32 @@ fn a_paragraph_over_its_share_of_the_budget_is_not_brought_whole() {
     assert!(brought(0.0).is_empty());
 }
 
+/// A follow-up asks for its answer's paragraph: the share of the budget
+/// does not limit it (measured on MuSiQue's follow-ups, BENCHMARKS.md).
+#[test]
+fn a_follow_up_brings_its_paragraph_whatever_the_share() {
+    let ctx = Context {
+        fields: vec![
+            prose("notes", "The gateway timed out at noon. Engineers restarted it. The logs were kept."),
+            prose("other", "Lunch was pizza. The office is cold."),
+        ],
+    };
+    let followed = |share: f32| {
+        let scoring = ScoringConfig { group_closure_tokens: 50, group_closure_share: share, ..Default::default() };
+        let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig { scoring, ..ScdConfig::default() });
+        let first = scd.compress(&with_session(req("what was for lunch", ctx.clone(), 6), "s-share")).unwrap();
+        assert!(first.chunks.iter().all(|c| !c.id.starts_with("notes")), "{:?}", first.chunks);
+        let g = first.session.unwrap();
+        let next = ContextRequest { max_tokens: Some(20), ..more(&g, "why did the gateway time out", 0.2) };
+        let out = scd.request_more(&next).unwrap();
+        assert!(out.sent_tokens <= 20);
+        out.chunks.iter().map(|c| c.id.clone()).filter(|id| id.starts_with("notes")).collect::<Vec<_>>()
+    };
+    // the paragraph (13 tokens) is over 0.5 of the follow-up's budget
+    assert_eq!(followed(0.5), ["notes#0", "notes#1", "notes#2"]);
+    assert_eq!(followed(0.5), followed(1.0));
+}
+
 /// Issue 45: a markdown section (a how-to from its heading to its last
 /// step) comes whole once one of its chunks is sent, when it has at most
 /// `section_closure_tokens` and fits; with the limit at 0 only its heading

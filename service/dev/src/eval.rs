@@ -139,7 +139,9 @@ pub struct EvalArgs {
     budget_tokenizer: Option<String>,
     /// MuSiQue only: the adaptive loop (paper §6.3) beside one-shot at the
     /// same total tokens. --budgets are the first answer's budgets; each
-    /// later hop's question is a follow-up with its own budget.
+    /// later hop's question is a follow-up with its own budget. A --sweep
+    /// of one setting runs the loop with it in place of the defaults (rerun
+    /// without it for the defaults); more than one is refused.
     #[arg(long)]
     adaptive: bool,
     /// With --adaptive: each follow-up's budget, a fraction of the context.
@@ -751,11 +753,21 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     }
     let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
     let opts = CompressOptions { budget_tokenizer: tok, ..Default::default() };
+    let cfg = scd_config(&args)?;
+    let mut variants = sweep(&cfg, &args.sweep)?;
+    // the adaptive loop runs one configuration: a swept setting replaces the defaults
+    let cfg = match (args.adaptive, variants.len()) {
+        (false, _) | (true, 0) => cfg,
+        (true, 1) => {
+            let (name, c) = variants.remove(0);
+            println!("settings: {name} (in place of the defaults)");
+            c
+        }
+        (true, n) => anyhow::bail!("--sweep: --adaptive runs one setting at a time, got {n}"),
+    };
     let examples = load_examples(&args, dataset)?;
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();
-    let cfg = scd_config(&args)?;
-    let variants = sweep(&cfg, &args.sweep)?;
     let memo: Arc<dyn Encoder> =
         if variants.is_empty() { encoder.clone() } else { Arc::new(crate::memo::Memo::new(encoder.clone())) };
     let scd = Scd::new(memo.clone(), cfg).with_reranker(reranker);

@@ -92,9 +92,9 @@ pub struct ServeArgs {
     /// chosen sentence).
     #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
-    /// The rest of a paragraph comes along only when the whole paragraph
-    /// costs at most this share of the budget, 0 to 1 (1: only
-    /// `--group-closure-tokens` limits it).
+    /// In a first answer, the rest of a paragraph comes along only when the
+    /// whole paragraph costs at most this share of the budget, 0 to 1 (1:
+    /// only `--group-closure-tokens` limits it; follow-ups have no share).
     #[arg(long, env = "SCD_GROUP_CLOSURE_SHARE", default_value_t = ScdConfig::default().scoring.group_closure_share)]
     group_closure_share: f32,
     /// A markdown section of at most this many tokens is sent whole once

@@ -110,3 +110,25 @@ fn a_second_agent_eval_with_a_store_embeds_nothing_and_reports_the_same() {
     assert_eq!(first["results"], second["results"]);
     assert_eq!(first["cross_validation"], second["cross_validation"]);
 }
+
+/// The adaptive loop runs one configuration: `--sweep` may name one
+/// setting (in place of the defaults), and more are refused before any
+/// model or data is read.
+#[test]
+fn the_adaptive_loop_refuses_a_sweep_of_two_settings() {
+    let (ok, _, stderr) = scd_dev(
+        &[
+            "eval",
+            "--dataset",
+            "musique",
+            "--path",
+            "no-such-file.jsonl",
+            "--adaptive",
+            "--sweep",
+            "group_closure_share=0.4,1",
+        ],
+        "",
+    );
+    assert!(!ok);
+    assert!(stderr.contains("--sweep: --adaptive runs one setting at a time, got 2"), "{stderr}");
+}
