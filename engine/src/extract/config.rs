@@ -187,9 +187,10 @@ pub struct ScoringConfig {
     /// at most this share of the budget, so one paragraph's other sentences
     /// do not take the room of another paragraph's best one when the budget
     /// holds few paragraphs (1 or more: no limit beyond
-    /// `group_closure_tokens`; NaN and below 0 act as 0). First answers
-    /// only: a follow-up asks for its answer's paragraph, and one limited
-    /// by its budget's share lost MuSiQue's follow-ups (BENCHMARKS.md).
+    /// `group_closure_tokens`; NaN and below 0 act as 0). Compress only
+    /// (a continued session's too): a RequestContext follow-up asks for its
+    /// answer's paragraph, and limited by its budget's share it lost
+    /// MuSiQue's follow-ups (BENCHMARKS.md).
     /// Chosen by 5-fold cross-validation on the HotpotQA, 2Wiki and MuSiQue
     /// train samples (BENCHMARKS.md).
     pub group_closure_share: f32,

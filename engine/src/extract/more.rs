@@ -197,8 +197,8 @@ impl Scd {
         let mut trace = PackTrace::default();
         let units = self.whole_units(context, &cost, budget + counting.separator);
         // a follow-up asks for its answer's paragraph: no share of the budget
-        // limits it (with one, MuSiQue's follow-ups lost 0.06 to 0.12 of their
-        // questions all kept; BENCHMARKS.md)
+        // limits it (with one, MuSiQue's adaptive loop kept every supporting
+        // paragraph of up to 0.08 fewer questions; BENCHMARKS.md)
         let paragraph = self.cfg.scoring.group_closure_tokens;
         let costs = Costs { text: &cost, header: &header, score: &value, units: &units, paragraph };
         self.pack(context, &order, &costs, budget + counting.separator, &mut selected, &mut used, &mut trace);

@@ -320,8 +320,8 @@ fn a_follow_up_brings_its_paragraph_whatever_the_share() {
             prose("other", "Lunch was pizza. The office is cold."),
         ],
     };
-    let followed = |share: f32| {
-        let scoring = ScoringConfig { group_closure_tokens: 50, group_closure_share: share, ..Default::default() };
+    let followed = |tokens: usize, share: f32| {
+        let scoring = ScoringConfig { group_closure_tokens: tokens, group_closure_share: share, ..Default::default() };
         let scd = Scd::new(Arc::new(HashEncoder::new(256, 512)), ScdConfig { scoring, ..ScdConfig::default() });
         let first = scd.compress(&with_session(req("what was for lunch", ctx.clone(), 6), "s-share")).unwrap();
         assert!(first.chunks.iter().all(|c| !c.id.starts_with("notes")), "{:?}", first.chunks);
@@ -332,8 +332,10 @@ fn a_follow_up_brings_its_paragraph_whatever_the_share() {
         out.chunks.iter().map(|c| c.id.clone()).filter(|id| id.starts_with("notes")).collect::<Vec<_>>()
     };
     // the paragraph (13 tokens) is over 0.5 of the follow-up's budget
-    assert_eq!(followed(0.5), ["notes#0", "notes#1", "notes#2"]);
-    assert_eq!(followed(0.5), followed(1.0));
+    assert_eq!(followed(50, 0.5), ["notes#0", "notes#1", "notes#2"]);
+    assert_eq!(followed(50, 0.5), followed(50, 1.0));
+    // "Engineers restarted it." comes by closure: without closure it is not sent
+    assert!(!followed(0, 1.0).contains(&"notes#1".to_string()), "{:?}", followed(0, 1.0));
 }
 
 /// Issue 45: a markdown section (a how-to from its heading to its last

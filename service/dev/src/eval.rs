@@ -747,12 +747,10 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     for b in &args.budgets {
         anyhow::ensure!(*b > 0.0 && *b <= 1.0, "--budgets: each must be in (0, 1], got {b}");
     }
-    let reranker = args.rerank.load(model, true)?;
     if args.dataset == "agent" {
+        let reranker = args.rerank.load(model, true)?;
         return super::eval_agent::run(model, agent_eval(&args, tok, reranker)?);
     }
-    let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
-    let opts = CompressOptions { budget_tokenizer: tok, ..Default::default() };
     let cfg = scd_config(&args)?;
     let mut variants = sweep(&cfg, &args.sweep)?;
     // the adaptive loop runs one configuration: a swept setting replaces the defaults
@@ -765,6 +763,9 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
         }
         (true, n) => anyhow::bail!("--sweep: --adaptive runs one setting at a time, got {n}"),
     };
+    let reranker = args.rerank.load(model, true)?;
+    let dataset = args.dataset.parse::<Dataset>().map_err(|e| anyhow::anyhow!("{e} (or agent)"))?;
+    let opts = CompressOptions { budget_tokenizer: tok, ..Default::default() };
     let examples = load_examples(&args, dataset)?;
     let encoder = Arc::new(model.load_encoder()?);
     let model_id = encoder.model_id().to_string();

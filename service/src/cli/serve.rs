@@ -86,15 +86,16 @@ pub struct ServeArgs {
     /// (BENCHMARKS.md has both sides).
     #[arg(long, env = "SCD_SECOND_HOP_WEIGHT", default_value_t = ScdConfig::default().scoring.second_hop_weight)]
     second_hop_weight: f32,
-    /// A paragraph of at most this many tokens (and at most
+    /// A paragraph of at most this many tokens (and, in a Compress, at most
     /// `--group-closure-share` of the budget) is sent whole once one of its
     /// sentences is, when it fits (0: only its lead comes along with a
     /// chosen sentence).
     #[arg(long, env = "SCD_GROUP_CLOSURE_TOKENS", default_value_t = ScdConfig::default().scoring.group_closure_tokens)]
     group_closure_tokens: usize,
-    /// In a first answer, the rest of a paragraph comes along only when the
+    /// In a Compress, the rest of a paragraph comes along only when the
     /// whole paragraph costs at most this share of the budget, 0 to 1 (1:
-    /// only `--group-closure-tokens` limits it; follow-ups have no share).
+    /// only `--group-closure-tokens` limits it; a RequestContext follow-up
+    /// has no share).
     #[arg(long, env = "SCD_GROUP_CLOSURE_SHARE", default_value_t = ScdConfig::default().scoring.group_closure_share)]
     group_closure_share: f32,
     /// A markdown section of at most this many tokens is sent whole once
