@@ -5,8 +5,11 @@ train samples.
 
 What is fitted is what packing does with the scores. For each example the
 script packs its chunks as the engine does (greedy by score under a budget
-of a third and a quarter of the example's tokens, a small prose group
-brought whole, else its lead) and counts the evidence that lands, as
+of a third and a quarter of the example's tokens; a prose group brought
+whole when it costs at most `group_closure_tokens` and `--closure-share` of
+the budget, else its lead; each piece, a run of adjacent chunks of one
+field, paying its header line; a named title's part of the score floored
+at 0) and counts the evidence that lands, as
 `scd-dev eval` does: evidence chunks, and for MuSiQue paragraphs of which 90 %
 of the tokens land.
 The weights start at the hand-weighted sum's and move by coordinate ascent
@@ -36,7 +39,8 @@ included, and the judged dumps, e.g. the dev halves, which are never
 fitted on) goes to stdout and, with --report, to a JSON file.
 
     .tools/venv/bin/python models/fit_scorer.py train_*.jsonl --judge dev_*.jsonl \
-        --out engine/src/extract/scorer.json --report benches/results/scorer_cv.json
+        --shipped engine/src/extract/scorer.json \
+        --out scorer.json --report benches/results/scorer_cv.json
 """
 
 import argparse
@@ -74,18 +78,21 @@ SHIPPABLE = {"links", "signals"}
 
 # the engine's packing: budgets as fractions of an example's tokens, each
 # chunk paying one separator, prose groups up to this many tokens whole
+# (and, below a share of 1, up to --closure-share of the budget: the
+# engine's group_closure_share, issue 45)
 FRACTIONS = (1 / 3, 1 / 4)
 SEPARATOR = 1
-# closure as it was when the shipped weights were fitted: by this limit alone,
-# before the engine's group_closure_share (issue 45) also limited it by the budget
 GROUP_CLOSURE_TOKENS = 400
+# the parts of a named title, whose sum the engine floors at 0 (features.rs)
+TITLE = ("link_title", "title_lead", "title_shared")
 
 
 class Example:
     """One example's chunks, and its packing."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, share):
         self.set = rows[0]["set"]
+        self.share = share
         self.id = rows[0]["id"]
         self.X = np.asarray([r["x"] for r in rows], dtype=np.float64)
         self.y = np.asarray([r["label"] for r in rows], dtype=np.float64)
@@ -107,37 +114,56 @@ class Example:
         for j, g in enumerate(group):
             members[g].append(j)
         leads = {group[j]: j for j, r in enumerate(rows) if r["lead"]}
-        self.whole = [
-            members[g] if r["prose"] and self.cost[members[g]].sum() <= GROUP_CLOSURE_TOKENS else None
-            for g, r in zip(group, rows)
-        ]
+        size = {g: int(self.cost[m].sum()) for g, m in members.items()}
+        self.whole = [members[g] if r["prose"] else None for g, r in zip(group, rows)]
+        self.size = [size[g] for g in group]
         self.lead = [leads.get(g) for g in group]
+        # a piece is a run of adjacent chunks of one field (rows come in the
+        # engine's chunk order) or of one group (a paragraph's later
+        # sentence joins it after a gap line); the chunk that opens one
+        # pays its header
+        self.group = [members[g] for g in group]
+        field = [r["field"] for r in rows]
+        self.header = [r["header"] for r in rows]
+        self.prev = [j - 1 if j and field[j - 1] == field[j] else None for j in range(len(rows))]
+        self.next = [j + 1 if j + 1 < len(rows) and field[j + 1] == field[j] else None for j in range(len(rows))]
+
+    def price(self, i, chosen):
+        """What `i` costs beside `chosen`: its tokens, and a header when
+        nothing chosen is next to it or in its group (joining two pieces
+        refunds nothing; a gap line is not counted)."""
+        alone = self.prev[i] not in chosen and self.next[i] not in chosen and chosen.isdisjoint(self.group[i])
+        return self.cost[i] + (self.header[i] if alone else 0)
 
     def pack(self, scores, fraction):
         """The chunks packing takes (greedy by score; closure as the engine's)."""
         budget = int(self.total * fraction) + SEPARATOR
+        limit = GROUP_CLOSURE_TOKENS if self.share >= 1 else min(GROUP_CLOSURE_TOKENS, int(max(self.share, 0) * budget))
         chosen, used = set(), 0
         for i in np.argsort(-scores, kind="stable"):
-            if i in chosen or used + self.cost[i] > budget:
+            if i in chosen or used + self.price(i, chosen) > budget:
                 continue
+            used += self.price(i, chosen)
             chosen.add(i)
-            used += self.cost[i]
-            if self.whole[i] is not None:
-                rest = [j for j in self.whole[i] if j not in chosen]
-                extra = sum(self.cost[j] for j in rest)
+            if self.whole[i] is not None and self.size[i] <= limit:
+                rest, extra, taken = [j for j in self.whole[i] if j not in chosen], 0, set(chosen)
+                for j in rest:
+                    extra += self.price(j, taken)
+                    taken.add(j)
                 if rest and used + extra <= budget:
                     chosen.update(rest)
                     used += extra
                     continue
             lead = self.lead[i]
-            if lead is not None and lead not in chosen and used + self.cost[lead] <= budget:
+            if lead is not None and lead not in chosen and used + self.price(lead, chosen) <= budget:
+                used += self.price(lead, chosen)
                 chosen.add(lead)
-                used += self.cost[lead]
         return chosen
 
     def recall(self, w):
         """Evidence recall, averaged over the budgets."""
-        s = self.X @ w
+        title = self.X[:, TITLE_AT] @ w[TITLE_AT]
+        s = self.X @ w - title + np.maximum(title, 0.0)
         return float(np.mean([self.kept(self.pack(s, f)) for f in FRACTIONS]))
 
     def kept(self, chosen):
@@ -147,19 +173,20 @@ class Example:
         return float(np.mean([sum(tok[j] for j in m if j in chosen) >= 0.9 * t for m, t in self.paragraphs]))
 
 
-def load(paths):
+def load(paths, share):
     rows = defaultdict(list)
     for p in paths:
         with open(p) as f:
             for n, line in enumerate(f, 1):
                 r = json.loads(line)
-                missing = [k for k in ("set", "id", "label", "tokens", "x", "group", "lead", "prose") if k not in r]
+                keys = ("set", "id", "label", "tokens", "x", "group", "lead", "prose", "field", "header")
+                missing = [k for k in keys if k not in r]
                 if missing:
                     sys.exit(f"{p}:{n}: no {', '.join(missing)} (dumped by an older scd-dev eval --dump-features)")
                 if len(r["x"]) != len(FEATURES):
                     sys.exit(f"{p}:{n}: {len(r['x'])} features; this script knows {len(FEATURES)}")
                 rows[(r["set"], r["id"])].append(r)
-    return [Example(r) for r in rows.values() if sum(x["label"] for x in r) > 0]
+    return [Example(r, share) for r in rows.values() if sum(x["label"] for x in r) > 0]
 
 
 def per_set(examples, w):
@@ -174,6 +201,19 @@ def mean_over_sets(examples, w):
 
 
 HAND_W = np.array([HAND.get(n, 0.0) for n in FEATURES])
+TITLE_AT = [FEATURES.index(n) for n in TITLE]
+
+
+def shipped_weights(path):
+    """A scorer.json's weights as the engine scores with them: the second
+    hop at the hand sum's weight, as the fit holds it."""
+    with open(path) as fh:
+        s = json.load(fh)
+    if s["features"] != FEATURES:
+        sys.exit(f"{path}: fitted on other features")
+    w = np.asarray(s["weights"], dtype=np.float64)
+    w[FEATURES.index("hop_z")] = s.get("second_hop_weight_in_fit", HAND["hop_z"])
+    return w
 
 
 def fit(examples, free, lam, rounds=4, eps=5e-4):
@@ -215,9 +255,15 @@ def main():
     ap.add_argument("--report")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--lambdas", default="0,0.01,0.03")
+    ap.add_argument("--closure-share", type=float, default=0.4,
+                    help="the engine's group_closure_share the packing models (1: no share)")
+    ap.add_argument("--candidates", default=",".join(FREE_SETS),
+                    help=f"which of {', '.join(FREE_SETS)} to fit (those not shippable are only reported)")
+    ap.add_argument("--shipped", help="a scorer.json (e.g. the engine's) judged beside the hand sum, never fitted")
     args = ap.parse_args()
-    train = load(args.dumps)
-    judged = load(args.judge) if args.judge else []
+    train = load(args.dumps, args.closure_share)
+    judged = load(args.judge, args.closure_share) if args.judge else []
+    shipped_w = shipped_weights(args.shipped) if args.shipped else None
     names = sorted({e.set for e in train})
     if len(names) < 2:
         sys.exit(f"leave-one-set-out needs two sets or more; the dumps hold {names}")
@@ -227,11 +273,20 @@ def main():
     report = {"features": FEATURES, "fractions": FRACTIONS, "examples": counts, "hand_per_set": hand,
               "hand_mean": round(float(np.mean(list(hand.values()))), 4), "loso": {}, "kfold": []}
     print(f"hand sum, packed recall on each set: {hand}; mean {report['hand_mean']}")
+    report["closure_share"] = args.closure_share
+    if shipped_w is not None:
+        report["shipped_per_set"] = per_set(train, shipped_w)
+        print(f"{args.shipped}, packed recall on each set: {report['shipped_per_set']}; "
+              f"mean {np.mean(list(report['shipped_per_set'].values())):.4f}")
 
     # leave one set out: which weights move, and lambda, by mean held-out
     # packed recall (ties: the fewer free weights, the stronger pull)
     best = None
-    for free_name, free in FREE_SETS.items():
+    candidates = args.candidates.split(",")
+    unknown = [c for c in candidates if c not in FREE_SETS]
+    if unknown or not SHIPPABLE & set(candidates):
+        sys.exit(f"--candidates: {unknown or candidates}: expected some of {', '.join(FREE_SETS)}, one shippable")
+    for free_name, free in ((c, FREE_SETS[c]) for c in candidates):
         for lam in sorted((float(v) for v in args.lambdas.split(",")), reverse=True):
             per = {}
             for held in names:
@@ -255,11 +310,14 @@ def main():
         w = fit([e for e, f in zip(train, fold) if f != k], free, lam)
         held = [e for e, f in zip(train, fold) if f == k]
         r = {"examples": len(held), "learned": per_set(held, w), "hand": per_set(held, HAND_W)}
-        r["learned_mean"] = round(float(np.mean(list(r["learned"].values()))), 4)
-        r["hand_mean"] = round(float(np.mean(list(r["hand"].values()))), 4)
+        if shipped_w is not None:
+            r["shipped"] = per_set(held, shipped_w)
+        for name in ("learned", "hand", "shipped"):
+            if name in r:
+                r[f"{name}_mean"] = round(float(np.mean(list(r[name].values()))), 4)
         report["kfold"].append(r)
-        print(f"fold {k} ({r['examples']} examples): learned {r['learned']} mean {r['learned_mean']}; "
-              f"hand {r['hand']} mean {r['hand_mean']}", flush=True)
+        line = "; ".join(f"{n} {r[n]} mean {r[n + '_mean']}" for n in ("learned", "hand", "shipped") if n in r)
+        print(f"fold {k} ({r['examples']} examples): {line}", flush=True)
 
     w = fit(train, free, lam)
     report["chosen"] = {"free": free_name, "weights": free, "lambda": lam}
@@ -269,7 +327,9 @@ def main():
     print("weights: " + ", ".join(f"{n} {v:+.3f}" for n, v in report["weights"].items()))
     if judged:
         report["judged"] = {"hand": per_set(judged, HAND_W), "learned": per_set(judged, w)}
-        print(f"judged (never fitted on): hand {report['judged']['hand']}; learned {report['judged']['learned']}")
+        if shipped_w is not None:
+            report["judged"]["shipped"] = per_set(judged, shipped_w)
+        print("judged (never fitted on): " + "; ".join(f"{k} {v}" for k, v in report["judged"].items()))
     # the engine adds the second hop at its setting's weight (the hand
     # sum's, which the fit held): the shipped weights leave it out
     shipped = w.copy()
@@ -283,6 +343,7 @@ def main():
         "bias": 0.0,
         "free": free,
         "lambda": lam,
+        "closure_share_in_fit": args.closure_share,
         "fitted_on": counts,
     }
     with open(args.out, "w") as fh:

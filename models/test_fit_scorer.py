@@ -1,5 +1,6 @@
-"""Tests of models/fit_scorer.py: its packing mirrors the engine's, its
-MuSiQue count is by paragraph, and the fit moves a weight only where the
+"""Tests of models/fit_scorer.py: its packing mirrors the engine's (the
+closure share, a header per piece, the title part's floor), its MuSiQue
+count is by paragraph, and the fit moves a weight only where the
 sets it was fitted on agree.
 
     .tools/venv/bin/python -m unittest discover -s models -p 'test_*.py'
@@ -18,12 +19,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 import fit_scorer as F  # noqa: E402
 
 
-def row(set_, id_, label, tokens, group, lead, **x):
+def row(set_, id_, label, tokens, group, lead, header=0, **x):
     v = [0.0] * len(F.FEATURES)
     for k, val in x.items():
         v[F.FEATURES.index(k)] = val
     return {"set": set_, "id": id_, "label": label, "tokens": tokens, "x": v, "group": list(group),
-            "lead": lead, "prose": True, "hand": 0.0}
+            "lead": lead, "prose": True, "hand": 0.0, "field": group[0], "header": header}
 
 
 class Packing(unittest.TestCase):
@@ -37,7 +38,7 @@ class Packing(unittest.TestCase):
             row("s", "a", 0, 300, (1, 0), True, dense_z=-1.0),
             row("s", "a", 1, 150, (1, 0), False, dense_z=2.0),
         ] + [row("s", "a", 0, 40, (2 + k, 0), True, dense_z=-2.0) for k in range(10)]
-        e = F.Example(rows)
+        e = F.Example(rows, 1.0)
         chosen = e.pack(e.X @ F.HAND_W, 0.5)
         self.assertTrue({0, 1, 2} <= chosen, chosen)
         self.assertIn(4, chosen)
@@ -45,13 +46,63 @@ class Packing(unittest.TestCase):
         total = sum(int(e.cost[j]) for j in chosen)
         self.assertLessEqual(total, int(e.total * 0.5) + F.SEPARATOR)
 
+    def test_a_paragraph_over_its_share_of_the_budget_brings_only_its_lead(self):
+        # a 3-sentence paragraph of 33 tokens (with separators) in a
+        # 100-token context: at a budget of 51 it is whole at share 1 and
+        # 0.7 (35), not at 0.5 (25), where its last sentence is left
+        rows = [
+            row("s", "a", 0, 10, (0, 0), True, dense_z=0.0),
+            row("s", "a", 1, 10, (0, 0), False, dense_z=3.0),
+            row("s", "a", 0, 10, (0, 0), False, dense_z=-3.0),
+        ] + [row("s", "a", 0, 7, (1 + k, 0), True, dense_z=-2.0) for k in range(10)]
+        for share, whole in ((1.0, True), (0.7, True), (0.5, False)):
+            e = F.Example(rows, share)
+            chosen = e.pack(e.X @ F.HAND_W, 0.5)
+            self.assertEqual(2 in chosen, whole, (share, chosen))
+            self.assertTrue({0, 1} <= chosen, "the lead comes along either way")
+
+    def test_each_piece_pays_its_header_once(self):
+        # two fields of two sentences each, 10 tokens (11 with the
+        # separator) and a 5-token header apiece: a run of adjacent chunks
+        # pays its header once
+        rows = [
+            row("s", "a", 1, 10, (0, 0), True, header=5, dense_z=3.0),
+            row("s", "a", 0, 10, (0, 1), True, header=5, dense_z=1.0),
+            row("s", "a", 1, 10, (1, 0), True, header=5, dense_z=2.0),
+            row("s", "a", 0, 10, (1, 1), True, header=5, dense_z=0.0),
+        ]
+        e = F.Example(rows, 1.0)
+        self.assertEqual(e.price(1, {0}), 11, "next to a chosen chunk: no header")
+        self.assertEqual(e.price(2, {0}), 16, "another field opens a piece")
+        self.assertEqual(e.price(1, set()), 16)
+        self.assertEqual(e.price(3, {2}), 11)
+        # a paragraph's later sentence joins its piece after a gap: no header
+        para = [row("s", "b", 0, 10, (0, 0), True, header=5)] + [row("s", "b", 0, 10, (0, 0), False, header=5)] * 2
+        self.assertEqual(F.Example(para, 1.0).price(2, {0}), 11)
+        chosen = e.pack(e.X @ F.HAND_W, 0.7)  # budget 29: 16 + 11, not 16 + 16
+        self.assertEqual(chosen, {0, 1})
+
+    def test_a_named_titles_part_is_floored_at_0(self):
+        # the title part of a shared title weighs 3.84 - 2.77 * ln 6 < 0:
+        # floored, the chunk keeps its dense score and beats the distractor
+        w = F.HAND_W.copy()
+        for k, v in (("link_title", 3.84), ("title_lead", 3.23), ("title_shared", -2.77)):
+            w[F.FEATURES.index(k)] = v
+        rows = [
+            row("s", "a", 1, 10, (0, 0), False, dense_z=1.0, link_title=1.0, title_shared=float(np.log(6))),
+            row("s", "a", 0, 10, (1, 0), False, dense_z=0.5),
+        ] + [row("s", "a", 0, 30, (2 + k, 0), False, dense_z=-3.0) for k in range(2)]
+        e = F.Example(rows, 1.0)
+        # at a quarter (21 tokens) one chunk fits: the floored one, not the distractor
+        self.assertEqual(e.recall(w), 1.0)
+
     def test_musique_counts_paragraphs_with_90_percent_of_their_tokens(self):
         rows = [
             row("musique", "m", 1, 50, (0, 0), True, dense_z=3.0),
             row("musique", "m", 1, 50, (0, 0), False, dense_z=-3.0),
             row("musique", "m", 1, 10, (1, 0), True, dense_z=2.0),
         ] + [row("musique", "m", 0, 30, (2 + k, 0), True, dense_z=0.0) for k in range(8)]
-        e = F.Example(rows)
+        e = F.Example(rows, 1.0)
         # both paragraphs whole: 2 of 2; the first half-sent: 1 of 2
         self.assertEqual(e.kept({0, 1, 2}), 1.0)
         self.assertEqual(e.kept({0, 2}), 0.5)

@@ -265,7 +265,7 @@ mod tests {
         let context = Context {
             fields: vec![
                 field("Paris", "Paris is the capital of France. It lies on the Seine. The Louvre is there."),
-                field("notes", "Lunch is at noon. We visited Paris in May. The train was late."),
+                field("trip notes", "Lunch is at noon. We visited Paris in May. The train was late."),
                 field("secret", "do not send"),
             ],
         };
@@ -290,6 +290,13 @@ mod tests {
         // leads: each field's first sentence
         let lead = FEATURES.iter().position(|f| *f == "lead").unwrap();
         assert_eq!(rows.iter().filter(|r| r.features[lead] == 1.0).count(), 2);
+        // the header a piece opens, `[name]` and its line break, in the encoder's tokens
+        let enc = HashEncoder::new(64, 512);
+        for r in &rows {
+            let name = &req.context.fields[r.field].name;
+            assert_eq!(r.header, crate::encoder::Encoder::count_tokens(&enc, &format!("[{name}]\n")).unwrap());
+        }
+        assert_ne!(rows[0].header, rows[3].header, "'[Paris]' and '[trip notes]' are told apart");
 
         let learned = Scd::new(
             Arc::new(HashEncoder::new(64, 512)),

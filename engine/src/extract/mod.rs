@@ -449,6 +449,9 @@ pub struct ChunkFeatures {
     pub prose: bool,
     /// The hand-weighted sum's score of it.
     pub hand: f32,
+    /// What the header line of a piece it opens costs, in the encoder's
+    /// tokens (the budget pays it once per piece; no lines around code).
+    pub header: usize,
     /// [`FEATURES`], in order.
     pub features: Features,
 }
@@ -715,12 +718,14 @@ impl Scd {
         let mut parts = self.score(&prepared, &task_vec, &task_text);
         self.second_hop(&prepared, &task_text, &mut parts, cancel)?;
         let rows = features::features(&prepared, &parts);
+        let header = self.header_costs(&prepared, &self.counting(&prepared, None)?, 0)?;
         Ok(prepared
             .chunks
             .iter()
             .zip(rows)
             .zip(&parts.fused)
-            .map(|((c, x), &hand)| ChunkFeatures {
+            .zip(header)
+            .map(|(((c, x), &hand), header)| ChunkFeatures {
                 field: c.field,
                 span: c.span,
                 tokens: c.tokens,
@@ -728,6 +733,7 @@ impl Scd {
                 lead: c.lead,
                 prose: prepared.is_prose(c.field),
                 hand,
+                header,
                 features: x,
             })
             .collect())
