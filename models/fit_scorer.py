@@ -7,8 +7,10 @@ What is fitted is what packing does with the scores. For each example the
 script packs its chunks as the engine does (greedy by score under a budget
 of a third and a quarter of the example's tokens; a prose group brought
 whole when it costs at most `group_closure_tokens` and `--closure-share` of
-the budget, else its lead; each piece, a run of adjacent chunks of one
-field, paying its header line; a named title's part of the score floored
+the budget, else its lead; each piece paying its header line, with pieces
+as the text renders them (a run of adjacent chunks of one field, or of one
+paragraph: stricter, the engine's packer joins only adjacent chunks, and
+its render and refill then merge a paragraph's pieces); a named title's part of the score floored
 at 0) and counts the evidence that lands, as
 `scd-dev eval` does: evidence chunks, and for MuSiQue paragraphs of which 90 %
 of the tokens land.
@@ -83,6 +85,7 @@ SHIPPABLE = {"links", "signals"}
 FRACTIONS = (1 / 3, 1 / 4)
 SEPARATOR = 1
 GROUP_CLOSURE_TOKENS = 400
+CLOSURE_SHARE = 0.4
 # the parts of a named title, whose sum the engine floors at 0 (features.rs)
 TITLE = ("link_title", "title_lead", "title_shared")
 
@@ -193,7 +196,7 @@ def per_set(examples, w):
     by = defaultdict(list)
     for e in examples:
         by[e.set].append(e.recall(w))
-    return {k: round(float(np.mean(v)), 4) for k, v in sorted(by.items())}
+    return {k: round(float(np.mean(v)), 5) for k, v in sorted(by.items())}
 
 
 def mean_over_sets(examples, w):
@@ -247,6 +250,50 @@ def fit(examples, free, lam, rounds=4, eps=5e-4):
     return w
 
 
+def choose(train, names, candidates, lambdas, report):
+    """Leave one set out: which weights move, and lambda, by mean held-out
+    packed recall (ties: the fewer free weights, the stronger pull)."""
+    unknown = [c for c in candidates if c not in FREE_SETS]
+    if unknown or not SHIPPABLE & set(candidates):
+        sys.exit(f"--candidates: {unknown or candidates}: expected some of {', '.join(FREE_SETS)}, one shippable")
+    best = None
+    for free_name, free in ((c, FREE_SETS[c]) for c in candidates):
+        for lam in sorted((float(v) for v in lambdas.split(",")), reverse=True):
+            per = {}
+            for held in names:
+                w = fit([e for e in train if e.set != held], free, lam)
+                per[held] = per_set([e for e in train if e.set == held], w)[held]
+            mean = round(float(np.mean(list(per.values()))), 4)
+            report["loso"][f"{free_name} lambda={lam}"] = {"free": free, "lambda": lam, "per_set": per, "mean": mean}
+            print(f"leave-one-set-out, {free_name}, lambda={lam}: {per}; mean {mean}", flush=True)
+            if free_name in SHIPPABLE and (best is None or mean > best[2]):
+                best = (free_name, lam, mean)
+    free_name, lam, _ = best
+    print(f"chosen: {free_name} ({', '.join(FREE_SETS[free_name])}), lambda {lam}")
+    return free_name, lam
+
+
+def kfold(train, free, lam, folds, shipped_w, report):
+    """k folds grouped by example, at the chosen weights and lambda, beside
+    the hand sum and (when given) the shipped weights."""
+    rng = np.random.default_rng(27)
+    order = rng.permutation(len(train))
+    fold = np.empty(len(train), dtype=int)
+    fold[order] = np.arange(len(train)) % folds
+    for k in range(folds):
+        w = fit([e for e, f in zip(train, fold) if f != k], free, lam)
+        held = [e for e, f in zip(train, fold) if f == k]
+        r = {"examples": len(held), "learned": per_set(held, w), "hand": per_set(held, HAND_W)}
+        if shipped_w is not None:
+            r["shipped"] = per_set(held, shipped_w)
+        for name in ("learned", "hand", "shipped"):
+            if name in r:
+                r[f"{name}_mean"] = round(float(np.mean(list(r[name].values()))), 5)
+        report["kfold"].append(r)
+        line = "; ".join(f"{n} {r[n]} mean {r[n + '_mean']}" for n in ("learned", "hand", "shipped") if n in r)
+        print(f"fold {k} ({r['examples']} examples): {line}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("dumps", nargs="+", help="train dumps: what is fitted on")
@@ -255,7 +302,7 @@ def main():
     ap.add_argument("--report")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--lambdas", default="0,0.01,0.03")
-    ap.add_argument("--closure-share", type=float, default=0.4,
+    ap.add_argument("--closure-share", type=float, default=CLOSURE_SHARE,
                     help="the engine's group_closure_share the packing models (1: no share)")
     ap.add_argument("--candidates", default=",".join(FREE_SETS),
                     help=f"which of {', '.join(FREE_SETS)} to fit (those not shippable are only reported)")
@@ -279,45 +326,9 @@ def main():
         print(f"{args.shipped}, packed recall on each set: {report['shipped_per_set']}; "
               f"mean {np.mean(list(report['shipped_per_set'].values())):.4f}")
 
-    # leave one set out: which weights move, and lambda, by mean held-out
-    # packed recall (ties: the fewer free weights, the stronger pull)
-    best = None
-    candidates = args.candidates.split(",")
-    unknown = [c for c in candidates if c not in FREE_SETS]
-    if unknown or not SHIPPABLE & set(candidates):
-        sys.exit(f"--candidates: {unknown or candidates}: expected some of {', '.join(FREE_SETS)}, one shippable")
-    for free_name, free in ((c, FREE_SETS[c]) for c in candidates):
-        for lam in sorted((float(v) for v in args.lambdas.split(",")), reverse=True):
-            per = {}
-            for held in names:
-                w = fit([e for e in train if e.set != held], free, lam)
-                per[held] = per_set([e for e in train if e.set == held], w)[held]
-            mean = round(float(np.mean(list(per.values()))), 4)
-            report["loso"][f"{free_name} lambda={lam}"] = {"free": free, "lambda": lam, "per_set": per, "mean": mean}
-            print(f"leave-one-set-out, {free_name}, lambda={lam}: {per}; mean {mean}", flush=True)
-            if free_name in SHIPPABLE and (best is None or mean > best[2]):
-                best = (free_name, lam, mean)
-    free_name, lam, _ = best
+    free_name, lam = choose(train, names, args.candidates.split(","), args.lambdas, report)
     free = FREE_SETS[free_name]
-    print(f"chosen: {free_name} ({', '.join(free)}), lambda {lam}")
-
-    # k folds grouped by example, at the chosen weights and lambda
-    rng = np.random.default_rng(27)
-    order = rng.permutation(len(train))
-    fold = np.empty(len(train), dtype=int)
-    fold[order] = np.arange(len(train)) % args.folds
-    for k in range(args.folds):
-        w = fit([e for e, f in zip(train, fold) if f != k], free, lam)
-        held = [e for e, f in zip(train, fold) if f == k]
-        r = {"examples": len(held), "learned": per_set(held, w), "hand": per_set(held, HAND_W)}
-        if shipped_w is not None:
-            r["shipped"] = per_set(held, shipped_w)
-        for name in ("learned", "hand", "shipped"):
-            if name in r:
-                r[f"{name}_mean"] = round(float(np.mean(list(r[name].values()))), 4)
-        report["kfold"].append(r)
-        line = "; ".join(f"{n} {r[n]} mean {r[n + '_mean']}" for n in ("learned", "hand", "shipped") if n in r)
-        print(f"fold {k} ({r['examples']} examples): {line}", flush=True)
+    kfold(train, free, lam, args.folds, shipped_w, report)
 
     w = fit(train, free, lam)
     report["chosen"] = {"free": free_name, "weights": free, "lambda": lam}

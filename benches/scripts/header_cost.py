@@ -1,11 +1,14 @@
 """What the header lines cost packed recall: each `scd-dev eval
---dump-features` dump packed as the engine packs it (models/fit_scorer.py)
-with a scorer.json's weights, with each piece paying its header line and
-with headers free, at a third and a quarter of each example's tokens.
+--dump-features` dump packed as models/fit_scorer.py packs it (the engine's
+packing, with the pieces as rendered) with a scorer.json's weights, with
+each piece paying its header line and with headers free, at a third and a
+quarter of each example's tokens.
 
-    .tools/venv/bin/python benches/scripts/header_cost.py engine/src/extract/scorer.json DUMP.jsonl...
+    .tools/venv/bin/python benches/scripts/header_cost.py [--closure-share 0.4] \
+        engine/src/extract/scorer.json DUMP.jsonl...
 """
 
+import argparse
 import os
 import sys
 
@@ -16,20 +19,24 @@ import fit_scorer as F  # noqa: E402
 
 
 def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    w = F.shipped_weights(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--closure-share", type=float, default=F.CLOSURE_SHARE)
+    ap.add_argument("scorer", help="a scorer.json")
+    ap.add_argument("dumps", nargs="+")
+    args = ap.parse_args()
+    w = F.shipped_weights(args.scorer)
+    print(f"closure share {args.closure_share}")
     print(f"{'dump':<28} {'headers':>8} {'free':>8} {'cost':>7} {'tokens/header':>14}")
-    for path in sys.argv[2:]:
-        examples = F.load([path], 0.4)
+    for path in args.dumps:
+        examples = F.load([path], args.closure_share)
         paid = F.per_set(examples, w)
         mean_header = np.mean([h for e in examples for h in e.header])
         for e in examples:
             e.header = [0] * len(e.header)
         free = F.per_set(examples, w)
         for name in paid:
-            print(f"{os.path.basename(path):<28} {paid[name]:>8.4f} {free[name]:>8.4f} "
-                  f"{free[name] - paid[name]:>7.4f} {mean_header:>14.1f}")
+            print(f"{os.path.basename(path):<28} {paid[name]:>8.5f} {free[name]:>8.5f} "
+                  f"{free[name] - paid[name]:>7.5f} {mean_header:>14.1f}")
 
 
 if __name__ == "__main__":

@@ -59,9 +59,10 @@ pub struct EvalArgs {
     /// Instead of evaluating, write every chunk's features and its label
     /// (1 when at least half its bytes are gold evidence) as JSON lines
     /// `{"set", "id", "label", "tokens", "x", "group", "lead", "prose",
-    /// "hand"}` (packing needs the group, lead and prose flags; "hand" is the
-    /// hand sum's score): what `models/fit_scorer.py` fits the learned
-    /// scorer on (use the train samples).
+    /// "hand", "field", "header"}` (packing needs the group, lead and prose
+    /// flags, the field and the tokens of the header line a piece it opens
+    /// costs; "hand" is the hand sum's score): what `models/fit_scorer.py`
+    /// fits the learned scorer on (use the train samples).
     #[arg(long, value_name = "FILE")]
     dump_features: Option<PathBuf>,
     /// Examples per file at most.
@@ -390,6 +391,7 @@ fn dump_features(scd: &Scd, set: &str, examples: &[Example], path: &std::path::P
             let line = serde_json::json!({
                 "set": set, "id": ex.id, "label": label, "tokens": c.tokens, "x": c.features,
                 "group": [c.group.0, c.group.1], "lead": c.lead, "prose": c.prose, "hand": c.hand,
+                "field": c.field, "header": c.header,
             });
             writeln!(out, "{line}")?;
         }
@@ -754,11 +756,13 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let cfg = scd_config(&args)?;
     let mut variants = sweep(&cfg, &args.sweep)?;
     // the adaptive loop runs one configuration: a swept setting replaces the defaults
+    let mut settings = "defaults".to_string();
     let cfg = match (args.adaptive, variants.len()) {
         (false, _) | (true, 0) => cfg,
         (true, 1) => {
             let (name, c) = variants.remove(0);
             println!("settings: {name} (in place of the defaults)");
+            settings = name;
             c
         }
         (true, n) => anyhow::bail!("--sweep: --adaptive runs one setting at a time, got {n}"),
@@ -787,7 +791,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             &args.budgets,
             args.hop_budget,
             args.folds,
-            &model_id,
+            (&model_id, &settings),
             &args.report,
             &args.plot,
         );

@@ -117,7 +117,8 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     })
 }
 
-/// Runs the adaptive evaluation: a table, the JSON report and the plot.
+/// Runs the adaptive evaluation: a table, the JSON report and the plot;
+/// `settings` names the configuration (`defaults`, or a swept setting).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     scd: &Scd,
@@ -126,7 +127,7 @@ pub(super) fn run(
     budgets: &[f32],
     hop_budget: f32,
     folds: usize,
-    model_id: &str,
+    (model_id, settings): (&str, &str),
     report: &std::path::Path,
     plot_path: &std::path::Path,
 ) -> anyhow::Result<()> {
@@ -189,7 +190,7 @@ pub(super) fn run(
         .map(|(frac, o, f)| serde_json::json!({"first_budget": frac, "hop_budget": hop_budget, "overall": o, "folds": f}))
         .collect();
     let out = serde_json::json!({"dataset": "musique", "mode": "adaptive", "model": model_id,
-        "examples": examples.len(), "folds": folds, "results": rows});
+        "settings": settings, "examples": examples.len(), "folds": folds, "results": rows});
     std::fs::write(report, serde_json::to_string_pretty(&out)?)
         .with_context(|| format!("--report {}", report.display()))?;
     plot::write_recall_vs_reduction(

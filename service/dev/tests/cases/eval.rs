@@ -132,3 +132,46 @@ fn the_adaptive_loop_refuses_a_sweep_of_two_settings() {
     assert!(!ok);
     assert!(stderr.contains("--sweep: --adaptive runs one setting at a time, got 2"), "{stderr}");
 }
+
+/// The adaptive report names the configuration it ran: `defaults`, or the
+/// one swept setting that replaced them, as the `settings:` line names it.
+#[test]
+fn the_adaptive_report_names_its_settings() {
+    if !ready() {
+        return;
+    }
+    let tmp = scratch("eval-adaptive-settings");
+    let dir = tmp.path();
+    let data = dir.join("musique.jsonl");
+    let para = |idx: usize, title: &str, text: &str, sup: bool| serde_json::json!({"idx": idx, "title": title, "paragraph_text": text, "is_supporting": sup});
+    let rec = serde_json::json!({
+        "id": "2hop__1_2", "answer": "Stanley", "answer_aliases": [], "answerable": true,
+        "question": "What is the seat of the county where Van Hook Township is located?",
+        "paragraphs": [
+            para(0, "Van Hook Township", "Van Hook Township is a township in Mountrail County, North Dakota.", true),
+            para(1, "Mountrail County", "Mountrail County is a county in North Dakota. Its county seat is Stanley.", true),
+            para(2, "Port Blair", "Port Blair is the capital of the Andaman and Nicobar Islands.", false),
+            para(3, "Lake Sakakawea", "Lake Sakakawea is a reservoir on the Missouri River.", false),
+        ],
+        "question_decomposition": [
+            {"id": 1, "question": "Van Hook Township >> located in", "answer": "Mountrail County", "paragraph_support_idx": 0},
+            {"id": 2, "question": "#1 >> capital", "answer": "Stanley", "paragraph_support_idx": 1},
+        ],
+    });
+    std::fs::write(&data, format!("{rec}\n")).unwrap();
+    let run = |sweep: &[&str]| -> serde_json::Value {
+        let report = dir.join("r.json");
+        let mut args = vec!["eval", "--dataset", "musique", "--path", data.to_str().unwrap(), "--adaptive"];
+        args.extend(["--budgets", "0.5", "--folds", "2", "--report", report.to_str().unwrap()]);
+        let plot = dir.join("p.svg");
+        args.extend(["--plot", plot.to_str().unwrap()]);
+        args.extend(sweep);
+        let (ok, _, stderr) = scd_dev(&args, "");
+        assert!(ok, "{stderr}");
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
+    };
+    assert_eq!(run(&[])["settings"], "defaults");
+    let swept = run(&["--sweep", "group_closure_share=1"]);
+    assert_eq!(swept["settings"], "scd[group_closure_share=1]");
+    assert_eq!(swept["examples"], 1);
+}
