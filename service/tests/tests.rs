@@ -29,6 +29,8 @@ mod auth;
 mod budget;
 #[path = "cases/cli.rs"]
 mod cli;
+#[path = "cases/cli_help.rs"]
+mod cli_help;
 #[path = "cases/cli_input.rs"]
 mod cli_input;
 #[path = "cases/connections.rs"]
