@@ -1,6 +1,7 @@
 """Fits the learned scorer: a linear scorer over the per-chunk features
 `scd-dev eval --dump-features` writes (one JSON line per chunk: set, id, label,
-tokens, x, and the chunk's group, lead and prose flags), on the datasets'
+tokens, x, the chunk's group, lead and prose flags, its field, the header
+tokens of a piece it opens, and the hand sum's score), on the datasets'
 train samples.
 
 What is fitted is what packing does with the scores. For each example the
@@ -263,7 +264,7 @@ def choose(train, names, candidates, lambdas, report):
             for held in names:
                 w = fit([e for e in train if e.set != held], free, lam)
                 per[held] = per_set([e for e in train if e.set == held], w)[held]
-            mean = round(float(np.mean(list(per.values()))), 4)
+            mean = round(float(np.mean(list(per.values()))), 5)
             report["loso"][f"{free_name} lambda={lam}"] = {"free": free, "lambda": lam, "per_set": per, "mean": mean}
             print(f"leave-one-set-out, {free_name}, lambda={lam}: {per}; mean {mean}", flush=True)
             if free_name in SHIPPABLE and (best is None or mean > best[2]):
@@ -318,13 +319,13 @@ def main():
     print(f"{sum(len(e.y) for e in train)} chunks of {len(train)} examples with evidence: {counts}")
     hand = per_set(train, HAND_W)
     report = {"features": FEATURES, "fractions": FRACTIONS, "examples": counts, "hand_per_set": hand,
-              "hand_mean": round(float(np.mean(list(hand.values()))), 4), "loso": {}, "kfold": []}
+              "hand_mean": round(float(np.mean(list(hand.values()))), 5), "loso": {}, "kfold": []}
     print(f"hand sum, packed recall on each set: {hand}; mean {report['hand_mean']}")
     report["closure_share"] = args.closure_share
     if shipped_w is not None:
         report["shipped_per_set"] = per_set(train, shipped_w)
         print(f"{args.shipped}, packed recall on each set: {report['shipped_per_set']}; "
-              f"mean {np.mean(list(report['shipped_per_set'].values())):.4f}")
+              f"mean {np.mean(list(report['shipped_per_set'].values())):.5f}")
 
     free_name, lam = choose(train, names, args.candidates.split(","), args.lambdas, report)
     free = FREE_SETS[free_name]

@@ -1,6 +1,8 @@
 """What the header lines cost packed recall: each `scd-dev eval
 --dump-features` dump packed as models/fit_scorer.py packs it (the engine's
-packing, with the pieces as rendered) with a scorer.json's weights, with
+packing, but with a paragraph's pieces priced as the text prints them,
+where the engine's packer charges a header per run of adjacent chunks;
+BENCHMARKS.md) with a scorer.json's weights, with
 each piece paying its header line and with headers free, at a third and a
 quarter of each example's tokens.
 

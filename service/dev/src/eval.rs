@@ -784,17 +784,16 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             dataset == Dataset::Musique,
             "--adaptive: needs --dataset musique (its question_decomposition)"
         );
-        return super::eval_adaptive::run(
-            &scd,
-            &opts,
-            &examples,
-            &args.budgets,
-            args.hop_budget,
-            args.folds,
-            (&model_id, &settings),
-            &args.report,
-            &args.plot,
-        );
+        let run = super::eval_adaptive::AdaptiveRun {
+            budgets: &args.budgets,
+            hop_budget: args.hop_budget,
+            folds: args.folds,
+            model_id: &model_id,
+            settings: &settings,
+            report: &args.report,
+            plot: &args.plot,
+        };
+        return super::eval_adaptive::run(&scd, &opts, &examples, &run);
     }
     let others = other_scds(model, &args, variants, &memo, (&encoder, &scd))?;
     let mut names: Vec<&str> = vec!["scd"];

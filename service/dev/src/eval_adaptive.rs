@@ -117,20 +117,27 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     })
 }
 
-/// Runs the adaptive evaluation: a table, the JSON report and the plot;
-/// `settings` names the configuration (`defaults`, or a swept setting).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn run(
-    scd: &Scd,
-    opts: &CompressOptions,
-    examples: &[Example],
-    budgets: &[f32],
-    hop_budget: f32,
-    folds: usize,
-    (model_id, settings): (&str, &str),
-    report: &std::path::Path,
-    plot_path: &std::path::Path,
-) -> anyhow::Result<()> {
+/// One adaptive run, as its flags set it.
+pub(super) struct AdaptiveRun<'a> {
+    /// The first answers' budgets, as fractions of each context.
+    pub(super) budgets: &'a [f32],
+    /// Each follow-up's budget, as a fraction of the context.
+    pub(super) hop_budget: f32,
+    /// The folds the report splits the examples into.
+    pub(super) folds: usize,
+    /// The encoder's id.
+    pub(super) model_id: &'a str,
+    /// The configuration: `defaults`, or the swept setting in their place.
+    pub(super) settings: &'a str,
+    /// Where the JSON report goes.
+    pub(super) report: &'a std::path::Path,
+    /// Where the plot goes.
+    pub(super) plot: &'a std::path::Path,
+}
+
+/// Runs the adaptive evaluation: a table, the JSON report and the plot.
+pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: &AdaptiveRun) -> anyhow::Result<()> {
+    let &AdaptiveRun { budgets, hop_budget, folds, model_id, settings, report, plot: plot_path } = run;
     anyhow::ensure!(hop_budget > 0.0 && hop_budget <= 1.0, "--hop-budget: must be in (0, 1], got {hop_budget}");
     anyhow::ensure!(folds >= 2, "--folds: at least 2, got {folds}");
     let examples: Vec<&Example> = examples.iter().filter(|e| !e.follow_ups.is_empty()).collect();

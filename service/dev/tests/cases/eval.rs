@@ -175,3 +175,45 @@ fn the_adaptive_report_names_its_settings() {
     assert_eq!(swept["settings"], "scd[group_closure_share=1]");
     assert_eq!(swept["examples"], 1);
 }
+
+/// `--dump-features` writes every key `models/fit_scorer.py` reads, the
+/// header a piece opens included (`[Title]`: more than nothing), and
+/// labels the supporting sentence.
+#[test]
+fn a_feature_dump_carries_what_the_fit_reads() {
+    if !ready() {
+        return;
+    }
+    let tmp = scratch("eval-dump");
+    let dir = tmp.path();
+    let data = dir.join("hotpot.json");
+    let rec = serde_json::json!([{
+        "_id": "h1", "question": "Which river runs through the capital of France?", "answer": "Seine",
+        "type": "bridge", "level": "easy",
+        "supporting_facts": [["Paris", 1]],
+        "context": [
+            ["Paris", ["Paris is the capital of France.", "The Seine runs through Paris."]],
+            ["Lyon", ["Lyon is a city in France.", "The Rhone runs through Lyon."]],
+        ],
+    }]);
+    std::fs::write(&data, rec.to_string()).unwrap();
+    let dump = dir.join("dump.jsonl");
+    let args = ["eval", "--dataset", "hotpotqa", "--path", data.to_str().unwrap(), "--dump-features"];
+    let (ok, _, stderr) = scd_dev(&[&args[..], &[dump.to_str().unwrap()]].concat(), "");
+    assert!(ok, "{stderr}");
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(&dump).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for r in &rows {
+        for key in ["set", "id", "label", "tokens", "x", "group", "lead", "prose", "field", "header", "hand"] {
+            assert!(r.get(key).is_some(), "no {key} in {r}");
+        }
+        assert!(r["header"].as_u64().unwrap() > 0, "{r}");
+    }
+    let labelled: Vec<(u64, u64)> = rows
+        .iter()
+        .filter(|r| r["label"] == 1)
+        .map(|r| (r["field"].as_u64().unwrap(), r["group"][0].as_u64().unwrap()))
+        .collect();
+    assert_eq!(labelled.len(), 1, "{rows:?}");
+}
