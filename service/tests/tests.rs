@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 // The helpers the scd-dev tests share.
 mod support;
-pub(crate) use support::{ready, root, skip};
+pub(crate) use support::{commands, ready, root, skip, MODEL_FLAGS};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 // The helpers shared with the scd tests (`service/tests`).
 #[path = "../../tests/support/mod.rs"]
 mod support;
-pub(crate) use support::{ready, root};
+pub(crate) use support::{commands, ready, root, MODEL_FLAGS};
 
 // Feature areas in their own files (under cases/, so cargo does not build
 // each as a separate test binary); they share the helpers below.
@@ -61,15 +61,6 @@ pub(crate) fn scd_bin() -> &'static Path {
 pub(crate) fn scd_dev(args: &[&str], stdin: &str) -> (bool, String, String) {
     let mut cmd = support::command(Path::new(env!("CARGO_BIN_EXE_scd-dev")));
     support::output(cmd.env("SCD_BIN", scd_bin()).args(args), stdin)
-}
-
-/// The subcommands a `--help` lists under `Commands:`, in order (a wrapped
-/// description's further lines, indented deeper, name none).
-pub(crate) fn commands(help: &str) -> Vec<String> {
-    let listed = help.split_once("Commands:\n").map_or("", |(_, rest)| rest);
-    let lines = listed.lines().take_while(|l| l.starts_with("  "));
-    let named = lines.filter(|l| !l[2..].starts_with(' '));
-    named.filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
 }
 
 #[test]

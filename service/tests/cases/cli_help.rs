@@ -1,7 +1,7 @@
 //! What the CLI says about itself: one-line user errors, the commands and
 //! flags its help lists, progress on a terminal only, the built models.
 
-use crate::{ready, root, scd};
+use crate::{commands, ready, root, scd, MODEL_FLAGS};
 
 /// A user error is one line on stderr whatever the environment says
 /// (issue 42: `RUST_BACKTRACE=1` made "model not found" 43 lines).
@@ -19,15 +19,6 @@ fn a_user_error_is_one_line_even_with_rust_backtrace_set() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("Error: ") && stderr.contains("/nonexistent-models"), "{stderr}");
-}
-
-/// The subcommands a `--help` lists under `Commands:`, in order (a wrapped
-/// description's further lines, indented deeper, name none).
-fn commands(help: &str) -> Vec<String> {
-    let listed = help.split_once("Commands:\n").map_or("", |(_, rest)| rest);
-    let lines = listed.lines().take_while(|l| l.starts_with("  "));
-    let named = lines.filter(|l| !l[2..].starts_with(' '));
-    named.filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
 }
 
 /// The developer tools, which live in `scd-dev` (service/dev).
@@ -73,22 +64,6 @@ fn scd_help_lists_the_user_commands_and_no_developer_tool() {
         assert!(!ok && stderr.contains(&format!("unrecognized subcommand '{tool}'")), "atp {tool}: {stderr}");
     }
 }
-
-/// The model flags, as `--help` lists them.
-const MODEL_FLAGS: [&str; 12] = [
-    "--model <",
-    "--models-dir <",
-    "--ort-lib <",
-    "--threads <",
-    "--ort-spinning <",
-    "--device <",
-    "--batch-tokens <",
-    "--max-batch-rows <",
-    "--io-binding <",
-    "--split-copies",
-    "--embedding-cache <",
-    "--embedding-cache-bytes <",
-];
 
 /// Issue 42: every subcommand's `--help` listed the model flags, also those
 /// of commands that load no model. Now only the commands that load one list

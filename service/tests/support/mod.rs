@@ -1,7 +1,8 @@
 //! Helpers both end-to-end test binaries share, included by path in each
 //! (`service/tests/tests.rs` for `scd`, `service/dev/tests/tests.rs` for
-//! `scd-dev`): the workspace root, the rule for a missing model, and a
-//! workspace binary run in the root with the test environment.
+//! `scd-dev`): the workspace root, the rule for a missing model, a
+//! workspace binary run in the root with the test environment, and what a
+//! `--help` lists (its subcommands, the model flags).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,4 +63,29 @@ pub(crate) fn output(cmd: &mut Command, stdin: &str) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The model flags, as `--help` lists them.
+pub(crate) const MODEL_FLAGS: [&str; 12] = [
+    "--model <",
+    "--models-dir <",
+    "--ort-lib <",
+    "--threads <",
+    "--ort-spinning <",
+    "--device <",
+    "--batch-tokens <",
+    "--max-batch-rows <",
+    "--io-binding <",
+    "--split-copies",
+    "--embedding-cache <",
+    "--embedding-cache-bytes <",
+];
+
+/// The subcommands a `--help` lists under `Commands:`, in order (a wrapped
+/// description's further lines, indented deeper, name none).
+pub(crate) fn commands(help: &str) -> Vec<String> {
+    let listed = help.split_once("Commands:\n").map_or("", |(_, rest)| rest);
+    let lines = listed.lines().take_while(|l| l.starts_with("  "));
+    let named = lines.filter(|l| !l[2..].starts_with(' '));
+    named.filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
 }

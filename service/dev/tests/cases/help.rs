@@ -1,26 +1,10 @@
 //! What `scd-dev --help` lists, and the model flags of its commands.
 
-use crate::{commands, scd_dev};
+use crate::{commands, scd_dev, MODEL_FLAGS};
 
 /// The developer tools, as `scd-dev --help` lists them (`scd --help` lists
 /// none of them: scd-service's `cli` tests check that side).
 const DEV_COMMANDS: [&str; 7] = ["eval", "tune", "bench-load", "bench-conns", "bench-encode", "bench-replicas", "atp"];
-
-/// The model flags, as `--help` lists them.
-const MODEL_FLAGS: [&str; 12] = [
-    "--model <",
-    "--models-dir <",
-    "--ort-lib <",
-    "--threads <",
-    "--ort-spinning <",
-    "--device <",
-    "--batch-tokens <",
-    "--max-batch-rows <",
-    "--io-binding <",
-    "--split-copies",
-    "--embedding-cache <",
-    "--embedding-cache-bytes <",
-];
 
 fn help(args: &[&str]) -> String {
     let (ok, stdout, stderr) = scd_dev(args, "");
