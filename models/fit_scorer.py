@@ -8,19 +8,18 @@ What is fitted is what packing does with the scores. For each example the
 script packs its chunks as the engine does (greedy by score under a budget
 of a third and a quarter of the example's tokens; a prose group brought
 whole when it costs at most `group_closure_tokens` and `--closure-share` of
-the budget, else its lead; each piece paying its header line, with pieces
-as the text renders them (a run of adjacent chunks of one field, or of one
-paragraph: stricter, the engine's packer joins only adjacent chunks, and
-its render and refill then merge a paragraph's pieces); a named title's part of the score floored
-at 0) and counts the evidence that lands, as
-`scd-dev eval` does: evidence chunks, and for MuSiQue paragraphs of which 90 %
-of the tokens land.
-The weights start at the hand-weighted sum's and move by coordinate ascent
-on that packed recall, averaged over the sets so that no set outweighs
-another, less a penalty on the distance from the hand sum (in units of
-each feature's spread). The penalty's strength is chosen by
-leave-one-set-out cross-validation (fit on two sets, judge on the third,
-for each), and the result is checked by k folds grouped by example.
+the budget, else its lead; each piece paying its header line, with pieces as
+the text renders them (a run of adjacent chunks of one field, or of one
+paragraph: stricter, the engine's packer joins only adjacent chunks, and its
+render and refill then merge a paragraph's pieces); a named title's part of
+the score floored at 0) and counts the evidence that lands, as `scd-dev
+eval` does: evidence chunks, and for MuSiQue paragraphs of which 90 % of the
+tokens land. The weights start at the hand-weighted sum's and move by
+coordinate ascent on that packed recall, averaged over the sets so that no
+set outweighs another, less a penalty on the distance from the hand sum (in
+units of each feature's spread). The penalty's strength is chosen by
+leave-one-set-out cross-validation (fit on two sets, judge on the third, for
+each), and the result is checked by k folds grouped by example.
 
 A softmax over each example's chunks (the first round) fitted the
 features well and packed worse: it spread the selection over more
