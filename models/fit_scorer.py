@@ -118,14 +118,16 @@ class Example:
             members[g].append(j)
         leads = {group[j]: j for j, r in enumerate(rows) if r["lead"]}
         size = {g: int(self.cost[m].sum()) for g, m in members.items()}
-        self.whole = [members[g] if r["prose"] else None for g, r in zip(group, rows)]
+        # each chunk's group: what closure brings whole (a prose group within
+        # the limit), and what a piece may span (below)
+        self.group = [members[g] for g in group]
+        self.prose = [r["prose"] for r in rows]
         self.size = [size[g] for g in group]
         self.lead = [leads.get(g) for g in group]
         # a piece is a run of adjacent chunks of one field (rows come in the
         # engine's chunk order) or of one group (a paragraph's later
         # sentence joins it after a gap line); the chunk that opens one
         # pays its header
-        self.group = [members[g] for g in group]
         field = [r["field"] for r in rows]
         self.header = [r["header"] for r in rows]
         self.prev = [j - 1 if j and field[j - 1] == field[j] else None for j in range(len(rows))]
@@ -144,12 +146,13 @@ class Example:
         limit = GROUP_CLOSURE_TOKENS if self.share >= 1 else min(GROUP_CLOSURE_TOKENS, int(max(self.share, 0) * budget))
         chosen, used = set(), 0
         for i in np.argsort(-scores, kind="stable"):
-            if i in chosen or used + self.price(i, chosen) > budget:
+            price = self.price(i, chosen)
+            if i in chosen or used + price > budget:
                 continue
-            used += self.price(i, chosen)
+            used += price
             chosen.add(i)
-            if self.whole[i] is not None and self.size[i] <= limit:
-                rest, extra, taken = [j for j in self.whole[i] if j not in chosen], 0, set(chosen)
+            if self.prose[i] and self.size[i] <= limit:
+                rest, extra, taken = [j for j in self.group[i] if j not in chosen], 0, set(chosen)
                 for j in rest:
                     extra += self.price(j, taken)
                     taken.add(j)
@@ -158,8 +161,9 @@ class Example:
                     used += extra
                     continue
             lead = self.lead[i]
-            if lead is not None and lead not in chosen and used + self.price(lead, chosen) <= budget:
-                used += self.price(lead, chosen)
+            price = None if lead is None or lead in chosen else self.price(lead, chosen)
+            if price is not None and used + price <= budget:
+                used += price
                 chosen.add(lead)
         return chosen
 

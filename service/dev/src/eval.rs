@@ -756,14 +756,12 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
     let cfg = scd_config(&args)?;
     let mut variants = sweep(&cfg, &args.sweep)?;
     // the adaptive loop runs one configuration: a swept setting replaces the defaults
-    let mut settings = "defaults".to_string();
-    let cfg = match (args.adaptive, variants.len()) {
-        (false, _) | (true, 0) => cfg,
+    let (cfg, settings) = match (args.adaptive, variants.len()) {
+        (false, _) | (true, 0) => (cfg, "defaults".to_string()),
         (true, 1) => {
             let (name, c) = variants.remove(0);
             println!("settings: {name} (in place of the defaults)");
-            settings = name;
-            c
+            (c, name)
         }
         (true, n) => anyhow::bail!("--sweep: --adaptive runs one setting at a time, got {n}"),
     };
