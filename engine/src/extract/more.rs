@@ -86,9 +86,10 @@ impl Scd {
             };
             return Ok(nothing(&session, why));
         }
-        let (scores, named, unseen) = self.more_candidates(&context, &session.sent, &query, &explicit, cancel)?;
+        let (Ranked { scores, rank }, named, unseen) =
+            self.more_candidates(&context, &session.sent, &query, &explicit, cancel)?;
         let (mut picked, sent_tokens) =
-            self.pack_more(&context, &counting, &session.sent, (&named, unseen), &scores, budget)?;
+            self.pack_more(&context, &counting, &session.sent, (&named, unseen), &rank, budget)?;
         let reason = more_reason(&context, &counting, &session.sent, &named, &picked, budget);
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
@@ -139,8 +140,9 @@ impl Scd {
         Ok(query)
     }
 
-    /// The question's scores, the named chunks not yet sent, and the other
-    /// unseen chunks above the context's average.
+    /// The question's scores, what the follow-up ranks by ([`completing`]),
+    /// the named chunks not yet sent, and the other unseen chunks ranked
+    /// above the context's average.
     fn more_candidates(
         &self,
         context: &PreparedContext,
@@ -148,7 +150,7 @@ impl Scd {
         query: &str,
         explicit: &[usize],
         cancel: &Cancel,
-    ) -> Result<(Vec<f32>, Vec<usize>, Vec<usize>)> {
+    ) -> Result<(Ranked, Vec<usize>, Vec<usize>)> {
         let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
         cancel.check("score")?;
         // the question is scored on its own: it is the receiver's next hop,
@@ -158,13 +160,14 @@ impl Scd {
         // the second stage rescores the best of what the receiver has not got
         self.rerank(context, query.trim(), &mut parts, &|i| !sent.contains(&i), cancel)?;
         let scores = parts.fused;
+        let rank = completing(context, sent, &scores);
         let unseen: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))
             // beyond explicit ids, only chunks above the context's average
-            .filter(|&i| scores[i] >= 0.0)
+            .filter(|&i| rank[i] >= 0.0)
             .collect();
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
-        Ok((scores, named, unseen))
+        Ok((Ranked { scores, rank }, named, unseen))
     }
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
@@ -225,6 +228,36 @@ impl Scd {
             reason: last.reason.clone(),
         }
     }
+}
+
+/// A follow-up's scores for its question, and what it ranks by.
+struct Ranked {
+    scores: Vec<f32>,
+    /// [`completing`]
+    rank: Vec<f32>,
+}
+
+/// What a follow-up ranks each chunk by: its score, or for an unsent
+/// sentence of a paragraph the receiver holds in part, the best score the
+/// question gives a held sentence of it when that is higher. The question
+/// points at a paragraph an earlier reply cut, so its rest comes first (on
+/// MuSiQue's train sample, up to 0.065 more questions kept every supporting
+/// paragraph; BENCHMARKS.md). Plain paragraphs only: a Markdown section
+/// can be long, and code, logs, JSON and chats are cut otherwise.
+fn completing(context: &PreparedContext, sent: &HashSet<usize>, scores: &[f32]) -> Vec<f32> {
+    let chunks = &context.chunks;
+    let paragraph = |i: usize| chunks[i].chunker == "prose";
+    let mut held: HashMap<(usize, usize), f32> = HashMap::new();
+    for &h in sent.iter().filter(|&&h| paragraph(h)) {
+        let best = held.entry(chunks[h].group).or_insert(f32::NEG_INFINITY);
+        *best = best.max(scores[h]);
+    }
+    (0..chunks.len())
+        .map(|i| match held.get(&chunks[i].group) {
+            Some(&h) if paragraph(i) && !sent.contains(&i) => scores[i].max(h),
+            _ => scores[i],
+        })
+        .collect()
 }
 
 /// The chunks `ids` name (in the order named); an unknown id is an error

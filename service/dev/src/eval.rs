@@ -75,7 +75,10 @@ pub struct EvalArgs {
     #[arg(long, default_value = "eval_plot.svg")]
     plot: PathBuf,
     /// Per-example results as JSON lines (`id`, `method`, `budget`,
-    /// `recall`, `all_kept`), e.g. for cross-validation by crate.
+    /// `recall`, `all_kept`), e.g. for cross-validation by crate. With
+    /// --adaptive, one line per example and first budget: each step's
+    /// chunks (and a follow-up's question and reason), and per supporting
+    /// paragraph whether the first answer, the loop and one-shot kept it.
     #[arg(long)]
     per_example: Option<PathBuf>,
     /// Code chunker: `parser` (tree-sitter where a grammar exists) or
@@ -790,6 +793,7 @@ pub fn run(model: &ModelArgs, args: EvalArgs) -> anyhow::Result<()> {
             settings: &settings,
             report: &args.report,
             plot: &args.plot,
+            per_example: args.per_example.as_deref(),
         };
         return super::eval_adaptive::run(&scd, &opts, &examples, &run);
     }

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::cancel::Cancel;
 use scd_engine::context::{ContextRequirement, Task};
-use scd_engine::eval::{evidence_recall, selection, Dataset, Example};
+use scd_engine::eval::{covered, evidence_recall, selection, Dataset, Example};
 use scd_engine::extract::{CompressOptions, CompressRequest, ContextRequest, Scd, SessionRequest};
 use serde::Serialize;
 
@@ -29,6 +29,8 @@ struct Outcome {
     total_tokens: usize,
     follow_ups: usize,
     answered: usize,
+    /// The example's line for `--per-example`.
+    record: serde_json::Value,
 }
 
 /// Means over a set of outcomes.
@@ -88,6 +90,7 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     let mut chunks = first.chunks.clone();
     let mut total = first.totals.sent_tokens;
     let mut answered = 0;
+    let mut steps = vec![serde_json::json!({"sent_tokens": first.totals.sent_tokens, "chunks": ids(&first.chunks)})];
     for q in &ex.follow_ups {
         let more = scd.request_more(&ContextRequest {
             session_id: grant.id.clone(),
@@ -100,12 +103,18 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         })?;
         answered += usize::from(!more.chunks.is_empty());
         total += more.sent_tokens;
+        steps.push(serde_json::json!({"question": q, "sent_tokens": more.sent_tokens, "chunks": ids(&more.chunks),
+            "reason": more.reason}));
         chunks.extend(more.chunks);
     }
     scd.close_session(&grant.id, &grant.token, None, None)?;
     let adaptive = evidence_recall(ex, &selection(ex, &chunks), Dataset::Musique);
     let one = scd.compress_opts(&request(total.max(1), None), opts, &Cancel::new())?;
     let one_shot = evidence_recall(ex, &selection(ex, &one.chunks), Dataset::Musique);
+    let record = serde_json::json!({"id": ex.id, "first_budget": frac, "first_tokens": first_budget,
+        "hop_tokens": hop_budget, "context_tokens": context_tokens, "steps": steps,
+        "gold": gold_kept(ex, &[&first.chunks, &chunks, &one.chunks]),
+        "adaptive_all_kept": adaptive.1, "one_shot_all_kept": one_shot.1});
     Ok(Outcome {
         adaptive,
         one_shot,
@@ -114,7 +123,27 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         total_tokens: total,
         follow_ups: ex.follow_ups.len(),
         answered,
+        record,
     })
+}
+
+fn ids(chunks: &[scd_engine::extract::SelectedChunk]) -> Vec<&str> {
+    chunks.iter().map(|c| c.id.as_str()).collect()
+}
+
+/// Per supporting paragraph: its field and whether each of `sends` (the
+/// first answer, the adaptive loop's, one-shot's) kept it.
+fn gold_kept(ex: &Example, sends: &[&[scd_engine::extract::SelectedChunk]]) -> Vec<serde_json::Value> {
+    let spans: Vec<_> = sends.iter().map(|s| selection(ex, s)).collect();
+    ex.gold
+        .iter()
+        .map(|&(f, span)| {
+            let content = &ex.context.fields[f].content;
+            let kept: Vec<bool> = spans.iter().map(|s| covered(s, content, f, span, 0.9)).collect();
+            serde_json::json!({"field": ex.context.fields[f].name, "first": kept[0], "adaptive": kept[1],
+                "one_shot": kept[2]})
+        })
+        .collect()
 }
 
 /// One adaptive run, as its flags set it.
@@ -133,11 +162,13 @@ pub(super) struct AdaptiveRun<'a> {
     pub(super) report: &'a std::path::Path,
     /// Where the plot goes.
     pub(super) plot: &'a std::path::Path,
+    /// Where each (example, first budget)'s JSON line goes, if asked.
+    pub(super) per_example: Option<&'a std::path::Path>,
 }
 
 /// Runs the adaptive evaluation: a table, the JSON report and the plot.
 pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: &AdaptiveRun) -> anyhow::Result<()> {
-    let &AdaptiveRun { budgets, hop_budget, folds, model_id, settings, report, plot: plot_path } = run;
+    let &AdaptiveRun { budgets, hop_budget, folds, model_id, settings, report, plot: plot_path, per_example } = run;
     anyhow::ensure!(hop_budget > 0.0 && hop_budget <= 1.0, "--hop-budget: must be in (0, 1], got {hop_budget}");
     anyhow::ensure!(folds >= 2, "--folds: at least 2, got {folds}");
     let examples: Vec<&Example> = examples.iter().filter(|e| !e.follow_ups.is_empty()).collect();
@@ -145,6 +176,7 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
     let bar = ProgressBar::new((examples.len() * budgets.len()) as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} (example, budget) {per_sec} eta {eta}")?);
     let mut rows = Vec::new();
+    let mut lines = String::new();
     let mut series = vec![
         plot::Series { label: "adaptive".into(), points: vec![] },
         plot::Series { label: "one-shot".into(), points: vec![] },
@@ -155,6 +187,7 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
             outcomes.push(one_example(scd, opts, ex, frac, hop_budget).with_context(|| format!("example {}", ex.id))?);
             bar.inc(1);
         }
+        lines.extend(outcomes.iter().map(|o| format!("{}\n", o.record)));
         let all: Vec<&Outcome> = outcomes.iter().collect();
         let overall = summarize(&all);
         // folds by position: example i is in fold i mod k
@@ -205,6 +238,9 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
         "MuSiQue: all supporting paragraphs kept vs total token reduction",
         &series,
     )?;
+    if let Some(p) = per_example {
+        std::fs::write(p, lines).with_context(|| format!("--per-example {}", p.display()))?;
+    }
     eprintln!("wrote {} and {}", report.display(), plot_path.display());
     Ok(())
 }

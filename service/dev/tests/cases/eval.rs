@@ -170,7 +170,20 @@ fn the_adaptive_report_names_its_settings() {
         assert!(ok, "{stderr}");
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
     };
-    assert_eq!(run(&[])["settings"], "defaults");
+    let lines = dir.join("each.jsonl");
+    assert_eq!(run(&["--per-example", lines.to_str().unwrap()])["settings"], "defaults");
+    // one line per (example, first budget): each step's chunks, and per
+    // supporting paragraph whether each method kept it
+    let each: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&lines).unwrap().trim()).unwrap();
+    assert_eq!((each["id"].as_str(), each["first_budget"].as_f64()), (Some("2hop__1_2"), Some(0.5)));
+    let steps = each["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2, "the first answer and one follow-up: {each}");
+    assert_eq!(steps[1]["question"], "Mountrail County >> capital");
+    let gold = each["gold"].as_array().unwrap();
+    let fields: Vec<&str> = gold.iter().map(|g| g["field"].as_str().unwrap()).collect();
+    assert_eq!(fields, ["Van Hook Township", "Mountrail County"]);
+    let all = gold.iter().all(|g| g["adaptive"] == true);
+    assert_eq!(each["adaptive_all_kept"], all, "{each}");
     let swept = run(&["--sweep", "group_closure_share=1"]);
     assert_eq!(swept["settings"], "scd[group_closure_share=1]");
     assert_eq!(swept["examples"], 1);
