@@ -163,7 +163,7 @@ impl Scd {
         let rank = completing(context, sent, &scores);
         let unseen: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))
-            // beyond explicit ids, only chunks above the context's average
+            // beyond explicit ids, only chunks ranked above the context's average
             .filter(|&i| rank[i] >= 0.0)
             .collect();
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
@@ -171,7 +171,7 @@ impl Scd {
     }
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
-    /// of `unseen` by value ([`Self::pack_values`], as in a first answer), packed
+    /// of `unseen` by value ([`Self::pack_values`] of `rank`, as in a first answer), packed
     /// as a first answer does (a sentence brings its paragraph, with no
     /// `group_closure_share` limit), against what the receiver already holds (`sent`: those
     /// are neither sent again nor repeated as near-duplicates), then counted
@@ -183,13 +183,13 @@ impl Scd {
         counting: &Counting,
         sent: &HashSet<usize>,
         (named, mut unseen): (&[usize], Vec<usize>),
-        scores: &[f32],
+        rank: &[f32],
         budget: usize,
     ) -> Result<(Vec<usize>, usize)> {
         let cost: Vec<usize> = counting.tokens.iter().map(|t| t + counting.separator).collect();
         let around = self.lines_around(budget);
         let header = self.header_costs(context, counting, around)?;
-        let value = self.pack_values(context, scores, &cost, &header);
+        let value = self.pack_values(context, rank, &cost, &header);
         unseen.sort_by(|&a, &b| value[b].total_cmp(&value[a]));
         unseen.truncate(self.cfg.sessions.more_max_chunks);
         let order: Vec<usize> = named.iter().copied().chain(unseen).collect();
@@ -233,28 +233,43 @@ impl Scd {
 /// A follow-up's scores for its question, and what it ranks by.
 struct Ranked {
     scores: Vec<f32>,
-    /// [`completing`]
+    /// What packing ranks by ([`completing`]).
     rank: Vec<f32>,
 }
 
+/// How much less each sentence further from a held one ranks, in a
+/// paragraph [`completing`] lifts: the rest comes nearest first, and the fit
+/// drops the farthest first (equal ranks would drop the nearest, leaving a gap).
+const FARTHER: f32 = 1e-3;
+
 /// What a follow-up ranks each chunk by: its score, or for an unsent
-/// sentence of a paragraph the receiver holds in part, the best score the
-/// question gives a held sentence of it when that is higher. The question
-/// points at a paragraph an earlier reply cut, so its rest comes first (on
-/// MuSiQue's train sample, up to 0.065 more questions kept every supporting
-/// paragraph; BENCHMARKS.md). Plain paragraphs only: a Markdown section
-/// can be long, and code, logs, JSON and chats are cut otherwise.
+/// sentence of a paragraph the receiver holds in part, when higher, the
+/// best score the question gives a held sentence of that paragraph (less
+/// [`FARTHER`] per sentence away from the nearest held one). No threshold
+/// beyond the follow-up's own: only chunks ranked at or above the context's
+/// average are candidates, so a paragraph whose held sentences score below
+/// it lifts nothing there. A question that points at a paragraph an earlier
+/// reply cut gets its rest first (on MuSiQue's train sample, 0.010 to 0.065
+/// more questions kept every supporting paragraph; BENCHMARKS.md). Plain
+/// paragraphs only: a Markdown section can be long, and code, logs, JSON and
+/// chats are cut otherwise. With a reranker, held chunks keep their first
+/// stage score (the second rescores unsent chunks only); not measured.
 fn completing(context: &PreparedContext, sent: &HashSet<usize>, scores: &[f32]) -> Vec<f32> {
     let chunks = &context.chunks;
     let paragraph = |i: usize| chunks[i].chunker == "prose";
-    let mut held: HashMap<(usize, usize), f32> = HashMap::new();
+    // per paragraph: the best held score, and the held chunks
+    let mut held: HashMap<(usize, usize), (f32, Vec<usize>)> = HashMap::new();
     for &h in sent.iter().filter(|&&h| paragraph(h)) {
-        let best = held.entry(chunks[h].group).or_insert(f32::NEG_INFINITY);
+        let (best, at) = held.entry(chunks[h].group).or_insert((f32::NEG_INFINITY, Vec::new()));
         *best = best.max(scores[h]);
+        at.push(h);
     }
     (0..chunks.len())
         .map(|i| match held.get(&chunks[i].group) {
-            Some(&h) if paragraph(i) && !sent.contains(&i) => scores[i].max(h),
+            Some((best, at)) if paragraph(i) && !sent.contains(&i) => {
+                let away = at.iter().map(|&h| h.abs_diff(i)).min().unwrap_or(0);
+                scores[i].max(best - FARTHER * away as f32)
+            }
             _ => scores[i],
         })
         .collect()

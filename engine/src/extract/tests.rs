@@ -811,39 +811,37 @@ fn a_sentence_of_a_long_list_item_is_rendered_under_its_lead_with_a_gap() {
 
 /// A follow-up whose question points at a paragraph the first answer sent
 /// in part brings the rest of that paragraph before other paragraphs the
-/// question also matches.
+/// question also matches; the same text as a Markdown field is not lifted.
 #[test]
 fn a_follow_up_completes_the_paragraph_its_question_points_at() {
     let scd = scd();
-    let context = Context {
-        fields: vec![
-            prose(
-                "notes",
-                "The Rio Grande is a river of Jamaica in the parish of Portland. It was named by the Spanish \
-                 settlers who came in the sixteenth century. Today it is known for bamboo rafting trips.",
-            ),
-            prose(
-                "atlas",
-                "Where is the Black River of Jamaica? The Black River of Jamaica is in Saint Elizabeth. Where is \
-                 the Rio Cobre river of Jamaica? It is in Saint Catherine.",
-            ),
-            prose("ferry", "A ferry crosses the harbour of Kingston every hour from the pier near the market."),
-        ],
+    let notes = prose(
+        "notes",
+        "The Rio Grande is a river of Jamaica in the parish of Portland. It was named by the Spanish settlers who \
+         came in the sixteenth century. Today it is known for bamboo rafting trips.",
+    );
+    let follow = |notes: Field| {
+        let atlas = "Where is the Black River of Jamaica? The Black River of Jamaica is in Saint Elizabeth. Where \
+                     is the Rio Cobre river of Jamaica? It is in Saint Catherine.";
+        let ferry = "A ferry crosses the harbour of Kingston every hour from the pier near the market.";
+        let req = CompressRequest {
+            task: Task::new("Which river of Jamaica is in the parish of Portland?"),
+            context: Context { fields: vec![notes, prose("atlas", atlas), prose("ferry", ferry)] },
+            requirement: ContextRequirement::with_budget(22),
+            session: Some(SessionRequest::default()),
+        };
+        let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
+        let first: Vec<String> = out.chunks.iter().map(|c| c.id.clone()).collect();
+        assert_eq!(first, ["notes#0"], "the first answer holds the paragraph's first sentence: {}", out.text);
+        let grant = out.session.clone().unwrap();
+        scd.request_more(&follow_up(&grant, "Where is the Rio Grande river of Jamaica?", Some(32))).unwrap()
     };
-    let req = CompressRequest {
-        task: Task::new("Which river of Jamaica is in the parish of Portland?"),
-        context,
-        requirement: ContextRequirement::with_budget(22),
-        session: Some(SessionRequest::default()),
-    };
-    let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
-    let first: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
-    assert_eq!(first, ["notes#0"], "the first answer holds the paragraph's first sentence: {}", out.text);
-    let grant = out.session.clone().unwrap();
-    let more = scd.request_more(&follow_up(&grant, "Where is the Rio Grande river of Jamaica?", Some(32))).unwrap();
+    let more = follow(notes.clone());
     let ids: Vec<&str> = more.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["notes#1", "notes#2"], "the rest of the paragraph, not another river: {}", more.text);
     assert!(more.text.starts_with("[notes]\n"), "{}", more.text);
     // each chunk keeps its own score: the paragraph's rest ranks higher, it does not score higher
     assert!(more.chunks.iter().all(|c| c.score < 0.0), "{:?}", more.chunks);
+    let markdown = follow(Field { kind: FieldKind::Markdown, ..notes });
+    assert!(markdown.chunks.iter().all(|c| c.field != "notes"), "a section is not lifted: {}", markdown.text);
 }

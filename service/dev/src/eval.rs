@@ -77,8 +77,9 @@ pub struct EvalArgs {
     /// Per-example results as JSON lines (`id`, `method`, `budget`,
     /// `recall`, `all_kept`), e.g. for cross-validation by crate. With
     /// --adaptive, one line per example and first budget: each step's
-    /// chunks (and a follow-up's question and reason), and per supporting
-    /// paragraph whether the first answer, the loop and one-shot kept it.
+    /// chunks (`[id, tokens, score]`; a follow-up's question and reason
+    /// too), and per supporting paragraph whether the first answer, the
+    /// loop and one-shot kept it.
     #[arg(long)]
     per_example: Option<PathBuf>,
     /// Code chunker: `parser` (tree-sitter where a grammar exists) or

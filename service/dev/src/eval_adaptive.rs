@@ -111,7 +111,9 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     let adaptive = evidence_recall(ex, &selection(ex, &chunks), Dataset::Musique);
     let one = scd.compress_opts(&request(total.max(1), None), opts, &Cancel::new())?;
     let one_shot = evidence_recall(ex, &selection(ex, &one.chunks), Dataset::Musique);
-    let record = serde_json::json!({"id": ex.id, "first_budget": frac, "first_tokens": first_budget,
+    // the budget as the flag wrote it (0.1, not the f32's 0.10000000149)
+    let frac_written = (f64::from(frac) * 1e6).round() / 1e6;
+    let record = serde_json::json!({"id": ex.id, "first_budget": frac_written, "first_tokens": first_budget,
         "hop_tokens": hop_budget, "context_tokens": context_tokens, "steps": steps,
         "gold": gold_kept(ex, &[&first.chunks, &chunks, &one.chunks]),
         "adaptive_all_kept": adaptive.1, "one_shot_all_kept": one_shot.1});
@@ -127,8 +129,9 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     })
 }
 
-fn ids(chunks: &[scd_engine::extract::SelectedChunk]) -> Vec<&str> {
-    chunks.iter().map(|c| c.id.as_str()).collect()
+/// A step's chunks for `--per-example`: id, tokens and score of each.
+fn ids(chunks: &[scd_engine::extract::SelectedChunk]) -> Vec<serde_json::Value> {
+    chunks.iter().map(|c| serde_json::json!([c.id, c.tokens, (f64::from(c.score) * 1e3).round() / 1e3])).collect()
 }
 
 /// Per supporting paragraph: its field and whether each of `sends` (the

@@ -179,6 +179,12 @@ fn the_adaptive_report_names_its_settings() {
     let steps = each["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 2, "the first answer and one follow-up: {each}");
     assert_eq!(steps[1]["question"], "Mountrail County >> capital");
+    // each chunk as [id, tokens, score]
+    let chunks = steps[0]["chunks"].as_array().unwrap();
+    assert!(!chunks.is_empty(), "{each}");
+    for c in chunks {
+        assert!(c[0].is_string() && c[1].as_u64().is_some_and(|t| t > 0) && c[2].is_number(), "{each}");
+    }
     let gold = each["gold"].as_array().unwrap();
     let fields: Vec<&str> = gold.iter().map(|g| g["field"].as_str().unwrap()).collect();
     assert_eq!(fields, ["Van Hook Township", "Mountrail County"]);
