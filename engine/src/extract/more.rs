@@ -142,7 +142,7 @@ impl Scd {
 
     /// The question's scores, what the follow-up ranks by ([`completing`]),
     /// the named chunks not yet sent, and the other unseen chunks ranked
-    /// above the context's average.
+    /// at or above the context's average.
     fn more_candidates(
         &self,
         context: &PreparedContext,
@@ -163,7 +163,7 @@ impl Scd {
         let rank = completing(context, sent, &scores);
         let unseen: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))
-            // beyond explicit ids, only chunks ranked above the context's average
+            // beyond explicit ids, only chunks ranked at or above the context's average
             .filter(|&i| rank[i] >= 0.0)
             .collect();
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
@@ -251,23 +251,35 @@ const FARTHER: f32 = 1e-3;
 /// it lifts nothing there. A question that points at a paragraph an earlier
 /// reply cut gets its rest first (on MuSiQue's train sample, 0.010 to 0.065
 /// more questions kept every supporting paragraph; BENCHMARKS.md). Plain
-/// paragraphs only: a Markdown section can be long, and code, logs, JSON and
-/// chats are cut otherwise. With a reranker, held chunks keep their first
-/// stage score (the second rescores unsent chunks only); not measured.
-fn completing(context: &PreparedContext, sent: &HashSet<usize>, scores: &[f32]) -> Vec<f32> {
+/// paragraphs only (those the `prose` chunker cut): a Markdown section can be
+/// long, and tables, code, logs, JSON and chats are cut otherwise. With a
+/// reranker, held chunks keep their first stage score (the second rescores
+/// unsent chunks only); not measured.
+pub(super) fn completing(context: &PreparedContext, sent: &HashSet<usize>, scores: &[f32]) -> Vec<f32> {
     let chunks = &context.chunks;
     let paragraph = |i: usize| chunks[i].chunker == "prose";
-    // per paragraph: the best held score, and the held chunks
+    // per paragraph: the best held score, and the held chunks in order
     let mut held: HashMap<(usize, usize), (f32, Vec<usize>)> = HashMap::new();
     for &h in sent.iter().filter(|&&h| paragraph(h)) {
         let (best, at) = held.entry(chunks[h].group).or_insert((f32::NEG_INFINITY, Vec::new()));
         *best = best.max(scores[h]);
         at.push(h);
     }
+    for (_, at) in held.values_mut() {
+        at.sort_unstable();
+    }
     (0..chunks.len())
         .map(|i| match held.get(&chunks[i].group) {
             Some((best, at)) if paragraph(i) && !sent.contains(&i) => {
-                let away = at.iter().map(|&h| h.abs_diff(i)).min().unwrap_or(0);
+                // the nearest held chunk: the last before `i` or the first after it
+                let k = at.partition_point(|&h| h < i);
+                let away = [k.checked_sub(1), Some(k)]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|j| at.get(j))
+                    .map(|&h| h.abs_diff(i))
+                    .min()
+                    .unwrap_or(0);
                 scores[i].max(best - FARTHER * away as f32)
             }
             _ => scores[i],

@@ -842,6 +842,12 @@ fn a_follow_up_completes_the_paragraph_its_question_points_at() {
     assert!(more.text.starts_with("[notes]\n"), "{}", more.text);
     // each chunk keeps its own score: the paragraph's rest ranks higher, it does not score higher
     assert!(more.chunks.iter().all(|c| c.score < 0.0), "{:?}", more.chunks);
-    let markdown = follow(Field { kind: FieldKind::Markdown, ..notes });
+    let markdown = follow(Field { kind: FieldKind::Markdown, ..notes.clone() });
+    assert!(!markdown.chunks.is_empty(), "the follow-up sends other chunks: {markdown:?}");
     assert!(markdown.chunks.iter().all(|c| c.field != "notes"), "a section is not lifted: {}", markdown.text);
+    // the rest ranks nearest first, just under the held sentence's score
+    let ctx = scd.prepare(&[&notes], &Cancel::new()).unwrap();
+    assert_eq!(ctx.chunks.len(), 3, "three sentences");
+    let rank = more::completing(&ctx, &[0].into_iter().collect(), &[5.0, -1.0, -1.0]);
+    assert!(5.0 > rank[1] && rank[1] > rank[2] && rank[2] > 4.9, "{rank:?}");
 }

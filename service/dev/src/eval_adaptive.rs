@@ -90,7 +90,8 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     let mut chunks = first.chunks.clone();
     let mut total = first.totals.sent_tokens;
     let mut answered = 0;
-    let mut steps = vec![serde_json::json!({"sent_tokens": first.totals.sent_tokens, "chunks": ids(&first.chunks)})];
+    let mut steps =
+        vec![serde_json::json!({"sent_tokens": first.totals.sent_tokens, "chunks": sent_chunks(&first.chunks)})];
     for q in &ex.follow_ups {
         let more = scd.request_more(&ContextRequest {
             session_id: grant.id.clone(),
@@ -103,17 +104,17 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         })?;
         answered += usize::from(!more.chunks.is_empty());
         total += more.sent_tokens;
-        steps.push(serde_json::json!({"question": q, "sent_tokens": more.sent_tokens, "chunks": ids(&more.chunks),
-            "reason": more.reason}));
+        steps.push(
+            serde_json::json!({"question": q, "sent_tokens": more.sent_tokens, "chunks": sent_chunks(&more.chunks),
+            "reason": more.reason}),
+        );
         chunks.extend(more.chunks);
     }
     scd.close_session(&grant.id, &grant.token, None, None)?;
     let adaptive = evidence_recall(ex, &selection(ex, &chunks), Dataset::Musique);
     let one = scd.compress_opts(&request(total.max(1), None), opts, &Cancel::new())?;
     let one_shot = evidence_recall(ex, &selection(ex, &one.chunks), Dataset::Musique);
-    // the budget as the flag wrote it (0.1, not the f32's 0.10000000149)
-    let frac_written = (f64::from(frac) * 1e6).round() / 1e6;
-    let record = serde_json::json!({"id": ex.id, "first_budget": frac_written, "first_tokens": first_budget,
+    let record = serde_json::json!({"id": ex.id, "first_budget": as_written(frac), "first_tokens": first_budget,
         "hop_tokens": hop_budget, "context_tokens": context_tokens, "steps": steps,
         "gold": gold_kept(ex, &[&first.chunks, &chunks, &one.chunks]),
         "adaptive_all_kept": adaptive.1, "one_shot_all_kept": one_shot.1});
@@ -129,8 +130,13 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     })
 }
 
+/// A budget fraction as the flag wrote it (0.1, not the f32's 0.10000000149).
+fn as_written(frac: f32) -> f64 {
+    (f64::from(frac) * 1e6).round() / 1e6
+}
+
 /// A step's chunks for `--per-example`: id, tokens and score of each.
-fn ids(chunks: &[scd_engine::extract::SelectedChunk]) -> Vec<serde_json::Value> {
+fn sent_chunks(chunks: &[scd_engine::extract::SelectedChunk]) -> Vec<serde_json::Value> {
     chunks.iter().map(|c| serde_json::json!([c.id, c.tokens, (f64::from(c.score) * 1e3).round() / 1e3])).collect()
 }
 
@@ -230,7 +236,10 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
     }
     let rows: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(frac, o, f)| serde_json::json!({"first_budget": frac, "hop_budget": hop_budget, "overall": o, "folds": f}))
+        .map(|(frac, o, f)| {
+            serde_json::json!({"first_budget": as_written(*frac), "hop_budget": as_written(hop_budget),
+                "overall": o, "folds": f})
+        })
         .collect();
     let out = serde_json::json!({"dataset": "musique", "mode": "adaptive", "model": model_id,
         "settings": settings, "examples": examples.len(), "folds": folds, "results": rows});

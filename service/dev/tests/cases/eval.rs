@@ -162,7 +162,7 @@ fn the_adaptive_report_names_its_settings() {
     let run = |sweep: &[&str]| -> serde_json::Value {
         let report = dir.join("r.json");
         let mut args = vec!["eval", "--dataset", "musique", "--path", data.to_str().unwrap(), "--adaptive"];
-        args.extend(["--budgets", "0.5", "--folds", "2", "--report", report.to_str().unwrap()]);
+        args.extend(["--budgets", "0.6", "--folds", "2", "--report", report.to_str().unwrap()]);
         let plot = dir.join("p.svg");
         args.extend(["--plot", plot.to_str().unwrap()]);
         args.extend(sweep);
@@ -171,11 +171,17 @@ fn the_adaptive_report_names_its_settings() {
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
     };
     let lines = dir.join("each.jsonl");
-    assert_eq!(run(&["--per-example", lines.to_str().unwrap()])["settings"], "defaults");
+    let report = run(&["--per-example", lines.to_str().unwrap()]);
+    assert_eq!(report["settings"], "defaults");
+    // budgets as the flags wrote them, not as f32s widened
+    assert_eq!(
+        (report["results"][0]["first_budget"].as_f64(), report["results"][0]["hop_budget"].as_f64()),
+        (Some(0.6), Some(0.1))
+    );
     // one line per (example, first budget): each step's chunks, and per
     // supporting paragraph whether each method kept it
     let each: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&lines).unwrap().trim()).unwrap();
-    assert_eq!((each["id"].as_str(), each["first_budget"].as_f64()), (Some("2hop__1_2"), Some(0.5)));
+    assert_eq!((each["id"].as_str(), each["first_budget"].as_f64()), (Some("2hop__1_2"), Some(0.6)));
     let steps = each["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 2, "the first answer and one follow-up: {each}");
     assert_eq!(steps[1]["question"], "Mountrail County >> capital");
