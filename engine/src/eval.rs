@@ -606,24 +606,32 @@ pub fn sent_spans(ex: &Example, out: &crate::extract::Compressed) -> Vec<(usize,
     spans
 }
 
-/// Share of gold units an example's selection keeps (sentences must be
-/// covered whole; a MuSiQue paragraph counts as kept when at least 90 % of
-/// its non-space characters are sent; code functions by [`lines_kept`] ≥ 0.9).
+/// Per gold unit of `ex`, in order, whether the selection keeps it
+/// (sentences must be covered whole; a MuSiQue paragraph counts as kept
+/// when at least 90 % of its non-space characters are sent; code functions
+/// by [`lines_kept`] ≥ 0.9).
+pub fn gold_kept(ex: &Example, selected: &[(usize, (usize, usize))], dataset: Dataset) -> Vec<bool> {
+    let share = if dataset == Dataset::Musique { 0.9 } else { 0.999 };
+    ex.gold
+        .iter()
+        .map(|&(f, span)| {
+            let content = &ex.context.fields[f].content;
+            if dataset == Dataset::Code {
+                lines_kept(selected, content, f, span) >= 0.9
+            } else {
+                covered(selected, content, f, span, share)
+            }
+        })
+        .collect()
+}
+
+/// Share of gold units an example's selection keeps ([`gold_kept`]), and
+/// whether it keeps them all.
 pub fn evidence_recall(ex: &Example, selected: &[(usize, (usize, usize))], dataset: Dataset) -> (f32, bool) {
     if ex.gold.is_empty() {
         return (1.0, true);
     }
-    if dataset == Dataset::Code {
-        let kept = ex
-            .gold
-            .iter()
-            .filter(|&&(f, span)| lines_kept(selected, &ex.context.fields[f].content, f, span) >= 0.9)
-            .count();
-        return (kept as f32 / ex.gold.len() as f32, kept == ex.gold.len());
-    }
-    let share = if dataset == Dataset::Musique { 0.9 } else { 0.999 };
-    let kept =
-        ex.gold.iter().filter(|&&(f, span)| covered(selected, &ex.context.fields[f].content, f, span, share)).count();
+    let kept = gold_kept(ex, selected, dataset).into_iter().filter(|&k| k).count();
     (kept as f32 / ex.gold.len() as f32, kept == ex.gold.len())
 }
 

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
 use scd_engine::cancel::Cancel;
 use scd_engine::context::{ContextRequirement, Task};
-use scd_engine::eval::{covered, evidence_recall, selection, Dataset, Example};
+use scd_engine::eval::{evidence_recall, gold_kept, selection, Dataset, Example};
 use scd_engine::extract::{CompressOptions, CompressRequest, ContextRequest, Scd, SessionRequest};
 use serde::Serialize;
 
@@ -111,12 +111,14 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         chunks.extend(more.chunks);
     }
     scd.close_session(&grant.id, &grant.token, None, None)?;
-    let adaptive = evidence_recall(ex, &selection(ex, &chunks), Dataset::Musique);
+    let adaptive_spans = selection(ex, &chunks);
+    let adaptive = evidence_recall(ex, &adaptive_spans, Dataset::Musique);
     let one = scd.compress_opts(&request(total.max(1), None), opts, &Cancel::new())?;
-    let one_shot = evidence_recall(ex, &selection(ex, &one.chunks), Dataset::Musique);
+    let one_shot_spans = selection(ex, &one.chunks);
+    let one_shot = evidence_recall(ex, &one_shot_spans, Dataset::Musique);
     let record = serde_json::json!({"id": ex.id, "first_budget": as_written(frac), "first_tokens": first_budget,
         "hop_tokens": hop_budget, "context_tokens": context_tokens, "steps": steps,
-        "gold": gold_kept(ex, &[&first.chunks, &chunks, &one.chunks]),
+        "gold": kept_by_each(ex, [&selection(ex, &first.chunks), &adaptive_spans, &one_shot_spans]),
         "adaptive_all_kept": adaptive.1, "one_shot_all_kept": one_shot.1});
     Ok(Outcome {
         adaptive,
@@ -140,17 +142,16 @@ fn sent_chunks(chunks: &[scd_engine::extract::SelectedChunk]) -> Vec<serde_json:
     chunks.iter().map(|c| serde_json::json!([c.id, c.tokens, (f64::from(c.score) * 1e3).round() / 1e3])).collect()
 }
 
-/// Per supporting paragraph: its field and whether each of `sends` (the
-/// first answer, the adaptive loop's, one-shot's) kept it.
-fn gold_kept(ex: &Example, sends: &[&[scd_engine::extract::SelectedChunk]]) -> Vec<serde_json::Value> {
-    let spans: Vec<_> = sends.iter().map(|s| selection(ex, s)).collect();
+/// Per supporting paragraph: its field and whether each selection (the
+/// first answer's, the adaptive loop's, one-shot's) kept it.
+fn kept_by_each(ex: &Example, spans: [&[(usize, (usize, usize))]; 3]) -> Vec<serde_json::Value> {
+    let [first, adaptive, one_shot] = spans.map(|s| gold_kept(ex, s, Dataset::Musique));
     ex.gold
         .iter()
-        .map(|&(f, span)| {
-            let content = &ex.context.fields[f].content;
-            let kept: Vec<bool> = spans.iter().map(|s| covered(s, content, f, span, 0.9)).collect();
-            serde_json::json!({"field": ex.context.fields[f].name, "first": kept[0], "adaptive": kept[1],
-                "one_shot": kept[2]})
+        .enumerate()
+        .map(|(g, &(f, _))| {
+            serde_json::json!({"field": ex.context.fields[f].name, "first": first[g], "adaptive": adaptive[g],
+                "one_shot": one_shot[g]})
         })
         .collect()
 }
