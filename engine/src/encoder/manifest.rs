@@ -48,6 +48,10 @@ pub struct Manifest {
     /// turned off). Applied by [`OrtEncoder::load`](super::OrtEncoder::load).
     #[serde(default)]
     pub session_config: std::collections::BTreeMap<String, String>,
+    /// The cosine of a question with a text below which the question is not
+    /// about it, measured for this model ([`Encoder::relevance_floor`](super::Encoder::relevance_floor)).
+    #[serde(default)]
+    pub relevance_floor: Option<f32>,
 }
 
 fn default_pooling() -> String {

@@ -164,6 +164,13 @@ pub trait Encoder: Send + Sync {
     }
     /// Which execution provider runs the model (`cpu`, `cuda`, `hash`).
     fn provider(&self) -> &str;
+    /// The cosine of a query with a passage below which the query is not
+    /// about it, where one was measured for the model (its manifest's
+    /// `relevance_floor`): cosines have no common scale across models, so
+    /// none is assumed.
+    fn relevance_floor(&self) -> Option<f32> {
+        None
+    }
 }
 
 /// A tokenized sequence (one window of one text) ready for the model.

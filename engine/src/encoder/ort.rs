@@ -686,6 +686,10 @@ impl Encoder for OrtEncoder {
         self.manifest.max_tokens
     }
 
+    fn relevance_floor(&self) -> Option<f32> {
+        self.manifest.relevance_floor
+    }
+
     fn count_tokens(&self, text: &str) -> Result<usize> {
         let enc = self
             .tokenizer
@@ -798,6 +802,10 @@ impl Encoder for LazyOrtEncoder {
 
     fn max_tokens(&self) -> usize {
         self.manifest.max_tokens
+    }
+
+    fn relevance_floor(&self) -> Option<f32> {
+        self.manifest.relevance_floor
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {

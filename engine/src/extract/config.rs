@@ -395,6 +395,12 @@ pub struct SessionConfig {
     pub more_max_chunks: usize,
     /// Receiver confidence at or above which adaptive requests get nothing (θ_conf).
     pub confidence_threshold: f32,
+    /// Cosine of the follow-up's question with a chunk's group (its best
+    /// chunk: a paragraph's, a section's, a function's) below which the
+    /// chunk is not sent unless named: the question is not about it. `None`:
+    /// the encoder's own floor ([`crate::encoder::Encoder::relevance_floor`];
+    /// none for a model without one); `Some(-1.0)` turns it off.
+    pub more_min_relevance: Option<f32>,
     /// Words of a dropped chunk's stub in the manifest (count).
     pub stub_words: usize,
 }
@@ -407,6 +413,7 @@ impl Default for SessionConfig {
             session_bytes: 1 << 30,
             more_max_chunks: 8,
             confidence_threshold: 0.7,
+            more_min_relevance: None,
             stub_words: 8,
         }
     }
@@ -469,6 +476,7 @@ mod tests {
         assert_eq!(c.sessions.session_bytes, 1 << 30);
         assert_eq!(c.sessions.more_max_chunks, 8);
         assert_eq!(c.sessions.confidence_threshold, 0.7);
+        assert_eq!(c.sessions.more_min_relevance, None);
         assert_eq!(c.sessions.stub_words, 8);
     }
 }

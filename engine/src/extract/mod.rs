@@ -772,4 +772,6 @@ mod code_tests;
 #[cfg(test)]
 mod log_tests;
 #[cfg(test)]
+mod more_tests;
+#[cfg(test)]
 mod tests;

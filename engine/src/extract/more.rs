@@ -11,6 +11,7 @@ use super::{render, ContextRequest, Counting, LastReply, Ledger, MoreContext, Sc
 use crate::cancel::Cancel;
 use crate::context::check_no_nul;
 use crate::encoder::InputKind;
+use crate::score::dot;
 use crate::{Error, Param, Result};
 
 impl Scd {
@@ -86,11 +87,12 @@ impl Scd {
             };
             return Ok(nothing(&session, why));
         }
-        let (Ranked { scores, rank }, named, unseen) =
+        let Candidates { ranked: Ranked { scores, rank }, named, unseen, about } =
             self.more_candidates(&context, &session.sent, &query, &explicit, cancel)?;
         let (mut picked, sent_tokens) =
             self.pack_more(&context, &counting, &session.sent, (&named, unseen), &rank, budget)?;
-        let reason = more_reason(&context, &counting, &session.sent, &named, &picked, budget);
+        let asked = Asked { named: &named, picked: &picked, about: &about, budget };
+        let reason = more_reason(&context, &counting, &session.sent, &asked, self.more_floor());
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
         picked.sort_unstable();
@@ -141,8 +143,9 @@ impl Scd {
     }
 
     /// The question's scores, what the follow-up ranks by ([`completing`]),
-    /// the named chunks not yet sent, and the other unseen chunks ranked
-    /// at or above the context's average.
+    /// the named chunks not yet sent, the other unseen chunks ranked at or
+    /// above the context's average whose group the question is about
+    /// ([`about`]), and each chunk's group relevance.
     fn more_candidates(
         &self,
         context: &PreparedContext,
@@ -150,7 +153,7 @@ impl Scd {
         query: &str,
         explicit: &[usize],
         cancel: &Cancel,
-    ) -> Result<(Ranked, Vec<usize>, Vec<usize>)> {
+    ) -> Result<Candidates> {
         let qvec = self.embed_cached_with(&[query.trim()], InputKind::Query, cancel)?.remove(0);
         cancel.check("score")?;
         // the question is scored on its own: it is the receiver's next hop,
@@ -161,13 +164,22 @@ impl Scd {
         self.rerank(context, query.trim(), &mut parts, &|i| !sent.contains(&i), cancel)?;
         let scores = parts.fused;
         let rank = completing(context, sent, &scores);
+        let about = about(context, &qvec);
+        let floor = self.more_floor();
         let unseen: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))
-            // beyond explicit ids, only chunks ranked at or above the context's average
-            .filter(|&i| rank[i] >= 0.0)
+            // beyond explicit ids, only chunks ranked at or above the context's
+            // average, in a group the question is about
+            .filter(|&i| rank[i] >= 0.0 && about.group[i] >= floor)
             .collect();
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
-        Ok((Ranked { scores, rank }, named, unseen))
+        Ok(Candidates { ranked: Ranked { scores, rank }, named, unseen, about })
+    }
+
+    /// The relevance below which a follow-up sends nothing unnamed:
+    /// `more_min_relevance`, or the encoder's floor, or none.
+    fn more_floor(&self) -> f32 {
+        self.cfg.sessions.more_min_relevance.or(self.encoder.relevance_floor()).unwrap_or(f32::NEG_INFINITY)
     }
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
@@ -228,6 +240,17 @@ impl Scd {
             reason: last.reason.clone(),
         }
     }
+}
+
+/// A follow-up's candidates ([`Scd::more_candidates`]).
+struct Candidates {
+    ranked: Ranked,
+    /// The named chunks not yet sent.
+    named: Vec<usize>,
+    /// The other unseen chunks the follow-up may send.
+    unseen: Vec<usize>,
+    /// How much the question is about each chunk.
+    about: About,
 }
 
 /// A follow-up's scores for its question, and what it ranks by.
@@ -307,28 +330,77 @@ fn explicit_ids(context: &PreparedContext, ids: &[String]) -> Result<Vec<usize>>
     Ok(explicit)
 }
 
-/// Why a reply holds less than asked: a named chunk that did not fit, or
-/// no unseen chunk that does (`sent`: before this reply).
+/// What a follow-up was asked for and sent: the chunks named by id, those
+/// picked, how much the question is about each chunk, and the reply's budget.
+struct Asked<'a> {
+    named: &'a [usize],
+    picked: &'a [usize],
+    about: &'a About,
+    budget: usize,
+}
+
+/// Why a reply holds less than asked: a named chunk that did not fit, no
+/// unseen chunk the question is about (`floor`: its relevance; naming the
+/// question's closest chunk when the receiver holds it), or none that
+/// fits (`sent`: before this reply).
 fn more_reason(
     context: &PreparedContext,
     counting: &Counting,
     sent: &HashSet<usize>,
-    named: &[usize],
-    picked: &[usize],
-    budget: usize,
+    asked: &Asked,
+    floor: f32,
 ) -> Option<String> {
+    let &Asked { named, picked, about, budget } = asked;
     let chunks = &context.chunks;
     if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
         let cost = counting.tokens[i] + counting.separator;
         return Some(format!("chunk {} needs {} tokens, {} left in this reply", chunks[i].id, cost, budget));
     }
-    if picked.is_empty() {
-        let unseen = (0..chunks.len()).filter(|i| !sent.contains(i)).count();
-        return Some(if unseen == 0 {
-            "every chunk of the context was already sent".into()
-        } else {
-            format!("no unseen chunk above the context's average relevance fits the reply's {budget} tokens")
-        });
+    if !picked.is_empty() {
+        return None;
     }
-    None
+    let closest = |ids: &mut dyn Iterator<Item = usize>, by: &[f32]| ids.max_by(|&a, &b| by[a].total_cmp(&by[b]));
+    let mut unseen = (0..chunks.len()).filter(|i| !sent.contains(i));
+    Some(match closest(&mut unseen, &about.group) {
+        None => "every chunk of the context was already sent".into(),
+        Some(u) if about.group[u] < floor => {
+            let mut why = format!(
+                "nothing unsent is about the question: its closest unsent chunk has relevance {:.3}, \
+                 below the floor {floor}",
+                about.group[u]
+            );
+            // the held chunk the question is most about, by its own cosine
+            let held = closest(&mut sent.iter().copied(), &about.own);
+            if let Some(h) = held.filter(|&h| about.own[h] > about.group[u]) {
+                why.push_str(&format!("; its closest chunk, {}, was sent earlier", chunks[h].id));
+            }
+            why
+        }
+        Some(_) => {
+            format!("no unseen chunk above the context's average relevance fits the reply's {budget} tokens")
+        }
+    })
+}
+
+/// Per chunk, how much the question is about it: the cosine of the
+/// question with the chunk, and with its group's best chunk (a paragraph's
+/// pronoun sentence counts as its paragraph does).
+fn about(context: &PreparedContext, qvec: &[f32]) -> About {
+    let chunks = &context.chunks;
+    let mut best: HashMap<(usize, usize), f32> = HashMap::new();
+    let own: Vec<f32> = chunks.iter().map(|c| dot(qvec, &c.embedding)).collect();
+    for (c, &r) in chunks.iter().zip(&own) {
+        let b = best.entry(c.group).or_insert(f32::NEG_INFINITY);
+        *b = b.max(r);
+    }
+    let group = chunks.iter().map(|c| best[&c.group]).collect();
+    About { own, group }
+}
+
+/// How much a follow-up's question is about each chunk ([`about`]).
+struct About {
+    /// The question's cosine with the chunk.
+    own: Vec<f32>,
+    /// With the chunk's group's best chunk: what the floor applies to.
+    group: Vec<f32>,
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use scd_engine::budget::builtin;
 use scd_engine::cancel::Cancel;
 use scd_engine::context::{Context, ContextRequirement, Task};
-use scd_engine::extract::{CompressOptions, CompressRequest, Scd, ScdConfig};
+use scd_engine::encoder::Encoder;
+use scd_engine::extract::{CompressOptions, CompressRequest, ContextRequest, Scd, ScdConfig, SessionRequest};
 
 use super::{load, root};
 
@@ -48,6 +49,52 @@ fn the_showcase_keeps_the_root_cause_at_150_cl100k_with_its_source() {
     // every piece opens with its header line; the confidential field never appears
     assert!(text.starts_with('['), "{text}");
     assert!(!text.contains("sk_live") && !text.contains("api_keys"), "{text}");
+}
+
+/// A follow-up over prose notes that nothing in them answers gets nothing
+/// and says why, at e5-small's floor from its manifest; one about a
+/// paragraph the receiver lacks gets it. (Over the fixture's SQL and code,
+/// e5's cosine with any question runs higher: an off-topic question clears
+/// the floor there, docs/compress.md.)
+#[test]
+fn a_follow_up_the_notes_cannot_answer_gets_nothing_and_says_why() {
+    let Some((enc, _)) = load("e5-small") else { return };
+    assert_eq!(enc.relevance_floor(), Some(0.8), "e5-small's manifest carries its floor");
+    let scd = Scd::new(Arc::new(enc), ScdConfig::default());
+    let notes = [
+        ("incident", "Checkout failed for twenty minutes on Monday. The payment service could not get a database connection, so every charge timed out."),
+        ("fix", "We raised the connection pool from 32 to 64 and added an alert when fewer than four connections are free."),
+        ("review", "The postmortem is on Thursday. Bring the timeline of the outage and the graphs of the pool."),
+    ];
+    let fields = notes.iter().map(|(name, text)| serde_json::json!({"name": name, "kind": "prose", "content": text}));
+    let ctx: Context = serde_json::from_value(serde_json::json!({ "fields": fields.collect::<Vec<_>>() })).unwrap();
+    let req = CompressRequest {
+        task: Task::new("Why did checkout fail on Monday?"),
+        context: ctx,
+        requirement: ContextRequirement::with_budget(40),
+        session: Some(SessionRequest::default()),
+    };
+    let opts = CompressOptions { budget_tokenizer: Some(builtin("cl100k").unwrap()), ..CompressOptions::default() };
+    let out = scd.compress_opts(&req, &opts, &Cancel::new()).unwrap();
+    assert!(out.text.contains("could not get a database connection") && !out.text.contains("64"), "{}", out.text);
+    let grant = out.session.unwrap();
+    let ask = |question: &str| {
+        scd.request_more(&ContextRequest {
+            session_id: grant.id.clone(),
+            session_token: grant.token.clone(),
+            specific_question: question.into(),
+            current_confidence: 0.3,
+            max_tokens: Some(60),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let chess = ask("Who won the chess tournament in Oslo last year?");
+    assert!(chess.chunks.is_empty() && chess.sent_tokens == 0, "{}", chess.text);
+    let why = chess.reason.unwrap();
+    assert!(why.starts_with("nothing unsent is about the question") && why.contains("below the floor 0.8"), "{why}");
+    let fix = ask("How was the connection pool changed after the outage?");
+    assert!(fix.text.contains("from 32 to 64"), "{}", fix.text);
 }
 
 /// A log error repeated with only its timestamp changed: the first of the

@@ -78,8 +78,9 @@ pub struct EvalArgs {
     /// `recall`, `all_kept`), e.g. for cross-validation by crate. With
     /// --adaptive, one line per example and first budget: each step's
     /// chunks (`[id, tokens, score]`; a follow-up's question and reason
-    /// too), and per supporting paragraph whether the first answer, the
-    /// loop and one-shot kept it.
+    /// too), the off-topic probe (`off_topic`: another example's question
+    /// after the loop), and per supporting paragraph whether the first
+    /// answer, the loop and one-shot kept it.
     #[arg(long)]
     per_example: Option<PathBuf>,
     /// Code chunker: `parser` (tree-sitter where a grammar exists) or

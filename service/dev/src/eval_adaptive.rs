@@ -29,6 +29,8 @@ struct Outcome {
     total_tokens: usize,
     follow_ups: usize,
     answered: usize,
+    /// The off-topic probe's tokens, as a share of a follow-up's budget.
+    off_topic: f32,
     /// The example's line for `--per-example`.
     record: serde_json::Value,
 }
@@ -47,6 +49,11 @@ pub struct Summary {
     mean_total_tokens: f32,
     follow_ups: usize,
     follow_ups_with_chunks: usize,
+    /// Off-topic probes (another example's question, after the loop) that
+    /// got nothing.
+    off_topic_empty: f32,
+    /// The off-topic probes' tokens, as a share of a follow-up's budget.
+    off_topic_share: f32,
 }
 
 fn summarize(xs: &[&Outcome]) -> Summary {
@@ -67,10 +74,21 @@ fn summarize(xs: &[&Outcome]) -> Summary {
         mean_total_tokens: mean(&|o| o.total_tokens as f32),
         follow_ups: xs.iter().map(|o| o.follow_ups).sum(),
         follow_ups_with_chunks: xs.iter().map(|o| o.answered).sum(),
+        off_topic_empty: mean(&|o| kept(o.off_topic == 0.0)),
+        off_topic_share: mean(&|o| o.off_topic),
     }
 }
 
-fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: f32) -> anyhow::Result<Outcome> {
+/// One example at first budget `frac` and follow-ups of `hop`; after the
+/// loop, `off_topic` (another example's question) probes whether a
+/// follow-up the context cannot answer gets filler.
+fn one_example(
+    scd: &Scd,
+    opts: &CompressOptions,
+    (ex, off_topic): (&Example, &str),
+    frac: f32,
+    hop: f32,
+) -> anyhow::Result<Outcome> {
     let request = |budget: usize, session: Option<SessionRequest>| CompressRequest {
         task: Task::new(ex.question.clone()),
         context: ex.context.clone(),
@@ -92,16 +110,19 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     let mut answered = 0;
     let mut steps =
         vec![serde_json::json!({"sent_tokens": first.totals.sent_tokens, "chunks": sent_chunks(&first.chunks)})];
-    for q in &ex.follow_ups {
-        let more = scd.request_more(&ContextRequest {
+    let ask = |q: &str| {
+        scd.request_more(&ContextRequest {
             session_id: grant.id.clone(),
             session_token: grant.token.clone(),
-            specific_question: q.clone(),
+            specific_question: q.to_string(),
             current_confidence: 0.3,
             max_tokens: Some(hop_budget),
             request_id: None,
             ..Default::default()
-        })?;
+        })
+    };
+    for q in &ex.follow_ups {
+        let more = ask(q)?;
         answered += usize::from(!more.chunks.is_empty());
         total += more.sent_tokens;
         steps.push(
@@ -110,6 +131,10 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         );
         chunks.extend(more.chunks);
     }
+    // not counted in the loop's tokens or recall
+    let probe = ask(off_topic)?;
+    let probe_step = serde_json::json!({"question": off_topic, "sent_tokens": probe.sent_tokens,
+        "chunks": sent_chunks(&probe.chunks), "reason": probe.reason});
     scd.close_session(&grant.id, &grant.token, None, None)?;
     let adaptive_spans = selection(ex, &chunks);
     let adaptive = evidence_recall(ex, &adaptive_spans, Dataset::Musique);
@@ -117,7 +142,7 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
     let one_shot_spans = selection(ex, &one.chunks);
     let one_shot = evidence_recall(ex, &one_shot_spans, Dataset::Musique);
     let record = serde_json::json!({"id": ex.id, "first_budget": as_written(frac), "first_tokens": first_budget,
-        "hop_tokens": hop_budget, "context_tokens": context_tokens, "steps": steps,
+        "hop_tokens": hop_budget, "context_tokens": context_tokens, "steps": steps, "off_topic": probe_step,
         "gold": kept_by_each(ex, [&selection(ex, &first.chunks), &adaptive_spans, &one_shot_spans]),
         "adaptive_all_kept": adaptive.1, "one_shot_all_kept": one_shot.1});
     Ok(Outcome {
@@ -128,6 +153,7 @@ fn one_example(scd: &Scd, opts: &CompressOptions, ex: &Example, frac: f32, hop: 
         total_tokens: total,
         follow_ups: ex.follow_ups.len(),
         answered,
+        off_topic: probe.sent_tokens as f32 / hop_budget as f32,
         record,
     })
 }
@@ -193,8 +219,11 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
     ];
     for &frac in budgets {
         let mut outcomes = Vec::new();
-        for ex in &examples {
-            outcomes.push(one_example(scd, opts, ex, frac, hop_budget).with_context(|| format!("example {}", ex.id))?);
+        for (i, ex) in examples.iter().enumerate() {
+            // the next example's question: about another context
+            let off_topic = &examples[(i + 1) % examples.len()].question;
+            let outcome = one_example(scd, opts, (ex, off_topic), frac, hop_budget);
+            outcomes.push(outcome.with_context(|| format!("example {}", ex.id))?);
             bar.inc(1);
         }
         lines.extend(outcomes.iter().map(|o| format!("{}\n", o.record)));
@@ -215,13 +244,23 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
     bar.finish_and_clear();
     println!("{} MuSiQue examples with {model_id}; follow-ups at {hop_budget} of the context each", examples.len());
     println!(
-        "{:>6} {:>9} {:>9} {:>7} {:>8} {:>8} {:>7} {:>7} {:>9}  gain by fold",
-        "first", "adaptive", "one-shot", "gain", "rec_ad", "rec_one", "1st_x", "total_x", "answered"
+        "{:>6} {:>9} {:>9} {:>7} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9}  gain by fold",
+        "first",
+        "adaptive",
+        "one-shot",
+        "gain",
+        "rec_ad",
+        "rec_one",
+        "1st_x",
+        "total_x",
+        "answered",
+        "off_empty",
+        "off_share"
     );
     for (frac, o, by_fold) in &rows {
         let folds: Vec<String> = by_fold.iter().map(|f| format!("{:+.3}", f.all_kept_gain)).collect();
         println!(
-            "{:>6.2} {:>9.3} {:>9.3} {:>+7.3} {:>8.3} {:>8.3} {:>7.2} {:>7.2} {:>4}/{:<4}  {}",
+            "{:>6.2} {:>9.3} {:>9.3} {:>+7.3} {:>8.3} {:>8.3} {:>7.2} {:>7.2} {:>4}/{:<4} {:>9.3} {:>9.3}  {}",
             frac,
             o.adaptive_all_kept,
             o.one_shot_all_kept,
@@ -232,6 +271,8 @@ pub(super) fn run(scd: &Scd, opts: &CompressOptions, examples: &[Example], run: 
             o.total_reduction,
             o.follow_ups_with_chunks,
             o.follow_ups,
+            o.off_topic_empty,
+            o.off_topic_share,
             folds.join(" ")
         );
     }

@@ -137,6 +137,12 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "second_hop_weight" => cfg.scoring.second_hop_weight = v as f32,
         "rerank_weight" => cfg.scoring.rerank_weight = v as f32,
         "rerank_top" => cfg.scoring.rerank_top = as_count()?,
+        "more_min_relevance" => {
+            if !(-1.0..=1.0).contains(&v) {
+                bail!("{k} takes -1 to 1 (a cosine), got {v}");
+            }
+            cfg.sessions.more_min_relevance = Some(v as f32)
+        }
         "link_sources" => cfg.scoring.link_sources = as_count()?,
         "common_name_chunks" => cfg.scoring.common_name_chunks = as_count()?,
         "sibling_weight" => cfg.scoring.sibling_weight = v as f32,
@@ -184,7 +190,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
              code_context_lines, json_whole_tokens, log_size_weight, follow_weight, near_duplicate_penalty, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
              long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
-             rerank_top)"
+             rerank_top, more_min_relevance)"
         ),
     }
     Ok(())

@@ -196,6 +196,15 @@ fn the_adaptive_report_names_its_settings() {
     assert_eq!(fields, ["Van Hook Township", "Mountrail County"]);
     let all = gold.iter().all(|g| g["adaptive"] == true);
     assert_eq!(each["adaptive_all_kept"], all, "{each}");
+    // after the loop, the probe with the next example's question (here its
+    // own: the file holds one), counted apart
+    assert_eq!(each["off_topic"]["question"], rec["question"], "{each}");
+    let probe = each["off_topic"]["sent_tokens"].as_u64().unwrap();
+    let share = report["results"][0]["overall"]["off_topic_share"].as_f64().unwrap();
+    let hop = each["hop_tokens"].as_u64().unwrap();
+    assert!((share - probe as f64 / hop as f64).abs() < 1e-6, "{share} {probe} {hop}");
+    let empty = report["results"][0]["overall"]["off_topic_empty"].as_f64().unwrap();
+    assert_eq!(empty, f64::from(u8::from(probe == 0)), "{report}");
     let swept = run(&["--sweep", "group_closure_share=1"]);
     assert_eq!(swept["settings"], "scd[group_closure_share=1]");
     assert_eq!(swept["examples"], 1);

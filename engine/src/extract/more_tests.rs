@@ -1,0 +1,59 @@
+//! Follow-ups the context cannot answer: nothing unnamed below the floor.
+
+use super::tests::{follow_up, hash_scd, opts, prose};
+use super::*;
+use crate::cancel::Cancel;
+
+/// The first answer to "why did the payment service time out" (it holds
+/// the payment sentence, 12 cl100k tokens), then a follow-up asking
+/// `question` on an engine whose follow-up floor is `floor`.
+fn ask(floor: Option<f32>, question: &str) -> MoreContext {
+    let sessions = SessionConfig { more_min_relevance: floor, ..Default::default() };
+    let scd = hash_scd(ScdConfig { sessions, ..Default::default() });
+    let fields = vec![
+        prose("payments", "The payment service timed out at checkout."),
+        prose("database", "The database pool was exhausted at noon. Its size is ten connections."),
+        prose("office", "The office plants need water on Mondays. The ficus is by the window."),
+    ];
+    let req = CompressRequest {
+        task: Task::new("Why did the payment service time out at checkout?"),
+        context: Context { fields },
+        requirement: ContextRequirement::with_budget(12),
+        session: Some(SessionRequest::default()),
+    };
+    let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
+    let first: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(first, ["payments#0"], "{}", out.text);
+    scd.request_more(&follow_up(&out.session.unwrap(), question, Some(40))).unwrap()
+}
+
+/// Below the floor nothing unnamed is sent, and `reason` says so, naming
+/// the closest chunk when the receiver already holds it; above it, the
+/// chunk the question is about is sent; with the floor off, the same
+/// questions get filler.
+#[test]
+fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
+    let off_topic = "Who won the chess tournament in Oslo last year?";
+    let nothing = ask(Some(0.5), off_topic);
+    assert!(nothing.chunks.is_empty() && nothing.text.is_empty() && nothing.sent_tokens == 0, "{nothing:?}");
+    let why = nothing.reason.unwrap();
+    assert!(why.starts_with("nothing unsent is about the question: its closest unsent chunk has relevance "), "{why}");
+    assert!(why.contains("below the floor 0.5"), "{why}");
+    // the question is about what the receiver holds: it is told so
+    let held = ask(Some(0.5), "Why did the payment service time out at checkout?");
+    assert!(held.chunks.is_empty(), "{held:?}");
+    assert!(held.reason.unwrap().ends_with("; its closest chunk, payments#0, was sent earlier"));
+    // a question about an unsent paragraph gets it, the sentence the
+    // question shares no word with included
+    let pool = ask(Some(0.5), "When was the database pool exhausted?");
+    let ids: Vec<&str> = pool.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["database#0", "database#1"], "{}", pool.text);
+    assert_eq!(pool.reason, None);
+    // the floor is what withholds: off, both get above-average filler
+    for question in [off_topic, "Why did the payment service time out at checkout?"] {
+        let filler = ask(Some(-1.0), question);
+        assert!(!filler.chunks.is_empty(), "{question}: {filler:?}");
+    }
+    // the hash encoder measured no floor: none applies by default
+    assert!(!ask(None, off_topic).chunks.is_empty());
+}
