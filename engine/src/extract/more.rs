@@ -205,6 +205,11 @@ impl Scd {
         unseen.sort_by(|&a, &b| value[b].total_cmp(&value[a]));
         unseen.truncate(self.cfg.sessions.more_max_chunks);
         let order: Vec<usize> = named.iter().copied().chain(unseen).collect();
+        // nothing named and nothing the question is about: nothing, not the
+        // bridges packing lays between held pieces (question-blind filler)
+        if order.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
         let mut selected: Vec<usize> = sent.iter().copied().collect();
         selected.sort_unstable();
         let held = selected.len();

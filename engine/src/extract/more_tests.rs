@@ -3,6 +3,7 @@
 use super::tests::{follow_up, hash_scd, opts, prose};
 use super::*;
 use crate::cancel::Cancel;
+use crate::context::{Field, FieldKind};
 
 /// The first answer to "why did the payment service time out" (it holds
 /// the payment sentence, 12 cl100k tokens), then a follow-up asking
@@ -56,4 +57,40 @@ fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
     }
     // the hash encoder measured no floor: none applies by default
     assert!(!ask(None, off_topic).chunks.is_empty());
+}
+
+/// A follow-up with nothing about its question sends nothing, not even the
+/// cheap line between two pieces the receiver holds (a bridge).
+#[test]
+fn a_follow_up_about_nothing_fills_no_gap_between_held_pieces() {
+    let sessions = SessionConfig { more_min_relevance: Some(0.5), ..Default::default() };
+    let scd = hash_scd(ScdConfig { sessions, ..Default::default() });
+    let log = "2024-05-01 10:00:01 ERROR payments: charge timed out for order 17\n\
+               2024-05-01 10:00:02 INFO ok\n\
+               2024-05-01 10:00:03 ERROR db: connection pool exhausted during the payments charge\n";
+    let field = Field {
+        name: "services/payments/worker-7/app.log".into(),
+        kind: FieldKind::Log,
+        confidential: false,
+        content: log.into(),
+    };
+    let req = CompressRequest {
+        task: Task::new("Why did the payments charge time out?"),
+        context: Context { fields: vec![field] },
+        requirement: ContextRequirement::with_budget(74),
+        session: Some(SessionRequest::default()),
+    };
+    let out = scd.compress_opts(&req, &opts("cl100k", true), &Cancel::new()).unwrap();
+    let first: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(
+        first,
+        ["services/payments/worker-7/app.log#0", "services/payments/worker-7/app.log#2"],
+        "{}\n{:?}",
+        out.text,
+        out.dropped
+    );
+    let more = scd.request_more(&follow_up(&out.session.unwrap(), "Who won the chess tournament in Oslo?", Some(40)));
+    let more = more.unwrap();
+    assert!(more.chunks.is_empty(), "{}", more.text);
+    assert!(more.reason.unwrap().starts_with("nothing unsent is about the question"));
 }

@@ -143,11 +143,14 @@ pub struct EvalArgs {
     /// e5 or a tokenizer.json path), for SCD and the baselines alike.
     #[arg(long)]
     budget_tokenizer: Option<String>,
-    /// MuSiQue only: the adaptive loop (paper §6.3) beside one-shot at the
+    /// MuSiQue: the adaptive loop (paper §6.3) beside one-shot at the
     /// same total tokens. --budgets are the first answer's budgets; each
     /// later hop's question is a follow-up with its own budget. A --sweep
     /// of one setting runs the loop with it in place of the defaults (rerun
-    /// without it for the defaults); more than one is refused.
+    /// without it for the defaults); more than one is refused. With
+    /// --dataset agent: follow-up probes in place of the comparison (per
+    /// case, budget and setting: the case's task asked again as a follow-up,
+    /// and in a second session the next case's task), per kind.
     #[arg(long)]
     adaptive: bool,
     /// With --adaptive: each follow-up's budget, a fraction of the context.
@@ -436,7 +439,6 @@ fn agent_eval(
 ) -> anyhow::Result<super::eval_agent::AgentEval> {
     let unused = [
         ("--among", args.among.is_some()),
-        ("--adaptive", args.adaptive),
         ("--also-model", !args.also_model.is_empty()),
         ("--dump-features", args.dump_features.is_some()),
         ("--join", args.join != "natural"),
@@ -460,6 +462,7 @@ fn agent_eval(
     Ok(super::eval_agent::AgentEval {
         paths: args.path.clone(),
         limit: args.limit,
+        follow_ups: args.adaptive,
         budgets: args.budgets.clone(),
         tokenizer: tok,
         cfg,

@@ -72,6 +72,8 @@ pub struct AgentEval {
     pub kinds: Vec<String>,
     /// The second stage's cross-encoder, for SCD and every variant.
     pub reranker: Option<Arc<dyn CrossEncoder>>,
+    /// Follow-up probes in place of the comparison ([`super::eval_agent_more`]).
+    pub follow_ups: bool,
 }
 
 /// One method's result on one case at one budget.
@@ -282,6 +284,13 @@ pub fn run(model: &ModelArgs, a: AgentEval) -> anyhow::Result<()> {
         None => encoder.count_tokens(t),
     };
     let opts = CompressOptions { budget_tokenizer: a.tokenizer.clone(), ..Default::default() };
+    if a.follow_ups {
+        let probes = super::eval_agent_more::run_all(&scds, &opts, &cases, &a.budgets, &count)?;
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let header = serde_json::json!({"command": command, "dataset": "agent", "model": model_id,
+            "budget_tokenizer": tok_name, "files": shown, "examples": cases.len()});
+        return super::eval_agent_more::report(&probes, header, (&a.report, &a.plot), a.per_example.as_deref());
+    }
     let runner = Runner { scds, opts, budgets: &a.budgets, count: &count, scd_only: a.scd_only };
     let bar = ProgressBar::new(cases.len() as u64);
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} cases {per_sec} eta {eta}")?);

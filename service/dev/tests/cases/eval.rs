@@ -111,6 +111,81 @@ fn a_second_agent_eval_with_a_store_embeds_nothing_and_reports_the_same() {
     assert_eq!(first["cross_validation"], second["cross_validation"]);
 }
 
+/// `--dataset agent --adaptive`: per case, setting and budget, the task
+/// asked again as a follow-up and another case's task asked in a second
+/// session; the floor (e5-small's 0.80) withholds the other case's filler
+/// that no floor (`more_min_relevance=-1`) sends.
+#[test]
+fn agent_follow_up_probes_report_what_an_off_topic_question_gets() {
+    if !ready() {
+        return;
+    }
+    let tmp = scratch("eval-agent-follow-ups");
+    let dir = tmp.path();
+    let data = dir.join("cases.jsonl");
+    let mut log = String::new();
+    for i in 0..40 {
+        log.push_str(&format!("2024-05-01 10:{i:02}:00 INFO worker {i} handled request in {} ms\n", 10 + i));
+    }
+    log.push_str("2024-05-01 10:41:00 ERROR db: connection pool exhausted (32 of 32 in use)\n");
+    let garden = "Tomatoes need six hours of sun a day. Water them at the base in the morning.\n\n\
+                  Roses are pruned in late winter, just above an outward bud.\n\n\
+                  Compost is ready when it is dark and crumbly and smells of earth.";
+    let logs = serde_json::json!({
+        "id": "logs-pool", "kind": "logs", "task": "Why are requests failing?",
+        "context": {"fields": [{"name": "app.log", "kind": "log", "content": log}]},
+        "gold": [{"field": "app.log", "ranges": [[41, 41]]}],
+    });
+    let docs = serde_json::json!({
+        "id": "docs-roses", "kind": "docs", "task": "When should roses be pruned?",
+        "context": {"fields": [{"name": "garden.md", "kind": "prose", "content": garden}]},
+        "gold": [{"field": "garden.md", "ranges": [[3, 3]]}],
+    });
+    std::fs::write(&data, format!("{logs}\n{docs}\n")).unwrap();
+    let (report, each) = (dir.join("r.json"), dir.join("each.jsonl"));
+    let (ok, stdout, stderr) = scd_dev(
+        &[
+            "eval",
+            "--dataset",
+            "agent",
+            "--adaptive",
+            "--path",
+            data.to_str().unwrap(),
+            "--budgets",
+            "0.5",
+            "--sweep",
+            "more_min_relevance=-1",
+            "--report",
+            report.to_str().unwrap(),
+            "--plot",
+            dir.join("p.svg").to_str().unwrap(),
+            "--per-example",
+            each.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("off_empty"), "{stdout}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["mode"], "follow-ups");
+    let rows = r["results"].as_array().unwrap();
+    let keys: Vec<(&str, &str)> =
+        rows.iter().map(|x| (x["kind"].as_str().unwrap(), x["method"].as_str().unwrap())).collect();
+    let (on, off) = ("scd", "scd[more_min_relevance=-1]");
+    assert_eq!(keys, [("logs", on), ("logs", off), ("docs", on), ("docs", off), ("all", on), ("all", off)]);
+    for x in rows {
+        assert!(x["with_follow_up_kept"].as_f64() >= x["first_kept"].as_f64(), "{x}");
+    }
+    let probes: Vec<serde_json::Value> =
+        std::fs::read_to_string(&each).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let probe = |id: &str, method: &str| probes.iter().find(|p| p["id"] == id && p["method"] == method).unwrap();
+    // the garden notes asked why requests fail: filler without a floor, nothing with it
+    assert!(probe("docs-roses", off)["off_topic_tokens"].as_u64() > Some(0), "{probes:?}");
+    let floored = probe("docs-roses", on);
+    assert_eq!(floored["off_topic_tokens"], 0, "{floored}");
+    assert!(floored["off_topic_reason"].as_str().unwrap().contains("below the floor 0.8"), "{floored}");
+}
+
 /// The adaptive loop runs one configuration: `--sweep` may name one
 /// setting (in place of the defaults), and more are refused before any
 /// model or data is read.

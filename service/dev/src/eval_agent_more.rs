@@ -1,0 +1,244 @@
+//! `scd-dev eval --dataset agent --adaptive`: what follow-ups send over
+//! agent material. Per case, budget and SCD setting: the first answer opens
+//! a session at the budget; the case's own task asked again as a follow-up
+//! (at the same budget) should bring gold the first answer missed; in a
+//! second session, the next case's task of another kind (another context's
+//! question) asked as a follow-up should bring nothing. Reported per kind: gold lines kept
+//! by the first answer and with the follow-up, and the off-topic
+//! follow-ups that got nothing and their share of the budget.
+
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressStyle};
+use scd_engine::cancel::Cancel;
+use scd_engine::context::{ContextRequirement, Task};
+use scd_engine::eval::agent::{gold_lines_kept, AgentCase};
+use scd_engine::eval::{selection, sent_spans};
+use scd_engine::extract::{CompressOptions, CompressRequest, ContextRequest, Scd, SessionRequest};
+use serde::Serialize;
+
+use super::plot;
+
+/// One case's follow-ups under one setting at one budget.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Probe {
+    id: String,
+    kind: String,
+    method: String,
+    budget: f32,
+    budget_tokens: usize,
+    /// Gold lines the first answer kept.
+    first_kept: f32,
+    /// With the on-topic follow-up's chunks too.
+    with_follow_up_kept: f32,
+    /// The on-topic follow-up's tokens.
+    follow_up_tokens: usize,
+    /// The on-topic follow-up's reason.
+    follow_up_reason: Option<String>,
+    /// The on-topic follow-up's chunks.
+    follow_up_chunks: Vec<String>,
+    /// The off-topic follow-up's tokens.
+    off_topic_tokens: usize,
+    /// The off-topic follow-up's reason.
+    off_topic_reason: Option<String>,
+    /// The off-topic follow-up's chunks.
+    off_topic_chunks: Vec<String>,
+}
+
+/// Means over one kind's (or `all`) probes for one setting and budget.
+#[derive(Debug, Clone, Serialize)]
+struct ProbeRow {
+    kind: String,
+    method: String,
+    budget: f32,
+    n: usize,
+    first_kept: f32,
+    with_follow_up_kept: f32,
+    follow_up_share: f32,
+    off_topic_empty: f32,
+    off_topic_share: f32,
+}
+
+/// The first answer to `case`'s task at `budget` with a session, and a
+/// follow-up asking `question` in it.
+fn ask(
+    scd: &Scd,
+    opts: &CompressOptions,
+    case: &AgentCase,
+    budget: usize,
+    question: &str,
+) -> anyhow::Result<(scd_engine::extract::Compressed, scd_engine::extract::MoreContext)> {
+    let ex = &case.example;
+    let req = CompressRequest {
+        task: Task::new(ex.question.clone()),
+        context: ex.context.clone(),
+        requirement: ContextRequirement::with_budget(budget),
+        session: Some(SessionRequest::default()),
+    };
+    let first = scd.compress_opts(&req, opts, &Cancel::new())?;
+    let grant = first.session.clone().context("the first answer opened no session")?;
+    let more = scd.request_more(&ContextRequest {
+        session_id: grant.id.clone(),
+        session_token: grant.token.clone(),
+        specific_question: question.to_string(),
+        current_confidence: 0.3,
+        max_tokens: Some(budget),
+        ..Default::default()
+    })?;
+    scd.close_session(&grant.id, &grant.token, None, None)?;
+    Ok((first, more))
+}
+
+/// Case `case` under setting `method` at budget fraction `frac` of its
+/// `total` tokens, `other` being another case's task.
+pub(super) fn probe(
+    (method, scd): (&str, &Scd),
+    opts: &CompressOptions,
+    case: &AgentCase,
+    (frac, total): (f32, usize),
+    other: &str,
+) -> anyhow::Result<Probe> {
+    let ex = &case.example;
+    let budget = ((total as f32 * frac).floor() as usize).max(1);
+    let (first, on) = ask(scd, opts, case, budget, &ex.question)?;
+    let mut spans = sent_spans(ex, &first);
+    let first_kept = gold_lines_kept(case, &spans).0;
+    spans.extend(selection(ex, &on.chunks));
+    let (_, off) = ask(scd, opts, case, budget, other)?;
+    Ok(Probe {
+        id: ex.id.clone(),
+        kind: case.kind.clone(),
+        method: method.to_string(),
+        budget: frac,
+        budget_tokens: budget,
+        first_kept,
+        with_follow_up_kept: gold_lines_kept(case, &spans).0,
+        follow_up_tokens: on.sent_tokens,
+        follow_up_reason: on.reason,
+        follow_up_chunks: on.chunks.iter().map(|c| c.id.clone()).collect(),
+        off_topic_tokens: off.sent_tokens,
+        off_topic_reason: off.reason,
+        off_topic_chunks: off.chunks.iter().map(|c| c.id.clone()).collect(),
+    })
+}
+
+/// Every case's probes: per case, the task of the next case of another
+/// kind (in the loaded order, wrapping; the next case when all are of one
+/// kind) is its off-topic question: cases of one kind may share a context.
+pub(super) fn run_all(
+    scds: &[(String, Scd)],
+    opts: &CompressOptions,
+    cases: &[AgentCase],
+    budgets: &[f32],
+    count: &dyn Fn(&str) -> scd_engine::Result<usize>,
+) -> anyhow::Result<Vec<Probe>> {
+    let bar = ProgressBar::new(cases.len() as u64);
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} cases {per_sec} eta {eta}")?);
+    let mut out = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let mut total = 0;
+        for f in &case.example.context.fields {
+            total += count(&f.content)?;
+        }
+        let n = cases.len();
+        let next = (1..n).map(|k| &cases[(i + k) % n]).find(|c| c.kind != case.kind);
+        let other = &next.unwrap_or(&cases[(i + 1) % n]).example.question;
+        for &frac in budgets {
+            for (method, scd) in scds {
+                let p = probe((method, scd), opts, case, (frac, total), other);
+                out.push(p.with_context(|| format!("case {}", case.example.id))?);
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// Per kind (in order of first appearance, then `all`), budget and setting.
+fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
+    let mut kinds: Vec<&str> = Vec::new();
+    let mut keys: Vec<(&str, f32)> = Vec::new();
+    for p in probes {
+        if !kinds.contains(&p.kind.as_str()) {
+            kinds.push(&p.kind);
+        }
+        if !keys.contains(&(p.method.as_str(), p.budget)) {
+            keys.push((&p.method, p.budget));
+        }
+    }
+    kinds.push("all");
+    let mut out = Vec::new();
+    for kind in kinds {
+        for &(method, budget) in &keys {
+            let xs: Vec<&Probe> = probes
+                .iter()
+                .filter(|p| (kind == "all" || p.kind == kind) && p.method == method && p.budget == budget)
+                .collect();
+            let n = xs.len().max(1) as f32;
+            let mean = |f: &dyn Fn(&Probe) -> f32| xs.iter().map(|p| f(p)).sum::<f32>() / n;
+            out.push(ProbeRow {
+                kind: kind.to_string(),
+                method: method.to_string(),
+                budget,
+                n: xs.len(),
+                first_kept: mean(&|p| p.first_kept),
+                with_follow_up_kept: mean(&|p| p.with_follow_up_kept),
+                follow_up_share: mean(&|p| p.follow_up_tokens as f32 / p.budget_tokens as f32),
+                off_topic_empty: mean(&|p| f32::from(u8::from(p.off_topic_tokens == 0))),
+                off_topic_share: mean(&|p| p.off_topic_tokens as f32 / p.budget_tokens as f32),
+            });
+        }
+    }
+    out
+}
+
+/// Prints the table and writes the report, the plot (gold lines kept with
+/// the follow-up against the first answer's reduction, per setting, over
+/// all kinds) and `per_example`'s lines.
+pub(super) fn report(
+    probes: &[Probe],
+    header: serde_json::Value,
+    (report, plot_path): (&std::path::Path, &std::path::Path),
+    per_example: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let rows = rows(probes);
+    println!(
+        "{:<6} {:<32} {:>6} {:>4} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "kind", "method", "budget", "n", "first", "+follow", "fu_share", "off_empty", "off_share"
+    );
+    for r in &rows {
+        println!(
+            "{:<6} {:<32} {:>6.2} {:>4} {:>7.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            r.kind,
+            r.method,
+            r.budget,
+            r.n,
+            r.first_kept,
+            r.with_follow_up_kept,
+            r.follow_up_share,
+            r.off_topic_empty,
+            r.off_topic_share
+        );
+    }
+    let mut out = header;
+    out["mode"] = "follow-ups".into();
+    out["results"] = serde_json::to_value(&rows)?;
+    std::fs::write(report, serde_json::to_string_pretty(&out)?)
+        .with_context(|| format!("--report {}", report.display()))?;
+    if let Some(p) = per_example {
+        let lines: Vec<String> = probes.iter().map(serde_json::to_string).collect::<Result<_, _>>()?;
+        std::fs::write(p, lines.join("\n") + "\n").with_context(|| format!("--per-example {}", p.display()))?;
+    }
+    let mut series: Vec<plot::Series> = Vec::new();
+    for r in rows.iter().filter(|r| r.kind == "all") {
+        let point = (1.0 / r.budget, r.with_follow_up_kept);
+        match series.iter_mut().find(|s| s.label == r.method) {
+            Some(s) => s.points.push(point),
+            None => series.push(plot::Series { label: r.method.clone(), points: vec![point] }),
+        }
+    }
+    let title = "agent follow-ups: gold lines kept with the follow-up vs the first answer's reduction";
+    plot::write_recall_vs_reduction(plot_path, title, &series)?;
+    eprintln!("wrote {} and {}", report.display(), plot_path.display());
+    Ok(())
+}
