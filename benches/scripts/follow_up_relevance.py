@@ -7,10 +7,11 @@ chunk reaches, so every follow-up reports it): the case's own task asked
 again (on) and another kind's task (off), as percentiles, and the share of
 each kept at a floor.
 
-    python3 benches/scripts/follow_up_relevance.py F.jsonl [--method 'scd[more_min_relevance=0.99]']
+    python3 benches/scripts/follow_up_relevance.py F.jsonl[.gz] [--method 'scd[more_min_relevance=0.99]']
 """
 
 import argparse
+import gzip
 import json
 import re
 
@@ -26,7 +27,8 @@ def main():
     ap.add_argument("--method", default="scd[more_min_relevance=0.99]")
     args = ap.parse_args()
     by = {}
-    for line in open(args.per_example):
+    opener = gzip.open if args.per_example.endswith(".gz") else open
+    for line in opener(args.per_example, "rt"):
         p = json.loads(line)
         if p["method"] != args.method:
             continue

@@ -94,6 +94,9 @@ impl Manifest {
         if m.dim == 0 || m.max_tokens < 3 {
             return Err(Error::invalid("manifest.dim/max_tokens", "must be positive (max_tokens >= 3)"));
         }
+        if let Some(f) = m.relevance_floor.filter(|f| !(-1.0..=1.0).contains(f)) {
+            return Err(Error::invalid("manifest.relevance_floor", format!("must be a cosine in [-1, 1], got {f}")));
+        }
         Ok(m)
     }
 }
@@ -138,4 +141,26 @@ pub fn list_models(models_dir: &Path) -> Result<Vec<ModelEntry>> {
     }
     out.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest whose `relevance_floor` is no cosine is refused, naming
+    /// the field; one in [-1, 1] loads.
+    #[test]
+    fn a_relevance_floor_outside_a_cosine_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |floor: &str| {
+            let m = format!(r#"{{"name": "m", "dim": 4, "max_tokens": 8, "relevance_floor": {floor}}}"#);
+            std::fs::write(dir.path().join("manifest.json"), m).unwrap();
+            Manifest::load(dir.path())
+        };
+        assert_eq!(write("0.8").unwrap().relevance_floor, Some(0.8));
+        for bad in ["1.5", "-2"] {
+            let err = write(bad).unwrap_err().to_string();
+            assert!(err.starts_with("manifest.relevance_floor: must be a cosine in [-1, 1], got "), "{bad}: {err}");
+        }
+    }
 }

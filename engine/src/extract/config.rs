@@ -395,11 +395,14 @@ pub struct SessionConfig {
     pub more_max_chunks: usize,
     /// Receiver confidence at or above which adaptive requests get nothing (θ_conf).
     pub confidence_threshold: f32,
-    /// Cosine of the follow-up's question with a chunk's group (its best
-    /// chunk: a paragraph's, a section's, a function's) below which the
-    /// chunk is not sent unless named: the question is not about it. `None`:
-    /// the encoder's own floor ([`crate::encoder::Encoder::relevance_floor`];
-    /// none for a model without one); `Some(-1.0)` turns it off.
+    /// Cosine of the follow-up's question (with its reasoning, as it is
+    /// scored) with a chunk's group (its best chunk: a paragraph's, a
+    /// section's, a function's) below which the chunk is not sent unless
+    /// named: the question is not about it. `None`: the encoder's own floor
+    /// ([`crate::encoder::Encoder::relevance_floor`]; none for a model
+    /// without one); `Some(-1.0)` turns it off (a value outside [-1, 1] or
+    /// NaN counts as none). Either way a follow-up with no candidate sends
+    /// nothing, not the bridges between held pieces.
     pub more_min_relevance: Option<f32>,
     /// Words of a dropped chunk's stub in the manifest (count).
     pub stub_words: usize,

@@ -89,9 +89,10 @@ impl Scd {
         }
         let Candidates { ranked: Ranked { scores, rank }, named, unseen, about } =
             self.more_candidates(&context, &session.sent, &query, &explicit, cancel)?;
+        let candidates = unseen.len();
         let (mut picked, sent_tokens) =
             self.pack_more(&context, &counting, &session.sent, (&named, unseen), &rank, budget)?;
-        let asked = Asked { named: &named, picked: &picked, about: &about, budget };
+        let asked = Asked { named: &named, picked: &picked, about: &about, candidates, budget };
         let reason = more_reason(&context, &counting, &session.sent, &asked, self.more_floor());
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
@@ -145,7 +146,7 @@ impl Scd {
     /// The question's scores, what the follow-up ranks by ([`completing`]),
     /// the named chunks not yet sent, the other unseen chunks ranked at or
     /// above the context's average whose group the question is about
-    /// ([`about`]), and each chunk's group relevance.
+    /// ([`about`]), and how much it is about each chunk.
     fn more_candidates(
         &self,
         context: &PreparedContext,
@@ -179,7 +180,8 @@ impl Scd {
     /// The relevance below which a follow-up sends nothing unnamed:
     /// `more_min_relevance`, or the encoder's floor, or none.
     fn more_floor(&self) -> f32 {
-        self.cfg.sessions.more_min_relevance.or(self.encoder.relevance_floor()).unwrap_or(f32::NEG_INFINITY)
+        let floor = self.cfg.sessions.more_min_relevance.or(self.encoder.relevance_floor());
+        floor.filter(|f| (-1.0..=1.0).contains(f)).unwrap_or(f32::NEG_INFINITY)
     }
 
     /// The `named` chunks (asked for by id), then the best `more_max_chunks`
@@ -335,19 +337,22 @@ fn explicit_ids(context: &PreparedContext, ids: &[String]) -> Result<Vec<usize>>
     Ok(explicit)
 }
 
-/// What a follow-up was asked for and sent: the chunks named by id, those
-/// picked, how much the question is about each chunk, and the reply's budget.
+/// What a follow-up was asked for and what it sent: the chunks named by
+/// id, those picked, how much the question is about each chunk, how many
+/// unnamed candidates there were, and the reply's budget.
 struct Asked<'a> {
     named: &'a [usize],
     picked: &'a [usize],
     about: &'a About,
+    candidates: usize,
     budget: usize,
 }
 
-/// Why a reply holds less than asked: a named chunk that did not fit, no
-/// unseen chunk the question is about (`floor`: its relevance; naming the
-/// question's closest chunk when the receiver holds it), or none that
-/// fits (`sent`: before this reply).
+/// Why a reply holds less than asked: a named chunk that did not fit; no
+/// unseen chunk the question is about, its relevance under `floor` (and
+/// the held chunk the question is about, when the receiver holds one); no
+/// unseen chunk it is about ranked at or above the context's average; or
+/// none that fits (`sent`: before this reply).
 fn more_reason(
     context: &PreparedContext,
     counting: &Counting,
@@ -355,7 +360,7 @@ fn more_reason(
     asked: &Asked,
     floor: f32,
 ) -> Option<String> {
-    let &Asked { named, picked, about, budget } = asked;
+    let &Asked { named, picked, about, candidates, budget } = asked;
     let chunks = &context.chunks;
     if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
         let cost = counting.tokens[i] + counting.separator;
@@ -364,7 +369,9 @@ fn more_reason(
     if !picked.is_empty() {
         return None;
     }
-    let closest = |ids: &mut dyn Iterator<Item = usize>, by: &[f32]| ids.max_by(|&a, &b| by[a].total_cmp(&by[b]));
+    // the closest by `by`, the first on a tie (chunks sharing a text tie)
+    let closest =
+        |ids: &mut dyn Iterator<Item = usize>, by: &[f32]| ids.max_by(|&a, &b| by[a].total_cmp(&by[b]).then(b.cmp(&a)));
     let mut unseen = (0..chunks.len()).filter(|i| !sent.contains(i));
     Some(match closest(&mut unseen, &about.group) {
         None => "every chunk of the context was already sent".into(),
@@ -374,12 +381,17 @@ fn more_reason(
                  below the floor {floor}",
                 about.group[u]
             );
-            // the held chunk the question is most about, by its own cosine
+            // the held chunk the question is most about, by its own cosine,
+            // when the question is about it
             let held = closest(&mut sent.iter().copied(), &about.own);
-            if let Some(h) = held.filter(|&h| about.own[h] > about.group[u]) {
-                why.push_str(&format!("; its closest chunk, {}, was sent earlier", chunks[h].id));
+            if let Some(h) = held.filter(|&h| about.own[h] >= floor) {
+                let (id, r) = (&chunks[h].id, about.own[h]);
+                why.push_str(&format!("; it is about {id} (relevance {r:.3}), sent earlier"));
             }
             why
+        }
+        Some(_) if candidates == 0 => {
+            "no unsent chunk the question is about ranks at or above the context's average for it".into()
         }
         Some(_) => {
             format!("no unseen chunk above the context's average relevance fits the reply's {budget} tokens")
@@ -390,7 +402,7 @@ fn more_reason(
 /// Per chunk, how much the question is about it: the cosine of the
 /// question with the chunk, and with its group's best chunk (a paragraph's
 /// pronoun sentence counts as its paragraph does).
-fn about(context: &PreparedContext, qvec: &[f32]) -> About {
+pub(super) fn about(context: &PreparedContext, qvec: &[f32]) -> About {
     let chunks = &context.chunks;
     let mut best: HashMap<(usize, usize), f32> = HashMap::new();
     let own: Vec<f32> = chunks.iter().map(|c| dot(qvec, &c.embedding)).collect();
@@ -403,9 +415,9 @@ fn about(context: &PreparedContext, qvec: &[f32]) -> About {
 }
 
 /// How much a follow-up's question is about each chunk ([`about`]).
-struct About {
+pub(super) struct About {
     /// The question's cosine with the chunk.
-    own: Vec<f32>,
+    pub(super) own: Vec<f32>,
     /// With the chunk's group's best chunk: what the floor applies to.
-    group: Vec<f32>,
+    pub(super) group: Vec<f32>,
 }

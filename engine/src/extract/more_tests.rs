@@ -9,6 +9,11 @@ use crate::context::{Field, FieldKind};
 /// the payment sentence, 12 cl100k tokens), then a follow-up asking
 /// `question` on an engine whose follow-up floor is `floor`.
 fn ask(floor: Option<f32>, question: &str) -> MoreContext {
+    ask_for(floor, question, &[])
+}
+
+/// [`ask`], the follow-up naming `ids` too.
+fn ask_for(floor: Option<f32>, question: &str, ids: &[&str]) -> MoreContext {
     let sessions = SessionConfig { more_min_relevance: floor, ..Default::default() };
     let scd = hash_scd(ScdConfig { sessions, ..Default::default() });
     let fields = vec![
@@ -25,7 +30,8 @@ fn ask(floor: Option<f32>, question: &str) -> MoreContext {
     let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
     let first: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(first, ["payments#0"], "{}", out.text);
-    scd.request_more(&follow_up(&out.session.unwrap(), question, Some(40))).unwrap()
+    let chunk_ids = ids.iter().map(|id| id.to_string()).collect();
+    scd.request_more(&ContextRequest { chunk_ids, ..follow_up(&out.session.unwrap(), question, Some(40)) }).unwrap()
 }
 
 /// Below the floor nothing unnamed is sent, and `reason` says so, naming
@@ -39,11 +45,12 @@ fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
     assert!(nothing.chunks.is_empty() && nothing.text.is_empty() && nothing.sent_tokens == 0, "{nothing:?}");
     let why = nothing.reason.unwrap();
     assert!(why.starts_with("nothing unsent is about the question: its closest unsent chunk has relevance "), "{why}");
-    assert!(why.contains("below the floor 0.5"), "{why}");
+    assert!(why.ends_with("below the floor 0.5"), "no held chunk is named: the question is not about one: {why}");
     // the question is about what the receiver holds: it is told so
     let held = ask(Some(0.5), "Why did the payment service time out at checkout?");
     assert!(held.chunks.is_empty(), "{held:?}");
-    assert!(held.reason.unwrap().ends_with("; its closest chunk, payments#0, was sent earlier"));
+    let why = held.reason.unwrap();
+    assert!(why.contains("; it is about payments#0 (relevance ") && why.ends_with("), sent earlier"), "{why}");
     // a question about an unsent paragraph gets it, the sentence the
     // question shares no word with included
     let pool = ask(Some(0.5), "When was the database pool exhausted?");
@@ -57,6 +64,24 @@ fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
     }
     // the hash encoder measured no floor: none applies by default
     assert!(!ask(None, off_topic).chunks.is_empty());
+    // a chunk named by id is sent whatever the floor (with its paragraph)
+    let named = ask_for(Some(0.5), off_topic, &["office#1"]);
+    let ids: Vec<&str> = named.chunks.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["office#0", "office#1"], "{}", named.text);
+}
+
+/// The floor applies to a chunk's group: a paragraph's sentence that
+/// shares no word with the question is about it as its paragraph is.
+#[test]
+fn a_sentence_is_as_relevant_as_its_paragraph() {
+    let scd = hash_scd(ScdConfig::default());
+    let field = prose("database", "The database pool was exhausted at noon. Its size is ten connections.");
+    let ctx = scd.prepare(&[&field], &Cancel::new()).unwrap();
+    let q = scd.embed_cached(&["When was the database pool exhausted?"], crate::encoder::InputKind::Query).unwrap();
+    let about = super::more::about(&ctx, &q[0]);
+    assert_eq!(ctx.chunks.len(), 2, "two sentences");
+    assert!(about.own[1] < about.own[0], "{:?}", about.own);
+    assert_eq!(about.group, [about.own[0], about.own[0]]);
 }
 
 /// A follow-up with nothing about its question sends nothing, not even the

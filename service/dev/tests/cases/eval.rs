@@ -174,7 +174,7 @@ fn agent_follow_up_probes_report_what_an_off_topic_question_gets() {
     let (on, off) = ("scd", "scd[more_min_relevance=-1]");
     assert_eq!(keys, [("logs", on), ("logs", off), ("docs", on), ("docs", off), ("all", on), ("all", off)]);
     for x in rows {
-        assert!(x["with_follow_up_kept"].as_f64() >= x["first_kept"].as_f64(), "{x}");
+        assert!(x["with_follow_up_kept"].as_f64().unwrap() >= x["first_kept"].as_f64().unwrap(), "{x}");
     }
     let probes: Vec<serde_json::Value> =
         std::fs::read_to_string(&each).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
