@@ -733,14 +733,7 @@ fn write_outputs(
 ) -> anyhow::Result<()> {
     std::fs::write(&args.report, serde_json::to_string_pretty(report)?)
         .with_context(|| format!("--report {}", args.report.display()))?;
-    let mut series: Vec<plot::Series> = Vec::new();
-    for r in rows {
-        match series.iter_mut().find(|s| s.label == r.method) {
-            Some(s) => s.points.push((r.reduction_ratio, r.evidence_recall)),
-            None => series
-                .push(plot::Series { label: r.method.clone(), points: vec![(r.reduction_ratio, r.evidence_recall)] }),
-        }
-    }
+    let series = plot::by_label(rows.iter().map(|r| (r.method.as_str(), (r.reduction_ratio, r.evidence_recall))));
     let title = format!("{}: evidence recall vs token reduction", args.dataset);
     plot::write_recall_vs_reduction(&args.plot, &title, &series)?;
     eprintln!("wrote {} and {}", args.report.display(), args.plot.display());

@@ -120,10 +120,7 @@ struct Runner<'a> {
 fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<Outcome>> {
     let (budgets, count, scd_only) = (r.budgets, r.count, r.scd_only);
     let ex = &case.example;
-    let mut total = 0;
-    for f in &ex.context.fields {
-        total += count(&f.content)?;
-    }
+    let total = case_tokens(case, count)?;
     let lines = if scd_only { Vec::new() } else { units(ex, count)? };
     let (grep, bm25) = (grep_order(ex, &lines), bm25_order(ex, &lines));
     let mut out = Vec::new();
@@ -174,15 +171,8 @@ fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<O
 /// The rows: for every kind present (in order of first appearance) and
 /// then `all`, every budget, every method of `methods` that ran.
 fn rows(outcomes: &[Outcome], budgets: &[f32], methods: &[String]) -> Vec<Row> {
-    let mut kinds: Vec<&str> = Vec::new();
-    for o in outcomes {
-        if !kinds.contains(&o.kind.as_str()) {
-            kinds.push(&o.kind);
-        }
-    }
-    kinds.push("all");
     let mut out = Vec::new();
-    for kind in kinds {
+    for kind in kinds_then_all(outcomes.iter().map(|o| o.kind.as_str())) {
         for &budget in budgets {
             for method in methods {
                 let xs: Vec<&Outcome> = outcomes
@@ -207,6 +197,26 @@ fn rows(outcomes: &[Outcome], budgets: &[f32], methods: &[String]) -> Vec<Row> {
             }
         }
     }
+    out
+}
+
+/// The tokens of `case`'s context: every field's whole text, counted by `count`.
+pub(super) fn case_tokens(
+    case: &AgentCase,
+    count: &dyn Fn(&str) -> scd_engine::Result<usize>,
+) -> scd_engine::Result<usize> {
+    case.example.context.fields.iter().map(|f| count(&f.content)).sum()
+}
+
+/// The distinct `kinds` in order of first appearance, then `all`.
+pub(super) fn kinds_then_all<'a>(kinds: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for k in kinds {
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    out.push("all");
     out
 }
 
@@ -242,14 +252,8 @@ fn kind_counts(cases: &[AgentCase]) -> Vec<(String, usize)> {
 fn write_outputs(a: &AgentEval, report: serde_json::Value, rows: &[Row], outcomes: &[Outcome]) -> anyhow::Result<()> {
     std::fs::write(&a.report, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("--report {}", a.report.display()))?;
-    let mut series: Vec<plot::Series> = Vec::new();
-    for r in rows.iter().filter(|r| r.kind == "all") {
-        let point = (r.reduction_ratio, r.gold_lines_kept);
-        match series.iter_mut().find(|s| s.label == r.method) {
-            Some(s) => s.points.push(point),
-            None => series.push(plot::Series { label: r.method.clone(), points: vec![point] }),
-        }
-    }
+    let all = rows.iter().filter(|r| r.kind == "all");
+    let series = plot::by_label(all.map(|r| (r.method.as_str(), (r.reduction_ratio, r.gold_lines_kept))));
     let title = "agent (all kinds): gold lines kept vs token reduction";
     plot::write_recall_vs_reduction(&a.plot, title, &series)?;
     eprintln!("wrote {} and {}", a.report.display(), a.plot.display());

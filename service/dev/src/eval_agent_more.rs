@@ -135,10 +135,7 @@ pub(super) fn run_all(
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} cases {per_sec} eta {eta}")?);
     let mut out = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        let mut total = 0;
-        for f in &case.example.context.fields {
-            total += count(&f.content)?;
-        }
+        let total = super::eval_agent::case_tokens(case, count)?;
         let n = cases.len();
         let next = (1..n).map(|k| &cases[(i + k) % n]).find(|c| c.kind != case.kind);
         let other = &next.unwrap_or(&cases[(i + 1) % n]).example.question;
@@ -156,19 +153,14 @@ pub(super) fn run_all(
 
 /// Per kind (in order of first appearance, then `all`), budget and setting.
 fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
-    let mut kinds: Vec<&str> = Vec::new();
     let mut keys: Vec<(&str, f32)> = Vec::new();
     for p in probes {
-        if !kinds.contains(&p.kind.as_str()) {
-            kinds.push(&p.kind);
-        }
         if !keys.contains(&(p.method.as_str(), p.budget)) {
             keys.push((&p.method, p.budget));
         }
     }
-    kinds.push("all");
     let mut out = Vec::new();
-    for kind in kinds {
+    for kind in super::eval_agent::kinds_then_all(probes.iter().map(|p| p.kind.as_str())) {
         for &(method, budget) in &keys {
             let xs: Vec<&Probe> = probes
                 .iter()
@@ -229,14 +221,8 @@ pub(super) fn report(
         let lines: Vec<String> = probes.iter().map(serde_json::to_string).collect::<Result<_, _>>()?;
         std::fs::write(p, lines.join("\n") + "\n").with_context(|| format!("--per-example {}", p.display()))?;
     }
-    let mut series: Vec<plot::Series> = Vec::new();
-    for r in rows.iter().filter(|r| r.kind == "all") {
-        let point = (1.0 / r.budget, r.with_follow_up_kept);
-        match series.iter_mut().find(|s| s.label == r.method) {
-            Some(s) => s.points.push(point),
-            None => series.push(plot::Series { label: r.method.clone(), points: vec![point] }),
-        }
-    }
+    let all = rows.iter().filter(|r| r.kind == "all");
+    let series = plot::by_label(all.map(|r| (r.method.as_str(), (1.0 / r.budget, r.with_follow_up_kept))));
     let title = "agent follow-ups: gold lines kept with the follow-up vs the first answer's reduction";
     plot::write_recall_vs_reduction(plot_path, title, &series)?;
     eprintln!("wrote {} and {}", report.display(), plot_path.display());

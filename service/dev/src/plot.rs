@@ -16,6 +16,19 @@ pub struct Series {
     pub points: Vec<(f32, f32)>,
 }
 
+/// The series of `points` (label, point), one per label in order of first
+/// appearance, each with its points in the order given.
+pub fn by_label<'a>(points: impl IntoIterator<Item = (&'a str, (f32, f32))>) -> Vec<Series> {
+    let mut series: Vec<Series> = Vec::new();
+    for (label, point) in points {
+        match series.iter_mut().find(|s| s.label == label) {
+            Some(s) => s.points.push(point),
+            None => series.push(Series { label: label.to_string(), points: vec![point] }),
+        }
+    }
+    series
+}
+
 /// Colours of the series, in order (red for the first, SCD in `scd-dev eval`).
 const COLORS: [RGBColor; 5] = [
     RGBColor(0xd6, 0x27, 0x28),
@@ -86,6 +99,13 @@ mod tests {
             assert!(svg.contains(&format!(">{text}</text>")) || svg.contains(&format!(">\n{text}\n</text>")), "{text}");
         }
         assert_eq!(svg.matches("<circle").count(), 4);
+    }
+
+    #[test]
+    fn points_are_grouped_by_label_in_order_of_first_appearance() {
+        let s = by_label([("scd", (5.0, 0.9)), ("bm25", (5.0, 0.5)), ("scd", (10.0, 0.8))]);
+        let got: Vec<(&str, &[(f32, f32)])> = s.iter().map(|s| (s.label.as_str(), s.points.as_slice())).collect();
+        assert_eq!(got, [("scd", &[(5.0, 0.9), (10.0, 0.8)][..]), ("bm25", &[(5.0, 0.5)][..])]);
     }
 
     #[test]
