@@ -120,7 +120,7 @@ struct Runner<'a> {
 fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<Outcome>> {
     let (budgets, count, scd_only) = (r.budgets, r.count, r.scd_only);
     let ex = &case.example;
-    let total = case_tokens(case, count)?;
+    let total = super::eval_agent_cases::case_tokens(case, count)?;
     let lines = if scd_only { Vec::new() } else { units(ex, count)? };
     let (grep, bm25) = (grep_order(ex, &lines), bm25_order(ex, &lines));
     let mut out = Vec::new();
@@ -172,7 +172,7 @@ fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<O
 /// then `all`, every budget, every method of `methods` that ran.
 fn rows(outcomes: &[Outcome], budgets: &[f32], methods: &[String]) -> Vec<Row> {
     let mut out = Vec::new();
-    for kind in kinds_then_all(outcomes.iter().map(|o| o.kind.as_str())) {
+    for kind in super::eval_agent_cases::kinds_then_all(outcomes.iter().map(|o| o.kind.as_str())) {
         for &budget in budgets {
             for method in methods {
                 let xs: Vec<&Outcome> = outcomes
@@ -197,26 +197,6 @@ fn rows(outcomes: &[Outcome], budgets: &[f32], methods: &[String]) -> Vec<Row> {
             }
         }
     }
-    out
-}
-
-/// The tokens of `case`'s context: every field's whole text, counted by `count`.
-pub(super) fn case_tokens(
-    case: &AgentCase,
-    count: &dyn Fn(&str) -> scd_engine::Result<usize>,
-) -> scd_engine::Result<usize> {
-    case.example.context.fields.iter().map(|f| count(&f.content)).sum()
-}
-
-/// The distinct `kinds` in order of first appearance, then `all`.
-pub(super) fn kinds_then_all<'a>(kinds: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut out: Vec<&str> = Vec::new();
-    for k in kinds {
-        if !out.contains(&k) {
-            out.push(k);
-        }
-    }
-    out.push("all");
     out
 }
 

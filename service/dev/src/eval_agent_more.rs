@@ -3,9 +3,12 @@
 //! a session at the budget; the case's own task asked again as a follow-up
 //! (at the same budget) should bring gold the first answer missed; in a
 //! second session, the next case's task of another kind (another context's
-//! question) asked as a follow-up should bring nothing. Reported per kind: gold lines kept
-//! by the first answer and with the follow-up, and the off-topic
-//! follow-ups that got nothing and their share of the budget.
+//! question) asked as a follow-up should bring nothing; and where another
+//! case of the kind has the same context (a second question about the same
+//! material), its task asked as a follow-up should bring its gold. Reported
+//! per kind: gold lines kept by the first answer and with the follow-up,
+//! the off-topic follow-ups that got nothing and their share of the
+//! budget, and the second questions' gold kept before and with theirs.
 
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -42,6 +45,27 @@ pub(super) struct Probe {
     off_topic_reason: Option<String>,
     /// The off-topic follow-up's chunks.
     off_topic_chunks: Vec<String>,
+    /// A second question about the same context, when a case has one.
+    #[serde(flatten)]
+    second: Option<Second>,
+}
+
+/// A second question about a case's context: another case's task with the
+/// same context, asked as a follow-up after the first answer.
+#[derive(Debug, Clone, Serialize)]
+struct Second {
+    /// The case whose task it is.
+    second_id: String,
+    /// Its gold lines the first answer already kept.
+    second_first_kept: f32,
+    /// With its follow-up's chunks too.
+    second_kept: f32,
+    /// Its follow-up's tokens.
+    second_tokens: usize,
+    /// Its follow-up's reason.
+    second_reason: Option<String>,
+    /// Its follow-up's chunks.
+    second_chunks: Vec<String>,
 }
 
 /// Means over one kind's (or `all`) probes for one setting and budget.
@@ -56,6 +80,11 @@ struct ProbeRow {
     follow_up_share: f32,
     off_topic_empty: f32,
     off_topic_share: f32,
+    /// Probes with a second question.
+    second_n: usize,
+    second_first_kept: f32,
+    second_kept: f32,
+    second_empty: f32,
 }
 
 /// The first answer to `case`'s task at `budget` with a session, and a
@@ -89,13 +118,14 @@ fn ask(
 }
 
 /// Case `case` under setting `method` at budget fraction `frac` of its
-/// `total` tokens, `other` being another case's task.
+/// `total` tokens, `other` being another case's task and `second` a case
+/// with the same context, if any.
 pub(super) fn probe(
     (method, scd): (&str, &Scd),
     opts: &CompressOptions,
     case: &AgentCase,
     (frac, total): (f32, usize),
-    other: &str,
+    (other, second): (&str, Option<&AgentCase>),
 ) -> anyhow::Result<Probe> {
     let ex = &case.example;
     let budget = ((total as f32 * frac).floor() as usize).max(1);
@@ -104,6 +134,23 @@ pub(super) fn probe(
     let first_kept = gold_lines_kept(case, &spans).0;
     spans.extend(selection(ex, &on.chunks));
     let (_, off) = ask(scd, opts, case, budget, other)?;
+    let second = match second {
+        Some(s) => {
+            let (first, more) = ask(scd, opts, case, budget, &s.example.question)?;
+            let mut spans = sent_spans(ex, &first);
+            let second_first_kept = gold_lines_kept(s, &spans).0;
+            spans.extend(selection(ex, &more.chunks));
+            Some(Second {
+                second_id: s.example.id.clone(),
+                second_first_kept,
+                second_kept: gold_lines_kept(s, &spans).0,
+                second_tokens: more.sent_tokens,
+                second_reason: more.reason,
+                second_chunks: more.chunks.iter().map(|c| c.id.clone()).collect(),
+            })
+        }
+        None => None,
+    };
     Ok(Probe {
         id: ex.id.clone(),
         kind: case.kind.clone(),
@@ -118,12 +165,15 @@ pub(super) fn probe(
         off_topic_tokens: off.sent_tokens,
         off_topic_reason: off.reason,
         off_topic_chunks: off.chunks.iter().map(|c| c.id.clone()).collect(),
+        second,
     })
 }
 
 /// Every case's probes: per case, the task of the next case of another
 /// kind (in the loaded order, wrapping; the next case when all are of one
 /// kind) is its off-topic question: cases of one kind may share a context.
+/// The next case (wrapping) of the same kind with the same context and
+/// another task, if any, asks the second question.
 pub(super) fn run_all(
     scds: &[(String, Scd)],
     opts: &CompressOptions,
@@ -135,13 +185,18 @@ pub(super) fn run_all(
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} cases {per_sec} eta {eta}")?);
     let mut out = Vec::new();
     for (i, case) in cases.iter().enumerate() {
-        let total = super::eval_agent::case_tokens(case, count)?;
+        let total = super::eval_agent_cases::case_tokens(case, count)?;
         let n = cases.len();
         let next = (1..n).map(|k| &cases[(i + k) % n]).find(|c| c.kind != case.kind);
         let other = &next.unwrap_or(&cases[(i + 1) % n]).example.question;
+        let second = (1..n).map(|k| &cases[(i + k) % n]).find(|c| {
+            c.kind == case.kind
+                && c.example.context == case.example.context
+                && c.example.question != case.example.question
+        });
         for &frac in budgets {
             for (method, scd) in scds {
-                let p = probe((method, scd), opts, case, (frac, total), other);
+                let p = probe((method, scd), opts, case, (frac, total), (other, second));
                 out.push(p.with_context(|| format!("case {}", case.example.id))?);
             }
         }
@@ -160,7 +215,7 @@ fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
         }
     }
     let mut out = Vec::new();
-    for kind in super::eval_agent::kinds_then_all(probes.iter().map(|p| p.kind.as_str())) {
+    for kind in super::eval_agent_cases::kinds_then_all(probes.iter().map(|p| p.kind.as_str())) {
         for &(method, budget) in &keys {
             let xs: Vec<&Probe> = probes
                 .iter()
@@ -168,6 +223,9 @@ fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
                 .collect();
             let n = xs.len().max(1) as f32;
             let mean = |f: &dyn Fn(&Probe) -> f32| xs.iter().map(|p| f(p)).sum::<f32>() / n;
+            let seconds: Vec<&Second> = xs.iter().filter_map(|p| p.second.as_ref()).collect();
+            let n2 = seconds.len().max(1) as f32;
+            let mean2 = |f: &dyn Fn(&Second) -> f32| seconds.iter().map(|s| f(s)).sum::<f32>() / n2;
             out.push(ProbeRow {
                 kind: kind.to_string(),
                 method: method.to_string(),
@@ -178,6 +236,10 @@ fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
                 follow_up_share: mean(&|p| p.follow_up_tokens as f32 / p.budget_tokens as f32),
                 off_topic_empty: mean(&|p| f32::from(u8::from(p.off_topic_tokens == 0))),
                 off_topic_share: mean(&|p| p.off_topic_tokens as f32 / p.budget_tokens as f32),
+                second_n: seconds.len(),
+                second_first_kept: mean2(&|s| s.second_first_kept),
+                second_kept: mean2(&|s| s.second_kept),
+                second_empty: mean2(&|s| f32::from(u8::from(s.second_tokens == 0))),
             });
         }
     }
@@ -195,12 +257,24 @@ pub(super) fn report(
 ) -> anyhow::Result<()> {
     let rows = rows(probes);
     println!(
-        "{:<6} {:<32} {:>6} {:>4} {:>7} {:>9} {:>9} {:>9} {:>9}",
-        "kind", "method", "budget", "n", "first", "+follow", "fu_share", "off_empty", "off_share"
+        "{:<6} {:<32} {:>6} {:>4} {:>7} {:>9} {:>9} {:>9} {:>9} {:>5} {:>9} {:>9} {:>9}",
+        "kind",
+        "method",
+        "budget",
+        "n",
+        "first",
+        "+follow",
+        "fu_share",
+        "off_empty",
+        "off_share",
+        "n2",
+        "2nd_first",
+        "2nd_kept",
+        "2nd_empty"
     );
     for r in &rows {
         println!(
-            "{:<6} {:<32} {:>6.2} {:>4} {:>7.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            "{:<6} {:<32} {:>6.2} {:>4} {:>7.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>9.3} {:>9.3} {:>9.3}",
             r.kind,
             r.method,
             r.budget,
@@ -209,7 +283,11 @@ pub(super) fn report(
             r.with_follow_up_kept,
             r.follow_up_share,
             r.off_topic_empty,
-            r.off_topic_share
+            r.off_topic_share,
+            r.second_n,
+            r.second_first_kept,
+            r.second_kept,
+            r.second_empty
         );
     }
     let mut out = header;

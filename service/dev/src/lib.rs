@@ -37,6 +37,7 @@ pub mod conns;
 pub mod eval;
 mod eval_adaptive;
 mod eval_agent;
+mod eval_agent_cases;
 mod eval_agent_more;
 pub mod load;
 mod memo;

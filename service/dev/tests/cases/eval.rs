@@ -141,7 +141,13 @@ fn agent_follow_up_probes_report_what_an_off_topic_question_gets() {
         "context": {"fields": [{"name": "garden.md", "kind": "prose", "content": garden}]},
         "gold": [{"field": "garden.md", "ranges": [[3, 3]]}],
     });
-    std::fs::write(&data, format!("{logs}\n{docs}\n")).unwrap();
+    // a second question about the same notes
+    let compost = serde_json::json!({
+        "id": "docs-compost", "kind": "docs", "task": "How can I tell that my compost is ready to use?",
+        "context": {"fields": [{"name": "garden.md", "kind": "prose", "content": garden}]},
+        "gold": [{"field": "garden.md", "ranges": [[5, 5]]}],
+    });
+    std::fs::write(&data, format!("{logs}\n{docs}\n{compost}\n")).unwrap();
     let (report, each) = (dir.join("r.json"), dir.join("each.jsonl"));
     let (ok, stdout, stderr) = scd_dev(
         &[
@@ -184,6 +190,12 @@ fn agent_follow_up_probes_report_what_an_off_topic_question_gets() {
     let floored = probe("docs-roses", on);
     assert_eq!(floored["off_topic_tokens"], 0, "{floored}");
     assert!(floored["off_topic_reason"].as_str().unwrap().contains("below the floor 0.8"), "{floored}");
+    // the compost question after the roses answer brings the compost line; the log has no second question
+    assert_eq!(floored["second_id"], "docs-compost", "{floored}");
+    assert_eq!((floored["second_first_kept"].as_f64(), floored["second_kept"].as_f64()), (Some(0.0), Some(1.0)));
+    assert!(probe("logs-pool", on).get("second_id").is_none(), "{probes:?}");
+    let docs_row = rows.iter().find(|x| x["kind"] == "docs" && x["method"] == on).unwrap();
+    assert_eq!((docs_row["second_n"].as_u64(), docs_row["second_kept"].as_f64()), (Some(2), Some(1.0)), "{docs_row}");
 }
 
 /// The adaptive loop runs one configuration: `--sweep` may name one
