@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::context::FieldKind;
 use crate::{Error, Result};
 
 /// `manifest.json` written by `models/convert.py` (or by hand for an
@@ -52,6 +53,10 @@ pub struct Manifest {
     /// about it, measured for this model ([`Encoder::relevance_floor`](super::Encoder::relevance_floor)).
     #[serde(default)]
     pub relevance_floor: Option<f32>,
+    /// The same for the fields of a kind (`"markdown": 0.84`), where it was
+    /// measured apart: in place of `relevance_floor` for that kind.
+    #[serde(default)]
+    pub relevance_floor_by_kind: std::collections::HashMap<FieldKind, f32>,
 }
 
 fn default_pooling() -> String {
@@ -94,10 +99,20 @@ impl Manifest {
         if m.dim == 0 || m.max_tokens < 3 {
             return Err(Error::invalid("manifest.dim/max_tokens", "must be positive (max_tokens >= 3)"));
         }
-        if let Some(f) = m.relevance_floor.filter(|f| !(-1.0..=1.0).contains(f)) {
+        let cosine = |f: &f32| (-1.0..=1.0).contains(f);
+        if let Some(f) = m.relevance_floor.filter(|f| !cosine(f)) {
             return Err(Error::invalid("manifest.relevance_floor", format!("must be a cosine in [-1, 1], got {f}")));
         }
+        if let Some((k, f)) = m.relevance_floor_by_kind.iter().find(|(_, f)| !cosine(f)) {
+            let field = format!("manifest.relevance_floor_by_kind.{}", k.as_str());
+            return Err(Error::invalid(field, format!("must be a cosine in [-1, 1], got {f}")));
+        }
         Ok(m)
+    }
+
+    /// The floor for a field of `kind`: its own, else the model's.
+    pub fn relevance_floor_for(&self, kind: FieldKind) -> Option<f32> {
+        self.relevance_floor_by_kind.get(&kind).copied().or(self.relevance_floor)
     }
 }
 
@@ -162,5 +177,27 @@ mod tests {
             let err = write(bad).unwrap_err().to_string();
             assert!(err.starts_with("manifest.relevance_floor: must be a cosine in [-1, 1], got "), "{bad}: {err}");
         }
+    }
+
+    /// A kind's floor stands in for the model's for that kind only; one
+    /// outside [-1, 1] is refused naming the kind, as is an unknown kind.
+    #[test]
+    fn a_kind_has_its_own_floor_or_the_models() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |by_kind: &str| {
+            let m = format!(
+                r#"{{"name": "m", "dim": 4, "max_tokens": 8, "relevance_floor": 0.8, "relevance_floor_by_kind": {by_kind}}}"#
+            );
+            std::fs::write(dir.path().join("manifest.json"), m).unwrap();
+            Manifest::load(dir.path())
+        };
+        let m = write(r#"{"markdown": 0.84, "json": 0.82}"#).unwrap();
+        assert_eq!(m.relevance_floor_for(FieldKind::Markdown), Some(0.84));
+        assert_eq!(m.relevance_floor_for(FieldKind::Json), Some(0.82));
+        assert_eq!(m.relevance_floor_for(FieldKind::Prose), Some(0.8));
+        let err = write(r#"{"json": 0.82, "chat": 1.5}"#).unwrap_err().to_string();
+        assert_eq!(err, "manifest.relevance_floor_by_kind.chat: must be a cosine in [-1, 1], got 1.5");
+        let err = write(r#"{"prosody": 0.5}"#).unwrap_err().to_string();
+        assert!(err.contains("unknown variant `prosody`"), "{err}");
     }
 }

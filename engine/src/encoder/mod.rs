@@ -164,11 +164,12 @@ pub trait Encoder: Send + Sync {
     }
     /// Which execution provider runs the model (`cpu`, `cuda`, `hash`).
     fn provider(&self) -> &str;
-    /// The cosine of a query with a passage below which the query is not
-    /// about it, where one was measured for the model (its manifest's
-    /// `relevance_floor`): cosines have no common scale across models, so
-    /// none is assumed.
-    fn relevance_floor(&self) -> Option<f32> {
+    /// The cosine of a query with a passage of a field of `kind` below
+    /// which the query is not about it, where one was measured for the
+    /// model (its manifest's `relevance_floor_by_kind`, else its
+    /// `relevance_floor`): cosines have no common scale across models, nor
+    /// across kinds of text, so none is assumed.
+    fn relevance_floor(&self, _kind: crate::context::FieldKind) -> Option<f32> {
         None
     }
 }

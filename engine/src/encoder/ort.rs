@@ -686,8 +686,8 @@ impl Encoder for OrtEncoder {
         self.manifest.max_tokens
     }
 
-    fn relevance_floor(&self) -> Option<f32> {
-        self.manifest.relevance_floor
+    fn relevance_floor(&self, kind: crate::context::FieldKind) -> Option<f32> {
+        self.manifest.relevance_floor_for(kind)
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {
@@ -804,8 +804,8 @@ impl Encoder for LazyOrtEncoder {
         self.manifest.max_tokens
     }
 
-    fn relevance_floor(&self) -> Option<f32> {
-        self.manifest.relevance_floor
+    fn relevance_floor(&self, kind: crate::context::FieldKind) -> Option<f32> {
+        self.manifest.relevance_floor_for(kind)
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {

@@ -399,9 +399,10 @@ pub struct SessionConfig {
     /// scored) with a chunk's group (its best chunk: a paragraph's, a
     /// section's, a function's) below which the chunk is not sent unless
     /// named: the question is not about it. `None`: the encoder's own floor
+    /// for the chunk's kind of field
     /// ([`crate::encoder::Encoder::relevance_floor`]; none for a model
-    /// without one); `Some(-1.0)` turns it off (a value outside [-1, 1] or
-    /// NaN counts as none). Either way a follow-up with no candidate sends
+    /// without one); `Some(f)`: `f` for every kind; `Some(-1.0)` turns it
+    /// off (a value outside [-1, 1] or NaN counts as none). Either way a follow-up with no candidate sends
     /// nothing, not the bridges between held pieces.
     pub more_min_relevance: Option<f32>,
     /// Words of a dropped chunk's stub in the manifest (count).

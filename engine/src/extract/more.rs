@@ -9,7 +9,7 @@ use super::pack::{Costs, PackTrace};
 use super::prepare::PreparedContext;
 use super::{render, ContextRequest, Counting, LastReply, Ledger, MoreContext, Scd, MAX_CHUNK_IDS};
 use crate::cancel::Cancel;
-use crate::context::check_no_nul;
+use crate::context::{check_no_nul, FieldKind};
 use crate::encoder::InputKind;
 use crate::score::dot;
 use crate::{Error, Param, Result};
@@ -93,7 +93,7 @@ impl Scd {
         let (mut picked, sent_tokens) =
             self.pack_more(&context, &counting, &session.sent, (&named, unseen), &rank, budget)?;
         let asked = Asked { named: &named, picked: &picked, about: &about, candidates, budget };
-        let reason = more_reason(&context, &counting, &session.sent, &asked, self.more_floor());
+        let reason = more_reason(&context, &counting, &session.sent, &asked);
         session.sent.extend(picked.iter().copied());
         session.total_sent += sent_tokens;
         picked.sort_unstable();
@@ -165,22 +165,22 @@ impl Scd {
         self.rerank(context, query.trim(), &mut parts, &|i| !sent.contains(&i), cancel)?;
         let scores = parts.fused;
         let rank = completing(context, sent, &scores);
-        let about = about(context, &qvec);
-        let floor = self.more_floor();
+        let about = about(context, &qvec, &|kind| self.more_floor(kind));
         let unseen: Vec<usize> = (0..context.chunks.len())
             .filter(|i| !sent.contains(i) && !explicit.contains(i))
             // beyond explicit ids, only chunks ranked at or above the context's
             // average, in a group the question is about
-            .filter(|&i| rank[i] >= 0.0 && about.group[i] >= floor)
+            .filter(|&i| rank[i] >= 0.0 && about.group[i] >= about.floor[i])
             .collect();
         let named: Vec<usize> = explicit.iter().copied().filter(|i| !sent.contains(i)).collect();
         Ok(Candidates { ranked: Ranked { scores, rank }, named, unseen, about })
     }
 
-    /// The relevance below which a follow-up sends nothing unnamed:
-    /// `more_min_relevance`, or the encoder's floor, or none.
-    fn more_floor(&self) -> f32 {
-        let floor = self.cfg.sessions.more_min_relevance.or(self.encoder.relevance_floor());
+    /// The relevance below which a follow-up sends nothing unnamed of a
+    /// field of `kind`: `more_min_relevance`, or the encoder's floor for
+    /// the kind, or none.
+    fn more_floor(&self, kind: FieldKind) -> f32 {
+        let floor = self.cfg.sessions.more_min_relevance.or(self.encoder.relevance_floor(kind));
         floor.filter(|f| (-1.0..=1.0).contains(f)).unwrap_or(f32::NEG_INFINITY)
     }
 
@@ -349,17 +349,11 @@ struct Asked<'a> {
 }
 
 /// Why a reply holds less than asked: a named chunk that did not fit; no
-/// unseen chunk the question is about, its relevance under `floor` (and
+/// unseen chunk the question is about, its relevance under its floor (and
 /// the held chunk the question is about, when the receiver holds one); no
 /// unseen chunk it is about ranked at or above the context's average; or
 /// none that fits (`sent`: before this reply).
-fn more_reason(
-    context: &PreparedContext,
-    counting: &Counting,
-    sent: &HashSet<usize>,
-    asked: &Asked,
-    floor: f32,
-) -> Option<String> {
+fn more_reason(context: &PreparedContext, counting: &Counting, sent: &HashSet<usize>, asked: &Asked) -> Option<String> {
     let &Asked { named, picked, about, candidates, budget } = asked;
     let chunks = &context.chunks;
     if let Some(&i) = named.iter().find(|i| !picked.contains(i)) {
@@ -375,16 +369,17 @@ fn more_reason(
     let mut unseen = (0..chunks.len()).filter(|i| !sent.contains(i));
     Some(match closest(&mut unseen, &about.group) {
         None => "every chunk of the context was already sent".into(),
-        Some(u) if about.group[u] < floor => {
+        Some(u) if about.group[u] < about.floor[u] => {
             let mut why = format!(
                 "nothing unsent is about the question: its closest unsent chunk has relevance {:.3}, \
-                 below the floor {floor}",
-                about.group[u]
+                 below the floor {}",
+                about.group[u], about.floor[u]
             );
             // the held chunk the question is most about, by its own cosine,
-            // when the question is about it
+            // when the question is about it (at or above its kind's floor:
+            // a kind without one says nothing of it)
             let held = closest(&mut sent.iter().copied(), &about.own);
-            if let Some(h) = held.filter(|&h| about.own[h] >= floor) {
+            if let Some(h) = held.filter(|&h| about.floor[h].is_finite() && about.own[h] >= about.floor[h]) {
                 let (id, r) = (&chunks[h].id, about.own[h]);
                 why.push_str(&format!("; it is about {id} (relevance {r:.3}), sent earlier"));
             }
@@ -401,8 +396,9 @@ fn more_reason(
 
 /// Per chunk, how much the question is about it: the cosine of the
 /// question with the chunk, and with its group's best chunk (a paragraph's
-/// pronoun sentence counts as its paragraph does).
-pub(super) fn about(context: &PreparedContext, qvec: &[f32]) -> About {
+/// pronoun sentence counts as its paragraph does); and the floor of its
+/// field's kind (`floor`).
+pub(super) fn about(context: &PreparedContext, qvec: &[f32], floor: &dyn Fn(FieldKind) -> f32) -> About {
     let chunks = &context.chunks;
     let mut best: HashMap<(usize, usize), f32> = HashMap::new();
     let own: Vec<f32> = chunks.iter().map(|c| dot(qvec, &c.embedding)).collect();
@@ -411,7 +407,8 @@ pub(super) fn about(context: &PreparedContext, qvec: &[f32]) -> About {
         *b = b.max(r);
     }
     let group = chunks.iter().map(|c| best[&c.group]).collect();
-    About { own, group }
+    let kinds: Vec<f32> = context.field_kinds.iter().map(|&k| floor(k)).collect();
+    About { own, group, floor: chunks.iter().map(|c| kinds[c.field]).collect() }
 }
 
 /// How much a follow-up's question is about each chunk ([`about`]).
@@ -420,4 +417,6 @@ pub(super) struct About {
     pub(super) own: Vec<f32>,
     /// With the chunk's group's best chunk: what the floor applies to.
     pub(super) group: Vec<f32>,
+    /// The floor of the chunk's field's kind.
+    pub(super) floor: Vec<f32>,
 }

@@ -70,6 +70,70 @@ fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
     assert_eq!(ids, ["office#0", "office#1"], "{}", named.text);
 }
 
+/// The hash encoder with a floor for Markdown fields only, as e5-small's
+/// manifest has one for Markdown apart from the model's.
+struct MarkdownFloor(crate::encoder::HashEncoder);
+
+impl crate::encoder::Encoder for MarkdownFloor {
+    fn model_id(&self) -> &str {
+        self.0.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn max_tokens(&self) -> usize {
+        self.0.max_tokens()
+    }
+    fn count_tokens(&self, text: &str) -> crate::Result<usize> {
+        self.0.count_tokens(text)
+    }
+    fn encode(&self, texts: &[&str], opts: &crate::encoder::EncodeOptions) -> crate::Result<crate::encoder::Encoded> {
+        self.0.encode(texts, opts)
+    }
+    fn provider(&self) -> &str {
+        self.0.provider()
+    }
+    fn relevance_floor(&self, kind: FieldKind) -> Option<f32> {
+        (kind == FieldKind::Markdown).then_some(0.99)
+    }
+}
+
+/// A kind's floor applies to that kind's fields only: the same question
+/// about the same notes gets them as prose and nothing as Markdown (the
+/// reason gives Markdown's floor); `more_min_relevance` stands in for every
+/// kind's.
+#[test]
+fn a_kind_with_its_own_floor_withholds_what_another_kind_sends() {
+    let ask = |kind: FieldKind, floor: Option<f32>| {
+        let sessions = SessionConfig { more_min_relevance: floor, ..Default::default() };
+        let enc = MarkdownFloor(crate::encoder::HashEncoder::new(128, 512));
+        let scd = Scd::new(std::sync::Arc::new(enc), ScdConfig { sessions, ..Default::default() });
+        let office = "The office plants need water on Mondays. The ficus is by the window.";
+        let fields = vec![
+            prose("payments", "The payment service timed out at checkout."),
+            Field { name: "office".into(), kind, confidential: false, content: office.into() },
+        ];
+        let req = CompressRequest {
+            task: Task::new("Why did the payment service time out at checkout?"),
+            context: Context { fields },
+            requirement: ContextRequirement::with_budget(12),
+            session: Some(SessionRequest::default()),
+        };
+        let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
+        let question = "When do the office plants need water?";
+        scd.request_more(&follow_up(&out.session.unwrap(), question, Some(40))).unwrap()
+    };
+    let ids = |m: &MoreContext| m.chunks.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
+    let prose_notes = ask(FieldKind::Prose, None);
+    assert_eq!(ids(&prose_notes), ["office#0", "office#1"], "{prose_notes:?}");
+    let markdown = ask(FieldKind::Markdown, None);
+    assert!(markdown.chunks.is_empty(), "{markdown:?}");
+    // the held payments chunk is prose, which has no floor here: the
+    // question is not said to be about it
+    assert!(markdown.reason.as_deref().unwrap().ends_with("below the floor 0.99"), "{markdown:?}");
+    assert!(!ask(FieldKind::Markdown, Some(0.5)).chunks.is_empty(), "the session's floor stands in for the kind's");
+}
+
 /// The floor applies to a chunk's group: a paragraph's sentence that
 /// shares no word with the question is about it as its paragraph is.
 #[test]
@@ -78,7 +142,7 @@ fn a_sentence_is_as_relevant_as_its_paragraph() {
     let field = prose("database", "The database pool was exhausted at noon. Its size is ten connections.");
     let ctx = scd.prepare(&[&field], &Cancel::new()).unwrap();
     let q = scd.embed_cached(&["When was the database pool exhausted?"], crate::encoder::InputKind::Query).unwrap();
-    let about = super::more::about(&ctx, &q[0]);
+    let about = super::more::about(&ctx, &q[0], &|_| 0.0);
     assert_eq!(ctx.chunks.len(), 2, "two sentences");
     assert!(about.own[1] < about.own[0], "{:?}", about.own);
     assert_eq!(about.group, [about.own[0], about.own[0]]);

@@ -32,8 +32,8 @@ impl Encoder for Memo {
     fn max_tokens(&self) -> usize {
         self.inner.max_tokens()
     }
-    fn relevance_floor(&self) -> Option<f32> {
-        self.inner.relevance_floor()
+    fn relevance_floor(&self, kind: scd_engine::context::FieldKind) -> Option<f32> {
+        self.inner.relevance_floor(kind)
     }
     fn count_tokens(&self, text: &str) -> scd_engine::Result<usize> {
         self.inner.count_tokens(text)
