@@ -4,6 +4,7 @@
 use sha2::{Digest, Sha256};
 
 use super::{l2_normalize, EncodeOptions, Encoded, Encoder, LongInputPolicy};
+use crate::context::FieldKind;
 use crate::{Error, Result};
 
 /// Bag-of-features encoder: similar wording gives similar vectors.
@@ -12,12 +13,22 @@ pub struct HashEncoder {
     dim: usize,
     max_tokens: usize,
     id: String,
+    /// [`Encoder::relevance_floor`] per kind: none unless set.
+    floors: Vec<(FieldKind, f32)>,
 }
 
 impl HashEncoder {
     /// An encoder with `dim` dimensions that accepts `max_tokens` words.
     pub fn new(dim: usize, max_tokens: usize) -> Self {
-        Self { dim: dim.max(8), max_tokens: max_tokens.max(3), id: format!("hash-{dim}") }
+        Self { dim: dim.max(8), max_tokens: max_tokens.max(3), id: format!("hash-{dim}"), floors: Vec::new() }
+    }
+
+    /// The same with `floor` as its relevance floor for fields of `kind`,
+    /// as a model's manifest may have one (tests of follow-ups).
+    pub fn with_relevance_floor(mut self, kind: FieldKind, floor: f32) -> Self {
+        self.floors.retain(|(k, _)| *k != kind);
+        self.floors.push((kind, floor));
+        self
     }
 
     fn bucket(&self, feature: &str) -> (usize, f32) {
@@ -42,6 +53,10 @@ impl Encoder for HashEncoder {
 
     fn max_tokens(&self) -> usize {
         self.max_tokens
+    }
+
+    fn relevance_floor(&self, kind: FieldKind) -> Option<f32> {
+        self.floors.iter().find(|(k, _)| *k == kind).map(|&(_, f)| f)
     }
 
     fn count_tokens(&self, text: &str) -> Result<usize> {

@@ -17,21 +17,30 @@ fn ask_for(floor: Option<f32>, question: &str, ids: &[&str]) -> MoreContext {
     let sessions = SessionConfig { more_min_relevance: floor, ..Default::default() };
     let scd = hash_scd(ScdConfig { sessions, ..Default::default() });
     let fields = vec![
-        prose("payments", "The payment service timed out at checkout."),
         prose("database", "The database pool was exhausted at noon. Its size is ten connections."),
         prose("office", "The office plants need water on Mondays. The ficus is by the window."),
     ];
+    let chunk_ids = ids.iter().map(|id| id.to_string()).collect();
+    let grant = payments_answered(&scd, fields);
+    scd.request_more(&ContextRequest { chunk_ids, ..follow_up(&grant, question, Some(40)) }).unwrap()
+}
+
+/// The session of the first answer to "why did the payment service time
+/// out" over a payments sentence and `fields` (it holds the payments
+/// sentence, 12 cl100k tokens).
+fn payments_answered(scd: &Scd, fields: Vec<Field>) -> crate::session::SessionGrant {
+    let mut all = vec![prose("payments", "The payment service timed out at checkout.")];
+    all.extend(fields);
     let req = CompressRequest {
         task: Task::new("Why did the payment service time out at checkout?"),
-        context: Context { fields },
+        context: Context { fields: all },
         requirement: ContextRequirement::with_budget(12),
         session: Some(SessionRequest::default()),
     };
     let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
     let first: Vec<&str> = out.chunks.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(first, ["payments#0"], "{}", out.text);
-    let chunk_ids = ids.iter().map(|id| id.to_string()).collect();
-    scd.request_more(&ContextRequest { chunk_ids, ..follow_up(&out.session.unwrap(), question, Some(40)) }).unwrap()
+    out.session.unwrap()
 }
 
 /// Below the floor nothing unnamed is sent, and `reason` says so, naming
@@ -70,34 +79,6 @@ fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
     assert_eq!(ids, ["office#0", "office#1"], "{}", named.text);
 }
 
-/// The hash encoder with a floor for Markdown fields only, as e5-small's
-/// manifest has one for Markdown apart from the model's.
-struct MarkdownFloor(crate::encoder::HashEncoder);
-
-impl crate::encoder::Encoder for MarkdownFloor {
-    fn model_id(&self) -> &str {
-        self.0.model_id()
-    }
-    fn dim(&self) -> usize {
-        self.0.dim()
-    }
-    fn max_tokens(&self) -> usize {
-        self.0.max_tokens()
-    }
-    fn count_tokens(&self, text: &str) -> crate::Result<usize> {
-        self.0.count_tokens(text)
-    }
-    fn encode(&self, texts: &[&str], opts: &crate::encoder::EncodeOptions) -> crate::Result<crate::encoder::Encoded> {
-        self.0.encode(texts, opts)
-    }
-    fn provider(&self) -> &str {
-        self.0.provider()
-    }
-    fn relevance_floor(&self, kind: FieldKind) -> Option<f32> {
-        (kind == FieldKind::Markdown).then_some(0.99)
-    }
-}
-
 /// A kind's floor applies to that kind's fields only: the same question
 /// about the same notes gets them as prose and nothing as Markdown (the
 /// reason gives Markdown's floor); `more_min_relevance` stands in for every
@@ -106,22 +87,14 @@ impl crate::encoder::Encoder for MarkdownFloor {
 fn a_kind_with_its_own_floor_withholds_what_another_kind_sends() {
     let ask = |kind: FieldKind, floor: Option<f32>| {
         let sessions = SessionConfig { more_min_relevance: floor, ..Default::default() };
-        let enc = MarkdownFloor(crate::encoder::HashEncoder::new(128, 512));
+        // the hash encoder with a floor for Markdown fields only, as
+        // e5-small's manifest has one apart from the model's
+        let enc = crate::encoder::HashEncoder::new(128, 512).with_relevance_floor(FieldKind::Markdown, 0.99);
         let scd = Scd::new(std::sync::Arc::new(enc), ScdConfig { sessions, ..Default::default() });
         let office = "The office plants need water on Mondays. The ficus is by the window.";
-        let fields = vec![
-            prose("payments", "The payment service timed out at checkout."),
-            Field { name: "office".into(), kind, confidential: false, content: office.into() },
-        ];
-        let req = CompressRequest {
-            task: Task::new("Why did the payment service time out at checkout?"),
-            context: Context { fields },
-            requirement: ContextRequirement::with_budget(12),
-            session: Some(SessionRequest::default()),
-        };
-        let out = scd.compress_opts(&req, &opts("cl100k", false), &Cancel::new()).unwrap();
-        let question = "When do the office plants need water?";
-        scd.request_more(&follow_up(&out.session.unwrap(), question, Some(40))).unwrap()
+        let notes = Field { name: "office".into(), kind, confidential: false, content: office.into() };
+        let grant = payments_answered(&scd, vec![notes]);
+        scd.request_more(&follow_up(&grant, "When do the office plants need water?", Some(40))).unwrap()
     };
     let ids = |m: &MoreContext| m.chunks.iter().map(|c| c.id.clone()).collect::<Vec<_>>();
     let prose_notes = ask(FieldKind::Prose, None);
