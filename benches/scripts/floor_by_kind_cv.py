@@ -9,8 +9,9 @@ of `with_follow_up_kept` (its own task asked again) and, where another case
 has the same context, `second_kept` (that case's task asked as a follow-up,
 scored by that case's gold). The rule, as `floor_cv.py`'s for MuSiQue: per
 kind, the highest floor whose mean on-topic score equals the floor off's.
-For each fold (the i-th case of a kind is in fold i mod k, as `scd-dev eval
---dataset agent --folds` deals them), the floor is chosen by the rule on
+Folds are grouped by context: cases that share one (each asks another's
+task as its second question) are in one fold, the i-th distinct context of
+a kind in fold i mod k. For each fold the floor is chosen by the rule on
 the other folds and the held fold is reported at it: the on-topic score
 beside the floor off's and the model's, and the share of off-topic
 follow-ups (another kind's task) that got nothing. Then the rule on all
@@ -26,8 +27,10 @@ import re
 
 
 def load(path):
-    """kind -> case ids in order, and (floor, case id) -> (on-topic, off-topic empty)."""
-    kinds, scores = {}, {}
+    """kind -> case ids in order, (floor, case id) -> (on-topic, off-topic
+    empty), and the pairs of cases that share a context (a case and its
+    second question's)."""
+    kinds, scores, pairs = {}, {}, set()
     opener = gzip.open if path.endswith(".gz") else open
     for line in opener(path, "rt"):
         p = json.loads(line)
@@ -40,9 +43,31 @@ def load(path):
         ids = kinds.setdefault(p["kind"], [])
         if p["id"] not in ids:
             ids.append(p["id"])
+        if "second_id" in p:
+            pairs.add((p["id"], p["second_id"]))
         on = [p["with_follow_up_kept"]] + ([p["second_kept"]] if "second_kept" in p else [])
         scores[(floor, p["id"])] = (sum(on) / len(on), float(p["off_topic_tokens"] == 0))
-    return kinds, scores
+    return kinds, scores, pairs
+
+
+def folds_by_context(ids, pairs, k):
+    """case id -> fold: cases linked by `pairs` (transitively) share one
+    context and one fold, the i-th context of `ids` (by first case) in i mod k."""
+    root = {i: i for i in ids}
+
+    def find(i):
+        while root[i] != i:
+            i = root[i]
+        return i
+
+    for a, b in pairs:
+        if a in root and b in root:
+            root[find(b)] = find(a)
+    contexts = []
+    for i in ids:
+        if find(i) not in contexts:
+            contexts.append(find(i))
+    return {i: contexts.index(find(i)) % k for i in ids}
 
 
 def mean(scores, floor, ids, side):
@@ -63,7 +88,7 @@ def main():
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args()
-    kinds, scores = load(args.per_example)
+    kinds, scores, pairs = load(args.per_example)
     floors = sorted({f for f, _ in scores})
     if -1.0 not in floors:
         raise SystemExit("no run with the floor off (more_min_relevance=-1)")
@@ -74,10 +99,11 @@ def main():
     print(f"floors {floors}; {k} folds; on = gold after the follow-ups, off = off-topic follow-ups that got nothing")
     print("kind  fold cases chosen   on (off / model)        off-topic empty (off / model)")
     for kind, ids in kinds.items():
+        fold = folds_by_context(ids, pairs, k)
         rows = []
         for f in range(k):
-            held = [i for n, i in enumerate(ids) if n % k == f]
-            train = [i for n, i in enumerate(ids) if n % k != f]
+            held = [i for i in ids if fold[i] == f]
+            train = [i for i in ids if fold[i] != f]
             c = choose(scores, floors, train)
             row = {"fold": f, "cases": len(held), "chosen": c}
             for name, fl in (("chosen", c), ("floor_off", -1.0), ("model", d)):

@@ -349,10 +349,11 @@ struct Asked<'a> {
 }
 
 /// Why a reply holds less than asked: a named chunk that did not fit; no
-/// unseen chunk the question is about, its relevance under its floor (and
-/// the held chunk the question is about, when the receiver holds one); no
-/// unseen chunk it is about ranked at or above the context's average; or
-/// none that fits (`sent`: before this reply).
+/// unseen chunk the question is about, each under its kind's floor (with
+/// the relevance of the one nearest its floor, and the held chunk the
+/// question is about, when the receiver holds one); no unseen chunk it is
+/// about ranked at or above the context's average; or none that fits
+/// (`sent`: before this reply).
 fn more_reason(context: &PreparedContext, counting: &Counting, sent: &HashSet<usize>, asked: &Asked) -> Option<String> {
     let &Asked { named, picked, about, candidates, budget } = asked;
     let chunks = &context.chunks;
@@ -366,8 +367,10 @@ fn more_reason(context: &PreparedContext, counting: &Counting, sent: &HashSet<us
     // the closest by `by`, the first on a tie (chunks sharing a text tie)
     let closest =
         |ids: &mut dyn Iterator<Item = usize>, by: &[f32]| ids.max_by(|&a, &b| by[a].total_cmp(&by[b]).then(b.cmp(&a)));
+    // how far each chunk's group is above its kind's floor (own: the chunk itself)
+    let margin = |by: &[f32]| -> Vec<f32> { by.iter().zip(&about.floor).map(|(r, f)| r - f).collect() };
     let mut unseen = (0..chunks.len()).filter(|i| !sent.contains(i));
-    Some(match closest(&mut unseen, &about.group) {
+    Some(match closest(&mut unseen, &margin(&about.group)) {
         None => "every chunk of the context was already sent".into(),
         Some(u) if about.group[u] < about.floor[u] => {
             let mut why = format!(
@@ -375,11 +378,12 @@ fn more_reason(context: &PreparedContext, counting: &Counting, sent: &HashSet<us
                  below the floor {}",
                 about.group[u], about.floor[u]
             );
-            // the held chunk the question is most about, by its own cosine,
-            // when the question is about it (at or above its kind's floor:
-            // a kind without one says nothing of it)
-            let held = closest(&mut sent.iter().copied(), &about.own);
-            if let Some(h) = held.filter(|&h| about.floor[h].is_finite() && about.own[h] >= about.floor[h]) {
+            // the held chunk the question is most about, by its own cosine
+            // over its kind's floor, when it reaches it (a kind without a
+            // floor says nothing of it)
+            let mut floored = sent.iter().copied().filter(|&h| about.floor[h].is_finite());
+            let held = closest(&mut floored, &margin(&about.own));
+            if let Some(h) = held.filter(|&h| about.own[h] >= about.floor[h]) {
                 let (id, r) = (&chunks[h].id, about.own[h]);
                 why.push_str(&format!("; it is about {id} (relevance {r:.3}), sent earlier"));
             }

@@ -107,6 +107,29 @@ fn a_kind_with_its_own_floor_withholds_what_another_kind_sends() {
     assert!(!ask(FieldKind::Markdown, Some(0.5)).chunks.is_empty(), "the session's floor stands in for the kind's");
 }
 
+/// In a context of two kinds, whether anything is about the question is
+/// measured against each chunk's own kind's floor: a prose note above its
+/// floor (none here) is a candidate although the Markdown note the
+/// question is closer to is under Markdown's, so a reply too small for it
+/// says it did not fit, not that nothing is about the question.
+#[test]
+fn a_mixed_context_measures_each_chunk_against_its_own_kinds_floor() {
+    let enc = crate::encoder::HashEncoder::new(128, 512).with_relevance_floor(FieldKind::Markdown, 0.99);
+    let scd = Scd::new(std::sync::Arc::new(enc), ScdConfig::default());
+    let markdown = "The office plants need water on Mondays.";
+    let fields = vec![
+        Field { name: "plants.md".into(), kind: FieldKind::Markdown, confidential: false, content: markdown.into() },
+        prose("notes", "The office ficus stands by the window."),
+        prose("payroll", "Salaries are paid on the last Friday of the month."),
+        prose("parking", "Visitors park in the north lot after six."),
+    ];
+    let grant = payments_answered(&scd, fields);
+    let more = scd.request_more(&follow_up(&grant, "When do the office plants need water?", Some(2))).unwrap();
+    assert!(more.chunks.is_empty(), "{more:?}");
+    let why = more.reason.unwrap();
+    assert_eq!(why, "no unseen chunk above the context's average relevance fits the reply's 2 tokens");
+}
+
 /// The floor applies to a chunk's group: a paragraph's sentence that
 /// shares no word with the question is about it as its paragraph is.
 #[test]

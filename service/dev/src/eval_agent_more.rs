@@ -80,11 +80,11 @@ struct ProbeRow {
     follow_up_share: f32,
     off_topic_empty: f32,
     off_topic_share: f32,
-    /// Probes with a second question.
+    /// Probes with a second question; the means over them (none when none).
     second_n: usize,
-    second_first_kept: f32,
-    second_kept: f32,
-    second_empty: f32,
+    second_first_kept: Option<f32>,
+    second_kept: Option<f32>,
+    second_empty: Option<f32>,
 }
 
 /// The first answer to `case`'s task at `budget` with a session, and a
@@ -224,8 +224,10 @@ fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
             let n = xs.len().max(1) as f32;
             let mean = |f: &dyn Fn(&Probe) -> f32| xs.iter().map(|p| f(p)).sum::<f32>() / n;
             let seconds: Vec<&Second> = xs.iter().filter_map(|p| p.second.as_ref()).collect();
-            let n2 = seconds.len().max(1) as f32;
-            let mean2 = |f: &dyn Fn(&Second) -> f32| seconds.iter().map(|s| f(s)).sum::<f32>() / n2;
+            let n2 = seconds.len() as f32;
+            let mean2 = |f: &dyn Fn(&Second) -> f32| {
+                (!seconds.is_empty()).then(|| seconds.iter().map(|s| f(s)).sum::<f32>() / n2)
+            };
             out.push(ProbeRow {
                 kind: kind.to_string(),
                 method: method.to_string(),
@@ -244,6 +246,11 @@ fn rows(probes: &[Probe]) -> Vec<ProbeRow> {
         }
     }
     out
+}
+
+/// A mean to three places, `-` when there was nothing to average.
+fn shown(x: Option<f32>) -> String {
+    x.map_or("-".into(), |x| format!("{x:.3}"))
 }
 
 /// Prints the table and writes the report, the plot (gold lines kept with
@@ -274,7 +281,7 @@ pub(super) fn report(
     );
     for r in &rows {
         println!(
-            "{:<6} {:<32} {:>6.2} {:>4} {:>7.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>9.3} {:>9.3} {:>9.3}",
+            "{:<6} {:<32} {:>6.2} {:>4} {:>7.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>5} {:>9} {:>9} {:>9}",
             r.kind,
             r.method,
             r.budget,
@@ -285,9 +292,9 @@ pub(super) fn report(
             r.off_topic_empty,
             r.off_topic_share,
             r.second_n,
-            r.second_first_kept,
-            r.second_kept,
-            r.second_empty
+            shown(r.second_first_kept),
+            shown(r.second_kept),
+            shown(r.second_empty)
         );
     }
     let mut out = header;

@@ -196,6 +196,8 @@ fn agent_follow_up_probes_report_what_an_off_topic_question_gets() {
     assert!(probe("logs-pool", on).get("second_id").is_none(), "{probes:?}");
     let docs_row = rows.iter().find(|x| x["kind"] == "docs" && x["method"] == on).unwrap();
     assert_eq!((docs_row["second_n"].as_u64(), docs_row["second_kept"].as_f64()), (Some(2), Some(1.0)), "{docs_row}");
+    let logs_row = rows.iter().find(|x| x["kind"] == "logs" && x["method"] == on).unwrap();
+    assert!(logs_row["second_n"] == 0 && logs_row["second_kept"].is_null(), "no mean of nothing: {logs_row}");
 }
 
 /// The adaptive loop runs one configuration: `--sweep` may name one
