@@ -1,5 +1,5 @@
 """Per kind, how much a follow-up's question is about the context it is
-asked of: the closest unsent chunk's relevance (the cosine of the question
+asked of: the relevance of the unsent chunk nearest its floor (the cosine of the question
 with its group's best chunk) that a follow-up reports in `reason` when
 nothing reaches the floor. Read from `scd-dev eval --dataset agent
 --adaptive --sweep more_min_relevance=0.99 --per-example F` (a floor no

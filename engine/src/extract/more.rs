@@ -374,8 +374,8 @@ fn more_reason(context: &PreparedContext, counting: &Counting, sent: &HashSet<us
         None => "every chunk of the context was already sent".into(),
         Some(u) if about.group[u] < about.floor[u] => {
             let mut why = format!(
-                "nothing unsent is about the question: its closest unsent chunk has relevance {:.3}, \
-                 below the floor {}",
+                "nothing unsent is about the question: the unsent chunk nearest its floor has relevance \
+                 {:.3}, below its floor {}",
                 about.group[u], about.floor[u]
             );
             // the held chunk the question is most about, by its own cosine

@@ -53,8 +53,9 @@ fn a_follow_up_the_context_cannot_answer_gets_nothing_and_says_why() {
     let nothing = ask(Some(0.5), off_topic);
     assert!(nothing.chunks.is_empty() && nothing.text.is_empty() && nothing.sent_tokens == 0, "{nothing:?}");
     let why = nothing.reason.unwrap();
-    assert!(why.starts_with("nothing unsent is about the question: its closest unsent chunk has relevance "), "{why}");
-    assert!(why.ends_with("below the floor 0.5"), "no held chunk is named: the question is not about one: {why}");
+    let nearest = "nothing unsent is about the question: the unsent chunk nearest its floor has relevance ";
+    assert!(why.starts_with(nearest), "{why}");
+    assert!(why.ends_with("below its floor 0.5"), "no held chunk is named: the question is not about one: {why}");
     // the question is about what the receiver holds: it is told so
     let held = ask(Some(0.5), "Why did the payment service time out at checkout?");
     assert!(held.chunks.is_empty(), "{held:?}");
@@ -103,7 +104,7 @@ fn a_kind_with_its_own_floor_withholds_what_another_kind_sends() {
     assert!(markdown.chunks.is_empty(), "{markdown:?}");
     // the held payments chunk is prose, which has no floor here: the
     // question is not said to be about it
-    assert!(markdown.reason.as_deref().unwrap().ends_with("below the floor 0.99"), "{markdown:?}");
+    assert!(markdown.reason.as_deref().unwrap().ends_with("below its floor 0.99"), "{markdown:?}");
     assert!(!ask(FieldKind::Markdown, Some(0.5)).chunks.is_empty(), "the session's floor stands in for the kind's");
 }
 
