@@ -586,6 +586,12 @@ pub fn covered(
     inside as f32 >= min_share * total as f32
 }
 
+/// The budget at `frac` of a context of `total` tokens, as every evaluation
+/// asks it: the fraction's whole tokens, at least one.
+pub fn budget_at(total: usize, frac: f32) -> usize {
+    ((total as f32 * frac).floor() as usize).max(1)
+}
+
 /// The (field index, byte span) pairs a compression of `ex` sent, for
 /// [`evidence_recall`].
 pub fn selection(ex: &Example, chunks: &[crate::extract::SelectedChunk]) -> Vec<(usize, (usize, usize))> {

@@ -402,8 +402,9 @@ pub struct SessionConfig {
     /// for the chunk's kind of field
     /// ([`crate::encoder::Encoder::relevance_floor`]; none for a model
     /// without one); `Some(f)`: `f` for every kind; `Some(-1.0)` turns it
-    /// off, and so does a value outside [-1, 1] or NaN. Either way a follow-up with no candidate sends
-    /// nothing, not the bridges between held pieces.
+    /// off, and so does a value outside [-1, 1] or NaN. Either way a
+    /// follow-up with no candidate sends nothing, not the bridges between
+    /// held pieces.
     pub more_min_relevance: Option<f32>,
     /// Words of a dropped chunk's stub in the manifest (count).
     pub stub_words: usize,

@@ -149,8 +149,9 @@ pub struct EvalArgs {
     /// of one setting runs the loop with it in place of the defaults (rerun
     /// without it for the defaults); more than one is refused. With
     /// --dataset agent: follow-up probes in place of the comparison (per
-    /// case, budget and setting: the case's task asked again as a follow-up,
-    /// and in a second session the next case's task), per kind.
+    /// case, budget and setting: the case's task asked again as a follow-up;
+    /// in a second session the next case's task of another kind; in a third,
+    /// a case with the same context's task), per kind.
     #[arg(long)]
     adaptive: bool,
     /// With --adaptive: each follow-up's budget, a fraction of the context.
@@ -582,7 +583,7 @@ impl Methods<'_> {
         let mut random_order: Vec<usize> = (0..base.units.len()).collect();
         random_order.shuffle(rng);
         for (bi, &frac) in self.budgets.iter().enumerate() {
-            let budget = ((base.total as f32 * frac).floor() as usize).max(1);
+            let budget = scd_engine::eval::budget_at(base.total, frac);
             self.scd_at(ex, (bi, frac), budget, tally)?;
             for (mi, order) in [(1, &dense_order), (2, &bm25_order), (3, &lead_order), (4, &random_order)] {
                 if self.scd_only {

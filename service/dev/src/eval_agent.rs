@@ -125,7 +125,7 @@ fn run_case(r: &Runner<'_>, ci: usize, case: &AgentCase) -> anyhow::Result<Vec<O
     let (grep, bm25) = (grep_order(ex, &lines), bm25_order(ex, &lines));
     let mut out = Vec::new();
     for &frac in budgets {
-        let budget = ((total as f32 * frac).floor() as usize).max(1);
+        let budget = scd_engine::eval::budget_at(total, frac);
         let req = CompressRequest {
             task: Task::new(ex.question.clone()),
             context: ex.context.clone(),

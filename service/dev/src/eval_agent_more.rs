@@ -16,7 +16,7 @@ use scd_engine::cancel::Cancel;
 use scd_engine::context::{ContextRequirement, Task};
 use scd_engine::eval::agent::{gold_lines_kept, AgentCase};
 use scd_engine::eval::{selection, sent_spans};
-use scd_engine::extract::{CompressOptions, CompressRequest, ContextRequest, Scd, SessionRequest};
+use scd_engine::extract::{CompressOptions, CompressRequest, ContextRequest, MoreContext, Scd, SessionRequest};
 use serde::Serialize;
 
 use super::plot;
@@ -95,7 +95,7 @@ fn ask(
     case: &AgentCase,
     budget: usize,
     question: &str,
-) -> anyhow::Result<(scd_engine::extract::Compressed, scd_engine::extract::MoreContext)> {
+) -> anyhow::Result<(scd_engine::extract::Compressed, MoreContext)> {
     let ex = &case.example;
     let req = CompressRequest {
         task: Task::new(ex.question.clone()),
@@ -117,6 +117,30 @@ fn ask(
     Ok((first, more))
 }
 
+/// `question` asked as a follow-up after `case`'s first answer at `budget`,
+/// scored by `gold`'s gold lines (`case`'s own, or a case with the same
+/// context): those the first answer kept, those kept with the follow-up,
+/// and the follow-up.
+fn scored_follow_up(
+    (scd, opts): (&Scd, &CompressOptions),
+    case: &AgentCase,
+    budget: usize,
+    question: &str,
+    gold: &AgentCase,
+) -> anyhow::Result<(f32, f32, MoreContext)> {
+    let ex = &case.example;
+    let (first, more) = ask(scd, opts, case, budget, question)?;
+    let mut spans = sent_spans(ex, &first);
+    let first_kept = gold_lines_kept(gold, &spans).0;
+    spans.extend(selection(ex, &more.chunks));
+    Ok((first_kept, gold_lines_kept(gold, &spans).0, more))
+}
+
+/// The ids of the chunks a follow-up sent.
+fn ids(more: &MoreContext) -> Vec<String> {
+    more.chunks.iter().map(|c| c.id.clone()).collect()
+}
+
 /// Case `case` under setting `method` at budget fraction `frac` of its
 /// `total` tokens, `other` being another case's task and `second` a case
 /// with the same context, if any.
@@ -128,29 +152,22 @@ pub(super) fn probe(
     (other, second): (&str, Option<&AgentCase>),
 ) -> anyhow::Result<Probe> {
     let ex = &case.example;
-    let budget = ((total as f32 * frac).floor() as usize).max(1);
-    let (first, on) = ask(scd, opts, case, budget, &ex.question)?;
-    let mut spans = sent_spans(ex, &first);
-    let first_kept = gold_lines_kept(case, &spans).0;
-    spans.extend(selection(ex, &on.chunks));
+    let budget = scd_engine::eval::budget_at(total, frac);
+    let (first_kept, with_follow_up_kept, on) = scored_follow_up((scd, opts), case, budget, &ex.question, case)?;
     let (_, off) = ask(scd, opts, case, budget, other)?;
-    let second = match second {
-        Some(s) => {
-            let (first, more) = ask(scd, opts, case, budget, &s.example.question)?;
-            let mut spans = sent_spans(ex, &first);
-            let second_first_kept = gold_lines_kept(s, &spans).0;
-            spans.extend(selection(ex, &more.chunks));
-            Some(Second {
-                second_id: s.example.id.clone(),
-                second_first_kept,
-                second_kept: gold_lines_kept(s, &spans).0,
-                second_tokens: more.sent_tokens,
-                second_reason: more.reason,
-                second_chunks: more.chunks.iter().map(|c| c.id.clone()).collect(),
-            })
-        }
-        None => None,
-    };
+    let second = second.map(|s| -> anyhow::Result<Second> {
+        let (second_first_kept, second_kept, more) =
+            scored_follow_up((scd, opts), case, budget, &s.example.question, s)?;
+        Ok(Second {
+            second_id: s.example.id.clone(),
+            second_first_kept,
+            second_kept,
+            second_tokens: more.sent_tokens,
+            second_chunks: ids(&more),
+            second_reason: more.reason,
+        })
+    });
+    let second = second.transpose()?;
     Ok(Probe {
         id: ex.id.clone(),
         kind: case.kind.clone(),
@@ -158,13 +175,13 @@ pub(super) fn probe(
         budget: frac,
         budget_tokens: budget,
         first_kept,
-        with_follow_up_kept: gold_lines_kept(case, &spans).0,
+        with_follow_up_kept,
         follow_up_tokens: on.sent_tokens,
+        follow_up_chunks: ids(&on),
         follow_up_reason: on.reason,
-        follow_up_chunks: on.chunks.iter().map(|c| c.id.clone()).collect(),
         off_topic_tokens: off.sent_tokens,
+        off_topic_chunks: ids(&off),
         off_topic_reason: off.reason,
-        off_topic_chunks: off.chunks.iter().map(|c| c.id.clone()).collect(),
         second,
     })
 }
@@ -187,9 +204,10 @@ pub(super) fn run_all(
     for (i, case) in cases.iter().enumerate() {
         let total = super::eval_agent_cases::case_tokens(case, count)?;
         let n = cases.len();
-        let next = (1..n).map(|k| &cases[(i + k) % n]).find(|c| c.kind != case.kind);
-        let other = &next.unwrap_or(&cases[(i + 1) % n]).example.question;
-        let second = (1..n).map(|k| &cases[(i + k) % n]).find(|c| {
+        // the other cases, from the next one on, wrapping
+        let after = || (1..n).map(|k| &cases[(i + k) % n]);
+        let other = &after().find(|c| c.kind != case.kind).unwrap_or(&cases[(i + 1) % n]).example.question;
+        let second = after().find(|c| {
             c.kind == case.kind
                 && c.example.context == case.example.context
                 && c.example.question != case.example.question

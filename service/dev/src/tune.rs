@@ -332,7 +332,7 @@ fn measure(
                 let total: usize = scd_total_tokens(&**encoder, ex)?;
                 let mut sum = 0.0;
                 for &frac in budgets {
-                    let budget = ((total as f32 * frac).floor() as usize).max(1);
+                    let budget = scd_engine::eval::budget_at(total, frac);
                     let out = scd.compress(&CompressRequest {
                         task: Task::new(ex.question.clone()),
                         context: ex.context.clone(),

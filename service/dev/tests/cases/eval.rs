@@ -46,6 +46,22 @@ fn eval_reports_the_agent_fixture_recall() {
     assert_eq!(methods, vec!["scd", "dense", "bm25", "lead", "random"]);
 }
 
+/// The `logs-pool` case: "Why are requests failing?" over 40 INFO lines,
+/// then the pool-exhausted ERROR (line 41, the gold), then `tail`.
+fn pool_case(tail: &str) -> serde_json::Value {
+    let mut log = String::new();
+    for i in 0..40 {
+        log.push_str(&format!("2024-05-01 10:{i:02}:00 INFO worker {i} handled request in {} ms\n", 10 + i));
+    }
+    log.push_str("2024-05-01 10:41:00 ERROR db: connection pool exhausted (32 of 32 in use)\n");
+    log.push_str(tail);
+    serde_json::json!({
+        "id": "logs-pool", "kind": "logs", "task": "Why are requests failing?",
+        "context": {"fields": [{"name": "app.log", "kind": "log", "content": log}]},
+        "gold": [{"field": "app.log", "ranges": [[41, 41]]}],
+    })
+}
+
 /// `--embedding-store`: a second run over the same cases reads every
 /// embedding from the store, computes none, and reports the same figures.
 #[test]
@@ -56,20 +72,10 @@ fn a_second_agent_eval_with_a_store_embeds_nothing_and_reports_the_same() {
     let tmp = scratch("eval-store");
     let dir = tmp.path();
     let data = dir.join("logs.jsonl");
-    let mut log = String::new();
-    for i in 0..40 {
-        log.push_str(&format!("2024-05-01 10:{i:02}:00 INFO worker {i} handled request in {} ms\n", 10 + i));
-    }
-    log.push_str("2024-05-01 10:41:00 ERROR db: connection pool exhausted (32 of 32 in use)\n");
-    log.push_str("2024-05-01 10:42:00 INFO health check ok\n");
-    let rec = serde_json::json!({
-        "id": "logs-pool", "kind": "logs", "task": "Why are requests failing?",
-        "context": {"fields": [{"name": "app.log", "kind": "log", "content": log}]},
-        "gold": [{"field": "app.log", "ranges": [[41, 41]]}],
-    });
+    let rec = pool_case("2024-05-01 10:42:00 INFO health check ok\n");
     let rec2 = serde_json::json!({
         "id": "logs-health", "kind": "logs", "task": "Is the health check passing?",
-        "context": {"fields": [{"name": "app.log", "kind": "log", "content": log}]},
+        "context": rec["context"],
         "gold": [{"field": "app.log", "ranges": [[42, 42]]}],
     });
     std::fs::write(&data, format!("{rec}\n{rec2}\n")).unwrap();
@@ -123,19 +129,10 @@ fn agent_follow_up_probes_report_what_an_off_topic_question_gets() {
     let tmp = scratch("eval-agent-follow-ups");
     let dir = tmp.path();
     let data = dir.join("cases.jsonl");
-    let mut log = String::new();
-    for i in 0..40 {
-        log.push_str(&format!("2024-05-01 10:{i:02}:00 INFO worker {i} handled request in {} ms\n", 10 + i));
-    }
-    log.push_str("2024-05-01 10:41:00 ERROR db: connection pool exhausted (32 of 32 in use)\n");
     let garden = "Tomatoes need six hours of sun a day. Water them at the base in the morning.\n\n\
                   Roses are pruned in late winter, just above an outward bud.\n\n\
                   Compost is ready when it is dark and crumbly and smells of earth.";
-    let logs = serde_json::json!({
-        "id": "logs-pool", "kind": "logs", "task": "Why are requests failing?",
-        "context": {"fields": [{"name": "app.log", "kind": "log", "content": log}]},
-        "gold": [{"field": "app.log", "ranges": [[41, 41]]}],
-    });
+    let logs = pool_case("");
     let docs = serde_json::json!({
         "id": "docs-roses", "kind": "docs", "task": "When should roses be pruned?",
         "context": {"fields": [{"name": "garden.md", "kind": "prose", "content": garden}]},
