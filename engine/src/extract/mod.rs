@@ -679,6 +679,14 @@ impl Scd {
                 parts.group_lift[i] += lift;
             }
         }
+        let (w, from) = (self.cfg.scoring.lexical_excess_weight, self.cfg.scoring.lexical_excess_from);
+        if w != 0.0 {
+            for (i, z) in parts.lexical_z.iter().enumerate().filter(|(_, z)| **z > from) {
+                let lift = w * (z - from);
+                parts.fused[i] += lift;
+                parts.group_lift[i] += lift;
+            }
+        }
         if self.cfg.scoring.severity_weight != 0.0 {
             for (i, c) in prepared.chunks.iter().enumerate().filter(|(_, c)| c.severity > 0) {
                 let sc = &self.cfg.scoring;

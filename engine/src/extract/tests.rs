@@ -667,6 +667,41 @@ fn line_lexical_weight_lifts_log_and_chat_lines_by_their_bm25_score() {
     assert!(quota.lexical_z > 0.0, "the line with the task's words has the best BM25");
 }
 
+/// `lexical_excess_weight` lifts a chunk by its BM25 z-score's excess over
+/// `lexical_excess_from` (the one sentence holding the task's words), and
+/// no other; the lift shows in `group_lift`, so the explanation adds up.
+#[test]
+fn lexical_excess_lifts_only_the_chunk_whose_bm25_score_stands_out() {
+    let notes: String =
+        (0..12).map(|i| format!("Note {i}: the cache is warmed at start and health checks pass.\n\n")).collect();
+    let text = format!("{notes}On AWS Lambda the runtime freezes, so write logs synchronously or they are lost.\n");
+    let run = |w: f32| {
+        let scd =
+            scd_scoring(ScoringConfig { lexical_excess_weight: w, lexical_excess_from: 1.0, ..Default::default() });
+        let req = CompressRequest {
+            task: Task::new("lambda logs lost"),
+            context: Context { fields: vec![prose("notes", &text)] },
+            requirement: ContextRequirement::with_budget(10_000),
+            session: None,
+        };
+        scd.compress_opts(&req, &opts("", true), &Cancel::new()).unwrap().explanation.unwrap()
+    };
+    let (off, on) = (run(0.0), run(0.5));
+    assert_eq!(off.selected.len(), on.selected.len());
+    let mut lifted = Vec::new();
+    for b in &on.selected {
+        let a = off.selected.iter().find(|a| a.id == b.id).unwrap();
+        let sum = b.dense_z + on.lexical_weight * b.lexical_z + b.group_lift + b.link_lift + b.hop_lift;
+        assert!((sum - b.score).abs() < 1e-5, "{}: the explanation adds up", b.id);
+        let lift = 0.5 * (b.lexical_z - 1.0).max(0.0);
+        assert!((b.score - a.score - lift).abs() < 1e-5, "{}: {} → {}", b.id, a.score, b.score);
+        if lift > 0.0 {
+            lifted.push(b.id.as_str());
+        }
+    }
+    assert_eq!(lifted, ["notes#12"], "only the Lambda sentence stands out");
+}
+
 /// A pod list whose pods are each cut into several chunks (each over the
 /// JSON unit); pod 3 was OOM-killed.
 fn pod_list() -> (Context, serde_json::Value) {

@@ -155,6 +155,8 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "item_sentence_bytes" => cfg.prepare.chunk.item_sentence_bytes = as_count()?,
         "chat_run_bytes" => cfg.prepare.chunk.chat_run_bytes = as_count()?,
         "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
+        "lexical_excess_weight" => cfg.scoring.lexical_excess_weight = as_weight(10.0)?,
+        "lexical_excess_from" => cfg.scoring.lexical_excess_from = v as f32,
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
         "group_closure_share" => cfg.scoring.group_closure_share = as_weight(1.0)?,
@@ -189,7 +191,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
              group_closure_tokens, group_closure_share, section_closure_tokens, function_closure_tokens, function_pieces_capped, function_piece_step, function_whole_share, \
              code_context_lines, json_whole_tokens, log_size_weight, follow_weight, near_duplicate_penalty, embed_neighbour, markdown_link_text, \
              scorer, common_name_chunks, sibling_weight, severity_weight, exception_weight, max_code_chunk_bytes, \
-             long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, rerank_weight, \
+             long_function_bytes, json_unit_bytes, log_run_lines, item_sentence_bytes, chat_run_bytes, line_lexical_weight, lexical_excess_weight, lexical_excess_from, rerank_weight, \
              rerank_top, more_min_relevance)"
         ),
     }
