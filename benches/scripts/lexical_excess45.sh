@@ -5,7 +5,7 @@
 # both budgets; the Wikipedia dev halves and code search, off and from 3
 # beside the default; the MuSiQue follow-up loop with it and without.
 # Raw outputs: benches/results/lexexcess45/<name>.{txt,json,svg} and the
-# per-example files gzipped. Embedding stores (caches of the texts' vectors,
+# per-example files gzipped. STEPS="agent_grid ..." runs only the named steps. Embedding stores (caches of the texts' vectors,
 # not results) go to $SCD_EMB_DIR (default target/emb).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,18 +15,23 @@ EMB=${SCD_EMB_DIR:-target/emb}
 OUT=benches/results/lexexcess45
 mkdir -p "$OUT" "$EMB"
 . benches/scripts/record.sh
-GRID="lexical_excess_weight=0.15,0.3,0.6 lexical_excess_from=2,3,4,6"
+GRID="lexical_excess_weight=0,0.15,0.3,0.6 lexical_excess_from=2,3,4,6"
 AGENT=(--dataset agent --data "$E/agent/agent_dev.jsonl")
 for k in logs docs json chat code; do AGENT+=(--data "benches/data/agent/out/$k.jsonl"); done
 AGENT+=(--budget-tokenizer cl100k --embedding-store "$EMB/agent.bin")
 run() {
   local name=$1; shift
+  [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $name "* ]] || return 0
   record "$OUT/$name" 3 "$SCD" --threads 2 eval "$@" --per-example "$OUT/$name.jsonl" --report "$OUT/$name.json" \
     --plot "$OUT/$name.svg"
   gzip -nf "$OUT/$name.jsonl"
 }
 run agent "${AGENT[@]}" --budgets 0.2,0.1 --sweep lexical_excess_weight=0
 run agent_grid "${AGENT[@]}" --budgets 0.2,0.1 --scd-only --sweep "$GRID" --folds 5
+if [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" agent_grid "* ]]; then
+  python3 benches/scripts/agent_cv_grouped.py "$OUT/agent_grid.jsonl.gz" \
+    --baseline "scd[lexical_excess_weight=0 lexical_excess_from=2]" > "$OUT/agent_grid_cv_grouped.txt"
+fi
 run probe_5x "${AGENT[@]}" --adaptive --budgets 0.2 --sweep lexical_excess_weight=0
 run probe_10x "${AGENT[@]}" --adaptive --budgets 0.1 --sweep lexical_excess_weight=0
 WIKI="lexical_excess_weight=0,0.3 lexical_excess_from=3"
