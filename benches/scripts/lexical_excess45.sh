@@ -3,10 +3,12 @@
 # from 4) against it off, with the baselines, on the 184 agent cases at 5x
 # and 10x; the grid and its 5-fold cross-validation; the follow-up probes at
 # both budgets; the Wikipedia dev halves and code search, off and from 3
+# beside the default; the long-context set (100 HotpotQA contexts pooled) off
 # beside the default; the MuSiQue follow-up loop with it and without.
 # Raw outputs: benches/results/lexexcess45/<name>.{txt,json,svg} and the
-# per-example files gzipped. STEPS="agent_grid ..." runs only the named steps. Embedding stores (caches of the texts' vectors,
-# not results) go to $SCD_EMB_DIR (default target/emb).
+# per-example files gzipped. STEPS="agent_grid ..." runs only the named
+# steps. Embedding stores (caches of the texts' vectors, not results) go to
+# $SCD_EMB_DIR (default target/emb).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 E=${SCD_SHARED_DIR:-../shared}/evaldata
@@ -46,6 +48,9 @@ run squad --dataset squad --path "$E/squad_v2/squad_v2_dev_subset.json" --limit 
   --scd-only --sweep "$WIKI" --embedding-store "$EMB/squad.bin"
 run code --dataset code --path "$E/code/code_search_dev.jsonl" --limit 350 --budgets 0.1,0.2,0.25,0.33,0.5 \
   --scd-only --sweep "$WIKI" --embedding-store "$EMB/code.bin"
+run long --dataset hotpotqa --path "$E/hotpotqa/hotpot_original_schema.json" \
+  --path "$E/hotpotqa/hotpot_hf_schema.jsonl" --limit 100 --among 100 --budgets 0.1,0.05,0.02 --scd-only \
+  --sweep lexical_excess_weight=0 --embedding-store "$EMB/long.bin"
 M=(--dataset musique --path "$E/musique/musique_ans_sample.jsonl" --adaptive --budgets 0.1,0.2,0.33 --hop-budget 0.1
   --embedding-store "$EMB/musique.bin")
 run musique_loop "${M[@]}"
