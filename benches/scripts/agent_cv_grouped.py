@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Cross-validation of SCD settings over agent cases, folds grouped by project.
 
-Usage: agent_cv_grouped.py PER_EXAMPLE.jsonl[.gz] [--folds 5] [--prefix scd]
+Usage: agent_cv_grouped.py PER_EXAMPLE.jsonl[.gz] [--folds 5] [--baseline METHOD]
 
 `scd-dev eval --dataset agent --sweep ... --folds` deals cases into folds
 one by one, so cases cut from one project (pino's docs folder, the wasm
 meeting notes) sit on both sides of a split. Here a case's project is the
 id's second word (the third for code: `code-py-attrs-...` is `attrs`), and
-each kind's projects, largest first, are dealt into the folds in turn. For
-each fold the setting (a method whose name starts with --prefix; `scd-cv`
+each kind's projects, largest first, go whole into the fold with the fewest
+cases so far (counted over all kinds, so a fold may hold no case of a small
+kind). For each fold the setting (every `scd` method of the run; `scd-cv`
 left out) with the best score on the other folds is chosen: gold lines
 kept, mean over the budgets of the mean over kinds of each kind's mean, as
 `scd-dev` scores. Ties go to the default (`scd`). Prints each fold's choice
@@ -60,12 +61,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
     ap.add_argument("--folds", type=int, default=5)
-    ap.add_argument("--prefix", default="scd")
     ap.add_argument("--baseline", default="scd", help="the method the held-out figures are set beside")
     a = ap.parse_args()
     with (gzip.open(a.path, "rt") if a.path.endswith(".gz") else open(a.path)) as f:
         rows = [json.loads(l) for l in f if l.strip()]
-    rows = [r for r in rows if r["method"].startswith(a.prefix) and r["method"] != "scd-cv"]
+    rows = [r for r in rows if r["method"].startswith("scd") and r["method"] != "scd-cv"]
     table = {
         (r["method"], round(r["budget"], 3), r["id"]): (r["kind"], r["gold_lines_kept"], r["all_gold_kept"])
         for r in rows

@@ -3,7 +3,8 @@
 # from 4) against it off, with the baselines, on the 184 agent cases at 5x
 # and 10x; the grid and its 5-fold cross-validation; the follow-up probes at
 # both budgets; the Wikipedia dev halves and code search, off and from 3
-# beside the default; the long-context set (100 HotpotQA contexts pooled) off
+# beside the default; the long-context set (each HotpotQA question's paragraphs
+# among 90 of other questions) off
 # beside the default; the MuSiQue follow-up loop with it and without.
 # Raw outputs: benches/results/lexexcess45/<name>.{txt,json,svg} and the
 # per-example files gzipped. STEPS="agent_grid ..." runs only the named
@@ -31,8 +32,9 @@ run() {
 run agent "${AGENT[@]}" --budgets 0.2,0.1 --sweep lexical_excess_weight=0
 run agent_grid "${AGENT[@]}" --budgets 0.2,0.1 --scd-only --sweep "$GRID" --folds 5
 if [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" agent_grid "* ]]; then
-  python3 benches/scripts/agent_cv_grouped.py "$OUT/agent_grid.jsonl.gz" \
-    --baseline "scd[lexical_excess_weight=0 lexical_excess_from=2]" > "$OUT/agent_grid_cv_grouped.txt"
+  CV=(python3 benches/scripts/agent_cv_grouped.py "$OUT/agent_grid.jsonl.gz"
+    --baseline "scd[lexical_excess_weight=0 lexical_excess_from=2]")
+  { echo "# command: ${CV[*]}"; "${CV[@]}"; } > "$OUT/agent_grid_cv_grouped.txt"
 fi
 run probe_5x "${AGENT[@]}" --adaptive --budgets 0.2 --sweep lexical_excess_weight=0
 run probe_10x "${AGENT[@]}" --adaptive --budgets 0.1 --sweep lexical_excess_weight=0

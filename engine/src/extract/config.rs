@@ -165,9 +165,9 @@ pub struct ScoringConfig {
     /// `grep` would find, when few chunks hold them (a section headed by
     /// the product the task names), count for more than the linear
     /// weight gives them. Added after scoring (either scorer), shown in
-    /// `group_lift`. 0 turns it off. 0.3 from 4 was chosen by 5-fold
-    /// cross-validation on the 184 agent cases; the Wikipedia dev halves,
-    /// whose contexts are too small for a z-score of 4, do not move
+    /// `group_lift`. 0 turns it off. 0.3 from 4 was chosen on the 184 agent
+    /// cases by a grid and two cross-validations; on the Wikipedia dev
+    /// halves it fires in some MuSiQue contexts but changes no selection
     /// (BENCHMARKS.md).
     pub lexical_excess_weight: f32,
     /// The lexical z-score above which [`Self::lexical_excess_weight`]

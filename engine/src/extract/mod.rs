@@ -220,7 +220,8 @@ pub struct ChunkWhy {
     pub dense_z: f32,
     /// z-score of BM25 (before the lexical weight).
     pub lexical_z: f32,
-    /// Lift from the best chunk of its group.
+    /// Lift from the best chunk of its group, plus what the chunk's kind and
+    /// text add (a log line's severity, a lexical score that stands out).
     pub group_lift: f32,
     /// Lift from links (a document the task or a top chunk names, a name it
     /// defines, a code sibling whose differing word the task names).

@@ -30,7 +30,9 @@ pub(super) struct Scores {
     pub(super) dense_z: Vec<f32>,
     /// z-score of the BM25 score (before `lexical_weight`).
     pub(super) lexical_z: Vec<f32>,
-    /// `field_weight` × the best base score in the chunk's group.
+    /// `field_weight` × the best base score in the chunk's group, plus what
+    /// the chunk's kind and text add after scoring (a log line's severity,
+    /// `line_lexical_weight`, a lexical score that stands out).
     pub(super) group_lift: Vec<f32>,
     /// What links (a named document, a defined name) added.
     pub(super) link_lift: Vec<f32>,

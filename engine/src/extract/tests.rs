@@ -675,9 +675,9 @@ fn lexical_excess_lifts_only_the_chunk_whose_bm25_score_stands_out() {
     let notes: String =
         (0..12).map(|i| format!("Note {i}: the cache is warmed at start and health checks pass.\n\n")).collect();
     let text = format!("{notes}On AWS Lambda the runtime freezes, so write logs synchronously or they are lost.\n");
-    let run = |w: f32| {
+    let run = |w: f32, from: f32| {
         let scd =
-            scd_scoring(ScoringConfig { lexical_excess_weight: w, lexical_excess_from: 1.0, ..Default::default() });
+            scd_scoring(ScoringConfig { lexical_excess_weight: w, lexical_excess_from: from, ..Default::default() });
         let req = CompressRequest {
             task: Task::new("lambda logs lost"),
             context: Context { fields: vec![prose("notes", &text)] },
@@ -686,7 +686,7 @@ fn lexical_excess_lifts_only_the_chunk_whose_bm25_score_stands_out() {
         };
         scd.compress_opts(&req, &opts("", true), &Cancel::new()).unwrap().explanation.unwrap()
     };
-    let (off, on) = (run(0.0), run(0.5));
+    let (off, on) = (run(0.0, 1.0), run(0.5, 1.0));
     assert_eq!(off.selected.len(), on.selected.len());
     let mut lifted = Vec::new();
     for b in &on.selected {
@@ -700,6 +700,12 @@ fn lexical_excess_lifts_only_the_chunk_whose_bm25_score_stands_out() {
         }
     }
     assert_eq!(lifted, ["notes#12"], "only the Lambda sentence stands out");
+    // its z-score (one in 13 sentences: √12) is under the default threshold
+    let z = on.selected.iter().find(|b| b.id == "notes#12").unwrap().lexical_z;
+    assert!(z > 3.0 && z < 4.0, "{z}");
+    let d = ScoringConfig::default();
+    let scores = |e: &Explanation| e.selected.iter().map(|b| (b.id.clone(), b.score)).collect::<Vec<_>>();
+    assert_eq!(scores(&run(d.lexical_excess_weight, d.lexical_excess_from)), scores(&off));
 }
 
 /// A pod list whose pods are each cut into several chunks (each over the

@@ -156,7 +156,7 @@ pub(crate) fn apply_one(cfg: &mut ScdConfig, k: &str, v: f64) -> anyhow::Result<
         "chat_run_bytes" => cfg.prepare.chunk.chat_run_bytes = as_count()?,
         "line_lexical_weight" => cfg.scoring.line_lexical_weight = v as f32,
         "lexical_excess_weight" => cfg.scoring.lexical_excess_weight = as_weight(10.0)?,
-        "lexical_excess_from" => cfg.scoring.lexical_excess_from = v as f32,
+        "lexical_excess_from" => cfg.scoring.lexical_excess_from = as_weight(100.0)?,
         "second_hop_sources" => cfg.scoring.second_hop_sources = as_count()?,
         "group_closure_tokens" => cfg.scoring.group_closure_tokens = as_count()?,
         "group_closure_share" => cfg.scoring.group_closure_share = as_weight(1.0)?,
@@ -602,6 +602,13 @@ mod tests {
         assert_eq!(cfg.scoring.group_closure_share, 0.25);
         let e = apply(&mut cfg, &Settings::from([("code_context_lines".into(), 9.0)])).unwrap_err().to_string();
         assert_eq!(e, "--grid: code_context_lines takes whole numbers from 0 to 8, got 9");
+        let e = apply(&mut cfg, &Settings::from([("lexical_excess_from".into(), f64::NEG_INFINITY)])).unwrap_err();
+        assert_eq!(e.to_string(), "--grid: lexical_excess_from takes 0 to 100, got -inf");
+        let e = apply(&mut cfg, &Settings::from([("lexical_excess_weight".into(), 11.0)])).unwrap_err().to_string();
+        assert_eq!(e, "--grid: lexical_excess_weight takes 0 to 10, got 11");
+        apply(&mut cfg, &Settings::from([("lexical_excess_weight".into(), 0.6), ("lexical_excess_from".into(), 2.0)]))
+            .unwrap();
+        assert_eq!((cfg.scoring.lexical_excess_weight, cfg.scoring.lexical_excess_from), (0.6, 2.0));
     }
 
     #[test]
