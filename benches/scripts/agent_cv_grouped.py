@@ -29,7 +29,8 @@ def project(case_id):
 
 
 def folds_by_project(rows, k):
-    """Each case id's fold: each kind's projects, largest first, in turn."""
+    """Each case id's fold: each kind's projects, largest first, each into
+    the fold with the fewest cases so far."""
     cases = collections.defaultdict(set)
     for r in rows:
         cases[(r["kind"], project(r["id"]))].add(r["id"])

@@ -3,9 +3,9 @@
 # from 4) against it off, with the baselines, on the 184 agent cases at 5x
 # and 10x; the grid and its 5-fold cross-validation; the follow-up probes at
 # both budgets; the Wikipedia dev halves and code search, off and from 3
-# beside the default; the long-context set (each HotpotQA question's paragraphs
-# among 90 of other questions) off
-# beside the default; the MuSiQue follow-up loop with it and without.
+# beside the default; the long-context set (each HotpotQA question's
+# paragraphs among 90 of other questions), off beside the default; the
+# MuSiQue follow-up loop with it and without.
 # Raw outputs: benches/results/lexexcess45/<name>.{txt,json,svg} and the
 # per-example files gzipped. STEPS="agent_grid ..." runs only the named
 # steps. Embedding stores (caches of the texts' vectors, not results) go to
