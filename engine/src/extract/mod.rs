@@ -663,7 +663,10 @@ impl Scd {
 
     /// With [`Scorer::Learned`], replaces the hand sum in `parts` with the
     /// learned score and its parts; then tells code siblings apart by
-    /// `query` (a link lift).
+    /// `query` (a link lift), adds what a chunk's kind and text add (a log
+    /// or chat line's BM25 share, a BM25 z-score that stands out, a log
+    /// line's severity: [`Scores::lift_group`]) and caps a cut function's
+    /// pieces.
     fn rescore(&self, prepared: &PreparedContext, query: &str, parts: &mut Scores) {
         if self.cfg.scoring.scorer == Scorer::Learned && !prepared.chunks.is_empty() {
             features::learned(prepared, parts, LearnedScorer::shipped());
@@ -675,17 +678,16 @@ impl Scd {
         if self.cfg.scoring.line_lexical_weight != 0.0 {
             let lines = prepared.chunks.iter().enumerate().filter(|(_, c)| matches!(c.chunker, "log" | "chat"));
             for (i, _) in lines {
-                let lift = self.cfg.scoring.line_lexical_weight * parts.lexical_z[i];
-                parts.fused[i] += lift;
-                parts.group_lift[i] += lift;
+                parts.lift_group(i, self.cfg.scoring.line_lexical_weight * parts.lexical_z[i]);
             }
         }
         let (w, from) = (self.cfg.scoring.lexical_excess_weight, self.cfg.scoring.lexical_excess_from);
         if w != 0.0 {
-            for (i, z) in parts.lexical_z.iter().enumerate().filter(|(_, z)| **z > from) {
-                let lift = w * (z - from);
-                parts.fused[i] += lift;
-                parts.group_lift[i] += lift;
+            for i in 0..parts.lexical_z.len() {
+                let z = parts.lexical_z[i];
+                if z > from {
+                    parts.lift_group(i, w * (z - from));
+                }
             }
         }
         if self.cfg.scoring.severity_weight != 0.0 {
@@ -696,8 +698,7 @@ impl Scd {
                     2 => sc.severity_weight,
                     _ => 0.4 * sc.severity_weight,
                 };
-                parts.fused[i] += lift;
-                parts.group_lift[i] += lift;
+                parts.lift_group(i, lift);
             }
         }
         if self.cfg.scoring.function_pieces_capped {

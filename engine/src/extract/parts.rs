@@ -51,3 +51,12 @@ pub(super) struct Scores {
     /// its z-score among the candidates; empty when off).
     pub(super) rerank_lift: Vec<f32>,
 }
+
+impl Scores {
+    /// Adds `lift` to chunk `i`'s score as what its kind and text add,
+    /// shown in `group_lift`, so the parts still sum to the score.
+    pub(super) fn lift_group(&mut self, i: usize, lift: f32) {
+        self.fused[i] += lift;
+        self.group_lift[i] += lift;
+    }
+}
